@@ -1,0 +1,1 @@
+"""lodger: a durable agent runtime."""

@@ -1,0 +1,132 @@
+"""Every error lodger raises, split by who is to blame and what happens next.
+
+    LodgerError                      root; carries a stable ``code`` and a one-line ``hint``
+    ├── UsageError                   the caller misused lodger (bad option, unknown session)
+    │   ├── SessionNotFoundError     no log exists for the session
+    │   └── ConfigError              a configuration file or model spec is invalid
+    ├── ToolCallError                the model proposed a bad call; becomes an error result
+    ├── ProviderError                a model provider failed (``retryable`` says what next)
+    ├── StorageError                 the world failed (disk, network, another writer)
+    │   ├── AppendConflictError      the expected offset was not the log's high-water mark
+    │   ├── SessionLockedError       another writer holds the session
+    │   └── CommitFailedError        a durable append did not complete; nothing may run after it
+    └── CorruptLogError              stored facts are inconsistent; reading fails closed
+
+Errors carry structured fields (``session_id``, ``offset``, ``call_id``) so a CLI or an
+operator can act on them, and ``str(error)`` is one sentence plus a hint.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AppendConflictError",
+    "CommitFailedError",
+    "ConfigError",
+    "CorruptLogError",
+    "LodgerError",
+    "ProviderError",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "StorageError",
+    "ToolCallError",
+    "UsageError",
+]
+
+
+class LodgerError(Exception):
+    """Root of every lodger error."""
+
+    code: str = "lodger_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        code: str | None = None,
+        session_id: str | None = None,
+        offset: int | None = None,
+        call_id: str | None = None,
+    ) -> None:
+        self.message = message
+        self.hint = hint
+        if code is not None:
+            self.code = code
+        self.session_id = session_id
+        self.offset = offset
+        self.call_id = call_id
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}; {self.hint}"
+        return self.message
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready view for ``--json`` output and API responses."""
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        for key in ("hint", "session_id", "offset", "call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class UsageError(LodgerError):
+    code = "usage"
+
+
+class SessionNotFoundError(UsageError):
+    code = "session_not_found"
+
+
+class ConfigError(UsageError):
+    code = "config"
+
+
+class ToolCallError(LodgerError):
+    """A call the model proposed cannot run; the message is written for the model."""
+
+    code = "tool_call"
+
+
+class StorageError(LodgerError):
+    code = "storage"
+
+
+class AppendConflictError(StorageError):
+    code = "append_conflict"
+
+
+class SessionLockedError(StorageError):
+    code = "session_locked"
+
+
+class CommitFailedError(StorageError):
+    code = "commit_failed"
+
+
+class CorruptLogError(LodgerError):
+    """A stored log is inconsistent. ``code`` says how; ``offset`` says where."""
+
+    code = "corrupt"
+
+
+class ProviderError(LodgerError):
+    """A model provider failed. ``retryable`` errors (rate limits, 5xx, dropped
+    connections) are retried with backoff by the agent loop; others end the run."""
+
+    code = "provider"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        hint: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        self.retryable = retryable
+        self.status = status
+        super().__init__(message, hint=hint, code=code)

@@ -1,0 +1,477 @@
+"""Event kinds, their canonical encoding, and the digest chain (DESIGN section 3).
+
+An event is one immutable fact. Its envelope says where it sits (session, offset, turn,
+run, step, call) and its ``body`` says what happened; ``body.kind`` is the discriminator.
+Every model is frozen, keyword-only and closed: an unknown kind or field fails decoding.
+
+Canonical bytes are compact JSON with sorted keys, UTF-8, no NaN. The digest chain is
+
+    digest_n = sha256(DIGEST_DOMAIN || bytes(digest_{n-1}) || canonical_bytes(event_n))
+
+with an empty previous digest for offset 0. ``digest`` itself is not part of the bytes.
+
+Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden logs in
+``tests/data/golden`` must stay readable):
+
+    1  first event set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from lodger.errors import CorruptLogError
+
+__all__ = [
+    "DIGEST_DOMAIN",
+    "SCHEMA_CHANGELOG",
+    "SCHEMA_VERSION",
+    "ArtifactRef",
+    "ArtifactStored",
+    "Body",
+    "CallRejected",
+    "ContextCompacted",
+    "Event",
+    "EventDraft",
+    "FileExpectation",
+    "ForkParent",
+    "ModelOutput",
+    "OperatorDecision",
+    "PermissionDecided",
+    "PermissionRequested",
+    "Prefix",
+    "ProposedCall",
+    "ProviderRetried",
+    "RecoveryDecided",
+    "RecoveryObserved",
+    "ResultStatus",
+    "RunEnded",
+    "RunStarted",
+    "SessionStarted",
+    "StepStarted",
+    "ToolDispatched",
+    "ToolRef",
+    "ToolResponded",
+    "ToolsActivated",
+    "TurnEnded",
+    "TurnStarted",
+    "Usage",
+    "WorkspaceSnapshot",
+    "canonical_bytes",
+    "canonical_json",
+    "chain_digest",
+    "decode_event",
+    "encode_event",
+    "seal",
+]
+
+SCHEMA_VERSION = 1
+SCHEMA_CHANGELOG: Mapping[int, str] = {1: "first event set"}
+DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
+
+_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class _Value(BaseModel):
+    model_config = _CONFIG
+
+
+# ---------------------------------------------------------------- shared values
+
+
+class Prefix(_Value):
+    """A verified prefix ``[0, high_water)`` and the digest of its last event."""
+
+    high_water: int
+    digest: str
+
+
+class ForkParent(_Value):
+    session_id: str
+    high_water: int
+    digest: str
+
+
+class ToolRef(_Value):
+    """A tool visible in a step: its name and the digest of the schema the model saw."""
+
+    name: str
+    schema_digest: str
+
+
+class ProposedCall(_Value):
+    """A call as the model emitted it; ``arguments`` is the raw JSON text, kept verbatim."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class Usage(_Value):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ArtifactRef(_Value):
+    sha256: str
+    size: int
+    media_type: str = "text/plain"
+
+
+class FileExpectation(_Value):
+    """What a file write expects: the hash before (None: absent) and after."""
+
+    path: str
+    before_sha256: str | None
+    after_sha256: str | None
+
+
+ResultStatus = Literal["ok", "error", "denied", "cancelled", "interrupted"]
+Origin = Literal["provider", "code_mode", "runtime", "operator"]
+Visibility = Literal["model", "hidden"]
+
+
+# ---------------------------------------------------------------- bodies
+
+
+class SessionStarted(_Value):
+    kind: Literal["session_started"] = "session_started"
+    workspace: str | None = None
+    workspace_id: str | None = None
+    parent: ForkParent | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class TurnStarted(_Value):
+    kind: Literal["turn_started"] = "turn_started"
+    input: str
+
+
+class RunStarted(_Value):
+    kind: Literal["run_started"] = "run_started"
+    protocol: int = SCHEMA_VERSION
+    model: str
+    parent_run_id: str | None = None
+    resumed_from: Prefix | None = None
+    tools: tuple[str, ...] = ()
+
+
+class StepStarted(_Value):
+    kind: Literal["step_started"] = "step_started"
+    index: int
+    model: str
+    tools: tuple[ToolRef, ...]
+
+
+class ModelOutput(_Value):
+    kind: Literal["model_output"] = "model_output"
+    text: str = ""
+    reasoning: str = ""
+    calls: tuple[ProposedCall, ...] = ()
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+
+class ProviderRetried(_Value):
+    kind: Literal["provider_retried"] = "provider_retried"
+    attempt: int
+    error: str
+    delay_ms: int
+
+
+class CallRejected(_Value):
+    """A call refused before dispatch; ``reason`` is a stable code."""
+
+    kind: Literal["call_rejected"] = "call_rejected"
+    tool: str
+    reason: str
+    message: str
+
+
+class PermissionRequested(_Value):
+    kind: Literal["permission_requested"] = "permission_requested"
+    tool: str
+    summary: str
+
+
+class PermissionDecided(_Value):
+    kind: Literal["permission_decided"] = "permission_decided"
+    tool: str
+    decision: Literal["allow", "deny"]
+    by: Literal["policy", "user", "operator", "default"]
+    reason: str = ""
+
+
+class ToolDispatched(_Value):
+    """T1: every check passed and the side effect may start."""
+
+    kind: Literal["tool_dispatched"] = "tool_dispatched"
+    operation_id: str
+    tool: str
+    arguments: dict[str, JsonValue]
+    attempt: int = 1
+    retry_of: str | None = None
+    recovery: str = "never_retry"
+    resources: tuple[str, ...] = ()
+    expectations: tuple[FileExpectation, ...] = ()
+
+
+class ToolResponded(_Value):
+    """T2: the outcome is durable and may now reach the model."""
+
+    kind: Literal["tool_responded"] = "tool_responded"
+    operation_id: str
+    status: ResultStatus
+    content: str
+    truncated: bool = False
+    artifacts: tuple[ArtifactRef, ...] = ()
+
+
+class ToolsActivated(_Value):
+    kind: Literal["tools_activated"] = "tools_activated"
+    query: str
+    names: tuple[str, ...]
+
+
+class RecoveryObserved(_Value):
+    kind: Literal["recovery_observed"] = "recovery_observed"
+    operation_id: str
+    status: str
+    reason: str
+    observation: str = ""
+
+
+class RecoveryDecided(_Value):
+    kind: Literal["recovery_decided"] = "recovery_decided"
+    operation_id: str
+    action: str
+    reason: str = ""
+
+
+class OperatorDecision(_Value):
+    kind: Literal["operator_decision"] = "operator_decision"
+    operation_id: str
+    decision: Literal["completed", "not_applied", "abandon"]
+    result: str | None = None
+    by: str = "operator"
+
+
+class ArtifactStored(_Value):
+    kind: Literal["artifact_stored"] = "artifact_stored"
+    artifact: ArtifactRef
+    name: str = ""
+
+
+class WorkspaceSnapshot(_Value):
+    kind: Literal["workspace_snapshot"] = "workspace_snapshot"
+    ref: str
+    files: int
+    size: int
+
+
+class ContextCompacted(_Value):
+    kind: Literal["context_compacted"] = "context_compacted"
+    elided_call_ids: tuple[str, ...]
+    budget_tokens: int
+    estimated_tokens: int
+
+
+class RunEnded(_Value):
+    kind: Literal["run_ended"] = "run_ended"
+    status: Literal[
+        "completed", "failed", "cancelled", "interrupted", "step_limit", "parked", "abandoned"
+    ]
+    error: str | None = None
+
+
+class TurnEnded(_Value):
+    kind: Literal["turn_ended"] = "turn_ended"
+    status: Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
+    answer: str | None = None
+
+
+Body = Annotated[
+    SessionStarted
+    | TurnStarted
+    | RunStarted
+    | StepStarted
+    | ModelOutput
+    | ProviderRetried
+    | CallRejected
+    | PermissionRequested
+    | PermissionDecided
+    | ToolDispatched
+    | ToolResponded
+    | ToolsActivated
+    | RecoveryObserved
+    | RecoveryDecided
+    | OperatorDecision
+    | ArtifactStored
+    | WorkspaceSnapshot
+    | ContextCompacted
+    | RunEnded
+    | TurnEnded,
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- envelope
+
+
+class EventDraft(_Value):
+    """An event before it is appended: the log assigns offset, session and digest."""
+
+    id: str
+    ts: int
+    body: Body
+    turn_id: str | None = None
+    run_id: str | None = None
+    step_id: str | None = None
+    call_id: str | None = None
+    parent_call_id: str | None = None
+    origin: Origin = "runtime"
+    visibility: Visibility = "model"
+
+
+class Event(_Value):
+    """One committed fact at ``offset`` in ``session_id``'s log."""
+
+    v: int = SCHEMA_VERSION
+    offset: int
+    session_id: str
+    id: str
+    ts: int
+    body: Body
+    turn_id: str | None = None
+    run_id: str | None = None
+    step_id: str | None = None
+    call_id: str | None = None
+    parent_call_id: str | None = None
+    origin: Origin = "runtime"
+    visibility: Visibility = "model"
+    digest: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.body.kind
+
+
+# ---------------------------------------------------------------- codec and chain
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact, key-sorted UTF-8 JSON; the one encoding every digest is computed over."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def canonical_bytes(event: Event) -> bytes:
+    return canonical_json(event.model_dump(mode="json", exclude={"digest"}))
+
+
+encode_event = canonical_bytes
+
+
+def chain_digest(prev_digest: str, data: bytes) -> str:
+    h = hashlib.sha256(DIGEST_DOMAIN)
+    h.update(bytes.fromhex(prev_digest))
+    h.update(data)
+    return h.hexdigest()
+
+
+def seal(
+    draft: EventDraft, *, session_id: str, offset: int, prev_digest: str
+) -> tuple[Event, bytes]:
+    """Place a draft at ``offset``; return the committed event and its canonical bytes."""
+    fields = {name: getattr(draft, name) for name in EventDraft.model_fields}
+    unsealed = Event(offset=offset, session_id=session_id, **fields)
+    data = canonical_bytes(unsealed)
+    event = unsealed.model_copy(update={"digest": chain_digest(prev_digest, data)})
+    return event, data
+
+
+_FIELD_ERRORS = {
+    "extra_forbidden": "unknown_field",
+    "union_tag_invalid": "unknown_kind",
+    "union_tag_not_found": "missing_kind",
+    "missing": "missing_field",
+}
+
+
+def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogError:
+    return CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: {why}",
+        hint=(
+            "the stored event was changed outside lodger or written by a newer version; "
+            f"restore the log from a backup or fork the session from offset {offset}"
+        ),
+        code=code,
+        session_id=session_id,
+        offset=offset,
+    )
+
+
+def decode_event(
+    data: bytes, *, session_id: str, offset: int, digest: str, prev_digest: str
+) -> Event:
+    """Decode one stored event and check it against the chain; fail closed on anything odd."""
+    if chain_digest(prev_digest, data) != digest:
+        raise _corrupt(
+            session_id,
+            offset,
+            "digest_mismatch",
+            "its digest does not match its bytes and the previous digest (broken chain)",
+        )
+    try:
+        event = Event.model_validate_json(data)
+    except ValidationError as exc:
+        raise _explain_invalid(data, exc, session_id=session_id, offset=offset) from None
+    if event.v > SCHEMA_VERSION:
+        raise _corrupt(
+            session_id,
+            offset,
+            "newer_schema",
+            f"schema version {event.v} is newer than this lodger reads ({SCHEMA_VERSION})",
+        )
+    if event.offset != offset:
+        raise _corrupt(
+            session_id, offset, "offset_mismatch", f"the event says it is at offset {event.offset}"
+        )
+    if event.session_id != session_id:
+        raise _corrupt(
+            session_id,
+            offset,
+            "session_mismatch",
+            f"the event belongs to session {event.session_id!r}",
+        )
+    return event.model_copy(update={"digest": digest})
+
+
+def _explain_invalid(
+    data: bytes, exc: ValidationError, *, session_id: str, offset: int
+) -> CorruptLogError:
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return _corrupt(
+            session_id, offset, "undecodable", "the stored bytes are not JSON (torn write?)"
+        )
+    if isinstance(raw, dict):
+        version = raw.get("v")
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            return _corrupt(
+                session_id,
+                offset,
+                "newer_schema",
+                f"schema version {version} is newer than this lodger reads ({SCHEMA_VERSION})",
+            )
+    first = exc.errors()[0]
+    code = _FIELD_ERRORS.get(first["type"], "invalid_field")
+    where = ".".join(str(part) for part in first["loc"]) or "event"
+    return _corrupt(session_id, offset, code, f"{where}: {first['msg']}")

@@ -1,0 +1,203 @@
+"""``EventLog``: the event semantics of DESIGN section 3 on top of any ``LogStore``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lodger.errors import AppendConflictError, CorruptLogError, SessionNotFoundError, UsageError
+from lodger.events import Event, EventDraft, Prefix, decode_event, seal
+from lodger.log._store import LogStore, Record, WriterLease, check_session_id
+
+__all__ = ["EMPTY_PREFIX", "EventLog", "SessionWriter"]
+
+EMPTY_PREFIX = Prefix(high_water=0, digest="")
+
+
+def _order_error(session_id: str, offset: int, found: int) -> CorruptLogError:
+    code = "duplicate_offset" if found < offset else "gap"
+    why = (
+        f"offset {found} appears again" if found < offset else f"the next stored offset is {found}"
+    )
+    return CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: {why}",
+        hint=f"events were deleted or duplicated outside lodger; restore from a backup or fork "
+        f"the session from offset {offset}",
+        code=code,
+        session_id=session_id,
+        offset=offset,
+    )
+
+
+def decode_records(
+    session_id: str, records: Sequence[Record], *, start: int, prev_digest: str
+) -> list[Event]:
+    """Decode contiguous records beginning at ``start``, checking order and the chain."""
+    events: list[Event] = []
+    expected = start
+    prev = prev_digest
+    for record in records:
+        if record.offset != expected:
+            raise _order_error(session_id, expected, record.offset)
+        events.append(
+            decode_event(
+                record.data,
+                session_id=session_id,
+                offset=record.offset,
+                digest=record.digest,
+                prev_digest=prev,
+            )
+        )
+        prev = record.digest
+        expected += 1
+    return events
+
+
+class EventLog:
+    """The log of every session in one store.
+
+    >>> log = EventLog(MemoryLogStore())
+    >>> writer = await log.open_writer("s1")
+    >>> await writer.append([draft], expected_offset=0)
+    """
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    async def read(self, session_id: str, *, start: int = 0, end: int | None = None) -> list[Event]:
+        """Events ``[start, end)``, verified against the chain from the event before ``start``.
+
+        A full read from 0 verifies every byte; a read from a later offset trusts the stored
+        digest of the event just before it (``verify`` checks that one too).
+        """
+        check_session_id(session_id)
+        if start < 0 or (end is not None and end < start):
+            raise UsageError(f"invalid range [{start}, {end})", code="invalid_range")
+        prev = ""
+        fetch_from = start
+        if start > 0:
+            fetch_from = start - 1
+        records = await self.store.read_records(session_id=session_id, start=fetch_from, end=end)
+        if start > 0:
+            if not records:
+                return []
+            if records[0].offset != start - 1:
+                raise _order_error(session_id, start - 1, records[0].offset)
+            prev = records[0].digest
+            records = records[1:]
+        return decode_records(session_id, records, start=start, prev_digest=prev)
+
+    async def read_all(self, session_id: str) -> list[Event]:
+        events = await self.read(session_id)
+        if not events:
+            raise SessionNotFoundError(
+                f"no log for session {session_id!r}",
+                hint="run `lodger sessions` to list the sessions in this state directory",
+                session_id=session_id,
+            )
+        return events
+
+    async def verify(self, session_id: str) -> Prefix:
+        """Check every event of the session; return its head ``(high_water, digest)``."""
+        events = await self.read_all(session_id)
+        return Prefix(high_water=len(events), digest=events[-1].digest)
+
+    async def head(self, session_id: str) -> Prefix:
+        """The stored head, read without verifying the whole chain."""
+        check_session_id(session_id)
+        last = await self.store.last_record(session_id=session_id)
+        if last is None:
+            return EMPTY_PREFIX
+        return Prefix(high_water=last.offset + 1, digest=last.digest)
+
+    async def exists(self, session_id: str) -> bool:
+        return (await self.head(session_id)).high_water > 0
+
+    async def list_sessions(self) -> list[str]:
+        return await self.store.list_sessions()
+
+    async def open_writer(self, session_id: str) -> SessionWriter:
+        """Take the session's single-writer lease and verify what is already there."""
+        check_session_id(session_id)
+        lease = await self.store.acquire_writer(session_id=session_id)
+        try:
+            events = await self.read(session_id)
+        except BaseException:
+            await lease.release()
+            raise
+        head = Prefix(high_water=len(events), digest=events[-1].digest) if events else EMPTY_PREFIX
+        return SessionWriter(self, lease, head)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+class SessionWriter:
+    """The one writer of a session; appends are atomic, durable and offset-checked."""
+
+    def __init__(self, log: EventLog, lease: WriterLease, head: Prefix) -> None:
+        self._log = log
+        self._lease = lease
+        self._head: Prefix | None = head
+        self._closed = False
+        self.session_id = lease.session_id
+
+    @property
+    def head(self) -> Prefix:
+        if self._head is None:
+            raise UsageError(
+                "the writer's head is unknown after a failed append",
+                hint="call `await writer.refresh()` before appending again",
+                code="head_unknown",
+                session_id=self.session_id,
+            )
+        return self._head
+
+    async def refresh(self) -> Prefix:
+        """Re-read the head from storage (after a failed append the outcome is unknown)."""
+        self._head = await self._log.head(self.session_id)
+        return self._head
+
+    async def append(self, drafts: Sequence[EventDraft], *, expected_offset: int) -> list[Event]:
+        """Append ``drafts`` at ``expected_offset``: all or none, durable on return."""
+        if self._closed:
+            raise UsageError(
+                "this session writer is closed", code="writer_closed", session_id=self.session_id
+            )
+        if not drafts:
+            return []
+        head = self._head if self._head is not None else await self.refresh()
+        if expected_offset != head.high_water:
+            raise AppendConflictError(
+                f"append to session {self.session_id!r} expected offset {expected_offset} "
+                f"but the log's high-water mark is {head.high_water}",
+                hint="re-read the log and decide again; lodger never reorders appends",
+                session_id=self.session_id,
+                offset=expected_offset,
+            )
+        events: list[Event] = []
+        records: list[Record] = []
+        prev = head.digest
+        for index, draft in enumerate(drafts):
+            event, data = seal(
+                draft, session_id=self.session_id, offset=expected_offset + index, prev_digest=prev
+            )
+            events.append(event)
+            records.append(Record(event.offset, data, event.digest))
+            prev = event.digest
+        self._head = None  # unknown until the store answers
+        await self._log.store.append_records(
+            session_id=self.session_id, records=records, expected_offset=expected_offset
+        )
+        self._head = Prefix(high_water=expected_offset + len(drafts), digest=prev)
+        return events
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._lease.release()
+
+    async def __aenter__(self) -> SessionWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,71 @@
+"""The narrow interface every log backend implements: bytes in, bytes out.
+
+A ``LogStore`` knows nothing about event kinds or digests. It stores ``Record`` rows
+(offset, canonical bytes, digest) per session, appends a batch atomically and durably at
+an expected offset, and hands out one writer lease per session. ``EventLog`` builds the
+event semantics (sealing, decoding, chain verification) on top of any store, so every
+backend fails closed the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from lodger.errors import UsageError
+
+__all__ = ["LogStore", "Record", "WriterLease", "check_session_id"]
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_session_id(session_id: str) -> str:
+    if not _SESSION_ID.match(session_id):
+        raise UsageError(
+            f"invalid session id {session_id!r}",
+            hint="use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            code="invalid_session_id",
+        )
+    return session_id
+
+
+class Record(NamedTuple):
+    offset: int
+    data: bytes
+    digest: str
+
+
+class WriterLease(Protocol):
+    """Proof that this process is the one writer of a session; release it exactly once."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def release(self) -> None: ...
+
+
+class LogStore(Protocol):
+    async def append_records(
+        self, *, session_id: str, records: Sequence[Record], expected_offset: int
+    ) -> None:
+        """Store all records or none, durably, before returning.
+
+        Raises ``AppendConflictError`` when the session's high-water mark is not
+        ``expected_offset`` and ``CommitFailedError`` when the write itself failed.
+        """
+        ...
+
+    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
+        """Records with ``start <= offset < end`` ordered by offset, as stored."""
+        ...
+
+    async def last_record(self, *, session_id: str) -> Record | None: ...
+
+    async def list_sessions(self) -> list[str]: ...
+
+    async def acquire_writer(self, *, session_id: str) -> WriterLease:
+        """Raises ``SessionLockedError`` naming the holder when another writer has it."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,256 @@
+"""What a tool is: its declaration, the ``@tool`` decorator, and the context it runs in.
+
+A ``Tool`` is a frozen declaration plus an async handler ``(arguments, ctx) -> result``.
+Behaviours compose by building a new declaration (``with_options``), never by growing a
+class. The JSON schema of a Python tool comes from its type hints (pydantic); the
+description from its docstring.
+
+>>> @tool(group="math")
+... def add(a: int, b: int) -> int:
+...     "Add two integers."
+...     return a + b
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from lodger.errors import ToolCallError, UsageError
+from lodger.events import FileExpectation, ToolDispatched, canonical_json
+from lodger.providers.base import ToolSchema
+
+__all__ = [
+    "ProbeResult",
+    "RecoveryPolicy",
+    "Tool",
+    "ToolContext",
+    "ToolOutput",
+    "tool",
+]
+
+RecoveryPolicy = Literal["idempotent", "queryable", "never_retry"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """Where and as what a call runs. Handlers that declare a ``ToolContext`` parameter get it."""
+
+    session_id: str
+    turn_id: str
+    run_id: str
+    call_id: str
+    operation_id: str
+    workspace: Path | None = None
+    parent_call_id: str | None = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def require_workspace(self) -> Path:
+        if self.workspace is None:
+            raise ToolCallError("this tool needs a workspace and the session has none")
+        return self.workspace
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOutput:
+    """A handler may return this to set the status explicitly; plain values mean ``ok``."""
+
+    content: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult:
+    """What a ``queryable`` tool's probe saw: ``applied`` True/False, or None when unknown."""
+
+    applied: bool | None
+    observation: str
+    content: str = ""
+
+
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+Probe = Callable[[ToolDispatched, ToolContext], Awaitable[ProbeResult]]
+Claims = Callable[[dict[str, Any], ToolContext], Sequence[str]]
+Expectations = Callable[[dict[str, Any], ToolContext], Awaitable[Sequence[FileExpectation]]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    """A tool declaration. ``handler`` receives JSON arguments already schema-validated."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: Handler
+    group: str = "default"
+    deferred: bool = False
+    nestable: bool = False
+    recovery: RecoveryPolicy = "never_retry"
+    probe: Probe | None = None
+    claims: Claims | None = None
+    approval: bool = False
+    expectations: Expectations | None = None
+
+    def __post_init__(self) -> None:
+        if self.recovery == "queryable" and self.probe is None:
+            raise UsageError(
+                f"tool {self.name!r} is queryable but has no probe",
+                hint="pass probe=... or choose recovery='never_retry'",
+                code="tool_declaration",
+            )
+
+    def schema(self) -> ToolSchema:
+        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+
+    def schema_digest(self) -> str:
+        data = canonical_json(
+            {"name": self.name, "description": self.description, "parameters": self.parameters}
+        )
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    def schema_size(self) -> int:
+        return len(
+            canonical_json(
+                {"name": self.name, "description": self.description, "parameters": self.parameters}
+            )
+        )
+
+    def with_options(self, **changes: Any) -> Tool:
+        """A copy with other options: ``t.with_options(approval=True, deferred=True)``."""
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------- the decorator
+
+
+def _is_context(annotation: Any) -> bool:
+    return annotation is ToolContext
+
+
+def _build(
+    fn: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    options: dict[str, Any],
+) -> Tool:
+    tool_name = name or fn.__name__
+    hints = get_type_hints(fn, include_extras=True)
+    signature = inspect.signature(fn)
+    fields: dict[str, Any] = {}
+    context_param: str | None = None
+    for param in signature.parameters.values():
+        annotation = hints.get(param.name, Any)
+        if _is_context(annotation):
+            context_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise UsageError(
+                f"tool {tool_name!r} takes *args/**kwargs; declare every argument",
+                code="tool_declaration",
+            )
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    model: type[BaseModel] = create_model(
+        f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict):
+            prop.pop("title", None)
+    schema.setdefault("properties", {})
+    schema["additionalProperties"] = False
+    doc = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
+    is_async = inspect.iscoroutinefunction(fn)
+
+    async def handler(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        try:
+            parsed = model.model_validate(arguments)
+        except ValidationError as exc:
+            raise ToolCallError(_pydantic_message(tool_name, exc)) from None
+        kwargs = {key: getattr(parsed, key) for key in fields}
+        if context_param is not None:
+            kwargs[context_param] = ctx
+        if is_async:
+            return await fn(**kwargs)
+        # Sync tools run on a worker thread so they never block the event loop.
+        return await asyncio.to_thread(fn, **kwargs)
+
+    return Tool(name=tool_name, description=doc, parameters=schema, handler=handler, **options)
+
+
+def _pydantic_message(name: str, exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "arguments"
+        parts.append(f"{where}: {error['msg']}")
+    return f"invalid arguments for {name}: " + "; ".join(parts)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    group: str = "default",
+    deferred: bool = False,
+    nestable: bool = False,
+    recovery: RecoveryPolicy = "never_retry",
+    probe: Probe | None = None,
+    claims: Claims | None = None,
+    approval: bool = False,
+    expectations: Expectations | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    group: str = "default",
+    deferred: bool = False,
+    nestable: bool = False,
+    recovery: RecoveryPolicy = "never_retry",
+    probe: Probe | None = None,
+    claims: Claims | None = None,
+    approval: bool = False,
+    expectations: Expectations | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a sync or async Python function as a tool.
+
+    The argument schema comes from the type hints, the description from the docstring.
+    A parameter annotated ``ToolContext`` receives the call's context and is not part of
+    the schema. Raise ``lodger.errors.ToolCallError`` for an error the model should see.
+    """
+    options: dict[str, Any] = {
+        "group": group,
+        "deferred": deferred,
+        "nestable": nestable,
+        "recovery": recovery,
+        "probe": probe,
+        "claims": claims,
+        "approval": approval,
+        "expectations": expectations,
+    }
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        return _build(f, name=name, description=description, options=options)
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate

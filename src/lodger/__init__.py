@@ -1,1 +1,66 @@
-"""lodger: a durable agent runtime."""
+"""lodger: a durable agent runtime.
+
+An agent's history is an append-only, digest-chained log; its tools run behind a
+validated, permissioned boundary that commits before and after every side effect.
+
+    from lodger import Agent, ScriptedModel, tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        "Add two integers."
+        return a + b
+
+    agent = Agent(model=ScriptedModel([{"calls": [{"name": "add", "args": {"a": 1, "b": 2}}]},
+                                       {"text": "3"}]), tools=[add])
+    result = await agent.run("what is 1 + 2?")
+"""
+
+from lodger.agent import Agent, SessionHandle, TurnResult
+from lodger.errors import (
+    AppendConflictError,
+    CommitFailedError,
+    ConfigError,
+    CorruptLogError,
+    LodgerError,
+    ProviderError,
+    SessionLockedError,
+    SessionNotFoundError,
+    StorageError,
+    ToolCallError,
+    UsageError,
+)
+from lodger.events import Event
+from lodger.log import EventLog, open_log
+from lodger.providers import FunctionModel, ScriptedModel, make_model
+from lodger.runtime.permissions import PermissionPolicy, Rule
+from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
+
+__all__ = [
+    "Agent",
+    "AppendConflictError",
+    "CommitFailedError",
+    "ConfigError",
+    "CorruptLogError",
+    "Event",
+    "EventLog",
+    "FunctionModel",
+    "LodgerError",
+    "PermissionPolicy",
+    "ProbeResult",
+    "ProviderError",
+    "Rule",
+    "ScriptedModel",
+    "SessionHandle",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "StorageError",
+    "Tool",
+    "ToolCallError",
+    "ToolContext",
+    "ToolOutput",
+    "TurnResult",
+    "UsageError",
+    "make_model",
+    "open_log",
+    "tool",
+]

@@ -16,7 +16,9 @@ EMPTY_PREFIX = Prefix(high_water=0, digest="")
 def _order_error(session_id: str, offset: int, found: int) -> CorruptLogError:
     code = "duplicate_offset" if found < offset else "gap"
     why = (
-        f"offset {found} appears again" if found < offset else f"the next stored offset is {found}"
+        f"offset {found} appears again"
+        if found < offset
+        else f"the event is missing although offset {found} is stored"
     )
     return CorruptLogError(
         f"log for session {session_id!r} is invalid at offset {offset}: {why}",
@@ -77,14 +79,19 @@ class EventLog:
         if start > 0:
             fetch_from = start - 1
         records = await self.store.read_records(session_id=session_id, start=fetch_from, end=end)
-        if start > 0:
-            if not records:
-                return []
+        if start > 0 and records:
             if records[0].offset != start - 1:
                 raise _order_error(session_id, start - 1, records[0].offset)
             prev = records[0].digest
             records = records[1:]
-        return decode_records(session_id, records, start=start, prev_digest=prev)
+        events = decode_records(session_id, records, start=start, prev_digest=prev)
+        if end is not None and len(events) < end - start:
+            # a short bounded read is the end of the log only if nothing is stored after it
+            missing = start + len(events)
+            last = await self.store.last_record(session_id=session_id)
+            if last is not None and last.offset >= missing:
+                raise _order_error(session_id, missing, last.offset)
+        return events
 
     async def read_all(self, session_id: str) -> list[Event]:
         events = await self.read(session_id)
@@ -125,7 +132,7 @@ class EventLog:
             await lease.release()
             raise
         head = Prefix(high_water=len(events), digest=events[-1].digest) if events else EMPTY_PREFIX
-        return SessionWriter(self, lease, head)
+        return SessionWriter(self, lease, head, events)
 
     async def close(self) -> None:
         await self.store.close()
@@ -134,8 +141,12 @@ class EventLog:
 class SessionWriter:
     """The one writer of a session; appends are atomic, durable and offset-checked."""
 
-    def __init__(self, log: EventLog, lease: WriterLease, head: Prefix) -> None:
+    def __init__(
+        self, log: EventLog, lease: WriterLease, head: Prefix, events: Sequence[Event] = ()
+    ) -> None:
         self._log = log
+        #: the verified events the log held when this writer opened
+        self.initial_events: list[Event] = list(events)
         self._lease = lease
         self._head: Prefix | None = head
         self._closed = False

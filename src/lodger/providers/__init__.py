@@ -1,0 +1,70 @@
+"""Model adapters. ``make_model(spec)`` turns a ``--model`` spec into a ``Model``.
+
+Specs: ``script:PATH`` (offline, deterministic), ``openai:MODEL``,
+``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
+``anthropic:MODEL``. SDK-backed adapters are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+from lodger.errors import ConfigError
+from lodger.providers.base import (
+    AssistantMessage,
+    Message,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ToolResultMessage,
+    ToolSchema,
+    UserMessage,
+)
+from lodger.providers.scripted import FunctionModel, ScriptedModel
+
+__all__ = [
+    "AssistantMessage",
+    "FunctionModel",
+    "Message",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "ScriptedModel",
+    "ToolResultMessage",
+    "ToolSchema",
+    "UserMessage",
+    "make_model",
+]
+
+_HINT = (
+    "use script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL or anthropic:MODEL"
+)
+
+
+def make_model(spec: str) -> Model:
+    kind, sep, rest = spec.partition(":")
+    if not sep or not rest:
+        raise ConfigError(f"model spec {spec!r} has no provider prefix", hint=_HINT)
+    if kind == "script":
+        return ScriptedModel.from_file(rest)
+    if kind == "openai":
+        from lodger.providers.openai_chat import OpenAIChatModel
+
+        return OpenAIChatModel(model=rest)
+    if kind == "openai-compatible":
+        url, hash_, model = rest.rpartition("#")
+        if not hash_ or not url or not model:
+            raise ConfigError(
+                f"model spec {spec!r} needs a base URL and a model name",
+                hint="write it as openai-compatible:http://localhost:11434/v1#llama3.2",
+            )
+        from lodger.providers.openai_chat import OpenAIChatModel
+
+        return OpenAIChatModel(model=model, base_url=url)
+    if kind == "responses":
+        from lodger.providers.openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(model=rest)
+    if kind == "anthropic":
+        from lodger.providers.anthropic import AnthropicModel
+
+        return AnthropicModel(model=rest)
+    raise ConfigError(f"unknown model provider {kind!r} in {spec!r}", hint=_HINT)

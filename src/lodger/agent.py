@@ -1,0 +1,371 @@
+"""The agent: Reason -> Act -> Observe over turns, runs and steps.
+
+>>> agent = Agent(model=ScriptedModel([{"text": "hello"}]), tools=[add])
+>>> result = await agent.run("say hello")
+>>> result.answer
+'hello'
+
+A turn is one user input and everything until the agent answers, fails, hits its step
+limit or is stopped. Each step fixes its visible tools, asks the model for the next
+output from a projection of the committed log, and runs the proposed calls as one
+batch through the tool boundary. Every fact is committed before anything acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lodger.context import project_messages
+from lodger.errors import CommitFailedError, ProviderError, UsageError
+from lodger.events import (
+    ContextCompacted,
+    Event,
+    ModelOutput,
+    ProviderRetried,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolRef,
+    ToolsActivated,
+    TurnEnded,
+    TurnStarted,
+)
+from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.log import EventLog, SqliteLogStore
+from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.runtime.dispatch import StepScope, ToolRuntime
+from lodger.runtime.journal import Journal
+from lodger.runtime.permissions import Approver, PermissionPolicy
+from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.spec import Tool
+
+__all__ = ["DEFAULT_SYSTEM", "Agent", "SessionHandle", "TurnResult", "open_turn"]
+
+DEFAULT_SYSTEM = (
+    "You are a careful software agent working in a workspace. Use the tools to inspect and "
+    "change files; prefer small, verifiable steps. Calls you make in one step run in "
+    "parallel, so only batch calls that do not depend on each other. When the task is "
+    "done, answer with a short summary of what you did."
+)
+
+TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnResult:
+    session_id: str
+    turn_id: str
+    run_id: str
+    status: TurnStatus
+    answer: str | None = None
+    error: str | None = None
+
+
+def open_turn(events: Sequence[Event]) -> tuple[str, int] | None:
+    """The id and offset of the session's last turn if it has not ended, else None."""
+    for event in reversed(events):
+        if isinstance(event.body, TurnEnded):
+            return None
+        if isinstance(event.body, TurnStarted):
+            assert event.turn_id is not None
+            return event.turn_id, event.offset
+    return None
+
+
+class SessionHandle:
+    """Read access to one session's log."""
+
+    def __init__(self, log: EventLog, session_id: str) -> None:
+        self.log = log
+        self.session_id = session_id
+
+    async def events(self) -> list[Event]:
+        return await self.log.read_all(self.session_id)
+
+    async def verify(self) -> tuple[int, str]:
+        prefix = await self.log.verify(self.session_id)
+        return prefix.high_water, prefix.digest
+
+
+class Agent:
+    """A model, bound tools and a place to keep sessions.
+
+    ``state_dir`` (default ``.lodger``) holds the SQLite log and the artifacts unless a
+    ``log`` and ``artifacts`` store are passed. ``workspace`` is the directory file tools
+    work in. Nothing here is global: clocks and ids are injected for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: Sequence[Tool] = (),
+        system: str = DEFAULT_SYSTEM,
+        state_dir: str | os.PathLike[str] = ".lodger",
+        log: EventLog | None = None,
+        artifacts: ArtifactStore | None = None,
+        workspace: str | os.PathLike[str] | None = None,
+        permissions: PermissionPolicy | None = None,
+        approver: Approver | None = None,
+        max_steps: int = 50,
+        context_budget: int | None = None,
+        max_provider_retries: int = 4,
+        retry_base_delay: float = 0.5,
+        clock: Clock | None = None,
+        ids: IdFactory | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        on_text: TextSink | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        self.model = model
+        self.registry = ToolRegistry(tools)
+        self.system = system
+        self.state_dir = Path(state_dir)
+        self._owns_log = log is None
+        self.log = log or EventLog(SqliteLogStore(self.state_dir))
+        if artifacts is None:
+            artifacts = (
+                FileArtifactStore(self.state_dir / "artifacts")
+                if self._owns_log
+                else MemoryArtifactStore()
+            )
+        self.artifacts = artifacts
+        self.workspace = Path(workspace).resolve() if workspace is not None else None
+        self.permissions = permissions or PermissionPolicy()
+        self.approver = approver
+        self.max_steps = max_steps
+        self.context_budget = context_budget
+        self.max_provider_retries = max_provider_retries
+        self.retry_base_delay = retry_base_delay
+        self.clock = clock or SystemClock()
+        self.ids = ids or Uuid7Factory(self.clock)
+        self.on_event = on_event
+        self.on_text = on_text
+        self._sleep = sleep
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_log:
+            await self.log.close()
+
+    def session(self, session_id: str) -> SessionHandle:
+        return SessionHandle(self.log, session_id)
+
+    # ------------------------------------------------------------------ turns
+
+    async def run(self, task: str, *, session: str | None = None) -> TurnResult:
+        """Run one turn of ``task`` on ``session`` (a new session when None)."""
+        session_id = session or self.ids.new_id()
+        writer = await self.log.open_writer(session_id)
+        try:
+            journal = Journal(
+                writer,
+                writer.initial_events,
+                clock=self.clock,
+                ids=self.ids,
+                on_event=self.on_event,
+            )
+            if not journal.events:
+                await journal.fact(
+                    SessionStarted(
+                        workspace=str(self.workspace) if self.workspace else None,
+                        workspace_id=_workspace_id(self.workspace),
+                    )
+                )
+            elif (pending := open_turn(journal.events)) is not None:
+                raise UsageError(
+                    f"session {session_id!r} has an interrupted turn ({pending[0]}) "
+                    f"that started at offset {pending[1]}",
+                    hint=f"run `lodger recover {session_id}` to see what blocks it, then "
+                    f"`lodger resume {session_id}`",
+                    code="turn_interrupted",
+                    session_id=session_id,
+                )
+            turn_id, run_id = self.ids.new_id(), self.ids.new_id()
+            await journal.record(
+                journal.draft(TurnStarted(input=task), turn_id=turn_id),
+                journal.draft(
+                    RunStarted(model=self.model.spec, tools=tuple(self.registry.names())),
+                    turn_id=turn_id,
+                    run_id=run_id,
+                ),
+            )
+            return await self.drive(journal, turn_id=turn_id, run_id=run_id)
+        finally:
+            await writer.close()
+
+    async def drive(self, journal: Journal, *, turn_id: str, run_id: str) -> TurnResult:
+        """Run steps of an open turn until it settles. Resume uses this too."""
+        runtime = ToolRuntime(
+            journal=journal,
+            registry=self.registry,
+            permissions=self.permissions,
+            approver=self.approver,
+            artifacts=self.artifacts,
+            workspace=self.workspace,
+            turn_id=turn_id,
+            run_id=run_id,
+        )
+        env = {"turn_id": turn_id, "run_id": run_id}
+        result = _Result(journal.session_id, turn_id, run_id)
+        try:
+            while True:
+                turn_events = _turn_events(journal.events, turn_id)
+                steps_done = sum(isinstance(e.body, StepStarted) for e in turn_events)
+                if steps_done >= self.max_steps:
+                    return await result.end(
+                        journal, "step_limit", error=f"stopped after {self.max_steps} steps"
+                    )
+                activated = _activated(turn_events)
+                visible = self.registry.visible(activated)
+                step_id = self.ids.new_id()
+                await journal.fact(
+                    StepStarted(
+                        index=steps_done,
+                        model=self.model.spec,
+                        tools=tuple(
+                            ToolRef(name=t.name, schema_digest=t.schema_digest()) for t in visible
+                        ),
+                    ),
+                    step_id=step_id,
+                    **env,
+                )
+                request = await self._request(journal, visible, env, step_id)
+                response = await self._complete(journal, request, env, step_id)
+                await journal.fact(
+                    ModelOutput(
+                        text=response.text,
+                        reasoning=response.reasoning,
+                        calls=response.calls,
+                        usage=response.usage,
+                        finish_reason=response.finish_reason,
+                    ),
+                    step_id=step_id,
+                    origin="provider",
+                    **env,
+                )
+                if not response.calls:
+                    return await result.end(journal, "completed", answer=response.text)
+                scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
+                await runtime.run_batch(response.calls, scope)
+        except ProviderError as exc:
+            return await result.end(journal, "failed", error=str(exc))
+        except asyncio.CancelledError:
+            if journal.failure is None:
+                await result.end(journal, "cancelled", error="stopped by the user")
+            raise
+        except CommitFailedError:
+            raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _request(
+        self, journal: Journal, visible: Sequence[Tool], env: dict[str, str], step_id: str
+    ) -> ModelRequest:
+        projection = project_messages(journal.events, budget_tokens=self.context_budget)
+        if projection.elided_call_ids and projection.elided_call_ids != _last_elided(
+            journal.events
+        ):
+            assert self.context_budget is not None
+            await journal.fact(
+                ContextCompacted(
+                    elided_call_ids=projection.elided_call_ids,
+                    budget_tokens=self.context_budget,
+                    estimated_tokens=projection.estimated_tokens,
+                ),
+                step_id=step_id,
+                **env,
+            )
+        return ModelRequest(
+            system=self.system,
+            messages=projection.messages,
+            tools=tuple(t.schema() for t in visible),
+        )
+
+    async def _complete(
+        self, journal: Journal, request: ModelRequest, env: dict[str, str], step_id: str
+    ) -> ModelResponse:
+        attempt = 0
+        while True:
+            try:
+                return await self.model.complete(request, on_text=self.on_text)
+            except ProviderError as exc:
+                attempt += 1
+                if not exc.retryable or attempt > self.max_provider_retries:
+                    raise
+                delay = min(self.retry_base_delay * 2 ** (attempt - 1), 30.0)
+                await journal.fact(
+                    ProviderRetried(attempt=attempt, error=str(exc), delay_ms=int(delay * 1000)),
+                    step_id=step_id,
+                    **env,
+                )
+                await self._sleep(delay)
+
+
+@dataclass
+class _Result:
+    session_id: str
+    turn_id: str
+    run_id: str
+
+    async def end(
+        self,
+        journal: Journal,
+        status: TurnStatus,
+        *,
+        answer: str | None = None,
+        error: str | None = None,
+    ) -> TurnResult:
+        env = {"turn_id": self.turn_id, "run_id": self.run_id}
+        await journal.record(
+            journal.draft(RunEnded(status=status, error=error), **env),
+            journal.draft(TurnEnded(status=status, answer=answer), **env),
+        )
+        return TurnResult(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            run_id=self.run_id,
+            status=status,
+            answer=answer,
+            error=error,
+        )
+
+
+def _turn_events(events: Sequence[Event], turn_id: str) -> list[Event]:
+    return [e for e in events if e.turn_id == turn_id]
+
+
+def _activated(turn_events: Sequence[Event]) -> list[str]:
+    names: list[str] = []
+    for e in turn_events:
+        if isinstance(e.body, ToolsActivated):
+            names.extend(n for n in e.body.names if n not in names)
+    return names
+
+
+def _last_elided(events: Sequence[Event]) -> tuple[str, ...]:
+    for e in reversed(events):
+        if isinstance(e.body, ContextCompacted):
+            return e.body.elided_call_ids
+    return ()
+
+
+def _workspace_id(workspace: Path | None) -> str | None:
+    if workspace is None:
+        return None
+    try:
+        from lodger.tools.workspace import workspace_id
+
+        return workspace_id(workspace)
+    except ImportError:  # pragma: no cover - the workspace module ships with lodger
+        return None

@@ -1,0 +1,374 @@
+"""The path of one call (DESIGN section 4), and the batch of one step.
+
+    binding -> visibility -> arguments -> permission -> resources -> T1 -> execute -> T2
+
+Each failed check becomes a ``call_rejected`` fact and an error result the model sees on
+its next step; nothing raises out of here except a failed commit (which stops the turn)
+and cancellation. A call's result reaches the model only through the projection of
+committed events, so "T2 before the model sees it" holds by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from lodger.errors import CommitFailedError, ToolCallError
+from lodger.events import (
+    ArtifactRef,
+    CallRejected,
+    FileExpectation,
+    Origin,
+    PermissionDecided,
+    PermissionRequested,
+    ProposedCall,
+    ResultStatus,
+    ToolDispatched,
+    ToolResponded,
+    Visibility,
+)
+from lodger.runtime.journal import Journal
+from lodger.runtime.permissions import Approver, PermissionPolicy
+from lodger.storage.artifacts import ArtifactStore
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.spec import Tool, ToolContext, ToolOutput
+
+__all__ = ["CallOutcome", "StepScope", "ToolRuntime"]
+
+PREVIEW_CHARS = 4_000
+
+
+@dataclass
+class StepScope:
+    """What the proposing step allowed: its visible names, fixed when the step started."""
+
+    step_id: str
+    visible: frozenset[str]
+    activated_here: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallOutcome:
+    call_id: str
+    name: str
+    status: ResultStatus | None  # None: rejected before dispatch
+    content: str
+    dispatched: bool
+
+    @property
+    def is_error(self) -> bool:
+        return self.status != "ok"
+
+
+@dataclass(frozen=True)
+class _Rejection(Exception):
+    reason: str
+    message: str
+
+
+class ToolRuntime:
+    """Runs calls for one run of one turn; all facts go through the run's journal."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        registry: ToolRegistry,
+        permissions: PermissionPolicy,
+        approver: Approver | None,
+        artifacts: ArtifactStore,
+        workspace: Path | None,
+        turn_id: str,
+        run_id: str,
+        result_limit: int = 16_000,
+    ) -> None:
+        self.journal = journal
+        self.registry = registry
+        self.permissions = permissions
+        self.approver = approver
+        self.artifacts = artifacts
+        self.workspace = workspace
+        self.turn_id = turn_id
+        self.run_id = run_id
+        self.result_limit = result_limit
+        self._validators: dict[str, Draft202012Validator] = {}
+        self._approval_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ batch
+
+    async def run_batch(self, calls: Sequence[ProposedCall], scope: StepScope) -> list[CallOutcome]:
+        """Run one step's calls concurrently; outcomes come back in emission order.
+
+        A failed commit in any call stops the calls that have not reached T1, lets running
+        calls settle, and then raises ``CommitFailedError``. Cancellation never abandons a
+        call past T1: it settles and its outcome is recorded first.
+        """
+        halt = asyncio.Event()
+        failures: list[CommitFailedError] = []
+
+        async def one(call: ProposedCall) -> CallOutcome | None:
+            try:
+                return await self.run_call(call, scope=scope, halt=halt)
+            except CommitFailedError as exc:
+                halt.set()
+                failures.append(exc)
+                return None
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(call)) for call in calls]
+        if failures:
+            raise failures[0]
+        return [t.result() for t in tasks if t.result() is not None]  # type: ignore[misc]
+
+    # ------------------------------------------------------------ one call
+
+    def _envelope(
+        self,
+        call_id: str,
+        scope: StepScope | None,
+        parent_call_id: str | None,
+        origin: Origin,
+        visibility: Visibility,
+    ) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "run_id": self.run_id,
+            "step_id": scope.step_id if scope else None,
+            "call_id": call_id,
+            "parent_call_id": parent_call_id,
+            "origin": origin,
+            "visibility": visibility,
+        }
+
+    async def run_call(
+        self,
+        call: ProposedCall,
+        *,
+        scope: StepScope,
+        halt: asyncio.Event | None = None,
+        parent_call_id: str | None = None,
+        origin: Origin = "provider",
+        visibility: Visibility = "model",
+    ) -> CallOutcome:
+        env = self._envelope(call.call_id, scope, parent_call_id, origin, visibility)
+        try:
+            t, arguments = self._check(call, scope)
+            ctx = ToolContext(
+                session_id=self.journal.session_id,
+                turn_id=self.turn_id,
+                run_id=self.run_id,
+                call_id=call.call_id,
+                operation_id=self.journal.ids.new_id(),
+                workspace=self.workspace,
+                parent_call_id=parent_call_id,
+            )
+            await self._permit(t, arguments, env)
+            expectations = await self._expectations(t, arguments, ctx)
+            resources = tuple(t.claims(arguments, ctx)) if t.claims else ()
+        except _Rejection as rejection:
+            await self.journal.fact(
+                CallRejected(tool=call.name, reason=rejection.reason, message=rejection.message),
+                **env,
+            )
+            return CallOutcome(
+                call_id=call.call_id,
+                name=call.name,
+                status=None,
+                content=rejection.message,
+                dispatched=False,
+            )
+        if halt is not None and halt.is_set():
+            raise CommitFailedError(
+                "the batch stopped after a failed commit; this call was not dispatched",
+                session_id=self.journal.session_id,
+                call_id=call.call_id,
+            )
+        # T1: from here on the call is never abandoned.
+        await self.journal.fact(
+            ToolDispatched(
+                operation_id=ctx.operation_id,
+                tool=t.name,
+                arguments=arguments,
+                recovery=t.recovery,
+                resources=resources,
+                expectations=tuple(expectations),
+            ),
+            **env,
+        )
+        execution = asyncio.ensure_future(self._execute(t, arguments, ctx))
+        cancelled = False
+        while not execution.done():
+            try:
+                await asyncio.shield(execution)
+            except asyncio.CancelledError:
+                # Settle, never abandon: the tool is told to stop, and what it did is
+                # recorded before the cancellation goes on.
+                cancelled = True
+                execution.cancel()
+        status, content = execution.result()
+        content, truncated, refs = await self._bound(content)
+        # T2: only after this commit may the outcome reach the model.
+        await self.journal.fact(
+            ToolResponded(
+                operation_id=ctx.operation_id,
+                status=status,
+                content=content,
+                truncated=truncated,
+                artifacts=refs,
+            ),
+            **env,
+        )
+        if cancelled:
+            raise asyncio.CancelledError
+        return CallOutcome(
+            call_id=call.call_id, name=t.name, status=status, content=content, dispatched=True
+        )
+
+    # ------------------------------------------------------------ checks
+
+    def _check(self, call: ProposedCall, scope: StepScope) -> tuple[Tool, dict[str, Any]]:
+        t = self.registry.get(call.name)
+        if t is None:
+            names = ", ".join(sorted(scope.visible)) or "none"
+            raise _Rejection(
+                "unbound", f"unknown tool {call.name!r}; the tools you can call are: {names}"
+            )
+        if call.name not in scope.visible:
+            if call.name in scope.activated_here:
+                raise _Rejection(
+                    "activated_this_step",
+                    f"tool {call.name!r} was activated by tool_search in this step; "
+                    "call it on the next step, when its schema is visible",
+                )
+            raise _Rejection(
+                "invisible",
+                f"tool {call.name!r} is not visible in this step; "
+                "use tool_search to find and activate it first",
+            )
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise _Rejection(
+                "invalid_arguments",
+                f"arguments for {call.name} are not valid JSON ({exc.msg} at position "
+                f"{exc.pos}); send a JSON object",
+            ) from None
+        if not isinstance(arguments, dict):
+            raise _Rejection(
+                "invalid_arguments", f"arguments for {call.name} must be a JSON object"
+            )
+        problems = self._validate(t, arguments)
+        if problems:
+            raise _Rejection(
+                "invalid_arguments", f"invalid arguments for {call.name}: " + "; ".join(problems)
+            )
+        return t, arguments
+
+    def _validate(self, t: Tool, arguments: dict[str, Any]) -> list[str]:
+        validator = self._validators.get(t.name)
+        if validator is None:
+            try:
+                Draft202012Validator.check_schema(t.parameters)
+            except SchemaError as exc:
+                return [f"the tool's own schema is invalid ({exc.message}); report this"]
+            validator = Draft202012Validator(t.parameters)
+            self._validators[t.name] = validator
+        problems = []
+        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]:
+            where = "/".join(str(p) for p in error.path)
+            problems.append(f"{where}: {error.message}" if where else error.message)
+        return problems
+
+    async def _permit(self, t: Tool, arguments: dict[str, Any], env: dict[str, Any]) -> None:
+        decision, why = self.permissions.decide(t)
+        if decision == "allow":
+            if why != "default":
+                await self.journal.fact(
+                    PermissionDecided(tool=t.name, decision="allow", by="policy", reason=why),
+                    **env,
+                )
+            return
+        if decision == "deny":
+            await self.journal.fact(
+                PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), **env
+            )
+            raise _Rejection("denied", f"calling {t.name} is denied by policy ({why})")
+        if self.approver is None:
+            reason = "approval required and the run is not interactive"
+            await self.journal.fact(
+                PermissionDecided(tool=t.name, decision="deny", by="default", reason=reason),
+                **env,
+            )
+            raise _Rejection(
+                "denied",
+                f"calling {t.name} needs approval and nobody can approve it in this run; "
+                "the operator can re-run with --yes or add an allow rule",
+            )
+        summary = _summarize(arguments)
+        await self.journal.fact(PermissionRequested(tool=t.name, summary=summary), **env)
+        async with self._approval_lock:  # one question at a time
+            allowed = await self.approver(t, arguments)
+        await self.journal.fact(
+            PermissionDecided(
+                tool=t.name, decision="allow" if allowed else "deny", by="user", reason=""
+            ),
+            **env,
+        )
+        if not allowed:
+            raise _Rejection("denied", f"the user denied this call to {t.name}")
+
+    async def _expectations(
+        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
+    ) -> Sequence[FileExpectation]:
+        if t.expectations is None:
+            return ()
+        try:
+            return await t.expectations(arguments, ctx)
+        except ToolCallError as exc:
+            raise _Rejection("precondition", exc.message) from None
+
+    # ------------------------------------------------------------ execution
+
+    async def _execute(
+        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
+    ) -> tuple[ResultStatus, str]:
+        try:
+            value = await t.handler(arguments, ctx)
+        except ToolCallError as exc:
+            return "error", exc.message
+        except asyncio.CancelledError:
+            return "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
+        except Exception as exc:  # noqa: BLE001 - a tool failure is a result, not a crash
+            return "error", f"{t.name} failed: {type(exc).__name__}: {exc}"
+        if isinstance(value, ToolOutput):
+            return ("error" if value.is_error else "ok"), value.content
+        if isinstance(value, str):
+            return "ok", value
+        try:
+            return "ok", json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError) as exc:
+            return "error", f"{t.name} returned a value that is not JSON: {exc}"
+
+    async def _bound(self, content: str) -> tuple[str, bool, tuple[ArtifactRef, ...]]:
+        data = content.encode("utf-8")
+        if len(data) <= self.result_limit:
+            return content, False, ()
+        ref = await self.artifacts.put(data)
+        preview = content[:PREVIEW_CHARS]
+        note = (
+            f"\n[... truncated: the full result ({len(data)} bytes) is stored as "
+            f"artifact sha256:{ref.sha256}]"
+        )
+        return preview + note, True, (ref,)
+
+
+def _summarize(arguments: dict[str, Any], limit: int = 200) -> str:
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

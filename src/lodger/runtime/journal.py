@@ -1,0 +1,95 @@
+"""The journal: the one place a run appends facts to its session's log.
+
+It serializes appends from concurrent calls (the log needs an expected offset), stamps
+ids and times from the injected context, keeps the committed events in memory for the
+projections, and stops everything after the first failed commit: once a commit has
+failed, the log's state is unknown to this run, so no new fact and no new side effect
+may follow. Appends are shielded from cancellation so an interrupted caller never
+loses track of a commit that completed on the storage thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lodger.errors import CommitFailedError, StorageError
+from lodger.events import Body, Event, EventDraft
+from lodger.ids import Clock, IdFactory
+from lodger.log import SessionWriter
+
+__all__ = ["Journal"]
+
+
+class Journal:
+    def __init__(
+        self,
+        writer: SessionWriter,
+        events: Sequence[Event],
+        *,
+        clock: Clock,
+        ids: IdFactory,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.session_id = writer.session_id
+        self.events: list[Event] = list(events)
+        self.clock = clock
+        self.ids = ids
+        self._on_event = on_event
+        self._lock = asyncio.Lock()
+        self.failure: CommitFailedError | None = None
+
+    def draft(self, body: Body, **envelope: Any) -> EventDraft:
+        return EventDraft(id=self.ids.new_id(), ts=self.clock.now_us(), body=body, **envelope)
+
+    async def record(self, *drafts: EventDraft) -> list[Event]:
+        """Append ``drafts`` atomically; raise ``CommitFailedError`` if that cannot be proven."""
+        async with self._lock:
+            if self.failure is not None:
+                raise CommitFailedError(
+                    f"session {self.session_id!r} stopped after a failed commit; "
+                    "no new fact or side effect may follow",
+                    hint="the committed prefix is intact; run `lodger recover` to continue",
+                    session_id=self.session_id,
+                ) from self.failure
+            task = asyncio.ensure_future(
+                self.writer.append(drafts, expected_offset=len(self.events))
+            )
+            try:
+                events = await _settle(task)
+            except StorageError as exc:
+                self.failure = CommitFailedError(
+                    f"commit to session {self.session_id!r} at offset {len(self.events)} "
+                    f"failed: {exc.message}",
+                    hint="nothing after the last committed fact ran; run `lodger recover` to "
+                    "see what is indeterminate",
+                    session_id=self.session_id,
+                    offset=len(self.events),
+                )
+                raise self.failure from exc
+            self.events.extend(events)
+        if self._on_event is not None:
+            for event in events:
+                self._on_event(event)
+        return events
+
+    async def fact(self, body: Body, **envelope: Any) -> Event:
+        return (await self.record(self.draft(body, **envelope)))[0]
+
+
+async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:
+    """Await ``task`` to the end even if we are cancelled meanwhile, then re-raise."""
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -1,0 +1,63 @@
+"""The registry of tools bound to a run, and what each step may see.
+
+Bound is the ceiling: a run can only ever call what is bound here. Direct tools are
+visible in every step, in declaration order (a stable prefix for prompt caching);
+deferred tools become visible only once activated, appended in activation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from lodger.errors import UsageError
+from lodger.tools.spec import Tool
+
+__all__ = ["ToolRegistry"]
+
+
+class ToolRegistry:
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.bind(t)
+
+    def bind(self, t: Tool) -> None:
+        if t.name in self._tools:
+            raise UsageError(
+                f"two tools are named {t.name!r}",
+                hint="rename one of them (tool names must be unique in a run)",
+                code="duplicate_tool",
+            )
+        self._tools[t.name] = t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def direct(self) -> list[Tool]:
+        return [t for t in self._tools.values() if not t.deferred]
+
+    def deferred(self) -> list[Tool]:
+        return [t for t in self._tools.values() if t.deferred]
+
+    def visible(self, activated: Iterable[str] = ()) -> list[Tool]:
+        """Direct tools first, then activated deferred tools in activation order."""
+        out = self.direct()
+        seen = {t.name for t in out}
+        for name in activated:
+            t = self._tools.get(name)
+            if t is not None and name not in seen:
+                out.append(t)
+                seen.add(name)
+        return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lodger.context import project_messages
+from lodger.context import Projector
 from lodger.errors import CommitFailedError, ProviderError, UsageError
 from lodger.events import (
     ContextCompacted,
@@ -220,41 +220,48 @@ class Agent:
         )
         env = {"turn_id": turn_id, "run_id": run_id}
         result = _Result(journal.session_id, turn_id, run_id)
+        projector = Projector(journal.events)
+        turn = _TurnState(turn_id)
         try:
             while True:
-                turn_events = _turn_events(journal.events, turn_id)
-                steps_done = sum(isinstance(e.body, StepStarted) for e in turn_events)
+                steps_done, activated = turn.update(journal.events)
                 if steps_done >= self.max_steps:
                     return await result.end(
                         journal, "step_limit", error=f"stopped after {self.max_steps} steps"
                     )
-                activated = _activated(turn_events)
                 visible = self.registry.visible(activated)
                 step_id = self.ids.new_id()
-                await journal.fact(
-                    StepStarted(
-                        index=steps_done,
-                        model=self.model.spec,
-                        tools=tuple(
-                            ToolRef(name=t.name, schema_digest=t.schema_digest()) for t in visible
+                journal.defer(
+                    journal.draft(
+                        StepStarted(
+                            index=steps_done,
+                            model=self.model.spec,
+                            tools=tuple(
+                                ToolRef(name=t.name, schema_digest=t.schema_digest())
+                                for t in visible
+                            ),
                         ),
-                    ),
-                    step_id=step_id,
-                    **env,
+                        step_id=step_id,
+                        **env,
+                    )
                 )
-                request = await self._request(journal, visible, env, step_id)
+                request = await self._request(journal, projector, visible, env, step_id)
                 response = await self._complete(journal, request, env, step_id)
-                await journal.fact(
-                    ModelOutput(
-                        text=response.text,
-                        reasoning=response.reasoning,
-                        calls=response.calls,
-                        usage=response.usage,
-                        finish_reason=response.finish_reason,
-                    ),
-                    step_id=step_id,
-                    origin="provider",
-                    **env,
+                # Deferred: it commits atomically with the first fact of its batch (the
+                # first T1 or rejection) or with the end of the turn, saving one sync.
+                journal.defer(
+                    journal.draft(
+                        ModelOutput(
+                            text=response.text,
+                            reasoning=response.reasoning,
+                            calls=response.calls,
+                            usage=response.usage,
+                            finish_reason=response.finish_reason,
+                        ),
+                        step_id=step_id,
+                        origin="provider",
+                        **env,
+                    )
                 )
                 if not response.calls:
                     return await result.end(journal, "completed", answer=response.text)
@@ -270,9 +277,14 @@ class Agent:
             raise  # the turn stays open in the log; recovery takes it from here
 
     async def _request(
-        self, journal: Journal, visible: Sequence[Tool], env: dict[str, str], step_id: str
+        self,
+        journal: Journal,
+        projector: Projector,
+        visible: Sequence[Tool],
+        env: dict[str, str],
+        step_id: str,
     ) -> ModelRequest:
-        projection = project_messages(journal.events, budget_tokens=self.context_budget)
+        projection = projector.project(budget_tokens=self.context_budget)
         if projection.elided_call_ids and projection.elided_call_ids != _last_elided(
             journal.events
         ):
@@ -341,16 +353,25 @@ class _Result:
         )
 
 
-def _turn_events(events: Sequence[Event], turn_id: str) -> list[Event]:
-    return [e for e in events if e.turn_id == turn_id]
+class _TurnState:
+    """Steps taken and tools activated in one turn, folded from new events only."""
 
+    def __init__(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self.steps = 0
+        self.activated: list[str] = []
+        self._seen = 0
 
-def _activated(turn_events: Sequence[Event]) -> list[str]:
-    names: list[str] = []
-    for e in turn_events:
-        if isinstance(e.body, ToolsActivated):
-            names.extend(n for n in e.body.names if n not in names)
-    return names
+    def update(self, events: Sequence[Event]) -> tuple[int, list[str]]:
+        for e in events[self._seen :]:
+            if e.turn_id != self.turn_id:
+                continue
+            if isinstance(e.body, StepStarted):
+                self.steps += 1
+            elif isinstance(e.body, ToolsActivated):
+                self.activated.extend(n for n in e.body.names if n not in self.activated)
+        self._seen = len(events)
+        return self.steps, list(self.activated)
 
 
 def _last_elided(events: Sequence[Event]) -> tuple[str, ...]:

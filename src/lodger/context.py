@@ -18,14 +18,13 @@ from lodger.events import (
     Event,
     ModelOutput,
     OperatorDecision,
-    ProposedCall,
     RecoveryObserved,
     ToolResponded,
     TurnStarted,
 )
 from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
 
-__all__ = ["Projection", "estimate_tokens", "project_messages"]
+__all__ = ["Projection", "Projector", "estimate_tokens", "project_messages"]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
 
@@ -50,11 +49,25 @@ def estimate_tokens(messages: Sequence[Message]) -> int:
     return chars // 4 + 4 * len(messages)
 
 
-@dataclass
-class _Output:
-    text: str
-    reasoning: str
-    calls: tuple[ProposedCall, ...]
+def _result_of(e: Event, name: str) -> ToolResultMessage | None:
+    """The model-visible result a committed event gives its call, if any."""
+    assert e.call_id is not None
+    body = e.body
+    if isinstance(body, CallRejected):
+        return ToolResultMessage(
+            call_id=e.call_id, name=body.tool, content=body.message, is_error=True
+        )
+    if isinstance(body, ToolResponded):
+        return ToolResultMessage(
+            call_id=e.call_id, name=name, content=body.content, is_error=body.status != "ok"
+        )
+    if isinstance(body, RecoveryObserved | OperatorDecision):
+        outcome = _recovered_result(body)
+        if outcome is not None:
+            return ToolResultMessage(
+                call_id=e.call_id, name=name, content=outcome[0], is_error=outcome[1]
+            )
+    return None
 
 
 def _results_by_call(events: Sequence[Event]) -> dict[str, ToolResultMessage]:
@@ -67,24 +80,9 @@ def _results_by_call(events: Sequence[Event]) -> dict[str, ToolResultMessage]:
                 names[c.call_id] = c.name
         if e.visibility != "model" or e.call_id is None:
             continue
-        name = names.get(e.call_id, "")
-        if isinstance(body, CallRejected):
-            results[e.call_id] = ToolResultMessage(
-                call_id=e.call_id, name=body.tool, content=body.message, is_error=True
-            )
-        elif isinstance(body, ToolResponded):
-            results[e.call_id] = ToolResultMessage(
-                call_id=e.call_id,
-                name=name,
-                content=body.content,
-                is_error=body.status != "ok",
-            )
-        elif isinstance(body, RecoveryObserved | OperatorDecision):
-            outcome = _recovered_result(body)
-            if outcome is not None:
-                results[e.call_id] = ToolResultMessage(
-                    call_id=e.call_id, name=name, content=outcome[0], is_error=outcome[1]
-                )
+        result = _result_of(e, names.get(e.call_id, ""))
+        if result is not None:
+            results[e.call_id] = result
     return results
 
 
@@ -118,8 +116,8 @@ def project_messages(
     are elided oldest first until the estimate fits (or nothing older is left).
     """
     results = _results_by_call(events)
-    outputs: list[tuple[int, _Output]] = []
     messages: list[Message] = []
+    outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
     for e in events:
         if e.visibility != "model":
             continue
@@ -128,32 +126,116 @@ def project_messages(
             messages.append(UserMessage(text=body.input))
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
-            outputs.append((len(messages), _Output(body.text, body.reasoning, kept)))
+            outputs.append((len(messages), len(kept)))
             messages.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
             messages.extend(results[c.call_id] for c in kept)
+    return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
 
-    elided: list[str] = []
+
+def _elide(
+    messages: list[Message],
+    outputs: Sequence[tuple[int, int]],
+    *,
+    budget_tokens: int | None,
+    keep_recent: int,
+) -> Projection:
     estimate = estimate_tokens(messages)
+    elided: list[str] = []
     if budget_tokens is not None and estimate > budget_tokens:
+        messages = list(messages)
         older = outputs[:-keep_recent] if keep_recent > 0 else outputs
-        for index, output in older:
-            for offset, call in enumerate(output.calls, start=1):
-                original = messages[index + offset]
+        for index, count in older:
+            for position in range(index + 1, index + 1 + count):
+                original = messages[position]
                 assert isinstance(original, ToolResultMessage)
-                if len(original.content) <= len(ELIDED) + 20:
+                replacement = ELIDED.format(n=len(original.content))
+                if len(original.content) <= len(replacement):
                     continue
-                messages[index + offset] = ToolResultMessage(
+                messages[position] = ToolResultMessage(
                     call_id=original.call_id,
                     name=original.name,
-                    content=ELIDED.format(n=len(original.content)),
+                    content=replacement,
                     is_error=original.is_error,
                 )
-                elided.append(call.call_id)
-                estimate = estimate_tokens(messages)
+                elided.append(original.call_id)
+                estimate -= (len(original.content) - len(replacement)) // 4
                 if estimate <= budget_tokens:
                     break
             if estimate <= budget_tokens:
                 break
+        estimate = estimate_tokens(messages)
     return Projection(
         messages=tuple(messages), elided_call_ids=tuple(elided), estimated_tokens=estimate
     )
+
+
+class Projector:
+    """``project_messages`` computed incrementally as events are committed.
+
+    A run asks for a projection at every step; folding only the new events keeps that
+    cost independent of the session's length. The result is always equal to
+    ``project_messages(events)`` (a property test holds the two together): when a result
+    arrives for an output that is no longer the latest, it falls back to a full rebuild.
+    """
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self._events = events  # a list that only grows (the journal's)
+        self._seen = 0
+        self._closed: list[Message] = []
+        self._outputs: list[tuple[int, int]] = []
+        self._open: ModelOutput | None = None
+        self._open_results: dict[str, ToolResultMessage] = {}
+        self._names: dict[str, str] = {}
+        self._closed_calls: set[str] = set()
+        self._stale = False
+
+    def _close_open(self) -> None:
+        if self._open is None:
+            return
+        body, results = self._open, self._open_results
+        kept = tuple(c for c in body.calls if c.call_id in results)
+        self._outputs.append((len(self._closed), len(kept)))
+        self._closed.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
+        self._closed.extend(results[c.call_id] for c in kept)
+        self._closed_calls.update(c.call_id for c in body.calls)
+        self._open, self._open_results = None, {}
+
+    def _feed(self, e: Event) -> None:
+        body = e.body
+        if isinstance(body, ModelOutput):
+            for c in body.calls:
+                self._names[c.call_id] = c.name
+        if e.visibility != "model":
+            return
+        if isinstance(body, TurnStarted):
+            self._close_open()
+            self._closed.append(UserMessage(text=body.input))
+        elif isinstance(body, ModelOutput):
+            self._close_open()
+            self._open = body
+        elif e.call_id is not None:
+            result = _result_of(e, self._names.get(e.call_id, ""))
+            if result is None:
+                return
+            if e.call_id in self._closed_calls:
+                self._stale = True
+            self._open_results[e.call_id] = result
+
+    def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
+        events = self._events
+        if len(events) < self._seen:
+            raise ValueError("the projected event list shrank; a log never loses events")
+        for e in events[self._seen :]:
+            self._feed(e)
+        self._seen = len(events)
+        if self._stale:
+            return project_messages(events, budget_tokens=budget_tokens, keep_recent=keep_recent)
+        messages = list(self._closed)
+        outputs = list(self._outputs)
+        if self._open is not None:
+            body, results = self._open, self._open_results
+            kept = tuple(c for c in body.calls if c.call_id in results)
+            outputs.append((len(messages), len(kept)))
+            messages.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
+            messages.extend(results[c.call_id] for c in kept)
+        return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)

@@ -39,14 +39,23 @@ class Journal:
         self.ids = ids
         self._on_event = on_event
         self._lock = asyncio.Lock()
+        self._deferred: list[EventDraft] = []
         self.failure: CommitFailedError | None = None
 
     def draft(self, body: Body, **envelope: Any) -> EventDraft:
         return EventDraft(id=self.ids.new_id(), ts=self.clock.now_us(), body=body, **envelope)
 
+    def defer(self, draft: EventDraft) -> None:
+        """Commit ``draft`` together with the next ``record`` (saves a sync when nothing
+        may act on the fact before then, e.g. a step's start before the model answers)."""
+        self._deferred.append(draft)
+
     async def record(self, *drafts: EventDraft) -> list[Event]:
         """Append ``drafts`` atomically; raise ``CommitFailedError`` if that cannot be proven."""
         async with self._lock:
+            if self._deferred:
+                drafts = (*self._deferred, *drafts)
+                self._deferred.clear()
             if self.failure is not None:
                 raise CommitFailedError(
                     f"session {self.session_id!r} stopped after a failed commit; "

@@ -421,7 +421,17 @@ def decode_event(
     data: bytes, *, session_id: str, offset: int, digest: str, prev_digest: str
 ) -> Event:
     """Decode one stored event and check it against the chain; fail closed on anything odd."""
-    if chain_digest(prev_digest, data) != digest:
+    try:
+        computed = chain_digest(prev_digest, data)
+    except ValueError:
+        # only a digest taken on trust (a read from a later offset) can be malformed
+        raise _corrupt(
+            session_id,
+            max(offset - 1, 0),
+            "digest_mismatch",
+            "its stored digest is not a hex sha256",
+        ) from None
+    if computed != digest:
         raise _corrupt(
             session_id,
             offset,

@@ -21,7 +21,7 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_session_id(session_id: str) -> str:
-    if not _SESSION_ID.match(session_id):
+    if not _SESSION_ID.fullmatch(session_id):  # `$` alone would let "id\n" through
         raise UsageError(
             f"invalid session id {session_id!r}",
             hint="use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",

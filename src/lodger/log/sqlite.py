@@ -39,6 +39,12 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+def _stored_bytes(value: object) -> bytes:
+    # a row edited with SQL text functions comes back as TEXT: pass its bytes on to the
+    # digest check (which then fails closed) instead of crashing with a TypeError here
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
 class _FileLease:
     def __init__(self, store: SqliteLogStore, session_id: str, fd: int) -> None:
         self._store = store
@@ -48,7 +54,9 @@ class _FileLease:
     async def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            await self._store._run(lambda: os.close(fd))  # closing drops the flock
+            # closing drops the flock; done inline (it does not block) so a lease can still be
+            # released after its store was closed, instead of holding the lock until exit
+            os.close(fd)
 
 
 class SqliteLogStore:
@@ -141,7 +149,7 @@ class SqliteLogStore:
                     hint="the database file may be damaged; run `lodger log verify`",
                     session_id=session_id,
                 ) from exc
-            return [Record(int(o), bytes(d), str(g)) for o, d, g in rows]
+            return [Record(int(o), _stored_bytes(d), str(g)) for o, d, g in rows]
 
         return await self._run(work)
 
@@ -156,7 +164,7 @@ class SqliteLogStore:
                 )
                 .fetchone()
             )
-            return None if row is None else Record(int(row[0]), bytes(row[1]), str(row[2]))
+            return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
 
         return await self._run(work)
 

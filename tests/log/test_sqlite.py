@@ -1,0 +1,93 @@
+"""What only the SQLite backend has: a file others can edit with SQL, and a lock file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from lodger.errors import CorruptLogError, SessionLockedError
+from lodger.log import EventLog, SqliteLogStore
+
+from .conformance import SID, seed
+
+
+@pytest.fixture
+async def log(tmp_path: Path) -> AsyncIterator[EventLog]:
+    opened = EventLog(SqliteLogStore(tmp_path / "state"))
+    yield opened
+    await opened.close()
+
+
+def sql(state_dir: Path, statement: str) -> None:
+    with contextlib.closing(sqlite3.connect(state_dir / "log.sqlite3")) as db, db:
+        db.execute(statement)
+
+
+async def test_row_rewritten_as_text_with_the_same_bytes_still_verifies(
+    log: EventLog, tmp_path: Path
+) -> None:
+    await seed(log, SID, 4)
+    head = await log.verify(SID)
+    sql(tmp_path / "state", 'UPDATE events SET data = CAST(data AS TEXT) WHERE "offset" = 2')
+    assert await log.verify(SID) == head
+    assert len(await log.read(SID, start=3)) == 1
+
+
+@pytest.mark.parametrize("offset", [2, 3])  # 3 is the last row, which `head` also reads
+async def test_row_edited_with_sql_text_functions_fails_closed(
+    log: EventLog, tmp_path: Path, offset: int
+) -> None:
+    await seed(log, SID, 4)
+    sql(
+        tmp_path / "state",
+        f"UPDATE events SET data = replace(data, 'op', 'OP') WHERE \"offset\" = {offset}",
+    )
+    assert (await log.head(SID)).high_water == 4
+    with pytest.raises(CorruptLogError) as info:
+        await log.verify(SID)
+    assert (info.value.session_id, info.value.offset, info.value.code) == (
+        SID,
+        offset,
+        "digest_mismatch",
+    )
+
+
+async def test_lock_names_the_process_that_holds_it(log: EventLog, tmp_path: Path) -> None:
+    holder = (
+        "import asyncio, sys\n"
+        "from lodger.log import EventLog, SqliteLogStore\n"
+        "async def main():\n"
+        "    log = EventLog(SqliteLogStore(sys.argv[1]))\n"
+        "    await log.open_writer(sys.argv[2])\n"
+        "    print('holding', flush=True)\n"
+        "    sys.stdin.read()\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        holder,
+        str(tmp_path / "state"),
+        SID,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        assert await proc.stdout.readline() == b"holding\n"
+        with pytest.raises(SessionLockedError) as info:
+            await log.open_writer(SID)
+        assert f"pid {proc.pid}" in str(info.value)
+        assert info.value.session_id == SID
+    finally:
+        proc.kill()
+        await proc.communicate()
+    # the kernel dropped the dead holder's lock
+    async with await log.open_writer(SID) as writer:
+        assert writer.head.high_water == 0

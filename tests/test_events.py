@@ -361,3 +361,21 @@ def test_new_events_carry_the_current_schema_version() -> None:
     assert json.loads(data)["v"] == SCHEMA_VERSION
     assert isinstance(event.body, RunStarted)
     assert event.body.protocol == SCHEMA_VERSION
+
+
+def test_seal_fast_path_equals_validated_construction() -> None:
+    from lodger.events import EventDraft, ToolDispatched, canonical_bytes, chain_digest, seal
+
+    draft = EventDraft(
+        id="e1",
+        ts=5,
+        turn_id="t",
+        call_id="c",
+        body=ToolDispatched(operation_id="o", tool="x", arguments={"a": [1, 2.5, None]}),
+    )
+    event, data = seal(draft, session_id="s", offset=3, prev_digest="ab" * 32)
+    slow = Event(
+        offset=3, session_id="s", **{k: getattr(draft, k) for k in EventDraft.model_fields}
+    )
+    assert data == canonical_bytes(slow)
+    assert event == slow.model_copy(update={"digest": chain_digest("ab" * 32, data)})

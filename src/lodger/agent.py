@@ -45,6 +45,7 @@ from lodger.runtime.permissions import Approver, PermissionPolicy
 from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
+from lodger.tools.workspace import workspace_id
 
 __all__ = ["DEFAULT_SYSTEM", "Agent", "SessionHandle", "TurnResult", "open_turn"]
 
@@ -382,11 +383,4 @@ def _last_elided(events: Sequence[Event]) -> tuple[str, ...]:
 
 
 def _workspace_id(workspace: Path | None) -> str | None:
-    if workspace is None:
-        return None
-    try:
-        from lodger.tools.workspace import workspace_id
-
-        return workspace_id(workspace)
-    except ImportError:  # pragma: no cover - the workspace module ships with lodger
-        return None
+    return None if workspace is None else workspace_id(workspace)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -91,6 +92,15 @@ def closed_port() -> int:
     return port
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """Clients that hang up mid-reply are part of the tests; don't print their tracebacks."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class WireServer:
     """Serve scripted replies in order; use as a context manager."""
 
@@ -98,7 +108,7 @@ class WireServer:
         self.requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True

@@ -1,0 +1,86 @@
+"""The ``lodger`` command line.
+
+``main`` is the root click group (and the console script). Commands live in private
+modules, one concept each, that export ``COMMANDS``; add a module to ``_COMMAND_MODULES``
+to register it. Shared options and helpers are in :mod:`lodger.cli._common`.
+
+Errors: any :class:`~lodger.errors.LodgerError` that escapes a command prints
+``error: <message>`` and ``hint: <hint>`` on stderr and exits 1 (2 for a
+:class:`~lodger.errors.UsageError`), with no traceback unless ``--debug``. Ctrl-C exits
+130 with one line.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import click
+
+from lodger.cli import _log, _run
+from lodger.errors import LodgerError, UsageError
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "LodgerGroup", "main"]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_COMMAND_MODULES = (_log, _run)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class LodgerGroup(click.Group):
+    """A click group that turns lodger errors and Ctrl-C into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LodgerError as exc:
+            self._debug_traceback(ctx)
+            click.echo(f"error: {_one_line(exc.message)}", err=True)
+            if exc.hint:
+                click.echo(f"hint: {_one_line(exc.hint)}", err=True)
+            ctx.exit(EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR)
+        except KeyboardInterrupt:
+            self._debug_traceback(ctx)
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+    @staticmethod
+    def _debug_traceback(ctx: click.Context) -> None:
+        if ctx.params.get("debug"):
+            click.echo(traceback.format_exc().rstrip(), err=True)
+
+
+@click.group(cls=LodgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--debug",
+    is_flag=True,
+    default=False,
+    envvar="LODGER_DEBUG",
+    help="Show tracebacks for errors (also LODGER_DEBUG=1).",
+)
+@click.version_option(package_name="lodger", prog_name="lodger")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """lodger: a durable agent runtime. Inspect and verify session logs.
+
+    Global options go before the command; every command takes --state DIR (default
+    .lodger, env LODGER_STATE) and most take --json.
+
+    \b
+    Example:
+      lodger sessions
+      lodger log show SESSION --state .lodger
+      lodger --debug log verify SESSION
+    """
+    ctx.meta["lodger.debug"] = debug  # for commands that report errors themselves
+
+
+for _module in _COMMAND_MODULES:
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

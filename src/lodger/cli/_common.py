@@ -1,0 +1,141 @@
+"""What every command shares: the ``--state`` and ``--json`` options, running async work
+against the event log, JSON output and the rich console.
+
+A new command module uses these and registers itself in ``lodger/cli/__init__.py``::
+
+    @click.command()
+    @state_option
+    @json_option
+    def heads(state: str, as_json: bool) -> None:
+        async def work(log: EventLog) -> list[str]:
+            return await log.list_sessions()
+
+        echo_json(run_with_log(state, work))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from lodger.errors import SessionNotFoundError
+from lodger.log import EventLog, SqliteLogStore, check_session_id, open_log
+
+__all__ = [
+    "DEFAULT_STATE",
+    "STATE_ENVVAR",
+    "echo_json",
+    "format_ts",
+    "json_option",
+    "log_exists",
+    "make_console",
+    "require_log",
+    "run_with_log",
+    "state_option",
+]
+
+DEFAULT_STATE = ".lodger"
+STATE_ENVVAR = "LODGER_STATE"
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def state_option(fn: F) -> F:
+    """``--state DIR``: the state directory (default ``.lodger``, env ``LODGER_STATE``)."""
+    option = click.option(
+        "--state",
+        "state",
+        default=DEFAULT_STATE,
+        envvar=STATE_ENVVAR,
+        show_default=True,
+        show_envvar=True,
+        metavar="DIR",
+        type=click.Path(file_okay=False, dir_okay=True, path_type=str),
+        help="State directory that holds the event log.",
+    )
+    return option(fn)
+
+
+def json_option(fn: F) -> F:
+    """``--json``: print machine-readable JSON instead of the rich view."""
+    option = click.option(
+        "--json", "as_json", is_flag=True, default=False, help="Print JSON for scripts."
+    )
+    return option(fn)
+
+
+def run_with_log(state: str, work: Callable[[EventLog], Awaitable[T]]) -> T:
+    """Open the log in ``state``, run ``work`` on a fresh event loop, always close the log."""
+
+    async def main() -> T:
+        log = open_log(state)
+        try:
+            return await work(log)
+        finally:
+            await log.close()
+
+    return asyncio.run(main())
+
+
+def log_exists(log: EventLog) -> bool:
+    """Whether the log's storage exists, checked without creating it.
+
+    Opening a SQLite store creates the file; read-only commands must not leave a fresh
+    ``.lodger/`` behind when pointed at the wrong directory.
+    """
+    store = log.store
+    if isinstance(store, SqliteLogStore):
+        return store.path.exists()
+    return True
+
+
+def require_log(log: EventLog, state: str, session_id: str) -> None:
+    """Fail like an unknown session when ``state`` holds no log at all."""
+    check_session_id(session_id)
+    if not log_exists(log):
+        raise SessionNotFoundError(
+            f"no log for session {session_id!r}: {state!r} holds no event log",
+            hint=f"check --state (or ${STATE_ENVVAR}); run `lodger sessions --state DIR` "
+            "to list the sessions of a state directory",
+            session_id=session_id,
+        )
+
+
+def echo_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr) that honors ``NO_COLOR`` and never guesses markup.
+
+    Highlighting is off: event text is data, and numbers in it must not change color.
+    """
+    return Console(
+        stderr=stderr,
+        no_color=os.environ.get("NO_COLOR", "") != "",
+        highlight=False,
+        emoji=False,
+    )
+
+
+def _local(us: int) -> datetime:
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
+
+
+def format_ts(us: int, *, date: bool = True) -> str:
+    """A log ``ts`` (microseconds since the epoch) as local ISO time.
+
+    ``date=False`` gives ``HH:MM:SS.mmm`` for timelines, where the day is in the header.
+    """
+    moment = _local(us).astimezone()
+    if date:
+        return moment.isoformat(timespec="seconds")
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"

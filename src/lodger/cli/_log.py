@@ -1,0 +1,208 @@
+"""Commands that read the event log: ``lodger sessions``, ``lodger log show|verify``.
+
+They only read. Every read verifies the digest chain from offset 0, so a timeline is never
+printed from a log that fails to verify: a corrupt log ends the command with one error
+line naming the session and the offset (DESIGN L3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+
+import click
+from rich.text import Text
+
+from lodger.cli._common import (
+    echo_json,
+    format_ts,
+    json_option,
+    log_exists,
+    make_console,
+    require_log,
+    run_with_log,
+    state_option,
+)
+from lodger.cli._render import render_sessions, render_timeline
+from lodger.cli._timeline import SessionSummary, build_timeline, summarize
+from lodger.errors import CorruptLogError
+from lodger.events import Event, Prefix
+from lodger.log import EventLog
+
+__all__ = ["COMMANDS", "log_group", "sessions"]
+
+
+# ---------------------------------------------------------------- lodger sessions
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Row:
+    summary: SessionSummary
+    error: CorruptLogError | None = None
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = dataclasses.asdict(self.summary)
+        out["last_activity"] = (
+            None if self.summary.last_ts is None else format_ts(self.summary.last_ts)
+        )
+        if self.error is not None:
+            out["error"] = self.error.to_dict()
+        return out
+
+
+async def _summarize_session(log: EventLog, session_id: str) -> _Row:
+    try:
+        return _Row(summarize(session_id, await log.read(session_id)))
+    except CorruptLogError as exc:
+        # Summarize the prefix that still verifies; the head comes from storage unverified.
+        valid = await log.read(session_id, end=exc.offset) if exc.offset else []
+        head = await log.head(session_id)
+        summary = dataclasses.replace(
+            summarize(session_id, valid), events=head.high_water, last_status="corrupt"
+        )
+        return _Row(summary, exc)
+
+
+@click.command()
+@state_option
+@json_option
+def sessions(state: str, as_json: bool) -> None:
+    """List the sessions in a state directory.
+
+    One row per session: events in its log, turns, how the last turn ended (completed,
+    failed, parked, interrupted: started but never ended, or corrupt), last activity
+    and workspace.
+
+    \b
+    Example:
+      lodger sessions --state .lodger
+      lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
+    """
+
+    async def work(log: EventLog) -> list[_Row]:
+        if not log_exists(log):
+            return []
+        return [await _summarize_session(log, sid) for sid in await log.list_sessions()]
+
+    rows = run_with_log(state, work)
+    if as_json:
+        echo_json([row.to_json() for row in rows])
+        return
+    if not rows:
+        click.echo(f"no sessions in {state}")
+        return
+    make_console().print(render_sessions([row.summary for row in rows]))
+    for row in rows:
+        if row.error is not None:
+            click.echo(
+                f"warning: {row.error.message}; run `lodger log verify {row.summary.session_id}`",
+                err=True,
+            )
+
+
+# ---------------------------------------------------------------- lodger log ...
+
+
+@click.group("log")
+def log_group() -> None:
+    """Inspect and verify session logs.
+
+    \b
+    Example:
+      lodger log show SESSION
+      lodger log verify SESSION --json
+    """
+
+
+@log_group.command("show")
+@click.argument("session_id", metavar="SESSION")
+@state_option
+@json_option
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    default=False,
+    help="Show text, reasoning, arguments and results in full instead of clipped.",
+)
+def show(session_id: str, state: str, as_json: bool, show_all: bool) -> None:
+    """Show a session's timeline of turns, runs, steps and calls.
+
+    Each line starts with the event's offset and local time. Every call is followed by
+    its facts (rejection, permission, T1 dispatch, T2 response, recovery) and by the
+    code-mode calls it made, indented; the call line shows T1 -> T2 times so overlapping
+    calls stand out. The whole log is verified before anything is printed.
+
+    \b
+    Example:
+      lodger log show 0193a6c2-7f1e-7c3a-9d2b-5e8f1a2b3c4d
+      lodger log show SESSION --all | less -R
+      lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
+    """
+
+    async def work(log: EventLog) -> list[Event]:
+        require_log(log, state, session_id)
+        return await log.read_all(session_id)
+
+    events = run_with_log(state, work)
+    if as_json:
+        echo_json([event.model_dump(mode="json") for event in events])
+        return
+    console = make_console()
+    for line in render_timeline(build_timeline(events), full=show_all):
+        console.print(line, soft_wrap=True)
+
+
+@log_group.command("verify")
+@click.argument("session_id", metavar="SESSION")
+@state_option
+@json_option
+def verify(session_id: str, state: str, as_json: bool) -> None:
+    """Verify every event of a session against the digest chain.
+
+    Exits 0 and prints the head (high-water mark and digest) when the log is intact;
+    exits 1 with one line naming the first bad offset and what is wrong otherwise.
+
+    \b
+    Example:
+      lodger log verify SESSION
+      lodger log verify SESSION --json
+    """
+
+    async def work(log: EventLog) -> Prefix | CorruptLogError:
+        require_log(log, state, session_id)
+        try:
+            return await log.verify(session_id)
+        except CorruptLogError as exc:
+            return exc
+
+    outcome = run_with_log(state, work)
+    if isinstance(outcome, CorruptLogError):
+        if click.get_current_context().meta.get("lodger.debug"):
+            click.echo("".join(traceback.format_exception(outcome)).rstrip(), err=True)
+        if as_json:
+            echo_json({"ok": False, "error": outcome.to_dict()})
+        else:
+            click.echo(f"error: {outcome.message}", err=True)
+        raise click.exceptions.Exit(1)
+    if as_json:
+        echo_json(
+            {
+                "ok": True,
+                "session_id": session_id,
+                "high_water": outcome.high_water,
+                "digest": outcome.digest,
+            }
+        )
+        return
+    make_console().print(
+        Text.assemble(
+            ("ok", "bold green"),
+            f": session {session_id} verified, {outcome.high_water} events, "
+            f"head digest {outcome.digest}",
+        ),
+        soft_wrap=True,
+    )
+
+
+COMMANDS: tuple[click.Command, ...] = (sessions, log_group)

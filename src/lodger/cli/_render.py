@@ -1,0 +1,365 @@
+"""Rich views of log projections: the session table and the timeline.
+
+Every line of the timeline starts with the offset of the fact it shows and its local time,
+then indentation for depth in the tree built by :mod:`lodger.cli._timeline`. Event text is
+always passed to rich as plain text, never as markup: a tool result containing ``[red]``
+must print as written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from lodger.cli._common import format_ts
+from lodger.cli._timeline import CallNode, Item, SessionSummary, Span, Timeline
+from lodger.events import (
+    ArtifactStored,
+    CallRejected,
+    ContextCompacted,
+    Event,
+    ModelOutput,
+    OperatorDecision,
+    PermissionDecided,
+    PermissionRequested,
+    ProviderRetried,
+    RecoveryDecided,
+    RecoveryObserved,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
+    ToolResponded,
+    ToolsActivated,
+    TurnEnded,
+    TurnStarted,
+    WorkspaceSnapshot,
+)
+
+__all__ = ["render_sessions", "render_timeline", "summarize_arguments"]
+
+Part = str | tuple[str, str]
+
+_STATUS_STYLE = {
+    "ok": "green",
+    "completed": "green",
+    "error": "red",
+    "failed": "red",
+    "denied": "red",
+    "rejected": "red",
+    "corrupt": "bold red",
+    "abandoned": "red",
+    "cancelled": "yellow",
+    "interrupted": "yellow",
+    "dispatched": "yellow",
+    "parked": "yellow",
+    "step_limit": "yellow",
+}
+
+# Clip limits for the default view; ``--all`` shows everything.
+_TEXT = 160
+_REASONING = 100
+_ARGS = 80
+_ARG_VALUE = 40
+_PREVIEW = 80
+
+
+def clip(text: str, limit: int | None) -> str:
+    """One line: whitespace collapsed, cut at ``limit`` with a note of what was left out."""
+    flat = " ".join(text.split())
+    if limit is None or len(flat) <= limit:
+        return flat
+    return f"{flat[: limit - 3]}... (+{len(flat) - limit + 3} chars)"
+
+
+def summarize_arguments(raw: str | None, limit: int | None = _ARGS) -> str:
+    """``path="a.txt", mode="r"`` from the raw argument JSON the model proposed."""
+    if raw is None:
+        return ""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return clip(raw, limit)
+    if isinstance(value, dict):
+        value_limit = None if limit is None else _ARG_VALUE
+        text = ", ".join(
+            f"{key}={clip(json.dumps(item, ensure_ascii=False), value_limit)}"
+            for key, item in value.items()
+        )
+    else:
+        text = json.dumps(value, ensure_ascii=False)
+    return clip(text, limit)
+
+
+def _status(status: str) -> tuple[str, str]:
+    return (status, _STATUS_STYLE.get(status, "bold"))
+
+
+def _duration(start: int, end: int) -> str:
+    us = end - start
+    return f"{us / 1000:.0f} ms" if abs(us) < 10_000_000 else f"{us / 1_000_000:.1f} s"
+
+
+def _quoted(text: str, limit: int | None) -> str:
+    # Quotes only mark where the text starts and ends; escaping would garble JSON results.
+    return f'"{clip(text, limit)}"'
+
+
+class _TimelineView:
+    def __init__(self, timeline: Timeline, *, full: bool) -> None:
+        self.timeline = timeline
+        self.full = full
+        last = timeline.events[-1].offset if timeline.events else 0
+        self.offset_width = max(len(str(last)), 2)
+        self.lines: list[Text] = []
+
+    def limit(self, default: int) -> int | None:
+        return None if self.full else default
+
+    def line(self, offset: int | None, ts: int | None, depth: int, *parts: Part) -> None:
+        column = "" if offset is None else str(offset)
+        clock = "" if ts is None else format_ts(ts, date=False)
+        self.lines.append(
+            Text.assemble(
+                (column.rjust(self.offset_width), "cyan"),
+                "  ",
+                (clock.ljust(12), "dim"),
+                "  " * (depth + 1),
+                *parts,
+            )
+        )
+
+    # -- tree walk ---------------------------------------------------------------
+
+    def items(self, items: Sequence[Item], depth: int) -> None:
+        for item in items:
+            if isinstance(item, Span):
+                self.line(item.event.offset, item.event.ts, depth, *self.describe(item.event))
+                self.items(item.children, depth + 1)
+            elif isinstance(item, CallNode):
+                self.call(item, depth)
+            else:
+                self.fact(item, depth)
+
+    def call(self, call: CallNode, depth: int) -> None:
+        start, end = call.interval()
+        arguments = call.arguments if call.arguments is not None else call.dispatch_arguments()
+        parts: list[Part] = [
+            ("call ", "bold"),
+            (call.name, "bold yellow"),
+            f"({summarize_arguments(arguments, self.limit(_ARGS))})",
+            ("  id=", "dim"),
+            (call.call_id, "dim"),
+            "  ",
+            _status(call.status()),
+        ]
+        if call.hidden or call.origin == "code_mode":
+            parts.append((f"  [{call.origin}, hidden]" if call.hidden else "  [code_mode]", "dim"))
+        if start is not None:
+            until = format_ts(end, date=False) if end is not None else "no response"
+            parts.append((f"  {format_ts(start, date=False)} -> {until}", "magenta"))
+            if end is not None:
+                parts.append((f" ({_duration(start, end)})", "magenta"))
+        first = call.proposed_by or (call.facts[0] if call.facts else None)
+        self.line(call.offset, first.ts if first else None, depth, *parts)
+        # Facts and nested calls interleave in log order under the call.
+        nested: list[tuple[int, CallNode | Event]] = [(f.offset, f) for f in call.facts]
+        nested += [(child.offset, child) for child in call.children]
+        for _, entry in sorted(nested, key=lambda pair: pair[0]):
+            if isinstance(entry, CallNode):
+                self.call(entry, depth + 1)
+            else:
+                self.fact(entry, depth + 1)
+
+    def fact(self, event: Event, depth: int) -> None:
+        self.line(event.offset, event.ts, depth, *self.describe(event))
+        body = event.body
+        if isinstance(body, ModelOutput) and body.reasoning:
+            reasoning = clip(body.reasoning, self.limit(_REASONING))
+            self.line(None, None, depth + 1, (f"reasoning: {reasoning}", "dim"))
+
+    # -- one event, one line ----------------------------------------------------------
+
+    def describe(self, event: Event) -> list[Part]:
+        body = event.body
+        if isinstance(body, SessionStarted):
+            parts: list[Part] = [("session started", "bold"), f"  workspace={body.workspace}"]
+            if body.parent is not None:
+                parent = body.parent
+                parts.append(f"  fork of {parent.session_id} at offset {parent.high_water}")
+            return parts
+        if isinstance(body, TurnStarted):
+            return [
+                ("turn ", "bold magenta"),
+                (event.turn_id or "?", "magenta"),
+                "  input ",
+                _quoted(body.input, self.limit(_TEXT)),
+            ]
+        if isinstance(body, RunStarted):
+            parts = [("run ", "bold blue"), (event.run_id or "?", "blue"), f"  model={body.model}"]
+            if body.parent_run_id is not None:
+                parts.append(f"  parent run={body.parent_run_id}")
+            if body.resumed_from is not None:
+                prefix = body.resumed_from
+                parts.append(f"  resumed from prefix [0, {prefix.high_water}) {prefix.digest[:12]}")
+            return parts
+        if isinstance(body, StepStarted):
+            names = ", ".join(tool.name for tool in body.tools) or "none"
+            return [
+                ("step ", "blue"),
+                (str(body.index), "bold blue"),
+                f"  model={body.model}",
+                ("  tools: ", "dim"),
+                names,
+            ]
+        if isinstance(body, ModelOutput):
+            parts = [("output", "bold")]
+            if body.text:
+                parts.append(" " + _quoted(body.text, self.limit(_TEXT)))
+            if body.calls:
+                parts.append((f"  {len(body.calls)} call(s)", "yellow"))
+            if body.finish_reason:
+                parts.append((f"  finish={body.finish_reason}", "dim"))
+            if body.usage is not None:
+                usage = body.usage
+                parts.append((f"  tokens in={usage.input_tokens} out={usage.output_tokens}", "dim"))
+            return parts
+        if isinstance(body, ToolDispatched):
+            parts = [("T1 dispatched", "yellow"), f"  op={body.operation_id}"]
+            if body.attempt > 1 or body.retry_of:
+                parts.append(f"  attempt {body.attempt} retry of {body.retry_of}")
+            if body.resources:
+                parts.append(("  resources: " + ", ".join(body.resources), "dim"))
+            return parts
+        if isinstance(body, ToolResponded):
+            parts = [
+                ("T2 ", "bold"),
+                _status(body.status),
+                "  ",
+                _quoted(body.content, self.limit(_PREVIEW)),
+            ]
+            if body.truncated:
+                parts.append(("  (truncated)", "dim"))
+            if body.artifacts:
+                parts.append((f"  {len(body.artifacts)} artifact(s)", "dim"))
+            return parts
+        if isinstance(body, CallRejected):
+            return [
+                ("rejected ", "red"),
+                (body.reason, "bold red"),
+                f"  {body.tool}: ",
+                clip(body.message, self.limit(_TEXT)),
+            ]
+        if isinstance(body, PermissionRequested):
+            return [
+                ("permission asked", "yellow"),
+                f"  {body.tool}: ",
+                clip(body.summary, self.limit(_TEXT)),
+            ]
+        if isinstance(body, PermissionDecided):
+            style = "green" if body.decision == "allow" else "red"
+            reason = f" ({body.reason})" if body.reason else ""
+            return [("permission ", "bold"), (body.decision, style), f" by {body.by}{reason}"]
+        if isinstance(body, ToolsActivated):
+            return [
+                ("tools activated", "cyan"),
+                f"  query={_quoted(body.query, 60)}: ",
+                ", ".join(body.names) or "none",
+            ]
+        if isinstance(body, ProviderRetried):
+            return [
+                ("provider retry", "yellow"),
+                f"  attempt {body.attempt} in {body.delay_ms} ms: ",
+                clip(body.error, self.limit(_TEXT)),
+            ]
+        if isinstance(body, RecoveryObserved):
+            note = f"  {clip(body.observation, self.limit(_PREVIEW))}" if body.observation else ""
+            return [
+                ("recovery observed", "magenta"),
+                f"  op={body.operation_id} ",
+                _status(body.status),
+                f" ({body.reason}){note}",
+            ]
+        if isinstance(body, RecoveryDecided):
+            reason = f" ({body.reason})" if body.reason else ""
+            return [
+                ("recovery decided", "magenta"),
+                f"  op={body.operation_id} ",
+                (body.action, "bold"),
+                reason,
+            ]
+        if isinstance(body, OperatorDecision):
+            result = f"  result={_quoted(body.result, self.limit(_PREVIEW))}" if body.result else ""
+            return [
+                ("operator decision", "bold magenta"),
+                f"  op={body.operation_id} ",
+                (body.decision, "bold"),
+                f" by {body.by}{result}",
+            ]
+        if isinstance(body, ArtifactStored):
+            ref = body.artifact
+            return [
+                ("artifact", "cyan"),
+                f"  {body.name or '-'} sha256={ref.sha256[:12]} {ref.size} bytes {ref.media_type}",
+            ]
+        if isinstance(body, WorkspaceSnapshot):
+            return [
+                ("workspace snapshot", "cyan"),
+                f"  {body.ref} {body.files} files {body.size} bytes",
+            ]
+        if isinstance(body, ContextCompacted):
+            return [
+                ("context compacted", "cyan"),
+                f"  {len(body.elided_call_ids)} result(s) elided, "
+                f"~{body.estimated_tokens}/{body.budget_tokens} tokens",
+            ]
+        if isinstance(body, RunEnded):
+            error = f"  {clip(body.error, self.limit(_TEXT))}" if body.error else ""
+            return [("run ended ", "bold blue"), _status(body.status), error]
+        if isinstance(body, TurnEnded):
+            answer = f"  answer {_quoted(body.answer, self.limit(_TEXT))}" if body.answer else ""
+            return [("turn ended ", "bold magenta"), _status(body.status), answer]
+        return [event.kind]  # pragma: no cover - every kind is handled above
+
+
+def render_timeline(timeline: Timeline, *, full: bool = False) -> list[Text]:
+    """The timeline as lines of rich text; ``full`` turns off clipping of text and results."""
+    view = _TimelineView(timeline, full=full)
+    events = timeline.events
+    if events:
+        head = events[-1]
+        view.lines.append(
+            Text.assemble(
+                ("session ", "bold"),
+                (timeline.session_id, "bold cyan"),
+                f"  {len(events)} events, head digest {head.digest[:16]}",
+                (f"  {format_ts(events[0].ts)} -> {format_ts(head.ts)}", "dim"),
+            )
+        )
+    view.items(timeline.items, 0)
+    return view.lines
+
+
+def render_sessions(rows: Sequence[SessionSummary]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("session", style="cyan", no_wrap=True)
+    table.add_column("events", justify="right")
+    table.add_column("turns", justify="right")
+    table.add_column("last turn")
+    table.add_column("last activity", no_wrap=True)
+    table.add_column("workspace", overflow="fold")
+    for row in rows:
+        status = row.last_status or "-"
+        table.add_row(
+            row.session_id,
+            str(row.events),
+            str(row.turns),
+            Text(*_status(status)),
+            format_ts(row.last_ts) if row.last_ts is not None else "-",
+            Text(row.workspace or "-"),
+        )
+    return table

@@ -1,0 +1,363 @@
+"""``lodger run`` and ``lodger demo``: run a turn and watch it in the terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from lodger.agent import Agent, TurnResult
+from lodger.cli._common import make_console, state_option
+from lodger.errors import ConfigError
+from lodger.events import (
+    CallRejected,
+    Event,
+    ModelOutput,
+    PermissionDecided,
+    ProviderRetried,
+    ToolDispatched,
+    ToolResponded,
+)
+from lodger.providers import ScriptedModel, make_model
+from lodger.providers.base import Model
+from lodger.runtime.permissions import PermissionPolicy
+from lodger.tools.builtin import workspace_tools
+from lodger.tools.spec import Tool
+
+__all__ = ["COMMANDS", "demo", "run"]
+
+MODEL_ENVVAR = "LODGER_MODEL"
+
+
+def load_tools_file(path: str) -> list[Tool]:
+    """Every ``Tool`` defined at module level in a Python file (``--tools FILE.py``)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"tools file {path} does not exist", hint="pass a .py file")
+    spec = importlib.util.spec_from_file_location(f"lodger_user_tools_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import tools file {path}", hint="pass a .py file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # user code: report it as one clear line
+        raise ConfigError(
+            f"importing tools file {path} failed: {type(exc).__name__}: {exc}",
+            hint="run the file with python to see the full error",
+        ) from exc
+    tools = [value for value in vars(module).values() if isinstance(value, Tool)]
+    if not tools:
+        raise ConfigError(
+            f"tools file {path} defines no tools",
+            hint="decorate functions with @lodger.tool at module level",
+        )
+    return tools
+
+
+class LiveView:
+    """Prints a turn as it happens: streamed text, calls, results, rejections."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._streaming = False
+        self._names: dict[str, str] = {}
+
+    def on_text(self, delta: str) -> None:
+        if not self._streaming:
+            self.console.print(Text("model ", style="bold cyan"), end="")
+            self._streaming = True
+        self.console.print(Text(delta), end="")
+
+    def _end_stream(self) -> bool:
+        if self._streaming:
+            self.console.print()
+            self._streaming = False
+            return True
+        return False
+
+    def on_event(self, event: Event) -> None:
+        body = event.body
+        if isinstance(body, ModelOutput):
+            streamed = self._end_stream()
+            if body.text and not streamed:
+                self.console.print(Text("model ", style="bold cyan") + Text(body.text))
+            for call in body.calls:
+                self._names[call.call_id] = call.name
+        elif isinstance(body, ToolDispatched):
+            args = json.dumps(body.arguments, ensure_ascii=False)
+            if len(args) > 100:
+                args = args[:97] + "..."
+            self.console.print(Text(f"  -> {body.tool} ", style="yellow") + Text(args))
+        elif isinstance(body, ToolResponded):
+            name = self._names.get(event.call_id or "", "")
+            first = body.content.strip().splitlines()[0] if body.content.strip() else ""
+            if len(first) > 100:
+                first = first[:97] + "..."
+            style = "green" if body.status == "ok" else "red"
+            self.console.print(Text(f"  <- {name} {body.status} ", style=style) + Text(first))
+        elif isinstance(body, CallRejected):
+            self.console.print(
+                Text(f"  x  {body.tool} rejected ({body.reason}) ", style="red")
+                + Text(body.message)
+            )
+        elif isinstance(body, PermissionDecided) and body.decision == "deny":
+            self.console.print(Text(f"  !  {body.tool} denied by {body.by}", style="red"))
+        elif isinstance(body, ProviderRetried):
+            self.console.print(
+                Text(f"  ~  provider error, retry {body.attempt} in {body.delay_ms} ms: ")
+                + Text(body.error),
+                style="dim",
+            )
+
+
+def _live_console() -> Console:
+    console = make_console()
+    console.soft_wrap = True  # long lines stay whole (commands must copy-paste)
+    return console
+
+
+def _interactive_approver(console: Console) -> Any:
+    async def approve(t: Tool, arguments: dict[str, Any]) -> bool:
+        summary = json.dumps(arguments, ensure_ascii=False)
+        console.print(Text(f"  ?  {t.name} wants to run: ", style="bold magenta") + Text(summary))
+        return await asyncio.to_thread(click.confirm, "     allow?", default=False)
+
+    return approve
+
+
+def _finish(console: Console, result: TurnResult, state: str) -> None:
+    style = "bold green" if result.status == "completed" else "bold red"
+    console.print(Text(f"turn {result.status}", style=style), end="")
+    if result.error:
+        console.print(Text(f": {result.error}"), end="")
+    console.print()
+    state_flag = "" if state == ".lodger" else f" --state {state}"
+    console.print(
+        Text(f"inspect: lodger log show {result.session_id}{state_flag}", style="dim"),
+        soft_wrap=True,
+    )
+
+
+async def _run_turn(
+    *,
+    model: Model,
+    task: str,
+    workspace: Path,
+    state: str,
+    session: str | None,
+    tools: list[Tool],
+    approve_all: bool,
+    interactive: bool,
+    max_steps: int,
+    console: Console,
+) -> TurnResult:
+    view = LiveView(console)
+    agent = Agent(
+        model=model,
+        tools=tools,
+        state_dir=state,
+        workspace=workspace,
+        permissions=PermissionPolicy(approve_all=approve_all),
+        approver=_interactive_approver(console) if interactive and not approve_all else None,
+        max_steps=max_steps,
+        on_event=view.on_event,
+        on_text=view.on_text,
+    )
+    try:
+        return await agent.run(task, session=session)
+    finally:
+        await agent.close()
+
+
+def _exit_code(result: TurnResult) -> int:
+    return {"completed": 0, "cancelled": 130}.get(result.status, 1)
+
+
+@click.command()
+@click.argument("task")
+@click.option(
+    "--model",
+    "model_spec",
+    envvar=MODEL_ENVVAR,
+    metavar="SPEC",
+    help="script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
+    f"anthropic:MODEL (env {MODEL_ENVVAR}).",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=".",
+    show_default=True,
+    help="Directory the file and shell tools work in.",
+)
+@click.option("--session", metavar="ID", help="Continue this session (default: a new one).")
+@click.option(
+    "--tools",
+    "tools_files",
+    multiple=True,
+    metavar="FILE.py",
+    help="Bind the @tool functions of a Python file (repeatable).",
+)
+@click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
+@state_option
+def run(
+    task: str,
+    model_spec: str | None,
+    workspace: Path,
+    session: str | None,
+    tools_files: tuple[str, ...],
+    yes: bool,
+    max_steps: int,
+    state: str,
+) -> None:
+    """Run one turn of TASK with a model and the workspace tools.
+
+    The turn streams to the terminal: model text, each call with its arguments, each
+    result, rejections and approval prompts. Every fact is committed to the session log
+    in --state before anything acts on it.
+
+    \b
+    Example:
+      lodger run "add a --verbose flag to cli.py" --model openai:gpt-4.1
+      lodger run "summarize README.md" --model openai-compatible:http://localhost:11434/v1#qwen3
+      lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
+    """
+    if not model_spec:
+        raise ConfigError(
+            "no model given",
+            hint=f"pass --model SPEC or set {MODEL_ENVVAR}; `lodger demo` runs offline",
+        )
+    model = make_model(model_spec)
+    tools = workspace_tools()
+    for path in tools_files:
+        tools.extend(load_tools_file(path))
+    console = _live_console()
+    result = asyncio.run(
+        _run_turn(
+            model=model,
+            task=task,
+            workspace=workspace.resolve(),
+            state=state,
+            session=session,
+            tools=tools,
+            approve_all=yes,
+            interactive=sys.stdin.isatty(),
+            max_steps=max_steps,
+            console=console,
+        )
+    )
+    _finish(console, result, state)
+    sys.exit(_exit_code(result))
+
+
+# ---------------------------------------------------------------- demo
+
+DEMO_FILES = {
+    "README.md": "# tiny service\n\nServes the API on port 3000.\n",
+    "app/config.py": 'HOST = "127.0.0.1"\nPORT = 3000\nDEBUG = False\n',
+    "app/server.py": "from app.config import HOST, PORT\n\n\ndef address():\n"
+    '    return f"{HOST}:{PORT}"\n',
+}
+
+DEMO_SCRIPT: list[dict[str, Any]] = [
+    {
+        "text": "I'll look at the project first.",
+        "calls": [
+            {"name": "list_files", "args": {"pattern": "**/*"}},
+            {"name": "read_file", "args": {"path": "app/config.py"}},
+            {"name": "grep", "args": {"pattern": "3000"}},
+        ],
+    },
+    {
+        "text": "The port is set in app/config.py and mentioned in the README; "
+        "I'll change both in one batch.",
+        "calls": [
+            {
+                "name": "edit_file",
+                "args": {
+                    "path": "app/config.py",
+                    "old_string": "PORT = 3000",
+                    "new_string": "PORT = 4000",
+                },
+            },
+            {
+                "name": "edit_file",
+                "args": {
+                    "path": "README.md",
+                    "old_string": "port 3000",
+                    "new_string": "port 4000",
+                },
+            },
+        ],
+    },
+    {
+        "text": "Let me try to clean up with a shell command.",
+        "calls": [{"name": "shell", "args": {"command": "rm -rf app/__pycache__"}}],
+    },
+    {
+        "text": "Changed the port from 3000 to 4000 in app/config.py and README.md. "
+        "The cleanup command needs approval, so I left it alone.",
+    },
+]
+
+
+@click.command()
+@click.option(
+    "--state",
+    metavar="DIR",
+    default=None,
+    help="State directory (default: a fresh temporary directory, printed at the end).",
+)
+def demo(state: str | None) -> None:
+    """Run a built-in scripted session offline in a temporary workspace.
+
+    It reads files in a parallel batch, edits two files, has a shell call denied (it
+    needs approval and the demo approves nothing), and answers. Nothing leaves the
+    machine; no API key is needed.
+
+    \b
+    Example:
+      lodger demo
+      lodger demo --state .lodger && lodger log show SESSION
+    """
+    root = Path(tempfile.mkdtemp(prefix="lodger-demo-"))
+    workspace = root / "workspace"
+    for rel, content in DEMO_FILES.items():
+        path = workspace / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    state_dir = state or str(root / "state")
+    console = _live_console()
+    console.print(Text(f"workspace: {workspace}", style="dim"))
+    result = asyncio.run(
+        _run_turn(
+            model=ScriptedModel(DEMO_SCRIPT, name="demo"),
+            task="Move the service from port 3000 to 4000.",
+            workspace=workspace,
+            state=state_dir,
+            session=None,
+            tools=workspace_tools(),
+            approve_all=False,
+            interactive=False,
+            max_steps=10,
+            console=console,
+        )
+    )
+    _finish(console, result, state_dir)
+    console.print(
+        Text(f"verify:  lodger log verify {result.session_id} --state {state_dir}", style="dim"),
+        soft_wrap=True,
+    )
+    sys.exit(_exit_code(result))
+
+
+COMMANDS = (run, demo)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.context import Projector
-from lodger.errors import CommitFailedError, ProviderError, UsageError
+from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     ContextCompacted,
     Event,
@@ -39,6 +39,8 @@ from lodger.events import (
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.recovery.plan import RecoveryPlan, plan_recovery
+from lodger.recovery.resume import Decision, decide, resume_locked
 from lodger.runtime.dispatch import StepScope, ToolRuntime
 from lodger.runtime.journal import Journal
 from lodger.runtime.permissions import Approver, PermissionPolicy
@@ -185,14 +187,17 @@ class Agent:
                         workspace_id=_workspace_id(self.workspace),
                     )
                 )
-            elif (pending := open_turn(journal.events)) is not None:
-                raise UsageError(
-                    f"session {session_id!r} has an interrupted turn ({pending[0]}) "
-                    f"that started at offset {pending[1]}",
-                    hint=f"run `lodger recover {session_id}` to see what blocks it, then "
-                    f"`lodger resume {session_id}`",
-                    code="turn_interrupted",
-                    session_id=session_id,
+            elif open_turn(journal.events) is not None:
+                # An interrupted turn is finished first, through resume (never a retry).
+                resumed = await resume_locked(self, writer)
+                if resumed.status != "completed":
+                    return resumed
+                journal = Journal(
+                    writer,
+                    await self.log.read(session_id),
+                    clock=self.clock,
+                    ids=self.ids,
+                    on_event=self.on_event,
                 )
             turn_id, run_id = self.ids.new_id(), self.ids.new_id()
             await journal.record(
@@ -207,9 +212,36 @@ class Agent:
         finally:
             await writer.close()
 
-    async def drive(self, journal: Journal, *, turn_id: str, run_id: str) -> TurnResult:
-        """Run steps of an open turn until it settles. Resume uses this too."""
-        runtime = ToolRuntime(
+    async def resume(self, session_id: str) -> TurnResult:
+        """Resume the session's interrupted turn as a new run (see ``lodger.recovery``).
+
+        Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
+        """
+        writer = await self.log.open_writer(session_id)
+        try:
+            return await resume_locked(self, writer)
+        finally:
+            await writer.close()
+
+    async def recovery_plan(self, session_id: str) -> RecoveryPlan:
+        """What resume would do now: every call of the open turn, its status and action."""
+        return plan_recovery(await self.log.read_all(session_id))
+
+    async def decide(
+        self,
+        session_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        result: str | None = None,
+    ) -> list[Event]:
+        """Record an operator decision on a parked (or indeterminate) call."""
+        return await decide(
+            self.log, session_id, call_id, decision, result=result, clock=self.clock, ids=self.ids
+        )
+
+    def tool_runtime(self, journal: Journal, *, turn_id: str, run_id: str) -> ToolRuntime:
+        return ToolRuntime(
             journal=journal,
             registry=self.registry,
             permissions=self.permissions,
@@ -219,6 +251,10 @@ class Agent:
             turn_id=turn_id,
             run_id=run_id,
         )
+
+    async def drive(self, journal: Journal, *, turn_id: str, run_id: str) -> TurnResult:
+        """Run steps of an open turn until it settles. Resume uses this too."""
+        runtime = self.tool_runtime(journal, turn_id=turn_id, run_id=run_id)
         env = {"turn_id": turn_id, "run_id": run_id}
         result = _Result(journal.session_id, turn_id, run_id)
         projector = Projector(journal.events)

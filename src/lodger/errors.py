@@ -5,6 +5,7 @@
     │   ├── SessionNotFoundError     no log exists for the session
     │   └── ConfigError              a configuration file or model spec is invalid
     ├── ToolCallError                the model proposed a bad call; becomes an error result
+    ├── ResumeBlockedError           a resume cannot go on until an operator decides
     ├── ProviderError                a model provider failed (``retryable`` says what next)
     ├── StorageError                 the world failed (disk, network, another writer)
     │   ├── AppendConflictError      the expected offset was not the log's high-water mark
@@ -25,6 +26,7 @@ __all__ = [
     "CorruptLogError",
     "LodgerError",
     "ProviderError",
+    "ResumeBlockedError",
     "SessionLockedError",
     "SessionNotFoundError",
     "StorageError",
@@ -130,3 +132,22 @@ class ProviderError(LodgerError):
         self.retryable = retryable
         self.status = status
         super().__init__(message, hint=hint, code=code)
+
+
+class ResumeBlockedError(LodgerError):
+    """A turn cannot resume: an invariant failed or operations wait for a decision.
+
+    ``blockers`` lists one line per reason, each naming the call or invariant."""
+
+    code = "resume_blocked"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        blockers: list[str],
+        hint: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self.blockers = blockers
+        super().__init__(message, hint=hint, session_id=session_id)

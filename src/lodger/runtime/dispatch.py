@@ -190,15 +190,77 @@ class ToolRuntime:
                 session_id=self.journal.session_id,
                 call_id=call.call_id,
             )
-        # T1: from here on the call is never abandoned.
+        return await self._dispatch(
+            t,
+            arguments,
+            ctx,
+            env,
+            resources=resources,
+            expectations=tuple(expectations),
+        )
+
+    async def redispatch(
+        self,
+        *,
+        previous: ToolDispatched,
+        call_id: str,
+        parent_call_id: str | None,
+        origin: Origin,
+        visibility: Visibility,
+        attempt: int,
+    ) -> CallOutcome:
+        """Recovery of an ``idempotent`` operation: run it again under a new, linked T1.
+
+        The arguments, resources and expectations are the recorded ones: the original
+        step already validated and permitted this call.
+        """
+        t = self.registry.get(previous.tool)
+        if t is None:  # resume checks bindings first; this is a guard, not a path
+            raise ToolCallError(f"tool {previous.tool!r} is not bound in this run")
+        ctx = ToolContext(
+            session_id=self.journal.session_id,
+            turn_id=self.turn_id,
+            run_id=self.run_id,
+            call_id=call_id,
+            operation_id=self.journal.ids.new_id(),
+            workspace=self.workspace,
+            parent_call_id=parent_call_id,
+        )
+        env = self._envelope(call_id, None, parent_call_id, origin, visibility)
+        return await self._dispatch(
+            t,
+            dict(previous.arguments),
+            ctx,
+            env,
+            resources=previous.resources,
+            expectations=previous.expectations,
+            retry_of=previous.operation_id,
+            attempt=attempt,
+        )
+
+    async def _dispatch(
+        self,
+        t: Tool,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+        env: dict[str, Any],
+        *,
+        resources: tuple[str, ...],
+        expectations: tuple[FileExpectation, ...],
+        retry_of: str | None = None,
+        attempt: int = 1,
+    ) -> CallOutcome:
+        """T1, execute, T2. From T1 on the call is never abandoned."""
         await self.journal.fact(
             ToolDispatched(
                 operation_id=ctx.operation_id,
                 tool=t.name,
                 arguments=arguments,
+                attempt=attempt,
+                retry_of=retry_of,
                 recovery=t.recovery,
                 resources=resources,
-                expectations=tuple(expectations),
+                expectations=expectations,
             ),
             **env,
         )
@@ -228,7 +290,7 @@ class ToolRuntime:
         if cancelled:
             raise asyncio.CancelledError
         return CallOutcome(
-            call_id=call.call_id, name=t.name, status=status, content=content, dispatched=True
+            call_id=ctx.call_id, name=t.name, status=status, content=content, dispatched=True
         )
 
     # ------------------------------------------------------------ checks

@@ -1,0 +1,310 @@
+"""Classification: a pure function from a committed prefix to the state of every call.
+
+One pass over the events builds, per call, the chain of operations (T1 attempts) and
+what became of each: a response (T2), an observation by recovery, a decision by recovery
+or by the operator. From that each call gets one status and a stable reason code:
+
+    not_dispatched   proposed, never dispatched (no T1): it never ran
+    rejected         refused before dispatch (validation, permission ...)
+    completed        T1 and T2, or recovery/operator proved the outcome
+    not_applied      recovery or the operator proved the effect did not happen
+    indeterminate    T1 without T2 and nothing decided yet: the recovery policy applies
+    parked           indeterminate and waiting for an operator decision
+    abandoned        the operator abandoned the turn
+
+Inconsistent ids or order (a response without a dispatch, a second response, a dispatch
+of a call nobody proposed, a retry link to nowhere ...) fail closed with
+``CorruptLogError`` naming the offset. Nothing here reads the clock or the world: the
+same prefix always gives the same plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lodger.errors import CorruptLogError
+from lodger.events import (
+    CallRejected,
+    Event,
+    ModelOutput,
+    OperatorDecision,
+    Origin,
+    Prefix,
+    RecoveryDecided,
+    RecoveryObserved,
+    RunStarted,
+    ToolDispatched,
+    ToolResponded,
+    TurnEnded,
+    TurnStarted,
+)
+
+__all__ = ["CallState", "CallStatus", "OperationRecord", "classify_calls", "open_turn_of"]
+
+CallStatus = Literal[
+    "not_dispatched",
+    "rejected",
+    "completed",
+    "not_applied",
+    "indeterminate",
+    "parked",
+    "abandoned",
+]
+
+
+@dataclass
+class OperationRecord:
+    """One dispatch attempt (T1) of a call and what is known about its outcome."""
+
+    operation_id: str
+    offset: int
+    dispatched: ToolDispatched
+    run_id: str | None
+    responded_at: int | None = None
+    observed: RecoveryObserved | None = None
+    parked: bool = False
+    decision: OperatorDecision | None = None
+
+
+@dataclass
+class CallState:
+    call_id: str
+    tool: str
+    turn_id: str | None
+    offset: int  # where the call was proposed (or first dispatched, for nested calls)
+    parent_call_id: str | None = None
+    origin: Origin = "provider"
+    rejected: bool = False
+    noted_not_dispatched: bool = False
+    operations: list[OperationRecord] = field(default_factory=list)
+
+    @property
+    def latest(self) -> OperationRecord | None:
+        return self.operations[-1] if self.operations else None
+
+    @property
+    def recovery(self) -> str:
+        return self.latest.dispatched.recovery if self.latest else "never_retry"
+
+    def status(self) -> tuple[CallStatus, str]:
+        """The call's status and a stable reason code."""
+        if self.rejected:
+            return "rejected", "rejected_before_dispatch"
+        op = self.latest
+        if op is None:
+            return "not_dispatched", "no_t1"
+        if op.decision is not None:
+            kind = op.decision.decision
+            if kind == "completed":
+                return "completed", "operator_completed"
+            if kind == "not_applied":
+                return "not_applied", "operator_not_applied"
+            return "abandoned", "operator_abandoned"
+        if op.responded_at is not None:
+            return "completed", "t1_and_t2"
+        if op.observed is not None and op.observed.status == "completed":
+            return "completed", op.observed.reason
+        if op.observed is not None and op.observed.status == "not_applied":
+            return "not_applied", op.observed.reason
+        if op.parked:
+            return "parked", f"parked_{op.dispatched.recovery}"
+        return "indeterminate", "t1_without_t2"
+
+
+def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogError:
+    return CorruptLogError(
+        f"log for session {session_id!r} is inconsistent at offset {offset}: {why}",
+        hint="recovery refuses to act on an inconsistent log; fork the session from an "
+        f"offset before {offset} or restore it from a backup",
+        code=code,
+        session_id=session_id,
+        offset=offset,
+    )
+
+
+def open_turn_of(events: Sequence[Event]) -> TurnStarted | None:
+    """The last turn's start event if that turn has not ended."""
+    for event in reversed(events):
+        if isinstance(event.body, TurnEnded):
+            return None
+        if isinstance(event.body, TurnStarted):
+            return event.body
+    return None
+
+
+def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
+    """Every call in the prefix, keyed by call id, in the order they first appear."""
+    calls: dict[str, CallState] = {}
+    operations: dict[str, tuple[CallState, OperationRecord]] = {}
+    session_id = events[0].session_id if events else ""
+    for e in events:
+        body = e.body
+        if isinstance(body, ModelOutput):
+            for call in body.calls:
+                if call.call_id in calls:
+                    raise _corrupt(
+                        session_id,
+                        e.offset,
+                        "duplicate_call_id",
+                        f"call id {call.call_id!r} was proposed twice",
+                    )
+                calls[call.call_id] = CallState(
+                    call_id=call.call_id, tool=call.name, turn_id=e.turn_id, offset=e.offset
+                )
+        elif isinstance(body, CallRejected):
+            state = _call_for(calls, e, session_id, body.tool)
+            if state.operations:
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "rejected_after_dispatch",
+                    "a dispatched call was rejected",
+                )
+            state.rejected = True
+        elif isinstance(body, ToolDispatched):
+            state = _call_for(calls, e, session_id, body.tool)
+            if state.rejected:
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "dispatch_after_rejection",
+                    f"call {state.call_id!r} was dispatched after it was rejected",
+                )
+            if body.operation_id in operations:
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "duplicate_operation",
+                    f"operation {body.operation_id!r} was dispatched twice",
+                )
+            previous = state.latest
+            if body.retry_of is None and previous is not None:
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "unlinked_redispatch",
+                    f"call {state.call_id!r} was dispatched again without a retry_of link",
+                )
+            if body.retry_of is not None and (
+                previous is None
+                or previous.operation_id != body.retry_of
+                or previous.responded_at is not None
+            ):
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "bad_retry_link",
+                    f"operation {body.operation_id!r} retries {body.retry_of!r}, which is not "
+                    "the call's latest unanswered operation",
+                )
+            record = OperationRecord(
+                operation_id=body.operation_id, offset=e.offset, dispatched=body, run_id=e.run_id
+            )
+            state.operations.append(record)
+            operations[body.operation_id] = (state, record)
+        elif isinstance(
+            body, ToolResponded | RecoveryObserved | RecoveryDecided | OperatorDecision
+        ):
+            found = operations.get(body.operation_id)
+            if found is None:
+                if isinstance(body, RecoveryObserved) and body.reason == "not_dispatched":
+                    # the model was told this call never ran; it has no operation
+                    noted = calls.get(e.call_id or "")
+                    if noted is None or noted.operations:
+                        raise _corrupt(
+                            session_id,
+                            e.offset,
+                            "bad_not_dispatched",
+                            f"call {e.call_id!r} is recorded as never dispatched, but it "
+                            "does not exist or was dispatched",
+                        )
+                    noted.noted_not_dispatched = True
+                    continue
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "unknown_operation",
+                    f"{body.kind} names operation {body.operation_id!r}, which was never "
+                    "dispatched",
+                )
+            state, record = found
+            if e.call_id is not None and e.call_id != state.call_id:
+                raise _corrupt(
+                    session_id,
+                    e.offset,
+                    "call_mismatch",
+                    f"{body.kind} for operation {body.operation_id!r} names call "
+                    f"{e.call_id!r}, but it belongs to {state.call_id!r}",
+                )
+            if isinstance(body, ToolResponded):
+                if record.responded_at is not None:
+                    raise _corrupt(
+                        session_id,
+                        e.offset,
+                        "duplicate_response",
+                        f"operation {body.operation_id!r} has a second response",
+                    )
+                record.responded_at = e.offset
+            elif isinstance(body, RecoveryObserved):
+                record.observed = body
+            elif isinstance(body, RecoveryDecided):
+                record.parked = body.action == "park"
+            else:
+                record.decision = body
+        elif isinstance(body, RunStarted) and body.resumed_from is not None:
+            _check_resume_prefix(events, e, body.resumed_from, session_id)
+    return calls
+
+
+def _call_for(calls: dict[str, CallState], e: Event, session_id: str, tool: str) -> CallState:
+    if e.call_id is None:
+        raise _corrupt(session_id, e.offset, "missing_call_id", f"a {e.kind} event has no call id")
+    state = calls.get(e.call_id)
+    if state is not None:
+        return state
+    if e.parent_call_id is None:
+        raise _corrupt(
+            session_id,
+            e.offset,
+            "dispatch_without_call",
+            f"call {e.call_id!r} was never proposed by the model",
+        )
+    if e.parent_call_id not in calls:
+        raise _corrupt(
+            session_id,
+            e.offset,
+            "orphan_nested_call",
+            f"nested call {e.call_id!r} names parent {e.parent_call_id!r}, which does not exist",
+        )
+    state = CallState(
+        call_id=e.call_id,
+        tool=tool,
+        turn_id=e.turn_id,
+        offset=e.offset,
+        parent_call_id=e.parent_call_id,
+        origin=e.origin,
+    )
+    calls[e.call_id] = state
+    return state
+
+
+def _check_resume_prefix(
+    events: Sequence[Event], e: Event, prefix: Prefix, session_id: str
+) -> None:
+    if prefix.high_water > e.offset or prefix.high_water < 1:
+        raise _corrupt(
+            session_id,
+            e.offset,
+            "bad_resume_prefix",
+            f"a run resumes from offset {prefix.high_water}, which is not before it",
+        )
+    if events[prefix.high_water - 1].digest != prefix.digest:
+        raise _corrupt(
+            session_id,
+            e.offset,
+            "bad_resume_prefix",
+            f"a run resumes from a prefix whose digest does not match offset "
+            f"{prefix.high_water - 1}",
+        )

@@ -23,6 +23,7 @@ from lodger.errors import (
     CorruptLogError,
     LodgerError,
     ProviderError,
+    ResumeBlockedError,
     SessionLockedError,
     SessionNotFoundError,
     StorageError,
@@ -32,6 +33,7 @@ from lodger.errors import (
 from lodger.events import Event
 from lodger.log import EventLog, open_log
 from lodger.providers import FunctionModel, ScriptedModel, make_model
+from lodger.recovery import RecoveryPlan
 from lodger.runtime.permissions import PermissionPolicy, Rule
 from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
 
@@ -48,6 +50,8 @@ __all__ = [
     "PermissionPolicy",
     "ProbeResult",
     "ProviderError",
+    "RecoveryPlan",
+    "ResumeBlockedError",
     "Rule",
     "ScriptedModel",
     "SessionHandle",

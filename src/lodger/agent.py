@@ -181,10 +181,14 @@ class Agent:
                 on_event=self.on_event,
             )
             if not journal.events:
-                await journal.fact(
-                    SessionStarted(
-                        workspace=str(self.workspace) if self.workspace else None,
-                        workspace_id=_workspace_id(self.workspace),
+                # Committed with the turn's first facts: a session never exists without
+                # its first turn, even if the process dies right here.
+                journal.defer(
+                    journal.draft(
+                        SessionStarted(
+                            workspace=str(self.workspace) if self.workspace else None,
+                            workspace_id=_workspace_id(self.workspace),
+                        )
                     )
                 )
             elif open_turn(journal.events) is not None:

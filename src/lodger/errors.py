@@ -3,8 +3,10 @@
     LodgerError                      root; carries a stable ``code`` and a one-line ``hint``
     ├── UsageError                   the caller misused lodger (bad option, unknown session)
     │   ├── SessionNotFoundError     no log exists for the session
-    │   └── ConfigError              a configuration file or model spec is invalid
+    │   ├── ConfigError              a configuration file or model spec is invalid
+    │   └── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
     ├── ToolCallError                the model proposed a bad call; becomes an error result
+    │   └── StaleRevisionError       a write named a revision that is no longer the current one
     ├── ResumeBlockedError           a resume cannot go on until an operator decides
     ├── ProviderError                a model provider failed (``retryable`` says what next)
     ├── StorageError                 the world failed (disk, network, another writer)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "AppendConflictError",
+    "AuthorityMisuseError",
     "CommitFailedError",
     "ConfigError",
     "CorruptLogError",
@@ -29,6 +32,7 @@ __all__ = [
     "ResumeBlockedError",
     "SessionLockedError",
     "SessionNotFoundError",
+    "StaleRevisionError",
     "StorageError",
     "ToolCallError",
     "UsageError",
@@ -86,10 +90,36 @@ class ConfigError(UsageError):
     code = "config"
 
 
+class AuthorityMisuseError(UsageError):
+    """A lease or lock was used against its protocol (see :mod:`lodger.authority`).
+
+    ``owner`` is the call that misused it and ``holder`` the call the lease belongs to.
+    """
+
+    code = "authority_misuse"
+
+    def __init__(self, message: str, *, owner: str, holder: str, hint: str | None = None) -> None:
+        self.owner = owner
+        self.holder = holder
+        super().__init__(message, hint=hint, call_id=owner)
+
+
 class ToolCallError(LodgerError):
     """A call the model proposed cannot run; the message is written for the model."""
 
     code = "tool_call"
+
+
+class StaleRevisionError(ToolCallError):
+    """A compare-and-swap write expected ``expected`` but the state is at ``current``."""
+
+    code = "stale_revision"
+
+    def __init__(self, message: str, *, key: str, expected: int, current: int, hint: str) -> None:
+        self.key = key
+        self.expected = expected
+        self.current = current
+        super().__init__(message, hint=hint)
 
 
 class StorageError(LodgerError):

@@ -118,7 +118,7 @@ class LiveView:
             )
 
 
-def _live_console() -> Console:
+def live_console() -> Console:
     console = make_console()
     console.soft_wrap = True  # long lines stay whole (commands must copy-paste)
     return console
@@ -133,7 +133,7 @@ def _interactive_approver(console: Console) -> Any:
     return approve
 
 
-def _finish(console: Console, result: TurnResult, state: str) -> None:
+def finish_turn(console: Console, result: TurnResult, state: str) -> None:
     style = "bold green" if result.status == "completed" else "bold red"
     console.print(Text(f"turn {result.status}", style=style), end="")
     if result.error:
@@ -177,7 +177,7 @@ async def _run_turn(
         await agent.close()
 
 
-def _exit_code(result: TurnResult) -> int:
+def exit_code_for(result: TurnResult) -> int:
     return {"completed": 0, "cancelled": 130}.get(result.status, 1)
 
 
@@ -240,7 +240,7 @@ def run(
     tools = workspace_tools()
     for path in tools_files:
         tools.extend(load_tools_file(path))
-    console = _live_console()
+    console = live_console()
     result = asyncio.run(
         _run_turn(
             model=model,
@@ -255,8 +255,8 @@ def run(
             console=console,
         )
     )
-    _finish(console, result, state)
-    sys.exit(_exit_code(result))
+    finish_turn(console, result, state)
+    sys.exit(exit_code_for(result))
 
 
 # ---------------------------------------------------------------- demo
@@ -336,7 +336,7 @@ def demo(state: str | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
     state_dir = state or str(root / "state")
-    console = _live_console()
+    console = live_console()
     console.print(Text(f"workspace: {workspace}", style="dim"))
     result = asyncio.run(
         _run_turn(
@@ -352,12 +352,12 @@ def demo(state: str | None) -> None:
             console=console,
         )
     )
-    _finish(console, result, state_dir)
+    finish_turn(console, result, state_dir)
     console.print(
         Text(f"verify:  lodger log verify {result.session_id} --state {state_dir}", style="dim"),
         soft_wrap=True,
     )
-    sys.exit(_exit_code(result))
+    sys.exit(exit_code_for(result))
 
 
 COMMANDS = (run, demo)

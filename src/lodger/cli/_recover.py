@@ -1,0 +1,251 @@
+"""``lodger recover``, ``lodger decide`` and ``lodger resume``: after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from lodger.agent import Agent, TurnResult
+from lodger.cli._common import (
+    echo_json,
+    json_option,
+    make_console,
+    require_log,
+    run_with_log,
+    state_option,
+)
+from lodger.cli._run import LiveView, exit_code_for, finish_turn, live_console, load_tools_file
+from lodger.errors import ConfigError, ResumeBlockedError
+from lodger.events import Event, RunStarted, SessionStarted
+from lodger.ids import SystemClock, Uuid7Factory
+from lodger.log import EventLog
+from lodger.providers import make_model
+from lodger.recovery import RecoveryPlan, plan_recovery
+from lodger.recovery.resume import decide as decide_call
+from lodger.runtime.permissions import PermissionPolicy
+from lodger.tools.builtin import workspace_tools
+
+__all__ = ["COMMANDS", "decide", "recover", "resume"]
+
+_ACTIONS = {
+    "none": "nothing to do",
+    "tell_model": "tell the model it never ran",
+    "redispatch": "run again under a linked T1 (idempotent)",
+    "probe": "probe the world (queryable)",
+    "park": "park for an operator decision",
+    "wait_operator": "waits for: lodger decide",
+}
+
+
+def _render_plan(plan: RecoveryPlan) -> None:
+    console = make_console()
+    console.soft_wrap = True
+    if plan.turn_id is None:
+        console.print(
+            f"session {plan.session_id}: no interrupted turn "
+            f"({plan.prefix.high_water} events, head {plan.prefix.digest[:16]})"
+        )
+        return
+    console.print(
+        Text(f"session {plan.session_id}: turn {plan.turn_id} is interrupted", style="bold")
+    )
+    console.print(
+        f"prefix: {plan.prefix.high_water} events, digest {plan.prefix.digest[:16]}; "
+        f"last run {plan.last_run_id} ({'still open' if plan.run_open else 'ended'})"
+    )
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("call", "tool", "status", "reason", "resume will"):
+        table.add_column(column)
+    for c in plan.calls:
+        name = ("  " if c.parent_call_id else "") + c.call_id
+        table.add_row(name, c.tool, c.status, c.reason, _ACTIONS[c.action])
+    if plan.calls:
+        console.print(table)
+    if plan.blocked:
+        console.print(
+            Text(
+                f"blocked: {len(plan.blocked)} call(s) wait for `lodger decide "
+                f"{plan.session_id} CALL_ID --completed | --not-applied | --abandon`",
+                style="red",
+            )
+        )
+    else:
+        console.print(
+            Text(f"ready: `lodger resume {plan.session_id}` continues the turn", style="green")
+        )
+
+
+@click.command()
+@click.argument("session_id", metavar="SESSION")
+@state_option
+@json_option
+def recover(session_id: str, state: str, as_json: bool) -> None:
+    """Show the recovery plan of a session: every call of its interrupted turn, its status
+    (completed, not_dispatched, indeterminate, parked ...), a stable reason code, and what
+    `lodger resume` will do with it. Read-only.
+
+    \b
+    Example:
+      lodger recover SESSION
+      lodger recover SESSION --json | jq '.calls[] | select(.action != "none")'
+    """
+
+    async def work(log: EventLog) -> RecoveryPlan:
+        require_log(log, state, session_id)
+        return plan_recovery(await log.read_all(session_id))
+
+    plan = run_with_log(state, work)
+    if as_json:
+        echo_json(plan.to_dict())
+    else:
+        _render_plan(plan)
+
+
+@click.command()
+@click.argument("session_id", metavar="SESSION")
+@click.argument("call_id", metavar="CALL_ID")
+@click.option("--completed", "decision", flag_value="completed", help="It happened.")
+@click.option("--not-applied", "decision", flag_value="not_applied", help="It did not happen.")
+@click.option("--abandon", "decision", flag_value="abandon", help="Abandon the whole turn.")
+@click.option("--result", metavar="JSON", help="With --completed: the result the model sees.")
+@state_option
+def decide(
+    session_id: str, call_id: str, decision: str | None, result: str | None, state: str
+) -> None:
+    """Record an operator decision on a parked or indeterminate call, as a new fact.
+
+    \b
+    Example:
+      lodger decide SESSION call-2-1 --completed --result '"charged 5 EUR"'
+      lodger decide SESSION call-2-1 --not-applied
+      lodger decide SESSION call-2-1 --abandon
+    """
+    if decision is None:
+        raise ConfigError(
+            "say what happened", hint="pass one of --completed, --not-applied, --abandon"
+        )
+    if result is not None:
+        if decision != "completed":
+            raise ConfigError("--result goes with --completed only")
+        try:
+            parsed = json.loads(result)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"--result is not JSON: {exc.msg}", hint="quote a string: --result '\"done\"'"
+            ) from None
+        result = parsed if isinstance(parsed, str) else json.dumps(parsed, ensure_ascii=False)
+
+    async def work(log: EventLog) -> list[Event]:
+        require_log(log, state, session_id)
+        clock = SystemClock()
+        return await decide_call(
+            log,
+            session_id,
+            call_id,
+            decision,  # type: ignore[arg-type]
+            result=result,
+            clock=clock,
+            ids=Uuid7Factory(clock),
+        )
+
+    events = run_with_log(state, work)
+    click.echo(
+        f"recorded: {call_id} {decision} at offset {events[0].offset}"
+        + ("; the turn is abandoned" if decision == "abandon" else "")
+    )
+
+
+def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | None]:
+    """The model spec of the session's last run and its workspace, from the log."""
+
+    async def work(log: EventLog) -> tuple[str | None, str | None]:
+        require_log(log, state, session_id)
+        events = await log.read_all(session_id)
+        model = next(
+            (e.body.model for e in reversed(events) if isinstance(e.body, RunStarted)), None
+        )
+        first = events[0].body
+        return model, first.workspace if isinstance(first, SessionStarted) else None
+
+    return run_with_log(state, work)
+
+
+@click.command()
+@click.argument("session_id", metavar="SESSION")
+@click.option("--model", "model_spec", metavar="SPEC", help="Default: the last run's model.")
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Default: the session's workspace.",
+)
+@click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
+@click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@click.option("--max-steps", default=50, show_default=True)
+@state_option
+def resume(
+    session_id: str,
+    model_spec: str | None,
+    workspace: Path | None,
+    tools_files: tuple[str, ...],
+    yes: bool,
+    max_steps: int,
+    state: str,
+) -> None:
+    """Resume an interrupted turn as a new run from its verified prefix.
+
+    Completed calls are replayed from the log, never re-run; indeterminate ones follow
+    their tool's recovery policy. If anything is parked, resume stops and names it.
+
+    \b
+    Example:
+      lodger recover SESSION && lodger resume SESSION
+      lodger resume SESSION --model openai:gpt-4.1 --tools mytools.py
+    """
+    recorded_model, recorded_workspace = _session_defaults(state, session_id)
+    spec = model_spec or recorded_model
+    if not spec:
+        raise ConfigError("no model to resume with", hint="pass --model SPEC")
+    model = make_model(spec)
+    root = workspace or (Path(recorded_workspace) if recorded_workspace else None)
+    tools = workspace_tools()
+    for path in tools_files:
+        tools.extend(load_tools_file(path))
+    console = live_console()
+    view = LiveView(console)
+
+    async def work() -> TurnResult:
+        agent = Agent(
+            model=model,
+            tools=tools,
+            state_dir=state,
+            workspace=root,
+            permissions=PermissionPolicy(approve_all=yes),
+            max_steps=max_steps,
+            on_event=view.on_event,
+            on_text=view.on_text,
+        )
+        try:
+            return await agent.resume(session_id)
+        finally:
+            await agent.close()
+
+    try:
+        result = asyncio.run(work())
+    except ResumeBlockedError as exc:
+        click.echo(f"blocked: {exc.message}", err=True)
+        for line in exc.blockers:
+            click.echo(f"  - {line}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(3)
+    finish_turn(console, result, state)
+    sys.exit(exit_code_for(result))
+
+
+COMMANDS = (recover, decide, resume)

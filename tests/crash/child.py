@@ -1,0 +1,175 @@
+"""The crash harness's child: runs a real scripted session on the real SQLite log and
+kills itself with SIGKILL at a named failpoint (or is killed by the parent at random).
+
+    python child.py STATE WORKSPACE EFFECTS MODE FAILPOINT
+
+MODE is ``run`` (start the turn) or ``resume``. Every side effect is an O_APPEND line in
+EFFECTS (fsynced), written outside the log so the parent can count what really ran.
+Exit codes: 0 the turn settled, 3 resume is blocked (parked calls; JSON on stdout),
+4 nothing to resume. A SIGKILL shows as -9 to the parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
+from lodger.log import EventLog, SqliteLogStore
+from lodger.log._store import Record, WriterLease
+from lodger.providers.base import ModelRequest, ModelResponse, TextSink
+from lodger.tools.builtin import workspace_tools
+
+STATE, WORKSPACE, EFFECTS, MODE, FAILPOINT = sys.argv[1:6]
+
+SCRIPT: list[dict[str, Any]] = [
+    {"text": "Looking up the price.", "calls": [{"name": "lookup", "args": {"key": "price"}}]},
+    {
+        "text": "Charging, checking stock and writing the receipt in one batch.",
+        "calls": [
+            {"name": "charge", "args": {"amount": 5}},
+            {"name": "lookup", "args": {"key": "stock"}},
+            {"name": "write_file", "args": {"path": "receipt.txt", "content": "paid 5\n"}},
+        ],
+    },
+    {"calls": [{"name": "charge", "args": {"amount": 7}}]},
+    {"text": "All done: charged 5 and 7, receipt written."},
+]
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def effect(line: str) -> None:
+    fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@tool
+async def charge(amount: int) -> str:
+    """Charge a card (never retried)."""
+    if FAILPOINT == "during_effect":
+        effect(f"started\tcharge\t{amount}")
+        die()
+    await asyncio.sleep(0.003)
+    effect(f"charge\t{amount}")
+    if FAILPOINT == "after_effect_before_t2":
+        die()
+    return f"charged {amount}"
+
+
+@tool(recovery="idempotent")
+async def lookup(key: str) -> str:
+    """Look a value up (safe to repeat)."""
+    await asyncio.sleep(0.002)
+    effect(f"lookup\t{key}")
+    return f"{key}=42"
+
+
+class KillingStore:
+    """The real SQLite store; kills the process before or after a chosen append."""
+
+    def __init__(self, inner: SqliteLogStore, failpoint: str) -> None:
+        self.inner = inner
+        self.failpoint = failpoint
+        self.seen: dict[bytes, int] = {}
+
+    def _count(self, records: Sequence[Record], marker: bytes) -> int:
+        if any(marker in r.data for r in records):
+            self.seen[marker] = self.seen.get(marker, 0) + 1
+            return self.seen[marker]
+        return 0
+
+    async def append_records(
+        self, *, session_id: str, records: Sequence[Record], expected_offset: int
+    ) -> None:
+        fp = self.failpoint
+        t1 = self._count(records, b'"kind":"tool_dispatched"')
+        t2 = self._count(records, b'"kind":"tool_responded"')
+        claim = self._count(records, b'"resumed_from":{')
+        ended = self._count(records, b'"kind":"run_ended"')
+        if (fp == "before_t1" and t1 == 2) or (fp == "resume_before_claim" and claim == 1):
+            die()
+        await self.inner.append_records(
+            session_id=session_id, records=records, expected_offset=expected_offset
+        )
+        if (
+            (fp == "after_t1" and t1 == 2)
+            or (fp == "after_t2" and t2 == 1)
+            or (fp == "mid_batch" and t2 == 2)
+            or (fp == "after_run_end" and ended == 1)
+            or (fp == "resume_after_claim" and claim == 1)
+        ):
+            die()
+
+    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
+        return await self.inner.read_records(session_id=session_id, start=start, end=end)
+
+    async def last_record(self, *, session_id: str) -> Record | None:
+        return await self.inner.last_record(session_id=session_id)
+
+    async def list_sessions(self) -> list[str]:
+        return await self.inner.list_sessions()
+
+    async def acquire_writer(self, *, session_id: str) -> WriterLease:
+        return await self.inner.acquire_writer(session_id=session_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class StreamKillingModel(ScriptedModel):
+    """Dies while the provider is 'streaming' its third output."""
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        outputs = sum(1 for m in request.messages if type(m).__name__ == "AssistantMessage")
+        if FAILPOINT == "during_streaming" and outputs == 2:
+            if on_text is not None:
+                on_text("Charg")
+            die()
+        return await super().complete(request, on_text=on_text)
+
+
+async def main() -> int:
+    store = KillingStore(SqliteLogStore(STATE), FAILPOINT)
+    agent = Agent(
+        model=StreamKillingModel(SCRIPT, name="crash"),
+        tools=[charge, lookup, *[t for t in workspace_tools() if t.name == "write_file"]],
+        log=EventLog(store),  # type: ignore[arg-type]
+        workspace=WORKSPACE,
+        state_dir=STATE,
+    )
+    print("ready", flush=True)  # the parent's random kill clock starts here
+    try:
+        if MODE == "run":
+            result = await agent.run("Charge for the order and write a receipt.", session="s1")
+        else:
+            result = await agent.resume("s1")
+    except ResumeBlockedError as exc:
+        print(json.dumps({"blocked": exc.blockers}))
+        return 3
+    except UsageError as exc:
+        print(json.dumps({"usage": exc.code}))
+        return 4
+    finally:
+        await agent.close()
+    print(json.dumps({"status": result.status, "answer": result.answer}))
+    return 0
+
+
+if __name__ == "__main__":
+    Path(EFFECTS).touch()
+    sys.exit(asyncio.run(main()))

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from lodger.agent import Agent, TurnResult
@@ -59,20 +58,25 @@ def _render_plan(plan: RecoveryPlan) -> None:
         f"prefix: {plan.prefix.high_water} events, digest {plan.prefix.digest[:16]}; "
         f"last run {plan.last_run_id} ({'still open' if plan.run_open else 'ended'})"
     )
-    table = Table(show_edge=False, pad_edge=False)
-    for column in ("call", "tool", "status", "reason", "resume will"):
-        table.add_column(column)
     for c in plan.calls:
-        name = ("  " if c.parent_call_id else "") + c.call_id
-        table.add_row(name, c.tool, c.status, c.reason, _ACTIONS[c.action])
-    if plan.calls:
-        console.print(table)
+        indent = "  " if c.parent_call_id else ""
+        console.print(
+            Text(f"  {indent}{c.call_id}  {c.tool}  ")
+            + Text(c.status, style="bold" if c.action != "none" else "")
+            + Text(
+                f"  ({c.reason})  -> {_ACTIONS[c.action]}",
+                style="dim" if c.action == "none" else "",
+            )
+        )
+    parks = [c for c in plan.calls if c.action == "park"]
+    decide = f"`lodger decide {plan.session_id} CALL_ID --completed | --not-applied | --abandon`"
     if plan.blocked:
+        console.print(Text(f"blocked: {len(plan.blocked)} call(s) wait for {decide}", style="red"))
+    elif parks:
         console.print(
             Text(
-                f"blocked: {len(plan.blocked)} call(s) wait for `lodger decide "
-                f"{plan.session_id} CALL_ID --completed | --not-applied | --abandon`",
-                style="red",
+                f"resume will park {len(parks)} call(s) it cannot prove; decide them with {decide}",
+                style="yellow",
             )
         )
     else:

@@ -1,0 +1,114 @@
+"""``lodger recover``, ``decide`` and ``resume`` on a session interrupted between T1 and T2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lodger.agent import Agent
+from lodger.cli import main
+from lodger.cli._run import load_tools_file
+from lodger.errors import CommitFailedError
+from lodger.log import EventLog, SqliteLogStore
+from lodger.log._store import Record
+from lodger.providers.scripted import ScriptedModel
+from lodger.testing import FaultyLogStore
+from lodger.tools.builtin import workspace_tools
+
+TOOLS = '''
+from pathlib import Path
+from lodger import tool
+
+@tool
+def charge(amount: int) -> str:
+    """Charge a card."""
+    log = Path(__file__).with_name("charges.txt")
+    with log.open("a") as handle:
+        handle.write(f"{amount}\\n")
+    return f"charged {amount}"
+'''
+
+SCRIPT = [{"calls": [{"name": "charge", "args": {"amount": 5}}]}, {"text": "paid"}]
+
+
+def first_t2(records: list[Record]) -> bool:
+    return any(b'"kind":"tool_responded"' in r.data for r in records)
+
+
+@pytest.fixture
+async def interrupted(tmp_path: Path) -> Path:
+    (tmp_path / "tools.py").write_text(TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = tmp_path / "state"
+    agent = Agent(
+        model=ScriptedModel.from_file(tmp_path / "script.json"),
+        tools=[*workspace_tools(), *load_tools_file(str(tmp_path / "tools.py"))],
+        log=EventLog(FaultyLogStore(SqliteLogStore(state), fail_when=first_t2)),  # type: ignore[arg-type]
+        state_dir=state,
+        workspace=ws,
+    )
+    with pytest.raises(CommitFailedError):
+        await agent.run("pay", session="s1")
+    await agent.close()
+    return tmp_path
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_recover_decide_resume(interrupted: Path) -> None:
+    state = str(interrupted / "state")
+    tools = str(interrupted / "tools.py")
+    assert (interrupted / "charges.txt").read_text() == "5\n"
+
+    code, out, _ = cli("sessions", "--state", state, "--json")
+    assert code == 0
+    assert json.loads(out)[0]["last_status"] == "interrupted"
+
+    code, out, _ = cli("recover", "s1", "--state", state)
+    assert code == 0
+    assert "call-0-1" in out
+    assert "indeterminate" in out
+    assert "park for an operator decision" in out
+    assert "resume will park 1 call(s)" in out
+    code, out, _ = cli("recover", "s1", "--state", state, "--json")
+    plan = json.loads(out)
+    assert [(c["call_id"], c["action"]) for c in plan["calls"]] == [("call-0-1", "park")]
+
+    code, out, err = cli("resume", "s1", "--state", state, "--tools", tools)
+    assert code == 3
+    assert "call-0-1" in err
+    assert "lodger decide s1 call-0-1" in err
+
+    code, _, err = cli("decide", "s1", "call-0-1", "--state", state)
+    assert code == 2
+    assert "--completed" in err
+
+    code, out, _ = cli(
+        "decide", "s1", "call-0-1", "--completed", "--result", '"charged 5"', "--state", state
+    )
+    assert code == 0
+    assert "recorded: call-0-1 completed" in out
+
+    code, out, err = cli("resume", "s1", "--state", state, "--tools", tools)
+    assert code == 0, err
+    assert "turn completed" in out
+    assert (interrupted / "charges.txt").read_text() == "5\n"  # never charged twice
+
+    code, out, _ = cli("log", "verify", "s1", "--state", state)
+    assert code == 0
+    code, out, _ = cli("recover", "s1", "--state", state)
+    assert "no interrupted turn" in out
+
+
+def test_resume_needs_the_same_tools(interrupted: Path) -> None:
+    code, _, err = cli("resume", "s1", "--state", str(interrupted / "state"))
+    assert code == 3
+    assert "not bound now: charge" in err

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.text import Text
@@ -26,6 +27,7 @@ from lodger.ids import SystemClock, Uuid7Factory
 from lodger.log import EventLog
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan, plan_recovery
+from lodger.recovery.resume import Decision
 from lodger.recovery.resume import decide as decide_call
 from lodger.runtime.permissions import PermissionPolicy
 from lodger.tools.builtin import workspace_tools
@@ -152,7 +154,7 @@ def decide(
             log,
             session_id,
             call_id,
-            decision,  # type: ignore[arg-type]
+            cast(Decision, decision),
             result=result,
             clock=clock,
             ids=Uuid7Factory(clock),

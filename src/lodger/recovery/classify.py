@@ -37,11 +37,9 @@ from lodger.events import (
     RunStarted,
     ToolDispatched,
     ToolResponded,
-    TurnEnded,
-    TurnStarted,
 )
 
-__all__ = ["CallState", "CallStatus", "OperationRecord", "classify_calls", "open_turn_of"]
+__all__ = ["CallState", "CallStatus", "OperationRecord", "classify_calls"]
 
 CallStatus = Literal[
     "not_dispatched",
@@ -122,16 +120,6 @@ def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogErr
         session_id=session_id,
         offset=offset,
     )
-
-
-def open_turn_of(events: Sequence[Event]) -> TurnStarted | None:
-    """The last turn's start event if that turn has not ended."""
-    for event in reversed(events):
-        if isinstance(event.body, TurnEnded):
-            return None
-        if isinstance(event.body, TurnStarted):
-            return event.body
-    return None
 
 
 def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:

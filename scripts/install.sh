@@ -10,4 +10,7 @@ python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'
+# Reference MCP servers the tests launch as subprocesses: project-local, from the lockfile.
+command -v npm >/dev/null || { echo "error: the tests need node and npm (>= 20)" >&2; exit 1; }
+(cd tests/mcp_servers && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 echo "installed: .venv (run: source .venv/bin/activate, or use .venv/bin/lodger)"

@@ -16,8 +16,10 @@ validated, permissioned boundary that commits before and after every side effect
 """
 
 from lodger.agent import Agent, SessionHandle, TurnResult
+from lodger.authority import Authorities, ResourceClaim
 from lodger.errors import (
     AppendConflictError,
+    AuthorityMisuseError,
     CommitFailedError,
     ConfigError,
     CorruptLogError,
@@ -26,6 +28,7 @@ from lodger.errors import (
     ResumeBlockedError,
     SessionLockedError,
     SessionNotFoundError,
+    StaleRevisionError,
     StorageError,
     ToolCallError,
     UsageError,
@@ -36,10 +39,13 @@ from lodger.providers import FunctionModel, ScriptedModel, make_model
 from lodger.recovery import RecoveryPlan
 from lodger.runtime.permissions import PermissionPolicy, Rule
 from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
+from lodger.tools.mcp import McpServerConfig, McpServers
 
 __all__ = [
     "Agent",
     "AppendConflictError",
+    "Authorities",
+    "AuthorityMisuseError",
     "CommitFailedError",
     "ConfigError",
     "CorruptLogError",
@@ -47,16 +53,20 @@ __all__ = [
     "EventLog",
     "FunctionModel",
     "LodgerError",
+    "McpServerConfig",
+    "McpServers",
     "PermissionPolicy",
     "ProbeResult",
     "ProviderError",
     "RecoveryPlan",
+    "ResourceClaim",
     "ResumeBlockedError",
     "Rule",
     "ScriptedModel",
     "SessionHandle",
     "SessionLockedError",
     "SessionNotFoundError",
+    "StaleRevisionError",
     "StorageError",
     "Tool",
     "ToolCallError",

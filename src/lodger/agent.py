@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lodger.authority import Authorities
 from lodger.context import Projector
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
@@ -46,6 +47,7 @@ from lodger.runtime.journal import Journal
 from lodger.runtime.permissions import Approver, PermissionPolicy
 from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
 from lodger.tools.registry import ToolRegistry
+from lodger.tools.search import attach_tool_search, searches_first
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
 
@@ -126,9 +128,12 @@ class Agent:
         on_event: Callable[[Event], None] | None = None,
         on_text: TextSink | None = None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        authorities: Authorities | None = None,
     ) -> None:
         self.model = model
         self.registry = ToolRegistry(tools)
+        # Deferred tools are found through tool_search and listed in the system prompt.
+        self.tool_search = attach_tool_search(self.registry)
         self.system = system
         self.state_dir = Path(state_dir)
         self._owns_log = log is None
@@ -152,6 +157,9 @@ class Agent:
         self.on_event = on_event
         self.on_text = on_text
         self._sleep = sleep
+        # File leases, actors and capacity for this agent's calls; pass one Authorities to
+        # every agent that shares the workspace so their calls meet on the same leases.
+        self.authorities = authorities or Authorities()
 
     async def __aenter__(self) -> Agent:
         return self
@@ -254,6 +262,7 @@ class Agent:
             workspace=self.workspace,
             turn_id=turn_id,
             run_id=run_id,
+            authorities=self.authorities,
         )
 
     async def drive(self, journal: Journal, *, turn_id: str, run_id: str) -> TurnResult:
@@ -307,7 +316,8 @@ class Agent:
                 if not response.calls:
                     return await result.end(journal, "completed", answer=response.text)
                 scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
-                await runtime.run_batch(response.calls, scope)
+                for batch in searches_first(response.calls):
+                    await runtime.run_batch(batch, scope)
         except ProviderError as exc:
             return await result.end(journal, "failed", error=str(exc))
         except asyncio.CancelledError:
@@ -340,7 +350,9 @@ class Agent:
                 **env,
             )
         return ModelRequest(
-            system=self.system,
+            system=self.system
+            if self.tool_search is None
+            else self.tool_search.system(self.system),
             messages=projection.messages,
             tools=tuple(t.schema() for t in visible),
         )

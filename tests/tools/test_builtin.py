@@ -8,11 +8,13 @@ import os
 import re
 import stat
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lodger.authority import ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
 from lodger.tools.builtin import (
@@ -555,18 +557,31 @@ async def test_grep_caps_matches_and_long_lines(ws: Path, ctx: ToolContext) -> N
 # ---------------------------------------------------------------- claims
 
 
-def test_claims_use_canonical_workspace_relative_keys(tree: Path, ctx: ToolContext) -> None:
+def test_claims_use_canonical_keys_and_workspace_relative_labels(
+    tree: Path, ctx: ToolContext
+) -> None:
     (tree / "alias").symlink_to("src")
     assert read_file.claims is not None
     assert write_file.claims is not None
+    assert edit_file.claims is not None
     assert grep.claims is not None
     assert list_files.claims is not None
     assert shell.claims is not None
-    assert read_file.claims({"path": "alias/pkg/../pkg/mod.py"}, ctx) == ["file:src/pkg/mod.py"]
-    assert write_file.claims({"path": "new.txt", "content": ""}, ctx) == ["file:new.txt"]
-    assert grep.claims({"pattern": "x", "path": "alias"}, ctx) == ["dir:src"]
-    assert list_files.claims({}, ctx) == ["dir:."]
-    assert shell.claims({"command": "ls"}, ctx) == ["dir:."]
+
+    def rendered(claims: Sequence[ResourceClaim]) -> list[str]:
+        return [c.render() for c in claims]
+
+    mod = read_file.claims({"path": "alias/pkg/../pkg/mod.py"}, ctx)
+    assert rendered(mod) == ["read file:src/pkg/mod.py"]
+    assert mod[0].key == str(tree / "src" / "pkg" / "mod.py")  # the real path is the key
+    assert mod == read_file.claims({"path": str(tree / "src/pkg/mod.py")}, ctx)
+    new = write_file.claims({"path": "new.txt", "content": ""}, ctx)
+    assert rendered(new) == ["write file:new.txt"]
+    edit = {"path": "README.md", "old_string": "a", "new_string": "b"}
+    assert rendered(edit_file.claims(edit, ctx)) == ["write file:README.md"]
+    assert rendered(grep.claims({"pattern": "x", "path": "alias"}, ctx)) == ["read file:src/**"]
+    assert rendered(list_files.claims({}, ctx)) == ["read file:./**"]
+    assert rendered(shell.claims({"command": "ls"}, ctx)) == ["write file:./**"]
     with pytest.raises(ToolCallError, match="outside the workspace"):
         read_file.claims({"path": "../x"}, ctx)
 

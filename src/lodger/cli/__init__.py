@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from lodger.cli import _log, _recover, _run
+from lodger.cli import _log, _recover, _run, _tools
 from lodger.errors import LodgerError, UsageError
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "LodgerGroup", "main"]
@@ -26,7 +26,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-_COMMAND_MODULES = (_log, _run, _recover)
+_COMMAND_MODULES = (_log, _run, _recover, _tools)
 
 
 def _one_line(text: str) -> str:

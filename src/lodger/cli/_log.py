@@ -25,6 +25,7 @@ from lodger.cli._common import (
 )
 from lodger.cli._render import render_sessions, render_timeline
 from lodger.cli._timeline import SessionSummary, build_timeline, summarize
+from lodger.cli._timing import render_timings, step_timings
 from lodger.errors import CorruptLogError
 from lodger.events import Event, Prefix
 from lodger.log import EventLog
@@ -125,7 +126,13 @@ def log_group() -> None:
     default=False,
     help="Show text, reasoning, arguments and results in full instead of clipped.",
 )
-def show(session_id: str, state: str, as_json: bool, show_all: bool) -> None:
+@click.option(
+    "--timing",
+    is_flag=True,
+    default=False,
+    help="Show each batch's calls with their wait and run times and a time bar instead.",
+)
+def show(session_id: str, state: str, as_json: bool, show_all: bool, timing: bool) -> None:
     """Show a session's timeline of turns, runs, steps and calls.
 
     Each line starts with the event's offset and local time. Every call is followed by
@@ -138,6 +145,7 @@ def show(session_id: str, state: str, as_json: bool, show_all: bool) -> None:
       lodger log show 0193a6c2-7f1e-7c3a-9d2b-5e8f1a2b3c4d
       lodger log show SESSION --all | less -R
       lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
+      lodger log show SESSION --timing
     """
 
     async def work(log: EventLog) -> list[Event]:
@@ -145,6 +153,15 @@ def show(session_id: str, state: str, as_json: bool, show_all: bool) -> None:
         return await log.read_all(session_id)
 
     events = run_with_log(state, work)
+    if timing:
+        steps = step_timings(events)
+        if as_json:
+            echo_json([step.to_json() for step in steps])
+            return
+        timing_console = make_console()
+        for line in render_timings(steps):
+            timing_console.print(line, soft_wrap=True)
+        return
     if as_json:
         echo_json([event.model_dump(mode="json") for event in events])
         return

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from lodger.agent import Agent, TurnResult
 from lodger.cli._common import make_console, state_option
+from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
@@ -30,6 +32,7 @@ from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
 from lodger.runtime.permissions import PermissionPolicy
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
@@ -158,23 +161,25 @@ async def _run_turn(
     interactive: bool,
     max_steps: int,
     console: Console,
+    mcp: Sequence[McpServerConfig] = (),
 ) -> TurnResult:
     view = LiveView(console)
-    agent = Agent(
-        model=model,
-        tools=tools,
-        state_dir=state,
-        workspace=workspace,
-        permissions=PermissionPolicy(approve_all=approve_all),
-        approver=_interactive_approver(console) if interactive and not approve_all else None,
-        max_steps=max_steps,
-        on_event=view.on_event,
-        on_text=view.on_text,
-    )
-    try:
-        return await agent.run(task, session=session)
-    finally:
-        await agent.close()
+    async with McpServers(mcp) as servers:  # stopped when the turn settles
+        agent = Agent(
+            model=model,
+            tools=[*tools, *servers.tools()],
+            state_dir=state,
+            workspace=workspace,
+            permissions=PermissionPolicy(approve_all=approve_all),
+            approver=_interactive_approver(console) if interactive and not approve_all else None,
+            max_steps=max_steps,
+            on_event=view.on_event,
+            on_text=view.on_text,
+        )
+        try:
+            return await agent.run(task, session=session)
+        finally:
+            await agent.close()
 
 
 def exit_code_for(result: TurnResult) -> int:
@@ -208,6 +213,7 @@ def exit_code_for(result: TurnResult) -> int:
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
+@mcp_option
 @state_option
 def run(
     task: str,
@@ -217,6 +223,7 @@ def run(
     tools_files: tuple[str, ...],
     yes: bool,
     max_steps: int,
+    mcp_specs: tuple[str, ...],
     state: str,
 ) -> None:
     """Run one turn of TASK with a model and the workspace tools.
@@ -230,6 +237,7 @@ def run(
       lodger run "add a --verbose flag to cli.py" --model openai:gpt-4.1
       lodger run "summarize README.md" --model openai-compatible:http://localhost:11434/v1#qwen3
       lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
+      lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
     """
     if not model_spec:
         raise ConfigError(
@@ -240,6 +248,7 @@ def run(
     tools = workspace_tools()
     for path in tools_files:
         tools.extend(load_tools_file(path))
+    mcp = mcp_servers_for(workspace, mcp_specs)  # lodger.toml in the workspace, then --mcp
     console = live_console()
     result = asyncio.run(
         _run_turn(
@@ -253,6 +262,7 @@ def run(
             interactive=sys.stdin.isatty(),
             max_steps=max_steps,
             console=console,
+            mcp=mcp,
         )
     )
     finish_turn(console, result, state)

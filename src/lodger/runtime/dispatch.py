@@ -6,6 +6,11 @@ Each failed check becomes a ``call_rejected`` fact and an error result the model
 its next step; nothing raises out of here except a failed commit (which stops the turn)
 and cancellation. A call's result reaches the model only through the projection of
 committed events, so "T2 before the model sees it" holds by construction.
+
+Resources: a call's claims are computed with the synchronous checks and reserved with the
+authorities (``lodger.authority``) in the model's emission order before any call of the
+batch runs; each call acquires them after its permission and holds them until its T2 is
+committed, so conflicting calls run in emission order and independent ones never wait.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from lodger.errors import CommitFailedError, ToolCallError
+from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
+from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     ArtifactRef,
     CallRejected,
@@ -32,12 +38,15 @@ from lodger.events import (
     ResultStatus,
     ToolDispatched,
     ToolResponded,
+    ToolsActivated,
     Visibility,
 )
+from lodger.runtime.batch import Batch, Slot
 from lodger.runtime.journal import Journal
 from lodger.runtime.permissions import Approver, PermissionPolicy
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
+from lodger.tools.search import ACTIVATION_SCOPE, StepActivations
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 __all__ = ["CallOutcome", "StepScope", "ToolRuntime"]
@@ -73,6 +82,27 @@ class _Rejection(Exception):
     message: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Rejected:
+    """A call that failed a synchronous check; its rejection is recorded when it runs."""
+
+    call: ProposedCall
+    env: dict[str, Any]
+    rejection: _Rejection
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ready:
+    """A call that passed the synchronous checks, with its claims reserved."""
+
+    call: ProposedCall
+    env: dict[str, Any]
+    tool: Tool
+    arguments: dict[str, Any]
+    ctx: ToolContext
+    reservation: Reservation
+
+
 class ToolRuntime:
     """Runs calls for one run of one turn; all facts go through the run's journal."""
 
@@ -88,6 +118,7 @@ class ToolRuntime:
         turn_id: str,
         run_id: str,
         result_limit: int = 16_000,
+        authorities: Authorities | None = None,
     ) -> None:
         self.journal = journal
         self.registry = registry
@@ -98,6 +129,7 @@ class ToolRuntime:
         self.turn_id = turn_id
         self.run_id = run_id
         self.result_limit = result_limit
+        self.authorities = authorities or Authorities()
         self._validators: dict[str, Draft202012Validator] = {}
         self._approval_lock = asyncio.Lock()
 
@@ -110,22 +142,25 @@ class ToolRuntime:
         calls settle, and then raises ``CommitFailedError``. Cancellation never abandons a
         call past T1: it settles and its outcome is recorded first.
         """
-        halt = asyncio.Event()
-        failures: list[CommitFailedError] = []
+        # Every call is checked and its claims reserved, in emission order, before any
+        # call runs: conflicting calls then acquire in the order the model emitted them,
+        # however long each one's permission takes.
+        prepared = [self._prepare(call, scope) for call in calls]
+        batch: Batch[CallOutcome] = Batch([call.call_id for call in calls])
 
-        async def one(call: ProposedCall) -> CallOutcome | None:
-            try:
-                return await self.run_call(call, scope=scope, halt=halt)
-            except CommitFailedError as exc:
-                halt.set()
-                failures.append(exc)
-                return None
+        async def one(slot: Slot[CallOutcome]) -> CallOutcome:
+            return await self._run_prepared(prepared[slot.index], halt=batch.halt, slot=slot)
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(call)) for call in calls]
-        if failures:
-            raise failures[0]
-        return [t.result() for t in tasks if t.result() is not None]  # type: ignore[misc]
+        try:
+            return await batch.run(one)
+        finally:
+            for entry in prepared:  # a task cancelled before it started never closed its own
+                if isinstance(entry, _Ready):
+                    entry.reservation.close()
+
+    def authority_stats(self) -> tuple[AuthorityStatistics, ...]:
+        """Who holds and who waits for which resources now, and counters so far."""
+        return self.authorities.statistics()
 
     # ------------------------------------------------------------ one call
 
@@ -157,6 +192,25 @@ class ToolRuntime:
         origin: Origin = "provider",
         visibility: Visibility = "model",
     ) -> CallOutcome:
+        """Run one call on its own (a batch of one, or a nested call of a code cell)."""
+        prepared = self._prepare(call, scope, parent_call_id, origin, visibility)
+        return await self._run_prepared(prepared, halt=halt)
+
+    def _prepare(
+        self,
+        call: ProposedCall,
+        scope: StepScope,
+        parent_call_id: str | None = None,
+        origin: Origin = "provider",
+        visibility: Visibility = "model",
+    ) -> _Ready | _Rejected:
+        """The synchronous checks (binding, visibility, arguments), then the claims.
+
+        Claims are pure functions of the validated arguments, so they are computed now and
+        reserved with the authorities at once: a batch prepares its calls in emission
+        order, which is the order conflicting calls will acquire in. Nothing is granted
+        here; that waits for permission.
+        """
         env = self._envelope(call.call_id, scope, parent_call_id, origin, visibility)
         try:
             t, arguments = self._check(call, scope)
@@ -168,11 +222,58 @@ class ToolRuntime:
                 operation_id=self.journal.ids.new_id(),
                 workspace=self.workspace,
                 parent_call_id=parent_call_id,
+                extras={ACTIVATION_SCOPE: self._activations(scope, env)},
             )
-            await self._permit(t, arguments, env)
-            expectations = await self._expectations(t, arguments, ctx)
-            resources = tuple(t.claims(arguments, ctx)) if t.claims else ()
+            claims = self._claims(t, arguments, ctx)
+            try:
+                reservation = self.authorities.reserve(self._owner(call.call_id), claims)
+            except AuthorityMisuseError:
+                raise _Rejection(
+                    "duplicate_call",
+                    f"call id {call.call_id!r} is already in use by a running call; "
+                    "give every call its own id",
+                ) from None
         except _Rejection as rejection:
+            return _Rejected(call=call, env=env, rejection=rejection)
+        return _Ready(
+            call=call, env=env, tool=t, arguments=arguments, ctx=ctx, reservation=reservation
+        )
+
+    async def _run_prepared(
+        self,
+        prepared: _Ready | _Rejected,
+        *,
+        halt: asyncio.Event | None = None,
+        slot: Slot[CallOutcome] | None = None,
+    ) -> CallOutcome:
+        """permission -> resources -> T1 -> execute -> T2; leases end with the call."""
+        call, env = prepared.call, prepared.env
+        try:
+            if isinstance(prepared, _Rejected):
+                rejection = prepared.rejection
+            else:
+                t, arguments, ctx = prepared.tool, prepared.arguments, prepared.ctx
+                try:
+                    await self._permit(t, arguments, env)
+                    self._stop_if_halted(call, halt)
+                    # Leases: after permission, before T1 (and before the expectations,
+                    # which hash the files the leases protect).
+                    await prepared.reservation.acquire()
+                    expectations = await self._expectations(t, arguments, ctx)
+                except _Rejection as exc:
+                    rejection = exc
+                else:
+                    self._stop_if_halted(call, halt)
+                    if slot is not None:
+                        slot.dispatch()
+                    return await self._dispatch(
+                        t,
+                        arguments,
+                        ctx,
+                        env,
+                        resources=prepared.reservation.resources(),
+                        expectations=tuple(expectations),
+                    )
             await self.journal.fact(
                 CallRejected(tool=call.name, reason=rejection.reason, message=rejection.message),
                 **env,
@@ -184,20 +285,17 @@ class ToolRuntime:
                 content=rejection.message,
                 dispatched=False,
             )
+        finally:
+            if isinstance(prepared, _Ready):
+                prepared.reservation.close()  # after T2, or wherever the call ended
+
+    def _stop_if_halted(self, call: ProposedCall, halt: asyncio.Event | None) -> None:
         if halt is not None and halt.is_set():
             raise CommitFailedError(
                 "the batch stopped after a failed commit; this call was not dispatched",
                 session_id=self.journal.session_id,
                 call_id=call.call_id,
             )
-        return await self._dispatch(
-            t,
-            arguments,
-            ctx,
-            env,
-            resources=resources,
-            expectations=tuple(expectations),
-        )
 
     async def redispatch(
         self,
@@ -251,7 +349,7 @@ class ToolRuntime:
         attempt: int = 1,
     ) -> CallOutcome:
         """T1, execute, T2. From T1 on the call is never abandoned."""
-        await self.journal.fact(
+        t1 = self.journal.draft(
             ToolDispatched(
                 operation_id=ctx.operation_id,
                 tool=t.name,
@@ -264,6 +362,22 @@ class ToolRuntime:
             ),
             **env,
         )
+        try:
+            await self.journal.record(t1)
+        except asyncio.CancelledError:
+            if not any(e.id == t1.id for e in reversed(self.journal.events)):
+                raise  # T1 is not in the log: the call was never dispatched
+            # T1 committed as the cancellation arrived: the call is past T1, so it is not
+            # abandoned; it never started, and that is what T2 records.
+            await self.journal.fact(
+                ToolResponded(
+                    operation_id=ctx.operation_id,
+                    status="cancelled",
+                    content=f"{t.name} was cancelled before it started; it did not run",
+                ),
+                **env,
+            )
+            raise
         execution = asyncio.ensure_future(self._execute(t, arguments, ctx))
         cancelled = False
         while not execution.done():
@@ -293,7 +407,44 @@ class ToolRuntime:
             call_id=ctx.call_id, name=t.name, status=status, content=content, dispatched=True
         )
 
+    def _activations(self, scope: StepScope, env: dict[str, Any]) -> StepActivations:
+        """What tool_search sees of its step; its activations are facts of this call."""
+
+        async def record(fact: ToolsActivated) -> None:
+            await self.journal.fact(fact, **env)
+
+        return StepActivations(
+            visible=scope.visible, activated_here=scope.activated_here, record=record
+        )
+
     # ------------------------------------------------------------ checks
+
+    def _owner(self, call_id: str) -> str:
+        # Authorities may be shared by sessions; call ids are only unique in one session.
+        return f"{self.journal.session_id}/{call_id}"
+
+    def _claims(
+        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
+    ) -> tuple[ResourceClaim, ...]:
+        if t.claims is None:
+            return ()
+        try:
+            claims = tuple(t.claims(arguments, ctx))
+        except ToolCallError as exc:
+            raise _Rejection("invalid_arguments", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
+            raise _Rejection(
+                "claims_failed",
+                f"{t.name} could not declare its resources ({type(exc).__name__}: {exc}); "
+                "report this",
+            ) from None
+        for claim in claims:
+            if not isinstance(claim, ResourceClaim):
+                raise _Rejection(
+                    "claims_failed",
+                    f"{t.name} declared {claim!r} as a resource, not a ResourceClaim; report this",
+                )
+        return claims
 
     def _check(self, call: ProposedCall, scope: StepScope) -> tuple[Tool, dict[str, Any]]:
         t = self.registry.get(call.name)

@@ -68,21 +68,39 @@ class Journal:
             )
             try:
                 events = await _settle(task)
+            except asyncio.CancelledError:
+                # Cancelled while the append ran: if it committed, memory must still match
+                # the log (the next append names the offset after it), and the caller can
+                # tell the fact is durable.
+                if task.done() and not task.cancelled():
+                    error = task.exception()
+                    if error is None:
+                        self.events.extend(task.result())
+                        self._notify(task.result())
+                    elif isinstance(error, StorageError):
+                        self.failure = self._failed(error)
+                raise
             except StorageError as exc:
-                self.failure = CommitFailedError(
-                    f"commit to session {self.session_id!r} at offset {len(self.events)} "
-                    f"failed: {exc.message}",
-                    hint="nothing after the last committed fact ran; run `lodger recover` to "
-                    "see what is indeterminate",
-                    session_id=self.session_id,
-                    offset=len(self.events),
-                )
+                self.failure = self._failed(exc)
                 raise self.failure from exc
             self.events.extend(events)
+        self._notify(events)
+        return events
+
+    def _failed(self, exc: StorageError) -> CommitFailedError:
+        return CommitFailedError(
+            f"commit to session {self.session_id!r} at offset {len(self.events)} "
+            f"failed: {exc.message}",
+            hint="nothing after the last committed fact ran; run `lodger recover` to "
+            "see what is indeterminate",
+            session_id=self.session_id,
+            offset=len(self.events),
+        )
+
+    def _notify(self, events: Sequence[Event]) -> None:
         if self._on_event is not None:
             for event in events:
                 self._on_event(event)
-        return events
 
     async def fact(self, body: Body, **envelope: Any) -> Event:
         return (await self.record(self.draft(body, **envelope)))[0]

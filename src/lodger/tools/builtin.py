@@ -31,6 +31,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
 from lodger.tools.spec import ProbeResult, Tool, ToolContext, ToolOutput, tool
@@ -307,20 +308,31 @@ async def _probe_file_expectations(dispatched: ToolDispatched, ctx: ToolContext)
 # ---------------------------------------------------------------- claims
 
 
-def _path_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[str]:
-    """``file:<path>`` for a file, ``dir:<path>`` for a directory (a subtree), canonical."""
+def _path_claims(
+    arguments: dict[str, Any], ctx: ToolContext, mode: ClaimMode
+) -> list[ResourceClaim]:
+    """A lease on the path's real identity: the file itself, or a directory's whole subtree."""
     root = ctx.require_workspace()
     path = arguments.get("path", ".")
     if not isinstance(path, str):
         raise ToolCallError("argument 'path' must be a string")
     target = resolve_in_workspace(root, path, must_exist=False)
-    kind = "dir" if target.is_dir() else "file"
-    return [f"{kind}:{workspace_relative(root, target)}"]
+    scope: ClaimScope = "subtree" if target.is_dir() else "exact"
+    return [ResourceClaim.file(target, mode=mode, scope=scope, root=root)]
 
 
-def _workspace_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[str]:
-    ctx.require_workspace()
-    return ["dir:."]
+def _read_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+    return _path_claims(arguments, ctx, "read")
+
+
+def _write_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+    return _path_claims(arguments, ctx, "write")
+
+
+def _workspace_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+    """A command may touch anything in the workspace: a write lease on the whole subtree."""
+    root = resolve_workspace_root(ctx.require_workspace())
+    return [ResourceClaim.file(root, mode="write", scope="subtree", root=root)]
 
 
 # ---------------------------------------------------------------- read, write, edit
@@ -328,7 +340,7 @@ def _workspace_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[s
 _PathArg = Annotated[str, Field(description="file path relative to the workspace root")]
 
 
-@tool(group="files", recovery="idempotent", nestable=True, claims=_path_claims)
+@tool(group="files", recovery="idempotent", nestable=True, claims=_read_claims)
 def read_file(
     ctx: ToolContext,
     path: _PathArg,
@@ -398,7 +410,7 @@ def read_file(
     recovery="queryable",
     probe=_probe_file_expectations,
     expectations=_write_expectations,
-    claims=_path_claims,
+    claims=_write_claims,
 )
 def write_file(
     ctx: ToolContext,
@@ -423,7 +435,7 @@ def write_file(
     recovery="queryable",
     probe=_probe_file_expectations,
     expectations=_edit_expectations,
-    claims=_path_claims,
+    claims=_write_claims,
 )
 def edit_file(
     ctx: ToolContext,
@@ -527,7 +539,7 @@ def _join(base_rel: str, rel: str) -> str:
     return rel if base_rel == "." else f"{base_rel}/{rel}"
 
 
-@tool(group="files", recovery="idempotent", nestable=True, claims=_path_claims)
+@tool(group="files", recovery="idempotent", nestable=True, claims=_read_claims)
 def list_files(
     ctx: ToolContext,
     pattern: Annotated[
@@ -579,7 +591,7 @@ def _grep_candidates(base: Path, glob: str | None) -> Iterator[tuple[str, Path]]
             yield rel, Path(entry.path)
 
 
-@tool(group="files", recovery="idempotent", nestable=True, claims=_path_claims)
+@tool(group="files", recovery="idempotent", nestable=True, claims=_read_claims)
 def grep(
     ctx: ToolContext,
     pattern: Annotated[str, Field(description="Python regular expression to search for")],

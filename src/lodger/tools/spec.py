@@ -24,6 +24,7 @@ from typing import Any, Literal, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import FileExpectation, ToolDispatched, canonical_json
 from lodger.providers.base import ToolSchema
@@ -78,7 +79,9 @@ class ProbeResult:
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 Probe = Callable[[ToolDispatched, ToolContext], Awaitable[ProbeResult]]
-Claims = Callable[[dict[str, Any], ToolContext], Sequence[str]]
+# What a call touches, for the authorities (DESIGN section 7); computed from validated
+# arguments before permission, acquired after it. Raise ToolCallError for a bad argument.
+Claims = Callable[[dict[str, Any], ToolContext], Sequence[ResourceClaim]]
 Expectations = Callable[[dict[str, Any], ToolContext], Awaitable[Sequence[FileExpectation]]]
 
 

@@ -1,0 +1,192 @@
+"""MCP servers configured in ``lodger.toml`` (in the workspace) and with ``--mcp``.
+
+    [mcp.servers.git]                      # stdio: a command the runtime starts
+    command = "mcp-server-git"
+    args = ["--repository", "."]
+    env = { GIT_AUTHOR_NAME = "lodger" }   # added to a minimal environment (PATH, HOME, ...)
+    approval = ["git_commit", "git_reset"] # true (every tool asks), false, or tool patterns
+    timeout_s = 30                         # per call; default 60
+    deferred = true                        # the default: found through tool_search
+
+    [mcp.servers.docs]                     # streamable HTTP
+    url = "http://127.0.0.1:8000/mcp"
+    headers = { Authorization = "Bearer ${DOCS_TOKEN}" }
+
+``${NAME}`` in ``env`` and ``headers`` values is read from the environment, so secrets
+stay out of the file. On the command line, ``--mcp 'NAME=COMMAND ARGS...'`` (split like a
+shell would) or ``--mcp NAME=http://...`` adds a server with the defaults, replacing a
+file entry of the same name. Stdio servers start in the workspace unless ``cwd`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lodger.errors import ConfigError
+from lodger.tools.mcp import McpServerConfig, tools_from_definitions
+from lodger.tools.spec import Tool
+
+__all__ = [
+    "CONFIG_FILE",
+    "load_catalog",
+    "load_mcp_servers",
+    "parse_mcp_option",
+    "read_config_file",
+]
+
+CONFIG_FILE = "lodger.toml"
+
+_KEYS: dict[str, type | tuple[type, ...]] = {
+    "command": str,
+    "args": list,
+    "env": dict,
+    "cwd": str,
+    "url": str,
+    "headers": dict,
+    "deferred": bool,
+    "approval": (bool, list),
+    "timeout_s": (int, float),
+    "connect_timeout_s": (int, float),
+}
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: str, where: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ConfigError(
+                f"{where} uses ${{{name}}}, which is not set in the environment",
+                hint=f"export {name}=... before running lodger",
+            )
+        return os.environ[name]
+
+    return _VARIABLE.sub(one, value)
+
+
+def _strings(value: Any, where: str, *, expand: bool = False) -> dict[str, str] | list[str]:
+    if isinstance(value, list):
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return list(value)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"{where} must be a table of strings")
+    return {k: _expand(v, f"{where}.{k}") if expand else v for k, v in value.items()}
+
+
+def server_from_table(
+    name: str, table: Mapping[str, Any], *, where: str, base: Path | None = None
+) -> McpServerConfig:
+    """One ``[mcp.servers.NAME]`` table as a server config; unknown keys are errors."""
+    for key, value in table.items():
+        expected = _KEYS.get(key)
+        if expected is None:
+            raise ConfigError(
+                f"unknown key {key!r} in {where}",
+                hint="known keys: " + ", ".join(sorted(_KEYS)),
+            )
+        if not isinstance(value, expected) or (
+            isinstance(value, bool) and expected in ((int, float),)
+        ):
+            raise ConfigError(f"{where}.{key} has the wrong type ({type(value).__name__})")
+    options: dict[str, Any] = {k: v for k, v in table.items() if k in _KEYS}
+    for key in ("args", "env", "headers"):
+        if key in options:
+            value = _strings(options[key], f"{where}.{key}", expand=key != "args")
+            options[key] = tuple(value) if key == "args" else value
+    if isinstance(options.get("approval"), list):
+        options["approval"] = tuple(_strings(options["approval"], f"{where}.approval"))
+    if "cwd" in options and base is not None:
+        options["cwd"] = str((base / options["cwd"]).resolve())
+    elif "command" in options and base is not None:
+        options["cwd"] = str(base)
+    for key in ("timeout_s", "connect_timeout_s"):
+        if key in options:
+            options[key] = float(options[key])
+    return McpServerConfig(name=name, **options)
+
+
+def read_config_file(path: Path) -> list[McpServerConfig]:
+    """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    servers = data.get("mcp", {}).get("servers", {})
+    if not isinstance(servers, dict):
+        raise ConfigError(f"[mcp.servers] in {path} must be a table of tables")
+    out = []
+    for name, table in servers.items():
+        where = f"[mcp.servers.{name}] of {path}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table")
+        out.append(server_from_table(name, table, where=where, base=path.parent.resolve()))
+    return out
+
+
+def parse_mcp_option(spec: str, *, base: Path | None = None) -> McpServerConfig:
+    """``NAME=COMMAND ARGS...`` (stdio) or ``NAME=http(s)://...`` (streamable HTTP)."""
+    name, sep, value = spec.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ConfigError(
+            f"--mcp {spec!r} is not NAME=COMMAND or NAME=URL",
+            hint="e.g. --mcp 'git=mcp-server-git --repository .' or "
+            "--mcp docs=http://127.0.0.1:8000/mcp",
+        )
+    name, value = name.strip(), value.strip()
+    if value.startswith(("http://", "https://")):
+        return McpServerConfig(name=name, url=value)
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ConfigError(f"--mcp {spec!r}: {exc}") from None
+    cwd = str(base) if base is not None else None
+    return McpServerConfig(name=name, command=words[0], args=tuple(words[1:]), cwd=cwd)
+
+
+def load_mcp_servers(
+    workspace: Path, options: Sequence[str] = (), *, config_file: Path | None = None
+) -> list[McpServerConfig]:
+    """The workspace's ``lodger.toml`` servers (if the file exists), then ``--mcp`` ones;
+    a ``--mcp`` server replaces a file entry of the same name."""
+    path = config_file or workspace / CONFIG_FILE
+    servers = {c.name: c for c in read_config_file(path)} if path.is_file() else {}
+    for spec in options:
+        config = parse_mcp_option(spec, base=workspace.resolve())
+        servers[config.name] = config
+    return list(servers.values())
+
+
+def load_catalog(path: Path) -> list[Tool]:
+    """Tools from a JSON list in MCP ``tools/list`` form (``name``, ``description``,
+    ``inputSchema``, optional ``group``): deferred, searchable, never callable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read catalog {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"catalog {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ConfigError(f"catalog {path} must be a JSON list of tool definitions")
+    for n, entry in enumerate(data):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("description", ""), str)
+            and isinstance(entry.get("inputSchema", {}), dict)
+            and isinstance(entry.get("group", ""), str)
+        ):
+            raise ConfigError(
+                f"entry {n} of catalog {path} is not a tool definition",
+                hint='each entry is {"name": ..., "description": ..., "inputSchema": {...}}',
+            )
+    return tools_from_definitions(data)

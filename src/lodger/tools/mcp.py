@@ -1,0 +1,420 @@
+"""MCP servers as bound tools, over stdio or streamable HTTP, with the official SDK.
+
+    async with McpServers([McpServerConfig(name="git", command="mcp-server-git")]) as mcp:
+        agent = Agent(model=model, tools=[*workspace_tools(), *mcp.tools()])
+
+Each server's tools are bound as ``<server>__<tool>`` (characters outside ``A-Za-z0-9_-``
+become ``_``; a name over 64 characters is cut and ends in a hash of the whole), in the
+server's group, deferred unless the server's config says otherwise, and asking for
+approval as configured per server or per tool. Their input schemas are taken as given
+and validated by the call path like any tool's.
+
+Failures are results, never crashes of the turn: an ``isError`` result is an error
+result; a call that does not answer within the server's ``timeout_s`` is an error result
+(the server stays connected); a server that exits or drops the connection makes every
+later call of its tools an error result that says so, with the last line it wrote to
+stderr. Each connection lives in its own task, owned by ``McpServers``: the SDK runs its
+transport in a task group that fails the task hosting it when the transport fails, and
+that must never be the agent's task. Leaving the ``async with`` stops every server
+(stdin closed, then SIGTERM, then SIGKILL, as the SDK does) and awaits every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
+
+from pydantic import ValidationError
+
+from lodger.authority import ResourceClaim
+from lodger.errors import ConfigError, ToolCallError
+from lodger.tools.spec import Tool, ToolContext, ToolOutput
+
+# The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
+# so commands that bind no MCP server do not pay for it.
+if TYPE_CHECKING:
+    import mcp_types
+    from mcp import Client
+
+__all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
+
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+MAX_NAME = 64  # what OpenAI and Anthropic accept for a tool name
+
+
+@dataclass(frozen=True, kw_only=True)
+class McpServerConfig:
+    """One MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) for stdio, or ``url``
+    (+ ``headers``) for streamable HTTP. ``approval`` is True (every tool asks), False,
+    or tool-name patterns that ask (``["git_commit", "git_reset*"]``)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    deferred: bool = True
+    approval: bool | tuple[str, ...] = False
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not _SERVER_NAME.match(self.name) or "__" in self.name:
+            raise ConfigError(
+                f"MCP server name {self.name!r} is not usable",
+                hint="use 1-32 letters, digits, '-' or '_' (no '__'); it prefixes tool names",
+            )
+        if (self.command is None) == (self.url is None):
+            raise ConfigError(
+                f"MCP server {self.name!r} needs exactly one of command (stdio) or url (HTTP)",
+                hint='e.g. command = "mcp-server-time" or url = "http://127.0.0.1:8000/mcp"',
+            )
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command is not None else "http"
+
+    def asks(self, tool: str) -> bool:
+        if isinstance(self.approval, bool):
+            return self.approval
+        return any(fnmatchcase(tool, pattern) for pattern in self.approval)
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The bound name of ``tool`` of ``server``: ``<server>__<tool>``, provider-safe."""
+    name = _UNSAFE.sub("_", f"{server}__{tool}")
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(f"{server}__{tool}".encode()).hexdigest()[:8]
+    return f"{name[: MAX_NAME - 9]}_{digest}"
+
+
+# ---------------------------------------------------------------- results
+
+
+def _block_text(block: Any) -> str:
+    import mcp_types
+
+    if isinstance(block, mcp_types.TextContent):
+        return block.text
+    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+        kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
+        return f"[{kind} {block.mime_type}, {len(block.data) * 3 // 4} bytes, not shown]"
+    if isinstance(block, mcp_types.ResourceLink):
+        return f"[resource link {block.uri}" + (f" ({block.name})]" if block.name else "]")
+    if isinstance(block, mcp_types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, mcp_types.TextResourceContents):
+            return resource.text
+        return f"[resource {resource.uri}: {resource.mime_type or 'binary'} data, not shown]"
+    return f"[{getattr(block, 'type', 'unknown')} content, not shown]"
+
+
+def result_output(result: mcp_types.CallToolResult) -> ToolOutput:
+    """An MCP result as a lodger result: text blocks joined, other blocks described."""
+    parts = [_block_text(block) for block in result.content]
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(parts)
+    if result.is_error:
+        return ToolOutput(
+            content=text or "the tool reported an error without a message", is_error=True
+        )
+    return ToolOutput(content=text)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside the SDK's (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    from mcp.shared.exceptions import MCPError
+
+    leaf = _leaf(exc)
+    if isinstance(leaf, MCPError):
+        return leaf.message
+    if isinstance(leaf, TimeoutError):
+        return "it did not finish connecting in time"
+    return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
+
+
+# ---------------------------------------------------------------- one connection
+
+
+class _Connection:
+    """One server, driven by ``run`` in a task of its own (see the module docstring)."""
+
+    def __init__(self, config: McpServerConfig) -> None:
+        self.config = config
+        self.listed: list[mcp_types.Tool] = []
+        self.failure: str | None = None
+        self._client: Client | None = None
+        self._ready = asyncio.Event()
+        self._down = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stderr: TextIO | None = None
+
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        import httpx2
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        c = self.config
+        if c.command is not None:
+            params = StdioServerParameters(
+                command=c.command, args=list(c.args), env=dict(c.env) or None, cwd=c.cwd
+            )
+            assert self._stderr is not None
+            return stdio_client(params, errlog=self._stderr)
+        assert c.url is not None
+        if not c.headers:
+            return streamable_http_client(c.url)
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=dict(c.headers), timeout=httpx2.Timeout(30, read=300))
+        )
+        return streamable_http_client(c.url, http_client=http)
+
+    async def run(self) -> None:
+        """Connect, list the tools, serve calls until stopped; record why it ended."""
+        from mcp import Client
+
+        c = self.config
+        if c.command is not None:
+            # The server's stderr, kept to explain a failure (a real file: it is a pipe end).
+            self._stderr = cast(TextIO, await asyncio.to_thread(tempfile.TemporaryFile, "w+"))
+        try:
+            async with AsyncExitStack() as stack:
+                async with asyncio.timeout(c.connect_timeout_s):
+                    transport = await self._transport(stack)
+                    client = await stack.enter_async_context(
+                        Client(transport, client_info=_client_info())
+                    )
+                    self.listed = await _list_tools(client)
+                self._client = client
+                self._ready.set()
+                await self._stop.wait()
+        except Exception as exc:  # noqa: BLE001 - any transport failure ends this server only
+            self.failure = await self._explain(_describe(exc))
+        finally:
+            self._client = None
+            self._down.set()
+            self._ready.set()
+            if self._stderr is not None:
+                await asyncio.to_thread(self._stderr.close)
+
+    async def _explain(self, why: str) -> str:
+        tail = await asyncio.to_thread(self._stderr_tail)
+        return f"{why} (last line on its stderr: {tail})" if tail else why
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        self._stderr.seek(0)
+        lines = [line.strip() for line in self._stderr.read()[-4000:].splitlines()]
+        lines = [line for line in lines if line]
+        return lines[-1][:300] if lines else ""
+
+    async def started(self) -> None:
+        await self._ready.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _unavailable(self) -> ToolCallError:
+        return ToolCallError(
+            f"MCP server {self.config.name!r} is not available: "
+            f"{self.failure or 'it is not connected (stopped with its McpServers block)'}; "
+            "its tools cannot run in this session, so use other tools or tell the user"
+        )
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+        import mcp_types
+        from mcp.shared.exceptions import MCPError
+
+        client = self._client
+        if client is None or self.failure is not None:
+            raise self._unavailable()
+        timeout = self.config.timeout_s
+        work = asyncio.ensure_future(
+            client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+        )
+        down = asyncio.ensure_future(self._down.wait())
+        try:
+            # The SDK times the call out; ours is a backstop for a wedged transport.
+            await asyncio.wait(
+                {work, down}, timeout=timeout + 5, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (work, down):
+                task.cancel()
+            await asyncio.gather(work, down, return_exceptions=True)
+        if not work.done() or work.cancelled():
+            if self._down.is_set():
+                raise self._unavailable()
+            raise self._timed_out(tool)
+        try:
+            return result_output(work.result())
+        except MCPError as exc:
+            if exc.code == mcp_types.REQUEST_TIMEOUT:
+                raise self._timed_out(tool) from None
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                self.failure = await self._explain("its connection closed (did it exit?)")
+                raise self._unavailable() from None
+            raise ToolCallError(
+                f"MCP server {self.config.name!r} refused the call to {tool}: {exc.message}"
+            ) from None
+        except ValidationError as exc:
+            raise ToolCallError(
+                f"MCP server {self.config.name!r} answered {tool} with an invalid result "
+                f"({exc.error_count()} problems)"
+            ) from None
+
+    def _timed_out(self, tool: str) -> ToolCallError:
+        return ToolCallError(
+            f"{mcp_tool_name(self.config.name, tool)} did not answer within "
+            f"{self.config.timeout_s:g} s (MCP server {self.config.name!r} may be stuck or "
+            "the work too slow); it may still finish, so check before repeating it"
+        )
+
+
+def _client_info() -> mcp_types.Implementation:
+    import mcp_types
+
+    return mcp_types.Implementation(name="lodger", version="0.1")
+
+
+async def _list_tools(client: Client) -> list[mcp_types.Tool]:
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    for _ in range(1000):  # a server whose cursor never ends cannot hang us
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+# ---------------------------------------------------------------- tools
+
+
+def tools_from_definitions(
+    definitions: Sequence[Mapping[str, Any]],
+    *,
+    config: McpServerConfig | None = None,
+    connection: _Connection | None = None,
+) -> list[Tool]:
+    """Tools from MCP ``tools/list`` definitions (``name``, ``description``, ``inputSchema``,
+    optional ``group``). Without a connection they are a catalog: searchable, not callable."""
+    out: list[Tool] = []
+    for d in definitions:
+        raw = str(d["name"])
+        group = config.name if config is not None else str(d.get("group") or "catalog")
+        schema = d.get("inputSchema") or {"type": "object"}
+        out.append(
+            Tool(
+                name=mcp_tool_name(group, raw) if config or d.get("group") else raw,
+                description=str(d.get("description") or ""),
+                parameters=dict(schema),
+                handler=_handler(raw, group, connection),
+                group=group,
+                deferred=config.deferred if config is not None else True,
+                approval=config.asks(raw) if config is not None else False,
+                claims=_capacity(group) if connection is not None else None,
+            )
+        )
+    return out
+
+
+def _capacity(server: str) -> Any:
+    """One unit of ``mcp:<server>``: unlimited unless the authorities set a limit."""
+    claim = ResourceClaim.capacity(f"mcp:{server}")
+
+    def claims(arguments: dict[str, Any], ctx: ToolContext) -> list[ResourceClaim]:
+        return [claim]
+
+    return claims
+
+
+def _handler(raw: str, group: str, connection: _Connection | None) -> Any:
+    async def handle(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        if connection is None:
+            raise ToolCallError(f"{raw} is a catalog entry of {group!r}; no server runs it")
+        return await connection.call(raw, arguments)
+
+    return handle
+
+
+class McpServers:
+    """Connects to MCP servers for the life of an ``async with`` block.
+
+    Entering starts every server concurrently and lists their tools; a server that cannot
+    start raises ``ConfigError`` naming it (after stopping the others). Inside, ``tools()``
+    are the bound tools and ``failures()`` says which servers went down since.
+    """
+
+    def __init__(self, configs: Sequence[McpServerConfig]) -> None:
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"two MCP servers share a name in {names}")
+        self._connections = [_Connection(c) for c in configs]
+        self._group: asyncio.TaskGroup | None = None
+        self._tools: list[Tool] = []
+
+    async def __aenter__(self) -> McpServers:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        for connection in self._connections:
+            self._group.create_task(connection.run(), name=f"mcp:{connection.config.name}")
+        try:
+            for connection in self._connections:
+                await connection.started()
+            failed = [c for c in self._connections if c.failure is not None]
+            if failed:
+                first = failed[0]
+                raise ConfigError(
+                    f"MCP server {first.config.name!r} did not start: {first.failure}",
+                    hint="check its command or url in lodger.toml or --mcp",
+                )
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        for connection in self._connections:
+            definitions = [
+                {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+                for t in connection.listed
+            ]
+            self._tools.extend(
+                tools_from_definitions(definitions, config=connection.config, connection=connection)
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for connection in self._connections:
+            connection.stop()
+        group, self._group = self._group, None
+        if group is not None:
+            await group.__aexit__(None, None, None)
+
+    def tools(self) -> list[Tool]:
+        return list(self._tools)
+
+    def failures(self) -> dict[str, str]:
+        return {c.config.name: c.failure for c in self._connections if c.failure is not None}

@@ -21,6 +21,7 @@ from lodger.cli._common import (
     state_option,
 )
 from lodger.cli._run import LiveView, exit_code_for, finish_turn, live_console, load_tools_file
+from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event, RunStarted, SessionStarted
 from lodger.ids import SystemClock, Uuid7Factory
@@ -31,6 +32,7 @@ from lodger.recovery.resume import Decision
 from lodger.recovery.resume import decide as decide_call
 from lodger.runtime.permissions import PermissionPolicy
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.mcp import McpServers
 
 __all__ = ["COMMANDS", "decide", "recover", "resume"]
 
@@ -191,6 +193,7 @@ def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | No
     help="Default: the session's workspace.",
 )
 @click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
+@mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True)
 @state_option
@@ -199,6 +202,7 @@ def resume(
     model_spec: str | None,
     workspace: Path | None,
     tools_files: tuple[str, ...],
+    mcp_specs: tuple[str, ...],
     yes: bool,
     max_steps: int,
     state: str,
@@ -222,24 +226,27 @@ def resume(
     tools = workspace_tools()
     for path in tools_files:
         tools.extend(load_tools_file(path))
+    # the same MCP servers the session used: lodger.toml in its workspace, then --mcp
+    mcp = mcp_servers_for(root or Path.cwd(), mcp_specs)
     console = live_console()
     view = LiveView(console)
 
     async def work() -> TurnResult:
-        agent = Agent(
-            model=model,
-            tools=tools,
-            state_dir=state,
-            workspace=root,
-            permissions=PermissionPolicy(approve_all=yes),
-            max_steps=max_steps,
-            on_event=view.on_event,
-            on_text=view.on_text,
-        )
-        try:
-            return await agent.resume(session_id)
-        finally:
-            await agent.close()
+        async with McpServers(mcp) as servers:
+            agent = Agent(
+                model=model,
+                tools=[*tools, *servers.tools()],
+                state_dir=state,
+                workspace=root,
+                permissions=PermissionPolicy(approve_all=yes),
+                max_steps=max_steps,
+                on_event=view.on_event,
+                on_text=view.on_text,
+            )
+            try:
+                return await agent.resume(session_id)
+            finally:
+                await agent.close()
 
     try:
         result = asyncio.run(work())

@@ -16,6 +16,7 @@ committed, so conflicting calls run in emission order and independent ones never
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from lodger.events import (
     ToolResponded,
     ToolsActivated,
     Visibility,
+    canonical_json,
 )
 from lodger.runtime.batch import Batch, Slot
 from lodger.runtime.journal import Journal
@@ -488,10 +490,9 @@ class ToolRuntime:
         validator = self._validators.get(t.name)
         if validator is None:
             try:
-                Draft202012Validator.check_schema(t.parameters)
+                validator = _compiled_validator(canonical_json(t.parameters).decode())
             except SchemaError as exc:
                 return [f"the tool's own schema is invalid ({exc.message}); report this"]
-            validator = Draft202012Validator(t.parameters)
             self._validators[t.name] = validator
         problems = []
         for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]:
@@ -545,7 +546,7 @@ class ToolRuntime:
         try:
             return await t.expectations(arguments, ctx)
         except ToolCallError as exc:
-            raise _Rejection("precondition", exc.message) from None
+            raise _Rejection("precondition", str(exc)) from None
 
     # ------------------------------------------------------------ execution
 
@@ -555,7 +556,7 @@ class ToolRuntime:
         try:
             value = await t.handler(arguments, ctx)
         except ToolCallError as exc:
-            return "error", exc.message
+            return "error", str(exc)  # the message and its hint: both are for the model
         except asyncio.CancelledError:
             return "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
         except Exception as exc:  # noqa: BLE001 - a tool failure is a result, not a crash
@@ -585,3 +586,12 @@ class ToolRuntime:
 def _summarize(arguments: dict[str, Any], limit: int = 200) -> str:
     text = json.dumps(arguments, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_validator(schema_json: str) -> Draft202012Validator:
+    """One checked validator per distinct schema, shared by every run of the process
+    (checking and compiling a schema costs more than many validations)."""
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)

@@ -11,6 +11,9 @@ python="${PYTHON:-python3}"
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'
 # Reference MCP servers the tests launch as subprocesses: project-local, from the lockfile.
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+fi
 command -v npm >/dev/null || { echo "error: the tests need node and npm (>= 20)" >&2; exit 1; }
 (cd tests/mcp_servers && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 echo "installed: .venv (run: source .venv/bin/activate, or use .venv/bin/lodger)"

@@ -36,16 +36,18 @@ class Projection:
     estimated_tokens: int
 
 
-def estimate_tokens(messages: Sequence[Message]) -> int:
+def _chars(m: Message) -> int:
+    if isinstance(m, UserMessage):
+        return len(m.text)
+    if isinstance(m, AssistantMessage):
+        return len(m.text) + sum(len(c.arguments) + len(c.name) for c in m.calls)
+    return len(m.content)
+
+
+def estimate_tokens(messages: Sequence[Message], *, chars: int | None = None) -> int:
     """A provider-neutral estimate (about four characters a token)."""
-    chars = 0
-    for m in messages:
-        if isinstance(m, UserMessage):
-            chars += len(m.text)
-        elif isinstance(m, AssistantMessage):
-            chars += len(m.text) + sum(len(c.arguments) + len(c.name) for c in m.calls)
-        else:
-            chars += len(m.content)
+    if chars is None:
+        chars = sum(_chars(m) for m in messages)
     return chars // 4 + 4 * len(messages)
 
 
@@ -138,8 +140,9 @@ def _elide(
     *,
     budget_tokens: int | None,
     keep_recent: int,
+    chars: int | None = None,
 ) -> Projection:
-    estimate = estimate_tokens(messages)
+    estimate = estimate_tokens(messages, chars=chars)
     elided: list[str] = []
     if budget_tokens is not None and estimate > budget_tokens:
         messages = list(messages)
@@ -182,6 +185,7 @@ class Projector:
         self._events = events  # a list that only grows (the journal's)
         self._seen = 0
         self._closed: list[Message] = []
+        self._closed_chars = 0  # kept as messages close, so an estimate costs O(new events)
         self._outputs: list[tuple[int, int]] = []
         self._open: ModelOutput | None = None
         self._open_results: dict[str, ToolResultMessage] = {}
@@ -195,8 +199,12 @@ class Projector:
         body, results = self._open, self._open_results
         kept = tuple(c for c in body.calls if c.call_id in results)
         self._outputs.append((len(self._closed), len(kept)))
-        self._closed.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
-        self._closed.extend(results[c.call_id] for c in kept)
+        block: list[Message] = [
+            AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept),
+            *(results[c.call_id] for c in kept),
+        ]
+        self._closed.extend(block)
+        self._closed_chars += sum(_chars(m) for m in block)
         self._closed_calls.update(c.call_id for c in body.calls)
         self._open, self._open_results = None, {}
 
@@ -210,6 +218,7 @@ class Projector:
         if isinstance(body, TurnStarted):
             self._close_open()
             self._closed.append(UserMessage(text=body.input))
+            self._closed_chars += len(body.input)
         elif isinstance(body, ModelOutput):
             self._close_open()
             self._open = body
@@ -232,10 +241,17 @@ class Projector:
             return project_messages(events, budget_tokens=budget_tokens, keep_recent=keep_recent)
         messages = list(self._closed)
         outputs = list(self._outputs)
+        chars = self._closed_chars
         if self._open is not None:
             body, results = self._open, self._open_results
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
-            messages.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
-            messages.extend(results[c.call_id] for c in kept)
-        return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
+            block: list[Message] = [
+                AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept),
+                *(results[c.call_id] for c in kept),
+            ]
+            messages.extend(block)
+            chars += sum(_chars(m) for m in block)
+        return _elide(
+            messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent, chars=chars
+        )

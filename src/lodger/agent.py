@@ -27,6 +27,7 @@ from lodger.events import (
     ContextCompacted,
     Event,
     ModelOutput,
+    ProposedCall,
     ProviderRetried,
     RunEnded,
     RunStarted,
@@ -297,6 +298,7 @@ class Agent:
                 )
                 request = await self._request(journal, projector, visible, env, step_id)
                 response = await self._complete(journal, request, env, step_id)
+                calls = turn.unique_calls(response.calls, self.ids)
                 # Deferred: it commits atomically with the first fact of its batch (the
                 # first T1 or rejection) or with the end of the turn, saving one sync.
                 journal.defer(
@@ -304,7 +306,7 @@ class Agent:
                         ModelOutput(
                             text=response.text,
                             reasoning=response.reasoning,
-                            calls=response.calls,
+                            calls=calls,
                             usage=response.usage,
                             finish_reason=response.finish_reason,
                         ),
@@ -313,10 +315,10 @@ class Agent:
                         **env,
                     )
                 )
-                if not response.calls:
+                if not calls:
                     return await result.end(journal, "completed", answer=response.text)
                 scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
-                for batch in searches_first(response.calls):
+                for batch in searches_first(calls):
                     await runtime.run_batch(batch, scope)
         except ProviderError as exc:
             return await result.end(journal, "failed", error=str(exc))
@@ -407,16 +409,20 @@ class _Result:
 
 
 class _TurnState:
-    """Steps taken and tools activated in one turn, folded from new events only."""
+    """Steps taken and tools activated in one turn, and the call ids the session has
+    used, folded from new events only."""
 
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self.steps = 0
         self.activated: list[str] = []
+        self.call_ids: set[str] = set()
         self._seen = 0
 
     def update(self, events: Sequence[Event]) -> tuple[int, list[str]]:
         for e in events[self._seen :]:
+            if isinstance(e.body, ModelOutput):
+                self.call_ids.update(c.call_id for c in e.body.calls)
             if e.turn_id != self.turn_id:
                 continue
             if isinstance(e.body, StepStarted):
@@ -425,6 +431,23 @@ class _TurnState:
                 self.activated.extend(n for n in e.body.names if n not in self.activated)
         self._seen = len(events)
         return self.steps, list(self.activated)
+
+    def unique_calls(
+        self, calls: Sequence[ProposedCall], ids: IdFactory
+    ) -> tuple[ProposedCall, ...]:
+        """The calls with ids unique in the session.
+
+        Results are paired to calls by id for the whole session, so an id a server reuses
+        (some OpenAI-compatible servers number calls per response) or leaves empty gets a
+        fresh one; the model sees the renamed id in its history from then on.
+        """
+        out: list[ProposedCall] = []
+        for call in calls:
+            if not call.call_id or call.call_id in self.call_ids:
+                call = call.model_copy(update={"call_id": f"call-{ids.new_id()}"})
+            self.call_ids.add(call.call_id)
+            out.append(call)
+        return tuple(out)
 
 
 def _last_elided(events: Sequence[Event]) -> tuple[str, ...]:

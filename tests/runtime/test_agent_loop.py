@@ -410,3 +410,34 @@ async def test_second_turn_sees_first_and_model_outputs_count(tmp_path: Path) ->
     assert [e.body.text for e in events if isinstance(e.body, ModelOutput)] == ["first", "second"]
     assert json.loads(json.dumps([e.kind for e in events])).count("turn_started") == 2
     await agent.close()
+
+
+async def test_reused_or_empty_call_ids_are_made_unique(tmp_path: Path, effects: Effects) -> None:
+    from lodger.recovery import plan_recovery
+
+    seen: list[ModelRequest] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        if len(seen) <= 2:  # a server that numbers calls per response
+            return ModelResponse(
+                calls=(
+                    ProposedCall(call_id="call_0", name="echo", arguments='{"text": "a"}'),
+                    ProposedCall(call_id="", name="echo", arguments='{"text": "b"}'),
+                )
+            )
+        return ModelResponse(text="ok")
+
+    agent = agent_for(tmp_path, FunctionModel(model), make_tools(effects))
+    result = await agent.run("go", session="s1")
+    assert result.status == "completed"
+    events = await agent.session("s1").events()
+    proposed = [c.call_id for e in events if isinstance(e.body, ModelOutput) for c in e.body.calls]
+    assert len(proposed) == 4
+    assert len(set(proposed)) == 4
+    assert proposed[0] == "call_0"  # the first use keeps the model's own id
+    plan_recovery(events)  # consistent: no duplicate call id
+    results = [m for m in seen[2].messages if isinstance(m, ToolResultMessage)]
+    assert [r.call_id for r in results] == proposed
+    assert [r.content for r in results] == ["echo: a", "echo: b"] * 2
+    await agent.close()

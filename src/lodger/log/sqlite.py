@@ -9,7 +9,6 @@ SIGKILLed writer never leaves a stale lock, and the file names the current holde
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -17,12 +16,12 @@ import os
 import socket
 import sqlite3
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 from lodger.errors import AppendConflictError, CommitFailedError, SessionLockedError, StorageError
 from lodger.log._store import Record
+from lodger.log._worker import IoThread
 
 __all__ = ["SqliteLogStore"]
 
@@ -65,14 +64,13 @@ class SqliteLogStore:
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / "log.sqlite3"
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lodger-sqlite")
+        self._io = IoThread("lodger-sqlite")
         self._conn: sqlite3.Connection | None = None
 
     # -- plumbing -------------------------------------------------------------
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn)
+        return await self._io.run(fn)
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -214,4 +212,4 @@ class SqliteLogStore:
                 self._conn = None
 
         await self._run(work)
-        self._executor.shutdown(wait=True)
+        await self._io.close()

@@ -84,7 +84,7 @@ def demo_drafts() -> list[EventDraft]:
     rejected = CallRejected(tool="write_file", reason="invisible", message="not visible")
     usage = Usage(input_tokens=120, output_tokens=30)
 
-    d.add(0, SessionStarted(workspace="/work/demo"))  # 0
+    d.add(0, SessionStarted(workspace="/projects/demo"))  # 0
     d.add(10, TurnStarted(input="fix the failing test in [tests]"), **turn)  # 1
     d.add(20, RunStarted(model="scripted:demo", tools=("read_file", "exec")), **run)  # 2
     d.add(30, StepStarted(index=0, model="scripted:demo", tools=tools), **step0)  # 3
@@ -114,7 +114,7 @@ def crashed_drafts() -> list[EventDraft]:
     d = _Drafts()
     step = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
     call = ProposedCall(call_id="c1", name="shell", arguments='{"cmd": "pytest"}')
-    d.add(0, SessionStarted(workspace="/work/crash"))
+    d.add(0, SessionStarted(workspace="/projects/crash"))
     d.add(10, TurnStarted(input="run the tests"), turn_id="t1")
     d.add(20, RunStarted(model="scripted:demo"), turn_id="t1", run_id="r1")
     d.add(30, StepStarted(index=0, model="scripted:demo", tools=_tools("shell")), **step)

@@ -131,7 +131,7 @@ def test_summarize_counts_turns_and_status(
 ) -> None:
     summary = summarize("s-demo", demo_events)
     assert (summary.events, summary.turns, summary.last_status) == (20, 1, "completed")
-    assert (summary.workspace, summary.last_ts) == ("/work/demo", demo_events[0].ts + 730_000)
+    assert (summary.workspace, summary.last_ts) == ("/projects/demo", demo_events[0].ts + 730_000)
     crashed = summarize("s-crash", crashed_events)
     assert (crashed.events, crashed.turns, crashed.last_status) == (6, 1, "interrupted")
     empty = summarize("nothing", [])

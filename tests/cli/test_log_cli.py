@@ -72,7 +72,7 @@ def test_sessions_lists_counts_and_status(runner: CliRunner, state_dir: Path) ->
     lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
     assert lines[DEMO][1:4] == ["20", "1", "completed"]
     assert lines[CRASHED][1:4] == ["6", "1", "interrupted"]
-    assert lines[DEMO][-1] == "/work/demo"
+    assert lines[DEMO][-1] == "/projects/demo"
 
 
 def test_sessions_json(runner: CliRunner, state_dir: Path) -> None:
@@ -82,7 +82,7 @@ def test_sessions_json(runner: CliRunner, state_dir: Path) -> None:
     assert set(rows) == {DEMO, CRASHED}
     demo = rows[DEMO]
     assert (demo["events"], demo["turns"], demo["last_status"]) == (20, 1, "completed")
-    assert demo["workspace"] == "/work/demo"
+    assert demo["workspace"] == "/projects/demo"
     assert demo["last_ts"] == 1_700_000_000_730_000
     assert demo["last_activity"].startswith("2023-11-1")  # local ISO date
     assert rows[CRASHED]["last_status"] == "interrupted"
@@ -247,7 +247,7 @@ def test_verify_names_the_tampered_offset(runner: CliRunner, state_dir: Path) ->
 
 
 def test_verify_with_debug_shows_the_traceback(runner: CliRunner, state_dir: Path) -> None:
-    tamper(state_dir, DEMO, 0, b"/work/demo", b"/work/demO")
+    tamper(state_dir, DEMO, 0, b"/projects/demo", b"/projects/demO")
     result = invoke(runner, "--debug", "log", "verify", DEMO, "--state", state_dir)
     assert result.exit_code == 1
     assert "Traceback (most recent call last)" in result.stderr

@@ -47,6 +47,7 @@ from anthropic.types import (
 
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._errors import error_for_status
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -308,7 +309,7 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
                 retryable=exc.type in _TRANSIENT_TYPES,
                 code="provider_stream",
             )
-        return _error_for_status(spec, status, detail)
+        return error_for_status(spec, status, detail, key_env="ANTHROPIC_API_KEY")
     if isinstance(exc, anthropic.APITimeoutError):
         return ProviderError(
             f"{spec}: the request timed out",
@@ -331,21 +332,3 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
             code="provider_protocol",
         )
     return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
-
-
-def _error_for_status(spec: str, status: int, detail: str) -> ProviderError:
-    # Same rules and codes as lodger.providers.openai_chat._error_for_status.
-    retryable = status in (408, 409, 429) or status >= 500
-    if status in (401, 403):
-        code, hint = "provider_auth", "check the API key (ANTHROPIC_API_KEY) and its permissions"
-    elif status == 429:
-        code, hint = "provider_rate_limited", "rate limited; the request is retried with backoff"
-    elif status == 404:
-        code, hint = "provider_not_found", "check the model name and the base URL"
-    elif retryable:
-        code, hint = "provider_unavailable", "the provider failed; the request is retried"
-    else:
-        code, hint = "provider_rejected", "the provider rejected the request"
-    return ProviderError(
-        f"{spec}: HTTP {status}: {detail}", retryable=retryable, status=status, code=code, hint=hint
-    )

@@ -28,6 +28,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._errors import error_for_status
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -256,7 +257,7 @@ _REQUEST_FAULTS = frozenset({"invalid_request_error", "invalid_prompt", "authent
 def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> ProviderError:
     """Translate one SDK exception; retryable for 408/409/429/5xx and network failures."""
     if isinstance(exc, openai.APIStatusError):
-        return _error_for_status(spec, exc.status_code, exc.message)
+        return error_for_status(spec, exc.status_code, exc.message, key_env="OPENAI_API_KEY")
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError(
             f"{spec}: the request timed out",
@@ -287,21 +288,3 @@ def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> Provide
             code="provider_stream",
         )
     return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
-
-
-def _error_for_status(spec: str, status: int, detail: str) -> ProviderError:
-    """A ``ProviderError`` for an HTTP error status, with a stable code and a hint."""
-    retryable = status in (408, 409, 429) or status >= 500
-    if status in (401, 403):
-        code, hint = "provider_auth", "check the API key and its permissions"
-    elif status == 429:
-        code, hint = "provider_rate_limited", "rate limited; the request is retried with backoff"
-    elif status == 404:
-        code, hint = "provider_not_found", "check the model name and the base URL"
-    elif retryable:
-        code, hint = "provider_unavailable", "the provider failed; the request is retried"
-    else:
-        code, hint = "provider_rejected", "the provider rejected the request"
-    return ProviderError(
-        f"{spec}: HTTP {status}: {detail}", retryable=retryable, status=status, code=code, hint=hint
-    )

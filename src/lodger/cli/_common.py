@@ -117,13 +117,18 @@ def make_console(*, stderr: bool = False) -> Console:
     """A console on stdout (or stderr) that honors ``NO_COLOR`` and never guesses markup.
 
     Highlighting is off: event text is data, and numbers in it must not change color.
+    Piped into a file or another program, lines are not cut at 80 columns: session ids
+    and paths in tables must stay whole to be copied.
     """
-    return Console(
+    console = Console(
         stderr=stderr,
         no_color=os.environ.get("NO_COLOR", "") != "",
         highlight=False,
         emoji=False,
     )
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 200
+    return console
 
 
 def _local(us: int) -> datetime:

@@ -119,6 +119,9 @@ class KillingStore:
     async def last_record(self, *, session_id: str) -> Record | None:
         return await self.inner.last_record(session_id=session_id)
 
+    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        return await self.inner.stored_head(session_id=session_id)
+
     async def list_sessions(self) -> list[str]:
         return await self.inner.list_sessions()
 

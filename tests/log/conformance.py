@@ -632,6 +632,16 @@ class TamperConformance:
         backend.delete(SID, 0)
         await assert_fails_closed(backend.log, SID, offset=0, code="gap")
 
+    @pytest.mark.parametrize("lost", [1, 2])
+    async def test_deleted_newest_rows_are_a_truncation(
+        self, backend: LogBackend, lost: int
+    ) -> None:
+        # the chain cannot tell a shorter log from a lost tail; the recorded head can
+        await seed(backend.log, SID, 5)
+        for offset in range(5 - lost, 5):
+            backend.delete(SID, offset)
+        await assert_fails_closed(backend.log, SID, offset=5 - lost, code="truncated")
+
     @pytest.mark.parametrize(("start", "end"), [(0, 3), (1, 3), (2, 3), (2, 4), (0, 5)])
     async def test_gap_inside_a_bounded_range(
         self, backend: LogBackend, start: int, end: int

@@ -91,7 +91,31 @@ class EventLog:
             last = await self.store.last_record(session_id=session_id)
             if last is not None and last.offset >= missing:
                 raise _order_error(session_id, missing, last.offset)
+        if start == 0 and end is None:
+            await self._check_stored_head(session_id, events)
         return events
+
+    async def _check_stored_head(self, session_id: str, events: Sequence[Event]) -> None:
+        """A full read must end exactly at the head recorded with the last append: the
+        chain alone cannot show that the newest events were deleted or rolled back."""
+        head = await self.store.stored_head(session_id=session_id)
+        if head is None:
+            return
+        high_water, digest = head
+        if len(events) == high_water and (not events or events[-1].digest == digest):
+            return
+        offset = min(len(events), high_water)
+        raise CorruptLogError(
+            f"log for session {session_id!r} is invalid at offset {offset}: the last append "
+            f"recorded {high_water} events ending in digest {digest[:16]}, and the stored "
+            f"events are {len(events)}"
+            + ("" if len(events) != high_water else " with another last digest"),
+            hint="the newest events were deleted or rolled back outside lodger; restore the "
+            "log from a backup or fork the session from an offset that verifies",
+            code="truncated",
+            session_id=session_id,
+            offset=offset,
+        )
 
     async def read_all(self, session_id: str) -> list[Event]:
         events = await self.read(session_id)

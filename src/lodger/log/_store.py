@@ -62,6 +62,12 @@ class LogStore(Protocol):
 
     async def last_record(self, *, session_id: str) -> Record | None: ...
 
+    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        """The ``(high_water, digest)`` the store recorded with the session's last append,
+        kept apart from the records so that losing the newest records is detectable
+        (None for a session written before heads were recorded)."""
+        ...
+
     async def list_sessions(self) -> list[str]: ...
 
     async def acquire_writer(self, *, session_id: str) -> WriterLease:

@@ -24,6 +24,7 @@ class _MemoryLease:
 class MemoryLogStore:
     def __init__(self) -> None:
         self.sessions: dict[str, list[Record]] = {}
+        self.heads: dict[str, tuple[int, str]] = {}
         self._writers: dict[str, int] = {}
         self._lease_counter = 0
 
@@ -41,6 +42,8 @@ class MemoryLogStore:
                 offset=expected_offset,
             )
         rows.extend(records)
+        if records:
+            self.heads[session_id] = (records[-1].offset + 1, records[-1].digest)
 
     async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
         rows = self.sessions.get(session_id, [])
@@ -49,6 +52,9 @@ class MemoryLogStore:
     async def last_record(self, *, session_id: str) -> Record | None:
         rows = self.sessions.get(session_id)
         return rows[-1] if rows else None
+
+    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        return self.heads.get(session_id)
 
     async def list_sessions(self) -> list[str]:
         return sorted(sid for sid, rows in self.sessions.items() if rows)

@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS events (
     digest TEXT NOT NULL,
     PRIMARY KEY (session_id, "offset")
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heads (
+    session_id TEXT PRIMARY KEY,
+    high_water INTEGER NOT NULL,
+    digest TEXT NOT NULL
+);
 """
 
 
@@ -116,6 +121,13 @@ class SqliteLogStore:
                         "VALUES (?, ?, ?, ?)",
                         [(session_id, r.offset, r.data, r.digest) for r in records],
                     )
+                    if records:
+                        conn.execute(
+                            "INSERT INTO heads (session_id, high_water, digest) VALUES (?, ?, ?) "
+                            "ON CONFLICT (session_id) DO UPDATE SET "
+                            "high_water = excluded.high_water, digest = excluded.digest",
+                            (session_id, records[-1].offset + 1, records[-1].digest),
+                        )
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -163,6 +175,17 @@ class SqliteLogStore:
                 .fetchone()
             )
             return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
+
+        return await self._run(work)
+
+    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        def work() -> tuple[int, str] | None:
+            row = (
+                self._connect()
+                .execute("SELECT high_water, digest FROM heads WHERE session_id = ?", (session_id,))
+                .fetchone()
+            )
+            return None if row is None else (int(row[0]), str(row[1]))
 
         return await self._run(work)
 

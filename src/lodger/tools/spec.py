@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -111,20 +112,24 @@ class Tool:
             )
 
     def schema(self) -> ToolSchema:
+        return self._schema
+
+    @functools.cached_property
+    def _schema(self) -> ToolSchema:
         return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
 
-    def schema_digest(self) -> str:
-        data = canonical_json(
+    @functools.cached_property
+    def _canonical_schema(self) -> bytes:
+        # Computed once per declaration: every step records each visible tool's digest.
+        return canonical_json(
             {"name": self.name, "description": self.description, "parameters": self.parameters}
         )
-        return hashlib.sha256(data).hexdigest()[:16]
+
+    def schema_digest(self) -> str:
+        return hashlib.sha256(self._canonical_schema).hexdigest()[:16]
 
     def schema_size(self) -> int:
-        return len(
-            canonical_json(
-                {"name": self.name, "description": self.description, "parameters": self.parameters}
-            )
-        )
+        return len(self._canonical_schema)
 
     def with_options(self, **changes: Any) -> Tool:
         """A copy with other options: ``t.with_options(approval=True, deferred=True)``."""

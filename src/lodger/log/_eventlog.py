@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
+from lodger._bulk import cycle_collector_paused
 from lodger.errors import AppendConflictError, CorruptLogError, SessionNotFoundError, UsageError
 from lodger.events import Event, EventDraft, Prefix, decode_event, seal
 from lodger.log._store import LogStore, Record, WriterLease, check_session_id
@@ -32,21 +31,6 @@ def _order_error(session_id: str, offset: int, found: int) -> CorruptLogError:
     )
 
 
-@contextlib.contextmanager
-def _cycle_collector_paused(count: int) -> Iterator[None]:
-    """Decoding a long log creates many objects and no reference cycles; without this the
-    cycle collector rescans the growing list again and again (measured: 75% of the time
-    to read 100k events). Refcounting still frees everything as usual."""
-    if count < 2_000 or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def decode_records(
     session_id: str, records: Sequence[Record], *, start: int, prev_digest: str
 ) -> list[Event]:
@@ -54,7 +38,7 @@ def decode_records(
     events: list[Event] = []
     expected = start
     prev = prev_digest
-    with _cycle_collector_paused(len(records)):
+    with cycle_collector_paused(len(records)):
         _decode_into(events, session_id, records, expected, prev)
     return events
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from lodger._bulk import cycle_collector_paused
 from lodger.events import Event, Prefix, RunEnded, RunStarted, TurnStarted
 from lodger.log import EMPTY_PREFIX
 from lodger.recovery.classify import CallState, CallStatus, classify_calls
@@ -88,7 +89,8 @@ def plan_recovery(events: Sequence[Event]) -> RecoveryPlan:
     """Classify every call of the session's open turn and choose what resume does."""
     session_id = events[0].session_id if events else ""
     prefix = Prefix(high_water=len(events), digest=events[-1].digest) if events else EMPTY_PREFIX
-    calls = classify_calls(events)  # the whole prefix: corruption anywhere fails closed
+    with cycle_collector_paused(len(events)):
+        calls = classify_calls(events)  # the whole prefix: corruption anywhere fails closed
     turn_id: str | None = None
     last_run: str | None = None
     run_open = False

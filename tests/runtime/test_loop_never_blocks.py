@@ -77,3 +77,31 @@ def test_the_detector_catches_a_blocking_tool(
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         asyncio.run(turn(), debug=True)
     assert any("took" in r.getMessage() for r in caplog.records)
+
+
+def test_opening_a_long_session_keeps_the_loop_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lodger.events import EventDraft, TurnStarted
+
+    async def build_and_open() -> int:
+        log = EventLog(SqliteLogStore(tmp_path / "state"))
+        writer = await log.open_writer("long")
+        drafts = [
+            EventDraft(id=f"e{i}", ts=i, body=TurnStarted(input="x" * 200)) for i in range(20_000)
+        ]
+        for i in range(0, len(drafts), 2_000):
+            await writer.append(drafts[i : i + 2_000], expected_offset=i)
+        await writer.close()
+        asyncio.get_running_loop().slow_callback_duration = SLOW_S
+        caplog.clear()
+        reopened = await log.open_writer("long")  # verifies all 20k events
+        high_water = reopened.head.high_water
+        await reopened.close()
+        await log.close()
+        return high_water
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        assert asyncio.run(build_and_open(), debug=True) == 20_000
+    slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert slow == [], slow

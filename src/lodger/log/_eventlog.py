@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from lodger._bulk import cycle_collector_paused
@@ -12,6 +13,7 @@ from lodger.log._store import LogStore, Record, WriterLease, check_session_id
 __all__ = ["EMPTY_PREFIX", "EventLog", "SessionWriter"]
 
 EMPTY_PREFIX = Prefix(high_water=0, digest="")
+_DECODE_ON_LOOP = 1_000  # about 10 ms of decoding; longer reads go to a worker thread
 
 
 def _order_error(session_id: str, offset: int, found: int) -> CorruptLogError:
@@ -92,7 +94,12 @@ class EventLog:
                 raise _order_error(session_id, start - 1, records[0].offset)
             prev = records[0].digest
             records = records[1:]
-        events = decode_records(session_id, records, start=start, prev_digest=prev)
+        if len(records) < _DECODE_ON_LOOP:
+            events = decode_records(session_id, records, start=start, prev_digest=prev)
+        else:  # a long log takes CPU seconds to verify: keep the event loop free meanwhile
+            events = await asyncio.to_thread(
+                decode_records, session_id, records, start=start, prev_digest=prev
+            )
         if end is not None and len(events) < end - start:
             # a short bounded read is the end of the log only if nothing is stored after it
             missing = start + len(events)

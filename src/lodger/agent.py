@@ -14,7 +14,9 @@ batch through the tool boundary. Every fact is committed before anything acts on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,6 +300,7 @@ class Agent:
                 )
                 request = await self._request(journal, projector, visible, env, step_id)
                 response = await self._complete(journal, request, env, step_id)
+                response = _storable(response)
                 calls = turn.unique_calls(response.calls, self.ids)
                 # Deferred: it commits atomically with the first fact of its batch (the
                 # first T1 or rejection) or with the end of the turn, saving one sync.
@@ -448,6 +451,35 @@ class _TurnState:
             self.call_ids.add(call.call_id)
             out.append(call)
         return tuple(out)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(text: str) -> str:
+    """Text as valid UTF-8: a lone surrogate (a provider may decode one from a JSON escape)
+    cannot be stored, so it becomes U+FFFD instead of failing the turn."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def _storable(response: ModelResponse) -> ModelResponse:
+    calls = tuple(
+        c.model_copy(
+            update={
+                "call_id": _clean(c.call_id),
+                "name": _clean(c.name),
+                "arguments": _clean(c.arguments),
+            }
+        )
+        for c in response.calls
+    )
+    return dataclasses.replace(
+        response, text=_clean(response.text), reasoning=_clean(response.reasoning), calls=calls
+    )
 
 
 def _last_elided(events: Sequence[Event]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from lodger.errors import CorruptLogError
+from lodger.errors import CorruptLogError, UsageError
 
 __all__ = [
     "DIGEST_DOMAIN",
@@ -394,7 +394,16 @@ def seal(
     # ``Event(...)`` plus ``canonical_bytes``.
     encoded = draft.model_dump(mode="json")
     encoded.update(v=SCHEMA_VERSION, offset=offset, session_id=session_id)
-    data = canonical_json(encoded)
+    try:
+        data = canonical_json(encoded)
+    except (ValueError, UnicodeEncodeError) as exc:  # NaN, infinities, lone surrogates
+        raise UsageError(
+            f"a {draft.body.kind} event for session {session_id!r} cannot be stored: {exc}",
+            hint="events hold JSON values only: finite numbers and valid Unicode text",
+            code="unencodable_event",
+            session_id=session_id,
+            offset=offset,
+        ) from None
     digest = chain_digest(prev_digest, data)
     fields = {name: getattr(draft, name) for name in EventDraft.model_fields}
     event = Event.model_construct(

@@ -427,8 +427,9 @@ class LogConformance:
         )
         async with await log.open_writer(SID) as writer:
             # canonical JSON refuses NaN; the batch fails while sealing, before any write
-            with pytest.raises(ValueError, match="not JSON compliant"):
+            with pytest.raises(UsageError, match="cannot be stored") as info:
                 await writer.append([draft(2), nan, draft(3)], expected_offset=2)
+            assert info.value.code == "unencodable_event"
             assert await log.head(SID) == head
             assert writer.head == head
             await writer.append(drafts(2, 2), expected_offset=2)

@@ -441,3 +441,33 @@ async def test_reused_or_empty_call_ids_are_made_unique(tmp_path: Path, effects:
     assert [r.call_id for r in results] == proposed
     assert [r.content for r in results] == ["echo: a", "echo: b"] * 2
     await agent.close()
+
+
+async def test_unstorable_model_output_never_fails_the_turn(
+    tmp_path: Path, effects: Effects
+) -> None:
+    seen: list[ModelRequest] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        if len(seen) == 1:
+            return ModelResponse(
+                text="odd \ud800 text",
+                calls=(
+                    ProposedCall(call_id="n", name="echo", arguments='{"text": NaN}'),
+                    ProposedCall(call_id="s", name="echo", arguments='{"text": "\\ud800"}'),
+                ),
+            )
+        return ModelResponse(text="ok")
+
+    agent = agent_for(tmp_path, FunctionModel(model), make_tools(effects))
+    result = await agent.run("go", session="s1")
+    assert result.status == "completed"
+    assert effects.calls == []
+    results = {m.call_id: m for m in seen[1].messages if isinstance(m, ToolResultMessage)}
+    assert "NaN is not a JSON value" in results["n"].content
+    assert "not valid Unicode" in results["s"].content
+    events = await agent.session("s1").events()
+    output = next(e.body for e in events if isinstance(e.body, ModelOutput))
+    assert output.text == "odd \ufffd text"
+    await agent.close()

@@ -468,17 +468,27 @@ class ToolRuntime:
                 "use tool_search to find and activate it first",
             )
         try:
-            arguments = json.loads(call.arguments or "{}")
+            arguments = json.loads(call.arguments or "{}", parse_constant=_no_constants)
         except json.JSONDecodeError as exc:
             raise _Rejection(
                 "invalid_arguments",
                 f"arguments for {call.name} are not valid JSON ({exc.msg} at position "
                 f"{exc.pos}); send a JSON object",
             ) from None
+        except ValueError as exc:  # NaN / Infinity: not JSON, and not storable in the log
+            raise _Rejection("invalid_arguments", f"arguments for {call.name}: {exc}") from None
         if not isinstance(arguments, dict):
             raise _Rejection(
                 "invalid_arguments", f"arguments for {call.name} must be a JSON object"
             )
+        try:
+            canonical_json(arguments)  # what T1 will store must be encodable
+        except UnicodeEncodeError:
+            raise _Rejection(
+                "invalid_arguments",
+                f"arguments for {call.name} contain text that is not valid Unicode "
+                "(a lone surrogate escape); send plain UTF-8 text",
+            ) from None
         problems = self._validate(t, arguments)
         if problems:
             raise _Rejection(
@@ -595,3 +605,7 @@ def _compiled_validator(schema_json: str) -> Draft202012Validator:
     schema = json.loads(schema_json)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value; send a number or null")

@@ -18,11 +18,6 @@ from lodger.authority import ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
 from lodger.tools.builtin import (
-    GREP_MAX_MATCHES,
-    LIST_MAX_ENTRIES,
-    READ_MAX_CHARS,
-    SHELL_MAX_OUTPUT_CHARS,
-    _CappedOutput,
     edit_file,
     grep,
     list_files,
@@ -31,6 +26,9 @@ from lodger.tools.builtin import (
     workspace_tools,
     write_file,
 )
+from lodger.tools.files import READ_MAX_CHARS
+from lodger.tools.find import GREP_MAX_MATCHES, LIST_MAX_ENTRIES
+from lodger.tools.shell import SHELL_MAX_OUTPUT_CHARS, _CappedOutput
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 

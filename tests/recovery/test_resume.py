@@ -6,6 +6,7 @@ after the effect and before T2 leaves: T1 without T2. A fresh agent then recover
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -378,4 +379,29 @@ async def test_run_on_an_interrupted_session_resumes_first(tmp_path: Path) -> No
     ends = [e.body.answer for e in events if isinstance(e.body, TurnEnded)]
     assert ends == ["first done", "second done"]
     assert sum(isinstance(e.body, ToolResponded) for e in events) == 1
+    await agent.close()
+
+
+async def test_redispatch_waits_for_the_leases_a_first_dispatch_would_take(
+    tmp_path: Path,
+) -> None:
+    from lodger.authority import Authorities, ResourceClaim
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("hello\n")
+    script = [{"calls": [{"name": "read_file", "args": {"path": "f.txt"}}]}, {"text": "read"}]
+    await crash_at_t2(tmp_path, script, workspace_tools(), workspace=ws)
+
+    shared = Authorities()
+    other = shared.reserve("another-session/c9", [ResourceClaim.file(ws / "f.txt", mode="write")])
+    await other.acquire()  # another session is writing the file
+    agent = make_agent(tmp_path, script, workspace_tools(), workspace=ws, ids_prefix="b")
+    agent.authorities = shared
+    resumed = asyncio.create_task(agent.resume("s1"))
+    await asyncio.sleep(0.1)
+    assert not resumed.done()  # the re-run read waits for the writer
+    other.close()
+    result = await asyncio.wait_for(resumed, 5)
+    assert result.answer == "read"
     await agent.close()

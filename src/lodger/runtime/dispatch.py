@@ -327,16 +327,28 @@ class ToolRuntime:
             parent_call_id=parent_call_id,
         )
         env = self._envelope(call_id, None, parent_call_id, origin, visibility)
-        return await self._dispatch(
-            t,
-            dict(previous.arguments),
-            ctx,
-            env,
-            resources=previous.resources,
-            expectations=previous.expectations,
-            retry_of=previous.operation_id,
-            attempt=attempt,
-        )
+        arguments = dict(previous.arguments)
+        try:
+            claims = self._claims(t, arguments, ctx)
+        except _Rejection:
+            claims = ()  # the tool checks its arguments itself when it runs again
+        # The same leases as a first dispatch: other sessions sharing these authorities
+        # must not meet a re-run half-way.
+        reservation = self.authorities.reserve(self._owner(call_id), claims)
+        try:
+            await reservation.acquire()
+            return await self._dispatch(
+                t,
+                arguments,
+                ctx,
+                env,
+                resources=previous.resources,
+                expectations=previous.expectations,
+                retry_of=previous.operation_id,
+                attempt=attempt,
+            )
+        finally:
+            reservation.close()
 
     async def _dispatch(
         self,

@@ -247,6 +247,7 @@ def resume(
                 return await agent.resume(session_id)
             finally:
                 await agent.close()
+                await model.aclose()
 
     try:
         result = asyncio.run(work())

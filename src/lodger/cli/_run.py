@@ -180,6 +180,7 @@ async def _run_turn(
             return await agent.run(task, session=session)
         finally:
             await agent.close()
+            await model.aclose()  # the CLI made the model: it closes its connections
 
 
 def exit_code_for(result: TurnResult) -> int:

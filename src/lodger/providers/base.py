@@ -94,3 +94,7 @@ class Model(Protocol):
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse: ...
+
+    async def aclose(self) -> None:
+        """Release connections; whoever made the model closes it when done."""
+        ...

@@ -103,6 +103,9 @@ class ScriptedModel:
     def spec(self) -> str:
         return f"script:{self._name}"
 
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
@@ -133,6 +136,9 @@ class FunctionModel:
     @property
     def spec(self) -> str:
         return f"function:{self._name}"
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
 
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None

@@ -140,3 +140,21 @@ def test_budget_elides_oldest_results_and_records_a_fact() -> None:
     compacted = [e.body for e in _session(budget=800) if isinstance(e.body, ContextCompacted)]
     assert compacted
     assert compacted[0].budget_tokens == 800
+
+
+@settings(max_examples=len(EVENTS) + 1)
+@given(st.integers(min_value=0, max_value=len(EVENTS)))
+def test_the_scripted_models_counter_equals_a_full_count(n: int) -> None:
+    from lodger.providers.base import ModelRequest
+    from lodger.providers.scripted import _OutputCounter, outputs_so_far
+
+    counter = _OutputCounter()
+    growing: list[Event] = []
+    projector = Projector(growing)
+    for event in EVENTS[:n]:
+        growing.append(event)
+        request = ModelRequest(system="", messages=projector.project().messages)
+        assert counter.count(request) == outputs_so_far(request)
+    # a request that is not a continuation (another session) is counted anew
+    fresh = ModelRequest(system="", messages=project_messages(EVENTS[: n // 2]).messages)
+    assert counter.count(fresh) == outputs_so_far(fresh)

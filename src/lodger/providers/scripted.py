@@ -86,12 +86,39 @@ def outputs_so_far(request: ModelRequest) -> int:
     return sum(1 for m in request.messages if isinstance(m, AssistantMessage))
 
 
+class _OutputCounter:
+    """``outputs_so_far`` without rescanning a long history every step.
+
+    A run's requests grow by appending, and the projection reuses the message objects,
+    so when the previous request's last message is still in place only the new tail is
+    counted. Anything else (a new session, a resumed run, elided results) counts anew.
+    """
+
+    def __init__(self) -> None:
+        self._length = 0
+        self._last: object = None
+        self._count = 0
+
+    def count(self, request: ModelRequest) -> int:
+        messages = request.messages
+        start = 0
+        if 0 < self._length <= len(messages) and messages[self._length - 1] is self._last:
+            start = self._length
+        else:
+            self._count = 0
+        self._count += sum(1 for m in messages[start:] if isinstance(m, AssistantMessage))
+        self._length = len(messages)
+        self._last = messages[-1] if messages else None
+        return self._count
+
+
 class ScriptedModel:
     """Plays ``steps``; ``ScriptedModel.from_file("script.json")`` reads a JSON script."""
 
     def __init__(self, steps: Sequence[Any], *, name: str = "inline") -> None:
         self.steps = list(steps)
         self._name = name
+        self._outputs = _OutputCounter()
         for index, step in enumerate(self.steps):
             _response(index, step)  # fail early on a bad script
 
@@ -109,7 +136,7 @@ class ScriptedModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        index = outputs_so_far(request)
+        index = self._outputs.count(request)
         if index >= len(self.steps):
             raise ProviderError(
                 f"the script has {len(self.steps)} steps and step {index} was requested",

@@ -405,3 +405,53 @@ async def test_redispatch_waits_for_the_leases_a_first_dispatch_would_take(
     result = await asyncio.wait_for(resumed, 5)
     assert result.answer == "read"
     await agent.close()
+
+
+async def test_a_second_resume_of_the_same_prefix_loses_the_claim(tmp_path: Path) -> None:
+    """Only one run can continue a prefix: the claim is an append at its high-water mark.
+    (The SQLite lock already keeps a second process out; this checks the claim itself, as
+    an object-store backend without a lock would rely on it.)"""
+    from lodger.events import EventDraft, RunStarted
+    from lodger.events import Prefix as PrefixValue
+
+    effects = Effects()
+    await crash_at_t2(tmp_path, SCRIPT_CHARGE, make_tools(effects))
+    inner = SqliteLogStore(tmp_path / "state")
+
+    class RacingStore(FaultyLogStore):
+        async def append_records(
+            self, *, session_id: str, records: Any, expected_offset: int
+        ) -> None:
+            if any(b'"resumed_from":{' in r.data for r in records):
+                # another resumer's claim lands first, at the same offset
+                from lodger.events import seal
+
+                prev = (await self.inner.last_record(session_id=session_id)).digest  # type: ignore[union-attr]
+                rival = EventDraft(
+                    id="rival",
+                    ts=1,
+                    turn_id="t",
+                    run_id="rival-run",
+                    body=RunStarted(
+                        model="x", resumed_from=PrefixValue(high_water=expected_offset, digest=prev)
+                    ),
+                )
+                event, data = seal(
+                    rival, session_id=session_id, offset=expected_offset, prev_digest=prev
+                )
+                await self.inner.append_records(
+                    session_id=session_id,
+                    records=[Record(expected_offset, data, event.digest)],
+                    expected_offset=expected_offset,
+                )
+            await super().append_records(
+                session_id=session_id, records=records, expected_offset=expected_offset
+            )
+
+    agent = make_agent(
+        tmp_path, SCRIPT_CHARGE, make_tools(effects), store=RacingStore(inner), ids_prefix="b"
+    )
+    with pytest.raises(ResumeBlockedError, match="another run already continues"):
+        await agent.resume("s1")
+    assert effects.calls == ["charge:5"]  # nothing ran for the loser
+    await agent.close()

@@ -312,6 +312,7 @@ class Agent:
                             calls=calls,
                             usage=response.usage,
                             finish_reason=response.finish_reason,
+                            provider_state=response.provider_state,
                         ),
                         step_id=step_id,
                         origin="provider",

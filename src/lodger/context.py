@@ -129,7 +129,14 @@ def project_messages(
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
-            messages.append(AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept))
+            messages.append(
+                AssistantMessage(
+                    text=body.text,
+                    reasoning=body.reasoning,
+                    calls=kept,
+                    provider_state=body.provider_state,
+                )
+            )
             messages.extend(results[c.call_id] for c in kept)
     return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
 
@@ -200,7 +207,12 @@ class Projector:
         kept = tuple(c for c in body.calls if c.call_id in results)
         self._outputs.append((len(self._closed), len(kept)))
         block: list[Message] = [
-            AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept),
+            AssistantMessage(
+                text=body.text,
+                reasoning=body.reasoning,
+                calls=kept,
+                provider_state=body.provider_state,
+            ),
             *(results[c.call_id] for c in kept),
         ]
         self._closed.extend(block)
@@ -247,7 +259,12 @@ class Projector:
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
             block: list[Message] = [
-                AssistantMessage(text=body.text, reasoning=body.reasoning, calls=kept),
+                AssistantMessage(
+                    text=body.text,
+                    reasoning=body.reasoning,
+                    calls=kept,
+                    provider_state=body.provider_state,
+                ),
                 *(results[c.call_id] for c in kept),
             ]
             messages.extend(block)

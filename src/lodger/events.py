@@ -14,6 +14,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
 ``tests/data/golden`` must stay readable):
 
     1  first event set.
+    2  model_output.provider_state: opaque provider data replayed to the same provider.
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 1
-SCHEMA_CHANGELOG: Mapping[int, str] = {1: "first event set"}
+SCHEMA_VERSION = 2
+SCHEMA_CHANGELOG: Mapping[int, str] = {
+    1: "first event set",
+    2: "model_output.provider_state: opaque provider data replayed to the same provider",
+}
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 
 _CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -175,6 +179,9 @@ class ModelOutput(_Value):
     calls: tuple[ProposedCall, ...] = ()
     usage: Usage | None = None
     finish_reason: str | None = None
+    # What a provider needs back verbatim in later requests and nobody else reads:
+    # Anthropic's signed thinking blocks, for example. Keyed by provider.
+    provider_state: dict[str, JsonValue] | None = None
 
 
 class ProviderRetried(_Value):

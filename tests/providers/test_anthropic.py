@@ -463,3 +463,76 @@ def test_spec_and_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert "ANTHROPIC_API_KEY" in str(caught.value)
     assert AnthropicModel(model="claude-x", api_key="sk").spec == "anthropic:claude-x"
+
+
+async def test_signed_thinking_is_kept_and_replayed_verbatim(server: WireServer) -> None:
+    claude = AnthropicModel(
+        model="claude-test", base_url=server.base_url, api_key="sk-ant-test", thinking_budget=2048
+    )
+    thinking_delta = {"type": "thinking_delta", "thinking": "the user wants "}
+    server.push(
+        Stream(
+            [
+                start(),
+                block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+                event("content_block_delta", index=0, delta=thinking_delta),
+                event(
+                    "content_block_delta",
+                    index=0,
+                    delta={"type": "thinking_delta", "thinking": "the file"},
+                ),
+                event(
+                    "content_block_delta",
+                    index=0,
+                    delta={"type": "signature_delta", "signature": "c2ln"},
+                ),
+                block_stop(0),
+                block_start(1, {"type": "redacted_thinking", "data": "cmVk"}),
+                block_stop(1),
+                tool_start(2, "toolu_t", "read_file"),
+                json_piece(2, '{"path": "a"}'),
+                block_stop(2),
+                *finish("tool_use", 30),
+            ]
+        ),
+        Stream(say("done")),
+    )
+    first = await claude.complete(HELLO)
+    assert first.reasoning == "the user wants the file"
+    blocks = [
+        {"type": "thinking", "thinking": "the user wants the file", "signature": "c2ln"},
+        {"type": "redacted_thinking", "data": "cmVk"},
+    ]
+    assert first.provider_state == {"anthropic": {"thinking": blocks}}
+    sent = server.requests[0].body
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert sent["max_tokens"] > 2048
+
+    [call] = first.calls
+    follow_up = ModelRequest(
+        system="",
+        messages=(
+            *HELLO.messages,
+            AssistantMessage(
+                reasoning=first.reasoning, calls=first.calls, provider_state=first.provider_state
+            ),
+            ToolResultMessage(call_id=call.call_id, name=call.name, content="hello"),
+        ),
+    )
+    await claude.complete(follow_up)
+    assistant = server.requests[1].body["messages"][1]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"][:2] == blocks  # first, signatures intact
+    assert assistant["content"][2]["type"] == "tool_use"
+    await claude.aclose()
+
+
+def test_thinking_budget_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lodger.providers import make_model
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("LODGER_THINKING_BUDGET", "4096")
+    assert make_model("anthropic:claude-test")._thinking_budget == 4096  # type: ignore[attr-defined]
+    monkeypatch.setenv("LODGER_THINKING_BUDGET", "lots")
+    with pytest.raises(ConfigError, match="LODGER_THINKING_BUDGET"):
+        make_model("anthropic:claude-test")

@@ -471,3 +471,29 @@ async def test_unstorable_model_output_never_fails_the_turn(
     output = next(e.body for e in events if isinstance(e.body, ModelOutput))
     assert output.text == "odd \ufffd text"
     await agent.close()
+
+
+async def test_provider_state_is_logged_and_replayed_to_the_model(
+    tmp_path: Path, effects: Effects
+) -> None:
+    seen: list[ModelRequest] = []
+    state = {"anthropic": {"thinking": [{"type": "thinking", "thinking": "x", "signature": "s"}]}}
+
+    def model(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        if len(seen) == 1:
+            return ModelResponse(
+                calls=(ProposedCall(call_id="c", name="echo", arguments='{"text": "a"}'),),
+                provider_state=state,
+            )
+        return ModelResponse(text="ok")
+
+    agent = agent_for(tmp_path, FunctionModel(model), make_tools(effects))
+    await agent.run("go", session="s1")
+    events = await agent.session("s1").events()
+    outputs = [e.body for e in events if isinstance(e.body, ModelOutput)]
+    assert outputs[0].provider_state == state
+    assert outputs[1].provider_state is None
+    replayed = next(m for m in seen[1].messages if isinstance(m, AssistantMessage))
+    assert replayed.provider_state == state
+    await agent.close()

@@ -2,10 +2,13 @@
 
 Specs: ``script:PATH`` (offline, deterministic), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
-``anthropic:MODEL``. SDK-backed adapters are imported only when asked for.
+``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking). SDK-backed
+adapters are imported only when asked for.
 """
 
 from __future__ import annotations
+
+import os
 
 from lodger.errors import ConfigError
 from lodger.providers.base import (
@@ -66,5 +69,22 @@ def make_model(spec: str) -> Model:
     if kind == "anthropic":
         from lodger.providers.anthropic import AnthropicModel
 
-        return AnthropicModel(model=rest)
+        return AnthropicModel(model=rest, thinking_budget=_thinking_budget())
     raise ConfigError(f"unknown model provider {kind!r} in {spec!r}", hint=_HINT)
+
+
+def _thinking_budget() -> int | None:
+    """``LODGER_THINKING_BUDGET``: turn on Anthropic extended thinking with this budget."""
+    raw = os.environ.get("LODGER_THINKING_BUDGET", "").strip()
+    if not raw:
+        return None
+    try:
+        budget = int(raw)
+    except ValueError:
+        budget = 0
+    if budget < 1024:
+        raise ConfigError(
+            f"LODGER_THINKING_BUDGET={raw!r} is not a usable thinking budget",
+            hint="use a whole number of tokens, at least 1024, or unset it",
+        )
+    return budget

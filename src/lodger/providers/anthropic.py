@@ -34,6 +34,8 @@ from anthropic.types import (
     RawMessageStartEvent,
     RawMessageStopEvent,
     RawMessageStreamEvent,
+    RedactedThinkingBlock,
+    SignatureDelta,
     TextBlock,
     TextBlockParam,
     TextDelta,
@@ -61,6 +63,8 @@ __all__ = ["AnthropicModel"]
 
 # A proxy or gateway given by base_url may not need a key; the SDK still wants one.
 _PLACEHOLDER_KEY = "lodger-placeholder-key"
+# The key of this adapter's entry in provider_state.
+_STATE_KEY = "anthropic"
 # Error types a stream's error event may carry that are the server's trouble.
 _TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
@@ -79,9 +83,13 @@ class AnthropicModel:
         max_retries_sdk: int = 0,
         timeout: float = 120,
         max_tokens: int = 4096,
+        thinking_budget: int | None = None,
     ) -> None:
         self._model = model
         self._max_tokens = max_tokens
+        # Extended thinking: the signed thinking blocks come back as provider_state and are
+        # replayed with the assistant turn, as the API requires when tools are used.
+        self._thinking_budget = thinking_budget
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             if base_url is None:
@@ -111,16 +119,25 @@ class AnthropicModel:
     ) -> ModelResponse:
         folded = _EventFolder(on_text)
         try:
+            max_tokens = (
+                request.max_output_tokens
+                if request.max_output_tokens is not None
+                else self._max_tokens
+            )
+            budget = self._thinking_budget
+            if budget is not None:
+                max_tokens = max(max_tokens, budget + 1024)  # the answer comes after it
             stream = await self._client.messages.create(
                 model=self._model,
-                max_tokens=(
-                    request.max_output_tokens
-                    if request.max_output_tokens is not None
-                    else self._max_tokens
-                ),
+                max_tokens=max_tokens,
                 system=request.system or anthropic.omit,
                 messages=_anthropic_messages(request),
                 tools=_anthropic_tools(request) or anthropic.omit,
+                thinking=(
+                    {"type": "enabled", "budget_tokens": budget}
+                    if budget is not None
+                    else anthropic.omit
+                ),
                 stream=True,
             )
             async with stream:
@@ -175,7 +192,14 @@ def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
             add("user", _text_blocks(message.text))
         elif isinstance(message, AssistantMessage):
             call_order = {call.call_id: n for n, call in enumerate(message.calls)}
-            add("assistant", [*_text_blocks(message.text), *map(_tool_use_block, message.calls)])
+            add(
+                "assistant",
+                [
+                    *_thinking_blocks(message),
+                    *_text_blocks(message.text),
+                    *map(_tool_use_block, message.calls),
+                ],
+            )
     flush_results()
     out: list[MessageParam] = []
     for role, blocks in turns:
@@ -184,6 +208,16 @@ def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
         else:
             out.append({"role": "assistant", "content": blocks})
     return out
+
+
+def _thinking_blocks(message: AssistantMessage) -> list[ContentBlockParam]:
+    """The signed thinking blocks this adapter recorded with the output, replayed verbatim
+    (the API checks their signatures; blocks of another provider are not ours to send)."""
+    state = (message.provider_state or {}).get(_STATE_KEY)
+    blocks = state.get("thinking") if isinstance(state, dict) else None
+    if not isinstance(blocks, list):
+        return []
+    return [block for block in blocks if isinstance(block, dict)]  # type: ignore[misc]
 
 
 def _text_blocks(text: str) -> list[ContentBlockParam]:
@@ -240,6 +274,7 @@ class _EventFolder:
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _PendingCall] = {}  # by content block index
+        self._thinking: dict[int, dict[str, str]] = {}  # signed blocks, by index
         self._input_tokens = 0
         self._output_tokens = 0
         self.finish_reason: str | None = None
@@ -269,6 +304,13 @@ class _EventFolder:
                 self._say(block.text)
             elif isinstance(block, ThinkingBlock):
                 self._reasoning.append(block.thinking)
+                self._thinking[event.index] = {
+                    "type": "thinking",
+                    "thinking": block.thinking,
+                    "signature": block.signature or "",
+                }
+            elif isinstance(block, RedactedThinkingBlock):
+                self._thinking[event.index] = {"type": "redacted_thinking", "data": block.data}
         elif isinstance(event, RawContentBlockDeltaEvent):
             delta = event.delta
             if isinstance(delta, TextDelta):
@@ -277,6 +319,10 @@ class _EventFolder:
                 self._calls[event.index].pieces.append(delta.partial_json)
             elif isinstance(delta, ThinkingDelta):
                 self._reasoning.append(delta.thinking)
+                if event.index in self._thinking:
+                    self._thinking[event.index]["thinking"] += delta.thinking
+            elif isinstance(delta, SignatureDelta) and event.index in self._thinking:
+                self._thinking[event.index]["signature"] += delta.signature
         elif isinstance(event, RawMessageDeltaEvent):
             self.finish_reason = event.delta.stop_reason or self.finish_reason
             self._output_tokens = event.usage.output_tokens
@@ -294,6 +340,11 @@ class _EventFolder:
             calls=calls,
             usage=Usage(input_tokens=self._input_tokens, output_tokens=self._output_tokens),
             finish_reason=self.finish_reason,
+            provider_state=(
+                {_STATE_KEY: {"thinking": [block for _, block in sorted(self._thinking.items())]}}
+                if self._thinking
+                else None
+            ),
         )
 
 

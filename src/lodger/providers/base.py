@@ -46,6 +46,8 @@ class AssistantMessage:
     text: str = ""
     reasoning: str = ""
     calls: tuple[ProposedCall, ...] = ()
+    #: opaque data the provider that produced this output needs back (see ModelResponse)
+    provider_state: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +76,9 @@ class ModelResponse:
     calls: tuple[ProposedCall, ...] = ()
     usage: Usage | None = None
     finish_reason: str | None = None
+    #: what the provider needs back verbatim in later requests (e.g. Anthropic's signed
+    #: thinking blocks), keyed by provider; logged with the output and replayed
+    provider_state: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

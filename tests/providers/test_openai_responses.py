@@ -20,7 +20,12 @@ from wire_server import (
 
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
-from lodger.providers.base import ModelRequest, UserMessage
+from lodger.providers.base import (
+    AssistantMessage,
+    ModelRequest,
+    ToolResultMessage,
+    UserMessage,
+)
 from lodger.providers.openai_responses import OpenAIResponsesModel
 
 HELLO = ModelRequest(system="", messages=(UserMessage(text="hi"),))
@@ -378,3 +383,50 @@ def test_spec_and_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert "OPENAI_API_KEY" in str(caught.value)
     assert OpenAIResponsesModel(model="gpt-5", api_key="sk").spec == "responses:gpt-5"
+
+
+async def test_encrypted_reasoning_is_kept_and_replayed(server: WireServer) -> None:
+    responses = OpenAIResponsesModel(
+        model="gpt-test", base_url=f"{server.base_url}/v1", api_key="sk-test", replay_reasoning=True
+    )
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "ZW5jcnlwdGVk",
+    }
+    server.push(
+        Stream(
+            [
+                event(
+                    "response.output_item.done",
+                    output_index=0,
+                    item=reasoning | {"status": "completed"},
+                ),
+                call_added(1, "call_r", "read_file"),
+                args_delta(1, '{"path": "a"}'),
+                completed(),
+            ]
+        ),
+        Stream([text_delta("done"), completed()]),
+    )
+    first = await responses.complete(HELLO)
+    assert first.provider_state == {"openai_responses": {"reasoning": [reasoning]}}
+    sent = server.requests[0].body
+    assert sent["include"] == ["reasoning.encrypted_content"]
+    assert sent["store"] is False
+
+    [call] = first.calls
+    follow_up = ModelRequest(
+        system="",
+        messages=(
+            *HELLO.messages,
+            AssistantMessage(calls=first.calls, provider_state=first.provider_state),
+            ToolResultMessage(call_id=call.call_id, name=call.name, content="a says hi"),
+        ),
+    )
+    await responses.complete(follow_up)
+    items = server.requests[1].body["input"]
+    assert [i["type"] for i in items[1:]] == ["reasoning", "function_call", "function_call_output"]
+    assert items[1] == reasoning
+    await responses.aclose()

@@ -2,7 +2,8 @@
 
 Specs: ``script:PATH`` (offline, deterministic), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
-``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking). SDK-backed
+``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
+``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning). SDK-backed
 adapters are imported only when asked for.
 """
 
@@ -65,7 +66,8 @@ def make_model(spec: str) -> Model:
     if kind == "responses":
         from lodger.providers.openai_responses import OpenAIResponsesModel
 
-        return OpenAIResponsesModel(model=rest)
+        replay = os.environ.get("LODGER_REPLAY_REASONING", "") not in ("", "0")
+        return OpenAIResponsesModel(model=rest, replay_reasoning=replay)
     if kind == "anthropic":
         from lodger.providers.anthropic import AnthropicModel
 

@@ -16,7 +16,7 @@ whole text, which wins over the joined deltas when both are present.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import openai
 from openai.types.responses import (
@@ -31,6 +31,7 @@ from openai.types.responses import (
     ResponseInputParam,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
+    ResponseReasoningItem,
     ResponseReasoningSummaryTextDeltaEvent,
     ResponseReasoningTextDeltaEvent,
     ResponseStreamEvent,
@@ -59,6 +60,10 @@ _TRANSIENT_CODES = frozenset({"server_error", "rate_limit_exceeded", "vector_sto
 ReasoningSummary = Literal["auto", "concise", "detailed"]
 
 
+# The key of this adapter's entry in provider_state.
+_STATE_KEY = "openai_responses"
+
+
 class OpenAIResponsesModel:
     """A ``Model`` over the streaming Responses API (``client.responses.create``).
 
@@ -75,9 +80,13 @@ class OpenAIResponsesModel:
         max_retries_sdk: int = 0,
         timeout: float = 120,
         reasoning_summary: ReasoningSummary | None = None,
+        replay_reasoning: bool = False,
     ) -> None:
         self._model = model
         self._reasoning_summary = reasoning_summary
+        # Stateless replay of reasoning models: ask for the encrypted reasoning items, keep
+        # them as provider_state, and send them back before the calls they led to.
+        self._replay_reasoning = replay_reasoning
         self._client = openai_client(
             base_url=base_url, api_key=api_key, max_retries_sdk=max_retries_sdk, timeout=timeout
         )
@@ -110,6 +119,10 @@ class OpenAIResponsesModel:
                     else openai.omit
                 ),
                 reasoning=reasoning,
+                include=(
+                    ["reasoning.encrypted_content"] if self._replay_reasoning else openai.omit
+                ),
+                store=False if self._replay_reasoning else openai.omit,
                 stream=True,
             )
             async with stream:
@@ -153,6 +166,7 @@ def _response_input(request: ModelRequest) -> ResponseInputParam:
         if isinstance(message, UserMessage):
             items.append({"type": "message", "role": "user", "content": message.text})
         elif isinstance(message, AssistantMessage):
+            items.extend(_reasoning_items(message))
             if message.text:
                 items.append({"type": "message", "role": "assistant", "content": message.text})
             for call in message.calls:
@@ -173,6 +187,15 @@ def _response_input(request: ModelRequest) -> ResponseInputParam:
                 }
             )
     return items
+
+
+def _reasoning_items(message: AssistantMessage) -> list[Any]:
+    """The reasoning items this adapter recorded with the output, sent back verbatim."""
+    state = (message.provider_state or {}).get(_STATE_KEY)
+    items = state.get("reasoning") if isinstance(state, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [item for item in items if isinstance(item, dict)]
 
 
 def _response_tools(request: ModelRequest) -> list[FunctionToolParam]:
@@ -212,6 +235,7 @@ class _EventFolder:
         self._summary_part: tuple[str, int] | None = None
         self._reasoning_text: list[str] = []
         self._calls: dict[int, _PendingCall] = {}  # by output index
+        self._reasoning_items: dict[int, dict[str, Any]] = {}  # by output index
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
 
@@ -234,6 +258,14 @@ class _EventFolder:
         elif isinstance(event, ResponseOutputItemAddedEvent | ResponseOutputItemDoneEvent):
             if isinstance(event.item, ResponseFunctionToolCall):
                 self._call(event.output_index).take(event.item)
+            elif (
+                isinstance(event, ResponseOutputItemDoneEvent)
+                and isinstance(event.item, ResponseReasoningItem)
+                and event.item.encrypted_content
+            ):
+                self._reasoning_items[event.output_index] = event.item.model_dump(
+                    mode="json", exclude_none=True, exclude={"status"}
+                )
         elif isinstance(event, ResponseFunctionCallArgumentsDeltaEvent):
             self._call(event.output_index).deltas.append(event.delta)
         elif isinstance(event, ResponseFunctionCallArgumentsDoneEvent):
@@ -270,4 +302,9 @@ class _EventFolder:
             calls=calls,
             usage=self.usage,
             finish_reason=self.finish_reason,
+            provider_state=(
+                {_STATE_KEY: {"reasoning": [i for _, i in sorted(self._reasoning_items.items())]}}
+                if self._reasoning_items
+                else None
+            ),
         )

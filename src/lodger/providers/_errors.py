@@ -1,10 +1,16 @@
-"""The one rule for HTTP error statuses every provider adapter shares."""
+"""The provider failures every adapter reports the same way, whatever its SDK."""
 
 from __future__ import annotations
 
 from lodger.errors import ProviderError
 
-__all__ = ["error_for_status"]
+__all__ = [
+    "error_for_status",
+    "stream_unfinished",
+    "timed_out",
+    "unreachable",
+    "unreadable",
+]
 
 
 def error_for_status(spec: str, status: int, detail: str, *, key_env: str) -> ProviderError:
@@ -25,4 +31,41 @@ def error_for_status(spec: str, status: int, detail: str, *, key_env: str) -> Pr
         code, hint = "provider_rejected", "the provider rejected the request"
     return ProviderError(
         f"{spec}: HTTP {status}: {detail}", retryable=retryable, status=status, code=code, hint=hint
+    )
+
+
+def timed_out(spec: str) -> ProviderError:
+    return ProviderError(
+        f"{spec}: the request timed out",
+        retryable=True,
+        code="provider_timeout",
+        hint="the provider is slow or unreachable; the request is retried",
+    )
+
+
+def unreachable(spec: str, detail: str) -> ProviderError:
+    return ProviderError(
+        f"{spec}: cannot reach the provider ({detail})",
+        retryable=True,
+        code="provider_connection",
+        hint="check the network and the base URL; the request is retried",
+    )
+
+
+def unreadable(spec: str, detail: str, status: int | None) -> ProviderError:
+    return ProviderError(
+        f"{spec}: the provider sent an answer lodger cannot read ({detail})",
+        retryable=False,
+        status=status,
+        code="provider_protocol",
+    )
+
+
+def stream_unfinished(spec: str, what: str) -> ProviderError:
+    """A stream that ended before its final event: ``what`` names the missing end."""
+    return ProviderError(
+        f"{spec}: the stream ended before {what}",
+        retryable=True,
+        code="provider_stream",
+        hint="the connection was probably dropped; the request is retried",
     )

@@ -49,7 +49,13 @@ from anthropic.types import (
 
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
-from lodger.providers._errors import error_for_status
+from lodger.providers._errors import (
+    error_for_status,
+    stream_unfinished,
+    timed_out,
+    unreachable,
+    unreadable,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -154,12 +160,7 @@ class AnthropicModel:
                 hint="the request is retried",
             ) from exc
         if not folded.stopped:
-            raise ProviderError(
-                f"{self.spec}: the stream ended before the message stopped",
-                retryable=True,
-                code="provider_stream",
-                hint="the connection was probably dropped; the request is retried",
-            )
+            raise stream_unfinished(self.spec, "the message stopped")
         return folded.response()
 
 
@@ -362,24 +363,9 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
             )
         return error_for_status(spec, status, detail, key_env="ANTHROPIC_API_KEY")
     if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderError(
-            f"{spec}: the request timed out",
-            retryable=True,
-            code="provider_timeout",
-            hint="the provider is slow or unreachable; the request is retried",
-        )
+        return timed_out(spec)
     if isinstance(exc, anthropic.APIConnectionError):
-        return ProviderError(
-            f"{spec}: cannot reach the provider ({exc.message})",
-            retryable=True,
-            code="provider_connection",
-            hint="check the network and the base URL; the request is retried",
-        )
+        return unreachable(spec, exc.message)
     if isinstance(exc, anthropic.APIResponseValidationError):
-        return ProviderError(
-            f"{spec}: the provider sent an answer lodger cannot read ({exc.message})",
-            retryable=False,
-            status=exc.status_code,
-            code="provider_protocol",
-        )
+        return unreadable(spec, exc.message, exc.status_code)
     return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")

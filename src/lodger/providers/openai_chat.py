@@ -28,7 +28,13 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
-from lodger.providers._errors import error_for_status
+from lodger.providers._errors import (
+    error_for_status,
+    stream_unfinished,
+    timed_out,
+    unreachable,
+    unreadable,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -97,12 +103,7 @@ class OpenAIChatModel:
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         if folded.finish_reason is None:
-            raise ProviderError(
-                f"{self.spec}: the stream ended before the model finished its answer",
-                retryable=True,
-                code="provider_stream",
-                hint="the connection was probably dropped; the request is retried",
-            )
+            raise stream_unfinished(self.spec, "the model finished its answer")
         return folded.response()
 
 
@@ -259,26 +260,11 @@ def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> Provide
     if isinstance(exc, openai.APIStatusError):
         return error_for_status(spec, exc.status_code, exc.message, key_env="OPENAI_API_KEY")
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderError(
-            f"{spec}: the request timed out",
-            retryable=True,
-            code="provider_timeout",
-            hint="the provider is slow or unreachable; the request is retried",
-        )
+        return timed_out(spec)
     if isinstance(exc, openai.APIConnectionError):
-        return ProviderError(
-            f"{spec}: cannot reach the provider ({exc.message})",
-            retryable=True,
-            code="provider_connection",
-            hint="check the network and the base URL; the request is retried",
-        )
+        return unreachable(spec, exc.message)
     if isinstance(exc, openai.APIResponseValidationError):
-        return ProviderError(
-            f"{spec}: the provider sent an answer lodger cannot read ({exc.message})",
-            retryable=False,
-            status=exc.status_code,
-            code="provider_protocol",
-        )
+        return unreadable(spec, exc.message, exc.status_code)
     if isinstance(exc, openai.APIError):
         # An error event inside a stream that started fine: the server failed mid-answer.
         kind = exc.type or exc.code or ""

@@ -42,6 +42,7 @@ from openai.types.shared_params import Reasoning
 
 from lodger.errors import ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._errors import stream_unfinished
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -132,12 +133,7 @@ class OpenAIResponsesModel:
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         if folded.finish_reason is None:
-            raise ProviderError(
-                f"{self.spec}: the stream ended before the response completed",
-                retryable=True,
-                code="provider_stream",
-                hint="the connection was probably dropped; the request is retried",
-            )
+            raise stream_unfinished(self.spec, "the response completed")
         return folded.response()
 
     def _check_failure(self, event: ResponseStreamEvent) -> None:

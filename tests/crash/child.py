@@ -22,8 +22,9 @@ from typing import Any
 
 from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
 from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import Record, WriterLease
+from lodger.log._store import Record
 from lodger.providers.base import ModelRequest, ModelResponse, TextSink
+from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
 
 STATE, WORKSPACE, EFFECTS, MODE, FAILPOINT = sys.argv[1:6]
@@ -77,11 +78,11 @@ async def lookup(key: str) -> str:
     return f"{key}=42"
 
 
-class KillingStore:
+class KillingStore(FaultyLogStore):
     """The real SQLite store; kills the process before or after a chosen append."""
 
     def __init__(self, inner: SqliteLogStore, failpoint: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.failpoint = failpoint
         self.seen: dict[bytes, int] = {}
 
@@ -112,24 +113,6 @@ class KillingStore:
             or (fp == "resume_after_claim" and claim == 1)
         ):
             die()
-
-    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
-        return await self.inner.read_records(session_id=session_id, start=start, end=end)
-
-    async def last_record(self, *, session_id: str) -> Record | None:
-        return await self.inner.last_record(session_id=session_id)
-
-    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
-        return await self.inner.stored_head(session_id=session_id)
-
-    async def list_sessions(self) -> list[str]:
-        return await self.inner.list_sessions()
-
-    async def acquire_writer(self, *, session_id: str) -> WriterLease:
-        return await self.inner.acquire_writer(session_id=session_id)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 class StreamKillingModel(ScriptedModel):

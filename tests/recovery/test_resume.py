@@ -57,14 +57,14 @@ def make_tools(effects: Effects) -> list[Tool]:
     return [charge, lookup]
 
 
-def fail_first_t2() -> Any:
-    """A predicate for FaultyLogStore: fail the first append that carries a T2."""
-    state = {"armed": True}
+def fail_nth_t2(nth: int) -> Any:
+    """A predicate for FaultyLogStore: fail the nth append that carries a T2."""
+    seen = {"t2": 0}
 
     def predicate(records: list[Record]) -> bool:
-        if state["armed"] and any(b'"kind":"tool_responded"' in r.data for r in records):
-            state["armed"] = False
-            return True
+        if any(b'"kind":"tool_responded"' in r.data for r in records):
+            seen["t2"] += 1
+            return seen["t2"] == nth
         return False
 
     return predicate
@@ -101,9 +101,10 @@ def make_agent(
 
 
 async def crash_at_t2(
-    tmp_path: Path, script: list[dict[str, Any]], tools: list[Tool], **kw: Any
+    tmp_path: Path, script: list[dict[str, Any]], tools: list[Tool], *, nth: int = 1, **kw: Any
 ) -> None:
-    store = FaultyLogStore(SqliteLogStore(tmp_path / "state"), fail_when=fail_first_t2())
+    """Run until the nth T2 commit fails: the log a crash after that effect leaves."""
+    store = FaultyLogStore(SqliteLogStore(tmp_path / "state"), fail_when=fail_nth_t2(nth))
     agent = make_agent(tmp_path, script, tools, store=store, **kw)
     with pytest.raises(CommitFailedError):
         await agent.run("do it", session="s1")
@@ -176,7 +177,7 @@ async def test_replay_gives_history_once_and_never_reruns_tools(tmp_path: Path) 
         {"calls": [{"name": "charge", "args": {"amount": 1}}]},
         {"text": "done"},
     ]
-    await crash_at_t2_on_second_call(tmp_path, script, make_tools(effects))
+    await crash_at_t2(tmp_path, script, make_tools(effects), nth=2)
     assert effects.calls == ["lookup:a", "charge:1"]
     seen: list[ModelRequest] = []
     agent = make_agent(tmp_path, script, make_tools(effects), ids_prefix="b", seen=seen)
@@ -189,24 +190,6 @@ async def test_replay_gives_history_once_and_never_reruns_tools(tmp_path: Path) 
     results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
     assert [(r.call_id, r.is_error) for r in results] == [("call-0-1", False), ("call-1-1", True)]
     assert "not applied" in results[1].content
-    await agent.close()
-
-
-async def crash_at_t2_on_second_call(
-    tmp_path: Path, script: list[dict[str, Any]], tools: list[Tool]
-) -> None:
-    count = {"t2": 0}
-
-    def second_t2(records: list[Record]) -> bool:
-        if any(b'"kind":"tool_responded"' in r.data for r in records):
-            count["t2"] += 1
-            return count["t2"] == 2
-        return False
-
-    store = FaultyLogStore(SqliteLogStore(tmp_path / "state"), fail_when=second_t2)
-    agent = make_agent(tmp_path, script, tools, store=store)
-    with pytest.raises(CommitFailedError):
-        await agent.run("do it", session="s1")
     await agent.close()
 
 
@@ -337,7 +320,7 @@ async def test_decide_refuses_settled_calls(tmp_path: Path) -> None:
         {"calls": [{"name": "charge", "args": {"amount": 1}}]},
         {"text": "done"},
     ]
-    await crash_at_t2_on_second_call(tmp_path, script, make_tools(effects))
+    await crash_at_t2(tmp_path, script, make_tools(effects), nth=2)
     agent = make_agent(tmp_path, script, make_tools(effects), ids_prefix="b")
     with pytest.raises(UsageError, match="is completed"):
         await agent.decide("s1", "call-0-1", "completed")

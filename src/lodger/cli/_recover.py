@@ -217,7 +217,11 @@ def resume(
       lodger recover SESSION && lodger resume SESSION
       lodger resume SESSION --model openai:gpt-4.1 --tools mytools.py
     """
-    recorded_model, recorded_workspace = _session_defaults(state, session_id)
+    recorded_model, recorded_workspace = (
+        (None, None)  # both given: no need to read (and verify) the log an extra time
+        if model_spec and workspace
+        else _session_defaults(state, session_id)
+    )
     spec = model_spec or recorded_model
     if not spec:
         raise ConfigError("no model to resume with", hint="pass --model SPEC")

@@ -67,7 +67,6 @@ __all__ = [
     "canonical_json",
     "chain_digest",
     "decode_event",
-    "encode_event",
     "seal",
 ]
 
@@ -380,9 +379,6 @@ def canonical_json(value: Any) -> bytes:
 
 def canonical_bytes(event: Event) -> bytes:
     return canonical_json(event.model_dump(mode="json", exclude={"digest"}))
-
-
-encode_event = canonical_bytes
 
 
 def chain_digest(prev_digest: str, data: bytes) -> str:

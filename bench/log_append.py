@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from lodger.events import EventDraft, ToolResponded, seal
-from lodger.log import EventLog, SessionWriter, SqliteLogStore
+from lodger.storage import EventLog, SessionWriter, SqliteLogStore
 
 SINGLE_TARGET = 1.5  # lodger single-event p50 / bare fsync p50
 BATCH_TARGET = 2.0  # lodger 10-event p50 / single-event p50

@@ -37,8 +37,8 @@ from typing import Any
 from lodger import Agent, FunctionModel, ToolContext, tool
 from lodger.authority import ResourceClaim
 from lodger.events import Event, ProposedCall, ToolDispatched, ToolResponded
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import AssistantMessage, ModelRequest, ModelResponse
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.storage.artifacts import MemoryArtifactStore
 from lodger.tools.builtin import edit_file
 

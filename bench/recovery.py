@@ -42,8 +42,8 @@ from lodger.events import (
     TurnEnded,
     TurnStarted,
 )
-from lodger.log import EventLog, SqliteLogStore
 from lodger.recovery import plan_recovery
+from lodger.storage import EventLog, SqliteLogStore
 
 
 def drafts_for(n_events: int) -> list[EventDraft]:

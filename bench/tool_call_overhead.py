@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from lodger import Agent, ScriptedModel, tool
-from lodger.log import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.storage.artifacts import MemoryArtifactStore
 
 

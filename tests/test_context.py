@@ -19,9 +19,9 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, MemoryLogStore
 from lodger.providers.base import AssistantMessage, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
+from lodger.storage import EventLog, MemoryLogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool
 

@@ -17,6 +17,7 @@ validated, permissioned boundary that commits before and after every side effect
 
 from lodger.agent import Agent, SessionHandle, TurnResult
 from lodger.authority import Authorities, ResourceClaim
+from lodger.engine.permissions import PermissionPolicy, Rule
 from lodger.errors import (
     AppendConflictError,
     AuthorityMisuseError,
@@ -34,10 +35,9 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event
-from lodger.log import EventLog, open_log
 from lodger.providers import FunctionModel, ScriptedModel, make_model
 from lodger.recovery import RecoveryPlan
-from lodger.runtime.permissions import PermissionPolicy, Rule
+from lodger.storage import EventLog, open_log
 from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
 from lodger.tools.mcp import McpServerConfig, McpServers
 

@@ -24,6 +24,10 @@ from typing import Any, Literal
 
 from lodger.authority import Authorities
 from lodger.context import Projector
+from lodger.engine.journal import Journal
+from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.pipeline import StepScope, ToolRuntime
+from lodger.engine.resume import Decision, decide, resume_locked
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     ContextCompacted,
@@ -41,13 +45,9 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
 from lodger.recovery.plan import RecoveryPlan, plan_recovery
-from lodger.recovery.resume import Decision, decide, resume_locked
-from lodger.runtime.dispatch import StepScope, ToolRuntime
-from lodger.runtime.journal import Journal
-from lodger.runtime.permissions import Approver, PermissionPolicy
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search, searches_first

@@ -13,9 +13,9 @@ import signal
 from collections.abc import Callable, Sequence
 
 from lodger.errors import CommitFailedError
-from lodger.log._store import LogStore, Record, WriterLease
-from lodger.log.memory import MemoryLogStore
 from lodger.storage.artifacts import MemoryArtifactStore
+from lodger.storage.logstore import LogStore, Record, WriterLease
+from lodger.storage.memory import MemoryLogStore
 
 __all__ = ["FaultyLogStore", "MemoryArtifactStore", "MemoryLogStore"]
 

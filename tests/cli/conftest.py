@@ -32,7 +32,7 @@ from lodger.events import (
     Usage,
     seal,
 )
-from lodger.log import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore
 
 T0 = 1_700_000_000_000_000  # microseconds since the epoch
 DEMO = "s-demo"

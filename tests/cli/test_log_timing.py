@@ -15,8 +15,8 @@ from lodger.authority import ResourceClaim
 from lodger.cli import main
 from lodger.cli._timing import step_timings
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.scripted import ScriptedModel
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
 

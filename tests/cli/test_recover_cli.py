@@ -12,9 +12,9 @@ from lodger.agent import Agent
 from lodger.cli import main
 from lodger.cli._run import load_tools_file
 from lodger.errors import CommitFailedError
-from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import Record
 from lodger.providers.scripted import ScriptedModel
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
 

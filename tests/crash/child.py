@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
-from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import Record
 from lodger.providers.base import ModelRequest, ModelResponse, TextSink
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
 

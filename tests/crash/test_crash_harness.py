@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from lodger.engine.resume import decide
 from lodger.events import Event, ToolDispatched, ToolResponded, TurnEnded
 from lodger.ids import SystemClock, Uuid7Factory
-from lodger.log import EventLog, SqliteLogStore
 from lodger.recovery import plan_recovery
-from lodger.recovery.resume import decide
+from lodger.storage import EventLog, SqliteLogStore
 
 CHILD = Path(__file__).with_name("child.py")
 FINAL_ANSWER = "All done: charged 5 and 7, receipt written."

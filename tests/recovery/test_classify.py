@@ -23,8 +23,8 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, MemoryLogStore
 from lodger.recovery import classify_calls, plan_recovery
+from lodger.storage import EventLog, MemoryLogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool
 

@@ -23,9 +23,9 @@ from lodger.agent import Agent
 from lodger.errors import ConfigError
 from lodger.events import CallRejected, ProposedCall, ToolDispatched
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.mcp import McpServerConfig, McpServers, mcp_tool_name
 from lodger.tools.spec import Tool, ToolContext, ToolOutput

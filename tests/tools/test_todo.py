@@ -9,9 +9,9 @@ from lodger.agent import Agent
 from lodger.authority import Authorities
 from lodger.events import ToolResponded
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel, ScriptedModel
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.todo import todo_store, todo_tools
 

@@ -26,7 +26,7 @@ import click
 from rich.console import Console
 
 from lodger.errors import SessionNotFoundError
-from lodger.log import EventLog, SqliteLogStore, check_session_id, open_log
+from lodger.storage import EventLog, SqliteLogStore, check_session_id, open_log
 
 __all__ = [
     "DEFAULT_STATE",

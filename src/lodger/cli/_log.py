@@ -28,7 +28,7 @@ from lodger.cli._timeline import SessionSummary, build_timeline, summarize
 from lodger.cli._timing import render_timings, step_timings
 from lodger.errors import CorruptLogError
 from lodger.events import Event, Prefix
-from lodger.log import EventLog
+from lodger.storage import EventLog
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
 

@@ -22,15 +22,15 @@ from lodger.cli._common import (
 )
 from lodger.cli._run import LiveView, exit_code_for, finish_turn, live_console, load_tools_file
 from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.engine.permissions import PermissionPolicy
+from lodger.engine.resume import Decision
+from lodger.engine.resume import decide as decide_call
 from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event, RunStarted, SessionStarted
 from lodger.ids import SystemClock, Uuid7Factory
-from lodger.log import EventLog
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan, plan_recovery
-from lodger.recovery.resume import Decision
-from lodger.recovery.resume import decide as decide_call
-from lodger.runtime.permissions import PermissionPolicy
+from lodger.storage import EventLog
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.mcp import McpServers
 

@@ -18,6 +18,7 @@ from rich.text import Text
 from lodger.agent import Agent, TurnResult
 from lodger.cli._common import make_console, state_option
 from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.engine.permissions import PermissionPolicy
 from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
@@ -30,7 +31,6 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
-from lodger.runtime.permissions import PermissionPolicy
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool

@@ -19,8 +19,8 @@ from typing import Literal
 
 from lodger._bulk import cycle_collector_paused
 from lodger.events import Event, Prefix, RunEnded, RunStarted, TurnStarted
-from lodger.log import EMPTY_PREFIX
 from lodger.recovery.classify import CallState, CallStatus, classify_calls
+from lodger.storage import EMPTY_PREFIX
 
 __all__ = ["Action", "PlannedCall", "RecoveryPlan", "plan_recovery"]
 

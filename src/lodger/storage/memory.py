@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lodger.errors import AppendConflictError, SessionLockedError
-from lodger.log._store import Record
+from lodger.storage.logstore import Record
 
 __all__ = ["MemoryLogStore"]
 

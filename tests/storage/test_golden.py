@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lodger.events import SCHEMA_VERSION, Body, Event
-from lodger.log import EventLog, MemoryLogStore, Record
+from lodger.storage import EventLog, MemoryLogStore, Record
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.jsonl"))

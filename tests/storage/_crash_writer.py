@@ -13,7 +13,7 @@ import random
 import sys
 
 from lodger.events import EventDraft, ToolResponded, TurnStarted
-from lodger.log import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore
 
 
 def make_draft(offset: int, rng: random.Random) -> EventDraft:

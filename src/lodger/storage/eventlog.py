@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from lodger._bulk import cycle_collector_paused
 from lodger.errors import AppendConflictError, CorruptLogError, SessionNotFoundError, UsageError
 from lodger.events import Event, EventDraft, Prefix, decode_event, seal
-from lodger.log._store import LogStore, Record, WriterLease, check_session_id
+from lodger.storage.logstore import LogStore, Record, WriterLease, check_session_id
 
 __all__ = ["EMPTY_PREFIX", "EventLog", "SessionWriter"]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import DEFAULT_SYSTEM, Agent
+from lodger.engine.journal import Journal
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -20,11 +21,10 @@ from lodger.events import (
     ToolsActivated,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import LogStore
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.runtime.journal import Journal
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.logstore import LogStore
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
 

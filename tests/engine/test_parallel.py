@@ -19,6 +19,7 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.authority import ResourceClaim
+from lodger.engine.journal import Journal
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -30,11 +31,10 @@ from lodger.events import (
     TurnEnded,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import LogStore, Record
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.runtime.journal import Journal
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.logstore import LogStore, Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
 from lodger.tools.builtin import edit_file, read_file, workspace_tools

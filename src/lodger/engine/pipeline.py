@@ -27,6 +27,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
+from lodger.engine.batch import Batch, Slot
+from lodger.engine.journal import Journal
+from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     ArtifactRef,
@@ -43,9 +46,6 @@ from lodger.events import (
     Visibility,
     canonical_json,
 )
-from lodger.runtime.batch import Batch, Slot
-from lodger.runtime.journal import Journal
-from lodger.runtime.permissions import Approver, PermissionPolicy
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ACTIVATION_SCOPE, StepActivations

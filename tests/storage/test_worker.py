@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from lodger.errors import UsageError
-from lodger.log._worker import IoThread
+from lodger.storage._worker import IoThread
 
 
 async def test_calls_run_off_the_loop_in_submission_order() -> None:

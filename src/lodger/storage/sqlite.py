@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from lodger.errors import AppendConflictError, CommitFailedError, SessionLockedError, StorageError
-from lodger.log._store import Record
-from lodger.log._worker import IoThread
+from lodger.storage._worker import IoThread
+from lodger.storage.logstore import Record
 
 __all__ = ["SqliteLogStore"]
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from lodger.events import Prefix
-from lodger.log import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore
 
 CHILD = Path(__file__).with_name("_crash_writer.py")
 SESSION = "crash-1"

@@ -26,11 +26,11 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
-from lodger.log._store import Record
 from lodger.providers.base import ModelRequest, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
 from lodger.tools.builtin import workspace_tools

@@ -11,9 +11,9 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.cli._run import DEMO_FILES, DEMO_SCRIPT
-from lodger.log import EventLog, SqliteLogStore
+from lodger.engine.permissions import PermissionPolicy
 from lodger.providers.scripted import ScriptedModel
-from lodger.runtime.permissions import PermissionPolicy
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.tools.builtin import workspace_tools
 
 SLOW_S = 0.05

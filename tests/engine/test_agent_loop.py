@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.permissions import PermissionPolicy, Rule
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -21,7 +22,6 @@ from lodger.events import (
     TurnEnded,
 )
 from lodger.ids import ManualClock, SequentialIds
-from lodger.log import EventLog, SqliteLogStore
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -29,7 +29,7 @@ from lodger.providers.base import (
     ToolResultMessage,
 )
 from lodger.providers.scripted import FunctionModel, ScriptedModel
-from lodger.runtime.permissions import PermissionPolicy, Rule
+from lodger.storage import EventLog, SqliteLogStore
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
 

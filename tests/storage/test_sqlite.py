@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lodger.errors import CorruptLogError, SessionLockedError
-from lodger.log import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore
 
 from .conformance import SID, seed
 
@@ -61,7 +61,7 @@ async def test_row_edited_with_sql_text_functions_fails_closed(
 async def test_lock_names_the_process_that_holds_it(log: EventLog, tmp_path: Path) -> None:
     holder = (
         "import asyncio, sys\n"
-        "from lodger.log import EventLog, SqliteLogStore\n"
+        "from lodger.storage import EventLog, SqliteLogStore\n"
         "async def main():\n"
         "    log = EventLog(SqliteLogStore(sys.argv[1]))\n"
         "    await log.open_writer(sys.argv[2])\n"

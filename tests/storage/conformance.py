@@ -39,7 +39,7 @@ from lodger.events import (
     canonical_json,
     chain_digest,
 )
-from lodger.log import EMPTY_PREFIX, EventLog, MemoryLogStore, Record, SqliteLogStore
+from lodger.storage import EMPTY_PREFIX, EventLog, MemoryLogStore, Record, SqliteLogStore
 
 __all__ = ["LogBackend", "LogConformance", "MemoryBackend", "SqliteBackend", "TamperConformance"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from lodger.errors import CommitFailedError, StorageError
 from lodger.events import Body, Event, EventDraft
 from lodger.ids import Clock, IdFactory
-from lodger.log import SessionWriter
+from lodger.storage import SessionWriter
 
 __all__ = ["Journal"]
 

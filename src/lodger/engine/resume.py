@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from lodger.engine.journal import Journal
+from lodger.engine.pipeline import ToolRuntime
 from lodger.errors import (
     AppendConflictError,
     ResumeBlockedError,
@@ -31,11 +33,9 @@ from lodger.events import (
     TurnEnded,
 )
 from lodger.ids import Clock, IdFactory
-from lodger.log import EventLog, SessionWriter
 from lodger.recovery.classify import CallState, classify_calls
 from lodger.recovery.plan import PlannedCall, RecoveryPlan, plan_recovery
-from lodger.runtime.dispatch import ToolRuntime
-from lodger.runtime.journal import Journal
+from lodger.storage import EventLog, SessionWriter
 from lodger.tools.spec import ProbeResult, ToolContext
 from lodger.tools.workspace import workspace_id
 

@@ -266,6 +266,7 @@ class Agent:
             turn_id=turn_id,
             run_id=run_id,
             authorities=self.authorities,
+            hidden=(self.state_dir.resolve(),),
         )
 
     async def drive(self, journal: Journal, *, turn_id: str, run_id: str) -> TurnResult:

@@ -121,6 +121,7 @@ class ToolRuntime:
         run_id: str,
         result_limit: int = 16_000,
         authorities: Authorities | None = None,
+        hidden: tuple[Path, ...] = (),
     ) -> None:
         self.journal = journal
         self.registry = registry
@@ -132,6 +133,7 @@ class ToolRuntime:
         self.run_id = run_id
         self.result_limit = result_limit
         self.authorities = authorities or Authorities()
+        self.hidden = hidden
         self._validators: dict[str, Draft202012Validator] = {}
         self._approval_lock = asyncio.Lock()
 
@@ -223,6 +225,7 @@ class ToolRuntime:
                 call_id=call.call_id,
                 operation_id=self.journal.ids.new_id(),
                 workspace=self.workspace,
+                hidden=self.hidden,
                 parent_call_id=parent_call_id,
                 extras={ACTIVATION_SCOPE: self._activations(scope, env)},
             )
@@ -324,6 +327,7 @@ class ToolRuntime:
             call_id=call_id,
             operation_id=self.journal.ids.new_id(),
             workspace=self.workspace,
+            hidden=self.hidden,
             parent_call_id=parent_call_id,
         )
         env = self._envelope(call_id, None, parent_call_id, origin, visibility)

@@ -258,6 +258,7 @@ async def _probe(
         operation_id=record.operation_id,
         workspace=agent.workspace,
         parent_call_id=state.parent_call_id,
+        hidden=(agent.state_dir.resolve(),),
     )
     try:
         return await t.probe(record.dispatched, ctx)

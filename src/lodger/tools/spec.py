@@ -53,6 +53,8 @@ class ToolContext:
     operation_id: str
     workspace: Path | None = None
     parent_call_id: str | None = None
+    #: paths no tool may read, write or list, wherever they are (the state directory)
+    hidden: tuple[Path, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def require_workspace(self) -> Path:

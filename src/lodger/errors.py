@@ -9,34 +9,76 @@
     │   └── StaleRevisionError       a write named a revision that is no longer the current one
     ├── ResumeBlockedError           a resume cannot go on until an operator decides
     ├── ProviderError                a model provider failed (``retryable`` says what next)
+    │   ├── ProviderTimeoutError     no answer in time
+    │   ├── ProviderUnreachableError the connection failed
+    │   ├── ProviderAuthError        the credentials were refused
+    │   └── RateLimitedError         the provider asked us to slow down
     ├── StorageError                 the world failed (disk, network, another writer)
     │   ├── AppendConflictError      the expected offset was not the log's high-water mark
     │   ├── SessionLockedError       another writer holds the session
+    │   ├── StorageFullError         no space left where the state lives
     │   └── CommitFailedError        a durable append did not complete; nothing may run after it
     └── CorruptLogError              stored facts are inconsistent; reading fails closed
 
 Errors carry structured fields (``session_id``, ``offset``, ``call_id``) so a CLI or an
-operator can act on them, and ``str(error)`` is one sentence plus a hint.
+operator can act on them, ``str(error)`` is one sentence plus a hint, and ``next_steps``
+names what a caller can do next as structured actions (``NextStep``): the CLI renders
+them as command lines, an HTTP host as its own requests. No error text below the CLI
+names a command or a flag. Every ``code`` is one of ``ERROR_CODES``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, get_args
+
 __all__ = [
+    "ERROR_CODES",
     "AppendConflictError",
     "AuthorityMisuseError",
     "CommitFailedError",
     "ConfigError",
     "CorruptLogError",
+    "ErrorCode",
     "LodgerError",
+    "NextStep",
+    "ProviderAuthError",
     "ProviderError",
+    "ProviderTimeoutError",
+    "ProviderUnreachableError",
+    "RateLimitedError",
     "ResumeBlockedError",
     "SessionLockedError",
     "SessionNotFoundError",
     "StaleRevisionError",
     "StorageError",
+    "StorageFullError",
     "ToolCallError",
     "UsageError",
 ]
+
+
+ActionName = Literal[
+    "approve", "recover", "decide", "resume", "run", "fork", "list_sessions", "abandon"
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextStep:
+    """Something a caller can do about an error: ``decide`` call ``call_id`` of
+    ``session_id``, ``recover`` a session, ``approve`` a call ..."""
+
+    action: ActionName
+    session_id: str | None = None
+    call_id: str | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        out: dict[str, str] = {"action": self.action}
+        if self.session_id is not None:
+            out["session_id"] = self.session_id
+        if self.call_id is not None:
+            out["call_id"] = self.call_id
+        return out
 
 
 class LodgerError(Exception):
@@ -53,6 +95,7 @@ class LodgerError(Exception):
         session_id: str | None = None,
         offset: int | None = None,
         call_id: str | None = None,
+        next_steps: tuple[NextStep, ...] = (),
     ) -> None:
         self.message = message
         self.hint = hint
@@ -61,6 +104,7 @@ class LodgerError(Exception):
         self.session_id = session_id
         self.offset = offset
         self.call_id = call_id
+        self.next_steps = next_steps
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
@@ -75,6 +119,8 @@ class LodgerError(Exception):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.next_steps:
+            out["next_steps"] = [step.to_dict() for step in self.next_steps]
         return out
 
 
@@ -138,6 +184,12 @@ class CommitFailedError(StorageError):
     code = "commit_failed"
 
 
+class StorageFullError(CommitFailedError):
+    """No space left on the device (or quota) that holds the state."""
+
+    code = "storage_full"
+
+
 class CorruptLogError(LodgerError):
     """A stored log is inconsistent. ``code`` says how; ``offset`` says where."""
 
@@ -178,6 +230,104 @@ class ResumeBlockedError(LodgerError):
         blockers: list[str],
         hint: str | None = None,
         session_id: str | None = None,
+        next_steps: tuple[NextStep, ...] = (),
     ) -> None:
         self.blockers = blockers
-        super().__init__(message, hint=hint, session_id=session_id)
+        super().__init__(message, hint=hint, session_id=session_id, next_steps=next_steps)
+
+
+class ProviderTimeoutError(ProviderError):
+    code = "provider_timeout"
+
+
+class ProviderUnreachableError(ProviderError):
+    code = "provider_unreachable"
+
+
+class ProviderAuthError(ProviderError):
+    code = "provider_auth"
+
+
+class RateLimitedError(ProviderError):
+    code = "rate_limited"
+
+
+ErrorCode = Literal[
+    # the caller's misuse
+    "usage",
+    "session_not_found",
+    "config",
+    "authority_misuse",
+    "invalid_session_id",
+    "invalid_range",
+    "head_unknown",
+    "writer_closed",
+    "nothing_to_resume",
+    "no_such_call",
+    "nothing_to_decide",
+    "duplicate_tool",
+    "tool_declaration",
+    "unencodable_event",
+    # the model's bad call (rejection reasons travel as ``call_rejected.reason``)
+    "tool_call",
+    "stale_revision",
+    "unbound",
+    "invisible",
+    "activated_this_step",
+    "invalid_arguments",
+    "duplicate_call",
+    "claims_failed",
+    "denied",
+    "precondition",
+    # the world
+    "resume_blocked",
+    "provider",
+    "provider_timeout",
+    "provider_unreachable",
+    "provider_auth",
+    "rate_limited",
+    "provider_rate_limited",
+    "provider_not_found",
+    "provider_unavailable",
+    "provider_rejected",
+    "provider_connection",
+    "provider_protocol",
+    "provider_stream",
+    "storage",
+    "storage_open",
+    "storage_full",
+    "append_conflict",
+    "session_locked",
+    "commit_failed",
+    # corruption
+    "corrupt",
+    "truncated",
+    "digest_mismatch",
+    "duplicate_offset",
+    "gap",
+    "undecodable",
+    "unknown_kind",
+    "missing_kind",
+    "unknown_field",
+    "missing_field",
+    "invalid_field",
+    "newer_schema",
+    "offset_mismatch",
+    "session_mismatch",
+    "duplicate_call_id",
+    "rejected_after_dispatch",
+    "dispatch_after_rejection",
+    "duplicate_operation",
+    "unlinked_redispatch",
+    "bad_retry_link",
+    "bad_not_dispatched",
+    "unknown_operation",
+    "call_mismatch",
+    "missing_call_id",
+    "dispatch_without_call",
+    "orphan_nested_call",
+    "bad_resume_prefix",
+    "lodger_error",
+]
+ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))
+"""Every ``code`` a lodger error can carry (a test holds the source to this list)."""

@@ -15,6 +15,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
 
     1  first event set.
     2  model_output.provider_state: opaque provider data replayed to the same provider.
+    3  tool_responded.status timed_out: a call stopped by its time limit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lodger.errors import CorruptLogError, UsageError
 
 __all__ = [
     "DIGEST_DOMAIN",
+    "EMPTY_PREFIX",
     "SCHEMA_CHANGELOG",
     "SCHEMA_VERSION",
     "ArtifactRef",
@@ -37,19 +39,25 @@ __all__ = [
     "Body",
     "CallRejected",
     "ContextCompacted",
+    "DecisionAction",
     "Event",
     "EventDraft",
     "FileExpectation",
     "ForkParent",
     "ModelOutput",
+    "ObservedReason",
+    "ObservedStatus",
     "OperatorDecision",
     "PermissionDecided",
     "PermissionRequested",
     "Prefix",
     "ProposedCall",
     "ProviderRetried",
+    "RecoveryAction",
     "RecoveryDecided",
     "RecoveryObserved",
+    "RecoveryPolicy",
+    "RejectionReason",
     "ResultStatus",
     "RunEnded",
     "RunStarted",
@@ -70,10 +78,11 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
+    3: "tool_responded.status timed_out: a call stopped by its time limit",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 
@@ -92,6 +101,10 @@ class Prefix(_Value):
 
     high_water: int
     digest: str
+
+
+EMPTY_PREFIX = Prefix(high_water=0, digest="")
+"""The prefix of a log that has no events yet."""
 
 
 class ForkParent(_Value):
@@ -134,7 +147,28 @@ class FileExpectation(_Value):
     after_sha256: str | None
 
 
-ResultStatus = Literal["ok", "error", "denied", "cancelled", "interrupted"]
+ResultStatus = Literal["ok", "error", "denied", "cancelled", "interrupted", "timed_out"]
+RecoveryPolicy = Literal["idempotent", "queryable", "never_retry"]
+RejectionReason = Literal[
+    "unbound",
+    "invisible",
+    "activated_this_step",
+    "invalid_arguments",
+    "duplicate_call",
+    "claims_failed",
+    "denied",
+    "precondition",
+]
+ObservedStatus = Literal["completed", "not_applied", "unknown", "interrupted"]
+ObservedReason = Literal[
+    "not_dispatched",
+    "probe_applied",
+    "probe_not_applied",
+    "probe_unknown",
+    "cell_interrupted",
+]
+RecoveryAction = Literal["park"]
+DecisionAction = Literal["completed", "not_applied", "abandon"]
 Origin = Literal["provider", "code_mode", "runtime", "operator"]
 Visibility = Literal["model", "hidden"]
 
@@ -195,7 +229,7 @@ class CallRejected(_Value):
 
     kind: Literal["call_rejected"] = "call_rejected"
     tool: str
-    reason: str
+    reason: str  # a RejectionReason; golden v1 logs hold older free-form codes
     message: str
 
 
@@ -222,7 +256,7 @@ class ToolDispatched(_Value):
     arguments: dict[str, JsonValue]
     attempt: int = 1
     retry_of: str | None = None
-    recovery: str = "never_retry"
+    recovery: str = "never_retry"  # a RecoveryPolicy; v1 logs hold older names
     resources: tuple[str, ...] = ()
     expectations: tuple[FileExpectation, ...] = ()
 
@@ -247,22 +281,22 @@ class ToolsActivated(_Value):
 class RecoveryObserved(_Value):
     kind: Literal["recovery_observed"] = "recovery_observed"
     operation_id: str
-    status: str
-    reason: str
+    status: str  # an ObservedStatus (v1 logs: free-form)
+    reason: str  # an ObservedReason (v1 logs: free-form)
     observation: str = ""
 
 
 class RecoveryDecided(_Value):
     kind: Literal["recovery_decided"] = "recovery_decided"
     operation_id: str
-    action: str
+    action: str  # a RecoveryAction (v1 logs: free-form)
     reason: str = ""
 
 
 class OperatorDecision(_Value):
     kind: Literal["operator_decision"] = "operator_decision"
     operation_id: str
-    decision: Literal["completed", "not_applied", "abandon"]
+    decision: DecisionAction
     result: str | None = None
     by: str = "operator"
 

@@ -106,7 +106,7 @@ def test_recovery_fact_is_found_by_operation_id(
     crashed_drafts: list[EventDraft], sealed: Seal
 ) -> None:
     t0 = crashed_drafts[0].ts
-    observed = RecoveryObserved(operation_id="op1", status="indeterminate", reason="no T2")
+    observed = RecoveryObserved(operation_id="op1", status="unknown", reason="probe_unknown")
     # No call_id on the envelope: the operation id alone links it to call c1.
     crashed_drafts.append(EventDraft(id="rec", ts=t0 + 90_000, body=observed))
     timeline = build_timeline(sealed("s-crash", crashed_drafts))

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from lodger.engine.resume import decide
 from lodger.events import Event, ToolDispatched, ToolResponded, TurnEnded
-from lodger.ids import SystemClock, Uuid7Factory
+from lodger.ids import SystemClock
 from lodger.recovery import plan_recovery
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.sessions import Sessions
+from lodger.storage import EventLog, SqliteLogStore, Storage
 
 CHILD = Path(__file__).with_name("child.py")
 FINAL_ANSWER = "All done: charged 5 and 7, receipt written."
@@ -126,20 +126,13 @@ def operator_decides(world: World, events: list[Event]) -> None:
 
 
 async def _decide(world: World, call_id: str, decision: str, result: str) -> None:
-    log = EventLog(SqliteLogStore(world.state))
-    clock = SystemClock()
-    try:
-        await decide(
-            log,
+    async with Sessions(Storage.local(world.state)) as sessions:
+        await sessions.decide(
             "s1",
             call_id,
             decision,  # type: ignore[arg-type]
             result=result if decision == "completed" else None,
-            clock=clock,
-            ids=Uuid7Factory(clock),
         )
-    finally:
-        await log.close()
 
 
 def drive_to_the_end(world: World, resume_failpoints: list[str]) -> list[Event]:

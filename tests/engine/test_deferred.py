@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import DEFAULT_SYSTEM, Agent
-from lodger.engine.journal import Journal
+from lodger.engine.context import Envelope
+from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -248,13 +249,15 @@ async def test_a_second_run_of_the_same_turn_inherits_activations(tmp_path: Path
     second = Script((call("c2", "weather__forecast", '{"city": "Rome"}'),))
     resumed = make_agent(tmp_path, second, world.tools())
     writer = await resumed.log.open_writer("s")
-    journal = Journal(writer, writer.initial_events, clock=resumed.clock, ids=resumed.ids)
+    journal = resumed.engine.journal(writer, SessionState("s", writer.initial_events))
     (run,) = of_kind(journal.events, RunStarted)
     assert run.turn_id is not None
     await journal.fact(
-        RunStarted(model="function:x", parent_run_id=run.run_id), turn_id=run.turn_id, run_id="r2"
+        RunStarted(model="function:x", parent_run_id=run.run_id),
+        Envelope(turn_id=run.turn_id, run_id="r2"),
     )
-    result = await resumed.drive(journal, turn_id=run.turn_id, run_id="r2")
+    ctx = resumed.engine.run_context(journal, turn_id=run.turn_id, run_id="r2")
+    result = await resumed.engine.drive(ctx)
     await writer.close()
     assert result.status == "completed"
     assert second.tools(0) == ["echo", "tool_search", "weather__forecast"]

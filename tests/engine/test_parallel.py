@@ -19,7 +19,7 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.authority import ResourceClaim
-from lodger.engine.journal import Journal
+from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -516,8 +516,8 @@ async def test_a_bad_claim_is_a_rejection_not_a_crash(tmp_path: Path) -> None:
 async def test_the_runtime_reports_the_authorities_statistics(tmp_path: Path) -> None:
     agent = make_agent(tmp_path, Batches(), [])
     writer = await agent.log.open_writer("s2")
-    journal = Journal(writer, writer.initial_events, clock=agent.clock, ids=agent.ids)
-    runtime = agent.tool_runtime(journal, turn_id="t", run_id="r")
+    journal = agent.engine.journal(writer, SessionState("s2", writer.initial_events))
+    runtime = agent.engine.pipeline(agent.engine.run_context(journal, turn_id="t", run_id="r"))
     assert runtime.authorities is agent.authorities
     assert [s.authority for s in runtime.authority_stats()] == ["files", "actors", "capacity"]
     await writer.close()

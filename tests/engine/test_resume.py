@@ -135,7 +135,9 @@ async def test_never_retry_parks_and_operator_completes(tmp_path: Path) -> None:
     with pytest.raises(ResumeBlockedError) as blocked:
         await agent.resume("s1")
     assert "call-0-1" in str(blocked.value)
-    assert "lodger decide s1 call-0-1" in (blocked.value.hint or "")
+    assert [(s.action, s.session_id, s.call_id) for s in blocked.value.next_steps] == [
+        ("decide", "s1", "call-0-1")
+    ]
     # asking again records nothing new: the block is already a fact
     before = len(await events_of(tmp_path))
     with pytest.raises(ResumeBlockedError):

@@ -13,14 +13,8 @@ from lodger.events import ProposedCall, ToolsActivated
 from lodger.tools.config import load_catalog
 from lodger.tools.ranking import ToolIndex, tokenize
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.search import (
-    ACTIVATION_SCOPE,
-    StepActivations,
-    ToolSearch,
-    attach_tool_search,
-    searches_first,
-)
-from lodger.tools.spec import Tool, ToolContext
+from lodger.tools.search import ToolSearch, attach_tool_search
+from lodger.tools.spec import StepHandle, Tool, ToolContext
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -41,10 +35,27 @@ def make(name: str, description: str, group: str = "default", **options: Any) ->
     )
 
 
-def ctx(**extras: object) -> ToolContext:
+def ctx(step: StepHandle | None = None) -> ToolContext:
     return ToolContext(
-        session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o", extras=extras
+        session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o", step=step
     )
+
+
+class FakeStep:
+    """A step handle that records activation facts in a list (the engine commits them)."""
+
+    def __init__(self, visible: frozenset[str], record: Any) -> None:
+        self.step_id = "step"
+        self.visible = visible
+        self.activated_here: set[str] = set()
+        self.record = record
+
+    def shown(self) -> frozenset[str]:
+        return self.visible | self.activated_here
+
+    async def activate(self, query: str, names: Any) -> None:
+        await self.record(ToolsActivated(query=query, names=tuple(names)))
+        self.activated_here.update(names)
 
 
 def test_tokenize_splits_identifiers_stems_and_drops_stopwords() -> None:
@@ -140,7 +151,7 @@ def test_inventory_is_sorted_names_by_group_and_degrades_to_counts() -> None:
     tools = [make("z__b", "B", group="z"), make("z__a", "A", group="z"), make("k__c", "C", "k")]
     search = search_over(make("direct", "D").with_options(deferred=False), *tools)
     assert search.inventory().splitlines()[1:] == ["- k: k__c", "- z: z__a, z__b"]
-    assert search.system("base").startswith("base\n\nDeferred tools")
+    assert search.registry.system_prompt("base").startswith("base\n\nDeferred tools")
     small = search_over(*tools, max_inventory_chars=10)
     assert small.inventory().splitlines()[1:] == ["- k: 1 tools", "- z: 2 tools"]
 
@@ -156,17 +167,16 @@ async def test_the_tool_records_the_activation_before_the_step_sees_it() -> None
     tool_search = search.registry.get("tool_search")
     assert tool_search is not None
     order: list[str] = []
-    here: set[str] = set()
 
     async def record(fact: ToolsActivated) -> None:
-        order.append(f"fact:{','.join(fact.names)}:{sorted(here)}")
+        order.append(f"fact:{','.join(fact.names)}:{sorted(step.activated_here)}")
 
-    step = StepActivations(visible=frozenset({"tool_search"}), activated_here=here, record=record)
-    text = await tool_search.handler({"query": "fetch url"}, ctx(**{ACTIVATION_SCOPE: step}))
-    assert order == ["fact:web__fetch:[]"] and here == {"web__fetch"}
+    step = FakeStep(frozenset({"tool_search"}), record)
+    text = await tool_search.handler({"query": "fetch url"}, ctx(step))
+    assert order == ["fact:web__fetch:[]"] and step.activated_here == {"web__fetch"}
     assert text.startswith("Loaded 1 tool(s); call them from your next step on:")
     assert "- web__fetch: Fetch a URL as markdown." in text
-    again = await tool_search.handler({"query": "fetch url"}, ctx(**{ACTIVATION_SCOPE: step}))
+    again = await tool_search.handler({"query": "fetch url"}, ctx(step))
     assert again == "Already loaded: web__fetch" and len(order) == 1
     with pytest.raises(ToolCallError, match="runs only as a call of a model step"):
         await tool_search.handler({"query": "fetch"}, ctx())
@@ -176,7 +186,8 @@ def test_searches_run_before_the_other_calls_of_their_step() -> None:
     def call(n: int, name: str) -> ProposedCall:
         return ProposedCall(call_id=str(n), name=name, arguments="{}")
 
+    registry = search_over(make("web__fetch", "Fetch a URL.")).registry
     mixed = [call(1, "a"), call(2, "tool_search"), call(3, "b")]
-    assert [[c.call_id for c in b] for b in searches_first(mixed)] == [["2"], ["1", "3"]]
+    assert [[c.call_id for c in b] for b in registry.batches(mixed)] == [["2"], ["1", "3"]]
     plain = [call(1, "a"), call(2, "b")]
-    assert searches_first(plain) == [plain]
+    assert registry.batches(plain) == [plain]

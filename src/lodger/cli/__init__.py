@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from lodger.cli import _log, _recover, _run, _tools
+from lodger.cli._next import command_for
 from lodger.errors import LodgerError, UsageError
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "LodgerGroup", "main"]
@@ -44,6 +45,9 @@ class LodgerGroup(click.Group):
             click.echo(f"error: {_one_line(exc.message)}", err=True)
             if exc.hint:
                 click.echo(f"hint: {_one_line(exc.hint)}", err=True)
+            state = ctx.meta.get("lodger.state", ".lodger")
+            for step in exc.next_steps:
+                click.echo(f"next: {command_for(step, str(state))}", err=True)
             ctx.exit(EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR)
         except KeyboardInterrupt:
             self._debug_traceback(ctx)

@@ -11,7 +11,7 @@ from typing import cast
 import click
 from rich.text import Text
 
-from lodger.agent import Agent, TurnResult
+from lodger.agent import TurnResult
 from lodger.cli._common import (
     echo_json,
     json_option,
@@ -20,19 +20,18 @@ from lodger.cli._common import (
     run_with_log,
     state_option,
 )
+from lodger.cli._next import command_for
 from lodger.cli._run import LiveView, exit_code_for, finish_turn, live_console, load_tools_file
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
-from lodger.engine.resume import decide as decide_call
 from lodger.errors import ConfigError, ResumeBlockedError
-from lodger.events import Event, RunStarted, SessionStarted
-from lodger.ids import SystemClock, Uuid7Factory
+from lodger.events import Event
 from lodger.providers import make_model
-from lodger.recovery import RecoveryPlan, plan_recovery
-from lodger.storage import EventLog
+from lodger.recovery import RecoveryPlan
+from lodger.sessions import Binding, Sessions
+from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.mcp import McpServers
 
 __all__ = ["COMMANDS", "decide", "recover", "resume"]
 
@@ -106,7 +105,7 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
 
     async def work(log: EventLog) -> RecoveryPlan:
         require_log(log, state, session_id)
-        return plan_recovery(await log.read_all(session_id))
+        return await Sessions(Storage(log=log, artifacts=MemoryArtifactStore())).plan(session_id)
 
     plan = run_with_log(state, work)
     if as_json:
@@ -151,16 +150,8 @@ def decide(
 
     async def work(log: EventLog) -> list[Event]:
         require_log(log, state, session_id)
-        clock = SystemClock()
-        return await decide_call(
-            log,
-            session_id,
-            call_id,
-            cast(Decision, decision),
-            result=result,
-            clock=clock,
-            ids=Uuid7Factory(clock),
-        )
+        sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
+        return await sessions.decide(session_id, call_id, cast(Decision, decision), result=result)
 
     events = run_with_log(state, work)
     click.echo(
@@ -174,12 +165,10 @@ def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | No
 
     async def work(log: EventLog) -> tuple[str | None, str | None]:
         require_log(log, state, session_id)
-        events = await log.read_all(session_id)
-        model = next(
-            (e.body.model for e in reversed(events) if isinstance(e.body, RunStarted)), None
+        found = await Sessions(Storage(log=log, artifacts=MemoryArtifactStore())).defaults(
+            session_id
         )
-        first = events[0].body
-        return model, first.workspace if isinstance(first, SessionStarted) else None
+        return found.model, found.workspace
 
     return run_with_log(state, work)
 
@@ -235,23 +224,23 @@ def resume(
     console = live_console()
     view = LiveView(console)
 
+    binding = Binding(
+        model=model,
+        tools=tools,
+        mcp=mcp,
+        workspace=root,
+        permissions=PermissionPolicy(approve_all=yes),
+        max_steps=max_steps,
+        on_event=view.on_event,
+        on_text=view.on_text,
+    )
+
     async def work() -> TurnResult:
-        async with McpServers(mcp) as servers:
-            agent = Agent(
-                model=model,
-                tools=[*tools, *servers.tools()],
-                state_dir=state,
-                workspace=root,
-                permissions=PermissionPolicy(approve_all=yes),
-                max_steps=max_steps,
-                on_event=view.on_event,
-                on_text=view.on_text,
-            )
-            try:
-                return await agent.resume(session_id)
-            finally:
-                await agent.close()
-                await model.aclose()
+        try:
+            async with Sessions.local(state) as sessions:
+                return await sessions.resume(session_id, binding=binding)
+        finally:
+            await model.aclose()
 
     try:
         result = asyncio.run(work())
@@ -261,6 +250,8 @@ def resume(
             click.echo(f"  - {line}", err=True)
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
+        for step in exc.next_steps:
+            click.echo(f"next: {command_for(step, state)}", err=True)
         sys.exit(3)
     finish_turn(console, result, state)
     sys.exit(exit_code_for(result))

@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from lodger.agent import Agent, TurnResult
+from lodger.agent import TurnResult
 from lodger.cli._common import make_console, state_option
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.engine.permissions import PermissionPolicy
@@ -31,8 +31,9 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
+from lodger.sessions import Binding, Sessions
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
@@ -164,23 +165,22 @@ async def _run_turn(
     mcp: Sequence[McpServerConfig] = (),
 ) -> TurnResult:
     view = LiveView(console)
-    async with McpServers(mcp) as servers:  # stopped when the turn settles
-        agent = Agent(
-            model=model,
-            tools=[*tools, *servers.tools()],
-            state_dir=state,
-            workspace=workspace,
-            permissions=PermissionPolicy(approve_all=approve_all),
-            approver=_interactive_approver(console) if interactive and not approve_all else None,
-            max_steps=max_steps,
-            on_event=view.on_event,
-            on_text=view.on_text,
-        )
-        try:
-            return await agent.run(task, session=session)
-        finally:
-            await agent.close()
-            await model.aclose()  # the CLI made the model: it closes its connections
+    binding = Binding(
+        model=model,
+        tools=tools,
+        mcp=mcp,
+        workspace=workspace,
+        permissions=PermissionPolicy(approve_all=approve_all),
+        approver=_interactive_approver(console) if interactive and not approve_all else None,
+        max_steps=max_steps,
+        on_event=view.on_event,
+        on_text=view.on_text,
+    )
+    try:
+        async with Sessions.local(state) as sessions:
+            return await sessions.run(task, binding=binding, session=session)
+    finally:
+        await model.aclose()  # the CLI made the model: it closes its connections
 
 
 def exit_code_for(result: TurnResult) -> int:

@@ -1,8 +1,8 @@
 """The journal: the one place a run appends facts to its session's log.
 
 It serializes appends from concurrent calls (the log needs an expected offset), stamps
-ids and times from the injected context, keeps the committed events in memory for the
-projections, and stops everything after the first failed commit: once a commit has
+ids and times from the injected context, feeds every committed batch to the session's
+``SessionState``, and stops everything after the first failed commit: once a commit has
 failed, the log's state is unknown to this run, so no new fact and no new side effect
 may follow. Appends are shielded from cancellation so an interrupted caller never
 loses track of a commit that completed on the storage thread.
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from lodger.engine.context import Envelope
+from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, StorageError
 from lodger.events import Body, Event, EventDraft
 from lodger.ids import Clock, IdFactory
@@ -21,12 +22,14 @@ from lodger.storage import SessionWriter
 
 __all__ = ["Journal"]
 
+_NO_ENVELOPE = Envelope()
+
 
 class Journal:
     def __init__(
         self,
         writer: SessionWriter,
-        events: Sequence[Event],
+        state: SessionState,
         *,
         clock: Clock,
         ids: IdFactory,
@@ -34,7 +37,7 @@ class Journal:
     ) -> None:
         self.writer = writer
         self.session_id = writer.session_id
-        self.events: list[Event] = list(events)
+        self.state = state
         self.clock = clock
         self.ids = ids
         self._on_event = on_event
@@ -42,13 +45,44 @@ class Journal:
         self._deferred: list[EventDraft] = []
         self.failure: CommitFailedError | None = None
 
-    def draft(self, body: Body, **envelope: Any) -> EventDraft:
-        return EventDraft(id=self.ids.new_id(), ts=self.clock.now_us(), body=body, **envelope)
+    @property
+    def events(self) -> list[Event]:
+        """Every committed event of the session (the state's list; it only grows)."""
+        return self.state.events
+
+    def draft(self, body: Body, env: Envelope = _NO_ENVELOPE) -> EventDraft:
+        # Built without validating again: the body is a validated model and the envelope
+        # is typed (mypy checks it); sealing dumps the draft once, canonically.
+        return EventDraft.model_construct(
+            id=self.ids.new_id(),
+            ts=self.clock.now_us(),
+            body=body,
+            turn_id=env.turn_id,
+            run_id=env.run_id,
+            step_id=env.step_id,
+            call_id=env.call_id,
+            parent_call_id=env.parent_call_id,
+            origin=env.origin,
+            visibility=env.visibility,
+        )
 
     def defer(self, draft: EventDraft) -> None:
         """Commit ``draft`` together with the next ``record`` (saves a sync when nothing
         may act on the fact before then, e.g. a step's start before the model answers)."""
         self._deferred.append(draft)
+
+    def committed(self, draft: EventDraft) -> bool:
+        """Whether ``draft`` is in the log (asked after an interrupted ``record``)."""
+        return any(e.id == draft.id for e in reversed(self.events))
+
+    async def claim(self, draft: EventDraft) -> Event:
+        """Append ``draft`` exactly at the current head, or raise ``AppendConflictError``
+        untouched (a resume's claim of its prefix: losing it is an answer, not a failure)."""
+        async with self._lock:
+            events = await self.writer.append([draft], expected_offset=len(self.events))
+            self.state.feed(events)
+        self._notify(events)
+        return events[0]
 
     async def record(self, *drafts: EventDraft) -> list[Event]:
         """Append ``drafts`` atomically; raise ``CommitFailedError`` if that cannot be proven."""
@@ -60,7 +94,7 @@ class Journal:
                 raise CommitFailedError(
                     f"session {self.session_id!r} stopped after a failed commit; "
                     "no new fact or side effect may follow",
-                    hint="the committed prefix is intact; run `lodger recover` to continue",
+                    hint="the committed prefix is intact; recover the session to continue",
                     session_id=self.session_id,
                 ) from self.failure
             task = asyncio.ensure_future(
@@ -75,7 +109,7 @@ class Journal:
                 if task.done() and not task.cancelled():
                     error = task.exception()
                     if error is None:
-                        self.events.extend(task.result())
+                        self.state.feed(task.result())
                         self._notify(task.result())
                     elif isinstance(error, StorageError):
                         self.failure = self._failed(error)
@@ -83,7 +117,7 @@ class Journal:
             except StorageError as exc:
                 self.failure = self._failed(exc)
                 raise self.failure from exc
-            self.events.extend(events)
+            self.state.feed(events)
         self._notify(events)
         return events
 
@@ -91,8 +125,8 @@ class Journal:
         return CommitFailedError(
             f"commit to session {self.session_id!r} at offset {len(self.events)} "
             f"failed: {exc.message}",
-            hint="nothing after the last committed fact ran; run `lodger recover` to "
-            "see what is indeterminate",
+            hint="nothing after the last committed fact ran; recover the session to see "
+            "what is indeterminate",
             session_id=self.session_id,
             offset=len(self.events),
         )
@@ -102,8 +136,8 @@ class Journal:
             for event in events:
                 self._on_event(event)
 
-    async def fact(self, body: Body, **envelope: Any) -> Event:
-        return (await self.record(self.draft(body, **envelope)))[0]
+    async def fact(self, body: Body, env: Envelope = _NO_ENVELOPE) -> Event:
+        return (await self.record(self.draft(body, env)))[0]
 
 
 async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:

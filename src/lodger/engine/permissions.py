@@ -8,19 +8,28 @@ that says how to allow it.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from lodger.engine.checks import Rejection
+from lodger.engine.context import Envelope
+from lodger.events import PermissionDecided, PermissionRequested
 from lodger.tools.spec import Tool
 
-__all__ = ["Approver", "Decision", "PermissionPolicy", "Rule"]
+if TYPE_CHECKING:
+    from lodger.engine.journal import Journal
+
+__all__ = ["Approver", "Decision", "PermissionGate", "PermissionPolicy", "Rule"]
 
 Decision = Literal["allow", "deny", "ask"]
 
 Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool]]
-"""Asked for a decision on one call; returns True to allow it."""
+"""The approval dialogue: asked for a decision on one call, returns True to allow it.
+The CLI asks at the terminal; a host asks its clients."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,10 +56,66 @@ class PermissionPolicy:
             if rule.matches(tool):
                 decision: Decision = rule.decision
                 if decision == "ask" and self.approve_all:
-                    return "allow", f"rule {rule.pattern!r} asks; --yes approves"
+                    return "allow", f"rule {rule.pattern!r} asks; the run approves all"
                 return decision, f"rule {rule.pattern!r}"
         if tool.approval:
             if self.approve_all:
-                return "allow", "approval required; --yes approves"
+                return "allow", "approval required; the run approves all"
             return "ask", "approval required"
         return "allow", "default"
+
+
+class PermissionGate:
+    """The permission stage of the call path: the policy decides, an ask goes to the
+    ``Approver`` (one question at a time), and every decision that is not the silent
+    default is a fact of the call."""
+
+    def __init__(self, policy: PermissionPolicy, approver: Approver | None) -> None:
+        self.policy = policy
+        self.approver = approver
+        self._lock = asyncio.Lock()
+
+    async def permit(
+        self, journal: Journal, t: Tool, arguments: dict[str, Any], env: Envelope
+    ) -> None:
+        """Return when the call may go on; raise ``Rejection("denied", ...)`` otherwise."""
+        decision, why = self.policy.decide(t)
+        if decision == "allow":
+            if why != "default":
+                await journal.fact(
+                    PermissionDecided(tool=t.name, decision="allow", by="policy", reason=why),
+                    env,
+                )
+            return
+        if decision == "deny":
+            await journal.fact(
+                PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), env
+            )
+            raise Rejection("denied", f"calling {t.name} is denied by policy ({why})")
+        if self.approver is None:
+            reason = "approval required and the run is not interactive"
+            await journal.fact(
+                PermissionDecided(tool=t.name, decision="deny", by="default", reason=reason),
+                env,
+            )
+            raise Rejection(
+                "denied",
+                f"calling {t.name} needs approval and nobody can approve it in this run; "
+                "the operator can approve it or add an allow rule",
+            )
+        await journal.fact(PermissionRequested(tool=t.name, summary=_summarize(arguments)), env)
+        async with self._lock:  # one question at a time
+            allowed = await self.approver(t, arguments)
+        await journal.fact(
+            PermissionDecided(
+                tool=t.name, decision="allow" if allowed else "deny", by="user", reason=""
+            ),
+            env,
+        )
+        if not allowed:
+            raise Rejection("denied", f"the user denied this call to {t.name}")
+
+
+def _summarize(arguments: dict[str, Any], limit: int = 200) -> str:
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

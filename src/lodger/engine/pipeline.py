@@ -1,6 +1,7 @@
-"""The path of one call (DESIGN section 4), and the batch of one step.
+"""The path of one call (DESIGN section 4), as small stages, and the batch of one step.
 
-    binding -> visibility -> arguments -> permission -> resources -> T1 -> execute -> T2
+    check (binding, visibility, arguments) -> claims -> permission -> resources
+        -> expectations -> T1 -> execute (an Executor) -> bound -> T2
 
 Each failed check becomes a ``call_rejected`` fact and an error result the model sees on
 its next step; nothing raises out of here except a failed commit (which stops the turn)
@@ -16,53 +17,70 @@ committed, so conflicting calls run in emission order and independent ones never
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
-from lodger.engine.journal import Journal
-from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.bounding import ResultBounder
+from lodger.engine.checks import Rejection, check_call, schema_problems
+from lodger.engine.context import Envelope, RunContext
+from lodger.engine.executor import DEFAULT_TIMEOUT, Executor, InProcessExecutor
+from lodger.engine.permissions import PermissionGate
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
-    ArtifactRef,
     CallRejected,
     FileExpectation,
     Origin,
-    PermissionDecided,
-    PermissionRequested,
     ProposedCall,
     ResultStatus,
     ToolDispatched,
     ToolResponded,
     ToolsActivated,
     Visibility,
-    canonical_json,
 )
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.search import ACTIVATION_SCOPE, StepActivations
-from lodger.tools.spec import Tool, ToolContext, ToolOutput
+from lodger.tools.spec import Tool, ToolContext
 
-__all__ = ["CallOutcome", "StepScope", "ToolRuntime"]
-
-PREVIEW_CHARS = 4_000
+__all__ = ["CallOutcome", "CallPipeline", "StepScope"]
 
 
 @dataclass
 class StepScope:
-    """What the proposing step allowed: its visible names, fixed when the step started."""
+    """What the proposing step allowed: its visible names, fixed when the step started,
+    and what its calls activated so far. Tools get it as their ``ToolContext.step``."""
 
     step_id: str
     visible: frozenset[str]
     activated_here: set[str] = field(default_factory=set)
+
+    def shown(self) -> frozenset[str]:
+        return self.visible | self.activated_here
+
+
+@dataclass
+class _CallStep:
+    """The step handle one call sees: activations are facts of that call."""
+
+    scope: StepScope
+    journal_env: Envelope
+    pipeline: CallPipeline
+
+    @property
+    def step_id(self) -> str:
+        return self.scope.step_id
+
+    def shown(self) -> frozenset[str]:
+        return self.scope.shown()
+
+    async def activate(self, query: str, names: Sequence[str]) -> None:
+        # The fact first: a name is activated only once the log says so.
+        await self.pipeline.ctx.journal.fact(
+            ToolsActivated(query=query, names=tuple(names)), self.journal_env
+        )
+        self.scope.activated_here.update(names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,19 +96,13 @@ class CallOutcome:
         return self.status != "ok"
 
 
-@dataclass(frozen=True)
-class _Rejection(Exception):
-    reason: str
-    message: str
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Rejected:
     """A call that failed a synchronous check; its rejection is recorded when it runs."""
 
     call: ProposedCall
-    env: dict[str, Any]
-    rejection: _Rejection
+    env: Envelope
+    rejection: Rejection
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,44 +110,35 @@ class _Ready:
     """A call that passed the synchronous checks, with its claims reserved."""
 
     call: ProposedCall
-    env: dict[str, Any]
+    env: Envelope
     tool: Tool
     arguments: dict[str, Any]
     ctx: ToolContext
     reservation: Reservation
 
 
-class ToolRuntime:
+class CallPipeline:
     """Runs calls for one run of one turn; all facts go through the run's journal."""
 
     def __init__(
         self,
+        ctx: RunContext,
         *,
-        journal: Journal,
         registry: ToolRegistry,
-        permissions: PermissionPolicy,
-        approver: Approver | None,
+        permissions: PermissionGate,
         artifacts: ArtifactStore,
-        workspace: Path | None,
-        turn_id: str,
-        run_id: str,
-        result_limit: int = 16_000,
         authorities: Authorities | None = None,
-        hidden: tuple[Path, ...] = (),
+        executor: Executor | None = None,
+        default_timeout: float = DEFAULT_TIMEOUT,
+        result_limit: int = 16_000,
     ) -> None:
-        self.journal = journal
+        self.ctx = ctx
         self.registry = registry
         self.permissions = permissions
-        self.approver = approver
-        self.artifacts = artifacts
-        self.workspace = workspace
-        self.turn_id = turn_id
-        self.run_id = run_id
-        self.result_limit = result_limit
+        self.bounder = ResultBounder(artifacts, limit=result_limit)
         self.authorities = authorities or Authorities()
-        self.hidden = hidden
-        self._validators: dict[str, Draft202012Validator] = {}
-        self._approval_lock = asyncio.Lock()
+        self.executor: Executor = executor or InProcessExecutor()
+        self.default_timeout = default_timeout
 
     # ------------------------------------------------------------ batch
 
@@ -149,7 +152,10 @@ class ToolRuntime:
         # Every call is checked and its claims reserved, in emission order, before any
         # call runs: conflicting calls then acquire in the order the model emitted them,
         # however long each one's permission takes.
-        prepared = [self._prepare(call, scope) for call in calls]
+        env = self.ctx.envelope.at_step(scope.step_id)
+        prepared = [self._prepare(call, scope, env.for_call(call.call_id)) for call in calls]
+        if len(prepared) == 1:  # a batch of one needs no tasks of its own
+            return [await self._run_prepared(prepared[0])]
         batch: Batch[CallOutcome] = Batch([call.call_id for call in calls])
 
         async def one(slot: Slot[CallOutcome]) -> CallOutcome:
@@ -168,24 +174,6 @@ class ToolRuntime:
 
     # ------------------------------------------------------------ one call
 
-    def _envelope(
-        self,
-        call_id: str,
-        scope: StepScope | None,
-        parent_call_id: str | None,
-        origin: Origin,
-        visibility: Visibility,
-    ) -> dict[str, Any]:
-        return {
-            "turn_id": self.turn_id,
-            "run_id": self.run_id,
-            "step_id": scope.step_id if scope else None,
-            "call_id": call_id,
-            "parent_call_id": parent_call_id,
-            "origin": origin,
-            "visibility": visibility,
-        }
-
     async def run_call(
         self,
         call: ProposedCall,
@@ -197,17 +185,28 @@ class ToolRuntime:
         visibility: Visibility = "model",
     ) -> CallOutcome:
         """Run one call on its own (a batch of one, or a nested call of a code cell)."""
-        prepared = self._prepare(call, scope, parent_call_id, origin, visibility)
-        return await self._run_prepared(prepared, halt=halt)
+        env = self.ctx.envelope.at_step(scope.step_id).for_call(
+            call.call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
+        )
+        return await self._run_prepared(self._prepare(call, scope, env), halt=halt)
 
-    def _prepare(
-        self,
-        call: ProposedCall,
-        scope: StepScope,
-        parent_call_id: str | None = None,
-        origin: Origin = "provider",
-        visibility: Visibility = "model",
-    ) -> _Ready | _Rejected:
+    def _tool_context(
+        self, call_id: str, parent_call_id: str | None, step: _CallStep | None
+    ) -> ToolContext:
+        ctx = self.ctx
+        return ToolContext(
+            session_id=ctx.session_id,
+            turn_id=ctx.turn_id,
+            run_id=ctx.run_id,
+            call_id=call_id,
+            operation_id=ctx.ids.new_id(),
+            workspace=ctx.workspace,
+            hidden=ctx.hidden,
+            parent_call_id=parent_call_id,
+            step=step,
+        )
+
+    def _prepare(self, call: ProposedCall, scope: StepScope, env: Envelope) -> _Ready | _Rejected:
         """The synchronous checks (binding, visibility, arguments), then the claims.
 
         Claims are pure functions of the validated arguments, so they are computed now and
@@ -215,33 +214,24 @@ class ToolRuntime:
         order, which is the order conflicting calls will acquire in. Nothing is granted
         here; that waits for permission.
         """
-        env = self._envelope(call.call_id, scope, parent_call_id, origin, visibility)
         try:
-            t, arguments = self._check(call, scope)
-            ctx = ToolContext(
-                session_id=self.journal.session_id,
-                turn_id=self.turn_id,
-                run_id=self.run_id,
-                call_id=call.call_id,
-                operation_id=self.journal.ids.new_id(),
-                workspace=self.workspace,
-                hidden=self.hidden,
-                parent_call_id=parent_call_id,
-                extras={ACTIVATION_SCOPE: self._activations(scope, env)},
+            t, arguments = check_call(
+                self.registry, call, visible=scope.visible, activated_here=scope.activated_here
             )
-            claims = self._claims(t, arguments, ctx)
+            tctx = self._tool_context(call.call_id, env.parent_call_id, _CallStep(scope, env, self))
+            claims = _claims(t, arguments, tctx)
             try:
                 reservation = self.authorities.reserve(self._owner(call.call_id), claims)
             except AuthorityMisuseError:
-                raise _Rejection(
+                raise Rejection(
                     "duplicate_call",
                     f"call id {call.call_id!r} is already in use by a running call; "
                     "give every call its own id",
                 ) from None
-        except _Rejection as rejection:
+        except Rejection as rejection:
             return _Rejected(call=call, env=env, rejection=rejection)
         return _Ready(
-            call=call, env=env, tool=t, arguments=arguments, ctx=ctx, reservation=reservation
+            call=call, env=env, tool=t, arguments=arguments, ctx=tctx, reservation=reservation
         )
 
     async def _run_prepared(
@@ -257,15 +247,15 @@ class ToolRuntime:
             if isinstance(prepared, _Rejected):
                 rejection = prepared.rejection
             else:
-                t, arguments, ctx = prepared.tool, prepared.arguments, prepared.ctx
+                t, arguments, tctx = prepared.tool, prepared.arguments, prepared.ctx
                 try:
-                    await self._permit(t, arguments, env)
+                    await self.permissions.permit(self.ctx.journal, t, arguments, env)
                     self._stop_if_halted(call, halt)
                     # Leases: after permission, before T1 (and before the expectations,
                     # which hash the files the leases protect).
                     await prepared.reservation.acquire()
-                    expectations = await self._expectations(t, arguments, ctx)
-                except _Rejection as exc:
+                    expectations = await _expectations(t, arguments, tctx)
+                except Rejection as exc:
                     rejection = exc
                 else:
                     self._stop_if_halted(call, halt)
@@ -274,14 +264,14 @@ class ToolRuntime:
                     return await self._dispatch(
                         t,
                         arguments,
-                        ctx,
+                        tctx,
                         env,
                         resources=prepared.reservation.resources(),
                         expectations=tuple(expectations),
                     )
-            await self.journal.fact(
+            await self.ctx.journal.fact(
                 CallRejected(tool=call.name, reason=rejection.reason, message=rejection.message),
-                **env,
+                env,
             )
             return CallOutcome(
                 call_id=call.call_id,
@@ -298,7 +288,7 @@ class ToolRuntime:
         if halt is not None and halt.is_set():
             raise CommitFailedError(
                 "the batch stopped after a failed commit; this call was not dispatched",
-                session_id=self.journal.session_id,
+                session_id=self.ctx.session_id,
                 call_id=call.call_id,
             )
 
@@ -314,28 +304,31 @@ class ToolRuntime:
     ) -> CallOutcome:
         """Recovery of an ``idempotent`` operation: run it again under a new, linked T1.
 
-        The arguments, resources and expectations are the recorded ones: the original
-        step already validated and permitted this call.
+        The log proves what was asked, not that it may run again (DESIGN L10): the call
+        is checked again against the tools bound now (binding, schema, permission), and
+        the recovery policy is the bound tool's, never the one recorded.
         """
-        t = self.registry.get(previous.tool)
-        if t is None:  # resume checks bindings first; this is a guard, not a path
-            raise ToolCallError(f"tool {previous.tool!r} is not bound in this run")
-        ctx = ToolContext(
-            session_id=self.journal.session_id,
-            turn_id=self.turn_id,
-            run_id=self.run_id,
-            call_id=call_id,
-            operation_id=self.journal.ids.new_id(),
-            workspace=self.workspace,
-            hidden=self.hidden,
-            parent_call_id=parent_call_id,
+        env = self.ctx.envelope.for_call(
+            call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
         )
-        env = self._envelope(call_id, None, parent_call_id, origin, visibility)
+        t = self.registry.get(previous.tool)
         arguments = dict(previous.arguments)
+        tctx = self._tool_context(call_id, parent_call_id, None)
         try:
-            claims = self._claims(t, arguments, ctx)
-        except _Rejection:
-            claims = ()  # the tool checks its arguments itself when it runs again
+            if t is None:
+                raise Rejection("unbound", f"tool {previous.tool!r} is not bound in this run")
+            problems = schema_problems(t, arguments)
+            if problems:
+                raise Rejection(
+                    "invalid_arguments",
+                    f"the recorded arguments of {t.name} fail its schema now: "
+                    + "; ".join(problems),
+                )
+            claims = _claims(t, arguments, tctx)
+            await self.permissions.permit(self.ctx.journal, t, arguments, env)
+        except Rejection as rejection:
+            # Not run again: the call stays as it was (indeterminate) and recovery parks it.
+            raise ToolCallError(rejection.message, code=rejection.reason) from None
         # The same leases as a first dispatch: other sessions sharing these authorities
         # must not meet a re-run half-way.
         reservation = self.authorities.reserve(self._owner(call_id), claims)
@@ -344,7 +337,7 @@ class ToolRuntime:
             return await self._dispatch(
                 t,
                 arguments,
-                ctx,
+                tctx,
                 env,
                 resources=previous.resources,
                 expectations=previous.expectations,
@@ -358,8 +351,8 @@ class ToolRuntime:
         self,
         t: Tool,
         arguments: dict[str, Any],
-        ctx: ToolContext,
-        env: dict[str, Any],
+        tctx: ToolContext,
+        env: Envelope,
         *,
         resources: tuple[str, ...],
         expectations: tuple[FileExpectation, ...],
@@ -367,9 +360,10 @@ class ToolRuntime:
         attempt: int = 1,
     ) -> CallOutcome:
         """T1, execute, T2. From T1 on the call is never abandoned."""
-        t1 = self.journal.draft(
+        journal = self.ctx.journal
+        t1 = journal.draft(
             ToolDispatched(
-                operation_id=ctx.operation_id,
+                operation_id=tctx.operation_id,
                 tool=t.name,
                 arguments=arguments,
                 attempt=attempt,
@@ -378,25 +372,28 @@ class ToolRuntime:
                 resources=resources,
                 expectations=expectations,
             ),
-            **env,
+            env,
         )
         try:
-            await self.journal.record(t1)
+            await journal.record(t1)
         except asyncio.CancelledError:
-            if not any(e.id == t1.id for e in reversed(self.journal.events)):
+            if not journal.committed(t1):
                 raise  # T1 is not in the log: the call was never dispatched
             # T1 committed as the cancellation arrived: the call is past T1, so it is not
             # abandoned; it never started, and that is what T2 records.
-            await self.journal.fact(
+            await journal.fact(
                 ToolResponded(
-                    operation_id=ctx.operation_id,
+                    operation_id=tctx.operation_id,
                     status="cancelled",
                     content=f"{t.name} was cancelled before it started; it did not run",
                 ),
-                **env,
+                env,
             )
             raise
-        execution = asyncio.ensure_future(self._execute(t, arguments, ctx))
+        timeout = t.timeout if t.timeout is not None else self.default_timeout
+        execution = asyncio.ensure_future(
+            self.executor.execute(t, arguments, tctx, time_limit=timeout)
+        )
         cancelled = False
         while not execution.done():
             try:
@@ -406,222 +403,75 @@ class ToolRuntime:
                 # recorded before the cancellation goes on.
                 cancelled = True
                 execution.cancel()
-        status, content = execution.result()
-        content, truncated, refs = await self._bound(content)
+        if execution.cancelled():
+            status: ResultStatus = "cancelled"
+            content = f"{t.name} was cancelled while running; its effect may be partial"
+        else:
+            status, content = execution.result().status, execution.result().content
+        bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
-        await self.journal.fact(
+        await journal.fact(
             ToolResponded(
-                operation_id=ctx.operation_id,
+                operation_id=tctx.operation_id,
                 status=status,
-                content=content,
-                truncated=truncated,
-                artifacts=refs,
+                content=bounded.content,
+                truncated=bounded.truncated,
+                artifacts=bounded.artifacts,
             ),
-            **env,
+            env,
         )
         if cancelled:
             raise asyncio.CancelledError
         return CallOutcome(
-            call_id=ctx.call_id, name=t.name, status=status, content=content, dispatched=True
+            call_id=tctx.call_id,
+            name=t.name,
+            status=status,
+            content=bounded.content,
+            dispatched=True,
         )
-
-    def _activations(self, scope: StepScope, env: dict[str, Any]) -> StepActivations:
-        """What tool_search sees of its step; its activations are facts of this call."""
-
-        async def record(fact: ToolsActivated) -> None:
-            await self.journal.fact(fact, **env)
-
-        return StepActivations(
-            visible=scope.visible, activated_here=scope.activated_here, record=record
-        )
-
-    # ------------------------------------------------------------ checks
 
     def _owner(self, call_id: str) -> str:
         # Authorities may be shared by sessions; call ids are only unique in one session.
-        return f"{self.journal.session_id}/{call_id}"
+        return f"{self.ctx.session_id}/{call_id}"
 
-    def _claims(
-        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
-    ) -> tuple[ResourceClaim, ...]:
-        if t.claims is None:
-            return ()
-        try:
-            claims = tuple(t.claims(arguments, ctx))
-        except ToolCallError as exc:
-            raise _Rejection("invalid_arguments", str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
-            raise _Rejection(
+
+# ---------------------------------------------------------------- tool hooks as stages
+
+
+def _claims(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> tuple[ResourceClaim, ...]:
+    """The resources a call touches, from the tool's ``claims`` hook."""
+    if t.claims is None:
+        return ()
+    try:
+        claims = tuple(t.claims(arguments, ctx))
+    except ToolCallError as exc:
+        raise Rejection("invalid_arguments", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
+        raise Rejection(
+            "claims_failed",
+            f"{t.name} could not declare its resources ({type(exc).__name__}: {exc}); report this",
+        ) from None
+    for claim in claims:
+        if not isinstance(claim, ResourceClaim):
+            raise Rejection(
                 "claims_failed",
-                f"{t.name} could not declare its resources ({type(exc).__name__}: {exc}); "
-                "report this",
-            ) from None
-        for claim in claims:
-            if not isinstance(claim, ResourceClaim):
-                raise _Rejection(
-                    "claims_failed",
-                    f"{t.name} declared {claim!r} as a resource, not a ResourceClaim; report this",
-                )
-        return claims
-
-    def _check(self, call: ProposedCall, scope: StepScope) -> tuple[Tool, dict[str, Any]]:
-        t = self.registry.get(call.name)
-        if t is None:
-            names = ", ".join(sorted(scope.visible)) or "none"
-            raise _Rejection(
-                "unbound", f"unknown tool {call.name!r}; the tools you can call are: {names}"
+                f"{t.name} declared {claim!r} as a resource, not a ResourceClaim; report this",
             )
-        if call.name not in scope.visible:
-            if call.name in scope.activated_here:
-                raise _Rejection(
-                    "activated_this_step",
-                    f"tool {call.name!r} was activated by tool_search in this step; "
-                    "call it on the next step, when its schema is visible",
-                )
-            raise _Rejection(
-                "invisible",
-                f"tool {call.name!r} is not visible in this step; "
-                "use tool_search to find and activate it first",
-            )
-        try:
-            arguments = json.loads(call.arguments or "{}", parse_constant=_no_constants)
-        except json.JSONDecodeError as exc:
-            raise _Rejection(
-                "invalid_arguments",
-                f"arguments for {call.name} are not valid JSON ({exc.msg} at position "
-                f"{exc.pos}); send a JSON object",
-            ) from None
-        except ValueError as exc:  # NaN / Infinity: not JSON, and not storable in the log
-            raise _Rejection("invalid_arguments", f"arguments for {call.name}: {exc}") from None
-        if not isinstance(arguments, dict):
-            raise _Rejection(
-                "invalid_arguments", f"arguments for {call.name} must be a JSON object"
-            )
-        try:
-            canonical_json(arguments)  # what T1 will store must be encodable
-        except UnicodeEncodeError:
-            raise _Rejection(
-                "invalid_arguments",
-                f"arguments for {call.name} contain text that is not valid Unicode "
-                "(a lone surrogate escape); send plain UTF-8 text",
-            ) from None
-        problems = self._validate(t, arguments)
-        if problems:
-            raise _Rejection(
-                "invalid_arguments", f"invalid arguments for {call.name}: " + "; ".join(problems)
-            )
-        return t, arguments
-
-    def _validate(self, t: Tool, arguments: dict[str, Any]) -> list[str]:
-        validator = self._validators.get(t.name)
-        if validator is None:
-            try:
-                validator = _compiled_validator(canonical_json(t.parameters).decode())
-            except SchemaError as exc:
-                return [f"the tool's own schema is invalid ({exc.message}); report this"]
-            self._validators[t.name] = validator
-        problems = []
-        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]:
-            where = "/".join(str(p) for p in error.path)
-            problems.append(f"{where}: {error.message}" if where else error.message)
-        return problems
-
-    async def _permit(self, t: Tool, arguments: dict[str, Any], env: dict[str, Any]) -> None:
-        decision, why = self.permissions.decide(t)
-        if decision == "allow":
-            if why != "default":
-                await self.journal.fact(
-                    PermissionDecided(tool=t.name, decision="allow", by="policy", reason=why),
-                    **env,
-                )
-            return
-        if decision == "deny":
-            await self.journal.fact(
-                PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), **env
-            )
-            raise _Rejection("denied", f"calling {t.name} is denied by policy ({why})")
-        if self.approver is None:
-            reason = "approval required and the run is not interactive"
-            await self.journal.fact(
-                PermissionDecided(tool=t.name, decision="deny", by="default", reason=reason),
-                **env,
-            )
-            raise _Rejection(
-                "denied",
-                f"calling {t.name} needs approval and nobody can approve it in this run; "
-                "the operator can re-run with --yes or add an allow rule",
-            )
-        summary = _summarize(arguments)
-        await self.journal.fact(PermissionRequested(tool=t.name, summary=summary), **env)
-        async with self._approval_lock:  # one question at a time
-            allowed = await self.approver(t, arguments)
-        await self.journal.fact(
-            PermissionDecided(
-                tool=t.name, decision="allow" if allowed else "deny", by="user", reason=""
-            ),
-            **env,
-        )
-        if not allowed:
-            raise _Rejection("denied", f"the user denied this call to {t.name}")
-
-    async def _expectations(
-        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
-    ) -> Sequence[FileExpectation]:
-        if t.expectations is None:
-            return ()
-        try:
-            return await t.expectations(arguments, ctx)
-        except ToolCallError as exc:
-            raise _Rejection("precondition", str(exc)) from None
-
-    # ------------------------------------------------------------ execution
-
-    async def _execute(
-        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext
-    ) -> tuple[ResultStatus, str]:
-        try:
-            value = await t.handler(arguments, ctx)
-        except ToolCallError as exc:
-            return "error", str(exc)  # the message and its hint: both are for the model
-        except asyncio.CancelledError:
-            return "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
-        except Exception as exc:  # noqa: BLE001 - a tool failure is a result, not a crash
-            return "error", f"{t.name} failed: {type(exc).__name__}: {exc}"
-        if isinstance(value, ToolOutput):
-            return ("error" if value.is_error else "ok"), value.content
-        if isinstance(value, str):
-            return "ok", value
-        try:
-            return "ok", json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError) as exc:
-            return "error", f"{t.name} returned a value that is not JSON: {exc}"
-
-    async def _bound(self, content: str) -> tuple[str, bool, tuple[ArtifactRef, ...]]:
-        data = content.encode("utf-8")
-        if len(data) <= self.result_limit:
-            return content, False, ()
-        ref = await self.artifacts.put(data)
-        preview = content[:PREVIEW_CHARS]
-        note = (
-            f"\n[... truncated: the full result ({len(data)} bytes) is stored as "
-            f"artifact sha256:{ref.sha256}]"
-        )
-        return preview + note, True, (ref,)
+    return claims
 
 
-def _summarize(arguments: dict[str, Any], limit: int = 200) -> str:
-    text = json.dumps(arguments, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled_validator(schema_json: str) -> Draft202012Validator:
-    """One checked validator per distinct schema, shared by every run of the process
-    (checking and compiling a schema costs more than many validations)."""
-    schema = json.loads(schema_json)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value; send a number or null")
+async def _expectations(
+    t: Tool, arguments: dict[str, Any], ctx: ToolContext
+) -> Sequence[FileExpectation]:
+    """What the tool expects of the world before and after (hashes recorded in T1)."""
+    if t.expectations is None:
+        return ()
+    try:
+        return await t.expectations(arguments, ctx)
+    except ToolCallError as exc:
+        raise Rejection("precondition", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
+        raise Rejection(
+            "precondition",
+            f"{t.name} could not check its preconditions ({type(exc).__name__}: {exc})",
+        ) from None

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from lodger.engine.context import Envelope, RunContext
 from lodger.engine.journal import Journal
-from lodger.engine.pipeline import ToolRuntime
+from lodger.engine.pipeline import CallPipeline
 from lodger.errors import (
     AppendConflictError,
+    NextStep,
     ResumeBlockedError,
     SessionNotFoundError,
+    ToolCallError,
     UsageError,
 )
 from lodger.events import (
@@ -28,21 +31,20 @@ from lodger.events import (
     RecoveryObserved,
     RunEnded,
     RunStarted,
-    SessionStarted,
-    ToolDispatched,
     TurnEnded,
 )
 from lodger.ids import Clock, IdFactory
-from lodger.recovery.classify import CallState, classify_calls
-from lodger.recovery.plan import PlannedCall, RecoveryPlan, plan_recovery
-from lodger.storage import EventLog, SessionWriter
+from lodger.recovery.classify import CallState
+from lodger.recovery.plan import PlannedCall, RecoveryPlan
 from lodger.tools.spec import ProbeResult, ToolContext
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
-    from lodger.agent import Agent, TurnResult
+    from lodger.engine.loop import Engine
+    from lodger.engine.state import SessionState
+    from lodger.storage import SessionWriter
 
-__all__ = ["Decision", "decide", "resume_locked"]
+__all__ = ["Decision", "check_invariants", "decide", "resume_run"]
 
 Decision = Literal["completed", "not_applied", "abandon"]
 
@@ -52,27 +54,18 @@ NOT_DISPATCHED = (
 )
 
 
-def _decide_hint(session_id: str, call_id: str) -> str:
-    return (
-        f"lodger decide {session_id} {call_id} --completed [--result JSON] | "
-        "--not-applied | --abandon"
-    )
-
-
-def check_invariants(agent: Agent, events: Sequence[Event], plan: RecoveryPlan) -> list[str]:
+def check_invariants(engine: Engine, state: SessionState) -> list[str]:
     """Environment invariants a resume needs; one line per violation."""
     problems: list[str] = []
-    started = events[0].body if events else None
-    if isinstance(started, SessionStarted) and started.workspace_id is not None:
-        current = workspace_id(agent.workspace) if agent.workspace is not None else None
-        if current != started.workspace_id:
+    if state.workspace_id is not None:
+        current = workspace_id(engine.workspace) if engine.workspace is not None else None
+        if current != state.workspace_id:
             problems.append(
-                f"workspace: the session ran in {started.workspace!r} and this run has "
-                f"{str(agent.workspace) if agent.workspace else 'no workspace'!r} "
+                f"workspace: the session ran in {state.workspace!r} and this run has "
+                f"{str(engine.workspace) if engine.workspace else 'no workspace'!r} "
                 "(not the same directory)"
             )
-    used = sorted({e.body.tool for e in events if isinstance(e.body, ToolDispatched)})
-    missing = [name for name in used if name not in agent.registry]
+    missing = [name for name in state.used_tools() if name not in engine.registry]
     if missing:
         problems.append(
             "tools: the history used tools that are not bound now: " + ", ".join(missing)
@@ -80,25 +73,30 @@ def check_invariants(agent: Agent, events: Sequence[Event], plan: RecoveryPlan) 
     return problems
 
 
-async def resume_locked(agent: Agent, writer: SessionWriter) -> TurnResult:
-    """Resume the open turn of the session ``writer`` holds (the writer lock is ours)."""
-    session_id = writer.session_id
-    events = writer.initial_events
-    if not events:
+async def resume_run(engine: Engine, journal: Journal) -> RunContext:
+    """Claim the open turn's prefix for a new run and apply its recovery plan.
+
+    Returns the new run's context, ready to drive; raises ``ResumeBlockedError`` naming
+    every parked operation or failed invariant.
+    """
+    state = journal.state
+    session_id = journal.session_id
+    if not state.events:
         raise SessionNotFoundError(
             f"no log for session {session_id!r}",
-            hint="run `lodger sessions` to list sessions",
             session_id=session_id,
+            next_steps=(NextStep(action="list_sessions"),),
         )
-    plan = plan_recovery(events)
+    plan = state.plan()
     if plan.turn_id is None:
         raise UsageError(
             f"session {session_id!r} has no interrupted turn to resume",
-            hint=f'start a new turn with `lodger run "TASK" --session {session_id}`',
+            hint="start a new turn on the session instead",
             code="nothing_to_resume",
             session_id=session_id,
+            next_steps=(NextStep(action="run", session_id=session_id),),
         )
-    problems = check_invariants(agent, events, plan)
+    problems = check_invariants(engine, state)
     if problems:
         raise ResumeBlockedError(
             f"session {session_id!r} cannot resume: " + "; ".join(problems),
@@ -111,72 +109,61 @@ async def resume_locked(agent: Agent, writer: SessionWriter) -> TurnResult:
         raise _blocked(session_id, plan.blocked)
 
     turn_id = plan.turn_id
-    run_id = agent.ids.new_id()
-    claim = EventDraft(
-        id=agent.ids.new_id(),
-        ts=agent.clock.now_us(),
-        turn_id=turn_id,
-        run_id=run_id,
-        body=RunStarted(
-            model=agent.model.spec,
+    run_id = engine.ids.new_id()
+    claim = journal.draft(
+        RunStarted(
+            model=engine.model.spec,
             parent_run_id=plan.last_run_id,
             resumed_from=plan.prefix,
-            tools=tuple(agent.registry.names()),
+            tools=tuple(engine.registry.names()),
         ),
+        Envelope(turn_id=turn_id, run_id=run_id),
     )
     try:
         # The claim: one append at the prefix's high-water mark; a second resume of the
         # same prefix can never also land there.
-        claimed = await writer.append([claim], expected_offset=plan.prefix.high_water)
+        await journal.claim(claim)
     except AppendConflictError as exc:
         raise ResumeBlockedError(
             f"another run already continues session {session_id!r} from offset "
             f"{plan.prefix.high_water}",
             blockers=["another run claimed this prefix"],
-            hint="re-run `lodger recover` to see the new state",
+            hint="look at the recovery plan again to see the new state",
             session_id=session_id,
+            next_steps=(NextStep(action="recover", session_id=session_id),),
         ) from exc
-    journal = Journal(
-        writer, [*events, *claimed], clock=agent.clock, ids=agent.ids, on_event=agent.on_event
-    )
-    if agent.on_event is not None:
-        agent.on_event(claimed[0])
-    runtime = agent.tool_runtime(journal, turn_id=turn_id, run_id=run_id)
-    states = classify_calls(events)
+    ctx = engine.run_context(journal, turn_id=turn_id, run_id=run_id)
+    pipeline = engine.pipeline(ctx)
     parked: list[PlannedCall] = []
     for planned in plan.calls:
-        state = states[planned.call_id]
-        if not await _apply(agent, journal, runtime, planned, state, turn_id, run_id):
+        call_state = state.calls[planned.call_id]
+        if not await _apply(engine, ctx, pipeline, planned, call_state):
             parked.append(planned)
     if parked:
         await journal.fact(
             RunEnded(status="parked", error=f"{len(parked)} operation(s) wait for a decision"),
-            turn_id=turn_id,
-            run_id=run_id,
+            ctx.envelope,
         )
         raise _blocked(session_id, tuple(parked))
-    return await agent.drive(journal, turn_id=turn_id, run_id=run_id)
+    return ctx
 
 
 async def _apply(
-    agent: Agent,
-    journal: Journal,
-    runtime: ToolRuntime,
+    engine: Engine,
+    ctx: RunContext,
+    pipeline: CallPipeline,
     planned: PlannedCall,
     state: CallState,
-    turn_id: str,
-    run_id: str,
 ) -> bool:
     """Carry out one call's action; False when it is (still) parked."""
     nested = state.parent_call_id is not None
-    env = {
-        "turn_id": turn_id,
-        "run_id": run_id,
-        "call_id": state.call_id,
-        "parent_call_id": state.parent_call_id,
-        "visibility": "hidden" if nested else "model",
-        "origin": "runtime",
-    }
+    env = ctx.envelope.for_call(
+        state.call_id,
+        parent_call_id=state.parent_call_id,
+        origin="runtime",
+        visibility="hidden" if nested else "model",
+    )
+    journal = ctx.journal
     record = state.latest
     if planned.action == "none":
         return True
@@ -190,22 +177,29 @@ async def _apply(
                 reason="not_dispatched",
                 observation=NOT_DISPATCHED,
             ),
-            **env,
+            env,
         )
         return True
     assert record is not None
-    if planned.action == "redispatch":
-        await runtime.redispatch(
-            previous=record.dispatched,
-            call_id=state.call_id,
-            parent_call_id=state.parent_call_id,
-            origin=state.origin,
-            visibility="hidden" if nested else "model",
-            attempt=record.dispatched.attempt + 1,
-        )
-        return True
-    if planned.action == "probe":
-        seen = await _probe(agent, journal, state, turn_id, run_id)
+    bound = engine.registry.get(record.dispatched.tool)
+    # The policy is the bound tool's, never the one the log records (DESIGN L10).
+    policy = bound.recovery if bound is not None else "never_retry"
+    why = f"{policy}: the outcome cannot be proven from here"
+    if policy == "idempotent":
+        try:
+            await pipeline.redispatch(
+                previous=record.dispatched,
+                call_id=state.call_id,
+                parent_call_id=state.parent_call_id,
+                origin=state.origin,
+                visibility="hidden" if nested else "model",
+                attempt=record.dispatched.attempt + 1,
+            )
+            return True
+        except ToolCallError as exc:  # refused now: binding, schema or permission
+            why = f"not run again: {exc.message}"
+    elif policy == "queryable":
+        seen = await _probe(engine, ctx, state)
         if seen.applied is True:
             observed = RecoveryObserved(
                 operation_id=record.operation_id,
@@ -227,41 +221,34 @@ async def _apply(
                 reason="probe_unknown",
                 observation=seen.observation,
             )
-        await journal.fact(observed, **env)
+        await journal.fact(observed, env)
         if seen.applied is not None:
             return True
-    # never_retry, or a probe that could not tell: park, for an operator to decide
+    # never_retry, a refused re-run, or a probe that could not tell: park for an operator
     await journal.fact(
-        RecoveryDecided(
-            operation_id=record.operation_id,
-            action="park",
-            reason=f"{record.dispatched.recovery}: the outcome cannot be proven from here",
-        ),
-        **env,
+        RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
     )
     return False
 
 
-async def _probe(
-    agent: Agent, journal: Journal, state: CallState, turn_id: str, run_id: str
-) -> ProbeResult:
+async def _probe(engine: Engine, ctx: RunContext, state: CallState) -> ProbeResult:
     record = state.latest
     assert record is not None
-    t = agent.registry.get(record.dispatched.tool)
+    t = engine.registry.get(record.dispatched.tool)
     if t is None or t.probe is None:
         return ProbeResult(applied=None, observation="the tool has no probe in this run")
-    ctx = ToolContext(
-        session_id=journal.session_id,
-        turn_id=turn_id,
-        run_id=run_id,
+    tctx = ToolContext(
+        session_id=ctx.session_id,
+        turn_id=ctx.turn_id,
+        run_id=ctx.run_id,
         call_id=state.call_id,
         operation_id=record.operation_id,
-        workspace=agent.workspace,
+        workspace=ctx.workspace,
         parent_call_id=state.parent_call_id,
-        hidden=(agent.state_dir.resolve(),),
+        hidden=ctx.hidden,
     )
     try:
-        return await t.probe(record.dispatched, ctx)
+        return await t.probe(record.dispatched, tctx)
     except Exception as exc:  # noqa: BLE001 - a failing probe proves nothing: park
         return ProbeResult(applied=None, observation=f"the probe failed: {exc}")
 
@@ -275,14 +262,18 @@ def _blocked(session_id: str, calls: Sequence[PlannedCall]) -> ResumeBlockedErro
         f"session {session_id!r} waits for a decision on {len(calls)} operation(s): "
         + "; ".join(lines),
         blockers=lines,
-        hint="decide each with `" + _decide_hint(session_id, calls[0].call_id) + "`",
+        hint="decide each parked call: completed (with its result), not applied, or "
+        "abandon the turn",
         session_id=session_id,
+        next_steps=tuple(
+            NextStep(action="decide", session_id=session_id, call_id=c.call_id) for c in calls
+        ),
     )
 
 
 async def decide(
-    log: EventLog,
-    session_id: str,
+    writer: SessionWriter,
+    state: SessionState,
     call_id: str,
     decision: Decision,
     *,
@@ -292,66 +283,68 @@ async def decide(
     by: str = "operator",
 ) -> list[Event]:
     """Record an operator decision on an indeterminate or parked call of the open turn."""
-    writer = await log.open_writer(session_id)
-    try:
-        events = writer.initial_events
-        if not events:
-            raise SessionNotFoundError(f"no log for session {session_id!r}", session_id=session_id)
-        plan = plan_recovery(events)
-        planned = next((c for c in plan.calls if c.call_id == call_id), None)
-        if planned is None:
-            raise UsageError(
-                f"call {call_id!r} is not part of an interrupted turn of session {session_id!r}",
-                hint=f"run `lodger recover {session_id}` to list the calls that need a decision",
-                code="no_such_call",
-                session_id=session_id,
-                call_id=call_id,
-            )
-        if planned.status not in ("indeterminate", "parked") or planned.operation_id is None:
-            raise UsageError(
-                f"call {call_id!r} is {planned.status}; only indeterminate or parked calls "
-                "need a decision",
-                code="nothing_to_decide",
-                session_id=session_id,
-                call_id=call_id,
-            )
-        env = {
-            "turn_id": plan.turn_id,
-            "call_id": call_id,
-            "parent_call_id": planned.parent_call_id,
-            "origin": "operator",
-            "visibility": "hidden" if planned.parent_call_id else "model",
-        }
-        drafts = [
-            EventDraft(
-                id=ids.new_id(),
-                ts=clock.now_us(),
-                body=OperatorDecision(
-                    operation_id=planned.operation_id, decision=decision, result=result, by=by
-                ),
-                **env,
-            )
-        ]
-        if decision == "abandon":
-            if plan.run_open:
-                drafts.append(
-                    EventDraft(
-                        id=ids.new_id(),
-                        ts=clock.now_us(),
-                        turn_id=plan.turn_id,
-                        run_id=plan.last_run_id,
-                        body=RunEnded(status="abandoned", error="abandoned by the operator"),
-                    )
-                )
+    session_id = writer.session_id
+    if not state.events:
+        raise SessionNotFoundError(f"no log for session {session_id!r}", session_id=session_id)
+    plan: RecoveryPlan = state.plan()
+    planned = next((c for c in plan.calls if c.call_id == call_id), None)
+    if planned is None:
+        raise UsageError(
+            f"call {call_id!r} is not part of an interrupted turn of session {session_id!r}",
+            hint="the recovery plan lists the calls that need a decision",
+            code="no_such_call",
+            session_id=session_id,
+            call_id=call_id,
+            next_steps=(NextStep(action="recover", session_id=session_id),),
+        )
+    if planned.status not in ("indeterminate", "parked") or planned.operation_id is None:
+        raise UsageError(
+            f"call {call_id!r} is {planned.status}; only indeterminate or parked calls "
+            "need a decision",
+            code="nothing_to_decide",
+            session_id=session_id,
+            call_id=call_id,
+        )
+    env = Envelope(
+        turn_id=plan.turn_id,
+        call_id=call_id,
+        parent_call_id=planned.parent_call_id,
+        origin="operator",
+        visibility="hidden" if planned.parent_call_id else "model",
+    )
+
+    def draft(body: OperatorDecision | RunEnded | TurnEnded, where: Envelope) -> EventDraft:
+        return EventDraft(
+            id=ids.new_id(),
+            ts=clock.now_us(),
+            body=body,
+            turn_id=where.turn_id,
+            run_id=where.run_id,
+            call_id=where.call_id,
+            parent_call_id=where.parent_call_id,
+            origin=where.origin,
+            visibility=where.visibility,
+        )
+
+    drafts = [
+        draft(
+            OperatorDecision(
+                operation_id=planned.operation_id, decision=decision, result=result, by=by
+            ),
+            env,
+        )
+    ]
+    if decision == "abandon":
+        if plan.run_open:
             drafts.append(
-                EventDraft(
-                    id=ids.new_id(),
-                    ts=clock.now_us(),
-                    turn_id=plan.turn_id,
-                    origin="operator",
-                    body=TurnEnded(status="abandoned"),
+                draft(
+                    RunEnded(status="abandoned", error="abandoned by the operator"),
+                    Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id),
                 )
             )
-        return await writer.append(drafts, expected_offset=plan.prefix.high_water)
-    finally:
-        await writer.close()
+        drafts.append(
+            draft(TurnEnded(status="abandoned"), Envelope(turn_id=plan.turn_id, origin="operator"))
+        )
+    events = await writer.append(drafts, expected_offset=plan.prefix.high_water)
+    state.feed(events)
+    return events

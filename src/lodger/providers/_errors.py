@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from lodger.errors import ProviderError
+from lodger.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderTimeoutError,
+    ProviderUnreachableError,
+    RateLimitedError,
+)
 
 __all__ = [
     "error_for_status",
@@ -29,13 +35,18 @@ def error_for_status(spec: str, status: int, detail: str, *, key_env: str) -> Pr
         code, hint = "provider_unavailable", "the provider failed; the request is retried"
     else:
         code, hint = "provider_rejected", "the provider rejected the request"
-    return ProviderError(
+    cls: type[ProviderError] = ProviderError
+    if status in (401, 403):
+        cls = ProviderAuthError
+    elif status == 429:
+        cls = RateLimitedError
+    return cls(
         f"{spec}: HTTP {status}: {detail}", retryable=retryable, status=status, code=code, hint=hint
     )
 
 
 def timed_out(spec: str) -> ProviderError:
-    return ProviderError(
+    return ProviderTimeoutError(
         f"{spec}: the request timed out",
         retryable=True,
         code="provider_timeout",
@@ -44,7 +55,7 @@ def timed_out(spec: str) -> ProviderError:
 
 
 def unreachable(spec: str, detail: str) -> ProviderError:
-    return ProviderError(
+    return ProviderUnreachableError(
         f"{spec}: cannot reach the provider ({detail})",
         retryable=True,
         code="provider_connection",

@@ -20,7 +20,7 @@ same prefix always gives the same plan.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,7 +39,13 @@ from lodger.events import (
     ToolResponded,
 )
 
-__all__ = ["CallState", "CallStatus", "OperationRecord", "classify_calls"]
+__all__ = [
+    "CallClassifier",
+    "CallState",
+    "CallStatus",
+    "OperationRecord",
+    "classify_calls",
+]
 
 CallStatus = Literal[
     "not_dispatched",
@@ -122,18 +128,25 @@ def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogErr
     )
 
 
-def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
-    """Every call in the prefix, keyed by call id, in the order they first appear."""
-    calls: dict[str, CallState] = {}
-    operations: dict[str, tuple[CallState, OperationRecord]] = {}
-    session_id = events[0].session_id if events else ""
-    for e in events:
+class CallClassifier:
+    """The call states of a log, folded one event at a time (``classify_calls`` folds a
+    whole prefix). ``digest_at(offset)`` gives the digest of an earlier event, to check
+    the prefix a resumed run names."""
+
+    def __init__(self, session_id: str, digest_at: Callable[[int], str]) -> None:
+        self.session_id = session_id
+        self.calls: dict[str, CallState] = {}
+        self._operations: dict[str, tuple[CallState, OperationRecord]] = {}
+        self._digest_at = digest_at
+
+    def feed(self, e: Event) -> None:
+        calls, operations = self.calls, self._operations
         body = e.body
         if isinstance(body, ModelOutput):
             for call in body.calls:
                 if call.call_id in calls:
                     raise _corrupt(
-                        session_id,
+                        self.session_id,
                         e.offset,
                         "duplicate_call_id",
                         f"call id {call.call_id!r} was proposed twice",
@@ -142,27 +155,27 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
                     call_id=call.call_id, tool=call.name, turn_id=e.turn_id, offset=e.offset
                 )
         elif isinstance(body, CallRejected):
-            state = _call_for(calls, e, session_id, body.tool)
+            state = _call_for(calls, e, self.session_id, body.tool)
             if state.operations:
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "rejected_after_dispatch",
                     "a dispatched call was rejected",
                 )
             state.rejected = True
         elif isinstance(body, ToolDispatched):
-            state = _call_for(calls, e, session_id, body.tool)
+            state = _call_for(calls, e, self.session_id, body.tool)
             if state.rejected:
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "dispatch_after_rejection",
                     f"call {state.call_id!r} was dispatched after it was rejected",
                 )
             if body.operation_id in operations:
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "duplicate_operation",
                     f"operation {body.operation_id!r} was dispatched twice",
@@ -170,7 +183,7 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
             previous = state.latest
             if body.retry_of is None and previous is not None:
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "unlinked_redispatch",
                     f"call {state.call_id!r} was dispatched again without a retry_of link",
@@ -181,7 +194,7 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
                 or previous.responded_at is not None
             ):
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "bad_retry_link",
                     f"operation {body.operation_id!r} retries {body.retry_of!r}, which is not "
@@ -202,16 +215,16 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
                     noted = calls.get(e.call_id or "")
                     if noted is None or noted.operations:
                         raise _corrupt(
-                            session_id,
+                            self.session_id,
                             e.offset,
                             "bad_not_dispatched",
                             f"call {e.call_id!r} is recorded as never dispatched, but it "
                             "does not exist or was dispatched",
                         )
                     noted.noted_not_dispatched = True
-                    continue
+                    return
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "unknown_operation",
                     f"{body.kind} names operation {body.operation_id!r}, which was never "
@@ -220,7 +233,7 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
             state, record = found
             if e.call_id is not None and e.call_id != state.call_id:
                 raise _corrupt(
-                    session_id,
+                    self.session_id,
                     e.offset,
                     "call_mismatch",
                     f"{body.kind} for operation {body.operation_id!r} names call "
@@ -229,7 +242,7 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
             if isinstance(body, ToolResponded):
                 if record.responded_at is not None:
                     raise _corrupt(
-                        session_id,
+                        self.session_id,
                         e.offset,
                         "duplicate_response",
                         f"operation {body.operation_id!r} has a second response",
@@ -242,8 +255,16 @@ def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
             else:
                 record.decision = body
         elif isinstance(body, RunStarted) and body.resumed_from is not None:
-            _check_resume_prefix(events, e, body.resumed_from, session_id)
-    return calls
+            _check_resume_prefix(self._digest_at, e, body.resumed_from, self.session_id)
+
+
+def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:
+    """Every call in the prefix, keyed by call id, in the order they first appear."""
+    session_id = events[0].session_id if events else ""
+    classifier = CallClassifier(session_id, lambda offset: events[offset].digest)
+    for e in events:
+        classifier.feed(e)
+    return classifier.calls
 
 
 def _call_for(calls: dict[str, CallState], e: Event, session_id: str, tool: str) -> CallState:
@@ -279,7 +300,7 @@ def _call_for(calls: dict[str, CallState], e: Event, session_id: str, tool: str)
 
 
 def _check_resume_prefix(
-    events: Sequence[Event], e: Event, prefix: Prefix, session_id: str
+    digest_at: Callable[[int], str], e: Event, prefix: Prefix, session_id: str
 ) -> None:
     if prefix.high_water > e.offset or prefix.high_water < 1:
         raise _corrupt(
@@ -288,7 +309,7 @@ def _check_resume_prefix(
             "bad_resume_prefix",
             f"a run resumes from offset {prefix.high_water}, which is not before it",
         )
-    if events[prefix.high_water - 1].digest != prefix.digest:
+    if digest_at(prefix.high_water - 1) != prefix.digest:
         raise _corrupt(
             session_id,
             e.offset,

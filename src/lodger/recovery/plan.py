@@ -13,16 +13,22 @@ prefix it gives the same plan. Actions per call of the open turn:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from lodger._bulk import cycle_collector_paused
-from lodger.events import Event, Prefix, RunEnded, RunStarted, TurnStarted
+from lodger.events import EMPTY_PREFIX, Event, Prefix, RunEnded, RunStarted, TurnEnded, TurnStarted
 from lodger.recovery.classify import CallState, CallStatus, classify_calls
-from lodger.storage import EMPTY_PREFIX
 
-__all__ = ["Action", "PlannedCall", "RecoveryPlan", "plan_recovery"]
+__all__ = [
+    "Action",
+    "PlannedCall",
+    "RecoveryPlan",
+    "open_turn_of",
+    "plan_calls",
+    "plan_recovery",
+]
 
 Action = Literal["none", "tell_model", "redispatch", "probe", "park", "wait_operator"]
 
@@ -85,24 +91,51 @@ def _action(state: CallState, status: CallStatus) -> Action:
     return "none"
 
 
+def open_turn_of(events: Sequence[Event]) -> tuple[str | None, str | None, bool]:
+    """The open turn's id, its last run's id and whether that run is still open."""
+    turn_id: str | None = None
+    last_run: str | None = None
+    run_open = False
+    for e in events:
+        body = e.body
+        if isinstance(body, TurnStarted):
+            turn_id, last_run, run_open = e.turn_id, None, False
+        elif isinstance(body, RunStarted):
+            last_run, run_open = e.run_id, True
+        elif isinstance(body, RunEnded):
+            run_open = False
+        elif isinstance(body, TurnEnded):
+            turn_id, last_run, run_open = None, None, False
+    return turn_id, last_run, run_open
+
+
 def plan_recovery(events: Sequence[Event]) -> RecoveryPlan:
     """Classify every call of the session's open turn and choose what resume does."""
     session_id = events[0].session_id if events else ""
     prefix = Prefix(high_water=len(events), digest=events[-1].digest) if events else EMPTY_PREFIX
     with cycle_collector_paused(len(events)):
         calls = classify_calls(events)  # the whole prefix: corruption anywhere fails closed
-    turn_id: str | None = None
-    last_run: str | None = None
-    run_open = False
-    for e in events:
-        if isinstance(e.body, TurnStarted):
-            turn_id, last_run, run_open = e.turn_id, None, False
-        elif isinstance(e.body, RunStarted):
-            last_run, run_open = e.run_id, True
-        elif isinstance(e.body, RunEnded):
-            run_open = False
-        elif e.kind == "turn_ended":
-            turn_id, last_run, run_open = None, None, False
+    turn_id, last_run, run_open = open_turn_of(events)
+    return plan_calls(
+        session_id=session_id,
+        prefix=prefix,
+        turn_id=turn_id,
+        last_run_id=last_run,
+        run_open=run_open,
+        calls=calls,
+    )
+
+
+def plan_calls(
+    *,
+    session_id: str,
+    prefix: Prefix,
+    turn_id: str | None,
+    last_run_id: str | None,
+    run_open: bool,
+    calls: Mapping[str, CallState],
+) -> RecoveryPlan:
+    """The plan from an already classified prefix (``SessionState`` keeps one folded)."""
     planned: list[PlannedCall] = []
     if turn_id is not None:
         for state in calls.values():
@@ -128,7 +161,7 @@ def plan_recovery(events: Sequence[Event]) -> RecoveryPlan:
         session_id=session_id,
         prefix=prefix,
         turn_id=turn_id,
-        last_run_id=last_run,
+        last_run_id=last_run_id,
         run_open=run_open,
         calls=tuple(planned),
     )

@@ -5,6 +5,7 @@ memory and SQLite backends) and the content-addressed artifact store. Every back
 the one conformance suite in ``lodger.testing``.
 """
 
+from lodger.storage._storage import Storage
 from lodger.storage.artifacts import (
     ArtifactStore,
     FileArtifactStore,
@@ -26,6 +27,7 @@ __all__ = [
     "Record",
     "SessionWriter",
     "SqliteLogStore",
+    "Storage",
     "WriterLease",
     "check_session_id",
     "open_log",

@@ -7,12 +7,11 @@ from collections.abc import Sequence
 
 from lodger._bulk import cycle_collector_paused
 from lodger.errors import AppendConflictError, CorruptLogError, SessionNotFoundError, UsageError
-from lodger.events import Event, EventDraft, Prefix, decode_event, seal
+from lodger.events import EMPTY_PREFIX, Event, EventDraft, Prefix, decode_event, seal
 from lodger.storage.logstore import LogStore, Record, WriterLease, check_session_id
 
 __all__ = ["EMPTY_PREFIX", "EventLog", "SessionWriter"]
 
-EMPTY_PREFIX = Prefix(high_water=0, digest="")
 _DECODE_ON_LOOP = 1_000  # about 10 ms of decoding; longer reads go to a worker thread
 
 
@@ -110,21 +109,24 @@ class EventLog:
             await self._check_stored_head(session_id, events)
         return events
 
-    async def _check_stored_head(self, session_id: str, events: Sequence[Event]) -> None:
+    async def _check_stored_head(
+        self, session_id: str, events: Sequence[Event], *, base: int = 0
+    ) -> None:
         """A full read must end exactly at the head recorded with the last append: the
-        chain alone cannot show that the newest events were deleted or rolled back."""
+        chain alone cannot show that the newest events were deleted or rolled back.
+        ``events`` are the log's events from offset ``base`` on."""
         head = await self.store.stored_head(session_id=session_id)
         if head is None:
             return
         high_water, digest = head
-        if len(events) == high_water and (not events or events[-1].digest == digest):
+        stored = base + len(events)
+        if stored == high_water and (not events or events[-1].digest == digest):
             return
-        offset = min(len(events), high_water)
+        offset = min(stored, high_water)
         raise CorruptLogError(
             f"log for session {session_id!r} is invalid at offset {offset}: the last append "
             f"recorded {high_water} events ending in digest {digest[:16]}, and the stored "
-            f"events are {len(events)}"
-            + ("" if len(events) != high_water else " with another last digest"),
+            f"events are {stored}" + ("" if stored != high_water else " with another last digest"),
             hint="the newest events were deleted or rolled back outside lodger; restore the "
             "log from a backup or fork the session from an offset that verifies",
             code="truncated",
@@ -161,17 +163,64 @@ class EventLog:
     async def list_sessions(self) -> list[str]:
         return await self.store.list_sessions()
 
-    async def open_writer(self, session_id: str) -> SessionWriter:
-        """Take the session's single-writer lease and verify what is already there."""
+    async def open_writer(self, session_id: str, *, known: Sequence[Event] = ()) -> SessionWriter:
+        """Take the session's single-writer lease and verify what is already there.
+
+        ``known`` are verified events this process already holds (a session kept open
+        between turns): only the events after them are read and verified, after checking
+        that the stored log still ends its prefix where they do. The writer's
+        ``initial_events`` are then the new events only.
+        """
         check_session_id(session_id)
         lease = await self.store.acquire_writer(session_id=session_id)
         try:
-            events = await self.read(session_id)
+            if known:
+                events = await self.read_after(session_id, known)
+                last = events[-1] if events else known[-1]
+                head = Prefix(high_water=last.offset + 1, digest=last.digest)
+            else:
+                events = await self.read(session_id)
+                head = (
+                    Prefix(high_water=len(events), digest=events[-1].digest)
+                    if events
+                    else EMPTY_PREFIX
+                )
         except BaseException:
             await lease.release()
             raise
-        head = Prefix(high_water=len(events), digest=events[-1].digest) if events else EMPTY_PREFIX
         return SessionWriter(self, lease, head, events)
+
+    async def read_after(self, session_id: str, known: Sequence[Event]) -> list[Event]:
+        """The events after ``known`` (a verified prefix this process holds), verified
+        from its last digest, and the whole log checked against the stored head."""
+        prefix = Prefix(high_water=len(known), digest=known[-1].digest)
+        records = await self.store.read_records(
+            session_id=session_id, start=prefix.high_water - 1, end=None
+        )
+        if not records or records[0].offset != prefix.high_water - 1:
+            raise CorruptLogError(
+                f"log for session {session_id!r} is invalid at offset {prefix.high_water - 1}: "
+                "an event this process committed is no longer stored",
+                hint="the newest events were deleted or rolled back outside lodger; restore "
+                "the log from a backup or fork the session from an offset that verifies",
+                code="truncated",
+                session_id=session_id,
+                offset=prefix.high_water - 1,
+            )
+        if records[0].digest != prefix.digest:
+            raise CorruptLogError(
+                f"log for session {session_id!r} is invalid at offset {prefix.high_water - 1}: "
+                "the stored event differs from the one this process committed",
+                hint="the log was changed outside lodger; restore it from a backup",
+                code="digest_mismatch",
+                session_id=session_id,
+                offset=prefix.high_water - 1,
+            )
+        events = decode_records(
+            session_id, records[1:], start=prefix.high_water, prev_digest=prefix.digest
+        )
+        await self._check_stored_head(session_id, [*known[-1:], *events], base=len(known) - 1)
+        return events
 
     async def close(self) -> None:
         await self.store.close()

@@ -7,9 +7,10 @@ deferred tools become visible only once activated, appended in activation order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from lodger.errors import UsageError
+from lodger.events import ProposedCall
 from lodger.tools.spec import Tool
 
 __all__ = ["ToolRegistry"]
@@ -18,6 +19,8 @@ __all__ = ["ToolRegistry"]
 class ToolRegistry:
     def __init__(self, tools: Sequence[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._first: set[str] = set()
+        self._prompt_sections: list[Callable[[], str]] = []
         for t in tools:
             self.bind(t)
 
@@ -61,3 +64,22 @@ class ToolRegistry:
                 out.append(t)
                 seen.add(name)
         return out
+
+    def run_first(self, name: str) -> None:
+        """Run calls to ``name`` in a batch of their own before a step's other calls."""
+        self._first.add(name)
+
+    def batches(self, calls: Sequence[ProposedCall]) -> list[Sequence[ProposedCall]]:
+        """A step's calls as the batches to run in turn (see ``run_first``)."""
+        first = [c for c in calls if c.name in self._first]
+        if not first or len(first) == len(calls):
+            return [calls]
+        return [first, [c for c in calls if c.name not in self._first]]
+
+    def add_prompt_section(self, section: Callable[[], str]) -> None:
+        """Text appended to the system prompt (the deferred tools' inventory)."""
+        self._prompt_sections.append(section)
+
+    def system_prompt(self, base: str) -> str:
+        parts = [base, *(text for text in (s() for s in self._prompt_sections) if text)]
+        return "\n\n".join(parts)

@@ -13,52 +13,26 @@ and grants no permission: it only changes what the model is shown.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from lodger.errors import ToolCallError
-from lodger.events import ProposedCall, ToolsActivated
 from lodger.tools.ranking import SearchHit, ToolIndex, tokenize
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool, ToolContext
 
 __all__ = [
-    "ACTIVATION_SCOPE",
     "TOOL_SEARCH",
     "SearchHit",
-    "StepActivations",
     "ToolIndex",
     "ToolSearch",
     "attach_tool_search",
-    "searches_first",
     "tokenize",
 ]
 
 TOOL_SEARCH = "tool_search"
-ACTIVATION_SCOPE = "lodger.activation_scope"
-"""Key of the ``StepActivations`` the runtime puts in ``ToolContext.extras``."""
 
 # ---------------------------------------------------------------- the tool
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepActivations:
-    """The step a ``tool_search`` call runs in, as the runtime hands it over in
-    ``ToolContext.extras[ACTIVATION_SCOPE]``: what the step shows, what calls in it have
-    activated so far, and how to commit an activation fact for this call."""
-
-    visible: frozenset[str]
-    activated_here: set[str]
-    record: Callable[[ToolsActivated], Awaitable[object]]
-
-    def shown(self) -> frozenset[str]:
-        return self.visible | self.activated_here
-
-    async def activate(self, query: str, names: Sequence[str]) -> None:
-        # The fact first: a name is activated only once the log says so.
-        await self.record(ToolsActivated(query=query, names=tuple(names)))
-        self.activated_here.update(names)
 
 
 _DESCRIPTION = (
@@ -182,8 +156,8 @@ class ToolSearch:
         return chosen, skipped, over
 
     async def _handle(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
-        step = ctx.extras.get(ACTIVATION_SCOPE)
-        if not isinstance(step, StepActivations):
+        step = ctx.step
+        if step is None:
             raise ToolCallError(
                 "tool_search runs only as a call of a model step (an interrupted search "
                 "is not repeated by recovery); call tool_search again"
@@ -229,22 +203,18 @@ def _inventory(tools: Sequence[Tool], max_chars: int) -> str:
 
 
 def attach_tool_search(registry: ToolRegistry, **options: Any) -> ToolSearch | None:
-    """Bind ``tool_search`` to ``registry`` when it holds a deferred tool; the search."""
+    """Bind ``tool_search`` to ``registry`` when it holds a deferred tool; the search.
+
+    The registry then puts the inventory at the end of the system prompt, and runs a
+    step's searches before its other calls: a search has no effect but its activation
+    fact, so letting it settle first changes no outcome, and it makes the visibility check
+    of a call to a tool the same step just activated deterministic ("call it on the next
+    step", whatever the timing).
+    """
     if not registry.deferred():
         return None
     search = ToolSearch(registry, **options)
     registry.bind(search.tool())
+    registry.run_first(TOOL_SEARCH)
+    registry.add_prompt_section(search.inventory)
     return search
-
-
-def searches_first(calls: Sequence[ProposedCall]) -> list[Sequence[ProposedCall]]:
-    """A step's calls as batches to run in turn: its ``tool_search`` calls first.
-
-    A search has no effect but its activation fact, so letting it settle first changes no
-    outcome, and it makes the visibility check of a call to a tool the same step just
-    activated deterministic: always "call it on the next step", whatever the timing.
-    """
-    searches = [c for c in calls if c.name == TOOL_SEARCH]
-    if not searches or len(searches) == len(calls):
-        return [calls]
-    return [searches, [c for c in calls if c.name != TOOL_SEARCH]]

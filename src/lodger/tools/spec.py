@@ -21,25 +21,37 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_type_hints, overload
+from typing import Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
-from lodger.events import FileExpectation, ToolDispatched, canonical_json
+from lodger.events import FileExpectation, RecoveryPolicy, ToolDispatched, canonical_json
 from lodger.providers.base import ToolSchema
 
 __all__ = [
     "ProbeResult",
     "RecoveryPolicy",
+    "StepHandle",
     "Tool",
     "ToolContext",
     "ToolOutput",
     "tool",
 ]
 
-RecoveryPolicy = Literal["idempotent", "queryable", "never_retry"]
+
+class StepHandle(Protocol):
+    """The model step a call runs in, as the engine hands it to tools that change what
+    later steps show (``tool_search``): its visible names, what calls in it activated so
+    far, and how to activate more (committing the fact before anything else sees it)."""
+
+    @property
+    def step_id(self) -> str: ...
+
+    def shown(self) -> frozenset[str]: ...
+
+    async def activate(self, query: str, names: Sequence[str]) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +67,8 @@ class ToolContext:
     parent_call_id: str | None = None
     #: paths no tool may read, write or list, wherever they are (the state directory)
     hidden: tuple[Path, ...] = ()
+    #: the model step that proposed the call (None for recovery re-runs and probes)
+    step: StepHandle | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def require_workspace(self) -> Path:
@@ -104,6 +118,9 @@ class Tool:
     claims: Claims | None = None
     approval: bool = False
     expectations: Expectations | None = None
+    #: seconds a call may run before it is stopped and settles ``timed_out`` (None: the
+    #: run's default)
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.recovery == "queryable" and self.probe is None:
@@ -223,6 +240,7 @@ def tool(
     claims: Claims | None = None,
     approval: bool = False,
     expectations: Expectations | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -240,6 +258,7 @@ def tool(
     claims: Claims | None = None,
     approval: bool = False,
     expectations: Expectations | None = None,
+    timeout: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a sync or async Python function as a tool.
 
@@ -256,6 +275,7 @@ def tool(
         "claims": claims,
         "approval": approval,
         "expectations": expectations,
+        "timeout": timeout,
     }
 
     def decorate(f: Callable[..., Any]) -> Tool:

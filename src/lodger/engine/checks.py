@@ -1,0 +1,161 @@
+"""The synchronous checks of a call: binding, visibility, argument decoding and schema.
+
+Each failure is a ``Rejection``: a stable reason code and a message written for the
+model, which the pipeline records as a ``call_rejected`` fact and returns as an error
+result. Schemas are compiled once per distinct schema for the whole process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from lodger.events import ProposedCall, RejectionReason, canonical_json
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.spec import Tool
+
+__all__ = ["MAX_ARGUMENT_DEPTH", "Rejection", "check_call", "decode_arguments", "schema_problems"]
+
+MAX_ARGUMENT_DEPTH = 64
+"""Deeper JSON than this is refused before it is parsed (no tool needs it, and Python's
+parser would hit its recursion limit near 1,000)."""
+
+
+class Rejection(Exception):
+    """A call that cannot be dispatched, and the message the model sees."""
+
+    def __init__(self, reason: RejectionReason, message: str) -> None:
+        super().__init__(message)
+        self.reason: RejectionReason = reason
+        self.message = message
+
+
+def check_call(
+    registry: ToolRegistry,
+    call: ProposedCall,
+    *,
+    visible: frozenset[str],
+    activated_here: frozenset[str] | set[str] = frozenset(),
+) -> tuple[Tool, dict[str, Any]]:
+    """binding -> visibility -> arguments: the tool and the decoded, valid arguments."""
+    t = registry.get(call.name)
+    if t is None:
+        names = ", ".join(sorted(visible)) or "none"
+        raise Rejection(
+            "unbound", f"unknown tool {call.name!r}; the tools you can call are: {names}"
+        )
+    if call.name not in visible:
+        if call.name in activated_here:
+            raise Rejection(
+                "activated_this_step",
+                f"tool {call.name!r} was activated by tool_search in this step; "
+                "call it on the next step, when its schema is visible",
+            )
+        raise Rejection(
+            "invisible",
+            f"tool {call.name!r} is not visible in this step; "
+            "use tool_search to find and activate it first",
+        )
+    arguments = decode_arguments(call.name, call.arguments)
+    problems = schema_problems(t, arguments)
+    if problems:
+        raise Rejection(
+            "invalid_arguments", f"invalid arguments for {call.name}: " + "; ".join(problems)
+        )
+    return t, arguments
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def decode_arguments(name: str, text: str) -> dict[str, Any]:
+    """The JSON object a model sent as ``name``'s arguments, or a ``Rejection``."""
+    # Nesting is counted only when the text could be deep at all (cheap on normal calls).
+    if text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH and _depth_exceeds(
+        text, MAX_ARGUMENT_DEPTH
+    ):
+        raise Rejection(
+            "invalid_arguments",
+            f"arguments for {name} are nested more than {MAX_ARGUMENT_DEPTH} levels deep; "
+            "send a flatter JSON object",
+        )
+    try:
+        arguments = json.loads(text or "{}", parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise Rejection(
+            "invalid_arguments",
+            f"arguments for {name} are not valid JSON ({exc.msg} at position "
+            f"{exc.pos}); send a JSON object",
+        ) from None
+    except ValueError as exc:  # NaN / Infinity: not JSON, and not storable in the log
+        raise Rejection("invalid_arguments", f"arguments for {name}: {exc}") from None
+    except RecursionError:
+        raise Rejection(
+            "invalid_arguments", f"arguments for {name} are nested too deeply; flatten them"
+        ) from None
+    if not isinstance(arguments, dict):
+        raise Rejection("invalid_arguments", f"arguments for {name} must be a JSON object")
+    try:
+        canonical_json(arguments)  # what T1 will store must be encodable
+    except UnicodeEncodeError:
+        raise Rejection(
+            "invalid_arguments",
+            f"arguments for {name} contain text that is not valid Unicode "
+            "(a lone surrogate escape); send plain UTF-8 text",
+        ) from None
+    return arguments
+
+
+def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
+    """Up to five schema violations, each with the path it happened at."""
+    try:
+        validator = _compiled_validator(canonical_json(t.parameters).decode())
+    except SchemaError as exc:
+        return [f"the tool's own schema is invalid ({exc.message}); report this"]
+    except (ValueError, TypeError) as exc:
+        return [f"the tool's own schema cannot be used ({exc}); report this"]
+    problems = []
+    try:
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]
+    except Exception as exc:  # noqa: BLE001 - e.g. an unresolvable $ref: the tool's fault
+        return [f"the tool's schema cannot be checked ({type(exc).__name__}); report this"]
+    for error in errors:
+        where = "/".join(str(p) for p in error.path)
+        problems.append(f"{where}: {error.message}" if where else error.message)
+    return problems
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_validator(schema_json: str) -> Draft202012Validator:
+    """One checked validator per distinct schema, shared by every run of the process
+    (checking and compiling a schema costs more than many validations)."""
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value; send a number or null")

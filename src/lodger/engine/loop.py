@@ -1,0 +1,312 @@
+"""The engine: Reason -> Act -> Observe over turns, runs and steps, and resume.
+
+A turn is one user input and everything until the agent answers, fails, hits its step
+limit or is stopped. Each step fixes its visible tools, asks the model for the next
+output from a projection of the committed log, and runs the proposed calls as one
+batch through the call pipeline. Every fact is committed before anything acts on it.
+Resume is a mode of the same driver: it claims the prefix, applies the recovery plan
+(``lodger.engine.resume``) and then drives the turn on as a new run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lodger.authority import Authorities
+from lodger.engine.bounding import storable_text
+from lodger.engine.context import Envelope, RunContext
+from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
+from lodger.engine.journal import Journal
+from lodger.engine.permissions import PermissionGate
+from lodger.engine.pipeline import CallPipeline, StepScope
+from lodger.engine.resume import resume_run
+from lodger.engine.state import SessionState
+from lodger.errors import CommitFailedError, ProviderError
+from lodger.events import (
+    ContextCompacted,
+    Event,
+    ModelOutput,
+    ProposedCall,
+    ProviderRetried,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolRef,
+    TurnEnded,
+    TurnStarted,
+)
+from lodger.ids import Clock, IdFactory
+from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.storage import SessionWriter
+from lodger.storage.artifacts import ArtifactStore
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.spec import Tool
+from lodger.tools.workspace import workspace_id
+
+__all__ = ["Engine", "TurnResult", "TurnStatus"]
+
+TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnResult:
+    session_id: str
+    turn_id: str
+    run_id: str
+    status: TurnStatus
+    answer: str | None = None
+    error: str | None = None
+
+
+@dataclass(kw_only=True)
+class Engine:
+    """Everything a run needs besides its session: model, tools, policy and substrates."""
+
+    model: Model
+    registry: ToolRegistry
+    system: str
+    permissions: PermissionGate
+    artifacts: ArtifactStore
+    workspace: Path | None = None
+    hidden: tuple[Path, ...] = ()
+    max_steps: int = 50
+    context_budget: int | None = None
+    max_provider_retries: int = 4
+    retry_base_delay: float = 0.5
+    clock: Clock
+    ids: IdFactory
+    on_event: Callable[[Event], None] | None = None
+    on_text: TextSink | None = None
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    authorities: Authorities = dataclasses.field(default_factory=Authorities)
+    executor: Executor | None = None
+    default_timeout: float = DEFAULT_TIMEOUT
+
+    # ------------------------------------------------------------------ composition
+
+    def journal(self, writer: SessionWriter, state: SessionState) -> Journal:
+        return Journal(writer, state, clock=self.clock, ids=self.ids, on_event=self.on_event)
+
+    def run_context(self, journal: Journal, *, turn_id: str, run_id: str) -> RunContext:
+        return RunContext(
+            session_id=journal.session_id,
+            turn_id=turn_id,
+            run_id=run_id,
+            clock=self.clock,
+            ids=self.ids,
+            journal=journal,
+            workspace=self.workspace,
+            hidden=self.hidden,
+        )
+
+    def pipeline(self, ctx: RunContext) -> CallPipeline:
+        return CallPipeline(
+            ctx,
+            registry=self.registry,
+            permissions=self.permissions,
+            artifacts=self.artifacts,
+            authorities=self.authorities,
+            executor=self.executor,
+            default_timeout=self.default_timeout,
+        )
+
+    # ------------------------------------------------------------------ turns
+
+    async def start_turn(self, journal: Journal, task: str) -> TurnResult:
+        """A new turn of ``task``; an interrupted turn is resumed (never retried) first."""
+        state = journal.state
+        if not state.events:
+            # Committed with the turn's first facts: a session never exists without
+            # its first turn, even if the process dies right here.
+            journal.defer(
+                journal.draft(
+                    SessionStarted(
+                        workspace=str(self.workspace) if self.workspace else None,
+                        workspace_id=workspace_id(self.workspace) if self.workspace else None,
+                    )
+                )
+            )
+        elif state.open_turn is not None:
+            resumed = await self.resume(journal)
+            if resumed.status != "completed":
+                return resumed
+        turn_id, run_id = self.ids.new_id(), self.ids.new_id()
+        env = Envelope(turn_id=turn_id, run_id=run_id)
+        await journal.record(
+            journal.draft(TurnStarted(input=task), Envelope(turn_id=turn_id)),
+            journal.draft(
+                RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
+            ),
+        )
+        return await self.drive(self.run_context(journal, turn_id=turn_id, run_id=run_id))
+
+    async def resume(self, journal: Journal) -> TurnResult:
+        """Continue the open turn as a new run (see ``lodger.engine.resume``)."""
+        ctx = await resume_run(self, journal)
+        return await self.drive(ctx)
+
+    async def drive(self, ctx: RunContext) -> TurnResult:
+        """Run steps of an open turn until it settles."""
+        journal, state = ctx.journal, ctx.journal.state
+        pipeline = self.pipeline(ctx)
+        run_env = ctx.envelope
+        calls_seen = _CallIds(state.call_ids)
+        try:
+            while True:
+                steps_done = state.turn_steps
+                if steps_done >= self.max_steps:
+                    return await self._end(
+                        ctx, "step_limit", error=f"stopped after {self.max_steps} steps"
+                    )
+                visible = self.registry.visible(state.turn_activated)
+                step_id = self.ids.new_id()
+                env = run_env.at_step(step_id)
+                journal.defer(
+                    journal.draft(
+                        StepStarted(
+                            index=steps_done,
+                            model=self.model.spec,
+                            tools=tuple(
+                                ToolRef(name=t.name, schema_digest=t.schema_digest())
+                                for t in visible
+                            ),
+                        ),
+                        env,
+                    )
+                )
+                request = await self._request(journal, visible, env)
+                response = _storable(await self._complete(journal, request, env))
+                calls = calls_seen.unique(response.calls, self.ids)
+                # Deferred: it commits atomically with the first fact of its batch (the
+                # first T1 or rejection) or with the end of the turn, saving one sync.
+                journal.defer(
+                    journal.draft(
+                        ModelOutput(
+                            text=response.text,
+                            reasoning=response.reasoning,
+                            calls=calls,
+                            usage=response.usage,
+                            finish_reason=response.finish_reason,
+                            provider_state=response.provider_state,
+                        ),
+                        dataclasses.replace(env, origin="provider"),
+                    )
+                )
+                if not calls:
+                    return await self._end(ctx, "completed", answer=response.text)
+                scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
+                for batch in self.registry.batches(calls):
+                    await pipeline.run_batch(batch, scope)
+        except ProviderError as exc:
+            return await self._end(ctx, "failed", error=str(exc))
+        except asyncio.CancelledError:
+            if journal.failure is None:
+                await self._end(ctx, "cancelled", error="stopped by the user")
+            raise
+        except CommitFailedError:
+            raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _end(
+        self,
+        ctx: RunContext,
+        status: TurnStatus,
+        *,
+        answer: str | None = None,
+        error: str | None = None,
+    ) -> TurnResult:
+        journal, env = ctx.journal, ctx.envelope
+        await journal.record(
+            journal.draft(RunEnded(status=status, error=error), env),
+            journal.draft(TurnEnded(status=status, answer=answer), env),
+        )
+        return TurnResult(
+            session_id=ctx.session_id,
+            turn_id=ctx.turn_id,
+            run_id=ctx.run_id,
+            status=status,
+            answer=answer,
+            error=error,
+        )
+
+    async def _request(
+        self, journal: Journal, visible: Sequence[Tool], env: Envelope
+    ) -> ModelRequest:
+        state = journal.state
+        projection = state.projector.project(budget_tokens=self.context_budget)
+        if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
+            assert self.context_budget is not None
+            await journal.fact(
+                ContextCompacted(
+                    elided_call_ids=projection.elided_call_ids,
+                    budget_tokens=self.context_budget,
+                    estimated_tokens=projection.estimated_tokens,
+                ),
+                env,
+            )
+        return ModelRequest(
+            system=self.registry.system_prompt(self.system),
+            messages=projection.messages,
+            tools=tuple(t.schema() for t in visible),
+        )
+
+    async def _complete(
+        self, journal: Journal, request: ModelRequest, env: Envelope
+    ) -> ModelResponse:
+        attempt = 0
+        while True:
+            try:
+                return await self.model.complete(request, on_text=self.on_text)
+            except ProviderError as exc:
+                attempt += 1
+                if not exc.retryable or attempt > self.max_provider_retries:
+                    raise
+                delay = min(self.retry_base_delay * 2 ** (attempt - 1), 30.0)
+                await journal.fact(
+                    ProviderRetried(attempt=attempt, error=str(exc), delay_ms=int(delay * 1000)),
+                    env,
+                )
+                await self.sleep(delay)
+
+
+class _CallIds:
+    """Call ids unique in the session: results pair by id for the whole session, so an
+    id a server reuses (some OpenAI-compatible servers number calls per response) or
+    leaves empty gets a fresh one; the model sees the renamed id from then on."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = taken  # the session state's set: it grows as outputs commit
+
+    def unique(self, calls: Sequence[ProposedCall], ids: IdFactory) -> tuple[ProposedCall, ...]:
+        out: list[ProposedCall] = []
+        here: set[str] = set()
+        for call in calls:
+            if not call.call_id or call.call_id in self._taken or call.call_id in here:
+                call = call.model_copy(update={"call_id": f"call-{ids.new_id()}"})
+            here.add(call.call_id)
+            out.append(call)
+        return tuple(out)
+
+
+def _storable(response: ModelResponse) -> ModelResponse:
+    calls = tuple(
+        c.model_copy(
+            update={
+                "call_id": storable_text(c.call_id),
+                "name": storable_text(c.name),
+                "arguments": storable_text(c.arguments),
+            }
+        )
+        for c in response.calls
+    )
+    return dataclasses.replace(
+        response,
+        text=storable_text(response.text),
+        reasoning=storable_text(response.reasoning),
+        calls=calls,
+    )

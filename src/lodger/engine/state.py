@@ -1,0 +1,148 @@
+"""``SessionState``: the one fold of a session's log.
+
+Every reader of a session asks the same questions of its log: is a turn open, which run
+is the latest and is it still open, how many steps has the turn taken, which tools has
+it activated, which call ids are taken, what is the state of every call, what did the
+context projection elide last, where is the head. ``SessionState`` answers all of them
+from one pass, and the journal feeds it each committed batch, so a run never re-reads
+its log and a new turn on an open session costs only the events it has not seen.
+A property test holds the incremental fold equal to folding the whole log at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from lodger.context import Projector
+from lodger.events import (
+    EMPTY_PREFIX,
+    ContextCompacted,
+    Event,
+    ModelOutput,
+    Prefix,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolsActivated,
+    TurnEnded,
+    TurnStarted,
+)
+from lodger.recovery.classify import CallClassifier, CallState
+from lodger.recovery.plan import RecoveryPlan, plan_calls
+
+__all__ = ["SessionState"]
+
+
+class SessionState:
+    """The verified events of one session and everything folded from them."""
+
+    def __init__(self, session_id: str, events: Iterable[Event] = ()) -> None:
+        self.session_id = session_id
+        self.events: list[Event] = []
+        self.workspace: str | None = None
+        self.workspace_id: str | None = None
+        #: the open turn (None when the last turn ended) and where it started
+        self.open_turn: str | None = None
+        self.open_turn_offset: int | None = None
+        self.last_run_id: str | None = None
+        self.run_open = False
+        self.last_model: str | None = None
+        self.turns = 0
+        self.last_turn_status: str | None = None
+        #: steps started and tools activated in the latest turn
+        self.turn_steps = 0
+        self.turn_activated: list[str] = []
+        self.call_ids: set[str] = set()
+        self.last_elided: tuple[str, ...] = ()
+        self._calls = CallClassifier(session_id, self._digest_at)
+        self.projector = Projector(self.events)
+        self.feed(events)
+
+    def _digest_at(self, offset: int) -> str:
+        return self.events[offset].digest
+
+    @property
+    def head(self) -> Prefix:
+        if not self.events:
+            return EMPTY_PREFIX
+        return Prefix(high_water=len(self.events), digest=self.events[-1].digest)
+
+    @property
+    def calls(self) -> dict[str, CallState]:
+        return self._calls.calls
+
+    def feed(self, events: Iterable[Event]) -> None:
+        """Fold newly committed events, in offset order."""
+        for e in events:
+            if e.offset != len(self.events):
+                raise ValueError(
+                    f"session {self.session_id!r}: fold expected offset {len(self.events)}, "
+                    f"got {e.offset}"
+                )
+            self.events.append(e)
+            self._calls.feed(e)  # fails closed on an inconsistent log, naming the offset
+            body = e.body
+            if isinstance(body, ModelOutput):
+                self.call_ids.update(c.call_id for c in body.calls)
+            elif isinstance(body, TurnStarted):
+                self.open_turn, self.open_turn_offset = e.turn_id, e.offset
+                self.last_run_id, self.run_open = None, False
+                self.turns += 1
+                self.turn_steps = 0
+                self.turn_activated = []
+            elif isinstance(body, RunStarted):
+                self.last_run_id, self.run_open = e.run_id, True
+                self.last_model = body.model
+            elif isinstance(body, StepStarted):
+                if e.turn_id == self.open_turn:
+                    self.turn_steps += 1
+            elif isinstance(body, ToolsActivated):
+                if e.turn_id == self.open_turn:
+                    self.turn_activated.extend(
+                        n for n in body.names if n not in self.turn_activated
+                    )
+            elif isinstance(body, RunEnded):
+                self.run_open = False
+            elif isinstance(body, TurnEnded):
+                self.open_turn = self.open_turn_offset = None
+                self.last_run_id, self.run_open = None, False
+                self.last_turn_status = body.status
+            elif isinstance(body, ContextCompacted):
+                self.last_elided = body.elided_call_ids
+            elif isinstance(body, SessionStarted) and e.offset == 0:
+                self.workspace, self.workspace_id = body.workspace, body.workspace_id
+
+    def plan(self) -> RecoveryPlan:
+        """The recovery plan of the open turn, from the folded call states."""
+        return plan_calls(
+            session_id=self.session_id,
+            prefix=self.head,
+            turn_id=self.open_turn,
+            last_run_id=self.last_run_id,
+            run_open=self.run_open,
+            calls=self.calls,
+        )
+
+    def used_tools(self) -> list[str]:
+        """Every tool the history dispatched, sorted."""
+        return sorted({op.dispatched.tool for c in self.calls.values() for op in c.operations})
+
+    def snapshot(self) -> dict[str, object]:
+        """The folded facts as plain values (what the property test compares)."""
+        return {
+            "head": self.head,
+            "workspace": (self.workspace, self.workspace_id),
+            "open_turn": (self.open_turn, self.open_turn_offset),
+            "run": (self.last_run_id, self.run_open, self.last_model),
+            "turns": (self.turns, self.last_turn_status),
+            "turn": (self.turn_steps, tuple(self.turn_activated)),
+            "call_ids": frozenset(self.call_ids),
+            "last_elided": self.last_elided,
+            "plan": self.plan().to_dict(),
+            "used_tools": tuple(self.used_tools()),
+        }
+
+    @classmethod
+    def fold(cls, session_id: str, events: Sequence[Event]) -> SessionState:
+        return cls(session_id, events)

@@ -1,0 +1,140 @@
+"""The sessions service: what the CLI (and the HTTP host, and workers) do with sessions.
+
+It composes storage, tools and MCP servers into an agent for one operation and runs it:
+run a turn, resume an interrupted one, record an operator decision, compute a recovery
+plan, list sessions. It knows nothing of terminals or HTTP: progress goes to callbacks,
+failures are ``LodgerError``s whose ``next_steps`` say what a caller can do.
+
+>>> sessions = Sessions(Storage.local(".lodger"))
+>>> result = await sessions.run("fix the test", binding=Binding(model=model, tools=tools))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lodger.agent import Agent
+from lodger.engine.loop import TurnResult
+from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.resume import Decision, decide
+from lodger.engine.state import SessionState
+from lodger.events import Event
+from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.providers.base import Model, TextSink
+from lodger.recovery.plan import RecoveryPlan
+from lodger.storage import Storage, check_session_id
+from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.spec import Tool
+
+__all__ = ["Binding", "SessionDefaults", "Sessions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Binding:
+    """What one run binds: a model, tools, MCP servers, a workspace and a policy."""
+
+    model: Model
+    tools: Sequence[Tool] = ()
+    mcp: Sequence[McpServerConfig] = ()
+    workspace: Path | None = None
+    permissions: PermissionPolicy = field(default_factory=PermissionPolicy)
+    approver: Approver | None = None
+    max_steps: int = 50
+    on_event: Callable[[Event], None] | None = None
+    on_text: TextSink | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionDefaults:
+    """What a session's log says it ran with: its last model and its workspace."""
+
+    model: str | None
+    workspace: str | None
+
+
+class Sessions:
+    """Sessions in one ``Storage``."""
+
+    def __init__(
+        self, storage: Storage, *, clock: Clock | None = None, ids: IdFactory | None = None
+    ) -> None:
+        self.storage = storage
+        self.clock = clock or SystemClock()
+        self.ids = ids or Uuid7Factory(self.clock)
+
+    @classmethod
+    def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
+        return cls(Storage.local(state_dir))
+
+    async def close(self) -> None:
+        await self.storage.close()
+
+    async def __aenter__(self) -> Sessions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ reading
+
+    async def list_sessions(self) -> list[str]:
+        return await self.storage.log.list_sessions()
+
+    async def state(self, session_id: str) -> SessionState:
+        """The session's verified fold (reads and verifies the log once)."""
+        check_session_id(session_id)
+        return SessionState(session_id, await self.storage.log.read_all(session_id))
+
+    async def plan(self, session_id: str) -> RecoveryPlan:
+        return (await self.state(session_id)).plan()
+
+    async def defaults(self, session_id: str) -> SessionDefaults:
+        state = await self.state(session_id)
+        return SessionDefaults(model=state.last_model, workspace=state.workspace)
+
+    # ------------------------------------------------------------------ acting
+
+    async def run(self, task: str, *, binding: Binding, session: str | None = None) -> TurnResult:
+        """Run one turn (a new session when ``session`` is None); an interrupted turn of
+        the session is resumed first."""
+        # the servers stop when the turn settles
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.run(task, session=session)
+
+    async def resume(self, session_id: str, *, binding: Binding) -> TurnResult:
+        """Continue the session's interrupted turn as a new run."""
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.resume(session_id)
+
+    async def decide(
+        self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None
+    ) -> list[Event]:
+        """Record an operator decision on a parked or indeterminate call, as a fact."""
+        check_session_id(session_id)
+        writer = await self.storage.log.open_writer(session_id)
+        try:
+            state = SessionState(session_id, writer.initial_events)
+            return await decide(
+                writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
+            )
+        finally:
+            await writer.close()
+
+    def _agent(self, binding: Binding, servers: McpServers) -> Agent:
+        return Agent(
+            model=binding.model,
+            tools=[*binding.tools, *servers.tools()],
+            storage=self.storage,
+            workspace=binding.workspace,
+            permissions=binding.permissions,
+            approver=binding.approver,
+            max_steps=binding.max_steps,
+            on_event=binding.on_event,
+            on_text=binding.on_text,
+            clock=self.clock,
+            ids=self.ids,
+        )

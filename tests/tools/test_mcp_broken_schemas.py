@@ -168,3 +168,14 @@ async def test_calls_of_broken_tools_through_the_agent_are_error_results(tmp_pat
         assert results[name].is_error
         assert f"broken__{name} (of MCP server 'broken') cannot be called" in results[name].content
     assert not results["fine"].is_error and '"tool": "fine"' in results["fine"].content
+
+
+def test_result_text_with_a_lone_surrogate_is_shown_escaped() -> None:
+    import mcp_types
+
+    from lodger.tools.mcp import result_output
+
+    # A server's JSON may carry "\udce9", which decodes to a lone surrogate.
+    block = mcp_types.TextContent(type="text", text="caf\udce9.txt")
+    output = result_output(mcp_types.CallToolResult(content=[block]))
+    assert output.content == "caf\\xe9.txt"

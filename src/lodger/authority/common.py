@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from lodger._text import visible_text
 from lodger.errors import AuthorityMisuseError, UsageError
 
 __all__ = [
@@ -116,8 +117,10 @@ class ResourceClaim:
         return cls(kind="capacity", key=name)
 
     def render(self) -> str:
-        """The string recorded in T1 ``resources``: ``write file:src/a.py``, ``actor:shell``."""
-        name = self.label if self.label is not None else self.key
+        """The string recorded in T1 ``resources``: ``write file:src/a.py``, ``actor:shell``.
+
+        A path that is not UTF-8 is written with its bytes escaped (``lodger._text``)."""
+        name = visible_text(self.label if self.label is not None else self.key)
         if self.kind != "file":
             return f"{self.kind}:{name}"
         if self.scope == "subtree":

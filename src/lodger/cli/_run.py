@@ -53,8 +53,10 @@ def load_tools_file(path: str) -> list[Tool]:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # user code: report it as one clear line
+        # A MemoryError from the compiler (a file nested too deeply) has no message.
+        detail = str(exc) or "the file is too large or nested too deeply to compile"
         raise ConfigError(
-            f"importing tools file {path} failed: {type(exc).__name__}: {exc}",
+            f"importing tools file {path} failed: {type(exc).__name__}: {detail}",
             hint="run the file with python to see the full error",
         ) from exc
     tools = [value for value in vars(module).values() if isinstance(value, Tool)]

@@ -47,11 +47,27 @@ def _step_error(index: int, why: str) -> ConfigError:
 
 def load_script(path: str | Path) -> list[dict[str, Any]]:
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"script {path} does not exist", code="script") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read script {path}: {exc.strerror}", code="script") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"script {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            hint="save the script as UTF-8",
+            code="script",
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"script {path} is not valid JSON: {exc}", code="script") from None
+    except RecursionError:  # the decoder recurses once per nested array or object
+        raise ConfigError(
+            f"script {path} is nested too deeply to read",
+            hint="a script is a list of steps; nest arguments a few levels deep at most",
+            code="script",
+        ) from None
     if not isinstance(data, list):
         raise ConfigError(f"script {path} must be a JSON list of steps", code="script")
     return data

@@ -113,14 +113,38 @@ def server_from_table(
     return McpServerConfig(name=name, **options)
 
 
+def _read_text(path: Path, what: str) -> str:
+    """A configuration file's text; a file that is unreadable or not UTF-8 is a ConfigError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            hint="save it as UTF-8",
+        ) from None
+
+
+def _too_deep(what: str, path: Path) -> ConfigError:
+    # The TOML and JSON parsers recurse once per nested array or table.
+    return ConfigError(
+        f"{what} {path} is nested too deeply to read",
+        hint="configuration nests a few levels deep; check the file for runaway brackets",
+    )
+
+
 def read_config_file(path: Path) -> list[McpServerConfig]:
     """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
+    text = _read_text(path, "configuration file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except RecursionError:
+        raise _too_deep("configuration file", path) from None
     servers = data.get("mcp", {}).get("servers", {})
     if not isinstance(servers, dict):
         raise ConfigError(f"[mcp.servers] in {path} must be a table of tables")
@@ -169,12 +193,13 @@ def load_mcp_servers(
 def load_catalog(path: Path) -> list[Tool]:
     """Tools from a JSON list in MCP ``tools/list`` form (``name``, ``description``,
     ``inputSchema``, optional ``group``): deferred, searchable, never callable."""
+    text = _read_text(path, "catalog")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read catalog {path}: {exc.strerror}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"catalog {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep("catalog", path) from None
     if not isinstance(data, list):
         raise ConfigError(f"catalog {path} must be a JSON list of tool definitions")
     for n, entry in enumerate(data):

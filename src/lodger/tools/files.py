@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
@@ -214,6 +215,14 @@ def _plan_edit(root: Path, path: str, old_string: str, new_string: str) -> _Plan
 
 
 def _expect(plan: _PlannedWrite) -> list[FileExpectation]:
+    if not is_valid_utf8(plan.rel):
+        # T1 records the path so a probe can find the file after a crash; the log holds
+        # UTF-8 only, and an escaped name would lead the probe to another file.
+        raise ToolCallError(
+            f"cannot write {visible_text(plan.rel)!r}: its path is not valid UTF-8, so "
+            "lodger cannot record the write for crash recovery",
+            hint="write to a path whose names are UTF-8, or rename it with shell first",
+        )
     return [
         FileExpectation(
             path=plan.rel,

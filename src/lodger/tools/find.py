@@ -2,18 +2,25 @@
 
 Both walk the tree themselves (never following symlinks, skipping ``.git``) so that a
 link cannot lead a listing out of the workspace.
+
+Patterns and globs are matched with RE2, whose time is linear in the text: a pattern
+like ``^(a+)+$`` that makes a backtracking engine (Python's ``re``) run for ever on a long
+line cannot hang a search. RE2 has no backreferences or lookaround; a pattern using them
+is a ``ToolCallError`` that says so. Names that are not valid UTF-8 are shown with each
+undecodable byte written as ``\\xNN`` (see ``lodger._text``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
+import re2
 from pydantic import Field
 
+from lodger._text import visible_text
 from lodger.errors import ToolCallError
 from lodger.tools.files import _SNIFF_BYTES, _looks_binary, _read_claims
 from lodger.tools.spec import ToolContext, tool
@@ -35,11 +42,91 @@ _SKIPPED_DIRS = frozenset({".git"})
 # ---------------------------------------------------------------- list and grep
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """Translate a glob to a regex over '/'-separated relative paths.
+class _Matcher(Protocol):
+    """The part of a compiled RE2 pattern the finding tools use."""
+
+    def search(self, text: str) -> object | None: ...
+
+    def match(self, text: str) -> object | None: ...
+
+
+def _re2(pattern: str, *, ignore_case: bool = False) -> _Matcher:
+    """Compile with RE2; raises ``re2.error`` (or ``UnicodeEncodeError`` for a lone surrogate)."""
+    options = re2.Options()
+    options.log_errors = False  # the error becomes a result; RE2 would also print it to stderr
+    options.case_sensitive = not ignore_case
+    compiled: _Matcher = re2.compile(pattern, options)
+    return compiled
+
+
+def _re2_reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeEncodeError):
+        return "it contains a lone surrogate, which is not text"
+    reason = exc.args[0] if exc.args else exc
+    return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+
+
+# What RE2 says about Python regex syntax it does not have, and how to do without it.
+_UNSUPPORTED: tuple[tuple[str, str, str], ...] = (
+    ("invalid perl operator: (?=", "a lookahead (?=...)", "match the following text as well"),
+    ("invalid perl operator: (?!", "a negative lookahead (?!...)", "search more broadly"),
+    ("invalid perl operator: (?<=", "a lookbehind (?<=...)", "match the preceding text as well"),
+    ("invalid perl operator: (?<!", "a negative lookbehind (?<!...)", "search more broadly"),
+    ("invalid perl operator: (?P", "a named backreference (?P=name)", "repeat the text itself"),
+    ("invalid perl operator: (?>", "an atomic group (?>...)", "use a plain group (?:...)"),
+    ("invalid perl operator: (?(", "a conditional (?(...)...)", "search for each case apart"),
+    ("invalid perl operator: (?#", "a comment (?#...)", "remove the comment"),
+    ("invalid escape sequence: \\Z", "\\Z", "use \\z or $ for the end of the line"),
+    ("invalid escape sequence: \\g", "a backreference \\g<...>", "repeat the text itself"),
+    ("invalid escape sequence: \\k", "a backreference \\k<...>", "repeat the text itself"),
+    ("bad repetition operator: ++", "a possessive quantifier (++)", "drop the last +"),
+    ("bad repetition operator: *+", "a possessive quantifier (*+)", "drop the last +"),
+    ("bad repetition operator: ?+", "a possessive quantifier (?+)", "drop the last +"),
+    ("invalid repetition size", "a repetition count above 1000", "use a smaller count or +"),
+)
+
+
+def _grep_pattern_error(pattern: str, exc: Exception) -> ToolCallError:
+    reason = _re2_reason(exc)
+    feature: tuple[str, str] | None = None
+    if reason.startswith("invalid escape sequence: \\") and reason[-1:].isdigit():
+        feature = (f"a backreference ({reason.rsplit(' ', 1)[-1]})", "repeat the text itself")
+    else:
+        for prefix, what, instead in _UNSUPPORTED:
+            if reason.startswith(prefix):
+                feature = (what, instead)
+                break
+    if feature is not None:
+        what, instead = feature
+        return ToolCallError(
+            f"the pattern {pattern!r} uses {what}, which grep does not support (grep uses "
+            "RE2 syntax, which runs in linear time and has no backreferences or lookaround)",
+            hint=f"{instead}, or grep for a simpler pattern and read the matching files",
+            code="unsupported_pattern",
+        )
+    if reason.startswith("pattern too large"):
+        return ToolCallError(
+            f"the pattern ({len(pattern)} characters) is too large to compile",
+            hint="search for a shorter pattern, or several shorter ones in turn",
+            code="unsupported_pattern",
+        )
+    return ToolCallError(
+        f"invalid regular expression {pattern!r}: {reason}",
+        hint="escape special characters such as ( [ . * with a backslash",
+    )
+
+
+def _literal(c: str) -> str:
+    """One glob character as an RE2 literal (non-ASCII letters stand for themselves)."""
+    return c if c.isalnum() or c == "_" else f"\\x{{{ord(c):x}}}"
+
+
+def _glob_regex(pattern: str) -> _Matcher:
+    """Translate a glob to an RE2 regex over '/'-separated relative paths.
 
     ``*`` and ``?`` stay within one path segment, ``**/`` spans any number of directories,
-    ``[...]`` is a character class and ``{a,b}`` an alternation.
+    ``[...]`` is a character class and ``{a,b}`` an alternation. RE2 matches in time
+    linear in the path, so a glob like ``*a*a*a*a*b`` or ``{*,*}{*,*}...`` cannot blow up.
     """
     out: list[str] = []
     i, n, depth = 0, len(pattern), 0
@@ -62,8 +149,8 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
             body = pattern[i + 1 : end]
             negate = body.startswith("!")
             body = body[1:] if negate else body
-            # Escape what re would read as syntax (or warn about as a future set operation).
-            escaped = "".join("\\" + ch if ch in "\\[]^&~|" else ch for ch in body)
+            # Escape what RE2 would read as class syntax; ranges (a-z) stay ranges.
+            escaped = "".join("\\" + ch if ch in "\\[]^&~|:" else ch for ch in body)
             out.append("[" + ("^" if negate else "") + escaped + "]")
             i = end + 1
         elif c == "{":
@@ -78,12 +165,15 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
             out.append("|")
             i += 1
         else:
-            out.append(re.escape(c))
+            out.append(_literal(c))
             i += 1
     try:
-        return re.compile("".join(out) + ")" * depth + r"\Z", re.DOTALL)
-    except re.error as exc:
-        raise ToolCallError(f"invalid glob pattern {pattern!r}: {exc}") from None
+        return _re2("(?s)" + "".join(out) + ")" * depth + r"\z")
+    except (re2.error, UnicodeEncodeError) as exc:
+        raise ToolCallError(
+            f"invalid glob pattern {pattern!r}: {_re2_reason(exc)}",
+            hint="use *, ?, **/, [abc] and {a,b}; write a literal [ as [[]",
+        ) from None
 
 
 def _check_glob(pattern: str, what: str) -> None:
@@ -133,24 +223,38 @@ def list_files(
     root = ctx.require_workspace()
     _check_glob(pattern, "pattern")
     base = resolve_in_workspace(root, path, must_exist=True)
-    base_rel = workspace_relative(root, base)
+    base_rel = visible_text(workspace_relative(root, base))
     if not base.is_dir():
         raise ToolCallError(f"{base_rel!r} is a file, not a directory", hint="use read_file")
     matcher = _glob_regex(pattern)
-    found = sorted(
-        _join(base_rel, rel) + ("/" if entry.is_dir(follow_symlinks=False) else "")
-        for rel, entry in _walk(base)
-        if matcher.match(rel)
-    )
+    found: list[str] = []
+    undecodable: list[str] = []
+    for rel, entry in _walk(base):
+        shown = visible_text(rel)  # a name that is not UTF-8 is matched and shown escaped
+        if matcher.match(shown):
+            found.append(
+                _join(base_rel, shown) + ("/" if entry.is_dir(follow_symlinks=False) else "")
+            )
+            if shown != rel:
+                undecodable.append(_join(base_rel, shown))
+    found.sort()
     if not found:
         return f"no entries match {pattern!r} under {base_rel!r}"
+    notes = [_undecodable_note(min(undecodable))] if undecodable else []
     if len(found) > LIST_MAX_ENTRIES:
         note = (
             f"[showing the first {LIST_MAX_ENTRIES} of {len(found)} entries; "
             "narrow the pattern or the path]"
         )
-        return "\n".join([*found[:LIST_MAX_ENTRIES], note])
-    return "\n".join(found)
+        return "\n".join([*found[:LIST_MAX_ENTRIES], note, *notes])
+    return "\n".join([*found, *notes])
+
+
+def _undecodable_note(example: str) -> str:
+    return (
+        "[names shown with \\xNN hold bytes that are not UTF-8, so the file tools cannot "
+        f"open them by name; rename one with shell, e.g. mv $'{example}' <new name>]"
+    )
 
 
 def _grep_candidates(base: Path, glob: str | None) -> Iterator[tuple[str, Path]]:
@@ -162,7 +266,7 @@ def _grep_candidates(base: Path, glob: str | None) -> Iterator[tuple[str, Path]]
         if not entry.is_file(follow_symlinks=False):
             continue
         # Like ripgrep: a glob without '/' matches the file name anywhere below `path`.
-        subject = rel if glob is None or "/" in glob else entry.name
+        subject = visible_text(rel if glob is None or "/" in glob else entry.name)
         if matcher is None or matcher.match(subject):
             yield rel, Path(entry.path)
 
@@ -170,35 +274,38 @@ def _grep_candidates(base: Path, glob: str | None) -> Iterator[tuple[str, Path]]
 @tool(group="files", recovery="idempotent", nestable=True, claims=_read_claims)
 def grep(
     ctx: ToolContext,
-    pattern: Annotated[str, Field(description="Python regular expression to search for")],
+    pattern: Annotated[
+        str,
+        Field(description="regular expression (RE2 syntax: no backreferences or lookaround)"),
+    ],
     path: Annotated[str, Field(description="file or directory to search")] = ".",
     glob: Annotated[
         str | None, Field(description="only files matching this glob, e.g. '*.py'")
     ] = None,
     ignore_case: bool = False,
 ) -> str:
-    """Search text files for lines matching a Python regular expression.
+    """Search text files for lines matching a regular expression (RE2 syntax, like Python's
+    but without backreferences or lookaround; it runs in linear time).
 
     Prints `file:line: text` for each matching line, workspace-relative and sorted by file.
     Binary files, files over 10 MiB, symlinks and `.git` are skipped. At most 200 matches.
     """
     root = ctx.require_workspace()
     try:
-        regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except re.error as exc:
-        raise ToolCallError(
-            f"invalid regular expression {pattern!r}: {exc}",
-            hint="escape special characters such as ( [ . * with a backslash",
-        ) from None
+        regex = _re2(pattern, ignore_case=ignore_case)
+    except (re2.error, UnicodeEncodeError) as exc:
+        raise _grep_pattern_error(pattern, exc) from None
     if glob is not None:
         _check_glob(glob, "glob")
     base = resolve_in_workspace(root, path, must_exist=True)
-    base_rel = workspace_relative(root, base)
+    base_rel = visible_text(workspace_relative(root, base))
     matches: list[str] = []
     too_large = 0
     capped = False
+    undecodable: list[str] = []
     for rel, file in _grep_candidates(base, glob):
-        shown = base_rel if rel == "" else _join(base_rel, rel)
+        shown = base_rel if rel == "" else _join(base_rel, visible_text(rel))
+        before = len(matches)
         try:
             if file.stat().st_size > GREP_MAX_FILE_BYTES:
                 too_large += 1
@@ -219,6 +326,8 @@ def grep(
                         break
         except (PermissionError, FileNotFoundError):
             continue  # unreadable or deleted while searching: nothing to report from it
+        if len(matches) > before and visible_text(rel) != rel:
+            undecodable.append(shown)
         if capped:
             break
     notes: list[str] = []
@@ -228,6 +337,8 @@ def grep(
         )
     if too_large:
         notes.append(f"[skipped {too_large} files larger than {GREP_MAX_FILE_BYTES} bytes]")
+    if undecodable:
+        notes.append(_undecodable_note(undecodable[0]))
     if not matches:
         return "\n".join([f"no matches for {pattern!r} under {base_rel!r}", *notes])
     return "\n".join([*matches, *notes])

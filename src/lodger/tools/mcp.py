@@ -7,7 +7,11 @@ Each server's tools are bound as ``<server>__<tool>`` (characters outside ``A-Za
 become ``_``; a name over 64 characters is cut and ends in a hash of the whole), in the
 server's group, deferred unless the server's config says otherwise, and asking for
 approval as configured per server or per tool. Their input schemas are taken as given
-and validated by the call path like any tool's.
+and validated by the call path like any tool's. A tool whose input schema lodger cannot
+validate against (not a JSON schema, or a ``$ref`` that resolves nowhere: lodger never
+fetches one) is still bound, so the model can find it and learn why, but with an empty
+object schema, a description that says so, and calls that fail with that reason; a
+warning is logged and ``McpServers.unusable()`` lists it.
 
 Failures are results, never crashes of the turn: an ``isError`` result is an error
 result; a call that does not answer within the server's ``timeout_s`` is an error result
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -34,8 +39,10 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 from pydantic import ValidationError
 
+from lodger._text import visible_text
 from lodger.authority import ResourceClaim
 from lodger.errors import ConfigError, ToolCallError
+from lodger.events import canonical_json
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
     from mcp import Client
 
 __all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
+
+_log = logging.getLogger(__name__)
 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -128,7 +137,7 @@ def result_output(result: mcp_types.CallToolResult) -> ToolOutput:
     parts = [_block_text(block) for block in result.content]
     if not parts and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    text = "\n".join(parts)
+    text = visible_text("\n".join(parts))  # a JSON \udXXX escape may decode to a lone surrogate
     if result.is_error:
         return ToolOutput(
             content=text or "the tool reported an error without a message", is_error=True
@@ -322,25 +331,117 @@ def tools_from_definitions(
     connection: _Connection | None = None,
 ) -> list[Tool]:
     """Tools from MCP ``tools/list`` definitions (``name``, ``description``, ``inputSchema``,
-    optional ``group``). Without a connection they are a catalog: searchable, not callable."""
+    optional ``group``). Without a connection they are a catalog: searchable, not callable.
+    A definition whose schema is unusable becomes a tool that says why when called."""
+    return _bind(definitions, config=config, connection=connection)[0]
+
+
+def _bind(
+    definitions: Sequence[Mapping[str, Any]],
+    *,
+    config: McpServerConfig | None,
+    connection: _Connection | None,
+) -> tuple[list[Tool], dict[str, str]]:
+    """The tools, and why each unusable one cannot be called, by bound name."""
     out: list[Tool] = []
+    unusable: dict[str, str] = {}
     for d in definitions:
         raw = str(d["name"])
         group = config.name if config is not None else str(d.get("group") or "catalog")
+        name = mcp_tool_name(group, raw) if config or d.get("group") else raw
         schema = d.get("inputSchema") or {"type": "object"}
+        description = str(d.get("description") or "")
+        handler = _handler(raw, group, connection)
+        problem = schema_problem(schema)
+        if problem is not None:
+            unusable[name] = reason = f"its input schema {problem}"
+            _log.warning("MCP tool %s is bound but cannot be called: %s", name, reason)
+            description = f"{description}\n[lodger cannot call this tool: {reason}]".lstrip()
+            schema, handler = {"type": "object"}, _refusing_handler(raw, group, reason)
         out.append(
             Tool(
-                name=mcp_tool_name(group, raw) if config or d.get("group") else raw,
-                description=str(d.get("description") or ""),
+                name=name,
+                description=description,
                 parameters=dict(schema),
-                handler=_handler(raw, group, connection),
+                handler=handler,
                 group=group,
                 deferred=config.deferred if config is not None else True,
                 approval=config.asks(raw) if config is not None else False,
                 claims=_capacity(group) if connection is not None else None,
             )
         )
-    return out
+    return out, unusable
+
+
+# Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
+_MAX_SCHEMA_DEPTH = 100
+
+
+def schema_problem(schema: object) -> str | None:
+    """Why lodger cannot validate arguments against ``schema`` (as a phrase after "its input
+    schema"), or None when it can: it must be a JSON object, a valid draft 2020-12 schema,
+    and every ``$ref`` must resolve within it (nothing is fetched)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    if not isinstance(schema, dict):
+        return f"is a JSON {type(schema).__name__}, not an object"
+    if _depth(schema) > _MAX_SCHEMA_DEPTH:  # before anything recursive walks it
+        return f"is nested more than {_MAX_SCHEMA_DEPTH} levels deep"
+    try:
+        canonical_json(schema)  # what a step records as the tool's schema digest
+    except (ValueError, UnicodeEncodeError):
+        return "holds values that are not JSON (NaN, infinities or invalid Unicode)"
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(part) for part in exc.absolute_path)
+        at = f" at {where!r}" if where else ""
+        return f"is not a valid JSON schema ({visible_text(exc.message)}{at})"
+    return _unresolvable_ref(schema)
+
+
+def _depth(value: object) -> int:
+    depth, level = 0, [value]
+    while level and depth <= _MAX_SCHEMA_DEPTH:
+        depth += 1
+        nested: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                nested.extend(item.values())
+            elif isinstance(item, list):
+                nested.extend(item)
+        level = nested
+    return depth
+
+
+def _unresolvable_ref(schema: dict[str, Any]) -> str | None:
+    from jsonschema_specifications import REGISTRY as METASCHEMAS
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    root = DRAFT202012.create_resource(schema)
+    registry = METASCHEMAS.with_resource(root.id() or "", root).crawl()
+    stack: list[tuple[object, Any]] = [(schema, registry.resolver(root.id() or ""))]
+    while stack:
+        node, resolver = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, resolver) for item in node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("$id"), str):
+            resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = node.get(keyword)
+            if isinstance(ref, str):
+                try:
+                    resolver.lookup(ref)
+                except Unresolvable:
+                    return f"has a {keyword} {visible_text(ref)!r} that resolves to nothing"
+        stack.extend((value, resolver) for key, value in node.items() if key not in _DATA_KEYWORDS)
+    return None
 
 
 def _capacity(server: str) -> Any:
@@ -362,6 +463,18 @@ def _handler(raw: str, group: str, connection: _Connection | None) -> Any:
     return handle
 
 
+def _refusing_handler(raw: str, group: str, reason: str) -> Any:
+    async def refuse(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        raise ToolCallError(
+            f"{mcp_tool_name(group, raw)} (of MCP server {group!r}) cannot be called: "
+            f"{reason}, so lodger cannot check arguments for it",
+            hint="use another tool, or tell the user that the server's schema needs fixing",
+            code="unusable_tool",
+        )
+
+    return refuse
+
+
 class McpServers:
     """Connects to MCP servers for the life of an ``async with`` block.
 
@@ -377,6 +490,7 @@ class McpServers:
         self._connections = [_Connection(c) for c in configs]
         self._group: asyncio.TaskGroup | None = None
         self._tools: list[Tool] = []
+        self._unusable: dict[str, str] = {}
 
     async def __aenter__(self) -> McpServers:
         self._group = asyncio.TaskGroup()
@@ -401,9 +515,9 @@ class McpServers:
                 {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
                 for t in connection.listed
             ]
-            self._tools.extend(
-                tools_from_definitions(definitions, config=connection.config, connection=connection)
-            )
+            tools, unusable = _bind(definitions, config=connection.config, connection=connection)
+            self._tools.extend(tools)
+            self._unusable.update(unusable)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -418,3 +532,7 @@ class McpServers:
 
     def failures(self) -> dict[str, str]:
         return {c.config.name: c.failure for c in self._connections if c.failure is not None}
+
+    def unusable(self) -> dict[str, str]:
+        """Bound tools that cannot be called (their input schema is broken), with why."""
+        return dict(self._unusable)

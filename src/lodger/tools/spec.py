@@ -25,6 +25,7 @@ from typing import Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import FileExpectation, RecoveryPolicy, ToolDispatched, canonical_json
@@ -207,12 +208,34 @@ def _build(
         kwargs = {key: getattr(parsed, key) for key in fields}
         if context_param is not None:
             kwargs[context_param] = ctx
-        if is_async:
-            return await fn(**kwargs)
-        # Sync tools run on a worker thread so they never block the event loop.
-        return await asyncio.to_thread(fn, **kwargs)
+        try:
+            if is_async:
+                value = await fn(**kwargs)
+            else:
+                # Sync tools run on a worker thread so they never block the event loop.
+                value = await asyncio.to_thread(fn, **kwargs)
+        except ToolCallError as exc:
+            if is_valid_utf8(str(exc)):
+                raise
+            raise _visible_error(exc) from None
+        return _visible_result(value)
 
     return Tool(name=tool_name, description=doc, parameters=schema, handler=handler, **options)
+
+
+def _visible_result(value: Any) -> Any:
+    """A result with no lone surrogate in its text: a file name that is not UTF-8 is shown
+    escaped (``lodger._text.visible_text``), since the log cannot store it as it is."""
+    if isinstance(value, str):
+        return visible_text(value)
+    if isinstance(value, ToolOutput) and not is_valid_utf8(value.content):
+        return dataclasses.replace(value, content=visible_text(value.content))
+    return value
+
+
+def _visible_error(exc: ToolCallError) -> ToolCallError:
+    hint = None if exc.hint is None else visible_text(exc.hint)
+    return ToolCallError(visible_text(exc.message), hint=hint, code=exc.code)
 
 
 def _pydantic_message(name: str, exc: ValidationError) -> str:

@@ -88,11 +88,17 @@ def test_the_engine_imports_no_particular_tool_and_recovery_stays_pure() -> None
     graph = _graph()
     for name, imports in graph.items():
         if name.startswith("lodger.engine"):
-            assert not {i for i in imports if i.startswith("lodger.tools.") and i not in {
-                "lodger.tools.spec",
-                "lodger.tools.registry",
-                "lodger.tools.workspace",
-            }}, name
+            assert not {
+                i
+                for i in imports
+                if i.startswith("lodger.tools.")
+                and i
+                not in {
+                    "lodger.tools.spec",
+                    "lodger.tools.registry",
+                    "lodger.tools.workspace",
+                }
+            }, name
         if name.startswith("lodger.recovery"):
             assert not {i for i in imports if i.startswith(("lodger.engine", "lodger.storage"))}
 

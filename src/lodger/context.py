@@ -10,8 +10,10 @@ To fit a token budget, the oldest tool results are elided (the log keeps them wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from lodger.events import (
     CallRejected,
@@ -24,14 +26,63 @@ from lodger.events import (
 )
 from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
 
-__all__ = ["Projection", "Projector", "estimate_tokens", "project_messages"]
+__all__ = [
+    "MessageSnapshot",
+    "Projection",
+    "Projector",
+    "estimate_tokens",
+    "project_messages",
+]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
 
 
+class MessageSnapshot(Sequence[Message]):
+    """The first ``n`` messages of an append-only list, then a tail: an immutable view
+    that costs O(1) to take, so a step's request never copies a long history."""
+
+    __slots__ = ("_base", "_n", "_tail")
+
+    def __init__(self, base: list[Message], n: int, tail: tuple[Message, ...] = ()) -> None:
+        self._base, self._n, self._tail = base, n, tail
+
+    def __len__(self) -> int:
+        return self._n + len(self._tail)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Message, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | tuple[Message, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("message index out of range")
+        return self._base[index] if index < self._n else self._tail[index - self._n]
+
+    def __iter__(self) -> Iterator[Message]:
+        yield from itertools.islice(self._base, self._n)
+        yield from self._tail
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"MessageSnapshot({list(self)!r})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Projection:
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
     elided_call_ids: tuple[str, ...]
     estimated_tokens: int
 
@@ -251,14 +302,13 @@ class Projector:
         self._seen = len(events)
         if self._stale:
             return project_messages(events, budget_tokens=budget_tokens, keep_recent=keep_recent)
-        messages = list(self._closed)
-        outputs = list(self._outputs)
+        closed = len(self._closed)
         chars = self._closed_chars
+        block: list[Message] = []
         if self._open is not None:
             body, results = self._open, self._open_results
             kept = tuple(c for c in body.calls if c.call_id in results)
-            outputs.append((len(messages), len(kept)))
-            block: list[Message] = [
+            block = [
                 AssistantMessage(
                     text=body.text,
                     reasoning=body.reasoning,
@@ -267,8 +317,22 @@ class Projector:
                 ),
                 *(results[c.call_id] for c in kept),
             ]
-            messages.extend(block)
             chars += sum(_chars(m) for m in block)
+        estimate = estimate_tokens((), chars=chars) + 4 * (closed + len(block))
+        if budget_tokens is None or estimate <= budget_tokens:
+            # the common case: a view over the history, no copy of it
+            return Projection(
+                messages=MessageSnapshot(self._closed, closed, tuple(block)),
+                elided_call_ids=(),
+                estimated_tokens=estimate,
+            )
+        outputs = list(self._outputs)
+        if self._open is not None:
+            outputs.append((closed, len(block) - 1))
         return _elide(
-            messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent, chars=chars
+            [*self._closed, *block],
+            outputs,
+            budget_tokens=budget_tokens,
+            keep_recent=keep_recent,
+            chars=chars,
         )

@@ -8,7 +8,7 @@ model's own ``call_id`` and raw ``arguments`` text; results are paired by ``call
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ Message = UserMessage | AssistantMessage | ToolResultMessage
 @dataclass(frozen=True, kw_only=True)
 class ModelRequest:
     system: str
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
     tools: tuple[ToolSchema, ...] = ()
     max_output_tokens: int | None = None
 

@@ -201,6 +201,8 @@ class SqliteBackend(LogBackend):
         return self.log
 
     def stored(self, session_id: str) -> list[Record]:
+        if not (self.state_dir / "log.sqlite3").exists():
+            return []  # reads and empty appends create nothing
         with self._db() as db:
             rows = db.execute(
                 'SELECT "offset", data, digest FROM events WHERE session_id = ? ORDER BY "offset"',

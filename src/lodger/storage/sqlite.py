@@ -54,6 +54,7 @@ __all__ = ["SqliteLogStore"]
 T = TypeVar("T")
 
 _FORMAT = 1  # PRAGMA user_version: every session has a head file
+_READ_HINT = "the disk may be failing or the database file damaged; run `lodger log verify`"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -139,10 +140,14 @@ class SqliteLogStore:
             return None
         try:
             if _writable(self.state_dir) and _writable(self.path):
-                self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-                self._read_write = True
-            else:
-                self._conn = self._read_only_connection()
+                conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+                try:
+                    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                    self._conn, self._read_write = conn, True
+                    return conn
+                except sqlite3.Error:  # e.g. a full disk has no room for the -shm file
+                    conn.close()
+            self._conn = self._read_only_connection()
         except (sqlite3.Error, OSError) as exc:
             raise self._open_error(exc) from exc
         return self._conn
@@ -294,7 +299,8 @@ class SqliteLogStore:
                     raise
             except (sqlite3.Error, OSError) as exc:
                 raise CommitFailedError(
-                    f"append to session {session_id!r} at offset {expected_offset} failed: {exc}",
+                    f"append to session {session_id!r} at offset {expected_offset} in "
+                    f"{self.path} failed: {exc}",
                     hint="nothing from this append was committed; check disk space and "
                     f"permissions of the state directory {self.state_dir}",
                     session_id=session_id,
@@ -358,7 +364,7 @@ class SqliteLogStore:
                     return []
                 raise StorageError(
                     f"cannot read session {session_id!r} from {self.path}: {exc}",
-                    hint="the database file may be damaged; run `lodger log verify`",
+                    hint=_READ_HINT,
                     session_id=session_id,
                 ) from exc
             return [Record(int(o), _stored_bytes(d), str(g)) for o, d, g in rows]
@@ -380,7 +386,7 @@ class SqliteLogStore:
                 return None
             raise StorageError(
                 f"cannot read session {session_id!r} from {self.path}: {exc}",
-                hint="the database file may be damaged; run `lodger log verify`",
+                hint=_READ_HINT,
                 session_id=session_id,
             ) from exc
         return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
@@ -409,7 +415,7 @@ class SqliteLogStore:
                     return None
                 raise StorageError(
                     f"cannot read the head of session {session_id!r} from {self.path}: {exc}",
-                    hint="the database file may be damaged; run `lodger log verify`",
+                    hint=_READ_HINT,
                     session_id=session_id,
                 ) from exc
             last = self._last(session_id)
@@ -435,7 +441,7 @@ class SqliteLogStore:
                     if not _no_table(exc):
                         raise StorageError(
                             f"cannot list the sessions in {self.path}: {exc}",
-                            hint="the database file may be damaged",
+                            hint=_READ_HINT,
                         ) from exc
                     rows = []
                 found.update(str(r[0]) for r in rows)

@@ -235,3 +235,66 @@ def test_state_directory_on_a_full_disk(runner: CliRunner, state_dir: Path, tmp_
             assert verified.exit_code == 0, verified.output
         plan = invoke(runner, "recover", CRASHED, "--state", state, "--json")
         assert json.loads(plan.stdout)["calls"][0]["status"] == "indeterminate"
+
+
+WIPE_TOOLS = '''
+import os, shutil
+from pathlib import Path
+from lodger import tool
+
+@tool
+def wipe() -> str:
+    """Delete the state directory, as a careless `rm -rf` would."""
+    shutil.rmtree(os.environ["WIPE_STATE"])
+    return "wiped"
+
+@tool
+def mark() -> str:
+    """A side effect counted outside the process."""
+    Path(os.environ["WIPE_MARK"]).write_text("ran")
+    return "marked"
+'''
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+def test_run_whose_state_directory_vanishes_fails_before_the_next_effect(
+    runner: CliRunner, tmp_path: Path, how: str
+) -> None:
+    state = tmp_path / "state"
+    tools = tmp_path / "wipe_tools.py"
+    tools.write_text(
+        WIPE_TOOLS
+        if how == "deleted"
+        else WIPE_TOOLS.replace("shutil.rmtree(", "os.rename(").replace(
+            '["WIPE_STATE"])', '["WIPE_STATE"], os.environ["WIPE_STATE"] + "-moved")'
+        )
+    )
+    script = [
+        {"calls": [{"name": "wipe", "args": {}}]},
+        {"calls": [{"name": "mark", "args": {}}]},
+        {"text": "done"},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    mark = tmp_path / "mark.txt"
+    result = runner.invoke(
+        main,
+        [
+            "run",
+            "clean up",
+            "--model",
+            f"script:{tmp_path / 'script.json'}",
+            "--tools",
+            str(tools),
+            "--workspace",
+            str(tmp_path),
+            "--state",
+            str(state),
+            "--yes",
+        ],
+        env={"WIPE_STATE": str(state), "WIPE_MARK": str(mark)},
+    )
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert str(state / "log.sqlite3") in result.output
+    assert not mark.exists(), "a call ran after its log was gone"

@@ -298,3 +298,17 @@ def test_run_whose_state_directory_vanishes_fails_before_the_next_effect(
     assert "Traceback" not in result.output
     assert str(state / "log.sqlite3") in result.output
     assert not mark.exists(), "a call ran after its log was gone"
+
+
+def test_deleted_database_with_its_head_files_left_fails_closed(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    for name in ("log.sqlite3", "log.sqlite3-wal", "log.sqlite3-shm"):
+        (state_dir / name).unlink(missing_ok=True)
+    listed = invoke(runner, "sessions", "--state", state_dir, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert sorted(row["session_id"] for row in json.loads(listed.stdout)) == [CRASHED, DEMO]
+    verified = invoke(runner, "log", "verify", DEMO, "--state", state_dir, "--json")
+    assert verified.exit_code == 1, verified.output
+    error = json.loads(verified.stdout)["error"]
+    assert (error["code"], error["offset"]) == ("truncated", 0)

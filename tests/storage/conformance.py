@@ -107,6 +107,10 @@ class LogBackend(abc.ABC):
     def delete(self, session_id: str, offset: int) -> None: ...
 
     @abc.abstractmethod
+    def set_head(self, session_id: str, head: tuple[int, str] | None) -> None:
+        """Replace (or with None, remove) the head the store recorded for the session."""
+
+    @abc.abstractmethod
     def fail_write_at(
         self, session_id: str, offset: int
     ) -> contextlib.AbstractContextManager[None]:
@@ -164,6 +168,12 @@ class MemoryBackend(LogBackend):
         rows = self.store.sessions[session_id]
         rows[:] = [r for r in rows if r.offset != offset]
 
+    def set_head(self, session_id: str, head: tuple[int, str] | None) -> None:
+        if head is None:
+            del self.store.heads[session_id]
+        else:
+            self.store.heads[session_id] = head
+
     @contextlib.contextmanager
     def fail_write_at(self, session_id: str, offset: int) -> Iterator[None]:
         self.store.fail_at = (session_id, offset)
@@ -201,6 +211,8 @@ class SqliteBackend(LogBackend):
         return self.log
 
     def stored(self, session_id: str) -> list[Record]:
+        if not (self.state_dir / "log.sqlite3").exists():
+            return []  # reads and empty appends create nothing
         with self._db() as db:
             rows = db.execute(
                 'SELECT "offset", data, digest FROM events WHERE session_id = ? ORDER BY "offset"',
@@ -227,6 +239,16 @@ class SqliteBackend(LogBackend):
         with self._db() as db:
             db.execute(
                 'DELETE FROM events WHERE session_id = ? AND "offset" = ?', (session_id, offset)
+            )
+
+    def set_head(self, session_id: str, head: tuple[int, str] | None) -> None:
+        path = self.state_dir / "heads" / f"{session_id}.head"
+        if head is None:
+            path.unlink()
+        else:
+            high_water, digest = head
+            path.write_text(
+                json.dumps({"session_id": session_id, "high_water": high_water, "digest": digest})
             )
 
     @contextlib.contextmanager
@@ -642,6 +664,41 @@ class TamperConformance:
         for offset in range(5 - lost, 5):
             backend.delete(SID, offset)
         await assert_fails_closed(backend.log, SID, offset=5 - lost, code="truncated")
+
+    async def test_every_row_lost_keeps_the_session_listed_and_failing_closed(
+        self, backend: LogBackend
+    ) -> None:
+        # a lost WAL can take every event of a session: it must not vanish or start afresh
+        await seed(backend.log, SID, 3)
+        for offset in range(3):
+            backend.delete(SID, offset)
+        assert await backend.log.list_sessions() == [SID]
+        await assert_fails_closed(backend.log, SID, offset=0, code="truncated")
+
+    async def test_lost_head_record_fails_closed(self, backend: LogBackend) -> None:
+        await seed(backend.log, SID, 4)
+        backend.set_head(SID, None)
+        await assert_fails_closed(backend.log, SID, offset=4, code="head_missing")
+        assert await backend.log.list_sessions() == [SID]
+
+    async def test_head_one_append_behind_is_a_valid_prefix(self, backend: LogBackend) -> None:
+        # a process killed between a commit and recording its head leaves the head behind
+        await seed(backend.log, SID, 6)  # appends of 1, 2 and 3 events
+        records = backend.stored(SID)
+        backend.set_head(SID, (3, records[2].digest))
+        assert (await backend.log.verify(SID)).high_water == 6
+        async with await backend.log.open_writer(SID) as writer:
+            await writer.append(drafts(6, 1), expected_offset=6)
+        assert (await backend.log.verify(SID)).high_water == 7
+
+    async def test_head_whose_digest_differs_from_the_stored_event(
+        self, backend: LogBackend
+    ) -> None:
+        # same length, other facts: the tail was rolled back and written again
+        await seed(backend.log, SID, 6)
+        records = backend.stored(SID)
+        backend.set_head(SID, (3, records[1].digest))
+        await assert_fails_closed(backend.log, SID, offset=2, code="truncated")
 
     @pytest.mark.parametrize(("start", "end"), [(0, 3), (1, 3), (2, 3), (2, 4), (0, 5)])
     async def test_gap_inside_a_bounded_range(

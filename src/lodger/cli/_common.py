@@ -93,7 +93,8 @@ def log_exists(log: EventLog) -> bool:
     """
     store = log.store
     if isinstance(store, SqliteLogStore):
-        return store.path.exists()
+        # head files without a database: the log was lost, which must fail closed
+        return store.path.exists() or store.heads.exists()
     return True
 
 

@@ -8,9 +8,12 @@ and a bounded preview.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +21,10 @@ from lodger.errors import StorageError
 from lodger.events import ArtifactRef
 
 __all__ = ["ArtifactStore", "FileArtifactStore", "MemoryArtifactStore"]
+
+_TMP_PREFIX = ".lodger-"
+_TMP_SUFFIX = ".tmp"
+_ORPHAN_AGE_S = 5.0
 
 
 class ArtifactStore(Protocol):
@@ -57,29 +64,63 @@ class MemoryArtifactStore:
 
 
 class FileArtifactStore:
-    """Artifacts as files ``<root>/<first two hex>/<sha256>``, written atomically."""
+    """Artifacts as files ``<root>/<first two hex>/<sha256>``, written atomically.
+
+    A write goes to ``.lodger-*.tmp`` beside its final name, holding an ``flock`` on it
+    until the rename. A process killed mid-write leaves that file behind, unlocked (the
+    kernel drops the lock): the first ``put`` of the next store removes such orphans, and
+    nothing ever reads them.
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._swept = False
 
     def _path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256
+
+    def sweep_orphans(self) -> list[Path]:
+        """Remove temporary files no live writer holds; return what was removed. Blocking."""
+        removed: list[Path] = []
+        for tmp in self.root.glob(f"??/{_TMP_PREFIX}*{_TMP_SUFFIX}"):
+            try:
+                fd = os.open(tmp, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # renamed into place meanwhile
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live writer is still writing it
+                # a writer creates the file and locks it at once; a file that old and
+                # unlocked is not in that gap
+                if time.time() - os.fstat(fd).st_mtime >= _ORPHAN_AGE_S:
+                    tmp.unlink(missing_ok=True)
+                    removed.append(tmp)
+            finally:
+                os.close(fd)
+        return removed
 
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         ref = _ref(data, media_type)
         path = self._path(ref.sha256)
 
         def write() -> None:
+            if not self._swept:
+                self._swept = True
+                with contextlib.suppress(OSError):  # best effort: orphans are never read
+                    self.sweep_orphans()
             if path.exists():
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
                     handle.flush()
                     os.fsync(handle.fileno())
-                os.replace(tmp, path)
+                    os.replace(tmp, path)  # still locked: never swept while in flight
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -88,7 +129,7 @@ class FileArtifactStore:
             await asyncio.to_thread(write)
         except OSError as exc:
             raise StorageError(
-                f"cannot store artifact {ref.sha256}: {exc}",
+                f"cannot store artifact {ref.sha256} in {path.parent}: {exc}",
                 hint="check free disk space and permissions of the state directory",
                 code="artifact_write",
             ) from exc

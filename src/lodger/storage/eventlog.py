@@ -63,6 +63,49 @@ def _decode_into(
         expected += 1
 
 
+class _Joined(Sequence[Event]):
+    """Known events followed by newly read ones, indexable without copying either."""
+
+    def __init__(self, known: Sequence[Event], tail: Sequence[Event]) -> None:
+        self._known, self._tail = known, tail
+
+    def __len__(self) -> int:
+        return len(self._known) + len(self._tail)
+
+    def __getitem__(self, index: int) -> Event:  # type: ignore[override]
+        if index < 0:
+            index += len(self)
+        n = len(self._known)
+        return self._known[index] if index < n else self._tail[index - n]
+
+
+def _check_stored_head(session_id: str, events: Sequence[Event], head: tuple[int, str]) -> None:
+    """A full read must contain the head recorded with the last append (DESIGN L8): the
+    chain alone cannot show that the newest events were lost or rolled back. It may hold
+    more: a process killed between a commit and recording its head leaves the head one
+    append behind, and a reader may see appends committed after it read the head."""
+    high_water, digest = head
+    if len(events) >= high_water and (high_water == 0 or events[high_water - 1].digest == digest):
+        return
+    if len(events) < high_water:
+        offset = len(events)
+        found = f"the stored events end at offset {offset}"
+    else:
+        offset = high_water - 1
+        found = f"the event at offset {offset} has another digest"
+    raise CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: the last append "
+        f"recorded {high_water} events (offsets 0 to {high_water - 1}) ending in digest "
+        f"{digest[:16]}, but {found}",
+        hint="the newest events were lost or rolled back outside lodger (a damaged, "
+        "truncated or deleted WAL, or a restored backup); nothing may resume on this log: "
+        "restore it from a backup or fork the session from an offset that verifies",
+        code="truncated",
+        session_id=session_id,
+        offset=offset,
+    )
+
+
 class EventLog:
     """The log of every session in one store.
 
@@ -83,6 +126,10 @@ class EventLog:
         check_session_id(session_id)
         if start < 0 or (end is not None and end < start):
             raise UsageError(f"invalid range [{start}, {end})", code="invalid_range")
+        full = start == 0 and end is None
+        # the head first: it is recorded after its events commit, so the events read next
+        # are never fewer than it names, even while another process appends
+        head = await self.store.stored_head(session_id=session_id) if full else None
         prev = ""
         fetch_from = start
         if start > 0:
@@ -105,34 +152,9 @@ class EventLog:
             last = await self.store.last_record(session_id=session_id)
             if last is not None and last.offset >= missing:
                 raise _order_error(session_id, missing, last.offset)
-        if start == 0 and end is None:
-            await self._check_stored_head(session_id, events)
+        if head is not None:
+            _check_stored_head(session_id, events, head)
         return events
-
-    async def _check_stored_head(
-        self, session_id: str, events: Sequence[Event], *, base: int = 0
-    ) -> None:
-        """A full read must end exactly at the head recorded with the last append: the
-        chain alone cannot show that the newest events were deleted or rolled back.
-        ``events`` are the log's events from offset ``base`` on."""
-        head = await self.store.stored_head(session_id=session_id)
-        if head is None:
-            return
-        high_water, digest = head
-        stored = base + len(events)
-        if stored == high_water and (not events or events[-1].digest == digest):
-            return
-        offset = min(stored, high_water)
-        raise CorruptLogError(
-            f"log for session {session_id!r} is invalid at offset {offset}: the last append "
-            f"recorded {high_water} events ending in digest {digest[:16]}, and the stored "
-            f"events are {stored}" + ("" if stored != high_water else " with another last digest"),
-            hint="the newest events were deleted or rolled back outside lodger; restore the "
-            "log from a backup or fork the session from an offset that verifies",
-            code="truncated",
-            session_id=session_id,
-            offset=offset,
-        )
 
     async def read_all(self, session_id: str) -> list[Event]:
         events = await self.read(session_id)
@@ -194,6 +216,7 @@ class EventLog:
         """The events after ``known`` (a verified prefix this process holds), verified
         from its last digest, and the whole log checked against the stored head."""
         prefix = Prefix(high_water=len(known), digest=known[-1].digest)
+        head = await self.store.stored_head(session_id=session_id)  # before the events
         records = await self.store.read_records(
             session_id=session_id, start=prefix.high_water - 1, end=None
         )
@@ -219,7 +242,8 @@ class EventLog:
         events = decode_records(
             session_id, records[1:], start=prefix.high_water, prev_digest=prefix.digest
         )
-        await self._check_stored_head(session_id, [*known[-1:], *events], base=len(known) - 1)
+        if head is not None:
+            _check_stored_head(session_id, _Joined(known, events), head)
         return events
 
     async def close(self) -> None:

@@ -52,7 +52,9 @@ class LogStore(Protocol):
         """Store all records or none, durably, before returning.
 
         Raises ``AppendConflictError`` when the session's high-water mark is not
-        ``expected_offset`` and ``CommitFailedError`` when the write itself failed.
+        ``expected_offset`` and ``CommitFailedError`` when the write itself failed (or the
+        stored head could not be recorded after it), and ``CorruptLogError`` when the
+        session's head record is missing or damaged.
         """
         ...
 
@@ -63,12 +65,21 @@ class LogStore(Protocol):
     async def last_record(self, *, session_id: str) -> Record | None: ...
 
     async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
-        """The ``(high_water, digest)`` the store recorded with the session's last append,
-        kept apart from the records so that losing the newest records is detectable
-        (None for a session written before heads were recorded)."""
+        """The ``(high_water, digest)`` recorded after the session's last append, kept where
+        losing the newest records does not lose it too (DESIGN L8).
+
+        ``EventLog`` reads it before the records, so it may lag the records (a crash
+        between a commit and recording its head) but never lead them. None for a session
+        never written (or written before heads were recorded); raises ``CorruptLogError``
+        (code ``head_missing`` or ``head_damaged``) when the session has records but its
+        head is gone or unreadable.
+        """
         ...
 
-    async def list_sessions(self) -> list[str]: ...
+    async def list_sessions(self) -> list[str]:
+        """Sessions with records or with a head that names records (a session whose records
+        were all lost is listed, so that reading it fails closed instead of vanishing)."""
+        ...
 
     async def acquire_writer(self, *, session_id: str) -> WriterLease:
         """Raises ``SessionLockedError`` naming the holder when another writer has it."""

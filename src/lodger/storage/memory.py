@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lodger.errors import AppendConflictError, SessionLockedError
+from lodger.storage._heads import head_missing
 from lodger.storage.logstore import Record
 
 __all__ = ["MemoryLogStore"]
@@ -54,10 +55,18 @@ class MemoryLogStore:
         return rows[-1] if rows else None
 
     async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
-        return self.heads.get(session_id)
+        head = self.heads.get(session_id)
+        rows = self.sessions.get(session_id)
+        if head is None and rows:
+            raise head_missing(session_id, rows[-1].offset + 1)
+        return head
 
     async def list_sessions(self) -> list[str]:
-        return sorted(sid for sid, rows in self.sessions.items() if rows)
+        # a session whose records were all lost is still listed by its head
+        return sorted(
+            {sid for sid, rows in self.sessions.items() if rows}
+            | {sid for sid, (high_water, _) in self.heads.items() if high_water > 0}
+        )
 
     async def acquire_writer(self, *, session_id: str) -> _MemoryLease:
         holder = self._writers.get(session_id)

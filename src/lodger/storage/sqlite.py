@@ -5,6 +5,22 @@ per append. All SQLite work runs on one dedicated thread so the event loop never
 and the connection never crosses threads. One writer per session is enforced with an
 ``flock`` on ``locks/<session>.lock``; the kernel drops it when the process dies, so a
 SIGKILLed writer never leaves a stale lock, and the file names the current holder.
+
+A damaged disk fails closed instead of losing facts quietly:
+
+- each session's head ``(high_water, digest)`` is also kept in ``heads/<session>.head``
+  (``_heads.py``), outside the WAL, so a damaged, truncated or deleted WAL is seen as a
+  lost tail (``CorruptLogError`` code ``truncated``) instead of a shorter valid log;
+- every commit checks that the database file it writes is still the one at
+  ``<state>/log.sqlite3``: once the state directory was deleted, moved or replaced, SQLite
+  would go on writing to an unlinked file, so the append fails with ``CommitFailedError``;
+- reads never create, lock or migrate anything: a read-only state directory can be
+  inspected (read-only SQLite, or a private copy when no ``-shm`` can be made there).
+
+``PRAGMA user_version`` 1 marks a database whose sessions all have head files; it is
+checkpointed into the main file when set, so losing the WAL cannot lose it. A database
+without it (and without ``heads/``) was written before head files existed: its
+sessions get head files from their stored state the first time it is opened to write.
 """
 
 from __future__ import annotations
@@ -13,19 +29,32 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import quote
 
-from lodger.errors import AppendConflictError, CommitFailedError, SessionLockedError, StorageError
+from lodger.errors import (
+    AppendConflictError,
+    CommitFailedError,
+    LodgerError,
+    SessionLockedError,
+    StorageError,
+)
+from lodger.storage._heads import HeadFiles, head_missing
 from lodger.storage._worker import IoThread
 from lodger.storage.logstore import Record
 
 __all__ = ["SqliteLogStore"]
 
 T = TypeVar("T")
+
+_FORMAT = 1  # PRAGMA user_version: every session has a head file
+_READ_HINT = "the disk may be failing or the database file damaged; run `lodger log verify`"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -49,6 +78,15 @@ def _stored_bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
+def _no_table(exc: sqlite3.Error) -> bool:
+    # a database whose schema was only in a lost WAL (written before format 1) holds nothing
+    return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK)  # EROFS on a read-only mount, even for root
+
+
 class _FileLease:
     def __init__(self, store: SqliteLogStore, session_id: str, fd: int) -> None:
         self._store = store
@@ -64,35 +102,157 @@ class _FileLease:
 
 
 class SqliteLogStore:
-    """Events of every session in ``<state_dir>/log.sqlite3``."""
+    """Events of every session in ``<state_dir>/log.sqlite3``, heads in ``heads/``."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / "log.sqlite3"
+        self.heads = HeadFiles(self.state_dir)
         self._io = IoThread("lodger-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._prepared = False  # _conn is read-write, migrated, and its file identified
+        self._read_write = False
+        self._identity: tuple[int, int] | None = None
+        self._snapshot: tempfile.TemporaryDirectory[str] | None = None
+        self._head_files_seen: set[str] = set()
 
     # -- plumbing -------------------------------------------------------------
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await self._io.run(fn)
 
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is None:
-            try:
-                self.state_dir.mkdir(parents=True, exist_ok=True)
+    def _open_error(self, exc: BaseException) -> StorageError:
+        return StorageError(
+            f"cannot open the event log at {self.path}: {exc}",
+            hint="check the --state directory exists, is writable, has free space and is "
+            "not corrupt",
+            code="storage_open",
+        )
+
+    def _reader(self) -> sqlite3.Connection | None:
+        """A connection to read with, or None when nothing was ever stored.
+
+        Never creates, migrates or locks anything, so read-only directories can be read.
+        """
+        if self._conn is not None:
+            return self._conn
+        if not self.path.exists():
+            return None
+        try:
+            if _writable(self.state_dir) and _writable(self.path):
                 conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(_SCHEMA)
-            except (sqlite3.Error, OSError) as exc:
-                raise StorageError(
-                    f"cannot open the event log at {self.path}: {exc}",
-                    hint="check the --state directory exists, is writable and is not corrupt",
-                    code="storage_open",
-                ) from exc
-            self._conn = conn
+                try:
+                    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                    self._conn, self._read_write = conn, True
+                    return conn
+                except sqlite3.Error:  # e.g. a full disk has no room for the -shm file
+                    conn.close()
+            self._conn = self._read_only_connection()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._open_error(exc) from exc
         return self._conn
+
+    def _read_only_connection(self) -> sqlite3.Connection:
+        uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30.0)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+        # WAL mode needs a -shm file that cannot be created here; `immutable=1` would skip
+        # the WAL and its events. Read a private copy of the database and its WAL instead:
+        # nobody can write to a directory we cannot write either.
+        snapshot = tempfile.TemporaryDirectory(prefix="lodger-read-")
+        try:
+            copy = Path(snapshot.name) / self.path.name
+            for suffix in ("", "-wal"):
+                source = Path(f"{self.path}{suffix}")
+                if suffix == "" or source.exists():
+                    shutil.copyfile(source, f"{copy}{suffix}")
+            conn = sqlite3.connect(copy, isolation_level=None, timeout=30.0)
+        except BaseException:
+            snapshot.cleanup()
+            raise
+        self._snapshot = snapshot
+        return conn
+
+    def _writer(self) -> sqlite3.Connection:
+        """The read-write connection, created, migrated and identified on first use."""
+        if self._conn is not None and self._prepared:
+            return self._conn
+        if self._conn is not None and not self._read_write:
+            self._close_connection()
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+                self._read_write = True
+            conn = self._conn
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+            if int(conn.execute("PRAGMA user_version").fetchone()[0]) < _FORMAT:
+                self._adopt(conn)
+            self.heads.root.mkdir(exist_ok=True)
+            status = os.stat(self.path)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._open_error(exc) from exc
+        self._identity = (status.st_dev, status.st_ino)
+        self._prepared = True
+        return conn
+
+    def _adopt(self, conn: sqlite3.Connection) -> None:
+        """Give every session of an older database a head file (never replacing one), then
+        mark the database and checkpoint the mark into the main file, out of the WAL."""
+        self.heads.root.mkdir(exist_ok=True)
+        recorded = dict(
+            (str(sid), (int(hw), str(digest)))
+            for sid, hw, digest in conn.execute("SELECT session_id, high_water, digest FROM heads")
+        )
+        for sid, last, digest in conn.execute(
+            'SELECT session_id, MAX("offset"), digest FROM events GROUP BY session_id'
+        ):
+            # SQLite takes `digest` from the row holding the MAX
+            recorded.setdefault(str(sid), (int(last) + 1, str(digest)))
+        for sid, (high_water, digest) in recorded.items():
+            if not self.heads.path(sid).exists():
+                self.heads.write(sid, high_water, digest)
+        conn.execute(f"PRAGMA user_version = {_FORMAT}")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _legacy(self, conn: sqlite3.Connection) -> bool:
+        """Written before head files existed and never opened to write since."""
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        return version < _FORMAT and not self.heads.exists()
+
+    def _same_file(self) -> bool:
+        try:
+            status = os.stat(self.path)
+        except OSError:
+            return False
+        return (status.st_dev, status.st_ino) == self._identity
+
+    def _moved(self, session_id: str, offset: int) -> CommitFailedError:
+        return CommitFailedError(
+            f"append to session {session_id!r} at offset {offset} was not committed: the "
+            f"event log at {self.path} is no longer the file this process opened (the state "
+            "directory was deleted, moved or replaced)",
+            hint="nothing from this append was committed; put the state directory back "
+            "and resume, or start again in a new one",
+            code="log_file_gone",
+            session_id=session_id,
+            offset=offset,
+        )
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._prepared = self._read_write = False
+        if self._snapshot is not None:
+            self._snapshot.cleanup()
+            self._snapshot = None
 
     # -- LogStore -------------------------------------------------------------
 
@@ -100,7 +260,7 @@ class SqliteLogStore:
         self, *, session_id: str, records: Sequence[Record], expected_offset: int
     ) -> None:
         def work() -> None:
-            conn = self._connect()
+            conn = self._writer()
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
@@ -116,6 +276,8 @@ class SqliteLogStore:
                             session_id=session_id,
                             offset=expected_offset,
                         )
+                    if records:
+                        self._ensure_head_file(session_id, high_water)
                     conn.executemany(
                         'INSERT INTO events (session_id, "offset", data, digest) '
                         "VALUES (?, ?, ?, ?)",
@@ -128,25 +290,69 @@ class SqliteLogStore:
                             "high_water = excluded.high_water, digest = excluded.digest",
                             (session_id, records[-1].offset + 1, records[-1].digest),
                         )
+                    if not self._same_file():
+                        raise self._moved(session_id, expected_offset)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 raise CommitFailedError(
-                    f"append to session {session_id!r} at offset {expected_offset} failed: {exc}",
+                    f"append to session {session_id!r} at offset {expected_offset} in "
+                    f"{self.path} failed: {exc}",
                     hint="nothing from this append was committed; check disk space and "
-                    "permissions of the state directory",
+                    f"permissions of the state directory {self.state_dir}",
                     session_id=session_id,
                     offset=expected_offset,
                 ) from exc
+            if records:
+                self._after_commit(session_id, records, expected_offset)
 
         await self._run(work)
 
+    def _ensure_head_file(self, session_id: str, high_water: int) -> None:
+        """Before a session's first commit, create its head file (empty), so that events
+        without a head file always mean the file was lost, never a crash in between."""
+        if session_id in self._head_files_seen:
+            return
+        if self.heads.read(session_id) is None:
+            if high_water > 0:
+                raise head_missing(session_id, high_water, str(self.heads.path(session_id)))
+            self.heads.write(session_id, 0, "")
+        self._head_files_seen.add(session_id)
+
+    def _after_commit(
+        self, session_id: str, records: Sequence[Record], expected_offset: int
+    ) -> None:
+        if not self._same_file():
+            # the directory went away between the check and the commit: the facts are in a
+            # file nobody can open again
+            error = self._moved(session_id, expected_offset)
+            error.message = error.message.replace("was not committed", "is lost")
+            error.hint = (
+                "the append went to a database file that no longer exists at that path; "
+                "put the state directory back and resume, or start again in a new one"
+            )
+            raise error
+        try:
+            self.heads.write(session_id, records[-1].offset + 1, records[-1].digest)
+        except OSError as exc:
+            raise CommitFailedError(
+                f"append to session {session_id!r} at offset {expected_offset} is in the "
+                f"log, but its head record {self.heads.path(session_id)} could not be "
+                f"written: {exc}",
+                hint="the log is still valid; check disk space and permissions of the state "
+                f"directory {self.state_dir}, then resume",
+                session_id=session_id,
+                offset=expected_offset,
+            ) from exc
+
     async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
         def work() -> list[Record]:
-            conn = self._connect()
+            conn = self._reader()
+            if conn is None:
+                return []
             try:
                 rows = conn.execute(
                     'SELECT "offset", data, digest FROM events WHERE session_id = ? '
@@ -154,59 +360,124 @@ class SqliteLogStore:
                     (session_id, start, end if end is not None else 2**62),
                 ).fetchall()
             except sqlite3.Error as exc:
+                if _no_table(exc):
+                    return []
                 raise StorageError(
-                    f"cannot read session {session_id!r}: {exc}",
-                    hint="the database file may be damaged; run `lodger log verify`",
+                    f"cannot read session {session_id!r} from {self.path}: {exc}",
+                    hint=_READ_HINT,
                     session_id=session_id,
                 ) from exc
             return [Record(int(o), _stored_bytes(d), str(g)) for o, d, g in rows]
 
         return await self._run(work)
 
-    async def last_record(self, *, session_id: str) -> Record | None:
-        def work() -> Record | None:
-            row = (
-                self._connect()
-                .execute(
-                    'SELECT "offset", data, digest FROM events WHERE session_id = ? '
-                    'ORDER BY "offset" DESC LIMIT 1',
-                    (session_id,),
-                )
-                .fetchone()
-            )
-            return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
+    def _last(self, session_id: str) -> Record | None:
+        conn = self._reader()
+        if conn is None:
+            return None
+        try:
+            row = conn.execute(
+                'SELECT "offset", data, digest FROM events WHERE session_id = ? '
+                'ORDER BY "offset" DESC LIMIT 1',
+                (session_id,),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            if _no_table(exc):
+                return None
+            raise StorageError(
+                f"cannot read session {session_id!r} from {self.path}: {exc}",
+                hint=_READ_HINT,
+                session_id=session_id,
+            ) from exc
+        return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
 
-        return await self._run(work)
+    async def last_record(self, *, session_id: str) -> Record | None:
+        return await self._run(lambda: self._last(session_id))
 
     async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
         def work() -> tuple[int, str] | None:
-            row = (
-                self._connect()
-                .execute("SELECT high_water, digest FROM heads WHERE session_id = ?", (session_id,))
-                .fetchone()
-            )
-            return None if row is None else (int(row[0]), str(row[1]))
+            # the file first: it is written after each commit, so the events read after it
+            # are never fewer than it names
+            head = self.heads.read(session_id)
+            if head is not None:
+                return head
+            conn = self._reader()
+            if conn is None:
+                return None
+            try:
+                if self._legacy(conn):
+                    row = conn.execute(
+                        "SELECT high_water, digest FROM heads WHERE session_id = ?", (session_id,)
+                    ).fetchone()
+                    return None if row is None else (int(row[0]), str(row[1]))
+            except sqlite3.Error as exc:
+                if _no_table(exc):
+                    return None
+                raise StorageError(
+                    f"cannot read the head of session {session_id!r} from {self.path}: {exc}",
+                    hint=_READ_HINT,
+                    session_id=session_id,
+                ) from exc
+            last = self._last(session_id)
+            if last is None:
+                return None
+            # a writer creates the head file before a session's first commit: look again
+            # in case it did so after our first look
+            head = self.heads.read(session_id)
+            if head is not None:
+                return head
+            raise head_missing(session_id, last.offset + 1, str(self.heads.path(session_id)))
 
         return await self._run(work)
 
     async def list_sessions(self) -> list[str]:
         def work() -> list[str]:
-            if not self.path.exists():
-                return []
-            rows = self._connect().execute(
-                "SELECT DISTINCT session_id FROM events ORDER BY session_id"
-            )
-            return [str(r[0]) for r in rows]
+            found: set[str] = set()
+            conn = self._reader()
+            if conn is not None:
+                try:
+                    rows = conn.execute("SELECT DISTINCT session_id FROM events").fetchall()
+                except sqlite3.Error as exc:
+                    if not _no_table(exc):
+                        raise StorageError(
+                            f"cannot list the sessions in {self.path}: {exc}",
+                            hint=_READ_HINT,
+                        ) from exc
+                    rows = []
+                found.update(str(r[0]) for r in rows)
+            # a session whose events were all lost still has its head: list it, so that
+            # reading it fails closed instead of the session vanishing
+            for session_id in self.heads.sessions():
+                if session_id not in found and self._head_names_events(session_id):
+                    found.add(session_id)
+            return sorted(found)
 
         return await self._run(work)
 
+    def _head_names_events(self, session_id: str) -> bool:
+        try:
+            head = self.heads.read(session_id)
+        except LodgerError:  # damaged: list it, reading it then says what is wrong
+            return True
+        return head is not None and head[0] > 0
+
     async def acquire_writer(self, *, session_id: str) -> _FileLease:
         lock_dir = self.state_dir / "locks"
+        path = lock_dir / f"{session_id}.lock"
 
         def work() -> int:
-            lock_dir.mkdir(parents=True, exist_ok=True)
-            path = lock_dir / f"{session_id}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot take the writer lock of session {session_id!r} at {path}: "
+                    f"{exc.strerror or exc}",
+                    hint="writing needs a writable state directory with free space; "
+                    "read-only commands (sessions, log, recover) work without one",
+                    code="storage_lock",
+                    session_id=session_id,
+                ) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -221,18 +492,14 @@ class SqliteLogStore:
                     session_id=session_id,
                 ) from None
             info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, info.encode(), 0)
+            with contextlib.suppress(OSError):  # the holder's name is a courtesy
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, info.encode(), 0)
             return fd
 
         fd = await self._run(work)
         return _FileLease(self, session_id, fd)
 
     async def close(self) -> None:
-        def work() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await self._run(work)
+        await self._run(self._close_connection)
         await self._io.close()

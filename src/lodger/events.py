@@ -574,7 +574,7 @@ def _chain_broken(
             "digest_mismatch",
             "its digest does not match its bytes and the previous digest (broken chain)",
         )
-    if hmac.compare_digest(chain_digest(prev_digest, data), digest):
+    if chain_digest(prev_digest, data) == digest:
         # Only someone without the key writes a plain digest into a keyed chain.
         return CorruptLogError(
             f"log for session {session_id!r} is forged at offset {offset}: the session's "

@@ -321,12 +321,13 @@ def test_a_key_file_inside_the_state_directory_is_refused(tmp_path: Path) -> Non
         assert "outside the state directory" in (info.value.hint or "")
     found = log_key_from_env(state, {"LODGER_LOG_KEY_FILE": str(outside)})
     assert found is not None and found.key_id == KEY.key_id
+    assert found.path == outside.resolve()  # for the integrator to hide from tools
 
 
 def test_the_environment_names_one_key_or_none(tmp_path: Path) -> None:
     assert log_key_from_env(tmp_path, {}) is None
     found = log_key_from_env(tmp_path, {"LODGER_LOG_KEY": SECRET.hex()})
-    assert found is not None and found.key_id == KEY.key_id
+    assert found is not None and found.key_id == KEY.key_id and found.path is None
     both = {"LODGER_LOG_KEY": SECRET.hex(), "LODGER_LOG_KEY_FILE": str(tmp_path / "k")}
     with pytest.raises(ConfigError) as info:
         log_key_from_env(tmp_path, both)

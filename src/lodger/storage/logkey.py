@@ -53,12 +53,15 @@ class LogKey:
     >>> log = EventLog(SqliteLogStore(".lodger"), key=key)
 
     ``key_id`` is the hex of the first 8 bytes of ``sha256(secret)``: recorded in each
-    keyed session, it names the key a session needs without revealing it.
+    keyed session, it names the key a session needs without revealing it. ``path`` is
+    the key file it was read from (None otherwise): hide it from tools like the state
+    directory, or a model could read the key and forge the log.
     """
 
-    __slots__ = ("_mac", "key_id")
+    __slots__ = ("_mac", "key_id", "path")
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, *, path: Path | None = None) -> None:
+        self.path = path
         if len(secret) < MIN_KEY_BYTES:
             raise ConfigError(
                 f"a log key needs at least {MIN_KEY_BYTES} bytes, this one has {len(secret)}",
@@ -75,7 +78,9 @@ class LogKey:
         return self._mac
 
     @classmethod
-    def from_text(cls, text: str, *, source: str = "the log key") -> LogKey:
+    def from_text(
+        cls, text: str, *, source: str = "the log key", path: Path | None = None
+    ) -> LogKey:
         """Parse a key written as hex or base64 (surrounding whitespace ignored)."""
         cleaned = "".join(text.split())
         secret = b""
@@ -94,7 +99,7 @@ class LogKey:
                 hint=f"write the key as hex or base64 text; {_MAKE_ONE}",
                 code="invalid_log_key",
             )
-        return cls(secret)
+        return cls(secret, path=path)
 
     @classmethod
     def from_file(
@@ -125,7 +130,7 @@ class LogKey:
                 hint=f"the file must hold the key as hex or base64 text; {_MAKE_ONE}",
                 code="key_file_unreadable",
             ) from None
-        return cls.from_text(text, source=f"the log key file {str(path)!r}")
+        return cls.from_text(text, source=f"the log key file {str(path)!r}", path=key_path)
 
     def __repr__(self) -> str:
         return f"LogKey(key_id={self.key_id!r})"

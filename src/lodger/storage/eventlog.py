@@ -156,9 +156,9 @@ class EventLog:
                 raise LogKeyError(
                     f"log for session {session_id!r} is not keyed (its chain is plain "
                     "sha256), and a keyed chain is required",
-                    hint="it was written without a log key, or rewritten by someone "
-                    "without it; verify it from a trusted copy, or read it with "
-                    "--require-key off if it predates the key",
+                    hint="it was written without a log key, or rewritten as plain by "
+                    "someone without it; compare it with a trusted copy, and read it "
+                    "without requiring a key only if it predates the key",
                     code="unkeyed_chain",
                     session_id=session_id,
                     configured_key_id=self.key.key_id if self.key else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import typing
@@ -15,6 +16,7 @@ import lodger.events as events_module
 from lodger.errors import CorruptLogError
 from lodger.events import (
     DIGEST_DOMAIN,
+    HMAC_DIGEST_DOMAIN,
     SCHEMA_CHANGELOG,
     SCHEMA_VERSION,
     ArtifactRef,
@@ -50,6 +52,7 @@ from lodger.events import (
     canonical_bytes,
     chain_digest,
     decode_event,
+    keyed_chain_digest,
     seal,
 )
 
@@ -298,6 +301,35 @@ def test_digest_formula() -> None:
         == hashlib.sha256(DIGEST_DOMAIN + bytes(32 * [0xAB]) + data).hexdigest()
     )
     assert chain_digest("", data) == hashlib.sha256(DIGEST_DOMAIN + data).hexdigest()
+
+
+_MAC = hmac.new(b"k" * 32, HMAC_DIGEST_DOMAIN, "sha256")
+
+
+@given(sealed())
+def test_keyed_round_trip_and_plain_and_keyed_digests_differ(
+    case: tuple[Event, bytes, str],
+) -> None:
+    plain, _, prev = case
+    draft = EventDraft(**{name: getattr(plain, name) for name in EventDraft.model_fields})
+    event, data = seal(
+        draft, session_id=plain.session_id, offset=plain.offset, prev_digest=prev, mac=_MAC
+    )
+    assert event.digest == keyed_chain_digest(_MAC, prev, data) != chain_digest(prev, data)
+    assert decode_event(
+        data, session_id=event.session_id, offset=event.offset, digest=event.digest,
+        prev_digest=prev, mac=_MAC,
+    ) == event  # fmt: skip
+    with pytest.raises(CorruptLogError) as info:  # a plain reader refuses a keyed digest
+        decode(event, data, prev)
+    assert info.value.code == "digest_mismatch"
+
+
+def test_keyed_digest_formula() -> None:
+    data, prev = b'{"x":1}', "ab" * 32
+    expected = hmac.new(b"k" * 32, HMAC_DIGEST_DOMAIN + bytes(32 * [0xAB]) + data, "sha256")
+    assert keyed_chain_digest(_MAC, prev, data) == expected.hexdigest()
+    assert HMAC_DIGEST_DOMAIN != DIGEST_DOMAIN
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from lodger.errors import (
     ConfigError,
     CorruptLogError,
     LodgerError,
+    LogKeyError,
     ProviderError,
     ResumeBlockedError,
     SessionLockedError,
@@ -37,7 +38,7 @@ from lodger.errors import (
 from lodger.events import Event
 from lodger.providers import FunctionModel, ScriptedModel, make_model
 from lodger.recovery import RecoveryPlan
-from lodger.storage import EventLog, open_log
+from lodger.storage import EventLog, LogKey, open_log
 from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
 from lodger.tools.mcp import McpServerConfig, McpServers
 
@@ -53,6 +54,8 @@ __all__ = [
     "EventLog",
     "FunctionModel",
     "LodgerError",
+    "LogKey",
+    "LogKeyError",
     "McpServerConfig",
     "McpServers",
     "PermissionPolicy",

@@ -120,7 +120,7 @@ class Agent:
         self.ids = ids or Uuid7Factory(self.clock)
         authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None
-        hidden = (storage.state_dir.resolve(),) if storage.state_dir is not None else ()
+        hidden = storage.hidden_paths()
         self.engine = Engine(
             model=model,
             registry=self.registry,

@@ -19,6 +19,7 @@
     │   ├── StorageFullError         no space left where the state lives
     │   └── CommitFailedError        a durable append did not complete; nothing may run after it
     └── CorruptLogError              stored facts are inconsistent; reading fails closed
+        └── LogKeyError              the chain cannot be checked with the configured key
 
 Errors carry structured fields (``session_id``, ``offset``, ``call_id``) so a CLI or an
 operator can act on them, ``str(error)`` is one sentence plus a hint, and ``next_steps``
@@ -41,6 +42,7 @@ __all__ = [
     "CorruptLogError",
     "ErrorCode",
     "LodgerError",
+    "LogKeyError",
     "NextStep",
     "ProviderAuthError",
     "ProviderError",
@@ -194,6 +196,40 @@ class CorruptLogError(LodgerError):
     """A stored log is inconsistent. ``code`` says how; ``offset`` says where."""
 
     code = "corrupt"
+
+
+class LogKeyError(CorruptLogError):
+    """A session's chain and the configured log key do not fit, so nothing is read.
+
+    ``code`` is ``key_required`` (the chain is keyed and no key is configured),
+    ``wrong_key`` (it is keyed with another key; ``expected_key_id`` names it) or
+    ``unkeyed_chain`` (a key is required and the chain is plain: written without a key,
+    or rewritten by someone without it). ``offset`` is 0, where the chain is declared.
+    """
+
+    code = "log_key"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        hint: str,
+        session_id: str,
+        expected_key_id: str | None = None,
+        configured_key_id: str | None = None,
+    ) -> None:
+        self.expected_key_id = expected_key_id
+        self.configured_key_id = configured_key_id
+        super().__init__(message, hint=hint, code=code, session_id=session_id, offset=0)
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        for key in ("expected_key_id", "configured_key_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 class ProviderError(LodgerError):

@@ -9,18 +9,27 @@ Canonical bytes are compact JSON with sorted keys, UTF-8, no NaN. The digest cha
     digest_n = sha256(DIGEST_DOMAIN || bytes(digest_{n-1}) || canonical_bytes(event_n))
 
 with an empty previous digest for offset 0. ``digest`` itself is not part of the bytes.
+A keyed chain (DESIGN L10) takes the same input under HMAC-SHA256 with a secret key and
+its own domain tag, so a plain and a keyed digest never collide:
+
+    digest_n = hmac_sha256(key, HMAC_DIGEST_DOMAIN || bytes(digest_{n-1}) || canonical_bytes)
+
+A session's ``session_started`` event (offset 0) names its chain and key id; the digest
+of offset 0 covers that claim, so it cannot change without the chain breaking.
 
 Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden logs in
 ``tests/data/golden`` must stay readable):
 
     1  first event set.
     2  model_output.provider_state: opaque provider data replayed to the same provider.
-    3  tool_responded.status timed_out: a call stopped by its time limit.
+    3  tool_responded.status timed_out; session_started.chain and key_id (plain sha256 or
+       keyed hmac-sha256).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -32,12 +41,14 @@ from lodger.errors import CorruptLogError, UsageError
 __all__ = [
     "DIGEST_DOMAIN",
     "EMPTY_PREFIX",
+    "HMAC_DIGEST_DOMAIN",
     "SCHEMA_CHANGELOG",
     "SCHEMA_VERSION",
     "ArtifactRef",
     "ArtifactStored",
     "Body",
     "CallRejected",
+    "ChainKind",
     "ContextCompacted",
     "DecisionAction",
     "Event",
@@ -74,7 +85,9 @@ __all__ = [
     "canonical_bytes",
     "canonical_json",
     "chain_digest",
+    "claimed_chain",
     "decode_event",
+    "keyed_chain_digest",
     "seal",
 ]
 
@@ -82,9 +95,10 @@ SCHEMA_VERSION = 3
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
-    3: "tool_responded.status timed_out: a call stopped by its time limit",
+    3: "tool_responded.status timed_out; session_started.chain and key_id",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
+HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
 
 _CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -170,6 +184,7 @@ ObservedReason = Literal[
 RecoveryAction = Literal["park"]
 DecisionAction = Literal["completed", "not_applied", "abandon"]
 Origin = Literal["provider", "code_mode", "runtime", "operator"]
+ChainKind = Literal["sha256", "hmac-sha256"]
 Visibility = Literal["model", "hidden"]
 
 
@@ -177,11 +192,18 @@ Visibility = Literal["model", "hidden"]
 
 
 class SessionStarted(_Value):
+    """The first event of a session. ``chain`` and ``key_id`` are filled in by the log
+    that writes it (its key decides), never by the caller; logs older than schema 3
+    decode as ``sha256``."""
+
     kind: Literal["session_started"] = "session_started"
     workspace: str | None = None
     workspace_id: str | None = None
     parent: ForkParent | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    chain: ChainKind = "sha256"
+    #: hex of the first 8 bytes of sha256(key) for a keyed chain, so a wrong key is named
+    key_id: str | None = None
 
 
 class TurnStarted(_Value):
@@ -422,10 +444,53 @@ def chain_digest(prev_digest: str, data: bytes) -> str:
     return h.hexdigest()
 
 
+def keyed_chain_digest(mac: hmac.HMAC, prev_digest: str, data: bytes) -> str:
+    """The keyed chain's digest. ``mac`` is ``hmac.new(key, HMAC_DIGEST_DOMAIN, "sha256")``,
+    made once per key: copying it costs far less than keying a new HMAC per event."""
+    h = mac.copy()
+    h.update(bytes.fromhex(prev_digest))
+    h.update(data)
+    return h.hexdigest()
+
+
+def _digest(mac: hmac.HMAC | None, prev_digest: str, data: bytes) -> str:
+    if mac is None:
+        return chain_digest(prev_digest, data)
+    return keyed_chain_digest(mac, prev_digest, data)
+
+
+def claimed_chain(first: bytes) -> tuple[ChainKind, str | None]:
+    """The chain kind and key id that a session's first stored event claims, read before
+    its digest can be checked (the claim says which digest to check it with).
+
+    Anything but a ``session_started`` naming ``hmac-sha256`` is a plain chain: the
+    decoder then checks (and rejects) whatever else is wrong with the bytes.
+    """
+    try:
+        raw = json.loads(first)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "sha256", None
+    body = raw.get("body") if isinstance(raw, dict) else None
+    if not isinstance(body, dict) or body.get("kind") != "session_started":
+        return "sha256", None
+    if body.get("chain") != "hmac-sha256":
+        return "sha256", None
+    key_id = body.get("key_id")
+    return "hmac-sha256", key_id if isinstance(key_id, str) else None
+
+
 def seal(
-    draft: EventDraft, *, session_id: str, offset: int, prev_digest: str
+    draft: EventDraft,
+    *,
+    session_id: str,
+    offset: int,
+    prev_digest: str,
+    mac: hmac.HMAC | None = None,
 ) -> tuple[Event, bytes]:
-    """Place a draft at ``offset``; return the committed event and its canonical bytes."""
+    """Place a draft at ``offset``; return the committed event and its canonical bytes.
+
+    ``mac`` keys the digest (see ``keyed_chain_digest``); None seals a plain chain.
+    """
     # The draft is already validated: dump it once and build the event without validating
     # again (this is the hot path of every append). A test holds the result equal to
     # ``Event(...)`` plus ``canonical_bytes``.
@@ -441,7 +506,7 @@ def seal(
             session_id=session_id,
             offset=offset,
         ) from None
-    digest = chain_digest(prev_digest, data)
+    digest = _digest(mac, prev_digest, data)
     fields = {name: getattr(draft, name) for name in EventDraft.model_fields}
     event = Event.model_construct(
         v=SCHEMA_VERSION, offset=offset, session_id=session_id, digest=digest, **fields
@@ -471,11 +536,20 @@ def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogErr
 
 
 def decode_event(
-    data: bytes, *, session_id: str, offset: int, digest: str, prev_digest: str
+    data: bytes,
+    *,
+    session_id: str,
+    offset: int,
+    digest: str,
+    prev_digest: str,
+    mac: hmac.HMAC | None = None,
 ) -> Event:
-    """Decode one stored event and check it against the chain; fail closed on anything odd."""
+    """Decode one stored event and check it against the chain; fail closed on anything odd.
+
+    ``mac`` checks a keyed chain (see ``keyed_chain_digest``); None a plain one.
+    """
     try:
-        computed = chain_digest(prev_digest, data)
+        computed = _digest(mac, prev_digest, data)
     except ValueError:
         # only a digest taken on trust (a read from a later offset) can be malformed
         raise _corrupt(
@@ -485,11 +559,13 @@ def decode_event(
             "its stored digest is not a hex sha256",
         ) from None
     if computed != digest:
-        raise _corrupt(
-            session_id,
-            offset,
-            "digest_mismatch",
-            "its digest does not match its bytes and the previous digest (broken chain)",
+        raise _chain_broken(
+            data,
+            session_id=session_id,
+            offset=offset,
+            digest=digest,
+            prev_digest=prev_digest,
+            keyed=mac is not None,
         )
     try:
         # The digest is not part of the stored bytes; splicing it into the object lets
@@ -519,6 +595,41 @@ def decode_event(
             f"the event belongs to session {event.session_id!r}",
         )
     return event
+
+
+def _chain_broken(
+    data: bytes, *, session_id: str, offset: int, digest: str, prev_digest: str, keyed: bool
+) -> CorruptLogError:
+    if not keyed:
+        return _corrupt(
+            session_id,
+            offset,
+            "digest_mismatch",
+            "its digest does not match its bytes and the previous digest (broken chain)",
+        )
+    if chain_digest(prev_digest, data) == digest:
+        # Only someone without the key writes a plain digest into a keyed chain.
+        return CorruptLogError(
+            f"log for session {session_id!r} is forged at offset {offset}: the session's "
+            "chain is keyed, and this event carries a plain sha256 digest recomputed over "
+            "changed bytes",
+            hint="someone with write access to the state directory but without the log key "
+            f"rewrote the log; treat every event from offset {offset} on as untrusted, "
+            f"restore the log from a backup or fork the session from offset {offset}",
+            code="forged",
+            session_id=session_id,
+            offset=offset,
+        )
+    return CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: its keyed digest "
+        "does not match its bytes and the previous digest (changed after it was written, "
+        "by damage or by someone without the log key)",
+        hint="restore the log from a backup or fork the session from offset "
+        f"{offset}; do not trust events from offset {offset} on",
+        code="digest_mismatch",
+        session_id=session_id,
+        offset=offset,
+    )
 
 
 def _explain_undecodable(data: bytes, *, session_id: str, offset: int) -> CorruptLogError:

@@ -217,7 +217,10 @@ def test_verify_good_log(runner: CliRunner, state_dir: Path) -> None:
     result = invoke(runner, "log", "verify", DEMO, "--state", state_dir)
     assert result.exit_code == 0
     assert re.fullmatch(
-        r"ok: session s-demo verified, 20 events, head digest [0-9a-f]{64}\n", result.stdout
+        r"ok: session s-demo verified, 20 events, head digest [0-9a-f]{64}\n"
+        r"chain: sha256 \(unkeyed\): detects accidental damage, not a rewrite by someone who "
+        r"can write the state directory\n",
+        result.stdout,
     )
     verified = invoke(runner, "log", "verify", DEMO, "--state", state_dir, "--json")
     shown = json.loads(invoke(runner, "log", "show", DEMO, "--state", state_dir, "--json").stdout)
@@ -226,6 +229,9 @@ def test_verify_good_log(runner: CliRunner, state_dir: Path) -> None:
         "session_id": DEMO,
         "high_water": 20,
         "digest": shown[-1]["digest"],
+        "chain": "sha256",
+        "key_id": None,
+        "configured_key_id": None,
     }
 
 
@@ -234,9 +240,10 @@ def test_verify_names_the_tampered_offset(runner: CliRunner, state_dir: Path) ->
     result = invoke(runner, "log", "verify", DEMO, "--state", state_dir)
     assert result.exit_code == 1
     assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
+    line, hint = result.stderr.splitlines()
     assert line.startswith("error: log for session 's-demo' is invalid at offset 7:")
     assert "digest" in line
+    assert hint.startswith("hint: ") and "offset 7" in hint
     as_json = invoke(runner, "log", "verify", DEMO, "--state", state_dir, "--json")
     assert as_json.exit_code == 1
     report = json.loads(as_json.stdout)
@@ -251,7 +258,7 @@ def test_verify_with_debug_shows_the_traceback(runner: CliRunner, state_dir: Pat
     result = invoke(runner, "--debug", "log", "verify", DEMO, "--state", state_dir)
     assert result.exit_code == 1
     assert "Traceback (most recent call last)" in result.stderr
-    assert result.stderr.splitlines()[-1].startswith(
+    assert result.stderr.splitlines()[-2].startswith(
         "error: log for session 's-demo' is invalid at offset 0:"
     )
 
@@ -281,8 +288,9 @@ def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
     tamper(state_dir, DEMO, 14, b"no such file", b"no such filE")
     bad = _lodger("log", "verify", DEMO, "--state", state_dir)
     assert bad.returncode == 1
-    (line,) = bad.stderr.splitlines()
+    line, hint = bad.stderr.splitlines()
     assert "offset 14" in line
+    assert hint.startswith("hint: ")
     assert "Traceback" not in bad.stderr
 
 

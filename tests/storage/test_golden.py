@@ -3,10 +3,14 @@
 Each ``tests/data/golden/v<schema>_<name>.jsonl`` holds one stored record per line:
 ``{"offset": int, "data": "<canonical event JSON>", "digest": "<hex>"}``. Never edit
 one; when the schema changes or a kind is added, add a new file next to the old ones.
+Keyed goldens (``*_keyed_*``) are chained under ``GOLDEN_KEY``; every golden is read with
+that key configured, which a plain log must not mind.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import typing
@@ -14,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from lodger.events import SCHEMA_VERSION, Body, Event
-from lodger.storage import EventLog, MemoryLogStore, Record
+from lodger.errors import LogKeyError
+from lodger.events import HMAC_DIGEST_DOMAIN, SCHEMA_VERSION, Body, Event
+from lodger.storage import EventLog, LogKey, MemoryLogStore, Record
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.jsonl"))
 NAME = re.compile(r"^v(\d+)_[a-z0-9_]+\.jsonl$")
+GOLDEN_SECRET = bytes(range(32))
+GOLDEN_KEY = LogKey(GOLDEN_SECRET)
+KEYED_GOLDEN = GOLDEN_DIR / "v3_keyed_chain.jsonl"
 
 
 def load(path: Path) -> list[Record]:
@@ -31,10 +39,12 @@ def load(path: Path) -> list[Record]:
     return records
 
 
-async def replay(path: Path) -> tuple[str, list[Record], list[Event], EventLog]:
+async def replay(
+    path: Path, key: LogKey | None = GOLDEN_KEY
+) -> tuple[str, list[Record], list[Event], EventLog]:
     records = load(path)
     session_id = json.loads(records[0].data)["session_id"]
-    log = EventLog(MemoryLogStore())
+    log = EventLog(MemoryLogStore(), key=key)
     await log.store.append_records(session_id=session_id, records=records, expected_offset=0)
     return session_id, records, await log.read(session_id), log
 
@@ -75,3 +85,40 @@ async def test_every_kind_appears_in_a_golden_log() -> None:
         seen |= {event.kind for event in events}
     missing = body_kinds() - seen
     assert not missing, f"add a golden log (tests/data/golden) that contains {sorted(missing)}"
+
+
+async def test_keyed_golden_is_keyed_and_plain_goldens_are_not() -> None:
+    for path in GOLDEN_FILES:
+        session_id, _, events, log = await replay(path)
+        chain = await log.chain(session_id)
+        keyed = "_keyed_" in path.name
+        assert chain.keyed is keyed, path.name
+        assert chain.kind == ("hmac-sha256" if keyed else "sha256")
+        assert chain.key_id == (GOLDEN_KEY.key_id if keyed else None)
+        assert events[0].kind == "session_started"
+
+
+def test_keyed_golden_digests_follow_the_documented_formula() -> None:
+    """Computed with hmac and hashlib alone: the keyed chain is what the docs say it is."""
+    prev = b""
+    records = load(KEYED_GOLDEN)
+    key_id = hashlib.sha256(GOLDEN_SECRET).digest()[:8].hex()
+    assert json.loads(records[0].data)["body"]["key_id"] == key_id
+    for record in records:
+        expected = hmac.new(GOLDEN_SECRET, HMAC_DIGEST_DOMAIN + prev + record.data, "sha256")
+        assert record.digest == expected.hexdigest(), record.offset
+        prev = bytes.fromhex(record.digest)
+
+
+async def test_keyed_golden_without_its_key_fails_closed() -> None:
+    with pytest.raises(LogKeyError) as missing:
+        await replay(KEYED_GOLDEN, key=None)
+    assert (missing.value.code, missing.value.offset) == ("key_required", 0)
+    assert missing.value.expected_key_id == GOLDEN_KEY.key_id
+
+    other = LogKey(b"another key, 32 bytes long......")
+    with pytest.raises(LogKeyError) as wrong:
+        await replay(KEYED_GOLDEN, key=other)
+    assert (wrong.value.code, wrong.value.offset) == ("wrong_key", 0)
+    assert GOLDEN_KEY.key_id in wrong.value.message
+    assert other.key_id in wrong.value.message

@@ -72,11 +72,17 @@ def json_option(fn: F) -> F:
     return option(fn)
 
 
-def run_with_log(state: str, work: Callable[[EventLog], Awaitable[T]]) -> T:
-    """Open the log in ``state``, run ``work`` on a fresh event loop, always close the log."""
+def run_with_log(
+    state: str, work: Callable[[EventLog], Awaitable[T]], *, require_key: bool | None = None
+) -> T:
+    """Open the log in ``state``, run ``work`` on a fresh event loop, always close the log.
+
+    The log key comes from ``$LODGER_LOG_KEY`` or ``$LODGER_LOG_KEY_FILE``;
+    ``require_key`` (default ``$LODGER_LOG_KEY_REQUIRED``) refuses unkeyed sessions.
+    """
+    log = open_log(state, require_key=require_key)  # a bad key setting fails before any work
 
     async def main() -> T:
-        log = open_log(state)
         try:
             return await work(log)
         finally:

@@ -26,9 +26,10 @@ from lodger.cli._common import (
 from lodger.cli._render import render_sessions, render_timeline
 from lodger.cli._timeline import SessionSummary, build_timeline, summarize
 from lodger.cli._timing import render_timings, step_timings
-from lodger.errors import CorruptLogError
+from lodger.errors import CorruptLogError, LogKeyError
 from lodger.events import Event, Prefix
-from lodger.storage import EventLog
+from lodger.storage import EventLog, SessionChain
+from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
 
@@ -58,8 +59,10 @@ async def _summarize_session(log: EventLog, session_id: str) -> _Row:
         # Summarize the prefix that still verifies; the head comes from storage unverified.
         valid = await log.read(session_id, end=exc.offset) if exc.offset else []
         head = await log.head(session_id)
+        # a key problem is not damage: the log may be fine, it just cannot be checked here
+        status = "unverified" if isinstance(exc, LogKeyError) else "corrupt"
         summary = dataclasses.replace(
-            summarize(session_id, valid), events=head.high_water, last_status="corrupt"
+            summarize(session_id, valid), events=head.high_water, last_status=status
         )
         return _Row(summary, exc)
 
@@ -170,30 +173,63 @@ def show(session_id: str, state: str, as_json: bool, show_all: bool, timing: boo
         console.print(line, soft_wrap=True)
 
 
+def _chain_line(chain: SessionChain, configured_key_id: str | None) -> str:
+    if chain.keyed:
+        return f"chain: hmac-sha256 key {chain.key_id} (verified with the configured key)"
+    if configured_key_id is None:
+        return (
+            "chain: sha256 (unkeyed): detects accidental damage, not a rewrite by someone "
+            "who can write the state directory"
+        )
+    return (
+        f"chain: sha256 (unkeyed): a log key ({configured_key_id}) is configured, but this "
+        "session was not written with it"
+    )
+
+
 @log_group.command("verify")
 @click.argument("session_id", metavar="SESSION")
 @state_option
 @json_option
-def verify(session_id: str, state: str, as_json: bool) -> None:
+@click.option(
+    "--require-key",
+    is_flag=True,
+    default=False,
+    envvar=KEY_REQUIRED_ENVVAR,
+    show_envvar=True,
+    help="Fail unless the session's chain is keyed with the configured log key.",
+)
+def verify(session_id: str, state: str, as_json: bool, require_key: bool) -> None:
     """Verify every event of a session against the digest chain.
 
-    Exits 0 and prints the head (high-water mark and digest) when the log is intact;
-    exits 1 with one line naming the first bad offset and what is wrong otherwise.
+    Exits 0 and prints the head (high-water mark and digest) and the chain when the log
+    is intact; exits 1 with one line naming the first bad offset and what is wrong
+    otherwise.
+
+    A plain chain (sha256) detects accidental damage. With a log key ($LODGER_LOG_KEY,
+    hex or base64, or $LODGER_LOG_KEY_FILE, a file outside the state directory) new
+    sessions are keyed (hmac-sha256) and an edit made without the key is reported as
+    forged. A session whose chain is plain is still read with a key configured, and
+    reported as unkeyed; --require-key fails on it, since a log rewritten by someone
+    without the key can only be plain.
 
     \b
     Example:
       lodger log verify SESSION
       lodger log verify SESSION --json
+      LODGER_LOG_KEY_FILE=~/.config/lodger/log.key lodger log verify SESSION --require-key
     """
 
-    async def work(log: EventLog) -> Prefix | CorruptLogError:
+    async def work(log: EventLog) -> tuple[Prefix, SessionChain, str | None] | CorruptLogError:
         require_log(log, state, session_id)
         try:
-            return await log.verify(session_id)
+            prefix = await log.verify(session_id)
+            chain = await log.chain(session_id)
         except CorruptLogError as exc:
             return exc
+        return prefix, chain, log.key.key_id if log.key else None
 
-    outcome = run_with_log(state, work)
+    outcome = run_with_log(state, work, require_key=require_key)
     if isinstance(outcome, CorruptLogError):
         if click.get_current_context().meta.get("lodger.debug"):
             click.echo("".join(traceback.format_exception(outcome)).rstrip(), err=True)
@@ -201,25 +237,39 @@ def verify(session_id: str, state: str, as_json: bool) -> None:
             echo_json({"ok": False, "error": outcome.to_dict()})
         else:
             click.echo(f"error: {outcome.message}", err=True)
+        if outcome.hint and not as_json:
+            click.echo(f"hint: {outcome.hint}", err=True)
         raise click.exceptions.Exit(1)
+    prefix, chain, configured_key_id = outcome
     if as_json:
         echo_json(
             {
                 "ok": True,
                 "session_id": session_id,
-                "high_water": outcome.high_water,
-                "digest": outcome.digest,
+                "high_water": prefix.high_water,
+                "digest": prefix.digest,
+                "chain": chain.kind,
+                "key_id": chain.key_id,
+                "configured_key_id": configured_key_id,
             }
         )
         return
-    make_console().print(
+    console = make_console()
+    console.print(
         Text.assemble(
             ("ok", "bold green"),
-            f": session {session_id} verified, {outcome.high_water} events, "
-            f"head digest {outcome.digest}",
+            f": session {session_id} verified, {prefix.high_water} events, "
+            f"head digest {prefix.digest}",
         ),
         soft_wrap=True,
     )
+    console.print(_chain_line(chain, configured_key_id), soft_wrap=True)
+    if not chain.keyed and configured_key_id is not None:
+        click.echo(
+            "warning: this session's chain is unkeyed, so anyone who can write the state "
+            "directory could have rewritten it; --require-key refuses such sessions",
+            err=True,
+        )
 
 
 COMMANDS: tuple[click.Command, ...] = (sessions, log_group)

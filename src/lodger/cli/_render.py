@@ -52,6 +52,7 @@ _STATUS_STYLE = {
     "denied": "red",
     "rejected": "red",
     "corrupt": "bold red",
+    "unverified": "bold yellow",
     "abandoned": "red",
     "cancelled": "yellow",
     "interrupted": "yellow",

@@ -9,11 +9,13 @@ control-plane backends compose into the same object.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
 from lodger.storage.eventlog import EventLog
+from lodger.storage.logkey import key_required_from_env, log_key_from_env
 from lodger.storage.memory import MemoryLogStore
 from lodger.storage.sqlite import SqliteLogStore
 
@@ -28,14 +30,31 @@ class Storage:
     state_dir: Path | None = None
 
     @classmethod
-    def local(cls, state_dir: str | os.PathLike[str]) -> Storage:
-        """SQLite log and file artifacts in ``state_dir`` (created on first write)."""
+    def local(
+        cls, state_dir: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+    ) -> Storage:
+        """SQLite log and file artifacts in ``state_dir`` (created on first write).
+
+        The log key, if any, comes from ``LODGER_LOG_KEY`` or ``LODGER_LOG_KEY_FILE``
+        (see :mod:`lodger.storage.logkey`).
+        """
         root = Path(state_dir)
+        key = log_key_from_env(root, environ)
         return cls(
-            log=EventLog(SqliteLogStore(root)),
+            log=EventLog(SqliteLogStore(root), key=key, require_key=key_required_from_env(environ)),
             artifacts=FileArtifactStore(root / "artifacts"),
             state_dir=root,
         )
+
+    def hidden_paths(self) -> tuple[Path, ...]:
+        """What no tool may see: the state directory and the log key's file."""
+        paths: list[Path] = []
+        if self.state_dir is not None:
+            paths.append(self.state_dir.resolve())
+        key = self.log.key
+        if key is not None and key.path is not None:
+            paths.append(Path(key.path).resolve())
+        return tuple(paths)
 
     @classmethod
     def memory(cls) -> Storage:

@@ -1,16 +1,41 @@
-"""``EventLog``: the event semantics of DESIGN section 3 on top of any ``LogStore``."""
+"""``EventLog``: the event semantics of DESIGN section 3 on top of any ``LogStore``.
+
+Each session's chain is plain (sha256) or keyed (HMAC-SHA256 under a ``LogKey``), fixed
+by its first event: a log with a key starts keyed sessions, and reads every session with
+the chain its ``session_started`` declares (DESIGN L10).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hmac
 from collections.abc import Sequence
 
 from lodger._bulk import cycle_collector_paused
-from lodger.errors import AppendConflictError, CorruptLogError, SessionNotFoundError, UsageError
-from lodger.events import EMPTY_PREFIX, Event, EventDraft, Prefix, decode_event, seal
+from lodger.errors import (
+    AppendConflictError,
+    CorruptLogError,
+    LogKeyError,
+    NextStep,
+    SessionNotFoundError,
+    UsageError,
+)
+from lodger.events import (
+    EMPTY_PREFIX,
+    ChainKind,
+    Event,
+    EventDraft,
+    Prefix,
+    SessionStarted,
+    claimed_chain,
+    decode_event,
+    seal,
+)
+from lodger.storage.logkey import KEY_ENVVAR, KEY_FILE_ENVVAR, LogKey
 from lodger.storage.logstore import LogStore, Record, WriterLease, check_session_id
 
-__all__ = ["EMPTY_PREFIX", "EventLog", "SessionWriter"]
+__all__ = ["EMPTY_PREFIX", "EventLog", "SessionChain", "SessionWriter"]
 
 _DECODE_ON_LOOP = 1_000  # about 10 ms of decoding; longer reads go to a worker thread
 
@@ -32,20 +57,50 @@ def _order_error(session_id: str, offset: int, found: int) -> CorruptLogError:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionChain:
+    """How a session's digests are chained: ``sha256`` (plain) or ``hmac-sha256`` under
+    the key named by ``key_id``. ``mac`` is the configured key's HMAC state, set only
+    when that key is the session's."""
+
+    kind: ChainKind
+    key_id: str | None = None
+    mac: hmac.HMAC | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def keyed(self) -> bool:
+        return self.kind == "hmac-sha256"
+
+
+_PLAIN = SessionChain("sha256")
+_SET_KEY = f"set ${KEY_ENVVAR} (or ${KEY_FILE_ENVVAR})"
+
+
 def decode_records(
-    session_id: str, records: Sequence[Record], *, start: int, prev_digest: str
+    session_id: str,
+    records: Sequence[Record],
+    *,
+    start: int,
+    prev_digest: str,
+    mac: hmac.HMAC | None = None,
 ) -> list[Event]:
-    """Decode contiguous records beginning at ``start``, checking order and the chain."""
+    """Decode contiguous records beginning at ``start``, checking order and the chain
+    (keyed with ``mac`` when given)."""
     events: list[Event] = []
     expected = start
     prev = prev_digest
     with cycle_collector_paused(len(records)):
-        _decode_into(events, session_id, records, expected, prev)
+        _decode_into(events, session_id, records, expected, prev, mac)
     return events
 
 
 def _decode_into(
-    events: list[Event], session_id: str, records: Sequence[Record], expected: int, prev: str
+    events: list[Event],
+    session_id: str,
+    records: Sequence[Record],
+    expected: int,
+    prev: str,
+    mac: hmac.HMAC | None,
 ) -> None:
     for record in records:
         if record.offset != expected:
@@ -57,6 +112,7 @@ def _decode_into(
                 offset=record.offset,
                 digest=record.digest,
                 prev_digest=prev,
+                mac=mac,
             )
         )
         prev = record.digest
@@ -112,10 +168,89 @@ class EventLog:
     >>> log = EventLog(MemoryLogStore())
     >>> writer = await log.open_writer("s1")
     >>> await writer.append([draft], expected_offset=0)
+
+    With ``key``, new sessions get a keyed chain (their first event must be
+    ``session_started``, which records the chain and the key id), keyed sessions are
+    checked with it and plain sessions still read: ``chain()`` tells which. With
+    ``require_key``, a plain session fails to read (``LogKeyError``, ``unkeyed_chain``),
+    which is how a log rewritten as plain by someone without the key is refused.
+    A keyed session read without its key fails closed (``key_required``, ``wrong_key``).
     """
 
-    def __init__(self, store: LogStore) -> None:
+    def __init__(
+        self, store: LogStore, *, key: LogKey | None = None, require_key: bool = False
+    ) -> None:
+        if require_key and key is None:
+            raise UsageError(
+                "an event log that requires keyed chains needs a key",
+                hint=f"{_SET_KEY}, or pass key=LogKey(...)",
+                code="key_required",
+            )
         self.store = store
+        self.key = key
+        self.require_key = require_key
+        # offset 0 never changes: once verified, a session's chain is known for good
+        self._chains: dict[str, SessionChain] = {}
+
+    def _chain_of(self, session_id: str, first: Record) -> SessionChain:
+        """The chain the session's first record declares, checked against the key."""
+        kind, key_id = claimed_chain(first.data)
+        if kind == "sha256":
+            if self.require_key:
+                raise LogKeyError(
+                    f"log for session {session_id!r} is not keyed (its chain is plain "
+                    "sha256), and a keyed chain is required",
+                    hint="it was written without a log key, or rewritten as plain by "
+                    "someone without it; compare it with a trusted copy, and read it "
+                    "without requiring a key only if it predates the key",
+                    code="unkeyed_chain",
+                    session_id=session_id,
+                    configured_key_id=self.key.key_id if self.key else None,
+                )
+            return _PLAIN
+        if self.key is None:
+            raise LogKeyError(
+                f"log for session {session_id!r} is keyed (hmac-sha256, key {key_id}) and "
+                "no log key is configured",
+                hint=f"{_SET_KEY} to the key this session was written with",
+                code="key_required",
+                session_id=session_id,
+                expected_key_id=key_id,
+            )
+        if key_id != self.key.key_id:
+            raise LogKeyError(
+                f"log for session {session_id!r} is keyed with key {key_id}, and the "
+                f"configured log key is {self.key.key_id}",
+                hint=f"{_SET_KEY} to the key this session was written with",
+                code="wrong_key",
+                session_id=session_id,
+                expected_key_id=key_id,
+                configured_key_id=self.key.key_id,
+            )
+        return SessionChain("hmac-sha256", key_id, self.key.mac)
+
+    async def _known_chain(self, session_id: str) -> SessionChain:
+        """The chain of a session, verifying its first event when not yet known."""
+        chain = self._chains.get(session_id)
+        if chain is not None:
+            return chain
+        first = await self.store.read_records(session_id=session_id, start=0, end=1)
+        if not first:
+            return _PLAIN  # nothing at offset 0: an empty session, or a gap found later
+        if first[0].offset != 0:
+            raise _order_error(session_id, 0, first[0].offset)
+        chain = self._chain_of(session_id, first[0])
+        decode_records(session_id, first, start=0, prev_digest="", mac=chain.mac)
+        self._chains[session_id] = chain
+        return chain
+
+    async def chain(self, session_id: str) -> SessionChain:
+        """How the session's digests are chained (plain for a session not started yet).
+
+        Raises ``LogKeyError`` when the chain does not fit the configured key.
+        """
+        check_session_id(session_id)
+        return await self._known_chain(session_id)
 
     async def read(self, session_id: str, *, start: int = 0, end: int | None = None) -> list[Event]:
         """Events ``[start, end)``, verified against the chain from the event before ``start``.
@@ -140,12 +275,22 @@ class EventLog:
                 raise _order_error(session_id, start - 1, records[0].offset)
             prev = records[0].digest
             records = records[1:]
+        if start == 0:
+            # a full read checks the chain's declaration afresh, never from the cache
+            at_zero = bool(records) and records[0].offset == 0  # else: a gap, raised below
+            chain = self._chain_of(session_id, records[0]) if at_zero else _PLAIN
+        else:
+            chain = await self._known_chain(session_id)
         if len(records) < _DECODE_ON_LOOP:
-            events = decode_records(session_id, records, start=start, prev_digest=prev)
+            events = decode_records(
+                session_id, records, start=start, prev_digest=prev, mac=chain.mac
+            )
         else:  # a long log takes CPU seconds to verify: keep the event loop free meanwhile
             events = await asyncio.to_thread(
-                decode_records, session_id, records, start=start, prev_digest=prev
+                decode_records, session_id, records, start=start, prev_digest=prev, mac=chain.mac
             )
+        if start == 0 and events:
+            self._chains[session_id] = chain
         if end is not None and len(events) < end - start:
             # a short bounded read is the end of the log only if nothing is stored after it
             missing = start + len(events)
@@ -161,8 +306,9 @@ class EventLog:
         if not events:
             raise SessionNotFoundError(
                 f"no log for session {session_id!r}",
-                hint="run `lodger sessions` to list the sessions in this state directory",
+                hint="list the sessions of this state directory to find the id",
                 session_id=session_id,
+                next_steps=(NextStep(action="list_sessions"),),
             )
         return events
 
@@ -210,7 +356,32 @@ class EventLog:
         except BaseException:
             await lease.release()
             raise
-        return SessionWriter(self, lease, head, events)
+        chain = await self._known_chain(session_id) if (events or known) else None
+        return SessionWriter(self, lease, head, events, chain=chain)
+
+    def _new_chain(self, session_id: str, drafts: Sequence[EventDraft]) -> list[EventDraft]:
+        """Start a session's chain: with a key it is keyed, and ``session_started``, which
+        must come first then, records the chain and the key id under the first digest."""
+        first, rest = drafts[0], list(drafts[1:])
+        if isinstance(first.body, SessionStarted):
+            chain = self._chain_for_new()
+            body = first.body.model_copy(update={"chain": chain.kind, "key_id": chain.key_id})
+            return [first.model_copy(update={"body": body}), *rest]
+        if self.key is not None:
+            raise UsageError(
+                f"a keyed session must start with session_started; session {session_id!r} "
+                f"starts with {first.body.kind}",
+                hint="append a SessionStarted event first: it records the chain and its key id",
+                code="keyed_session_needs_start",
+                session_id=session_id,
+                offset=0,
+            )
+        return list(drafts)
+
+    def _chain_for_new(self) -> SessionChain:
+        if self.key is None:
+            return _PLAIN
+        return SessionChain("hmac-sha256", self.key.key_id, self.key.mac)
 
     async def read_after(self, session_id: str, known: Sequence[Event]) -> list[Event]:
         """The events after ``known`` (a verified prefix this process holds), verified
@@ -239,8 +410,13 @@ class EventLog:
                 session_id=session_id,
                 offset=prefix.high_water - 1,
             )
+        chain = await self._known_chain(session_id)
         events = decode_records(
-            session_id, records[1:], start=prefix.high_water, prev_digest=prefix.digest
+            session_id,
+            records[1:],
+            start=prefix.high_water,
+            prev_digest=prefix.digest,
+            mac=chain.mac,
         )
         if head is not None:
             _check_stored_head(session_id, _Joined(known, events), head)
@@ -254,9 +430,17 @@ class SessionWriter:
     """The one writer of a session; appends are atomic, durable and offset-checked."""
 
     def __init__(
-        self, log: EventLog, lease: WriterLease, head: Prefix, events: Sequence[Event] = ()
+        self,
+        log: EventLog,
+        lease: WriterLease,
+        head: Prefix,
+        events: Sequence[Event] = (),
+        *,
+        chain: SessionChain | None = None,
     ) -> None:
         self._log = log
+        #: the session's chain; None until its first append decides it
+        self.chain = chain
         #: the verified events the log held when this writer opened
         self.initial_events: list[Event] = list(events)
         self._lease = lease
@@ -297,12 +481,24 @@ class SessionWriter:
                 session_id=self.session_id,
                 offset=expected_offset,
             )
+        chain = self.chain
+        if expected_offset == 0:
+            drafts = self._log._new_chain(self.session_id, drafts)
+            chain = self._log._chain_for_new()
+        elif chain is None:  # a writer made by hand over a non-empty session
+            chain = await self._log.chain(self.session_id)
+        self.chain = chain
+        mac = chain.mac
         events: list[Event] = []
         records: list[Record] = []
         prev = head.digest
         for index, draft in enumerate(drafts):
             event, data = seal(
-                draft, session_id=self.session_id, offset=expected_offset + index, prev_digest=prev
+                draft,
+                session_id=self.session_id,
+                offset=expected_offset + index,
+                prev_digest=prev,
+                mac=mac,
             )
             events.append(event)
             records.append(Record(event.offset, data, event.digest))
@@ -312,6 +508,8 @@ class SessionWriter:
             session_id=self.session_id, records=records, expected_offset=expected_offset
         )
         self._head = Prefix(high_water=expected_offset + len(drafts), digest=prev)
+        if expected_offset == 0:
+            self._log._chains[self.session_id] = chain
         return events
 
     async def close(self) -> None:

@@ -54,7 +54,7 @@ __all__ = ["SqliteLogStore"]
 T = TypeVar("T")
 
 _FORMAT = 1  # PRAGMA user_version: every session has a head file
-_READ_HINT = "the disk may be failing or the database file damaged; run `lodger log verify`"
+_READ_HINT = "the disk may be failing or the database file damaged; verify the log"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

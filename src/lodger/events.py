@@ -22,8 +22,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
 
     1  first event set.
     2  model_output.provider_state: opaque provider data replayed to the same provider.
-    3  tool_responded.status timed_out; session_started.chain and key_id (plain sha256 or
-       keyed hmac-sha256).
+    3  tool_responded.status timed_out; session_started.chain and key_id.
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def test_unknown_session_exits_2_with_hint(runner: CliRunner, state_dir: Path) -
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         "error: no log for session 'nope'",
-        "hint: run `lodger sessions` to list the sessions in this state directory",
+        "hint: list the sessions of this state directory to find the id",
+        f"next: lodger sessions --state {state_dir}",
     ]
 
 
@@ -297,7 +298,8 @@ def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
 def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     plain = _lodger("log", "show", "nope", "--state", state_dir)
     assert plain.returncode == 2
-    assert plain.stderr.splitlines()[-1].startswith("hint: run `lodger sessions`")
+    assert plain.stderr.splitlines()[-2].startswith("hint: list the sessions")
+    assert plain.stderr.splitlines()[-1].startswith("next: lodger sessions")
     assert "Traceback" not in plain.stderr
     debug = _lodger("log", "show", "nope", "--state", state_dir, debug=True)
     assert debug.returncode == 2

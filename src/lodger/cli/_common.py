@@ -60,8 +60,15 @@ def state_option(fn: F) -> F:
         metavar="DIR",
         type=click.Path(file_okay=False, dir_okay=True, path_type=str),
         help="State directory that holds the event log.",
+        callback=_remember_state,
     )
     return option(fn)
+
+
+def _remember_state(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    # errors name their next steps as commands, which need the same --state
+    ctx.find_root().meta["lodger.state"] = value
+    return value
 
 
 def json_option(fn: F) -> F:

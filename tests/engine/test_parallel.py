@@ -26,6 +26,7 @@ from lodger.events import (
     Event,
     PermissionRequested,
     ProposedCall,
+    RunEnded,
     ToolDispatched,
     ToolResponded,
     TurnEnded,
@@ -343,7 +344,9 @@ async def test_cancelling_a_batch_starts_nothing_new_and_records_every_started_c
     t1, t2 = by_call(events, ToolDispatched), by_call(events, ToolResponded)
     assert set(t1) == set(t2) == {"c0-0", "c0-2"}  # the queued call never dispatched
     assert {t2[c].body.status for c in t2} == {"cancelled"}  # type: ignore[union-attr]
-    assert isinstance(events[-1].body, TurnEnded) and events[-1].body.status == "cancelled"
+    # the run ends interrupted and the turn stays open for a resume
+    assert isinstance(events[-1].body, RunEnded) and events[-1].body.status == "interrupted"
+    assert not any(isinstance(e.body, TurnEnded) for e in events)
     assert all(not s.holders and not s.waiters for s in agent.authorities.statistics())
     await agent.close()
 
@@ -388,7 +391,7 @@ async def test_a_cancellation_during_the_t1_commit_records_that_the_call_never_r
     events = await agent.session("s1").events()
     t2 = by_call(events, ToolResponded)["c0-0"].body
     assert t2.status == "cancelled" and "did not run" in t2.content  # type: ignore[union-attr]
-    assert events[-1].kind == "turn_ended"  # ... and the log stayed in step with memory
+    assert events[-1].kind == "run_ended"  # ... and the log stayed in step with memory
     await agent.close()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,14 @@ from lodger.cli._common import (
     state_option,
 )
 from lodger.cli._next import command_for
-from lodger.cli._run import LiveView, exit_code_for, finish_turn, live_console, load_tools_file
+from lodger.cli._run import (
+    LiveView,
+    exit_code_for,
+    finish_turn,
+    live_console,
+    load_tools_file,
+    run_turn,
+)
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
@@ -243,7 +249,7 @@ def resume(
             await model.aclose()
 
     try:
-        result = asyncio.run(work())
+        result = run_turn(work(), view, state)
     except ResumeBlockedError as exc:
         click.echo(f"blocked: {exc.message}", err=True)
         for line in exc.blockers:

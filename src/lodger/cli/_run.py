@@ -7,7 +7,7 @@ import importlib.util
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from rich.text import Text
 
 from lodger.agent import TurnResult
 from lodger.cli._common import make_console, state_option
+from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.engine.permissions import PermissionPolicy
 from lodger.errors import ConfigError
@@ -75,6 +76,19 @@ class LiveView:
         self.console = console
         self._streaming = False
         self._names: dict[str, str] = {}
+        self.session_id: str | None = None
+        #: calls past T1 without a T2 yet: what a hard exit would leave indeterminate
+        self.in_flight: dict[str, str] = {}
+
+    def left_running(self) -> str:
+        session = self.session_id or "SESSION"
+        if not self.in_flight:
+            return f"no call was running; `lodger resume {session}` continues the turn"
+        calls = ", ".join(f"{name} ({call})" for call, name in self.in_flight.items())
+        return (
+            f"left without an outcome: {calls}; `lodger recover {session}` shows what "
+            "resume will do with them"
+        )
 
     def on_text(self, delta: str) -> None:
         if not self._streaming:
@@ -90,7 +104,12 @@ class LiveView:
         return False
 
     def on_event(self, event: Event) -> None:
+        self.session_id = event.session_id
         body = event.body
+        if isinstance(body, ToolDispatched) and event.call_id is not None:
+            self.in_flight[event.call_id] = body.tool
+        elif isinstance(body, ToolResponded) and event.call_id is not None:
+            self.in_flight.pop(event.call_id, None)
         if isinstance(body, ModelOutput):
             streamed = self._end_stream()
             if body.text and not streamed:
@@ -163,17 +182,16 @@ async def _run_turn(
     approve_all: bool,
     interactive: bool,
     max_steps: int,
-    console: Console,
+    view: LiveView,
     mcp: Sequence[McpServerConfig] = (),
 ) -> TurnResult:
-    view = LiveView(console)
     binding = Binding(
         model=model,
         tools=tools,
         mcp=mcp,
         workspace=workspace,
         permissions=PermissionPolicy(approve_all=approve_all),
-        approver=_interactive_approver(console) if interactive and not approve_all else None,
+        approver=_interactive_approver(view.console) if interactive and not approve_all else None,
         max_steps=max_steps,
         on_event=view.on_event,
         on_text=view.on_text,
@@ -183,6 +201,24 @@ async def _run_turn(
             return await sessions.run(task, binding=binding, session=session)
     finally:
         await model.aclose()  # the CLI made the model: it closes its connections
+
+
+def run_turn(main: Coroutine[Any, Any, TurnResult], view: LiveView, state: str) -> TurnResult:
+    """Run a turn in the terminal; a stop signal settles it and exits naming the resume."""
+    try:
+        return run_interruptibly(main, left_running=view.left_running)
+    except Interrupted as stopped:
+        session = view.session_id
+        flag = "" if state == ".lodger" else f" --state {state}"
+        if session is not None:
+            click.echo(
+                f"interrupted: session {session} stopped with every running call settled "
+                f"and recorded; continue it with `lodger resume {session}{flag}`",
+                err=True,
+            )
+        else:
+            click.echo("interrupted before the session started", err=True)
+        sys.exit(stopped.exit_code)
 
 
 def exit_code_for(result: TurnResult) -> int:
@@ -253,7 +289,8 @@ def run(
         tools.extend(load_tools_file(path))
     mcp = mcp_servers_for(workspace, mcp_specs)  # lodger.toml in the workspace, then --mcp
     console = live_console()
-    result = asyncio.run(
+    view = LiveView(console)
+    result = run_turn(
         _run_turn(
             model=model,
             task=task,
@@ -264,9 +301,11 @@ def run(
             approve_all=yes,
             interactive=sys.stdin.isatty(),
             max_steps=max_steps,
-            console=console,
+            view=view,
             mcp=mcp,
-        )
+        ),
+        view,
+        state,
     )
     finish_turn(console, result, state)
     sys.exit(exit_code_for(result))
@@ -351,7 +390,8 @@ def demo(state: str | None) -> None:
     state_dir = state or str(root / "state")
     console = live_console()
     console.print(Text(f"workspace: {workspace}", style="dim"))
-    result = asyncio.run(
+    view = LiveView(console)
+    result = run_turn(
         _run_turn(
             model=ScriptedModel(DEMO_SCRIPT, name="demo"),
             task="Move the service from port 3000 to 4000.",
@@ -362,8 +402,10 @@ def demo(state: str | None) -> None:
             approve_all=False,
             interactive=False,
             max_steps=10,
-            console=console,
-        )
+            view=view,
+        ),
+        view,
+        state_dir,
     )
     finish_turn(console, result, state_dir)
     console.print(

@@ -1,10 +1,15 @@
 """Execution substrates: where a dispatched call's handler runs.
 
 The pipeline hands a tool, its validated arguments and its context to an ``Executor``
-and gets back how it ended, as a value. ``InProcessExecutor`` awaits the handler in this
-process (sync tools are already on a worker thread); a sandboxed process and a code-cell
-interpreter implement the same interface. Every execution has a time limit: a call that
-outlives it settles as ``timed_out``.
+and gets back how it ended, as a value. ``InProcessExecutor`` runs the handler as a task
+of this event loop (sync tools are on a worker thread already); a sandboxed process and
+a code-cell interpreter implement the same interface.
+
+Every execution has a time limit. At the limit the call is told to stop and gets a short
+grace period to settle: an async tool stops at its next await; a sync tool's thread
+cannot be stopped, so if it is still running after the grace it is abandoned and the
+result says its effect is unknown. A stop from outside (Ctrl-C, SIGTERM) waits for the
+call to settle and records what it did; a second stop abandons a worker thread.
 """
 
 from __future__ import annotations
@@ -12,16 +17,19 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from lodger.errors import ToolCallError
 from lodger.events import ResultStatus
-from lodger.tools.spec import Tool, ToolContext, ToolOutput
+from lodger.tools.spec import Tool, ToolContext, ToolOutput, WorkerAbandoned
 
-__all__ = ["DEFAULT_TIMEOUT", "Execution", "Executor", "InProcessExecutor"]
+__all__ = ["DEFAULT_TIMEOUT", "STOP_GRACE", "Execution", "Executor", "InProcessExecutor"]
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds a call may run when neither the tool nor the run sets a limit."""
+
+STOP_GRACE = 2.0
+"""Seconds a call that hit its time limit gets to settle before its worker is abandoned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,45 +40,111 @@ class Execution:
 
 class Executor(Protocol):
     async def execute(
-        self, t: Tool, arguments: dict[str, object], ctx: ToolContext, *, time_limit: float
+        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
     ) -> Execution:
         """Run ``t`` to the end and say how it ended; never raises for the tool's faults.
 
-        Cancellation of the caller cancels the execution, which then ends ``cancelled``.
+        Cancellation of the caller stops the execution, which then settles and says what
+        happened (the pipeline records it in T2 before the cancellation goes on).
         """
         ...
 
 
 class InProcessExecutor:
-    """Awaits the handler on this event loop, under a time limit."""
+    """Runs the handler as a task of this loop, under a time limit."""
+
+    def __init__(self, *, grace: float = STOP_GRACE) -> None:
+        self.grace = grace
 
     async def execute(
-        self, t: Tool, arguments: dict[str, object], ctx: ToolContext, *, time_limit: float
+        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
     ) -> Execution:
+        task = asyncio.ensure_future(_guarded(t, arguments, ctx))
+        stopped_by: str | None = None
         try:
-            async with asyncio.timeout(time_limit):
-                value = await t.handler(dict(arguments), ctx)
-        except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=time_limit)
+            if not done:
+                stopped_by = "time_limit"
+                task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=self.grace)
+                if not done:
+                    task.cancel()  # a second stop: a worker thread is abandoned
+                    await asyncio.wait({task})
+        except asyncio.CancelledError:
+            # Stopped from outside: the call settles, and what it did is the result.
+            stopped_by = "cancelled"
+            task.cancel()
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    task.cancel()  # asked again: give up on a worker thread
+                except BaseException:  # noqa: BLE001 - read from the task below
+                    break
+        return _outcome(t, task, stopped_by, time_limit)
+
+
+class _ToolExited(Exception):
+    def __init__(self, code: object) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+async def _guarded(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    # SystemExit raised in a task would stop the whole event loop: it ends the call only
+    try:
+        return await t.handler(dict(arguments), ctx)
+    except SystemExit as exc:
+        raise _ToolExited(exc.code) from None
+
+
+def _outcome(t: Tool, task: asyncio.Future[Any], stopped_by: str | None, limit: float) -> Execution:
+    if task.cancelled():
+        if stopped_by == "time_limit":
             return Execution(
                 "timed_out",
-                f"{t.name} did not finish within {time_limit:g} s and was stopped; "
+                f"{t.name} did not finish within {limit:g} s and was stopped; "
                 "its effect may be partial",
             )
-        except ToolCallError as exc:
-            return Execution("error", str(exc))  # the message and its hint: for the model
-        except asyncio.CancelledError:
-            return Execution(
-                "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
-            )
-        except SystemExit as exc:  # a tool calling sys.exit() ends its call, not lodger
-            return Execution("error", f"{t.name} tried to exit the process (code {exc.code})")
-        except Exception as exc:  # noqa: BLE001 - a tool failure is a result, not a crash
-            return Execution("error", f"{t.name} failed: {type(exc).__name__}: {exc}")
-        if isinstance(value, ToolOutput):
-            return Execution("error" if value.is_error else "ok", value.content)
-        if isinstance(value, str):
-            return Execution("ok", value)
-        try:
-            return Execution("ok", json.dumps(value, ensure_ascii=False, default=str))
-        except (TypeError, ValueError, RecursionError) as exc:
-            return Execution("error", f"{t.name} returned a value that is not JSON: {exc}")
+        return Execution(
+            "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
+        )
+    error = task.exception()
+    if isinstance(error, WorkerAbandoned):
+        why = f"did not finish within {limit:g} s" if stopped_by == "time_limit" else "was stopped"
+        return Execution(
+            "timed_out" if stopped_by == "time_limit" else "interrupted",
+            f"{t.name} {why}; its worker thread could not be stopped and was left running, "
+            "so its effect is unknown",
+        )
+    if error is not None:
+        return _failure(t, error)
+    value = task.result()
+    execution = _success(t, value)
+    if stopped_by == "time_limit":
+        # it finished in the grace period after the limit: the effect happened
+        return Execution(
+            "timed_out", f"{t.name} finished only after its {limit:g} s limit: " + execution.content
+        )
+    return execution
+
+
+def _failure(t: Tool, error: BaseException) -> Execution:
+    if isinstance(error, ToolCallError):
+        return Execution("error", str(error))  # the message and its hint: for the model
+    if isinstance(error, SystemExit | _ToolExited):  # sys.exit() ends the call, not lodger
+        return Execution("error", f"{t.name} tried to exit the process (code {error.code})")
+    if isinstance(error, KeyboardInterrupt):
+        return Execution("interrupted", f"{t.name} was interrupted")
+    return Execution("error", f"{t.name} failed: {type(error).__name__}: {error}")
+
+
+def _success(t: Tool, value: Any) -> Execution:
+    if isinstance(value, ToolOutput):
+        return Execution("error" if value.is_error else "ok", value.content)
+    if isinstance(value, str):
+        return Execution("ok", value)
+    try:
+        return Execution("ok", json.dumps(value, ensure_ascii=False, default=str))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return Execution("error", f"{t.name} returned a value that is not JSON: {exc}")

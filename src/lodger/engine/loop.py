@@ -206,8 +206,13 @@ class Engine:
         except ProviderError as exc:
             return await self._end(ctx, "failed", error=str(exc))
         except asyncio.CancelledError:
+            # Stopped from outside (Ctrl-C, SIGTERM, a caller's cancel): every call has
+            # settled and recorded what it did. The run ends; the turn stays open, so it
+            # resumes with the same plan as after a crash.
             if journal.failure is None:
-                await self._end(ctx, "cancelled", error="stopped by the user")
+                await journal.fact(
+                    RunEnded(status="interrupted", error="stopped from outside"), ctx.envelope
+                )
             raise
         except CommitFailedError:
             raise  # the turn stays open in the log; recovery takes it from here

@@ -14,6 +14,7 @@ description from its docstring.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -38,6 +39,8 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolOutput",
+    "WorkerAbandoned",
+    "run_in_worker",
     "tool",
 ]
 
@@ -213,7 +216,7 @@ def _build(
                 value = await fn(**kwargs)
             else:
                 # Sync tools run on a worker thread so they never block the event loop.
-                value = await asyncio.to_thread(fn, **kwargs)
+                value = await run_in_worker(functools.partial(fn, **kwargs))
         except ToolCallError as exc:
             if is_valid_utf8(str(exc)):
                 raise
@@ -221,6 +224,35 @@ def _build(
         return _visible_result(value)
 
     return Tool(name=tool_name, description=doc, parameters=schema, handler=handler, **options)
+
+
+class WorkerAbandoned(Exception):
+    """A sync tool's worker thread was left running: a thread cannot be stopped, and the
+    call was asked to stop twice (or timed out and did not stop in its grace period)."""
+
+
+async def run_in_worker(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a worker thread and settle honestly when cancelled.
+
+    A thread cannot be interrupted. A first cancellation therefore waits for the thread
+    to finish and returns what it did (the caller records the real outcome); a second
+    cancellation gives up on it and raises ``WorkerAbandoned``: the effect is unknown.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, contextvars.copy_context().run, fn)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if future.done():
+            return future.result()
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if future.done():
+            return future.result()
+        raise WorkerAbandoned(
+            "the worker thread was still running when the call was stopped"
+        ) from None
 
 
 def _visible_result(value: Any) -> Any:

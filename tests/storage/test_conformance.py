@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from .conformance import LogBackend, LogConformance, MemoryBackend, SqliteBackend, TamperConformance
+from lodger.testing.log_conformance import (
+    LogBackend,
+    LogConformance,
+    MemoryBackend,
+    SqliteBackend,
+    TamperConformance,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -20,8 +20,7 @@ import pytest
 
 from lodger.errors import CommitFailedError, CorruptLogError, UsageError
 from lodger.storage import EventLog, Record, SqliteLogStore
-
-from .conformance import SID, assert_fails_closed, drafts
+from lodger.testing.log_conformance import SID, assert_fails_closed, drafts
 
 CHILD = Path(__file__).with_name("_crash_writer.py")
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -35,8 +35,7 @@ from lodger.storage import (
     open_log,
 )
 from lodger.storage.logkey import key_required_from_env
-
-from .conformance import drafts
+from lodger.testing.log_conformance import drafts
 
 SECRET = bytes(range(100, 132))
 KEY = LogKey(SECRET)

@@ -13,8 +13,7 @@ import pytest
 
 from lodger.errors import CorruptLogError, SessionLockedError
 from lodger.storage import EventLog, SqliteLogStore
-
-from .conformance import SID, seed
+from lodger.testing.log_conformance import SID, seed
 
 
 @pytest.fixture

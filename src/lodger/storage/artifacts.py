@@ -47,6 +47,15 @@ def _missing(sha256: str) -> StorageError:
     )
 
 
+def _check(sha256: str, data: bytes) -> None:
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise StorageError(
+            f"artifact {sha256} does not match its hash",
+            hint="the stored bytes were modified outside lodger",
+            code="artifact_corrupt",
+        )
+
+
 class MemoryArtifactStore:
     def __init__(self) -> None:
         self.blobs: dict[str, bytes] = {}
@@ -58,9 +67,11 @@ class MemoryArtifactStore:
 
     async def get(self, sha256: str) -> bytes:
         try:
-            return self.blobs[sha256]
+            data = self.blobs[sha256]
         except KeyError:
             raise _missing(sha256) from None
+        _check(sha256, data)
+        return data
 
 
 class FileArtifactStore:
@@ -141,10 +152,5 @@ class FileArtifactStore:
             data = await asyncio.to_thread(path.read_bytes)
         except FileNotFoundError:
             raise _missing(sha256) from None
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise StorageError(
-                f"artifact {sha256} does not match its hash",
-                hint="the file was modified outside lodger",
-                code="artifact_corrupt",
-            )
+        _check(sha256, data)
         return data

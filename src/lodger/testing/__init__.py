@@ -1,4 +1,11 @@
-"""Test doubles that wrap real parts: fault injection around a real ``LogStore``.
+"""What third parties (and lodger's own tests) test with.
+
+- The conformance suites every backend runs: ``lodger.testing.log_conformance``
+  (``LogConformance``, ``TamperConformance``) for event-log stores and
+  ``lodger.testing.artifact_conformance`` (``ArtifactConformance``) for artifact stores.
+  They import pytest, so they are separate modules.
+- The memory twins: ``MemoryLogStore``, ``MemoryArtifactStore``.
+- Test doubles that wrap real parts: fault injection around a real ``LogStore``.
 
 ``FaultyLogStore`` delegates everything to the store it wraps and fails chosen appends
 the way a full disk would: ``FaultyLogStore(SqliteLogStore(dir), fail_appends={3})``

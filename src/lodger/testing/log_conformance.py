@@ -1,9 +1,22 @@
 """The one conformance suite every ``LogStore`` backend runs through ``EventLog``.
 
 A backend plugs in by implementing ``LogBackend`` (how to open its log, how to reach its
-stored records behind lodger's back, how to make one write fail) and adding a param to the
-``backend`` fixture in ``test_conformance.py``. The suite then checks the log semantics of
-DESIGN section 3 (L1-L5) and that every way of tampering with stored records fails closed.
+stored records behind lodger's back, how to make one write fail), a pytest fixture named
+``backend`` that yields it, and test classes that inherit the suites::
+
+    from lodger.testing.log_conformance import LogConformance, TamperConformance
+
+    @pytest.fixture
+    async def backend(tmp_path):
+        yield MyBackend(tmp_path)
+
+    class TestMyStore(LogConformance): ...
+    class TestMyStoreTampering(TamperConformance): ...
+
+Shipped with lodger (not only in its tests) so a third-party backend runs the same
+checks; lodger's own memory and SQLite stores run it in ``tests/storage``. The suite
+checks the log semantics of DESIGN section 3 (L1-L5, L8) and that every way of
+tampering with stored records fails closed.
 """
 
 from __future__ import annotations
@@ -305,8 +318,11 @@ async def assert_fails_closed(
         lambda: log.verify(session_id),
         lambda: log.open_writer(session_id),
     ]
-    for start in reads_from:
-        attempts.append(lambda start=start: log.read(session_id, start=start))
+
+    def read_from(start: int) -> Callable[[], Awaitable[object]]:
+        return lambda: log.read(session_id, start=start)
+
+    attempts.extend(read_from(start) for start in reads_from)
     for attempt in attempts:
         with pytest.raises(CorruptLogError) as info:
             await attempt()

@@ -1,0 +1,43 @@
+"""Every artifact store through the one conformance suite (``lodger.testing``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, MemoryArtifactStore
+from lodger.testing.artifact_conformance import ArtifactConformance, Corrupt
+
+
+@pytest.fixture(params=["memory", "files"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def artifacts(kind: str, tmp_path: Path) -> ArtifactStore:
+    return MemoryArtifactStore() if kind == "memory" else FileArtifactStore(tmp_path / "a")
+
+
+@pytest.fixture
+def corrupt(kind: str, tmp_path: Path, artifacts: ArtifactStore) -> Corrupt:
+    if isinstance(artifacts, MemoryArtifactStore):
+        memory = artifacts
+
+        def flip(sha256: str) -> None:
+            memory.blobs[sha256] = b"X" + memory.blobs[sha256][1:]
+
+        return flip
+
+    def damage(sha256: str) -> None:
+        path = tmp_path / "a" / sha256[:2] / sha256
+        data = bytearray(path.read_bytes())
+        data[0] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    return damage
+
+
+class TestArtifactStores(ArtifactConformance):
+    pass

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from lodger.engine.context import Envelope
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, StorageError
-from lodger.events import Body, Event, EventDraft
+from lodger.events import Body, Event, EventDraft, new_draft
 from lodger.ids import Clock, IdFactory
 from lodger.storage import SessionWriter
 
@@ -53,7 +53,7 @@ class Journal:
     def draft(self, body: Body, env: Envelope = _NO_ENVELOPE) -> EventDraft:
         # Built without validating again: the body is a validated model and the envelope
         # is typed (mypy checks it); sealing dumps the draft once, canonically.
-        return EventDraft.model_construct(
+        return new_draft(
             id=self.ids.new_id(),
             ts=self.clock.now_us(),
             body=body,

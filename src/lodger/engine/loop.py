@@ -299,6 +299,13 @@ class _CallIds:
 
 
 def _storable(response: ModelResponse) -> ModelResponse:
+    """The response with text the log can store (lone surrogates become U+FFFD); the
+    same object when it already is (the common case costs one check per string)."""
+    texts = [response.text, response.reasoning]
+    for c in response.calls:
+        texts += (c.call_id, c.name, c.arguments)
+    if all(storable_text(t) is t for t in texts):
+        return response
     calls = tuple(
         c.model_copy(
             update={

@@ -148,6 +148,12 @@ class Tool:
             {"name": self.name, "description": self.description, "parameters": self.parameters}
         )
 
+    @functools.cached_property
+    def parameters_json(self) -> str:
+        """The argument schema as canonical JSON (the key its compiled validator is
+        cached under)."""
+        return canonical_json(self.parameters).decode()
+
     def schema_digest(self) -> str:
         return hashlib.sha256(self._canonical_schema).hexdigest()[:16]
 

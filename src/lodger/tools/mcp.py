@@ -368,6 +368,8 @@ def _bind(
                 deferred=config.deferred if config is not None else True,
                 approval=config.asks(raw) if config is not None else False,
                 claims=_capacity(group) if connection is not None else None,
+                # the server's own per-call limit answers first; this is the backstop
+                timeout=config.timeout_s + 10 if config is not None else None,
             )
         )
     return out, unusable

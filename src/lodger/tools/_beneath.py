@@ -89,9 +89,10 @@ class Hidden:
             ids.add((st.st_dev, st.st_ino))
         return cls(paths=tuple(real), ids=frozenset(ids))
 
-    def match(self, path: PurePath, st: os.stat_result | None) -> Path | None:
-        """The hidden path that ``path`` (with its stat, when it exists) is, or lies in."""
-        if st is not None and (st.st_dev, st.st_ino) in self.ids:
+    def match(self, path: PurePath, st: os.stat_result | tuple[int, int] | None) -> Path | None:
+        """The hidden path that ``path`` is or lies in; ``st`` is its stat or (dev, inode)."""
+        ident = (st.st_dev, st.st_ino) if isinstance(st, os.stat_result) else st
+        if ident is not None and ident in self.ids:
             return Path(path)
         for hidden in self.paths:
             if _is_within(path, hidden):

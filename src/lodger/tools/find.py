@@ -189,8 +189,8 @@ def _scan(frame: _Frame, root: Path, hidden: Hidden, skipped: _Skipped) -> Itera
         return  # unreadable or vanished while walking: nothing to list there
     for entry in entries:
         is_dir = entry.is_dir(follow_symlinks=False)
-        stat_id = os.stat_result((0, entry.inode(), frame.dev, 0, 0, 0, 0, 0, 0, 0))
-        if hidden.match(root / (frame.shown + entry.name), stat_id) is not None:
+        ident = (frame.dev, entry.inode())  # from the directory entry: no syscall per file
+        if hidden.match(root / (frame.shown + entry.name), ident) is not None:
             continue
         if frame.rules is not None and frame.rules.ignored(frame.shown + entry.name, is_dir=is_dir):
             if entry.name != ".git":

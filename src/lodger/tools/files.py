@@ -1,9 +1,12 @@
 """The file tools: read, write and edit, confined to the workspace.
 
-Every path goes through ``lodger.tools.workspace.resolve_in_workspace``, so no path, ``..``
-or symlink leads a file tool out of the workspace (DESIGN section 8). Every mistake a model
-can fix (a bad path, no match, a binary file) is a ``ToolCallError`` whose message says
-what to do instead.
+Every path is walked beneath the workspace root through directory fds
+(``lodger.tools._beneath``), and files are read and written relative to the fd of their
+directory, so no path, ``..`` or symlink leads a file tool out of the workspace, not even
+one swapped between check and use, and lodger's state directory is out of reach (DESIGN
+section 8). Only regular files are read or replaced: a FIFO, a socket or a device is
+refused before anything could block on it. Every mistake a model can fix (a bad path, no
+match, a binary file) is a ``ToolCallError`` whose message says what to do instead.
 
 The writing tools are ``queryable`` (DESIGN section 5): before dispatch their
 ``expectations`` hook records the file's hash before and the hash it will have after; after
@@ -30,12 +33,13 @@ from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
+from lodger.tools._beneath import Hidden, not_regular, walk
 from lodger.tools.spec import ProbeResult, ToolContext, tool
 from lodger.tools.workspace import (
-    resolve_in_workspace,
+    open_in_workspace,
     resolve_workspace_root,
-    sha256_of_file,
-    workspace_relative,
+    sha256_in_workspace,
+    text_lines,
 )
 
 __all__ = ["edit_file", "read_file", "write_file"]
@@ -88,68 +92,75 @@ def _looks_binary(head: bytes) -> bool:
     return b"\x00" in head
 
 
-def _read_text(target: Path, rel: str) -> str:
-    """The UTF-8 text of a file, refusing directories, binary files and other encodings."""
-    if target.is_dir():
-        raise ToolCallError(f"{rel!r} is a directory", hint="use list_files to see what it holds")
-    with _os_errors_for_model("read", rel):
-        data = target.read_bytes()
+def _read_text(root: Path, path: str, hidden: Sequence[Path]) -> tuple[str, str]:
+    """The UTF-8 text of a file and its workspace-relative name; refuses anything else."""
+    with (
+        open_in_workspace(root, path, hidden=hidden, action="edit") as (f, rel),
+        _os_errors_for_model("read", rel),
+    ):
+        data = f.read()
     if _looks_binary(data[:_SNIFF_BYTES]):
         raise ToolCallError(
             f"{rel!r} is a binary file ({len(data)} bytes) and cannot be edited as text",
             hint="use shell if you must change it",
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), rel
     except UnicodeDecodeError:
         raise ToolCallError(
             f"{rel!r} is not UTF-8 text", hint="use shell if you must change it"
         ) from None
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _write_atomically(root: Path, path: str, data: bytes, hidden: Sequence[Path]) -> bool:
+    """Replace the file ``path`` leads to with ``data``; whether something was replaced.
 
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    """Replace ``target`` with ``data``: a temp file in the same directory, fsync, rename.
-
-    A reader (or a crash) sees the old content or the new, never a mix. An existing file
-    keeps its permission bits; a new one gets the usual ``0o666 & ~umask``.
+    A temp file is created in the final directory's fd, synced, and renamed over the name
+    within that same fd, so a reader (or a crash) sees the old content or the new, never a
+    mix, and a directory swapped for a symlink meanwhile cannot redirect the write. An
+    existing file keeps its permission bits; a new one gets the usual ``0o666 & ~umask``.
     """
-    parent = target.parent
-    created: list[Path] = []
-    ancestor = parent
-    while not ancestor.exists():
-        created.append(ancestor)
-        ancestor = ancestor.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        mode = None
-    temp = parent / f".lodger-{secrets.token_hex(8)}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    # The rename and any new directories are durable only once their directories are synced.
-    _fsync_dir(parent)
-    for directory in created:
-        _fsync_dir(directory.parent)
+    with walk(root, path, hidden=Hidden.of(hidden), must_exist=False) as w:
+        _check_writable(w.is_dir, w.stat, w.rel)
+        with _os_errors_for_model("write", w.rel):
+            changed = w.make_parents(path)
+            directory, name = w.dir_fd, w.name
+            try:
+                current = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            mode = (
+                stat.S_IMODE(current.st_mode)
+                if current is not None and stat.S_ISREG(current.st_mode)
+                else None
+            )
+            temp = f".lodger-{secrets.token_hex(8)}.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o666, dir_fd=directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    if mode is not None:
+                        os.fchmod(f.fileno(), mode)
+                    os.fsync(f.fileno())
+                os.rename(temp, name, src_dir_fd=directory, dst_dir_fd=directory)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=directory)
+                raise
+            # The rename and any new directories are durable once their directories are.
+            os.fsync(directory)
+            for parent in changed:
+                os.fsync(parent)
+    return current is not None
+
+
+def _check_writable(is_dir: bool, st: os.stat_result | None, rel: str) -> None:
+    if is_dir:
+        raise ToolCallError(f"{rel!r} is a directory", hint="choose a file path inside it")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise not_regular(rel, st.st_mode, "write")
 
 
 # ---------------------------------------------------------------- write planning
@@ -157,26 +168,15 @@ def _write_atomically(target: Path, data: bytes) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class _PlannedWrite:
-    target: Path
+    path: str  # as the model gave it
     rel: str
     after: bytes
 
 
-def _plan_write(root: Path, path: str, content: str) -> _PlannedWrite:
-    target = resolve_in_workspace(root, path, must_exist=False)
-    rel = workspace_relative(root, target)
-    if target.is_dir():
-        raise ToolCallError(f"{rel!r} is a directory", hint="choose a file path inside it")
-    ancestor = target.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ToolCallError(
-            f"cannot create {rel!r}: {workspace_relative(root, ancestor)!r} is a file, "
-            "not a directory",
-            hint="choose another path",
-        )
-    return _PlannedWrite(target=target, rel=rel, after=content.encode("utf-8"))
+def _plan_write(root: Path, path: str, content: str, hidden: Sequence[Path]) -> _PlannedWrite:
+    with walk(root, path, hidden=Hidden.of(hidden), must_exist=False) as w:
+        _check_writable(w.is_dir, w.stat, w.rel)
+        return _PlannedWrite(path=path, rel=w.rel, after=content.encode("utf-8"))
 
 
 def _count_occurrences(text: str, needle: str) -> int:
@@ -188,16 +188,16 @@ def _count_occurrences(text: str, needle: str) -> int:
     return count
 
 
-def _plan_edit(root: Path, path: str, old_string: str, new_string: str) -> _PlannedWrite:
-    target = resolve_in_workspace(root, path, must_exist=True)
-    rel = workspace_relative(root, target)
+def _plan_edit(
+    root: Path, path: str, old_string: str, new_string: str, hidden: Sequence[Path]
+) -> _PlannedWrite:
     if old_string == "":
         raise ToolCallError(
             "old_string is empty", hint="to create a file or replace all of it use write_file"
         )
     if old_string == new_string:
         raise ToolCallError("old_string and new_string are identical; there is nothing to change")
-    text = _read_text(target, rel)
+    text, rel = _read_text(root, path, hidden)
     count = _count_occurrences(text, old_string)
     if count == 0:
         raise ToolCallError(
@@ -210,11 +210,11 @@ def _plan_edit(root: Path, path: str, old_string: str, new_string: str) -> _Plan
             hint="include more surrounding lines in old_string to make it unique",
         )
     return _PlannedWrite(
-        target=target, rel=rel, after=text.replace(old_string, new_string, 1).encode("utf-8")
+        path=path, rel=rel, after=text.replace(old_string, new_string, 1).encode("utf-8")
     )
 
 
-def _expect(plan: _PlannedWrite) -> list[FileExpectation]:
+def _expect(root: Path, plan: _PlannedWrite, hidden: Sequence[Path]) -> list[FileExpectation]:
     if not is_valid_utf8(plan.rel):
         # T1 records the path so a probe can find the file after a crash; the log holds
         # UTF-8 only, and an escaped name would lead the probe to another file.
@@ -226,7 +226,7 @@ def _expect(plan: _PlannedWrite) -> list[FileExpectation]:
     return [
         FileExpectation(
             path=plan.rel,
-            before_sha256=sha256_of_file(plan.target),
+            before_sha256=sha256_in_workspace(root, plan.path, hidden=hidden),
             after_sha256=_sha256(plan.after),
         )
     ]
@@ -237,7 +237,10 @@ async def _write_expectations(
 ) -> Sequence[FileExpectation]:
     root = ctx.require_workspace()
     path, content = _str_arg(arguments, "path"), _str_arg(arguments, "content")
-    return await asyncio.to_thread(lambda: _expect(_plan_write(root, path, content)))
+    hidden = ctx.hidden
+    return await asyncio.to_thread(
+        lambda: _expect(root, _plan_write(root, path, content, hidden), hidden)
+    )
 
 
 async def _edit_expectations(
@@ -246,17 +249,20 @@ async def _edit_expectations(
     root = ctx.require_workspace()
     path = _str_arg(arguments, "path")
     old, new = _str_arg(arguments, "old_string"), _str_arg(arguments, "new_string")
-    return await asyncio.to_thread(lambda: _expect(_plan_edit(root, path, old, new)))
+    hidden = ctx.hidden
+    return await asyncio.to_thread(
+        lambda: _expect(root, _plan_edit(root, path, old, new, hidden), hidden)
+    )
 
 
-def _observe(root: Path, dispatched: ToolDispatched) -> ProbeResult:
+def _observe(root: Path, dispatched: ToolDispatched, hidden: Sequence[Path]) -> ProbeResult:
     if not dispatched.expectations:
         return ProbeResult(applied=None, observation="no file expectation was recorded at dispatch")
     verdicts: list[bool | None] = []
     notes: list[str] = []
     for expected in dispatched.expectations:
         try:
-            current = sha256_of_file(resolve_in_workspace(root, expected.path, must_exist=False))
+            current = sha256_in_workspace(root, expected.path, hidden=hidden)
         except (ToolCallError, OSError) as exc:
             verdicts.append(None)
             notes.append(f"{expected.path!r} cannot be hashed ({exc})")
@@ -289,7 +295,7 @@ def _observe(root: Path, dispatched: ToolDispatched) -> ProbeResult:
 async def _probe_file_expectations(dispatched: ToolDispatched, ctx: ToolContext) -> ProbeResult:
     """Re-hash the files a write expected to change: after -> applied, before -> not applied."""
     root = ctx.require_workspace()
-    return await asyncio.to_thread(_observe, root, dispatched)
+    return await asyncio.to_thread(_observe, root, dispatched, ctx.hidden)
 
 
 # ---------------------------------------------------------------- claims
@@ -303,9 +309,9 @@ def _path_claims(
     path = arguments.get("path", ".")
     if not isinstance(path, str):
         raise ToolCallError("argument 'path' must be a string")
-    target = resolve_in_workspace(root, path, must_exist=False)
-    scope: ClaimScope = "subtree" if target.is_dir() else "exact"
-    return [ResourceClaim.file(target, mode=mode, scope=scope, root=root)]
+    with walk(root, path, hidden=Hidden.of(ctx.hidden), must_exist=False) as w:
+        scope: ClaimScope = "subtree" if w.is_dir else "exact"
+        return [ResourceClaim.file(w.path, mode=mode, scope=scope, root=root)]
 
 
 def _read_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
@@ -340,25 +346,24 @@ def read_file(
     which offset to continue from. Very long lines are cut. Binary files are refused.
     """
     root = ctx.require_workspace()
-    target = resolve_in_workspace(root, path, must_exist=True)
-    rel = workspace_relative(root, target)
-    if target.is_dir():
-        raise ToolCallError(f"{rel!r} is a directory", hint="use list_files to see what it holds")
     shown: list[str] = []
     used = 0
     total = 0
     stopped_at: int | None = None  # first line not shown because of the size budget
-    with _os_errors_for_model("read", rel):
-        with open(target, "rb") as raw:
-            head = raw.read(_SNIFF_BYTES)
+    with (
+        open_in_workspace(root, path, hidden=ctx.hidden) as (raw, rel),
+        _os_errors_for_model("read", rel),
+    ):
+        head = raw.read(_SNIFF_BYTES)
         if _looks_binary(head):
+            size = os.fstat(raw.fileno()).st_size
             raise ToolCallError(
-                f"{rel!r} is a binary file ({target.stat().st_size} bytes); read_file shows text",
+                f"{rel!r} is a binary file ({size} bytes); read_file shows text",
                 hint="use shell (for example `file` or `xxd | head`) to inspect it",
             )
         try:
-            with open(target, encoding="utf-8", newline="") as f:
-                for number, line in enumerate(f, start=1):
+            with text_lines(raw) as lines:
+                for number, line in enumerate(lines, start=1):
                     total = number
                     if number < offset or stopped_at is not None or number >= offset + limit:
                         continue
@@ -409,10 +414,9 @@ def write_file(
     The write is atomic: the file has either its old content or the new one, never a mix.
     To change part of an existing file, use edit_file.
     """
-    plan = _plan_write(ctx.require_workspace(), path, content)
-    existed = plan.target.exists()
-    with _os_errors_for_model("write", plan.rel):
-        _write_atomically(plan.target, plan.after)
+    root = ctx.require_workspace()
+    plan = _plan_write(root, path, content, ctx.hidden)
+    existed = _write_atomically(root, path, plan.after, ctx.hidden)
     verb = "replaced" if existed else "created"
     return f"{verb} {plan.rel!r} ({len(plan.after)} bytes)"
 
@@ -437,7 +441,7 @@ def edit_file(
     `old_string` must match the file exactly (whitespace and indentation included) and
     occur exactly once; add surrounding lines to make it unique. Read the file first.
     """
-    plan = _plan_edit(ctx.require_workspace(), path, old_string, new_string)
-    with _os_errors_for_model("write", plan.rel):
-        _write_atomically(plan.target, plan.after)
+    root = ctx.require_workspace()
+    plan = _plan_edit(root, path, old_string, new_string, ctx.hidden)
+    _write_atomically(root, path, plan.after, ctx.hidden)
     return f"edited {plan.rel!r}: replaced 1 occurrence"

@@ -1,7 +1,9 @@
 """The finding tools: list files by glob and grep their text, inside the workspace.
 
-Both walk the tree themselves (never following symlinks, skipping ``.git``) so that a
-link cannot lead a listing out of the workspace.
+Both walk the tree themselves through directory fds (``O_NOFOLLOW``, never following a
+symlink), so a link cannot lead a listing out of the workspace, and they skip lodger's
+state directory silently. They also skip what ``.gitignore`` ignores (``.git`` included),
+unless the model names a path inside an ignored directory: then that subtree is shown.
 
 Patterns and globs are matched with RE2, whose time is linear in the text: a pattern
 like ``^(a+)+$`` that makes a backtracking engine (Python's ``re``) run for ever on a long
@@ -12,8 +14,10 @@ undecodable byte written as ``\\xNN`` (see ``lodger._text``).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Protocol
 
@@ -22,12 +26,11 @@ from pydantic import Field
 
 from lodger._text import visible_text
 from lodger.errors import ToolCallError
+from lodger.tools._beneath import DIR_FLAGS, Hidden, Walk, walk
+from lodger.tools._ignore import IgnoreRules
 from lodger.tools.files import _SNIFF_BYTES, _looks_binary, _read_claims
 from lodger.tools.spec import ToolContext, tool
-from lodger.tools.workspace import (
-    resolve_in_workspace,
-    workspace_relative,
-)
+from lodger.tools.workspace import open_in_workspace, text_lines
 
 __all__ = ["grep", "list_files"]
 
@@ -35,8 +38,8 @@ LIST_MAX_ENTRIES = 500
 GREP_MAX_MATCHES = 200
 GREP_MAX_LINE_CHARS = 300
 GREP_MAX_FILE_BYTES = 10 * 1024 * 1024
-# Directories that glob and grep never descend into: version-control internals only add noise.
-_SKIPPED_DIRS = frozenset({".git"})
+# How many ignored names list_files mentions in its note.
+_IGNORED_SHOWN = 10
 
 
 # ---------------------------------------------------------------- list and grep
@@ -184,21 +187,116 @@ def _check_glob(pattern: str, what: str) -> None:
         )
 
 
-def _walk(base: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """Every entry under ``base`` as (path relative to base, entry); symlinks are not followed."""
-    stack: list[tuple[Path, str]] = [(base, "")]
-    while stack:
-        directory, prefix = stack.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = list(it)
-        except (PermissionError, FileNotFoundError, NotADirectoryError):
-            continue  # unreadable or vanished while walking: nothing to list there
-        for entry in entries:
-            rel = prefix + entry.name
-            yield rel, entry
-            if entry.is_dir(follow_symlinks=False) and entry.name not in _SKIPPED_DIRS:
-                stack.append((Path(entry.path), rel + "/"))
+@dataclass(frozen=True, kw_only=True)
+class _Found:
+    rel: str  # relative to the directory walked
+    name: str
+    is_dir: bool
+    is_file: bool  # a regular file (symlinks are neither)
+
+
+@dataclass(kw_only=True)
+class _Frame:
+    fd: int
+    dev: int
+    shown: str  # workspace-relative prefix: '' or 'a/b/'
+    rel: str  # prefix relative to the directory walked
+    rules: IgnoreRules | None
+    subdirs: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class _Skipped:
+    """Entries .gitignore kept out of a walk: how many, and the first few names."""
+
+    count: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+def _rules_for(w: Walk) -> IgnoreRules | None:
+    """The ignore rules in force in the directory walked to, or None when the model named a
+    directory that is itself ignored (or lies in one): then nothing below it is skipped."""
+    rules = IgnoreRules.at_root(w.root_fd)
+    prefix = ""
+    for fd, name in zip(w.fds, w.names, strict=True):
+        rel = prefix + name
+        if rules.ignored(rel, is_dir=True):
+            return None
+        prefix = rel + "/"
+        rules = rules.below(fd, prefix)
+    return rules
+
+
+def _walk(w: Walk, hidden: Hidden, skipped: _Skipped) -> Iterator[_Found]:
+    """Every entry below the directory ``w`` leads to; symlinks are listed, never followed.
+
+    Directories are opened one at a time relative to their parent's fd with O_NOFOLLOW, so
+    at most one fd per level is open. Hidden paths and ignored entries are left out.
+    """
+    start = os.dup(w.dir_fd)
+    shown = "" if not w.names else "/".join(w.names) + "/"
+    stack = [_Frame(fd=start, dev=os.fstat(start).st_dev, shown=shown, rel="", rules=_rules_for(w))]
+    try:
+        yield from _scan(stack[0], w.root, hidden, skipped)
+        while stack:
+            frame = stack[-1]
+            if not frame.subdirs:
+                os.close(stack.pop().fd)
+                continue
+            name = frame.subdirs.pop()
+            try:
+                fd = os.open(name, DIR_FLAGS, dir_fd=frame.fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EACCES):
+                    continue  # swapped, removed or unreadable meanwhile: nothing to list there
+                raise
+            st = os.fstat(fd)
+            if hidden.match(w.root / (frame.shown + name), st) is not None:
+                os.close(fd)
+                continue
+            rules = frame.rules
+            if rules is not None:
+                rules = rules.below(fd, frame.shown + name + "/")
+            child = _Frame(
+                fd=fd,
+                dev=st.st_dev,
+                shown=frame.shown + name + "/",
+                rel=frame.rel + name + "/",
+                rules=rules,
+            )
+            stack.append(child)
+            yield from _scan(child, w.root, hidden, skipped)
+    finally:
+        for frame in stack:
+            os.close(frame.fd)
+
+
+def _scan(frame: _Frame, root: Path, hidden: Hidden, skipped: _Skipped) -> Iterator[_Found]:
+    try:
+        with os.scandir(frame.fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except (PermissionError, FileNotFoundError, NotADirectoryError):
+        return  # unreadable or vanished while walking: nothing to list there
+    for entry in entries:
+        is_dir = entry.is_dir(follow_symlinks=False)
+        ident = (frame.dev, entry.inode())  # from the directory entry: no syscall per file
+        if hidden.match(root / (frame.shown + entry.name), ident) is not None:
+            continue
+        if frame.rules is not None and frame.rules.ignored(frame.shown + entry.name, is_dir=is_dir):
+            if entry.name != ".git":
+                skipped.count += 1
+                if len(skipped.names) < _IGNORED_SHOWN:
+                    skipped.names.append(frame.shown + entry.name + ("/" if is_dir else ""))
+            continue
+        yield _Found(
+            rel=frame.rel + entry.name,
+            name=entry.name,
+            is_dir=is_dir,
+            is_file=entry.is_file(follow_symlinks=False),
+        )
+        if is_dir:
+            frame.subdirs.append(entry.name)
+    frame.subdirs.reverse()  # popped from the end: visit in name order
 
 
 def _join(base_rel: str, rel: str) -> str:
@@ -217,36 +315,47 @@ def list_files(
 
     `*` and `?` match within one path segment, `**/` any number of directories, `[abc]` a
     character, `{a,b}` alternatives. Results are workspace-relative, sorted, directories end
-    with '/'. Symlinks are listed but not followed, and `.git` is not searched. At most 500
-    entries are shown.
+    with '/'. Symlinks are listed but not followed. What `.gitignore` ignores (and `.git`)
+    is left out unless `path` names it. At most 500 entries are shown.
     """
     root = ctx.require_workspace()
     _check_glob(pattern, "pattern")
-    base = resolve_in_workspace(root, path, must_exist=True)
-    base_rel = visible_text(workspace_relative(root, base))
-    if not base.is_dir():
-        raise ToolCallError(f"{base_rel!r} is a file, not a directory", hint="use read_file")
     matcher = _glob_regex(pattern)
-    found: list[str] = []
+    hidden = Hidden.of(ctx.hidden)
+    skipped = _Skipped()
     undecodable: list[str] = []
-    for rel, entry in _walk(base):
-        shown = visible_text(rel)  # a name that is not UTF-8 is matched and shown escaped
-        if matcher.match(shown):
-            found.append(
-                _join(base_rel, shown) + ("/" if entry.is_dir(follow_symlinks=False) else "")
-            )
-            if shown != rel:
+    with walk(root, path, hidden=hidden, must_exist=True) as w:
+        base_rel = visible_text(w.rel)
+        if not w.is_dir:
+            raise ToolCallError(f"{base_rel!r} is a file, not a directory", hint="use read_file")
+        found: list[str] = []
+        for entry in _walk(w, hidden, skipped):
+            shown = visible_text(entry.rel)  # a name that is not UTF-8 is shown escaped
+            if not matcher.match(shown):
+                continue
+            found.append(_join(base_rel, shown) + ("/" if entry.is_dir else ""))
+            if shown != entry.rel:
                 undecodable.append(_join(base_rel, shown))
     found.sort()
-    if not found:
-        return f"no entries match {pattern!r} under {base_rel!r}"
-    notes = [_undecodable_note(min(undecodable))] if undecodable else []
-    if len(found) > LIST_MAX_ENTRIES:
-        note = (
-            f"[showing the first {LIST_MAX_ENTRIES} of {len(found)} entries; "
-            "narrow the pattern or the path]"
+    notes = []
+    if skipped.count:
+        more = ", ..." if skipped.count > len(skipped.names) else ""
+        notes.append(
+            f"[{skipped.count} entries ignored by .gitignore are not listed: "
+            f"{', '.join(visible_text(n) for n in skipped.names)}{more}; "
+            "pass one as `path` to list it]"
         )
-        return "\n".join([*found[:LIST_MAX_ENTRIES], note, *notes])
+    if undecodable:
+        notes.append(_undecodable_note(min(undecodable)))
+    if not found:
+        return "\n".join([f"no entries match {pattern!r} under {base_rel!r}", *notes])
+    if len(found) > LIST_MAX_ENTRIES:
+        notes.insert(
+            0,
+            f"[showing the first {LIST_MAX_ENTRIES} of {len(found)} entries; "
+            "narrow the pattern or the path]",
+        )
+        return "\n".join([*found[:LIST_MAX_ENTRIES], *notes])
     return "\n".join([*found, *notes])
 
 
@@ -257,18 +366,23 @@ def _undecodable_note(example: str) -> str:
     )
 
 
-def _grep_candidates(base: Path, glob: str | None) -> Iterator[tuple[str, Path]]:
-    if base.is_file():
-        yield "", base
-        return
+def _grep_candidates(
+    w: Walk, glob: str | None, hidden: Hidden, skipped: _Skipped
+) -> list[tuple[str, str]]:
+    """(shown name, workspace-relative path) of each regular file to search, sorted."""
+    if not w.is_dir:
+        return [(visible_text(w.rel), w.rel)]
     matcher = _glob_regex(glob) if glob is not None else None
-    for rel, entry in sorted(_walk(base), key=lambda item: item[0]):
-        if not entry.is_file(follow_symlinks=False):
+    found: list[tuple[str, str]] = []
+    for entry in _walk(w, hidden, skipped):
+        if not entry.is_file:
             continue
         # Like ripgrep: a glob without '/' matches the file name anywhere below `path`.
-        subject = visible_text(rel if glob is None or "/" in glob else entry.name)
+        subject = visible_text(entry.rel if glob is None or "/" in glob else entry.name)
         if matcher is None or matcher.match(subject):
-            yield rel, Path(entry.path)
+            rel = _join(w.rel, entry.rel)
+            found.append((visible_text(rel), rel))
+    return sorted(found)
 
 
 @tool(group="files", recovery="idempotent", nestable=True, claims=_read_claims)
@@ -288,7 +402,8 @@ def grep(
     but without backreferences or lookaround; it runs in linear time).
 
     Prints `file:line: text` for each matching line, workspace-relative and sorted by file.
-    Binary files, files over 10 MiB, symlinks and `.git` are skipped. At most 200 matches.
+    Binary files, files over 10 MiB, symlinks, and what `.gitignore` ignores (and `.git`)
+    are skipped unless `path` names them. At most 200 matches.
     """
     root = ctx.require_workspace()
     try:
@@ -297,33 +412,39 @@ def grep(
         raise _grep_pattern_error(pattern, exc) from None
     if glob is not None:
         _check_glob(glob, "glob")
-    base = resolve_in_workspace(root, path, must_exist=True)
-    base_rel = visible_text(workspace_relative(root, base))
+    hidden = Hidden.of(ctx.hidden)
+    skipped = _Skipped()
+    with walk(root, path, hidden=hidden, must_exist=True) as w:
+        base_rel = visible_text(w.rel)
+        candidates = _grep_candidates(w, glob, hidden, skipped)
     matches: list[str] = []
     too_large = 0
     capped = False
     undecodable: list[str] = []
-    for rel, file in _grep_candidates(base, glob):
-        shown = base_rel if rel == "" else _join(base_rel, visible_text(rel))
+    for shown, rel in candidates:
         before = len(matches)
         try:
-            if file.stat().st_size > GREP_MAX_FILE_BYTES:
-                too_large += 1
-                continue
-            with open(file, "rb") as raw:
+            # Each file is opened by walking beneath the root again: a name seen in the
+            # listing may have been swapped since, the walk holds wherever it leads.
+            with open_in_workspace(root, rel, hidden=ctx.hidden) as (raw, _):
+                if os.fstat(raw.fileno()).st_size > GREP_MAX_FILE_BYTES:
+                    too_large += 1
+                    continue
                 if _looks_binary(raw.read(_SNIFF_BYTES)):
                     continue
-            with open(file, encoding="utf-8", errors="replace", newline="") as f:
-                for number, line in enumerate(f, start=1):
-                    text = line.rstrip("\r\n")
-                    if not regex.search(text):
-                        continue
-                    if len(text) > GREP_MAX_LINE_CHARS:
-                        text = text[:GREP_MAX_LINE_CHARS] + " [...]"
-                    matches.append(f"{shown}:{number}: {text}")
-                    if len(matches) >= GREP_MAX_MATCHES:
-                        capped = True
-                        break
+                with text_lines(raw, errors="replace") as lines:
+                    for number, line in enumerate(lines, start=1):
+                        text = line.rstrip("\r\n")
+                        if not regex.search(text):
+                            continue
+                        if len(text) > GREP_MAX_LINE_CHARS:
+                            text = text[:GREP_MAX_LINE_CHARS] + " [...]"
+                        matches.append(f"{shown}:{number}: {text}")
+                        if len(matches) >= GREP_MAX_MATCHES:
+                            capped = True
+                            break
+        except ToolCallError:
+            continue  # no longer a readable regular file inside: nothing to report from it
         except (PermissionError, FileNotFoundError):
             continue  # unreadable or deleted while searching: nothing to report from it
         if len(matches) > before and visible_text(rel) != rel:

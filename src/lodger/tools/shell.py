@@ -1,17 +1,30 @@
 """The shell tool: ``bash -c`` in the workspace, with a timeout, an output cap and a
-scrubbed environment. It asks for approval until commands run in a sandbox."""
+scrubbed environment. It asks for approval until commands run in a sandbox.
+
+Until the sandbox exists a command runs on the host with the user's rights, so nothing
+here confines it. One cheap tripwire: a command line that names lodger's state directory
+(its path, workspace-relative path or base name) when that directory is inside the
+workspace is refused before anyone is asked to approve it. That catches a model that
+means to read or rewrite its own log; it does not stop ``ls -a``, a glob such as ``.lod*``
+or a script that finds the directory by itself. Only the sandbox, which will not mount
+the state directory, closes that.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import re
 import signal
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
+from lodger.authority.common import ResourceClaim
+from lodger.errors import ToolCallError
 from lodger.tools.files import _workspace_claims
 from lodger.tools.spec import ToolContext, ToolOutput, tool
 from lodger.tools.workspace import (
@@ -90,7 +103,35 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-@tool(group="shell", recovery="never_retry", approval=True, claims=_workspace_claims)
+def _check_state_dir_not_named(command: str, root: Path, hidden: Sequence[Path]) -> None:
+    """Refuse a command line that names a hidden path lying inside the workspace."""
+    for path in hidden:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(root) or real == root:
+            continue
+        rel = real.relative_to(root).as_posix()
+        spellings = {str(path), str(real), rel, real.name}
+        for spelling in sorted(spellings, key=len, reverse=True):
+            # As a word of its own: '.lodger', './.lodger/x', "'.lodger'", not '.lodgerx'.
+            if re.search(rf"(?<![\w.-]){re.escape(spelling)}(?![\w.-])", command):
+                raise ToolCallError(
+                    f"the command names {rel!r}, lodger's state directory; "
+                    "no tool may read or write it",
+                    hint="leave the session's log alone and work on the project's files",
+                    code="path_hidden",
+                )
+
+
+def _shell_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+    # Checked here too, so a refused command is refused before anyone is asked to approve it.
+    command = arguments.get("command")
+    if isinstance(command, str):
+        root = resolve_workspace_root(ctx.require_workspace())
+        _check_state_dir_not_named(command, root, ctx.hidden)
+    return _workspace_claims(arguments, ctx)
+
+
+@tool(group="shell", recovery="never_retry", approval=True, claims=_shell_claims)
 async def shell(
     ctx: ToolContext,
     command: Annotated[str, Field(description="a bash command line")],
@@ -105,6 +146,7 @@ async def shell(
     timeout the command and everything it started are killed.
     """
     root = resolve_workspace_root(ctx.require_workspace())
+    _check_state_dir_not_named(command, root, ctx.hidden)
     process = await asyncio.create_subprocess_exec(
         "bash",
         "-c",

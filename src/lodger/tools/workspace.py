@@ -1,37 +1,42 @@
 """The workspace: confining file tools to one directory, hashing files, naming the workspace.
 
-Every path a model passes to a file tool goes through ``resolve_in_workspace``. Relative
-paths are taken from the workspace root; absolute paths are accepted only when they point
-inside it. The path is resolved the way the kernel would follow it (symlinks, including
-dangling ones and intermediate directories, and ``..``), and the result must lie under the
-real path of the root. Anything else is a ``ToolCallError`` the model can act on.
+Every path a model passes to a file tool is walked beneath the workspace root one
+component at a time through directory fds (``lodger.tools._beneath``): relative paths are
+taken from the root, absolute ones only when they point inside it, symlinks are followed
+by the walk itself and only while they stay beneath the root, and lodger's state directory
+(``ToolContext.hidden``) is refused wherever the walk meets it. Anything else is a
+``ToolCallError`` the model can act on. Because the walk holds an fd for every directory
+it went through, a directory swapped for a symlink between the check and the use changes
+nothing: the file is opened (or written) relative to the fd the check saw.
 
 >>> root = resolve_workspace_root(Path("."))
 >>> resolve_in_workspace(root, "src/../README.md", must_exist=False) == root / "README.md"
 True
-
-Resolution and use are two steps, so a process that swaps a directory for a symlink in
-between can still win the race; the sandbox (DESIGN section 8) is the boundary that holds
-against a hostile process, this module keeps an honest model inside the workspace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
-from pathlib import Path, PurePath
+import stat
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from lodger.errors import ToolCallError
+from lodger.tools._beneath import Hidden, not_regular, open_regular, walk
 
 __all__ = [
+    "open_in_workspace",
     "resolve_in_workspace",
     "resolve_workspace_root",
+    "sha256_in_workspace",
     "sha256_of_file",
+    "text_lines",
     "workspace_id",
     "workspace_relative",
 ]
-
-_OUTSIDE_HINT = "use a path relative to the workspace root"
 
 
 def resolve_workspace_root(root: Path) -> Path:
@@ -46,55 +51,58 @@ def resolve_workspace_root(root: Path) -> Path:
     return real
 
 
-def _is_within(path: PurePath, root: PurePath) -> bool:
-    return path == root or path.is_relative_to(root)
-
-
-def resolve_in_workspace(root: Path, path: str, *, must_exist: bool) -> Path:
-    """Resolve ``path`` (relative to ``root``, or absolute inside it) to a real path inside root.
+def resolve_in_workspace(
+    root: Path, path: str, *, must_exist: bool, hidden: Sequence[Path] = ()
+) -> Path:
+    """The canonical path ``path`` leads to beneath ``root``: real root plus real names.
 
     Raises ``ToolCallError`` when the path is empty, contains a NUL byte, leads outside the
-    workspace (absolute, ``..``, or through a symlink), or when ``must_exist`` is set and
-    nothing exists there.
+    workspace (absolute, ``..``, or through a symlink), lies in a ``hidden`` path, or when
+    ``must_exist`` is set and nothing exists there. The result names the file for leases
+    and messages; to open it, use ``open_in_workspace`` (a name can change after it is
+    resolved, an fd cannot).
     """
-    if "\x00" in path:
-        raise ToolCallError(
-            f"path {path!r} contains a NUL byte",
-            hint="pass a plain file name relative to the workspace root",
-            code="invalid_path",
-        )
-    if path == "":
-        raise ToolCallError(
-            "path is empty",
-            hint="use '.' for the workspace root or a path relative to it",
-            code="invalid_path",
-        )
-    real_root = Path(os.path.realpath(root))
-    given_root = Path(os.path.abspath(root))
-    # The lexical form only decides which message to give: '..' and foreign absolute paths
-    # are "outside", an inside-looking path that resolves elsewhere went through a symlink.
-    lexical = Path(os.path.normpath(os.path.join(real_root, path)))
-    lexically_inside = _is_within(lexical, real_root) or _is_within(lexical, given_root)
-    # realpath (non-strict) follows every symlink that exists, dangling ones included, and
-    # keeps the not-yet-existing tail as written: the nearest existing ancestor decides.
-    resolved = Path(os.path.realpath(os.path.join(real_root, path)))
-    if not lexically_inside:
-        raise ToolCallError(
-            f"path {path!r} is outside the workspace", hint=_OUTSIDE_HINT, code="path_outside"
-        )
-    if not _is_within(resolved, real_root):
-        raise ToolCallError(
-            f"path {path!r} leads outside the workspace through a symlink",
-            hint="use a path whose target is inside the workspace root",
-            code="path_outside",
-        )
-    if must_exist and not os.path.lexists(resolved):
-        raise ToolCallError(
-            f"path {path!r} does not exist",
-            hint="check the name with list_files",
-            code="path_not_found",
-        )
-    return resolved
+    with walk(root, path, hidden=Hidden.of(hidden), must_exist=must_exist) as w:
+        return w.path
+
+
+@contextlib.contextmanager
+def open_in_workspace(
+    root: Path, path: str, *, hidden: Sequence[Path] = (), action: str = "read"
+) -> Iterator[tuple[io.BufferedReader, str]]:
+    """Open the regular file ``path`` leads to for reading: ``(binary file, relative name)``.
+
+    Directories, FIFOs, sockets and devices are refused (``ToolCallError``) without
+    blocking on them. ``action`` words the refusal: "cannot read 'x': it is a FIFO...".
+    """
+    fd, w = open_regular(root, path, hidden=Hidden.of(hidden), action=action)
+    with os.fdopen(fd, "rb") as f:
+        yield f, w.rel
+
+
+@contextlib.contextmanager
+def text_lines(raw: io.BufferedReader, *, errors: str = "strict") -> Iterator[io.TextIOWrapper]:
+    """UTF-8 text over ``raw`` from its start, lines split as ``open(newline="")`` does.
+
+    The wrapper is detached afterwards, so ``raw`` stays the one owner of the fd.
+    """
+    raw.seek(0)
+    wrapper = io.TextIOWrapper(raw, encoding="utf-8", errors=errors, newline="")
+    try:
+        yield wrapper
+    finally:
+        wrapper.detach()
+
+
+def sha256_in_workspace(root: Path, path: str, *, hidden: Sequence[Path] = ()) -> str | None:
+    """The hex SHA-256 of the file ``path`` leads to, or None when nothing exists there."""
+    try:
+        with open_in_workspace(root, path, hidden=hidden, action="hash") as (f, _):
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except ToolCallError as exc:
+        if exc.code == "path_not_found":
+            return None
+        raise
 
 
 def workspace_relative(root: Path, resolved: Path) -> str:
@@ -108,12 +116,19 @@ def workspace_relative(root: Path, resolved: Path) -> str:
 
 
 def sha256_of_file(path: Path) -> str | None:
-    """The hex SHA-256 of a file's bytes, or None when nothing exists at ``path``."""
+    """The hex SHA-256 of a regular file's bytes, or None when nothing exists at ``path``.
+
+    For a path the operator gave; a model's path goes through ``sha256_in_workspace``.
+    """
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(str(path), mode, "hash")
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def workspace_id(root: Path) -> str:

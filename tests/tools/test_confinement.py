@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,9 @@ _RACER = textwrap.dedent(
 
 
 @pytest.fixture
-def racer(ws: Path, outside: Path) -> Iterator[None]:
-    """``ws/d`` (a real directory) and ``ws/s`` (a symlink to ``outside``), swapped nonstop."""
+def racer(ws: Path, outside: Path) -> Iterator[Callable[[], None]]:
+    """``ws/d`` (a real directory) and ``ws/s`` (a symlink to ``outside``), swapped nonstop
+    until the test calls the fixture's value (or ends)."""
     (ws / "d").mkdir()
     (ws / "d" / "f.txt").write_text("INSIDE\n")
     (outside / "f.txt").write_text("OUTSIDE\n")
@@ -84,15 +85,21 @@ def racer(ws: Path, outside: Path) -> Iterator[None]:
             process.wait()
             assert process.stderr is not None
             pytest.fail(f"the racer did not start: {process.stderr.read()}")
-        yield
+
+        def stop() -> None:
+            process.kill()
+            process.communicate()  # reaps it and closes its pipes
+
+        yield stop
     finally:
-        process.kill()
-        process.communicate()  # reaps it and closes its pipes
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
 
 
 @pytest.mark.slow
 async def test_a_directory_swapped_for_an_outside_symlink_never_leaks_a_read(
-    ws: Path, outside: Path, ctx: ToolContext, racer: None
+    ws: Path, outside: Path, ctx: ToolContext, racer: Callable[[], None]
 ) -> None:
     seen: Counter[str] = Counter()
     deadline = time.monotonic() + 1.5
@@ -122,7 +129,7 @@ async def test_a_directory_swapped_for_an_outside_symlink_never_leaks_a_read(
 
 @pytest.mark.slow
 async def test_a_directory_swapped_for_an_outside_symlink_never_takes_a_write(
-    ws: Path, outside: Path, ctx: ToolContext, racer: None
+    ws: Path, outside: Path, ctx: ToolContext, racer: Callable[[], None]
 ) -> None:
     seen: Counter[str] = Counter()
     deadline = time.monotonic() + 1.5
@@ -137,6 +144,7 @@ async def test_a_directory_swapped_for_an_outside_symlink_never_takes_a_write(
                 seen[f"crashed ({exc.strerror})"] += 1
                 continue
             seen["written"] += 1
+    racer()  # stopped: the names hold still for the checks
     assert names_in(outside) == ["f.txt", "secret.txt"], seen
     assert (outside / "f.txt").read_text() == "OUTSIDE\n"
     assert (outside / "secret.txt").read_text() == "TOP SECRET\n"

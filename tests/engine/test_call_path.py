@@ -203,3 +203,43 @@ async def test_a_second_turn_reads_only_the_new_events(tmp_path: Path) -> None:
     await agent.close()
     assert first_len > 60
     assert Counting.read == 1  # the last known event, to check the chain continues
+
+
+async def test_the_state_directory_inside_the_workspace_is_out_of_every_tools_reach(
+    tmp_path: Path,
+) -> None:
+    """End to end: the agent hands its state directory to the tools as hidden."""
+    from lodger.tools.builtin import workspace_tools
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("hello\n")
+    script = [
+        {
+            "calls": [
+                {"name": "write_file", "args": {"path": ".lodger/log.sqlite3", "content": "x"}},
+                {"name": "read_file", "args": {"path": ".lodger/log.sqlite3"}},
+                {"name": "list_files", "args": {}},
+            ]
+        },
+        {"text": "done"},
+    ]
+    agent = Agent(
+        model=ScriptedModel(script),
+        tools=workspace_tools(),
+        state_dir=ws / ".lodger",
+        workspace=ws,
+        clock=ManualClock(tick_us=5),
+        ids=SequentialIds("a"),
+    )
+    assert (await agent.run("try it", session="s1")).status == "completed"
+    events = await agent.session("s1").events()
+    await agent.close()
+    rejected = {e.call_id: e.body for e in events if isinstance(e.body, CallRejected)}
+    results = {e.call_id: e.body for e in events if isinstance(e.body, ToolResponded)}
+    outcomes = {**rejected, **results}
+    write, read, listing = (outcomes[f"call-0-{i}"] for i in range(1, 4))
+    assert "state directory" in getattr(write, "message", getattr(write, "content", ""))
+    assert "state directory" in getattr(read, "message", getattr(read, "content", ""))
+    assert isinstance(listing, ToolResponded) and ".lodger" not in listing.content
+    assert "notes.txt" in listing.content

@@ -1,9 +1,10 @@
 """The sessions service: what the CLI (and the HTTP host, and workers) do with sessions.
 
 It composes storage, tools and MCP servers into an agent for one operation and runs it:
-run a turn, resume an interrupted one, record an operator decision, compute a recovery
-plan, list sessions. It knows nothing of terminals or HTTP: progress goes to callbacks,
-failures are ``LodgerError``s whose ``next_steps`` say what a caller can do.
+run a turn, resume an interrupted one (in its workspace, or relocated to another), record
+an operator decision, abandon an open turn, compute a recovery plan, list sessions. It
+knows nothing of terminals or HTTP: progress goes to callbacks, failures are
+``LodgerError``s whose ``next_steps`` say what a caller can do.
 
 >>> sessions = Sessions(Storage.local(".lodger"))
 >>> result = await sessions.run("fix the test", binding=Binding(model=model, tools=tools))
@@ -19,7 +20,7 @@ from pathlib import Path
 from lodger.agent import Agent
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
-from lodger.engine.resume import Decision, decide
+from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
@@ -104,11 +105,18 @@ class Sessions:
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.run(task, session=session)
 
-    async def resume(self, session_id: str, *, binding: Binding) -> TurnResult:
-        """Continue the session's interrupted turn as a new run."""
+    async def resume(
+        self, session_id: str, *, binding: Binding, relocate: bool = False
+    ) -> TurnResult:
+        """Continue the session's interrupted turn as a new run.
+
+        ``relocate`` moves the session to ``binding.workspace`` (a moved or recreated
+        directory) after checking every file the log's hashes cover there; a mismatch
+        refuses, naming the files.
+        """
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
-            return await agent.resume(session_id)
+            return await agent.resume(session_id, relocate=relocate)
 
     async def decide(
         self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None
@@ -121,6 +129,17 @@ class Sessions:
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
+        finally:
+            await writer.close()
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+        """End the session's open turn as abandoned, as facts; needs no workspace, model or
+        tools. A new turn on the session starts fresh afterwards."""
+        check_session_id(session_id)
+        writer = await self.storage.log.open_writer(session_id)
+        try:
+            state = SessionState(session_id, writer.initial_events)
+            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         finally:
             await writer.close()
 

@@ -1,4 +1,4 @@
-"""``lodger recover``, ``lodger decide`` and ``lodger resume``: after a crash."""
+"""``lodger recover``, ``decide``, ``resume`` and ``abandon``: after a crash."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.text import Text
 
 from lodger.agent import TurnResult
 from lodger.cli._common import (
+    DEFAULT_STATE,
     echo_json,
     json_option,
     make_console,
@@ -33,7 +34,7 @@ from lodger.sessions import Binding, Sessions
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
 
-__all__ = ["COMMANDS", "decide", "recover", "resume"]
+__all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 
 _ACTIONS = {
     "none": "nothing to do",
@@ -75,6 +76,8 @@ def _render_plan(plan: RecoveryPlan) -> None:
     decide = f"`lodger decide {plan.session_id} CALL_ID --completed | --not-applied | --abandon`"
     if plan.blocked:
         console.print(Text(f"blocked: {len(plan.blocked)} call(s) wait for {decide}", style="red"))
+        abandon = f"`lodger abandon {plan.session_id} [--reason TEXT]`"
+        console.print(Text(f"or end the turn: {abandon}", style="dim"))
     elif parks:
         console.print(
             Text(
@@ -181,6 +184,12 @@ def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | No
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="Default: the session's workspace.",
 )
+@click.option(
+    "--relocate",
+    is_flag=True,
+    help="Move the session to --workspace (its workspace was moved or recreated) once "
+    "every file the log's hashes cover matches there.",
+)
 @click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
 @mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
@@ -190,6 +199,7 @@ def resume(
     session_id: str,
     model_spec: str | None,
     workspace: Path | None,
+    relocate: bool,
     tools_files: tuple[str, ...],
     mcp_specs: tuple[str, ...],
     yes: bool,
@@ -200,12 +210,20 @@ def resume(
 
     Completed calls are replayed from the log, never re-run; indeterminate ones follow
     their tool's recovery policy. If anything is parked, resume stops and names it.
+    A session whose workspace was moved or recreated resumes only with --relocate, which
+    first checks every file the session wrote against the hashes in its log.
 
     \b
     Example:
       lodger recover SESSION && lodger resume SESSION
       lodger resume SESSION --model openai:gpt-4.1 --tools mytools.py
+      lodger resume SESSION --workspace ../moved-project --relocate
     """
+    if relocate and workspace is None:
+        raise ConfigError(
+            "--relocate needs the directory to move to",
+            hint="pass --workspace DIR: the directory that now holds the session's files",
+        )
     recorded_model, recorded_workspace = (
         (None, None)  # both given: no need to read (and verify) the log an extra time
         if model_spec and workspace
@@ -238,7 +256,7 @@ def resume(
     async def work() -> TurnResult:
         try:
             async with Sessions.local(state) as sessions:
-                return await sessions.resume(session_id, binding=binding)
+                return await sessions.resume(session_id, binding=binding, relocate=relocate)
         finally:
             await model.aclose()
 
@@ -257,4 +275,45 @@ def resume(
     sys.exit(exit_code_for(result))
 
 
-COMMANDS = (recover, decide, resume)
+@click.command()
+@click.argument("session_id", metavar="SESSION")
+@click.option("--reason", metavar="TEXT", help="Why, recorded with the fact.")
+@state_option
+@json_option
+def abandon(session_id: str, reason: str | None, state: str, as_json: bool) -> None:
+    """End the session's open turn as abandoned, as facts in its log.
+
+    For a turn no command can finish: its calls wait for decisions, its workspace is
+    gone, or it cannot resume for another reason. Calls whose outcome is unknown are
+    recorded as abandoned (nothing runs again), and the next `lodger run --session`
+    starts a fresh turn. Needs neither the workspace nor a model.
+
+    \b
+    Example:
+      lodger abandon SESSION --reason "workspace deleted"
+    """
+
+    async def work(log: EventLog) -> list[Event]:
+        require_log(log, state, session_id)
+        sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
+        return await sessions.abandon(session_id, reason=reason)
+
+    events = run_with_log(state, work)
+    if as_json:
+        echo_json(
+            {
+                "session_id": session_id,
+                "turn_id": events[-1].turn_id,
+                "offsets": [e.offset for e in events],
+                "reason": reason,
+            }
+        )
+        return
+    flag = "" if state == DEFAULT_STATE else f" --state {state}"
+    click.echo(
+        f"abandoned: turn {events[-1].turn_id} of {session_id} at offset {events[-1].offset}; "
+        f'a new turn: lodger run "TASK" --session {session_id}{flag}'
+    )
+
+
+COMMANDS = (recover, decide, resume, abandon)

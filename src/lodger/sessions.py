@@ -12,10 +12,12 @@ knows nothing of terminals or HTTP: progress goes to callbacks, failures are
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from lodger.agent import Agent
 from lodger.engine.loop import TurnResult
@@ -29,8 +31,9 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
+from lodger.tools.workspace import workspace_id
 
-__all__ = ["Binding", "SessionDefaults", "Sessions"]
+__all__ = ["Binding", "SessionDefaults", "SessionWorkspace", "Sessions"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +57,31 @@ class SessionDefaults:
 
     model: str | None
     workspace: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionWorkspace:
+    """The directory a session works in and whether it is still there: ``present`` (the
+    same directory), ``missing`` (moved or deleted), ``replaced`` (another directory under
+    that name: recreated, or another mount) or ``none`` (the session has no workspace).
+    A missing or replaced workspace blocks a resume until the session is relocated or its
+    open turn is abandoned."""
+
+    path: str | None
+    state: Literal["none", "present", "missing", "replaced"]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"path": self.path, "state": self.state}
+
+
+def _workspace_of(path: str | None, recorded_id: str | None) -> SessionWorkspace:
+    if path is None or recorded_id is None:
+        return SessionWorkspace(path=path, state="none")
+    try:
+        current = workspace_id(Path(path))
+    except OSError:
+        return SessionWorkspace(path=path, state="missing")
+    return SessionWorkspace(path=path, state="present" if current == recorded_id else "replaced")
 
 
 class Sessions:
@@ -91,6 +119,10 @@ class Sessions:
 
     async def plan(self, session_id: str) -> RecoveryPlan:
         return (await self.state(session_id)).plan()
+
+    async def workspace(self, state: SessionState) -> SessionWorkspace:
+        """Whether the directory the session works in is still the one it worked in."""
+        return await asyncio.to_thread(_workspace_of, state.workspace, state.workspace_id)
 
     async def defaults(self, session_id: str) -> SessionDefaults:
         state = await self.state(session_id)

@@ -94,6 +94,12 @@ def test_a_moved_workspace_is_refused_naming_relocate_and_relocate_resumes(
     os.rename(crashed / "ws", moved)
     before = len(events_of(crashed / "state"))
 
+    code, out, _ = cli("recover", "s1", "--state", state)
+    assert code == 0
+    assert f"blocked: the session's workspace {crashed / 'ws'} does not exist" in out
+    assert "lodger resume s1 --workspace DIR --relocate" in out and "lodger abandon s1" in out
+    assert "ready:" not in out
+
     code, _, err = cli("resume", "s1", "--state", state)
     assert code == 3
     assert f"{str(crashed / 'ws')!r} does not exist" in err
@@ -138,6 +144,9 @@ def test_relocating_refuses_listing_a_file_that_differs(crashed: Path) -> None:
     shutil.rmtree(ws)
     os.rename(fresh, ws)
     before = len(events_of(crashed / "state"))
+
+    code, out, _ = cli("recover", "s1", "--state", state, "--json")
+    assert json.loads(out)["workspace"] == {"path": str(ws), "state": "replaced"}
 
     code, _, err = cli("resume", "s1", "--state", state)
     assert code == 3
@@ -252,6 +261,7 @@ def test_a_deleted_workspace_gives_one_line_errors_naming_the_ways_out(crashed: 
     plan = lodger("recover", "s1", "--state", state, "--json", cwd=cwd)
     assert plan.returncode == 0, plan.stderr
     calls = json.loads(plan.stdout)["calls"]
+    assert json.loads(plan.stdout)["workspace"] == {"path": gone, "state": "missing"}
     assert [c["status"] for c in calls] == ["completed", "indeterminate"]
     decided = lodger(
         "decide", "s1", calls[1]["call_id"], "--not-applied", "--state", state, cwd=cwd

@@ -30,7 +30,7 @@ from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
-from lodger.sessions import Binding, Sessions
+from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
 
@@ -46,7 +46,7 @@ _ACTIONS = {
 }
 
 
-def _render_plan(plan: RecoveryPlan) -> None:
+def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
     console = make_console()
     console.soft_wrap = True
     if plan.turn_id is None:
@@ -74,6 +74,16 @@ def _render_plan(plan: RecoveryPlan) -> None:
         )
     parks = [c for c in plan.calls if c.action == "park"]
     decide = f"`lodger decide {plan.session_id} CALL_ID --completed | --not-applied | --abandon`"
+    if workspace.state in ("missing", "replaced"):
+        why = "does not exist" if workspace.state == "missing" else "is another directory now"
+        console.print(
+            Text(f"blocked: the session's workspace {workspace.path} {why}; ", style="red")
+            + Text(
+                f"`lodger resume {plan.session_id} --workspace DIR --relocate` checks a new "
+                f"directory against the log's hashes, or `lodger abandon {plan.session_id}` "
+                "ends the turn"
+            )
+        )
     if plan.blocked:
         console.print(Text(f"blocked: {len(plan.blocked)} call(s) wait for {decide}", style="red"))
         abandon = f"`lodger abandon {plan.session_id} [--reason TEXT]`"
@@ -85,7 +95,7 @@ def _render_plan(plan: RecoveryPlan) -> None:
                 style="yellow",
             )
         )
-    else:
+    elif workspace.state not in ("missing", "replaced"):
         console.print(
             Text(f"ready: `lodger resume {plan.session_id}` continues the turn", style="green")
         )
@@ -98,7 +108,8 @@ def _render_plan(plan: RecoveryPlan) -> None:
 def recover(session_id: str, state: str, as_json: bool) -> None:
     """Show the recovery plan of a session: every call of its interrupted turn, its status
     (completed, not_dispatched, indeterminate, parked ...), a stable reason code, and what
-    `lodger resume` will do with it. Read-only.
+    `lodger resume` will do with it, and whether its workspace is still there. Read-only;
+    needs neither the workspace nor a model.
 
     \b
     Example:
@@ -106,15 +117,17 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
       lodger recover SESSION --json | jq '.calls[] | select(.action != "none")'
     """
 
-    async def work(log: EventLog) -> RecoveryPlan:
+    async def work(log: EventLog) -> tuple[RecoveryPlan, SessionWorkspace]:
         require_log(log, state, session_id)
-        return await Sessions(Storage(log=log, artifacts=MemoryArtifactStore())).plan(session_id)
+        sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
+        folded = await sessions.state(session_id)
+        return folded.plan(), await sessions.workspace(folded)
 
-    plan = run_with_log(state, work)
+    plan, workspace = run_with_log(state, work)
     if as_json:
-        echo_json(plan.to_dict())
+        echo_json({**plan.to_dict(), "workspace": workspace.to_dict()})
     else:
-        _render_plan(plan)
+        _render_plan(plan, workspace)
 
 
 @click.command()

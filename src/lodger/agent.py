@@ -23,7 +23,7 @@ from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, TurnResult, TurnStatus
 from lodger.engine.permissions import Approver, PermissionGate, PermissionPolicy
-from lodger.engine.resume import Decision, decide
+from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError
 from lodger.events import Event
@@ -220,9 +220,12 @@ class Agent:
         finally:
             await writer.close()
 
-    async def resume(self, session_id: str) -> TurnResult:
+    async def resume(self, session_id: str, *, relocate: bool = False) -> TurnResult:
         """Resume the session's interrupted turn as a new run.
 
+        With ``relocate``, the session may move to this agent's workspace (another
+        directory than the one it worked in) when every file the log's hashes cover
+        holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
         writer, state = await self._open(session_id)
@@ -231,7 +234,7 @@ class Agent:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
-            return await self.engine.resume(self._journal(writer, state))
+            return await self.engine.resume(self._journal(writer, state), relocate=relocate)
         except BaseException:
             self._states.pop(session_id, None)
             raise
@@ -257,6 +260,17 @@ class Agent:
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
+        except BaseException:
+            self._states.pop(session_id, None)
+            raise
+        finally:
+            await writer.close()
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+        """End the session's open turn as abandoned by the operator, as facts."""
+        writer, state = await self._open(session_id)
+        try:
+            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         except BaseException:
             self._states.pop(session_id, None)
             raise

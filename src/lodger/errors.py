@@ -61,14 +61,23 @@ __all__ = [
 
 
 ActionName = Literal[
-    "approve", "recover", "decide", "resume", "run", "fork", "list_sessions", "abandon"
+    "approve",
+    "recover",
+    "decide",
+    "resume",
+    "run",
+    "fork",
+    "list_sessions",
+    "abandon",
+    "relocate",
 ]
 
 
 @dataclass(frozen=True, kw_only=True)
 class NextStep:
     """Something a caller can do about an error: ``decide`` call ``call_id`` of
-    ``session_id``, ``recover`` a session, ``approve`` a call ..."""
+    ``session_id``, ``recover`` a session, ``approve`` a call, ``abandon`` the session's
+    open turn, ``relocate`` it (resume in another workspace after checking its files) ..."""
 
     action: ActionName
     session_id: str | None = None
@@ -301,6 +310,8 @@ ErrorCode = Literal[
     "nothing_to_resume",
     "no_such_call",
     "nothing_to_decide",
+    "nothing_to_abandon",
+    "no_workspace",
     "duplicate_tool",
     "tool_declaration",
     "claim",

@@ -23,6 +23,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     1  first event set.
     2  model_output.provider_state: opaque provider data replayed to the same provider.
     3  tool_responded.status timed_out; session_started.chain and key_id.
+    4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
     3: "tool_responded.status timed_out; session_started.chain and key_id",
+    4: "run_started.workspace and workspace_id (a relocating resume); turn_ended.reason",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -212,12 +214,18 @@ class TurnStarted(_Value):
 
 
 class RunStarted(_Value):
+    """A run of a turn begins. ``workspace`` and ``workspace_id`` are set only when the
+    run moved the session to another workspace (a resume that relocated it after checking
+    the files the log's hashes cover); from then on the session works there."""
+
     kind: Literal["run_started"] = "run_started"
     protocol: int = SCHEMA_VERSION
     model: str
     parent_run_id: str | None = None
     resumed_from: Prefix | None = None
     tools: tuple[str, ...] = ()
+    workspace: str | None = None
+    workspace_id: str | None = None
 
 
 class StepStarted(_Value):
@@ -352,9 +360,12 @@ class RunEnded(_Value):
 
 
 class TurnEnded(_Value):
+    """A turn settled. ``reason`` says why an operator abandoned it, when they said."""
+
     kind: Literal["turn_ended"] = "turn_ended"
     status: Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
     answer: str | None = None
+    reason: str | None = None
 
 
 Body = Annotated[

@@ -1,9 +1,10 @@
 """The sessions service: what the CLI (and the HTTP host, and workers) do with sessions.
 
 It composes storage, tools and MCP servers into an agent for one operation and runs it:
-run a turn, resume an interrupted one, record an operator decision, compute a recovery
-plan, list sessions. It knows nothing of terminals or HTTP: progress goes to callbacks,
-failures are ``LodgerError``s whose ``next_steps`` say what a caller can do.
+run a turn, resume an interrupted one (in its workspace, or relocated to another), record
+an operator decision, abandon an open turn, compute a recovery plan, list sessions. It
+knows nothing of terminals or HTTP: progress goes to callbacks, failures are
+``LodgerError``s whose ``next_steps`` say what a caller can do.
 
 >>> sessions = Sessions(Storage.local(".lodger"))
 >>> result = await sessions.run("fix the test", binding=Binding(model=model, tools=tools))
@@ -11,15 +12,17 @@ failures are ``LodgerError``s whose ``next_steps`` say what a caller can do.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from lodger.agent import Agent
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
-from lodger.engine.resume import Decision, decide
+from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
@@ -28,8 +31,9 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
+from lodger.tools.workspace import workspace_id
 
-__all__ = ["Binding", "SessionDefaults", "Sessions"]
+__all__ = ["Binding", "SessionDefaults", "SessionWorkspace", "Sessions"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +57,31 @@ class SessionDefaults:
 
     model: str | None
     workspace: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionWorkspace:
+    """The directory a session works in and whether it is still there: ``present`` (the
+    same directory), ``missing`` (moved or deleted), ``replaced`` (another directory under
+    that name: recreated, or another mount) or ``none`` (the session has no workspace).
+    A missing or replaced workspace blocks a resume until the session is relocated or its
+    open turn is abandoned."""
+
+    path: str | None
+    state: Literal["none", "present", "missing", "replaced"]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"path": self.path, "state": self.state}
+
+
+def _workspace_of(path: str | None, recorded_id: str | None) -> SessionWorkspace:
+    if path is None or recorded_id is None:
+        return SessionWorkspace(path=path, state="none")
+    try:
+        current = workspace_id(Path(path))
+    except OSError:
+        return SessionWorkspace(path=path, state="missing")
+    return SessionWorkspace(path=path, state="present" if current == recorded_id else "replaced")
 
 
 class Sessions:
@@ -91,6 +120,10 @@ class Sessions:
     async def plan(self, session_id: str) -> RecoveryPlan:
         return (await self.state(session_id)).plan()
 
+    async def workspace(self, state: SessionState) -> SessionWorkspace:
+        """Whether the directory the session works in is still the one it worked in."""
+        return await asyncio.to_thread(_workspace_of, state.workspace, state.workspace_id)
+
     async def defaults(self, session_id: str) -> SessionDefaults:
         state = await self.state(session_id)
         return SessionDefaults(model=state.last_model, workspace=state.workspace)
@@ -104,11 +137,18 @@ class Sessions:
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.run(task, session=session)
 
-    async def resume(self, session_id: str, *, binding: Binding) -> TurnResult:
-        """Continue the session's interrupted turn as a new run."""
+    async def resume(
+        self, session_id: str, *, binding: Binding, relocate: bool = False
+    ) -> TurnResult:
+        """Continue the session's interrupted turn as a new run.
+
+        ``relocate`` moves the session to ``binding.workspace`` (a moved or recreated
+        directory) after checking every file the log's hashes cover there; a mismatch
+        refuses, naming the files.
+        """
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
-            return await agent.resume(session_id)
+            return await agent.resume(session_id, relocate=relocate)
 
     async def decide(
         self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None
@@ -121,6 +161,17 @@ class Sessions:
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
+        finally:
+            await writer.close()
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+        """End the session's open turn as abandoned, as facts; needs no workspace, model or
+        tools. A new turn on the session starts fresh afterwards."""
+        check_session_id(session_id)
+        writer = await self.storage.log.open_writer(session_id)
+        try:
+            state = SessionState(session_id, writer.initial_events)
+            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         finally:
             await writer.close()
 

@@ -175,7 +175,7 @@ async def test_a_re_run_asks_permission_again(tmp_path: Path) -> None:
         await agent.resume("s1")
     await agent.close()
     assert effects == ["prod"]
-    assert [s.action for s in blocked.value.next_steps] == ["decide"]
+    assert [s.action for s in blocked.value.next_steps] == ["decide", "abandon"]
 
 
 async def test_a_second_turn_reads_only_the_new_events(tmp_path: Path) -> None:

@@ -136,7 +136,8 @@ async def test_never_retry_parks_and_operator_completes(tmp_path: Path) -> None:
         await agent.resume("s1")
     assert "call-0-1" in str(blocked.value)
     assert [(s.action, s.session_id, s.call_id) for s in blocked.value.next_steps] == [
-        ("decide", "s1", "call-0-1")
+        ("decide", "s1", "call-0-1"),
+        ("abandon", "s1", None),
     ]
     # asking again records nothing new: the block is already a fact
     before = len(await events_of(tmp_path))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,12 +14,16 @@ from hypothesis import strategies as st
 
 from lodger.agent import Agent
 from lodger.engine.state import SessionState
-from lodger.events import Event
+from lodger.errors import CommitFailedError
+from lodger.events import Event, RunStarted
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
 from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage.logstore import Record
+from lodger.testing import FaultyLogStore
 from lodger.tools import tool
+from lodger.tools.builtin import workspace_tools
 
 
 @tool(recovery="idempotent")
@@ -37,27 +45,53 @@ SCRIPT = [
     {"text": "done"},
     {"calls": [{"name": "lookup", "args": {"key": "b"}}]},
     {"text": "second turn done"},
+    {"calls": [{"name": "write_file", "args": {"path": "f.txt", "content": "x"}}]},
+    {"text": "third turn done"},
 ]
+WRITE = [t for t in workspace_tools() if t.name == "write_file"]
 
 
-def _log() -> list[Event]:
-    async def build() -> list[Event]:
-        agent = Agent(
-            model=ScriptedModel(SCRIPT),
-            tools=[lookup, extra],
-            log=EventLog(MemoryLogStore()),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=3),
-            ids=SequentialIds("x"),
-        )
-        await agent.run("first", session="s1")
-        await agent.run("second", session="s1")
-        return await agent.session("s1").events()
-
-    return asyncio.run(build())
+def _first_t2(records: Sequence[Record]) -> bool:
+    return any(b'"kind":"tool_responded"' in r.data for r in records)
 
 
-LOG = _log()
+def _log() -> tuple[list[Event], tuple[str, str]]:
+    """Two turns in one workspace, a third interrupted before its T2 and resumed in a
+    copy of the workspace (a relocation); returns the log and the two workspaces."""
+
+    async def build(root: Path) -> list[Event]:
+        store = MemoryLogStore()
+        clock, ids = ManualClock(tick_us=3), SequentialIds("x")
+
+        def agent(log_store: object, workspace: Path) -> Agent:
+            return Agent(
+                model=ScriptedModel(SCRIPT),
+                tools=[lookup, extra, *WRITE],
+                log=EventLog(log_store),  # type: ignore[arg-type]
+                artifacts=MemoryArtifactStore(),
+                workspace=workspace,
+                clock=clock,
+                ids=ids,
+            )
+
+        (root / "ws").mkdir()
+        first = agent(store, root / "ws")
+        await first.run("first", session="s1")
+        await first.run("second", session="s1")
+        crashing = agent(FaultyLogStore(store, fail_when=_first_t2), root / "ws")
+        with pytest.raises(CommitFailedError):
+            await crashing.run("third", session="s1")
+        shutil.copytree(root / "ws", root / "moved")
+        moved = agent(store, root / "moved")
+        await moved.resume("s1", relocate=True)
+        return await moved.session("s1").events()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp).resolve()
+        return asyncio.run(build(root)), (str(root / "ws"), str(root / "moved"))
+
+
+LOG, (WS, MOVED) = _log()
 
 
 @settings(max_examples=60, deadline=None)
@@ -81,13 +115,26 @@ def test_incremental_fold_equals_the_whole_fold(n: int, cuts: list[int]) -> None
 
 def test_the_fold_tracks_turns_steps_and_activations() -> None:
     state = SessionState("s1", LOG)
-    assert state.turns == 2 and state.open_turn is None
+    assert state.turns == 3 and state.open_turn is None
     assert state.last_turn_status == "completed"
-    assert state.used_tools() == ["extra", "lookup", "tool_search"]
+    assert state.used_tools() == ["extra", "lookup", "tool_search", "write_file"]
     first_turn = [e for e in LOG if e.turn_id == LOG[1].turn_id]
     mid = SessionState("s1", LOG[: first_turn[-1].offset])  # before the first turn ended
     assert mid.open_turn == LOG[1].turn_id
     assert mid.turn_activated == ["extra"] and mid.turn_steps == 4
+
+
+def test_the_fold_takes_the_workspace_from_the_latest_relocation() -> None:
+    relocated = next(
+        e for e in LOG if isinstance(e.body, RunStarted) and e.body.workspace is not None
+    )
+    assert isinstance(relocated.body, RunStarted)
+    assert relocated.body.resumed_from is not None and relocated.body.workspace == MOVED
+    before = SessionState("s1", LOG[: relocated.offset])
+    after = SessionState("s1", LOG[: relocated.offset + 1])
+    assert before.workspace == WS and after.workspace == MOVED
+    assert after.workspace_id == relocated.body.workspace_id != before.workspace_id
+    assert SessionState("s1", LOG).workspace == MOVED
 
 
 def test_a_gap_in_what_is_fed_is_refused() -> None:

@@ -25,7 +25,9 @@ def command_for(step: NextStep, state: str) -> str:
     if step.action == "approve":
         return "run again with --yes, or answer the approval prompt"
     if step.action == "abandon":
-        return f"lodger decide {session} {step.call_id or 'CALL_ID'}{flag} --abandon"
+        return f"lodger abandon {session}{flag} [--reason TEXT]"
+    if step.action == "relocate":
+        return f"lodger resume {session} --workspace DIR --relocate{flag}"
     if step.action == "fork":
         return f"lodger fork {session}{flag}"
     return f"lodger sessions{flag}"

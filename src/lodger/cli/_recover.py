@@ -1,4 +1,4 @@
-"""``lodger recover``, ``lodger decide`` and ``lodger resume``: after a crash."""
+"""``lodger recover``, ``decide``, ``resume`` and ``abandon``: after a crash."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.text import Text
 
 from lodger.agent import TurnResult
 from lodger.cli._common import (
+    DEFAULT_STATE,
     echo_json,
     json_option,
     make_console,
@@ -35,11 +36,11 @@ from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
-from lodger.sessions import Binding, Sessions
+from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
 
-__all__ = ["COMMANDS", "decide", "recover", "resume"]
+__all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 
 _ACTIONS = {
     "none": "nothing to do",
@@ -51,7 +52,7 @@ _ACTIONS = {
 }
 
 
-def _render_plan(plan: RecoveryPlan) -> None:
+def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
     console = make_console()
     console.soft_wrap = True
     if plan.turn_id is None:
@@ -79,8 +80,20 @@ def _render_plan(plan: RecoveryPlan) -> None:
         )
     parks = [c for c in plan.calls if c.action == "park"]
     decide = f"`lodger decide {plan.session_id} CALL_ID --completed | --not-applied | --abandon`"
+    if workspace.state in ("missing", "replaced"):
+        why = "does not exist" if workspace.state == "missing" else "is another directory now"
+        console.print(
+            Text(f"blocked: the session's workspace {workspace.path} {why}; ", style="red")
+            + Text(
+                f"`lodger resume {plan.session_id} --workspace DIR --relocate` checks a new "
+                f"directory against the log's hashes, or `lodger abandon {plan.session_id}` "
+                "ends the turn"
+            )
+        )
     if plan.blocked:
         console.print(Text(f"blocked: {len(plan.blocked)} call(s) wait for {decide}", style="red"))
+        abandon = f"`lodger abandon {plan.session_id} [--reason TEXT]`"
+        console.print(Text(f"or end the turn: {abandon}", style="dim"))
     elif parks:
         console.print(
             Text(
@@ -88,7 +101,7 @@ def _render_plan(plan: RecoveryPlan) -> None:
                 style="yellow",
             )
         )
-    else:
+    elif workspace.state not in ("missing", "replaced"):
         console.print(
             Text(f"ready: `lodger resume {plan.session_id}` continues the turn", style="green")
         )
@@ -101,7 +114,8 @@ def _render_plan(plan: RecoveryPlan) -> None:
 def recover(session_id: str, state: str, as_json: bool) -> None:
     """Show the recovery plan of a session: every call of its interrupted turn, its status
     (completed, not_dispatched, indeterminate, parked ...), a stable reason code, and what
-    `lodger resume` will do with it. Read-only.
+    `lodger resume` will do with it, and whether its workspace is still there. Read-only;
+    needs neither the workspace nor a model.
 
     \b
     Example:
@@ -109,15 +123,17 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
       lodger recover SESSION --json | jq '.calls[] | select(.action != "none")'
     """
 
-    async def work(log: EventLog) -> RecoveryPlan:
+    async def work(log: EventLog) -> tuple[RecoveryPlan, SessionWorkspace]:
         require_log(log, state, session_id)
-        return await Sessions(Storage(log=log, artifacts=MemoryArtifactStore())).plan(session_id)
+        sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
+        folded = await sessions.state(session_id)
+        return folded.plan(), await sessions.workspace(folded)
 
-    plan = run_with_log(state, work)
+    plan, workspace = run_with_log(state, work)
     if as_json:
-        echo_json(plan.to_dict())
+        echo_json({**plan.to_dict(), "workspace": workspace.to_dict()})
     else:
-        _render_plan(plan)
+        _render_plan(plan, workspace)
 
 
 @click.command()
@@ -187,6 +203,12 @@ def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | No
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="Default: the session's workspace.",
 )
+@click.option(
+    "--relocate",
+    is_flag=True,
+    help="Move the session to --workspace (its workspace was moved or recreated) once "
+    "every file the log's hashes cover matches there.",
+)
 @click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
 @mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
@@ -196,6 +218,7 @@ def resume(
     session_id: str,
     model_spec: str | None,
     workspace: Path | None,
+    relocate: bool,
     tools_files: tuple[str, ...],
     mcp_specs: tuple[str, ...],
     yes: bool,
@@ -206,12 +229,20 @@ def resume(
 
     Completed calls are replayed from the log, never re-run; indeterminate ones follow
     their tool's recovery policy. If anything is parked, resume stops and names it.
+    A session whose workspace was moved or recreated resumes only with --relocate, which
+    first checks every file the session wrote against the hashes in its log.
 
     \b
     Example:
       lodger recover SESSION && lodger resume SESSION
       lodger resume SESSION --model openai:gpt-4.1 --tools mytools.py
+      lodger resume SESSION --workspace ../moved-project --relocate
     """
+    if relocate and workspace is None:
+        raise ConfigError(
+            "--relocate needs the directory to move to",
+            hint="pass --workspace DIR: the directory that now holds the session's files",
+        )
     recorded_model, recorded_workspace = (
         (None, None)  # both given: no need to read (and verify) the log an extra time
         if model_spec and workspace
@@ -244,7 +275,7 @@ def resume(
     async def work() -> TurnResult:
         try:
             async with Sessions.local(state) as sessions:
-                return await sessions.resume(session_id, binding=binding)
+                return await sessions.resume(session_id, binding=binding, relocate=relocate)
         finally:
             await model.aclose()
 
@@ -263,4 +294,45 @@ def resume(
     sys.exit(exit_code_for(result))
 
 
-COMMANDS = (recover, decide, resume)
+@click.command()
+@click.argument("session_id", metavar="SESSION")
+@click.option("--reason", metavar="TEXT", help="Why, recorded with the fact.")
+@state_option
+@json_option
+def abandon(session_id: str, reason: str | None, state: str, as_json: bool) -> None:
+    """End the session's open turn as abandoned, as facts in its log.
+
+    For a turn no command can finish: its calls wait for decisions, its workspace is
+    gone, or it cannot resume for another reason. Calls whose outcome is unknown are
+    recorded as abandoned (nothing runs again), and the next `lodger run --session`
+    starts a fresh turn. Needs neither the workspace nor a model.
+
+    \b
+    Example:
+      lodger abandon SESSION --reason "workspace deleted"
+    """
+
+    async def work(log: EventLog) -> list[Event]:
+        require_log(log, state, session_id)
+        sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
+        return await sessions.abandon(session_id, reason=reason)
+
+    events = run_with_log(state, work)
+    if as_json:
+        echo_json(
+            {
+                "session_id": session_id,
+                "turn_id": events[-1].turn_id,
+                "offsets": [e.offset for e in events],
+                "reason": reason,
+            }
+        )
+        return
+    flag = "" if state == DEFAULT_STATE else f" --state {state}"
+    click.echo(
+        f"abandoned: turn {events[-1].turn_id} of {session_id} at offset {events[-1].offset}; "
+        f'a new turn: lodger run "TASK" --session {session_id}{flag}'
+    )
+
+
+COMMANDS = (recover, decide, resume, abandon)

@@ -146,9 +146,10 @@ class Engine:
         )
         return await self.drive(self.run_context(journal, turn_id=turn_id, run_id=run_id))
 
-    async def resume(self, journal: Journal) -> TurnResult:
-        """Continue the open turn as a new run (see ``lodger.engine.resume``)."""
-        ctx = await resume_run(self, journal)
+    async def resume(self, journal: Journal, *, relocate: bool = False) -> TurnResult:
+        """Continue the open turn as a new run (see ``lodger.engine.resume``); with
+        ``relocate``, in this engine's workspace once its files match the log."""
+        ctx = await resume_run(self, journal, relocate=relocate)
         return await self.drive(ctx)
 
     async def drive(self, ctx: RunContext) -> TurnResult:

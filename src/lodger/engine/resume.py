@@ -4,17 +4,28 @@ Resume is not retry. It verifies the prefix (opening the writer verifies every e
 checks the environment invariants, claims the prefix with a ``run_started`` fact at the
 prefix's high-water mark (only one append can ever land there), applies each call's
 recovery policy, and then either continues the turn as a new run that replays history
-or stops and says exactly what blocks it. Tools are never re-run to rebuild history.
+or stops and says exactly what blocks it and the ways out. Tools are never re-run to
+rebuild history.
+
+Every blocked state has an operator way out: a parked call is decided (``decide``); a
+moved or recreated workspace is relocated (a resume with ``relocate`` checks the files the
+log's hashes cover, see ``lodger.engine.relocation``); and any open turn can be ended as
+abandoned (``abandon``), which needs neither a parked call nor the workspace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.journal import Journal
 from lodger.engine.pipeline import CallPipeline
+from lodger.engine.relocation import Relocation, expected_files, find_mismatches
 from lodger.errors import (
     AppendConflictError,
     NextStep,
@@ -44,7 +55,7 @@ if TYPE_CHECKING:
     from lodger.engine.state import SessionState
     from lodger.storage import SessionWriter
 
-__all__ = ["Decision", "check_invariants", "decide", "resume_run"]
+__all__ = ["Decision", "Invariants", "abandon", "check_invariants", "decide", "resume_run"]
 
 Decision = Literal["completed", "not_applied", "abandon"]
 
@@ -54,30 +65,130 @@ NOT_DISPATCHED = (
 )
 
 
-def check_invariants(engine: Engine, state: SessionState) -> list[str]:
-    """Environment invariants a resume needs; one line per violation."""
-    problems: list[str] = []
-    if state.workspace_id is not None:
-        current = workspace_id(engine.workspace) if engine.workspace is not None else None
-        if current != state.workspace_id:
-            problems.append(
-                f"workspace: the session ran in {state.workspace!r} and this run has "
-                f"{str(engine.workspace) if engine.workspace else 'no workspace'!r} "
-                "(not the same directory)"
-            )
+@dataclass(frozen=True, kw_only=True)
+class Invariants:
+    """What the environment checks found: one line per violation, by topic, and the
+    relocation a resume records when it moves the session to another workspace."""
+
+    workspace: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    relocation: Relocation | None = None
+
+    @property
+    def problems(self) -> list[str]:
+        return [*self.workspace, *self.files, *self.tools]
+
+
+async def check_invariants(
+    engine: Engine, state: SessionState, *, relocate: bool = False
+) -> Invariants:
+    """Environment invariants a resume needs.
+
+    The workspace must be the one the session works in (the same directory identity).
+    With ``relocate``, another directory is accepted when every file the log's hashes
+    cover holds what the log says it holds now (``lodger.engine.relocation``).
+    """
+    workspace, files, relocation = await asyncio.to_thread(
+        _check_workspace,
+        state.workspace,
+        state.workspace_id,
+        engine.workspace,
+        expected_files(state.events) if relocate else None,
+    )
     missing = [name for name in state.used_tools() if name not in engine.registry]
-    if missing:
-        problems.append(
-            "tools: the history used tools that are not bound now: " + ", ".join(missing)
+    tools = (
+        ("tools: the history used tools that are not bound now: " + ", ".join(missing),)
+        if missing
+        else ()
+    )
+    return Invariants(workspace=workspace, files=files, tools=tools, relocation=relocation)
+
+
+def _check_workspace(
+    recorded: str | None,
+    recorded_id: str | None,
+    current: Path | None,
+    allowed: Mapping[str, frozenset[str | None]] | None,
+) -> tuple[tuple[str, ...], tuple[str, ...], Relocation | None]:
+    """Workspace lines, file lines and the relocation; ``allowed`` (the files the log's
+    hashes cover) is given only to relocate. Blocking (stats and hashes): in a thread."""
+    if recorded_id is None:
+        return (), (), None
+    if current is None:
+        return (f"workspace: the session works in {recorded!r} and this run has none",), (), None
+    here = str(current)
+    try:
+        current_id: str | None = workspace_id(current)
+    except OSError:  # gone (or unreadable): it cannot be the session's workspace
+        current_id = None
+    if current_id == recorded_id:
+        return (), (), None
+    if current_id is None:
+        if here == recorded:
+            line = f"workspace: the session's workspace {here!r} does not exist (moved or deleted)"
+        else:
+            line = f"workspace: {here!r} does not exist"
+        return (line,), (), None
+    if allowed is None:
+        if here == recorded:
+            line = (
+                f"workspace: {here!r} is not the directory the session worked in "
+                "(it was deleted and created again, or is another mount)"
+            )
+        else:
+            gone = recorded is not None and not os.path.isdir(recorded)
+            line = (
+                f"workspace: the session works in {recorded!r}"
+                + (", which does not exist any more," if gone else "")
+                + f" and this run has {here!r} (not the same directory)"
+            )
+        return (line,), (), None
+    mismatches = find_mismatches(current, allowed)
+    if mismatches:
+        return (), tuple(m.describe() for m in mismatches), None
+    return (), (), Relocation(workspace=here, workspace_id=current_id)
+
+
+def _refusal(session_id: str, found: Invariants, target: Path | None) -> ResumeBlockedError:
+    """The error for failed invariants, naming every way out there is."""
+    abandon = NextStep(action="abandon", session_id=session_id)
+    relocate = NextStep(action="relocate", session_id=session_id)
+    if found.files:
+        message = (
+            f"session {session_id!r} cannot move to {str(target)!r}: {len(found.files)} file(s) "
+            "differ from what its log recorded: " + "; ".join(found.files)
         )
-    return problems
+        hint = (
+            "restore those files (or relocate to a directory that holds them) and resume "
+            "again, or abandon the turn"
+        )
+    else:
+        message = f"session {session_id!r} cannot resume: " + "; ".join(found.problems)
+        hint = (
+            "resume in the workspace the session works in; if it moved, relocate the "
+            "session to the new directory (its files are checked against the log's hashes "
+            "first); or abandon the turn"
+            if found.workspace
+            else "bind the tools the session used, or abandon the turn"
+        )
+    steps = (relocate, abandon) if found.workspace or found.files else (abandon,)
+    return ResumeBlockedError(
+        message,
+        blockers=found.problems,
+        hint=hint,
+        session_id=session_id,
+        next_steps=steps,
+    )
 
 
-async def resume_run(engine: Engine, journal: Journal) -> RunContext:
+async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False) -> RunContext:
     """Claim the open turn's prefix for a new run and apply its recovery plan.
 
+    With ``relocate``, the run may move the session to ``engine.workspace`` when the files
+    the log's hashes cover match there; its claim records the new workspace.
     Returns the new run's context, ready to drive; raises ``ResumeBlockedError`` naming
-    every parked operation or failed invariant.
+    every parked operation or failed invariant and the ways out.
     """
     state = journal.state
     session_id = journal.session_id
@@ -96,26 +207,31 @@ async def resume_run(engine: Engine, journal: Journal) -> RunContext:
             session_id=session_id,
             next_steps=(NextStep(action="run", session_id=session_id),),
         )
-    problems = check_invariants(engine, state)
-    if problems:
-        raise ResumeBlockedError(
-            f"session {session_id!r} cannot resume: " + "; ".join(problems),
-            blockers=problems,
-            hint="resume with the same workspace and tools the session used, or fork it",
+    if relocate and engine.workspace is None:
+        raise UsageError(
+            f"session {session_id!r} cannot be relocated without a workspace to move to",
+            hint="name the directory that now holds the session's files",
+            code="no_workspace",
             session_id=session_id,
         )
+    found = await check_invariants(engine, state, relocate=relocate)
+    if found.problems:
+        raise _refusal(session_id, found, engine.workspace)
     actionable = [c for c in plan.calls if c.action not in ("none", "wait_operator")]
     if plan.blocked and not actionable:
         raise _blocked(session_id, plan.blocked)
 
     turn_id = plan.turn_id
     run_id = engine.ids.new_id()
+    moved = found.relocation
     claim = journal.draft(
         RunStarted(
             model=engine.model.spec,
             parent_run_id=plan.last_run_id,
             resumed_from=plan.prefix,
             tools=tuple(engine.registry.names()),
+            workspace=moved.workspace if moved else None,
+            workspace_id=moved.workspace_id if moved else None,
         ),
         Envelope(turn_id=turn_id, run_id=run_id),
     )
@@ -265,10 +381,56 @@ def _blocked(session_id: str, calls: Sequence[PlannedCall]) -> ResumeBlockedErro
         hint="decide each parked call: completed (with its result), not applied, or "
         "abandon the turn",
         session_id=session_id,
-        next_steps=tuple(
-            NextStep(action="decide", session_id=session_id, call_id=c.call_id) for c in calls
+        next_steps=(
+            *(NextStep(action="decide", session_id=session_id, call_id=c.call_id) for c in calls),
+            NextStep(action="abandon", session_id=session_id),
         ),
     )
+
+
+class _OperatorFacts:
+    """Drafts of the facts an operator's command appends, with injected ids and clock."""
+
+    def __init__(self, clock: Clock, ids: IdFactory) -> None:
+        self.clock, self.ids = clock, ids
+        self.drafts: list[EventDraft] = []
+
+    def add(self, body: OperatorDecision | RunEnded | TurnEnded, where: Envelope) -> None:
+        self.drafts.append(
+            EventDraft(
+                id=self.ids.new_id(),
+                ts=self.clock.now_us(),
+                body=body,
+                turn_id=where.turn_id,
+                run_id=where.run_id,
+                call_id=where.call_id,
+                parent_call_id=where.parent_call_id,
+                origin=where.origin,
+                visibility=where.visibility,
+            )
+        )
+
+    def decision(self, planned: PlannedCall, turn_id: str | None, body: OperatorDecision) -> None:
+        env = Envelope(
+            turn_id=turn_id,
+            call_id=planned.call_id,
+            parent_call_id=planned.parent_call_id,
+            origin="operator",
+            visibility="hidden" if planned.parent_call_id else "model",
+        )
+        self.add(body, env)
+
+    def end_turn(self, plan: RecoveryPlan, reason: str | None) -> None:
+        if plan.run_open:
+            error = "abandoned by the operator" + (f": {reason}" if reason else "")
+            self.add(
+                RunEnded(status="abandoned", error=error),
+                Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id),
+            )
+        self.add(
+            TurnEnded(status="abandoned", reason=reason),
+            Envelope(turn_id=plan.turn_id, origin="operator"),
+        )
 
 
 async def decide(
@@ -305,46 +467,62 @@ async def decide(
             session_id=session_id,
             call_id=call_id,
         )
-    env = Envelope(
-        turn_id=plan.turn_id,
-        call_id=call_id,
-        parent_call_id=planned.parent_call_id,
-        origin="operator",
-        visibility="hidden" if planned.parent_call_id else "model",
+    facts = _OperatorFacts(clock, ids)
+    facts.decision(
+        planned,
+        plan.turn_id,
+        OperatorDecision(
+            operation_id=planned.operation_id, decision=decision, result=result, by=by
+        ),
     )
-
-    def draft(body: OperatorDecision | RunEnded | TurnEnded, where: Envelope) -> EventDraft:
-        return EventDraft(
-            id=ids.new_id(),
-            ts=clock.now_us(),
-            body=body,
-            turn_id=where.turn_id,
-            run_id=where.run_id,
-            call_id=where.call_id,
-            parent_call_id=where.parent_call_id,
-            origin=where.origin,
-            visibility=where.visibility,
-        )
-
-    drafts = [
-        draft(
-            OperatorDecision(
-                operation_id=planned.operation_id, decision=decision, result=result, by=by
-            ),
-            env,
-        )
-    ]
     if decision == "abandon":
-        if plan.run_open:
-            drafts.append(
-                draft(
-                    RunEnded(status="abandoned", error="abandoned by the operator"),
-                    Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id),
-                )
-            )
-        drafts.append(
-            draft(TurnEnded(status="abandoned"), Envelope(turn_id=plan.turn_id, origin="operator"))
+        facts.end_turn(plan, None)
+    events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
+    state.feed(events)
+    return events
+
+
+async def abandon(
+    writer: SessionWriter,
+    state: SessionState,
+    *,
+    reason: str | None = None,
+    clock: Clock,
+    ids: IdFactory,
+    by: str = "operator",
+) -> list[Event]:
+    """End the session's open turn as abandoned by an operator, whatever blocks it.
+
+    Needs no parked call and no workspace: every call whose outcome is unknown gets an
+    ``abandon`` decision, an open run ends ``abandoned``, and ``turn_ended`` (origin
+    ``operator``) says the turn was abandoned and why. The session can then start a new
+    turn; nothing of the abandoned one is run again.
+    """
+    session_id = writer.session_id
+    if not state.events:
+        raise SessionNotFoundError(
+            f"no log for session {session_id!r}",
+            session_id=session_id,
+            next_steps=(NextStep(action="list_sessions"),),
         )
-    events = await writer.append(drafts, expected_offset=plan.prefix.high_water)
+    plan = state.plan()
+    if plan.turn_id is None:
+        raise UsageError(
+            f"session {session_id!r} has no open turn to abandon",
+            hint="its last turn has ended; start a new turn on the session instead",
+            code="nothing_to_abandon",
+            session_id=session_id,
+            next_steps=(NextStep(action="run", session_id=session_id),),
+        )
+    facts = _OperatorFacts(clock, ids)
+    for planned in plan.calls:
+        if planned.status in ("indeterminate", "parked") and planned.operation_id is not None:
+            facts.decision(
+                planned,
+                plan.turn_id,
+                OperatorDecision(operation_id=planned.operation_id, decision="abandon", by=by),
+            )
+    facts.end_turn(plan, reason)
+    events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
     state.feed(events)
     return events

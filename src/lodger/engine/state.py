@@ -40,6 +40,7 @@ class SessionState:
     def __init__(self, session_id: str, events: Iterable[Event] = ()) -> None:
         self.session_id = session_id
         self.events: list[Event] = []
+        #: where the session works: its first workspace, or the latest relocation's
         self.workspace: str | None = None
         self.workspace_id: str | None = None
         #: the open turn (None when the last turn ended) and where it started
@@ -94,6 +95,8 @@ class SessionState:
             elif isinstance(body, RunStarted):
                 self.last_run_id, self.run_open = e.run_id, True
                 self.last_model = body.model
+                if body.workspace_id is not None:  # a relocation: the session moved
+                    self.workspace, self.workspace_id = body.workspace, body.workspace_id
             elif isinstance(body, StepStarted):
                 if e.turn_id == self.open_turn:
                     self.turn_steps += 1

@@ -95,6 +95,7 @@ class Agent:
         authorities: Authorities | None = None,
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
+        states: dict[str, SessionState] | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -142,8 +143,10 @@ class Agent:
             executor=executor,
             default_timeout=default_timeout,
         )
-        # The verified fold of each session this agent has open, kept between turns.
-        self._states: dict[str, SessionState] = {}
+        # The verified fold of each session this agent has open, kept between turns
+        # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
+        self._owns_states = states is None
+        self._states: dict[str, SessionState] = {} if states is None else states
 
     @property
     def authorities(self) -> Authorities:
@@ -174,7 +177,8 @@ class Agent:
         await self.close()
 
     async def close(self) -> None:
-        self._states.clear()
+        if self._owns_states:
+            self._states.clear()
         if self._owns_storage:
             await self.storage.close()
 

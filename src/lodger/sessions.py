@@ -93,6 +93,9 @@ class Sessions:
         self.storage = storage
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
+        # Verified folds this service has read, handed to the agents it makes: a session
+        # read for its defaults is not read again to resume it (only its new tail is).
+        self._states: dict[str, SessionState] = {}
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
@@ -115,7 +118,9 @@ class Sessions:
     async def state(self, session_id: str) -> SessionState:
         """The session's verified fold (reads and verifies the log once)."""
         check_session_id(session_id)
-        return SessionState(session_id, await self.storage.log.read_all(session_id))
+        state = SessionState(session_id, await self.storage.log.read_all(session_id))
+        self._states[session_id] = state
+        return state
 
     async def plan(self, session_id: str) -> RecoveryPlan:
         return (await self.state(session_id)).plan()
@@ -188,4 +193,5 @@ class Sessions:
             on_text=binding.on_text,
             clock=self.clock,
             ids=self.ids,
+            states=self._states,
         )

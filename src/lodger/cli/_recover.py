@@ -182,19 +182,6 @@ def decide(
     )
 
 
-def _session_defaults(state: str, session_id: str) -> tuple[str | None, str | None]:
-    """The model spec of the session's last run and its workspace, from the log."""
-
-    async def work(log: EventLog) -> tuple[str | None, str | None]:
-        require_log(log, state, session_id)
-        found = await Sessions(Storage(log=log, artifacts=MemoryArtifactStore())).defaults(
-            session_id
-        )
-        return found.model, found.workspace
-
-    return run_with_log(state, work)
-
-
 @click.command()
 @click.argument("session_id", metavar="SESSION")
 @click.option("--model", "model_spec", metavar="SPEC", help="Default: the last run's model.")
@@ -243,41 +230,38 @@ def resume(
             "--relocate needs the directory to move to",
             hint="pass --workspace DIR: the directory that now holds the session's files",
         )
-    recorded_model, recorded_workspace = (
-        (None, None)  # both given: no need to read (and verify) the log an extra time
-        if model_spec and workspace
-        else _session_defaults(state, session_id)
-    )
-    spec = model_spec or recorded_model
-    if not spec:
-        raise ConfigError("no model to resume with", hint="pass --model SPEC")
-    model = make_model(spec)
-    root = workspace or (Path(recorded_workspace) if recorded_workspace else None)
-    tools = workspace_tools()
-    for path in tools_files:
-        tools.extend(load_tools_file(path))
-    # the same MCP servers the session used: lodger.toml in its workspace, then --mcp
-    mcp = mcp_servers_for(root or Path.cwd(), mcp_specs)
     console = live_console()
     view = LiveView(console)
 
-    binding = Binding(
-        model=model,
-        tools=tools,
-        mcp=mcp,
-        workspace=root,
-        permissions=PermissionPolicy(approve_all=yes),
-        max_steps=max_steps,
-        on_event=view.on_event,
-        on_text=view.on_text,
-    )
-
     async def work() -> TurnResult:
-        try:
-            async with Sessions.local(state) as sessions:
+        async with Sessions.local(state) as sessions:
+            # The log is read and verified once: the defaults' fold is what resume uses.
+            recorded = None if model_spec and workspace else await sessions.defaults(session_id)
+            spec = model_spec or (recorded.model if recorded else None)
+            if not spec:
+                raise ConfigError("no model to resume with", hint="pass --model SPEC")
+            model = make_model(spec)
+            try:
+                known = recorded.workspace if recorded else None
+                root = workspace or (Path(known) if known else None)
+                tools = workspace_tools()
+                for path in tools_files:
+                    tools.extend(load_tools_file(path))
+                # the same MCP servers the session used: lodger.toml in its workspace, then --mcp
+                mcp = mcp_servers_for(root or Path.cwd(), mcp_specs)
+                binding = Binding(
+                    model=model,
+                    tools=tools,
+                    mcp=mcp,
+                    workspace=root,
+                    permissions=PermissionPolicy(approve_all=yes),
+                    max_steps=max_steps,
+                    on_event=view.on_event,
+                    on_text=view.on_text,
+                )
                 return await sessions.resume(session_id, binding=binding, relocate=relocate)
-        finally:
-            await model.aclose()
+            finally:
+                await model.aclose()
 
     try:
         result = run_turn(work(), view, state)

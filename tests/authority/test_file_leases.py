@@ -201,6 +201,27 @@ async def test_a_grant_that_races_a_cancellation_is_given_back(root: Path) -> No
     assert files.statistics().holders == ()
 
 
+async def test_a_release_between_a_waiters_cancel_and_its_withdrawal_grants_the_next(
+    root: Path,
+) -> None:
+    """A waiter's future is cancelled at once, its withdrawal only when its task runs; a
+    release in between must not grant the cancelled future (InvalidStateError) and must
+    let the lease behind it in."""
+    files = FileLeaseAuthority()
+    holder = await files.acquire("h", [write(root / "a.txt")])
+    cancelled = files.request("c", [write(root / "a.txt")])
+    after = files.request("n", [write(root / "a.txt")])
+    c_task = asyncio.create_task(cancelled.acquire())
+    n_task = asyncio.create_task(after.acquire())
+    await settle()
+    c_task.cancel()  # cancels the awaited grant future now; c withdraws when it runs
+    holder.release(owner="h")  # before c's task has run
+    with pytest.raises(asyncio.CancelledError):
+        await c_task
+    await n_task
+    assert (cancelled.state, after.state) == ("withdrawn", "held")
+
+
 # ---------------------------------------------------------------- owners and misuse
 
 

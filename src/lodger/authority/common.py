@@ -333,6 +333,10 @@ class QueueAuthority(ABC):
         """Grant every waiting lease that fits and that no earlier queued lease blocks."""
         ahead: list[Lease] = []
         for lease in list(self._queue):
+            if lease._granted.cancelled():
+                # its owner was cancelled while waiting and is about to withdraw it: it
+                # can neither take a grant nor hold back the leases behind it
+                continue
             if (
                 lease.state == "waiting"
                 and not any(self._blocks(earlier, lease) for earlier in ahead)

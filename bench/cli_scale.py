@@ -12,11 +12,15 @@ and compares the median against baselines measured in the same run:
   its bytes, in this process (the least any verifying reader must do).
 
 Ratios are ``(command - startup) / raw``: how many times the floor the command's own work
-costs. The last line of output is one JSON object.
+costs. With ``--before-src DIR`` (the ``src`` of another checkout) every command also runs
+from there, interleaved, so a change is compared under the same load. The last line of
+output is one JSON object.
 
 Example:
     .venv/bin/python bench/cli_scale.py --quick
     .venv/bin/python bench/cli_scale.py --events 100000 --keep
+    git archive HEAD~3 src | tar -x -C /tmp/before
+    .venv/bin/python bench/cli_scale.py --before-src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -239,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=Path.cwd(), help="parent of the temp dir")
     parser.add_argument("--state", type=Path, help="reuse (or build once into) this state dir")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir afterwards")
+    parser.add_argument(
+        "--before-src", type=Path, help="also run every command with this src on PYTHONPATH"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.events, args.repeat = 10_000, 1
@@ -262,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if not args.skip_all:
             commands["show_all"] = ["log", "show", SESSION, "--state", str(state), "--all"]
-        runs: dict[str, list[float]] = {name: [] for name in commands}
+        envs = {"": env}
+        if args.before_src is not None:
+            envs["before_"] = {**env, "PYTHONPATH": str(args.before_src.resolve())}
+        runs: dict[str, list[float]] = {p + name: [] for p in envs for name in commands}
         output: dict[str, int] = {}
         raw_read: list[float] = []
         raw_chain: list[float] = []
@@ -272,12 +282,15 @@ def main(argv: list[str] | None = None) -> int:
             raw_read.append(read_s)
             raw_chain.append(chain_s)
             for name, cli_args in commands.items():
-                elapsed, code, out = run_cli(cli_args, env)
-                if code != 0:
-                    print(f"error: `lodger {' '.join(cli_args)}` exited {code}", file=sys.stderr)
-                    return 1
-                runs[name].append(elapsed)
-                output[name] = out
+                for prefix, run_env in envs.items():
+                    elapsed, code, out = run_cli(cli_args, run_env)
+                    if code != 0:
+                        print(
+                            f"error: `lodger {' '.join(cli_args)}` exited {code}", file=sys.stderr
+                        )
+                        return 1
+                    runs[prefix + name].append(elapsed)
+                    output[prefix + name] = out
     finally:
         if not args.keep and args.state is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -298,16 +311,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'  raw SQLite read of every record':<34}{statistics.median(raw_read):>9.3f}")
     print(f"{'  sha256 chain over their bytes':<34}{statistics.median(raw_chain):>9.3f}")
     print()
-    header = f"{'command':<34}{'s':>9}{'(s - startup) / raw':>22}{'stdout KB':>12}"
+    header = f"{'command':<44}{'s':>9}{'(s - startup) / raw':>22}{'stdout KB':>12}"
     print(header)
     print("-" * len(header))
     ratios: dict[str, float] = {}
-    for name, cli_args in commands.items():
-        if name == "startup":
-            continue
-        ratios[name] = (med[name] - startup) / raw
-        label = "lodger " + " ".join(a for a in cli_args if a not in (str(state), "--state"))
-        print(f"{label[:33]:<34}{med[name]:>9.3f}{ratios[name]:>22.1f}{output[name] / 1024:>12.0f}")
+    for prefix in envs:
+        for name, cli_args in commands.items():
+            key = prefix + name
+            if name == "startup" and not prefix:
+                continue
+            ratios[key] = (med[key] - startup) / raw
+            label = "lodger " + " ".join(a for a in cli_args if a not in (str(state), "--state"))
+            label = f"{label} (before)" if prefix else label
+            print(
+                f"{label[:43]:<44}{med[key]:>9.3f}{ratios[key]:>22.1f}{output[key] / 1024:>12.0f}"
+            )
     print()
     meets = med["show"] < SHOW_TARGET_S
     print(
@@ -327,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         result[f"{name}_s"] = round(med[name], 4)
         result[f"{name}_over_raw"] = round(ratios[name], 2)
         result[f"{name}_stdout_bytes"] = output[name]
+    for name in commands:
+        if f"before_{name}" in med and name != "startup":
+            result[f"{name}_speedup_over_before"] = round(med[f"before_{name}"] / med[name], 2)
     result["show_target_s"] = SHOW_TARGET_S
     result["show_meets_target"] = meets
     print(json.dumps(result))

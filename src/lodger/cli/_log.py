@@ -1,19 +1,32 @@
 """Commands that read the event log: ``lodger sessions``, ``lodger log show|verify``.
 
-They only read. Every read verifies the digest chain from offset 0, so a timeline is never
-printed from a log that fails to verify: a corrupt log ends the command with one error
-line naming the session and the offset (DESIGN L3).
+They only read. Every command verifies the whole log first: order, the digest chain over
+every stored byte from offset 0 and the stored head (DESIGN L3, L8), so a timeline is never
+printed from a log whose bytes fail to verify: a corrupt log ends the command with one
+error line naming the session and the offset.
+
+Decoding is what costs on a long log (about 10 us an event against 1 us for its digest),
+so each command decodes what it uses: ``log show`` the page of turns it prints,
+``sessions`` the last turn, and ``log verify`` every event, keeping none. An event that
+the chain covers but this version cannot decode (an unknown kind or field: written by a
+newer lodger, or rewritten under a plain chain) fails ``log verify`` and any page that
+shows it; a page of other turns still prints, since nothing it prints depends on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import traceback
+from collections.abc import Sequence
 
 import click
+from rich.console import Console
 from rich.text import Text
 
+from lodger._bulk import cycle_collector_paused
 from lodger.cli._common import (
+    DEFAULT_STATE,
     echo_json,
     format_ts,
     json_option,
@@ -23,12 +36,22 @@ from lodger.cli._common import (
     run_with_log,
     state_option,
 )
-from lodger.cli._render import render_sessions, render_timeline
-from lodger.cli._timeline import SessionSummary, build_timeline, summarize
+from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._timeline import (
+    Page,
+    SessionSummary,
+    build_timeline,
+    index_turns,
+    page_events,
+    select_page,
+    summarize,
+    summarize_verified,
+)
 from lodger.cli._timing import render_timings, step_timings
-from lodger.errors import CorruptLogError, LogKeyError
+from lodger.errors import CorruptLogError, LogKeyError, UsageError
 from lodger.events import Event, Prefix
 from lodger.storage import EventLog, SessionChain
+from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
@@ -52,9 +75,14 @@ class _Row:
         return out
 
 
+def _summary(verified: VerifiedRecords) -> SessionSummary:
+    return summarize_verified(verified, index_turns(verified))
+
+
 async def _summarize_session(log: EventLog, session_id: str) -> _Row:
     try:
-        return _Row(summarize(session_id, await log.read(session_id)))
+        verified = await log.read_verified(session_id)
+        return _Row(await asyncio.to_thread(_summary, verified))
     except CorruptLogError as exc:
         # Summarize the prefix that still verifies; the head comes from storage unverified.
         valid = await log.read(session_id, end=exc.offset) if exc.offset else []
@@ -118,13 +146,64 @@ def log_group() -> None:
     """
 
 
+# No generated repr: on Python 3.11, asyncio.run's exit formats its main task's result
+# (restoring the SIGINT handler builds a message with the task's repr), which for a whole
+# log's events took seconds.
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class _Shown:
+    """A page of a verified log: its events and the log's first and last events."""
+
+    page: Page
+    events: list[Event]
+    first: Event
+    last: Event
+
+
+def _read_page(
+    verified: VerifiedRecords, turns: tuple[int, ...], last: int | None, every: bool
+) -> _Shown:
+    page = select_page(index_turns(verified), turns=turns, last=last, every=every)
+    with cycle_collector_paused(len(verified)):
+        events = page_events(verified, page)
+    first = events[0] if events and events[0].offset == 0 else verified.decode(0, 1)[0]
+    end = len(verified)
+    final = events[-1] if events and events[-1].offset == end - 1 else verified.decode(end - 1)[0]
+    return _Shown(page, events, first, final)
+
+
+def _show_command(session_id: str, state: str) -> str:
+    flag = "" if state == DEFAULT_STATE else f" --state {state}"
+    return f"lodger log show {session_id}{flag}"
+
+
 @log_group.command("show")
 @click.argument("session_id", metavar="SESSION")
 @state_option
 @json_option
 @click.option(
+    "--turn",
+    "turns",
+    type=int,
+    multiple=True,
+    metavar="N",
+    help="Show turn N (numbered from 1, as printed); repeat for more turns.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Show the last N turns.",
+)
+@click.option(
     "--all",
     "show_all",
+    is_flag=True,
+    default=False,
+    help="Show every turn, with text, reasoning, arguments and results in full.",
+)
+@click.option(
+    "--full",
     is_flag=True,
     default=False,
     help="Show text, reasoning, arguments and results in full instead of clipped.",
@@ -135,29 +214,68 @@ def log_group() -> None:
     default=False,
     help="Show each batch's calls with their wait and run times and a time bar instead.",
 )
-def show(session_id: str, state: str, as_json: bool, show_all: bool, timing: bool) -> None:
-    """Show a session's timeline of turns, runs, steps and calls.
+def show(
+    session_id: str,
+    state: str,
+    as_json: bool,
+    turns: tuple[int, ...],
+    last: int | None,
+    show_all: bool,
+    full: bool,
+    timing: bool,
+) -> None:
+    """Show a session's timeline of turns, runs, steps and calls, a page of turns at a time.
 
-    Each line starts with the event's offset and local time. Every call is followed by
-    its facts (rejection, permission, T1 dispatch, T2 response, recovery) and by the
-    code-mode calls it made, indented; the call line shows T1 -> T2 times so overlapping
-    calls stand out. The whole log is verified before anything is printed.
+    By default the last turn is shown; --turn N, --last N and --all pick others, and a
+    line under the header names the turns left out. Each line starts with the event's
+    offset and local time. Every call is followed by its facts (rejection, permission, T1
+    dispatch, T2 response, recovery) and by the code-mode calls it made, indented; the
+    call line shows T1 -> T2 times so overlapping calls stand out.
+
+    The digest chain of the whole log (every stored byte, up to the stored head) is
+    verified before anything is printed, whatever the page; the events shown are decoded
+    in full. `lodger log verify` also decodes every event of the log.
 
     \b
     Example:
       lodger log show 0193a6c2-7f1e-7c3a-9d2b-5e8f1a2b3c4d
+      lodger log show SESSION --last 3
+      lodger log show SESSION --turn 1 --turn 2 --full
       lodger log show SESSION --all | less -R
       lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
     """
+    if show_all and (turns or last is not None):
+        raise UsageError(
+            "--all shows every turn; it does not combine with --turn or --last",
+            hint="pick turns with --turn N or --last N, or drop them to see every turn",
+            code="usage",
+        )
+    if turns and last is not None:
+        raise UsageError(
+            "--turn and --last both pick turns; use one of them",
+            hint="--turn N shows turn N (repeat it for more), --last N the last N turns",
+            code="usage",
+        )
 
-    async def work(log: EventLog) -> list[Event]:
+    async def work(log: EventLog) -> _Shown:
         require_log(log, state, session_id)
-        return await log.read_all(session_id)
+        verified = await log.read_verified(session_id)
+        return await asyncio.to_thread(_read_page, verified, turns, last, show_all)
 
-    events = run_with_log(state, work)
+    shown = run_with_log(state, work)
+    command = _show_command(session_id, state)
+    note = hidden_note(shown.page, command)
+    if (as_json or timing) and note is not None:  # stdout stays as it was: JSON or timings
+        click.echo(f"note: {note}", err=True)
+    # a tree, lines and JSON of a whole long log: hundreds of thousands of acyclic objects
+    with cycle_collector_paused(len(shown.events)):
+        _print_page(shown, as_json=as_json, timing=timing, full=full or show_all, command=command)
+
+
+def _print_page(shown: _Shown, *, as_json: bool, timing: bool, full: bool, command: str) -> None:
     if timing:
-        steps = step_timings(events)
+        steps = step_timings(shown.events)
         if as_json:
             echo_json([step.to_json() for step in steps])
             return
@@ -166,10 +284,36 @@ def show(session_id: str, state: str, as_json: bool, show_all: bool, timing: boo
             timing_console.print(line, soft_wrap=True)
         return
     if as_json:
-        echo_json([event.model_dump(mode="json") for event in events])
+        echo_json([event.model_dump(mode="json") for event in shown.events])
         return
-    console = make_console()
-    for line in render_timeline(build_timeline(events), full=show_all):
+    lines = render_timeline(
+        build_timeline(shown.events),
+        full=full,
+        page=shown.page,
+        first=shown.first,
+        last=shown.last,
+        command=command,
+    )
+    print_lines(make_console(), lines)
+
+
+def _expanded(line: Text, tab_size: int = 8) -> str:
+    plain = line.plain
+    if "\t" not in plain:
+        return plain
+    copy = line.copy()
+    copy.expand_tabs(tab_size)  # as rich prints it
+    return copy.plain
+
+
+def print_lines(console: Console, lines: Sequence[Text]) -> None:
+    """Print whole lines, never wrapped. Without colors (piped, or a dumb terminal) rich
+    would only strip the styles again, at about 40 us a line: write the plain text."""
+    if console.color_system is None:
+        console.file.write("".join(f"{_expanded(line, console.tab_size)}\n" for line in lines))
+        console.file.flush()
+        return
+    for line in lines:
         console.print(line, soft_wrap=True)
 
 
@@ -223,11 +367,12 @@ def verify(session_id: str, state: str, as_json: bool, require_key: bool) -> Non
     async def work(log: EventLog) -> tuple[Prefix, SessionChain, str | None] | CorruptLogError:
         require_log(log, state, session_id)
         try:
-            prefix = await log.verify(session_id)
-            chain = await log.chain(session_id)
+            verified = await log.read_verified(session_id, decode_all=True)
         except CorruptLogError as exc:
             return exc
-        return prefix, chain, log.key.key_id if log.key else None
+        last = verified.records[-1]
+        prefix = Prefix(high_water=last.offset + 1, digest=last.digest)
+        return prefix, verified.chain, log.key.key_id if log.key else None
 
     outcome = run_with_log(state, work, require_key=require_key)
     if isinstance(outcome, CorruptLogError):

@@ -15,7 +15,15 @@ from rich.table import Table
 from rich.text import Text
 
 from lodger.cli._common import format_ts
-from lodger.cli._timeline import CallNode, Item, SessionSummary, Span, Timeline
+from lodger.cli._timeline import (
+    CallNode,
+    Item,
+    Page,
+    SessionSummary,
+    Span,
+    Timeline,
+    number_runs,
+)
 from lodger.events import (
     ArtifactStored,
     CallRejected,
@@ -40,7 +48,7 @@ from lodger.events import (
     WorkspaceSnapshot,
 )
 
-__all__ = ["render_sessions", "render_timeline", "summarize_arguments"]
+__all__ = ["hidden_note", "render_sessions", "render_timeline", "summarize_arguments"]
 
 Part = str | tuple[str, str]
 
@@ -111,12 +119,21 @@ def _quoted(text: str, limit: int | None) -> str:
 
 
 class _TimelineView:
-    def __init__(self, timeline: Timeline, *, full: bool) -> None:
+    def __init__(
+        self, timeline: Timeline, *, full: bool, page: Page | None, last: Event | None
+    ) -> None:
         self.timeline = timeline
         self.full = full
-        last = timeline.events[-1].offset if timeline.events else 0
-        self.offset_width = max(len(str(last)), 2)
+        self.page = page
+        last_offset = last.offset if last is not None else 0
+        self.offset_width = max(len(str(last_offset)), 2)
         self.lines: list[Text] = []
+        self.turn_numbers = {span.event.offset: n for n, span in enumerate(timeline.turns, 1)}
+
+    def turn_number(self, event: Event) -> int | None:
+        if self.page is not None:
+            return self.page.index.number_at(event.offset)
+        return self.turn_numbers.get(event.offset)
 
     def limit(self, default: int) -> int | None:
         return None if self.full else default
@@ -194,8 +211,10 @@ class _TimelineView:
                 parts.append(f"  fork of {parent.session_id} at offset {parent.high_water}")
             return parts
         if isinstance(body, TurnStarted):
+            number = self.turn_number(event)
             return [
                 ("turn ", "bold magenta"),
+                (f"#{number} " if number is not None else "", "bold magenta"),
                 (event.turn_id or "?", "magenta"),
                 "  input ",
                 _quoted(body.input, self.limit(_TEXT)),
@@ -327,20 +346,58 @@ class _TimelineView:
         return [event.kind]  # pragma: no cover - every kind is handled above
 
 
-def render_timeline(timeline: Timeline, *, full: bool = False) -> list[Text]:
-    """The timeline as lines of rich text; ``full`` turns off clipping of text and results."""
-    view = _TimelineView(timeline, full=full)
+def _numbers(runs: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def hidden_note(page: Page, command: str) -> str | None:
+    """One line naming the turns a page leaves out and how to see them, or None.
+
+    ``command`` is the ``lodger log show`` command line of the session, options excluded.
+    """
+    hidden = page.hidden()
+    if not hidden:
+        return None
+    plural = "s" if len(page.shown) > 1 else ""
+    hidden_plural = "s" if sum(b - a + 1 for a, b in hidden) > 1 else ""
+    return (
+        f"showing turn{plural} {_numbers(number_runs(page.shown))} of {page.index.count}; "
+        f"turn{hidden_plural} {_numbers(hidden)} hidden: `{command} --turn N` shows turn N, "
+        "`--last N` the last N turns, `--all` everything"
+    )
+
+
+def render_timeline(
+    timeline: Timeline,
+    *,
+    full: bool = False,
+    page: Page | None = None,
+    first: Event | None = None,
+    last: Event | None = None,
+    command: str = "lodger log show SESSION",
+) -> list[Text]:
+    """The timeline as lines of rich text; ``full`` turns off clipping of text and results.
+
+    For a ``page`` of a longer log, ``first`` and ``last`` are the log's first and last
+    events (for the header), turns are numbered as in the whole log, and a line after the
+    header names the hidden turns and how to show them with ``command``.
+    """
     events = timeline.events
-    if events:
-        head = events[-1]
+    first = first or (events[0] if events else None)
+    last = last or (events[-1] if events else None)
+    view = _TimelineView(timeline, full=full, page=page, last=last)
+    if first is not None and last is not None:
         view.lines.append(
             Text.assemble(
                 ("session ", "bold"),
                 (timeline.session_id, "bold cyan"),
-                f"  {len(events)} events, head digest {head.digest[:16]}",
-                (f"  {format_ts(events[0].ts)} -> {format_ts(head.ts)}", "dim"),
+                f"  {last.offset + 1} events, head digest {last.digest[:16]}",
+                (f"  {format_ts(first.ts)} -> {format_ts(last.ts)}", "dim"),
             )
         )
+    note = hidden_note(page, command) if page is not None else None
+    if note is not None:
+        view.lines.append(Text(note, "yellow"))
     view.items(timeline.items, 0)
     return view.lines
 

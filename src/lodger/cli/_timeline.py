@@ -10,15 +10,22 @@ by other views (a web UI, ``lodger watch``).
 
 Inside a node, children keep log order; only grouping moves a fact away from its offset.
 The tree never invents facts: a call without T2 stays without a response.
+
+A long session is shown a page at a time: :func:`index_turns` finds where each turn starts
+without decoding the whole log, and :func:`select_page` picks turns by number. A turn's
+page is its offsets, from its ``turn_started`` up to the next one: a fact appended later
+about an earlier turn's call shows on the page where it was appended.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from lodger.errors import UsageError
 from lodger.events import (
     CallRejected,
     Event,
@@ -37,15 +44,23 @@ from lodger.events import (
     TurnEnded,
     TurnStarted,
 )
+from lodger.storage.eventlog import VerifiedRecords
 
 __all__ = [
     "CallNode",
     "Item",
+    "Page",
     "SessionSummary",
     "Span",
     "Timeline",
+    "TurnIndex",
     "build_timeline",
+    "index_turns",
+    "number_runs",
+    "page_events",
+    "select_page",
     "summarize",
+    "summarize_verified",
 ]
 
 _UNKNOWN_TOOL = "?"
@@ -284,5 +299,147 @@ def summarize(session_id: str, events: Sequence[Event]) -> SessionSummary:
         turns=len(timeline.turns),
         last_status=timeline.turns[-1].status() if timeline.turns else None,
         last_ts=events[-1].ts if events else None,
+        workspace=workspace,
+    )
+
+
+# ---------------------------------------------------------------- pages of turns
+
+
+@dataclass(frozen=True, slots=True)
+class TurnIndex:
+    """Where the turns of a log of ``high_water`` events start, in offset order.
+
+    Turn ``n`` (numbered from 1) covers offsets ``[starts[n-1], starts[n])``, the last one
+    up to ``high_water``; offsets before the first turn (``session_started``) are the
+    preamble."""
+
+    high_water: int
+    starts: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+    def span(self, number: int) -> tuple[int, int]:
+        """Offsets ``[start, end)`` of turn ``number``."""
+        end = self.starts[number] if number < len(self.starts) else self.high_water
+        return self.starts[number - 1], end
+
+    def preamble(self) -> tuple[int, int]:
+        return 0, self.starts[0] if self.starts else self.high_water
+
+    def number_at(self, offset: int) -> int | None:
+        """The number of the turn that starts at ``offset``, if one does."""
+        i = bisect.bisect_left(self.starts, offset)
+        return i + 1 if i < len(self.starts) and self.starts[i] == offset else None
+
+
+_TURN_STARTED = b"turn_started"
+
+
+def index_turns(verified: VerifiedRecords) -> TurnIndex:
+    """Find every ``turn_started`` of a verified log, decoding only the candidates.
+
+    Stored events are canonical JSON, which names the kind as written: only records whose
+    bytes contain ``turn_started`` can be one, and those are decoded to make sure (text
+    that merely mentions the word is decoded and dropped).
+    """
+    starts: list[int] = []
+    for record in verified.records:
+        if _TURN_STARTED in record.data:
+            (event,) = verified.decode(record.offset, record.offset + 1)
+            if isinstance(event.body, TurnStarted):
+                starts.append(record.offset)
+    return TurnIndex(high_water=len(verified), starts=tuple(starts))
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The turns shown (numbers, ascending) out of ``index``; the preamble always shows."""
+
+    index: TurnIndex
+    shown: tuple[int, ...]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.shown) == self.index.count
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The offset ranges to decode, in order, adjacent ones merged."""
+        spans = [self.index.preamble(), *(self.index.span(n) for n in self.shown)]
+        merged: list[tuple[int, int]] = []
+        for start, end in spans:
+            if start == end:
+                continue
+            if merged and merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], end)
+            else:
+                merged.append((start, end))
+        return merged
+
+    def hidden(self) -> list[tuple[int, int]]:
+        """Runs of hidden turn numbers as inclusive ``(first, last)`` pairs."""
+        shown = set(self.shown)
+        return number_runs([n for n in range(1, self.index.count + 1) if n not in shown])
+
+
+def number_runs(numbers: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending numbers as runs of consecutive ones: ``[1, 2, 3, 7]`` -> ``[(1, 3), (7, 7)]``."""
+    runs: list[tuple[int, int]] = []
+    for n in numbers:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    return runs
+
+
+def select_page(
+    index: TurnIndex, *, turns: Sequence[int] = (), last: int | None = None, every: bool = False
+) -> Page:
+    """The page to show: ``every`` turn, the given ``turns``, the ``last`` N, or by default
+    the last turn. A turn number outside the log is a usage error."""
+    count = index.count
+    if every:
+        return Page(index, tuple(range(1, count + 1)))
+    if turns:
+        outside = sorted(n for n in set(turns) if not 1 <= n <= count)
+        if outside:
+            has = f"turns 1 to {count}" if count else "no turns"
+            raise UsageError(
+                f"the session has {has}; turn {outside[0]} is not one of them",
+                hint="number turns from 1, as `lodger log show` prints them",
+                code="invalid_range",
+            )
+        return Page(index, tuple(sorted(set(turns))))
+    keep = 1 if last is None else last
+    if keep < 1:
+        raise UsageError(f"--last takes 1 or more turns, not {keep}", code="invalid_range")
+    return Page(index, tuple(range(max(count - keep, 0) + 1, count + 1)))
+
+
+def page_events(verified: VerifiedRecords, page: Page) -> list[Event]:
+    """The page's events, fully decoded, in offset order."""
+    events: list[Event] = []
+    for start, end in page.ranges():
+        events += verified.decode(start, end)
+    return events
+
+
+def summarize_verified(verified: VerifiedRecords, index: TurnIndex) -> SessionSummary:
+    """:func:`summarize` of a whole log, decoding only its preamble, last turn and last
+    event: the same row at a fraction of the cost on a long session."""
+    page = select_page(index)
+    events = page_events(verified, page)
+    timeline = build_timeline(events)
+    last = verified.decode(len(verified) - 1)[0] if verified.records else None
+    workspace = next((e.body.workspace for e in events if isinstance(e.body, SessionStarted)), None)
+    return SessionSummary(
+        session_id=verified.session_id,
+        events=len(verified),
+        turns=index.count,
+        last_status=timeline.turns[-1].status() if timeline.turns else None,
+        last_ts=last.ts if last is not None else None,
         workspace=workspace,
     )

@@ -49,6 +49,7 @@ _ACTIONS = {
     "probe": "probe the world (queryable)",
     "park": "park for an operator decision",
     "wait_operator": "waits for: lodger decide",
+    "report": "never re-run: settle as interrupted, tell the model what its nested calls did",
 }
 
 

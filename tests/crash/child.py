@@ -43,8 +43,8 @@ SCRIPT: list[dict[str, Any]] = [
     {"text": "All done: charged 5 and 7, receipt written."},
 ]
 
-# Code mode (LODGER_CRASH_CELLS=1; failpoints named cell_*): one cell looks the price up, then charges 5 and 7
-# in flight together under Promise.all; every kill lands inside that cell.
+# Code mode (LODGER_CRASH_CELLS=1; failpoints named cell_*): one cell looks the price up,
+# then charges 5 and 7 in flight together under Promise.all; every kill lands inside it.
 CELL = """
 const price = await tools.lookup({key: 'price'});
 const [a, b] = await Promise.all([tools.charge({amount: 5}), tools.charge({amount: 7})]);

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
+from lodger.codemode import CellLimits, Language, exec_tool
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, TurnResult, TurnStatus
@@ -96,6 +97,8 @@ class Agent:
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
         states: dict[str, SessionState] | None = None,
+        code_mode: Language | None = None,
+        cell_limits: CellLimits | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -117,6 +120,9 @@ class Agent:
         self.registry = ToolRegistry(tools)
         # Deferred tools are found through tool_search and listed in the system prompt.
         self.tool_search = attach_tool_search(self.registry)
+        # Code mode: an ``exec`` tool whose cells call the nestable tools (lodger.codemode).
+        if code_mode is not None:
+            self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
         authorities = authorities or Authorities()

@@ -314,6 +314,7 @@ ErrorCode = Literal[
     "no_workspace",
     "duplicate_tool",
     "tool_declaration",
+    "codemode_unavailable",
     "claim",
     "script",
     "script_exhausted",

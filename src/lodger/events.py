@@ -164,7 +164,9 @@ class FileExpectation(_Value):
 
 
 ResultStatus = Literal["ok", "error", "denied", "cancelled", "interrupted", "timed_out"]
-RecoveryPolicy = Literal["idempotent", "queryable", "never_retry"]
+# ``report``: never run again; recovery settles it as interrupted and tells the model
+# (code cells: their nested calls are the durable record of what they did)
+RecoveryPolicy = Literal["idempotent", "queryable", "never_retry", "report"]
 RejectionReason = Literal[
     "unbound",
     "invisible",

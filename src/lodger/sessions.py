@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from lodger.agent import Agent
+from lodger.codemode import Language
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
@@ -49,6 +50,8 @@ class Binding:
     max_steps: int = 50
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
+    #: bind the ``exec`` tool: cells in this language call the nestable tools
+    code_mode: Language | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +194,7 @@ class Sessions:
             max_steps=binding.max_steps,
             on_event=binding.on_event,
             on_text=binding.on_text,
+            code_mode=binding.code_mode,
             clock=self.clock,
             ids=self.ids,
             states=self._states,

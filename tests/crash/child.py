@@ -43,6 +43,18 @@ SCRIPT: list[dict[str, Any]] = [
     {"text": "All done: charged 5 and 7, receipt written."},
 ]
 
+# Code mode (LODGER_CRASH_CELLS=1; failpoints named cell_*): one cell looks the price up,
+# then charges 5 and 7 in flight together under Promise.all; every kill lands inside it.
+CELL = """
+const price = await tools.lookup({key: 'price'});
+const [a, b] = await Promise.all([tools.charge({amount: 5}), tools.charge({amount: 7})]);
+return {price, a, b};
+"""
+CELL_SCRIPT: list[dict[str, Any]] = [
+    {"text": "One cell for all of it.", "calls": [{"name": "exec", "args": {"code": CELL}}]},
+    {"text": "All done: charged 5 and 7, receipt written."},
+]
+
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
@@ -57,7 +69,7 @@ def effect(line: str) -> None:
         os.close(fd)
 
 
-@tool
+@tool(nestable=True)
 async def charge(amount: int) -> str:
     """Charge a card (never retried)."""
     if FAILPOINT == "during_effect":
@@ -70,7 +82,7 @@ async def charge(amount: int) -> str:
     return f"charged {amount}"
 
 
-@tool(recovery="idempotent")
+@tool(recovery="idempotent", nestable=True)
 async def lookup(key: str) -> str:
     """Look a value up (safe to repeat)."""
     await asyncio.sleep(0.002)
@@ -92,6 +104,15 @@ class KillingStore(FaultyLogStore):
             return self.seen[marker]
         return 0
 
+    def _nested(self, records: Sequence[Record], kind: bytes) -> int:
+        """The count of nested (code_mode) facts of ``kind`` once this append holds one."""
+        key = b"nested " + kind
+        here = sum(1 for r in records if b'"origin":"code_mode"' in r.data and kind in r.data)
+        if not here:
+            return 0
+        self.seen[key] = self.seen.get(key, 0) + here
+        return self.seen[key]
+
     async def append_records(
         self, *, session_id: str, records: Sequence[Record], expected_offset: int
     ) -> None:
@@ -100,7 +121,13 @@ class KillingStore(FaultyLogStore):
         t2 = self._count(records, b'"kind":"tool_responded"')
         claim = self._count(records, b'"resumed_from":{')
         ended = self._count(records, b'"kind":"run_ended"')
-        if (fp == "before_t1" and t1 == 2) or (fp == "resume_before_claim" and claim == 1):
+        n_t1 = self._nested(records, b'"kind":"tool_dispatched"')
+        n_t2 = self._nested(records, b'"kind":"tool_responded"')
+        if (
+            (fp == "before_t1" and t1 == 2)
+            or (fp == "resume_before_claim" and claim == 1)
+            or (fp == "cell_before_nested_t1" and n_t1 == 1)
+        ):
             die()
         await self.inner.append_records(
             session_id=session_id, records=records, expected_offset=expected_offset
@@ -111,6 +138,12 @@ class KillingStore(FaultyLogStore):
             or (fp == "mid_batch" and t2 == 2)
             or (fp == "after_run_end" and ended == 1)
             or (fp == "resume_after_claim" and claim == 1)
+            # lookup's T1 is committed, its T2 is not
+            or (fp == "cell_between_nested_t1_and_t2" and n_t1 == 1)
+            # both charges dispatched under Promise.all, neither answered
+            or (fp == "cell_nested_in_flight" and n_t1 == 3)
+            # every nested T2 is committed, the cell's own T2 is not
+            or (fp == "cell_after_last_nested_t2" and n_t2 == 3)
         ):
             die()
 
@@ -131,8 +164,11 @@ class StreamKillingModel(ScriptedModel):
 
 async def main() -> int:
     store = KillingStore(SqliteLogStore(STATE), FAILPOINT)
+    # the parent sets LODGER_CRASH_CELLS for every child of a cell session (resumes too)
+    cells = os.environ.get("LODGER_CRASH_CELLS") == "1"
     agent = Agent(
-        model=StreamKillingModel(SCRIPT, name="crash"),
+        model=StreamKillingModel(CELL_SCRIPT if cells else SCRIPT, name="crash"),
+        code_mode="javascript" if cells else None,
         tools=[charge, lookup, *[t for t in workspace_tools() if t.name == "write_file"]],
         log=EventLog(store),  # type: ignore[arg-type]
         workspace=WORKSPACE,

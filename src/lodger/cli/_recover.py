@@ -23,6 +23,7 @@ from lodger.cli._common import (
 from lodger.cli._next import command_for
 from lodger.cli._run import (
     LiveView,
+    code_mode_option,
     exit_code_for,
     finish_turn,
     live_console,
@@ -30,6 +31,7 @@ from lodger.cli._run import (
     run_turn,
 )
 from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.codemode import Language
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
 from lodger.errors import ConfigError, ResumeBlockedError
@@ -49,6 +51,7 @@ _ACTIONS = {
     "probe": "probe the world (queryable)",
     "park": "park for an operator decision",
     "wait_operator": "waits for: lodger decide",
+    "report": "never re-run: settle as interrupted, tell the model what its nested calls did",
 }
 
 
@@ -200,6 +203,7 @@ def decide(
 @mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True)
+@code_mode_option
 @state_option
 def resume(
     session_id: str,
@@ -210,6 +214,7 @@ def resume(
     mcp_specs: tuple[str, ...],
     yes: bool,
     max_steps: int,
+    code_mode: Language | None,
     state: str,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
@@ -258,6 +263,7 @@ def resume(
                     max_steps=max_steps,
                     on_event=view.on_event,
                     on_text=view.on_text,
+                    code_mode=code_mode,
                 )
                 return await sessions.resume(session_id, binding=binding, relocate=relocate)
             finally:

@@ -19,6 +19,7 @@ from lodger.agent import TurnResult
 from lodger.cli._common import make_console, state_option
 from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.codemode import Language
 from lodger.engine.permissions import PermissionPolicy
 from lodger.errors import ConfigError
 from lodger.events import (
@@ -149,6 +150,18 @@ def live_console() -> Console:
     return console
 
 
+code_mode_option = click.option(
+    "--code-mode",
+    type=click.Choice(["javascript", "python"]),
+    is_flag=False,
+    flag_value="javascript",
+    default=None,
+    help="Bind the exec tool: the model writes cells (JavaScript, or Python in Monty) that "
+    "call the nestable tools; every nested call is durable and hidden. Resume a session "
+    "that used it with the same flag.",
+)
+
+
 def _interactive_approver(console: Console) -> Any:
     async def approve(t: Tool, arguments: dict[str, Any]) -> bool:
         summary = json.dumps(arguments, ensure_ascii=False)
@@ -184,8 +197,10 @@ async def _run_turn(
     max_steps: int,
     view: LiveView,
     mcp: Sequence[McpServerConfig] = (),
+    code_mode: Language | None = None,
 ) -> TurnResult:
     binding = Binding(
+        code_mode=code_mode,
         model=model,
         tools=tools,
         mcp=mcp,
@@ -252,6 +267,7 @@ def exit_code_for(result: TurnResult) -> int:
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
+@code_mode_option
 @mcp_option
 @state_option
 def run(
@@ -262,6 +278,7 @@ def run(
     tools_files: tuple[str, ...],
     yes: bool,
     max_steps: int,
+    code_mode: Language | None,
     mcp_specs: tuple[str, ...],
     state: str,
 ) -> None:
@@ -277,6 +294,7 @@ def run(
       lodger run "summarize README.md" --model openai-compatible:http://localhost:11434/v1#qwen3
       lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
       lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
+      lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
     """
     if not model_spec:
         raise ConfigError(
@@ -303,6 +321,7 @@ def run(
             max_steps=max_steps,
             view=view,
             mcp=mcp,
+            code_mode=code_mode,
         ),
         view,
         state,

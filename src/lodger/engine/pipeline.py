@@ -17,6 +17,7 @@ committed, so conflicting calls run in emission order and independent ones never
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from lodger.events import (
 )
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import Tool, ToolContext
+from lodger.tools.spec import NestedResult, Tool, ToolContext
 
 __all__ = ["CallOutcome", "CallPipeline", "StepScope"]
 
@@ -81,6 +82,62 @@ class _CallStep:
             ToolsActivated(query=query, names=tuple(names)), self.journal_env
         )
         self.scope.activated_here.update(names)
+
+
+@dataclass
+class _CellCalls:
+    """How a code cell's nested calls reach the pipeline (``ToolContext.nested``).
+
+    Each nested call runs the whole path of a top-level call (``CallPipeline.run_call``)
+    with a fresh session-unique call id, linked to the cell. After a failed commit no
+    further nested call starts (``halt``); the caller lets running ones settle.
+    """
+
+    scope: StepScope
+    cell_call_id: str
+    pipeline: CallPipeline
+    halt: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def callable_tools(self) -> list[Tool]:
+        shown = self.scope.visible
+        return [t for t in self.pipeline.registry if t.nestable and t.name in shown]
+
+    def tool(self, name: str) -> Tool | None:
+        return self.pipeline.registry.get(name)
+
+    def bound_names(self) -> list[str]:
+        return self.pipeline.registry.names()
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> NestedResult:
+        ctx = self.pipeline.ctx
+        if ctx.journal.failure is not None or self.halt.is_set():
+            self.halt.set()
+            raise CommitFailedError(
+                "the cell stopped after a failed commit; this nested call was not started",
+                session_id=ctx.session_id,
+                call_id=self.cell_call_id,
+            )
+        call_id = f"call-{ctx.ids.new_id()}"
+        nestable = frozenset(t.name for t in self.callable_tools())
+        nested_scope = StepScope(
+            step_id=self.scope.step_id,
+            visible=nestable,
+            activated_here=self.scope.activated_here,
+        )
+        call = ProposedCall(call_id=call_id, name=name, arguments=json.dumps(arguments))
+        try:
+            outcome = await self.pipeline.run_call(
+                call,
+                scope=nested_scope,
+                halt=self.halt,
+                parent_call_id=self.cell_call_id,
+                origin="code_mode",
+                visibility="hidden",
+            )
+        except CommitFailedError:
+            self.halt.set()
+            raise
+        return NestedResult(call_id=call_id, status=outcome.status, content=outcome.content)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +261,7 @@ class CallPipeline:
             hidden=ctx.hidden,
             parent_call_id=parent_call_id,
             step=step,
+            nested=None if step is None else _CellCalls(step.scope, call_id, self),
         )
 
     def _prepare(self, call: ProposedCall, scope: StepScope, env: Envelope) -> _Ready | _Rejected:

@@ -16,6 +16,7 @@ abandoned (``abandon``), which needs neither a parked call nor the workspace.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from lodger.events import (
     RecoveryObserved,
     RunEnded,
     RunStarted,
+    ToolResponded,
     TurnEnded,
 )
 from lodger.ids import Clock, IdFactory
@@ -55,7 +57,15 @@ if TYPE_CHECKING:
     from lodger.engine.state import SessionState
     from lodger.storage import SessionWriter
 
-__all__ = ["Decision", "Invariants", "abandon", "check_invariants", "decide", "resume_run"]
+__all__ = [
+    "Decision",
+    "Invariants",
+    "abandon",
+    "cell_interrupted_report",
+    "check_invariants",
+    "decide",
+    "resume_run",
+]
 
 Decision = Literal["completed", "not_applied", "abandon"]
 
@@ -251,7 +261,9 @@ async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False
     ctx = engine.run_context(journal, turn_id=turn_id, run_id=run_id)
     pipeline = engine.pipeline(ctx)
     parked: list[PlannedCall] = []
-    for planned in plan.calls:
+    # Code cells last: their nested calls follow their own policies first, so the fact
+    # that settles a cell lists what each nested call finally did.
+    for planned in sorted(plan.calls, key=lambda c: c.action == "report"):
         call_state = state.calls[planned.call_id]
         if not await _apply(engine, ctx, pipeline, planned, call_state):
             parked.append(planned)
@@ -301,6 +313,8 @@ async def _apply(
     # The policy is the bound tool's, never the one the log records (DESIGN L10).
     policy = bound.recovery if bound is not None else "never_retry"
     why = f"{policy}: the outcome cannot be proven from here"
+    if policy == "report":  # a code cell: never run again, whatever it did
+        return await _settle_cell(ctx, state, env)
     if policy == "idempotent":
         try:
             await pipeline.redispatch(
@@ -345,6 +359,79 @@ async def _apply(
         RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
     )
     return False
+
+
+async def _settle_cell(ctx: RunContext, cell: CallState, env: Envelope) -> bool:
+    """Settle an interrupted code cell without running it again: one ``recovery_observed``
+    fact (status ``interrupted``, reason ``cell_interrupted``) that lists each nested
+    call's outcome, which the model sees as the cell's result. A cell whose nested calls
+    still wait for an operator stays open until they are decided."""
+    journal = ctx.journal
+    record = cell.latest
+    assert record is not None
+    state = journal.state
+    children = [c for c in state.calls.values() if c.parent_call_id == cell.call_id]
+    if any(c.status()[0] in ("indeterminate", "parked") for c in children):
+        return True  # the parked nested call blocks the resume; the cell waits for it
+    observation = cell_interrupted_report(state.events, cell.call_id, children)
+    await journal.fact(
+        RecoveryObserved(
+            operation_id=record.operation_id,
+            status="interrupted",
+            reason="cell_interrupted",
+            observation=observation,
+        ),
+        env,
+    )
+    return True
+
+
+_RESULT_PREVIEW = 2000
+
+
+def cell_interrupted_report(
+    events: Sequence[Event], cell_call_id: str, children: Sequence[CallState]
+) -> str:
+    """What the model is told about an interrupted cell, as JSON text: each nested call
+    in start order with its tool, arguments, outcome and (bounded) result."""
+    nested: list[dict[str, object]] = []
+    known = {c.call_id for c in children}
+    for child in sorted(children, key=lambda c: c.offset):
+        status, _ = child.status()
+        entry: dict[str, object] = {"call_id": child.call_id, "tool": child.tool}
+        op = child.latest
+        if op is not None:
+            entry["arguments"] = op.dispatched.arguments
+            if op.decision is not None and op.decision.result is not None:
+                entry["result"] = op.decision.result[:_RESULT_PREVIEW]
+            elif op.responded_at is not None:
+                body = events[op.responded_at].body
+                if isinstance(body, ToolResponded):
+                    entry["status"] = body.status
+                    entry["result"] = body.content[:_RESULT_PREVIEW]
+            elif op.observed is not None:
+                entry["result"] = op.observed.observation[:_RESULT_PREVIEW]
+            if op.dispatched.attempt > 1:
+                entry["attempts"] = op.dispatched.attempt
+        entry["outcome"] = status
+        nested.append(entry)
+    # Calls the cell asked for that never reached a T1 or a rejection (a permission was
+    # still pending, say): they never ran.
+    for e in events:
+        if e.parent_call_id == cell_call_id and e.call_id and e.call_id not in known:
+            known.add(e.call_id)
+            tool = getattr(e.body, "tool", "")
+            nested.append({"call_id": e.call_id, "tool": tool, "outcome": "not_dispatched"})
+    return json.dumps(
+        {
+            "cell": "interrupted",
+            "message": "this code cell was interrupted and is never run again; its nested "
+            "tool calls are listed with what each one did. Decide what to do next: run "
+            "a new cell for what is still missing, or answer.",
+            "nested": nested,
+        },
+        ensure_ascii=False,
+    )
 
 
 async def _probe(engine: Engine, ctx: RunContext, state: CallState) -> ProbeResult:

@@ -10,6 +10,8 @@ or by the operator. From that each call gets one status and a stable reason code
     not_applied      recovery or the operator proved the effect did not happen
     indeterminate    T1 without T2 and nothing decided yet: the recovery policy applies
     parked           indeterminate and waiting for an operator decision
+    interrupted      a code cell recovery settled as interrupted (never re-run; the model
+                     was told what its nested calls did)
     abandoned        the operator abandoned the turn
 
 Inconsistent ids or order (a response without a dispatch, a second response, a dispatch
@@ -55,6 +57,7 @@ CallStatus = Literal[
     "indeterminate",
     "parked",
     "abandoned",
+    "interrupted",
 ]
 
 
@@ -112,6 +115,8 @@ class CallState:
             return "completed", op.observed.reason
         if op.observed is not None and op.observed.status == "not_applied":
             return "not_applied", op.observed.reason
+        if op.observed is not None and op.observed.status == "interrupted":
+            return "interrupted", op.observed.reason
         if op.parked:
             return "parked", f"parked_{op.dispatched.recovery}"
         return "indeterminate", "t1_without_t2"

@@ -9,6 +9,9 @@ prefix it gives the same plan. Actions per call of the open turn:
     probe           queryable and indeterminate: observe the world, record what was seen
     park            never_retry and indeterminate: wait for an operator decision
     wait_operator   parked earlier: resume is blocked until an operator decides
+    report          a code cell (policy ``report``) that was interrupted: never re-run;
+                    once its nested calls are settled, record what they did and tell
+                    the model (``cell_interrupted``)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ __all__ = [
     "plan_recovery",
 ]
 
-Action = Literal["none", "tell_model", "redispatch", "probe", "park", "wait_operator"]
+Action = Literal["none", "tell_model", "redispatch", "probe", "park", "wait_operator", "report"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,8 @@ def _action(state: CallState, status: CallStatus) -> Action:
             return "redispatch"
         if policy == "queryable":
             return "probe"
+        if policy == "report":
+            return "report"
         return "park"
     if status == "parked":
         return "wait_operator"

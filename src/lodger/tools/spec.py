@@ -33,6 +33,8 @@ from lodger.events import FileExpectation, RecoveryPolicy, ToolDispatched, canon
 from lodger.providers.base import ToolSchema
 
 __all__ = [
+    "NestedCaller",
+    "NestedResult",
     "ProbeResult",
     "RecoveryPolicy",
     "StepHandle",
@@ -59,6 +61,38 @@ class StepHandle(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NestedResult:
+    """How a nested call of a code cell ended: ``status`` None means it was rejected
+    before dispatch (unknown, invisible, invalid arguments, denied)."""
+
+    call_id: str
+    status: str | None
+    content: str
+
+
+class NestedCaller(Protocol):
+    """What a code cell (the ``exec`` tool) calls tools through: each call takes the
+    whole path of a top-level call with its own call id, ``parent_call_id`` = the cell's
+    call, ``origin=code_mode`` and ``visibility=hidden``."""
+
+    def callable_tools(self) -> list[Tool]:
+        """The nestable tools a cell may call now (direct or activated in an earlier step)."""
+        ...
+
+    def tool(self, name: str) -> Tool | None:
+        """The bound tool of that name, nestable or not."""
+        ...
+
+    def bound_names(self) -> list[str]:
+        """Every tool name bound in the run."""
+        ...
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> NestedResult:
+        """Run one nested call to its T2 (or rejection); raises ``CommitFailedError``."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolContext:
     """Where and as what a call runs. Handlers that declare a ``ToolContext`` parameter get it."""
 
@@ -73,6 +107,8 @@ class ToolContext:
     hidden: tuple[Path, ...] = ()
     #: the model step that proposed the call (None for recovery re-runs and probes)
     step: StepHandle | None = None
+    #: how a code cell calls tools (set by the pipeline for calls of a model step)
+    nested: NestedCaller | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def require_workspace(self) -> Path:

@@ -121,6 +121,17 @@ class _ObjectLease:
             del _WRITERS[self._key]
 
 
+def _fenced(session_id: str, offset: int) -> WriterFencedError:
+    return WriterFencedError(
+        f"writer of session {session_id!r} was fenced at offset {offset}: another writer "
+        "committed that offset first",
+        hint="this writer's view of the log is stale and nothing of this append was "
+        "written; reopen the session to continue from the other writer's events",
+        session_id=session_id,
+        offset=offset,
+    )
+
+
 def _storage_error(action: str, key: str, exc: BaseException) -> StorageError:
     # obstore's messages can quote request URLs, never credentials; keep the first line
     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -299,6 +310,8 @@ class ObjectLogStore:
         if self._tails.get(session_id) != expected_offset:
             last = await self.last_record(session_id=session_id)
             high_water = last.offset + 1 if last else 0
+            if high_water > expected_offset:
+                raise _fenced(session_id, expected_offset)
             if high_water != expected_offset:
                 raise AppendConflictError(
                     f"append to session {session_id!r} expected offset {expected_offset} "
@@ -321,14 +334,7 @@ class ObjectLogStore:
             ) from exc
         if not created:
             self._tails.pop(session_id, None)
-            raise WriterFencedError(
-                f"writer of session {session_id!r} was fenced at offset {expected_offset}: "
-                "another writer committed that offset first",
-                hint="this writer's view of the log is stale; nothing of this append was "
-                "written; reopen the session to continue from the other writer's events",
-                session_id=session_id,
-                offset=expected_offset,
-            )
+            raise _fenced(session_id, expected_offset)
         high_water = records[-1].offset + 1
         self._tails[session_id] = high_water
         try:

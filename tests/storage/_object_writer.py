@@ -49,8 +49,8 @@ async def race_rounds(url: str, session: str, name: str, rounds: int, barrier: A
                 await writer.append([make_draft(name, n)], expected_offset=at)
                 outcomes.append(f"won {at}")
             except WriterFencedError as exc:
-                assert exc.offset == at and "fenced" in str(exc)
-                outcomes.append(f"fenced {at}")
+                # the loser names the offset it lost and says it was fenced
+                outcomes.append(f"fenced {exc.offset}" if "fenced" in str(exc) else repr(exc))
             finally:
                 await writer.close()
     finally:

@@ -264,3 +264,29 @@ async def test_replaced_segment_fails_closed_with_its_offset(url: str) -> None:
         await log.verify(SID)
     assert (info.value.session_id, info.value.offset, info.value.code) == (SID, 2, "gap")
     await log.close()
+
+
+async def test_a_worker_with_a_cache_fetches_only_the_new_tail(url: str, tmp_path: Path) -> None:
+    where = open_object_store(url)
+    writer_store = ObjectLogStore(where.store, identity=where.identity + "#w")
+    log = EventLog(writer_store)
+    await _seed(log, 40, batch=4)
+    await writer_store.compact(SID)
+    worker = ObjectLogStore(where.store, identity=where.identity + "#r", cache_dir=tmp_path / "c")
+    reader = EventLog(worker)
+    assert (await reader.verify(SID)).high_water == 40
+    cold = worker.stats.gets
+    assert cold == 2  # the manifest and the one sealed segment
+    async with await log.open_writer(SID) as writer:
+        await writer.append([make_draft("w", 40), make_draft("w", 41)], expected_offset=40)
+        await writer.append([make_draft("w", 42)], expected_offset=42)
+    assert (await reader.verify(SID)).high_water == 43
+    assert worker.stats.gets - cold == 2  # exactly the two new segments
+    # the cached bytes are still checked: a damaged cached segment fails closed
+    cached = next((tmp_path / "c").rglob("00000000000000000040"))
+    cached.write_bytes(cached.read_bytes().replace(b"w says 40", b"w says 99"))
+    with pytest.raises(CorruptLogError) as info:
+        await reader.verify(SID)
+    assert (info.value.offset, info.value.code) == (40, "digest_mismatch")
+    await log.close()
+    await reader.close()

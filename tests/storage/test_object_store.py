@@ -14,7 +14,7 @@ from pathlib import Path
 import obstore
 import pytest
 
-from lodger.errors import CorruptLogError, WriterFencedError
+from lodger.errors import CorruptLogError, SessionLockedError, WriterFencedError
 from lodger.storage import EventLog
 from lodger.storage._segments import seg_key
 from lodger.storage.objectstore import ObjectLogStore, open_object_store
@@ -290,3 +290,15 @@ async def test_a_worker_with_a_cache_fetches_only_the_new_tail(url: str, tmp_pat
     assert (info.value.offset, info.value.code) == (40, "digest_mismatch")
     await log.close()
     await reader.close()
+
+
+async def test_closing_one_handle_keeps_another_handles_writer(tmp_path: Path) -> None:
+    where = open_object_store(f"file://{tmp_path / 'o'}")
+    holder = EventLog(ObjectLogStore(where.store, identity=where.identity))
+    other = EventLog(ObjectLogStore(where.store, identity=where.identity))
+    writer = await holder.open_writer(SID)
+    await other.close()
+    with pytest.raises(SessionLockedError):
+        await EventLog(ObjectLogStore(where.store, identity=where.identity)).open_writer(SID)
+    await writer.close()
+    await holder.close()

@@ -167,6 +167,7 @@ class ObjectLogStore:
         self.stats = ObjectStats()
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self._tails: dict[str, int] = {}  # high-water after this store's own last append
+        self._leases: list[_ObjectLease] = []
         self.fail_put: Callable[[str], bool] | None = None  # fault injection for tests
 
     # ---------------------------------------------------------------- raw objects
@@ -392,11 +393,15 @@ class ObjectLogStore:
         _LEASES[0] += 1
         _WRITERS[key] = _LEASES[0]
         self._tails.pop(session_id, None)  # a new writer re-checks the stored head
-        return _ObjectLease(key, _LEASES[0])
+        lease = _ObjectLease(key, _LEASES[0])
+        self._leases.append(lease)
+        return lease
 
     async def close(self) -> None:
-        for key in [k for k in _WRITERS if k[0] == self.identity]:
-            del _WRITERS[key]
+        # only this handle's leases: another handle on the same storage keeps its own
+        for lease in self._leases:
+            await lease.release()
+        self._leases.clear()
 
     # ---------------------------------------------------------------- manifests
 

@@ -15,6 +15,7 @@
     │   └── RateLimitedError         the provider asked us to slow down
     ├── StorageError                 the world failed (disk, network, another writer)
     │   ├── AppendConflictError      the expected offset was not the log's high-water mark
+    │   │   └── WriterFencedError    another writer committed the offset first (object store)
     │   ├── SessionLockedError       another writer holds the session
     │   ├── StorageFullError         no space left where the state lives
     │   └── CommitFailedError        a durable append did not complete; nothing may run after it
@@ -57,6 +58,7 @@ __all__ = [
     "StorageFullError",
     "ToolCallError",
     "UsageError",
+    "WriterFencedError",
 ]
 
 
@@ -185,6 +187,13 @@ class StorageError(LodgerError):
 
 class AppendConflictError(StorageError):
     code = "append_conflict"
+
+
+class WriterFencedError(AppendConflictError):
+    """A create-only put found the offset taken: another writer committed it first, so
+    this writer's view is stale and nothing of its append was written."""
+
+    code = "writer_fenced"
 
 
 class SessionLockedError(StorageError):
@@ -377,6 +386,10 @@ ErrorCode = Literal[
     "storage_lock",
     "log_file_gone",
     "append_conflict",
+    "writer_fenced",
+    "object_store",
+    "invalid_store_url",
+    "fork_beyond_head",
     "session_locked",
     "commit_failed",
     # corruption

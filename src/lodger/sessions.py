@@ -30,6 +30,7 @@ from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
+from lodger.storage.forks import Fork, fork_session
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -102,7 +103,8 @@ class Sessions:
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
-        return cls(Storage.local(state_dir))
+        """Sessions in ``state_dir``, or in the object store ``$LODGER_STORE`` names."""
+        return cls(Storage.open(state_dir))
 
     async def close(self) -> None:
         await self.storage.close()
@@ -182,6 +184,18 @@ class Sessions:
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         finally:
             await writer.close()
+
+    async def fork(self, parent: str, *, at: int | None = None, session: str | None = None) -> Fork:
+        """Start a new session (``session``, or a fresh id) from the parent's verified
+        prefix ``[0, at)``; nothing is copied. See :mod:`lodger.storage.forks`."""
+        return await fork_session(
+            self.storage.log,
+            parent,
+            fork_id=session or self.ids.new_id(),
+            at=at,
+            clock=self.clock,
+            ids=self.ids,
+        )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
         return Agent(

@@ -22,7 +22,7 @@ from typing import Any
 
 from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
 from lodger.providers.base import ModelRequest, ModelResponse, TextSink
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
@@ -163,7 +163,9 @@ class StreamKillingModel(ScriptedModel):
 
 
 async def main() -> int:
-    store = KillingStore(SqliteLogStore(STATE), FAILPOINT)
+    # STATE is a state directory, or an object-store URL (the harness on the object log)
+    inner = Storage.from_url(STATE).log.store if "://" in STATE else SqliteLogStore(STATE)
+    store = KillingStore(inner, FAILPOINT)  # type: ignore[arg-type]
     # the parent sets LODGER_CRASH_CELLS for every child of a cell session (resumes too)
     cells = os.environ.get("LODGER_CRASH_CELLS") == "1"
     agent = Agent(
@@ -172,7 +174,7 @@ async def main() -> int:
         tools=[charge, lookup, *[t for t in workspace_tools() if t.name == "write_file"]],
         log=EventLog(store),  # type: ignore[arg-type]
         workspace=WORKSPACE,
-        state_dir=STATE,
+        state_dir=STATE.removeprefix("file://") if "://" in STATE else STATE,
     )
     print("ready", flush=True)  # the parent's random kill clock starts here
     try:

@@ -29,7 +29,7 @@ from lodger.events import Event, ToolDispatched, ToolResponded, TurnEnded
 from lodger.ids import SystemClock
 from lodger.recovery import plan_recovery
 from lodger.sessions import Sessions
-from lodger.storage import EventLog, SqliteLogStore, Storage
+from lodger.storage import Storage
 
 CHILD = Path(__file__).with_name("child.py")
 FINAL_ANSWER = "All done: charged 5 and 7, receipt written."
@@ -40,6 +40,11 @@ class World:
     root: Path
     committed: list[tuple[int, str]] = field(default_factory=list)  # (offset, digest)
     kills: int = 0
+    #: an object-store URL to run on instead of the SQLite state directory
+    store: str | None = None
+
+    def storage(self) -> Storage:
+        return Storage.from_url(self.store) if self.store else Storage.local(self.state)
 
     @property
     def state(self) -> Path:
@@ -57,7 +62,7 @@ class World:
         args = [
             sys.executable,
             str(CHILD),
-            str(self.state),
+            self.store or str(self.state),
             str(self.workspace),
             str(self.effects),
             mode,
@@ -86,7 +91,7 @@ class World:
 
 def read_log(world: World) -> list[Event]:
     async def work() -> list[Event]:
-        log = EventLog(SqliteLogStore(world.state))
+        log = world.storage().log
         try:
             if "s1" not in await log.list_sessions():
                 return []
@@ -126,7 +131,7 @@ def operator_decides(world: World, events: list[Event]) -> None:
 
 
 async def _decide(world: World, call_id: str, decision: str, result: str) -> None:
-    async with Sessions(Storage.local(world.state)) as sessions:
+    async with Sessions(world.storage()) as sessions:
         await sessions.decide(
             "s1",
             call_id,
@@ -217,6 +222,21 @@ def test_sigkill_at_a_named_failpoint(
     events = drive_to_the_end(world, resume_failpoints)
     check_final(world, events)
     assert world.kills == 1 + len(resume_failpoints)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("failpoint", "resume_failpoints"), NAMED)
+def test_sigkill_at_a_named_failpoint_on_the_object_store(
+    tmp_path: Path, failpoint: str, resume_failpoints: list[str]
+) -> None:
+    world = make_world(tmp_path)
+    world.store = f"file://{tmp_path / 'objects'}"
+    code = world.child("run", failpoint)
+    assert code == -signal.SIGKILL, f"failpoint {failpoint} was never reached"
+    events = drive_to_the_end(world, resume_failpoints)
+    check_final(world, events)
+    assert world.kills == 1 + len(resume_failpoints)
+    assert not world.state.exists()  # everything went to the object store
 
 
 def test_uninterrupted_run_is_the_reference(tmp_path: Path) -> None:

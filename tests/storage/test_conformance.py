@@ -7,20 +7,33 @@ from pathlib import Path
 
 import pytest
 
+from lodger.storage.objectstore import open_object_store
 from lodger.testing.log_conformance import (
     LogBackend,
     LogConformance,
     MemoryBackend,
+    ObjectStoreBackend,
     SqliteBackend,
     TamperConformance,
 )
 
+from ._s3server import S3Server
 
-@pytest.fixture(params=["memory", "sqlite"])
+
+@pytest.fixture(params=["memory", "sqlite", "objects-file", "objects-s3"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LogBackend]:
-    chosen: LogBackend = (
-        MemoryBackend() if request.param == "memory" else SqliteBackend(tmp_path / "state")
-    )
+    chosen: LogBackend
+    if request.param == "memory":
+        chosen = MemoryBackend()
+    elif request.param == "sqlite":
+        chosen = SqliteBackend(tmp_path / "state")
+    elif request.param == "objects-file":
+        url = f"file://{tmp_path / 'objects'}"
+        chosen = ObjectStoreBackend(lambda: open_object_store(url).store)
+    else:
+        server: S3Server = request.getfixturevalue("s3")
+        url = server.url()
+        chosen = ObjectStoreBackend(lambda: open_object_store(url).store)
     yield chosen
     await chosen.aclose()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from lodger.cli import _log, _recover, _run, _tools
+from lodger.cli import _fork, _log, _recover, _run, _tools
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError, UsageError
 
@@ -27,7 +27,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-_COMMAND_MODULES = (_log, _run, _recover, _tools)
+_COMMAND_MODULES = (_log, _run, _recover, _tools, _fork)
 
 
 def _one_line(text: str) -> str:

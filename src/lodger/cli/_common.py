@@ -26,7 +26,8 @@ import click
 from rich.console import Console
 
 from lodger.errors import SessionNotFoundError
-from lodger.storage import EventLog, SqliteLogStore, check_session_id, open_log
+from lodger.storage import EventLog, SqliteLogStore, Storage, check_session_id, open_log
+from lodger.storage._storage import STORE_ENVVAR
 
 __all__ = [
     "DEFAULT_STATE",
@@ -39,6 +40,7 @@ __all__ = [
     "require_log",
     "run_with_log",
     "state_option",
+    "store_url",
 ]
 
 DEFAULT_STATE = ".lodger"
@@ -62,7 +64,32 @@ def state_option(fn: F) -> F:
         help="State directory that holds the event log.",
         callback=_remember_state,
     )
-    return option(fn)
+    store = click.option(
+        "--store",
+        "store",
+        default=None,
+        envvar=STORE_ENVVAR,
+        show_envvar=True,
+        metavar="URL",
+        expose_value=False,
+        help="Keep the sessions in an object store instead of --state: file:///path, "
+        "memory:// or s3://bucket/prefix?endpoint=URL (credentials from the AWS_* variables).",
+        callback=_remember_store,
+    )
+    return store(option(fn))
+
+
+def _remember_store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    ctx.find_root().meta["lodger.store"] = value or None
+
+
+def store_url() -> str | None:
+    """The ``--store`` URL (or ``$LODGER_STORE``) of the running command, if any."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "lodger.store" in ctx.find_root().meta:
+        value = ctx.find_root().meta["lodger.store"]
+        return str(value) if value else None
+    return os.environ.get(STORE_ENVVAR) or None
 
 
 def _remember_state(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -87,7 +114,13 @@ def run_with_log(
     The log key comes from ``$LODGER_LOG_KEY`` or ``$LODGER_LOG_KEY_FILE``;
     ``require_key`` (default ``$LODGER_LOG_KEY_REQUIRED``) refuses unkeyed sessions.
     """
-    log = open_log(state, require_key=require_key)  # a bad key setting fails before any work
+    url = store_url()
+    if url is not None:
+        log = Storage.from_url(url).log
+        if require_key is not None:
+            log.require_key = require_key
+    else:  # a bad key setting fails before any work
+        log = open_log(state, require_key=require_key)
 
     async def main() -> T:
         try:

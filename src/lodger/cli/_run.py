@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from lodger.agent import TurnResult
-from lodger.cli._common import make_console, state_option
+from lodger.cli._common import make_console, state_option, store_url
 from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
@@ -34,6 +34,7 @@ from lodger.events import (
 from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
 from lodger.sessions import Binding, Sessions
+from lodger.storage import Storage
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
@@ -212,7 +213,7 @@ async def _run_turn(
         on_text=view.on_text,
     )
     try:
-        async with Sessions.local(state) as sessions:
+        async with Sessions(Storage.open(state, store=store_url())) as sessions:
             return await sessions.run(task, binding=binding, session=session)
     finally:
         await model.aclose()  # the CLI made the model: it closes its connections

@@ -19,7 +19,9 @@ from lodger.storage.logkey import key_required_from_env, log_key_from_env
 from lodger.storage.memory import MemoryLogStore
 from lodger.storage.sqlite import SqliteLogStore
 
-__all__ = ["Storage"]
+__all__ = ["STORE_ENVVAR", "Storage"]
+
+STORE_ENVVAR = "LODGER_STORE"
 
 
 @dataclass(kw_only=True)
@@ -55,6 +57,49 @@ class Storage:
         if key is not None and key.path is not None:
             paths.append(Path(key.path).resolve())
         return tuple(paths)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Storage:
+        """The log and artifacts in an object store: ``file:///path``, ``memory://`` or
+        ``s3://bucket/prefix?endpoint=...`` (credentials from the AWS environment
+        variables). ``cache_dir`` keeps immutable objects read once on local disk."""
+        from lodger.storage.objectartifacts import ObjectArtifactStore
+        from lodger.storage.objectstore import ObjectLogStore, open_object_store
+
+        where = open_object_store(url)
+        key = log_key_from_env(where.local_root or Path.cwd() / ".lodger", environ)
+        store = ObjectLogStore(
+            where.store,
+            identity=where.identity,
+            local_root=where.local_root,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        )
+        return cls(
+            log=EventLog(store, key=key, require_key=key_required_from_env(environ)),
+            artifacts=ObjectArtifactStore(where.store),
+            state_dir=where.local_root,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: str | os.PathLike[str],
+        *,
+        store: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Storage:
+        """``from_url(store)`` when a store URL is given (or ``LODGER_STORE`` is set),
+        else the embedded default ``local(state_dir)``."""
+        url = store or (os.environ if environ is None else environ).get(STORE_ENVVAR) or None
+        if url:
+            return cls.from_url(url, environ=environ)
+        return cls.local(state_dir, environ=environ)
 
     @classmethod
     def memory(cls) -> Storage:

@@ -54,7 +54,14 @@ from lodger.events import (
 )
 from lodger.storage import EMPTY_PREFIX, EventLog, MemoryLogStore, Record, SqliteLogStore
 
-__all__ = ["LogBackend", "LogConformance", "MemoryBackend", "SqliteBackend", "TamperConformance"]
+__all__ = [
+    "LogBackend",
+    "LogConformance",
+    "MemoryBackend",
+    "ObjectStoreBackend",
+    "SqliteBackend",
+    "TamperConformance",
+]
 
 SID = "sess-1"
 
@@ -279,6 +286,150 @@ class SqliteBackend(LogBackend):
         finally:
             with self._db() as db:
                 db.execute("DROP TRIGGER test_write_fault")
+
+    async def aclose(self) -> None:
+        for other in self._others:
+            await other.close()
+        await self.log.close()
+
+
+class ObjectStoreBackend(LogBackend):
+    """An ``ObjectLogStore`` over any obstore store; ``make_store`` opens a fresh handle
+    onto the same objects (as another process would). The back doors rewrite segment
+    objects with plain overwriting puts, as an operator with bucket access could."""
+
+    def __init__(self, make_store: Callable[[], Any]) -> None:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        self._make = make_store
+        self._raw = make_store()
+        self._identity = f"conformance-{id(self)}"
+        self.log = EventLog(ObjectLogStore(self._raw, identity=self._identity))
+        self._others: list[EventLog] = []
+        self._fail_at: tuple[str, int] | None = None
+        self._install_fault(self.log)
+
+    def _install_fault(self, log: EventLog) -> None:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        store = log.store
+        assert isinstance(store, ObjectLogStore)
+        inner = store.append_records
+
+        async def append_records(
+            *, session_id: str, records: Sequence[Record], expected_offset: int
+        ) -> None:
+            if self._fail_at is not None and any(
+                (session_id, r.offset) == self._fail_at for r in records
+            ):
+                raise CommitFailedError(
+                    "injected write fault", session_id=session_id, offset=expected_offset
+                )
+            await inner(session_id=session_id, records=records, expected_offset=expected_offset)
+
+        store.append_records = append_records  # type: ignore[method-assign]
+
+    async def other_log(self) -> EventLog:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        other = EventLog(ObjectLogStore(self._make(), identity=self._identity))
+        self._others.append(other)
+        return other
+
+    async def reopen(self) -> EventLog:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        await self.log.close()
+        self.log = EventLog(ObjectLogStore(self._make(), identity=self._identity))
+        self._install_fault(self.log)
+        return self.log
+
+    def _segments(self, session_id: str) -> list[tuple[str, int, list[Record]]]:
+        import obstore
+
+        from lodger.storage._segments import decode_segment, is_tombstone
+
+        out: list[tuple[str, int, list[Record]]] = []
+        root = f"sessions/{session_id}/"
+        keys = sorted(
+            str(m["path"])
+            for chunk in obstore.list(self._raw, root)
+            for m in chunk
+            if "/seg/" in str(m["path"]) or "/sealed/" in str(m["path"])
+        )
+        for key in keys:
+            blob = bytes(obstore.get(self._raw, key).bytes())
+            if is_tombstone(blob):
+                continue
+            first = int(key.rsplit("/", 1)[1].split("-")[0])
+            out.append((key, first, decode_segment(session_id, first, key, blob)))
+        return out
+
+    def stored(self, session_id: str) -> list[Record]:
+        seen: dict[int, Record] = {}
+        for _, _, records in self._segments(session_id):
+            for record in records:
+                seen.setdefault(record.offset, record)
+        return [seen[o] for o in sorted(seen)]
+
+    def _rewrite(
+        self, session_id: str, offset: int, change: Callable[[Record], Record | None]
+    ) -> None:
+        import obstore
+
+        from lodger.storage._segments import encode_segment
+
+        for key, _, records in self._segments(session_id):
+            if not any(r.offset == offset for r in records):
+                continue
+            kept: list[Record] = []
+            for record in records:
+                new = change(record) if record.offset == offset else record
+                if new is not None:
+                    kept.append(new)
+            if kept:
+                # keep the key's first offset in the header even if that record is gone
+                data = encode_segment(session_id, kept)
+                if kept[0].offset != records[0].offset:
+                    data = data.replace(
+                        f'"first":{kept[0].offset}'.encode(),
+                        f'"first":{records[0].offset}'.encode(),
+                        1,
+                    )
+                obstore.put(self._raw, key, data)
+            else:
+                obstore.delete(self._raw, key)
+
+    def overwrite(
+        self, session_id: str, offset: int, *, data: bytes | None = None, digest: str | None = None
+    ) -> None:
+        self._rewrite(
+            session_id,
+            offset,
+            lambda r: Record(r.offset, r.data if data is None else data, digest or r.digest),
+        )
+
+    def delete(self, session_id: str, offset: int) -> None:
+        self._rewrite(session_id, offset, lambda r: None)
+
+    def set_head(self, session_id: str, head: tuple[int, str] | None) -> None:
+        import obstore
+
+        from lodger.storage._segments import head_key
+
+        for chunk in obstore.list(self._raw, f"sessions/{session_id}/head/"):
+            for meta in chunk:
+                obstore.delete(self._raw, str(meta["path"]))
+        if head is not None:
+            obstore.put(self._raw, head_key(session_id, *head), b"")
+
+    @contextlib.contextmanager
+    def fail_write_at(self, session_id: str, offset: int) -> Iterator[None]:
+        self._fail_at = (session_id, offset)
+        try:
+            yield
+        finally:
+            self._fail_at = None
 
     async def aclose(self) -> None:
         for other in self._others:

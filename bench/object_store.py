@@ -1,0 +1,287 @@
+"""Sessions on object storage: what a durable call, a wake and a fork cost.
+
+Measured in one run, against baselines from the same run:
+
+- puts per durable tool call on the object-store log (each call commits T1 and T2; each
+  commit is one create-only segment put plus its head object), and per-call latency
+  through the whole Agent path on SQLite (the embedded default, the baseline), on a
+  local-directory object store and on an S3-compatible server on loopback (moto,
+  started by this script; its latency is a local Python server's, not S3's);
+- wake cost of a dormant session with ``--events`` events (compacted): a fresh worker
+  with an empty cache reads manifest + sealed segment + tail, restores the workspace
+  snapshot; then the same worker wakes again after 10 new events (warm cache: only the
+  tail is fetched). Requests and seconds, file and S3;
+- bytes stored per dormant session after compaction and garbage collection, against
+  the bytes of its events;
+- fork time against copying the session's events into a new session.
+
+    python bench/object_store.py [--quick] [--events N] [--calls N]
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from lodger import Agent, FunctionModel, tool
+from lodger.events import EventDraft, ProposedCall, ToolResponded
+from lodger.ids import SystemClock, Uuid7Factory
+from lodger.providers.base import ModelRequest, ModelResponse
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.artifacts import MemoryArtifactStore
+from lodger.storage.forks import fork_session
+from lodger.storage.objectartifacts import ObjectArtifactStore
+from lodger.storage.objectstore import ObjectLogStore, open_object_store
+from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
+
+ARGS = json.dumps({"data": "x" * 150})
+
+
+@tool
+async def noop(data: str) -> str:
+    """Return the data's length."""
+    return str(len(data))
+
+
+def _model(n: int) -> FunctionModel:
+    left = [n]
+
+    def step(request: ModelRequest) -> ModelResponse:
+        if left[0] == 0:
+            return ModelResponse(text="done")
+        left[0] -= 1
+        return ModelResponse(calls=(ProposedCall(call_id="", name="noop", arguments=ARGS),))
+
+    return FunctionModel(step)
+
+
+async def calls(log: EventLog, n: int) -> float:
+    agent = Agent(
+        model=_model(n), tools=[noop], log=log, artifacts=MemoryArtifactStore(), max_steps=n + 1
+    )
+    start = time.perf_counter()
+    result = await agent.run("benchmark")
+    elapsed = time.perf_counter() - start
+    assert result.status == "completed", result
+    return elapsed / n
+
+
+def _drafts(first: int, count: int) -> list[EventDraft]:
+    return [
+        EventDraft(
+            id=f"e{n:08d}",
+            ts=1_700_000_000_000_000 + n,
+            body=ToolResponded(operation_id=f"op{n}", status="ok", content="r" * 200),
+        )
+        for n in range(first, first + count)
+    ]
+
+
+async def _fill(log: EventLog, sid: str, events: int, batch: int) -> None:
+    async with await log.open_writer(sid) as writer:
+        at = 0
+        while at < events:
+            k = min(batch, events - at)
+            await writer.append(_drafts(at, k), expected_offset=at)
+            at += k
+
+
+def _workspace(root: Path, files: int) -> None:
+    for n in range(files):
+        path = root / f"d{n % 10}" / f"f{n}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(512) + f"{n}".encode())
+
+
+async def wake(url: str, work: Path, events: int, batch: int) -> dict[str, float]:
+    where = open_object_store(url)
+    writer_store = ObjectLogStore(where.store, identity=where.identity + "#w")
+    log = EventLog(writer_store)
+    sid = "dormant"
+    await _fill(log, sid, events, batch)
+    blobs = ObjectArtifactStore(where.store)
+    ws = work / f"ws-{uuid.uuid4().hex[:6]}"
+    _workspace(ws, 200)
+    snap = await snapshot_workspace(ws, blobs)
+    await writer_store.write_manifest(sid, snapshots=((events, snap.ref),))
+    await writer_store.compact(sid)
+    writer_store._clock_us = lambda: time.time_ns() // 1000 + 10**12  # past the grace period
+    await writer_store.collect_garbage(sid, grace_s=0)
+    event_bytes = sum(
+        len(r.data) for r in await writer_store.read_records(session_id=sid, start=0, end=None)
+    )
+    stored = await writer_store.session_bytes(sid)
+
+    cache = work / f"cache-{uuid.uuid4().hex[:6]}"
+    worker = ObjectLogStore(where.store, identity=where.identity + "#r", cache_dir=cache)
+    reader = EventLog(worker)
+    start = time.perf_counter()
+    manifest = await worker.manifest(sid)
+    assert manifest is not None
+    verified = await reader.verify(sid)
+    assert verified.high_water == events
+    await restore_snapshot(manifest.snapshots[-1][1], blobs, work / f"restored-{uuid.uuid4().hex}")
+    cold_s = time.perf_counter() - start
+    cold_requests = worker.stats.gets + worker.stats.lists
+
+    async with await log.open_writer(sid) as w:
+        await w.append(_drafts(events, 10), expected_offset=events)
+    before = (worker.stats.gets, worker.stats.lists, worker.stats.bytes_got)
+    start = time.perf_counter()
+    assert (await reader.verify(sid)).high_water == events + 10
+    warm_s = time.perf_counter() - start
+    warm_gets = worker.stats.gets - before[0]
+    warm_bytes = worker.stats.bytes_got - before[2]
+
+    # fork against copying every event into a new session
+    clock, ids = SystemClock(), Uuid7Factory()
+    start = time.perf_counter()
+    await fork_session(log, sid, fork_id="forked", clock=clock, ids=ids)
+    fork_s = time.perf_counter() - start
+    start = time.perf_counter()
+    records = await writer_store.read_records(session_id=sid, start=0, end=None)
+    copy = ObjectLogStore(where.store, identity=where.identity + "#copy")
+    for i in range(0, len(records), batch):
+        chunk = records[i : i + batch]
+        await copy.append_records(session_id="copied", records=chunk, expected_offset=i)
+    copy_s = time.perf_counter() - start
+    await log.close()
+    return {
+        "cold_wake_s": cold_s,
+        "cold_wake_requests": cold_requests,
+        "warm_wake_s": warm_s,
+        "warm_wake_gets": warm_gets,
+        "warm_wake_bytes": warm_bytes,
+        "stored_bytes": stored,
+        "event_bytes": event_bytes,
+        "fork_s": fork_s,
+        "copy_s": copy_s,
+    }
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.05)
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1"
+        )
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="lodger-bench"
+        )
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, object]:
+    n = args.calls
+    sqlite_log = EventLog(SqliteLogStore(work / "sqlite"))
+    per_call_sqlite = await calls(sqlite_log, n)
+    await sqlite_log.close()
+
+    file_store = ObjectLogStore(
+        open_object_store(f"file://{work / 'objects'}").store,
+        identity="bench-file",
+        local_root=work / "objects",
+    )
+    per_call_file = await calls(EventLog(file_store), n)
+    file_puts = file_store.stats.puts
+
+    s3_where = open_object_store(f"s3://lodger-bench/calls?endpoint={endpoint}")
+    s3_store = ObjectLogStore(s3_where.store, identity="bench-s3")
+    per_call_s3 = await calls(EventLog(s3_store), n)
+
+    file_wake = await wake(f"file://{work / 'wake'}", work, args.events, args.batch)
+    s3_wake = await wake(f"s3://lodger-bench/wake?endpoint={endpoint}", work, args.events, 50)
+    return {
+        "calls": n,
+        "events": args.events,
+        "puts_per_call": file_puts / n,
+        "segment_puts_per_call": (file_puts / 2) / n,
+        "per_call_ms": {
+            "sqlite": per_call_sqlite * 1e3,
+            "objects_file": per_call_file * 1e3,
+            "objects_s3_moto": per_call_s3 * 1e3,
+        },
+        "per_call_ratio_vs_sqlite": {
+            "objects_file": per_call_file / per_call_sqlite,
+            "objects_s3_moto": per_call_s3 / per_call_sqlite,
+        },
+        "wake": {"file": file_wake, "s3_moto": s3_wake},
+        "stored_over_event_bytes": {
+            "file": file_wake["stored_bytes"] / file_wake["event_bytes"],
+            "s3_moto": s3_wake["stored_bytes"] / s3_wake["event_bytes"],
+        },
+        "fork_over_copy": {
+            "file": file_wake["fork_s"] / file_wake["copy_s"],
+            "s3_moto": s3_wake["fork_s"] / s3_wake["copy_s"],
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--calls", type=int, default=None)
+    parser.add_argument("--events", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=10, help="events per append when filling")
+    args = parser.parse_args()
+    args.calls = args.calls or (50 if args.quick else 200)
+    args.events = args.events or (2_000 if args.quick else 10_000)
+    work = Path(tempfile.mkdtemp(prefix="lodger-objbench-"))
+    try:
+        with moto_server() as endpoint:
+            result = asyncio.run(run(args, work, endpoint))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    per = result["per_call_ms"]
+    assert isinstance(per, dict)
+    print(f"calls: {result['calls']}, dormant session: {result['events']} events")
+    print(f"puts per durable call (objects, file): {result['puts_per_call']:.2f}")
+    for name, ms in per.items():
+        print(f"per-call latency {name:>16}: {ms:8.3f} ms")
+    wake_rows = result["wake"]
+    assert isinstance(wake_rows, dict)
+    for name, row in wake_rows.items():
+        print(
+            f"wake {name:>8}: cold {row['cold_wake_s'] * 1e3:8.1f} ms "
+            f"({row['cold_wake_requests']} log requests; time incl. a 200-file snapshot restore); "
+            f"warm {row['warm_wake_s'] * 1e3:7.1f} ms ({row['warm_wake_gets']} gets); "
+            f"stored {row['stored_bytes']} B for {row['event_bytes']} B of events; "
+            f"fork {row['fork_s'] * 1e3:.1f} ms vs copy {row['copy_s'] * 1e3:.1f} ms"
+        )
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -317,6 +317,10 @@ ErrorCode = Literal[
     "claim",
     "script",
     "script_exhausted",
+    "function_model",
+    "sync_in_async",
+    "stream_unfinished",
+    "ambiguous_session",
     "missing_api_key",
     "store_closed",
     "unencodable_event",
@@ -352,6 +356,7 @@ ErrorCode = Literal[
     "claims_failed",
     "denied",
     "precondition",
+    "vetoed",
     # the world
     "resume_blocked",
     "provider",

@@ -21,6 +21,7 @@ from lodger.cli._common import (
     make_console,
     require_log,
     run_with_log,
+    session_argument,
     state_option,
 )
 from lodger.cli._render import render_sessions, render_timeline
@@ -119,7 +120,7 @@ def log_group() -> None:
 
 
 @log_group.command("show")
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @state_option
 @json_option
 @click.option(
@@ -188,7 +189,7 @@ def _chain_line(chain: SessionChain, configured_key_id: str | None) -> str:
 
 
 @log_group.command("verify")
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @state_option
 @json_option
 @click.option(

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Runs every check: lint, format, strict types, and the whole test suite.
+# --fast skips the tests marked slow (a quick lane for development; CI runs everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-echo "== ruff check";   "$bin/ruff" check src tests bench
-echo "== ruff format";  "$bin/ruff" format --check src tests bench
+fast=()
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    fast=(-m "not slow")
+fi
+echo "== ruff check";   "$bin/ruff" check src tests bench examples
+echo "== ruff format";  "$bin/ruff" format --check src tests bench examples
 echo "== mypy (strict)"; "$bin/mypy"
-echo "== pytest";       "$bin/pytest" -q "$@"
+echo "== pytest";       "$bin/pytest" -q "${fast[@]}" "$@"

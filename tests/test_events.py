@@ -30,6 +30,7 @@ from lodger.events import (
     ForkParent,
     ModelOutput,
     OperatorDecision,
+    OutputRejected,
     PermissionDecided,
     PermissionRequested,
     Prefix,
@@ -178,7 +179,9 @@ BODIES: dict[str, st.SearchStrategy[typing.Any]] = {
         TurnEnded,
         status=st.sampled_from(["completed", "failed", "cancelled", "step_limit", "abandoned"]),
         answer=opt_text,
+        output=st.none() | json_values,
     ),
+    "output_rejected": st.builds(OutputRejected, message=text, attempt=counts),
 }
 
 bodies = st.one_of(*BODIES.values())

@@ -13,6 +13,7 @@ so a new turn on an open session reads only what it has not seen.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -21,23 +22,28 @@ from typing import Any
 from lodger.authority import Authorities
 from lodger.codemode import CellLimits, Language, exec_tool
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
+from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.journal import Journal
-from lodger.engine.loop import Engine, TurnResult, TurnStatus
+from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
+from lodger.engine.output import OutputSpec
 from lodger.engine.permissions import Approver, PermissionGate, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.state import SessionState
-from lodger.errors import SessionNotFoundError
+from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
+from lodger.streaming import TurnStream
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
 
-__all__ = ["DEFAULT_SYSTEM", "Agent", "SessionHandle", "TurnResult", "TurnStatus"]
+__all__ = ["DEFAULT_SYSTEM", "Agent", "RunUsage", "SessionHandle", "TurnResult", "TurnStatus"]
+
+_UNSET: Any = object()
 
 DEFAULT_SYSTEM = (
     "You are a careful software agent working in a workspace. Use the tools to inspect and "
@@ -99,6 +105,11 @@ class Agent:
         states: dict[str, SessionState] | None = None,
         code_mode: Language | None = None,
         cell_limits: CellLimits | None = None,
+        output_type: Any = None,
+        output_retries: int = 2,
+        deps: Any = None,
+        before_call: Sequence[BeforeCall] = (),
+        after_call: Sequence[AfterCall] = (),
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -148,11 +159,17 @@ class Agent:
             authorities=authorities,
             executor=executor,
             default_timeout=default_timeout,
+            output=OutputSpec(output_type) if output_type is not None else None,
+            output_retries=output_retries,
+            deps=deps,
+            before_call=tuple(before_call),
+            after_call=tuple(after_call),
         )
         # The verified fold of each session this agent has open, kept between turns
         # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = states is None
         self._states: dict[str, SessionState] = {} if states is None else states
+        self._runner: asyncio.Runner | None = None
 
     @property
     def authorities(self) -> Authorities:
@@ -188,6 +205,95 @@ class Agent:
         if self._owns_storage:
             await self.storage.close()
 
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """``close`` for code that uses ``run_sync``: also ends the agent's event loop."""
+        runner = self._sync_runner()
+        try:
+            runner.run(self.close())
+        finally:
+            runner.close()
+            self._runner = None
+
+    def _sync_runner(self) -> asyncio.Runner:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise UsageError(
+                "run_sync was called from inside a running event loop",
+                hint="inside async code, await agent.run(...) instead",
+                code="sync_in_async",
+            )
+        if self._runner is None:
+            # One loop for every sync call: model clients and stores stay bound to it.
+            self._runner = asyncio.Runner()
+        return self._runner
+
+    def run_sync(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+    ) -> TurnResult:
+        """``run`` for code that is not async: ``Agent(...).run_sync("task").output``.
+
+        The agent keeps one event loop for its sync calls; ``with Agent(...) as agent:``
+        (or ``agent.close_sync()``) closes it and the agent's storage.
+        """
+        return self._sync_runner().run(
+            self.run(task, session=session, deps=deps, output_type=output_type)
+        )
+
+    def _engine_for(
+        self,
+        *,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+        on_event: Callable[[Event], None] | None = None,
+        on_text: TextSink | None = None,
+    ) -> Engine:
+        """This agent's engine with one call's deps, output type and extra sinks."""
+        changes: dict[str, Any] = {}
+        if deps is not _UNSET:
+            changes["deps"] = deps
+        if output_type is not _UNSET:
+            changes["output"] = OutputSpec(output_type) if output_type is not None else None
+        if on_event is not None:
+            changes["on_event"] = _both(self.engine.on_event, on_event)
+        if on_text is not None:
+            changes["on_text"] = _both(self.engine.on_text, on_text)
+        return dataclasses.replace(self.engine, **changes) if changes else self.engine
+
+    def stream(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+    ) -> TurnStream:
+        """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
+        finally ``TurnFinished`` items (see ``lodger.streaming``)."""
+
+        async def start(
+            on_event: Callable[[Event], None], on_text: Callable[[str], None]
+        ) -> TurnResult:
+            engine = self._engine_for(
+                deps=deps, output_type=output_type, on_event=on_event, on_text=on_text
+            )
+            return await self._run(engine, task, session)
+
+        return TurnStream(start)
+
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
 
@@ -217,12 +323,28 @@ class Agent:
     def _journal(self, writer: SessionWriter, state: SessionState) -> Journal:
         return self.engine.journal(writer, state)
 
-    async def run(self, task: str, *, session: str | None = None) -> TurnResult:
-        """Run one turn of ``task`` on ``session`` (a new session when None)."""
+    async def run(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+    ) -> TurnResult:
+        """Run one turn of ``task`` on ``session`` (a new session when None).
+
+        ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
+        ``output_type`` overrides the agent's for this turn. The result's ``output`` is
+        the validated value, ``usage`` the tokens, ``commits`` the durable appends.
+        """
+        engine = self._engine_for(deps=deps, output_type=output_type)
+        return await self._run(engine, task, session)
+
+    async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
         session_id = session or self.ids.new_id()
         writer, state = await self._open(session_id)
         try:
-            return await self.engine.start_turn(self._journal(writer, state), task)
+            return await engine.start_turn(engine.journal(writer, state), task)
         except BaseException:
             # the fold may hold less than the log after a failed commit: read it again next time
             self._states.pop(session_id, None)
@@ -230,7 +352,9 @@ class Agent:
         finally:
             await writer.close()
 
-    async def resume(self, session_id: str, *, relocate: bool = False) -> TurnResult:
+    async def resume(
+        self, session_id: str, *, relocate: bool = False, deps: Any = _UNSET
+    ) -> TurnResult:
         """Resume the session's interrupted turn as a new run.
 
         With ``relocate``, the session may move to this agent's workspace (another
@@ -244,7 +368,8 @@ class Agent:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
-            return await self.engine.resume(self._journal(writer, state), relocate=relocate)
+            engine = self._engine_for(deps=deps)
+            return await engine.resume(engine.journal(writer, state), relocate=relocate)
         except BaseException:
             self._states.pop(session_id, None)
             raise
@@ -286,3 +411,14 @@ class Agent:
             raise
         finally:
             await writer.close()
+
+
+def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:
+    if first is None:
+        return second
+
+    def both(item: Any) -> None:
+        first(item)
+        second(item)
+
+    return both

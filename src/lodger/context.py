@@ -20,6 +20,7 @@ from lodger.events import (
     Event,
     ModelOutput,
     OperatorDecision,
+    OutputRejected,
     RecoveryObserved,
     ToolResponded,
     TurnStarted,
@@ -177,6 +178,8 @@ def project_messages(
         body = e.body
         if isinstance(body, TurnStarted):
             messages.append(UserMessage(text=body.input))
+        elif isinstance(body, OutputRejected):
+            messages.append(UserMessage(text=body.message, source="runtime"))
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
@@ -282,6 +285,10 @@ class Projector:
             self._close_open()
             self._closed.append(UserMessage(text=body.input))
             self._closed_chars += len(body.input)
+        elif isinstance(body, OutputRejected):
+            self._close_open()
+            self._closed.append(UserMessage(text=body.message, source="runtime"))
+            self._closed_chars += len(body.message)
         elif isinstance(body, ModelOutput):
             self._close_open()
             self._open = body

@@ -327,6 +327,10 @@ ErrorCode = Literal[
     "claim",
     "script",
     "script_exhausted",
+    "function_model",
+    "sync_in_async",
+    "stream_unfinished",
+    "ambiguous_session",
     "missing_api_key",
     "store_closed",
     "unencodable_event",
@@ -362,6 +366,7 @@ ErrorCode = Literal[
     "claims_failed",
     "denied",
     "precondition",
+    "vetoed",
     # the world
     "resume_blocked",
     "provider",

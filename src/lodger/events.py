@@ -24,6 +24,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     2  model_output.provider_state: opaque provider data replayed to the same provider.
     3  tool_responded.status timed_out; session_started.chain and key_id.
     4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
+    5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "ObservedReason",
     "ObservedStatus",
     "OperatorDecision",
+    "OutputRejected",
     "PermissionDecided",
     "PermissionRequested",
     "Prefix",
@@ -92,12 +94,13 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
     3: "tool_responded.status timed_out; session_started.chain and key_id",
     4: "run_started.workspace and workspace_id (a relocating resume); turn_ended.reason",
+    5: "output_rejected; turn_ended.output (structured output); call_rejected reason vetoed",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -176,6 +179,7 @@ RejectionReason = Literal[
     "claims_failed",
     "denied",
     "precondition",
+    "vetoed",
 ]
 ObservedStatus = Literal["completed", "not_applied", "unknown", "interrupted"]
 ObservedReason = Literal[
@@ -361,13 +365,24 @@ class RunEnded(_Value):
     error: str | None = None
 
 
+class OutputRejected(_Value):
+    """The model's final answer failed the turn's output type; ``message`` is what the
+    model reads next (as a runtime message) so it can answer again."""
+
+    kind: Literal["output_rejected"] = "output_rejected"
+    message: str
+    attempt: int
+
+
 class TurnEnded(_Value):
-    """A turn settled. ``reason`` says why an operator abandoned it, when they said."""
+    """A turn settled. ``reason`` says why an operator abandoned it, when they said;
+    ``output`` is the answer validated against the turn's output type, as JSON."""
 
     kind: Literal["turn_ended"] = "turn_ended"
     status: Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
     answer: str | None = None
     reason: str | None = None
+    output: JsonValue | None = None
 
 
 Body = Annotated[
@@ -389,6 +404,7 @@ Body = Annotated[
     | ArtifactStored
     | WorkspaceSnapshot
     | ContextCompacted
+    | OutputRejected
     | RunEnded
     | TurnEnded,
     Field(discriminator="kind"),

@@ -188,9 +188,9 @@ def test_show_corrupt_log_prints_no_timeline(runner: CliRunner, state_dir: Path)
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_session_exits_2_with_hint(runner: CliRunner, state_dir: Path) -> None:
+def test_unknown_session_exits_4_with_hint(runner: CliRunner, state_dir: Path) -> None:
     result = invoke(runner, "log", "show", "nope", "--state", state_dir)
-    assert result.exit_code == 2
+    assert result.exit_code == 4  # not found
     assert result.stderr.splitlines() == [
         "error: no log for session 'nope'",
         "hint: list the sessions of this state directory to find the id",
@@ -200,7 +200,7 @@ def test_unknown_session_exits_2_with_hint(runner: CliRunner, state_dir: Path) -
 
 def test_show_in_missing_state_dir_creates_nothing(runner: CliRunner, tmp_path: Path) -> None:
     result = invoke(runner, "log", "show", DEMO, "--state", tmp_path / "typo")
-    assert result.exit_code == 2
+    assert result.exit_code == 4  # not found
     assert "lodger sessions" in result.stderr
     assert not (tmp_path / "typo").exists()
 
@@ -297,12 +297,12 @@ def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
 
 def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     plain = _lodger("log", "show", "nope", "--state", state_dir)
-    assert plain.returncode == 2
+    assert plain.returncode == 4  # not found
     assert plain.stderr.splitlines()[-2].startswith("hint: list the sessions")
     assert plain.stderr.splitlines()[-1].startswith("next: lodger sessions")
     assert "Traceback" not in plain.stderr
     debug = _lodger("log", "show", "nope", "--state", state_dir, debug=True)
-    assert debug.returncode == 2
+    assert debug.returncode == 4
     assert "Traceback (most recent call last)" in debug.stderr
     assert "SessionNotFoundError" in debug.stderr
 

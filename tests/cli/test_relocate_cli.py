@@ -249,7 +249,7 @@ def test_a_deleted_workspace_gives_one_line_errors_naming_the_ways_out(crashed: 
     # `run --session` resumes the open turn first: blocked the same way, same ways out
     model = f"script:{crashed / 'script.json'}"
     ran = lodger("run", "more", "--session", "s1", "--model", model, "--state", state, cwd=cwd)
-    assert ran.returncode == 1
+    assert ran.returncode == 3  # blocked, as resume says
     assert "Traceback" not in ran.stderr
     lines = ran.stderr.splitlines()
     assert lines[0].startswith("error: session 's1' cannot resume: workspace: ")

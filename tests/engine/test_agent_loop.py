@@ -407,8 +407,9 @@ async def test_step_limit_ends_the_turn(tmp_path: Path, effects: Effects) -> Non
 
 
 async def test_second_turn_sees_first_and_model_outputs_count(tmp_path: Path) -> None:
-    script = [{"text": "first"}, {"text": "second"}]
-    agent = agent_for(tmp_path, ScriptedModel(script), [])
+    agent = agent_for(
+        tmp_path, ScriptedModel(turns=[[{"text": "first"}], [{"text": "second"}]]), []
+    )
     assert (await agent.run("one", session="s1")).answer == "first"
     assert (await agent.run("two", session="s1")).answer == "second"
     events = await agent.session("s1").events()

@@ -47,6 +47,7 @@ SCRIPT = [
     {"text": "second done"},
     {"text": "third done"},
 ]
+TURNS = [SCRIPT[:3], SCRIPT[3:5], SCRIPT[5:]]  # each turn plays its own script
 
 
 def nth_t2(nth: int) -> Any:
@@ -73,7 +74,7 @@ def make_agent(
     if fail is not None:
         store = FaultyLogStore(store, fail_when=fail)
     return Agent(
-        model=ScriptedModel(SCRIPT),
+        model=ScriptedModel(turns=TURNS),
         tools=workspace_tools() if tools is None else tools,
         log=EventLog(store),
         artifacts=MemoryArtifactStore(),
@@ -291,7 +292,7 @@ async def test_relocating_needs_a_workspace(tmp_path: Path) -> None:
     await crash(tmp_path, ws, "a", "first", nth=1)
     shutil.rmtree(ws)
     agent = Agent(
-        model=ScriptedModel(SCRIPT),
+        model=ScriptedModel(turns=TURNS),
         tools=workspace_tools(),
         log=EventLog(SqliteLogStore(tmp_path / "state")),
         artifacts=MemoryArtifactStore(),

@@ -79,8 +79,9 @@ def make_agent(
     workspace: Path | None = None,
     ids_prefix: str = "a",
     seen: list[ModelRequest] | None = None,
+    turns: list[list[dict[str, Any]]] | None = None,
 ) -> Agent:
-    model = ScriptedModel(script)
+    model = ScriptedModel(turns=turns) if turns is not None else ScriptedModel(script)
     if seen is not None:
         inner = model.complete
 
@@ -358,7 +359,8 @@ async def test_run_on_an_interrupted_session_resumes_first(tmp_path: Path) -> No
         {"text": "second done"},
     ]
     await crash_at_t2(tmp_path, script, make_tools(effects))
-    agent = make_agent(tmp_path, script, make_tools(effects), ids_prefix="b")
+    turns = [script[:2], script[2:]]  # every turn plays its own script
+    agent = make_agent(tmp_path, script, make_tools(effects), ids_prefix="b", turns=turns)
     result = await agent.run("second task", session="s1")
     assert result.answer == "second done"
     events = await events_of(tmp_path)

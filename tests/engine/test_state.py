@@ -48,6 +48,7 @@ SCRIPT = [
     {"calls": [{"name": "write_file", "args": {"path": "f.txt", "content": "x"}}]},
     {"text": "third turn done"},
 ]
+TURNS = [SCRIPT[:4], SCRIPT[4:6], SCRIPT[6:]]  # each turn plays its own script
 WRITE = [t for t in workspace_tools() if t.name == "write_file"]
 
 
@@ -65,7 +66,7 @@ def _log() -> tuple[list[Event], tuple[str, str]]:
 
         def agent(log_store: object, workspace: Path) -> Agent:
             return Agent(
-                model=ScriptedModel(SCRIPT),
+                model=ScriptedModel(turns=TURNS),
                 tools=[lookup, extra, *WRITE],
                 log=EventLog(log_store),  # type: ignore[arg-type]
                 artifacts=MemoryArtifactStore(),

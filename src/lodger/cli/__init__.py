@@ -5,9 +5,9 @@ modules, one concept each, that export ``COMMANDS``; add a module to ``_COMMAND_
 to register it. Shared options and helpers are in :mod:`lodger.cli._common`.
 
 Errors: any :class:`~lodger.errors.LodgerError` that escapes a command prints
-``error: <message>`` and ``hint: <hint>`` on stderr and exits 1 (2 for a
-:class:`~lodger.errors.UsageError`), with no traceback unless ``--debug``. Ctrl-C exits
-130 with one line.
+``error: <message>`` and ``hint: <hint>`` on stderr and exits with the code of its kind
+(``exit_code_for_error``), with no traceback unless ``--debug``. Ctrl-C exits 130 with
+one line. The codes are documented in ``main``'s help (and the README).
 """
 
 from __future__ import annotations
@@ -19,13 +19,35 @@ import click
 
 from lodger.cli import _fork, _log, _recover, _run, _tools
 from lodger.cli._next import command_for
-from lodger.errors import LodgerError, UsageError
+from lodger.errors import LodgerError, ResumeBlockedError, SessionNotFoundError, UsageError
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "LodgerGroup", "main"]
+__all__ = [
+    "EXIT_BLOCKED",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_FOUND",
+    "EXIT_USAGE",
+    "LodgerGroup",
+    "exit_code_for_error",
+    "main",
+]
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_ERROR = 1  # the turn failed, or the world did (provider, storage, corruption)
+EXIT_USAGE = 2  # a bad command line, option or configuration
+EXIT_BLOCKED = 3  # resume is blocked: a parked call waits for a decision, an invariant failed
+EXIT_NOT_FOUND = 4  # no such session (or call) in the state directory
+EXIT_INTERRUPTED = 130  # Ctrl-C (143 for SIGTERM, 129 for SIGHUP)
+
+
+def exit_code_for_error(exc: LodgerError) -> int:
+    if isinstance(exc, SessionNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, ResumeBlockedError):
+        return EXIT_BLOCKED
+    if isinstance(exc, UsageError) or exc.code in ("config", "script"):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
 
 _COMMAND_MODULES = (_log, _run, _recover, _tools, _fork)
 
@@ -48,7 +70,7 @@ class LodgerGroup(click.Group):
             state = ctx.meta.get("lodger.state", ".lodger")
             for step in exc.next_steps:
                 click.echo(f"next: {command_for(step, str(state))}", err=True)
-            ctx.exit(EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR)
+            ctx.exit(exit_code_for_error(exc))
         except KeyboardInterrupt:
             self._debug_traceback(ctx)
             click.echo("interrupted", err=True)
@@ -75,6 +97,15 @@ def main(ctx: click.Context, debug: bool) -> None:
 
     Global options go before the command; every command takes --state DIR (default
     .lodger, env LODGER_STATE) and most take --json.
+
+    \b
+    Exit codes:
+      0    done (the turn completed)
+      1    failed (the turn failed, or a provider, storage or log error)
+      2    usage error (bad arguments, options or lodger.toml)
+      3    blocked (resume waits for an operator decision or an invariant)
+      4    not found (no such session)
+      130  interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP)
 
     \b
     Example:

@@ -16,6 +16,7 @@ A new command module uses these and registers itself in ``lodger/cli/__init__.py
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from lodger.errors import SessionNotFoundError
+from lodger.errors import SessionNotFoundError, UsageError
 from lodger.storage import EventLog, SqliteLogStore, Storage, check_session_id, open_log
 from lodger.storage._storage import STORE_ENVVAR
 
@@ -38,7 +39,9 @@ __all__ = [
     "log_exists",
     "make_console",
     "require_log",
+    "resolve_session",
     "run_with_log",
+    "session_argument",
     "state_option",
     "store_url",
 ]
@@ -191,3 +194,58 @@ def format_ts(us: int, *, date: bool = True) -> str:
     if date:
         return moment.isoformat(timespec="seconds")
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def session_argument(fn: F) -> F:
+    """``SESSION`` (an id, or a prefix only one session's id starts with) or ``--last``
+    (the session with the latest event). The command receives the full id."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, session_id: str | None, last: bool, **kwargs: Any) -> Any:
+        kwargs["session_id"] = resolve_session(kwargs["state"], session_id, last=last)
+        return fn(*args, **kwargs)
+
+    with_last = click.option(
+        "--last", is_flag=True, default=False, help="Use the session with the latest event."
+    )(wrapper)
+    return click.argument("session_id", metavar="SESSION", required=False)(with_last)  # type: ignore[return-value]
+
+
+def resolve_session(state: str, value: str | None, *, last: bool = False) -> str:
+    """The full session id ``value`` names (itself, or the one id it is a prefix of), or
+    the latest session with ``last``. An id no session has is returned as it is: the
+    command then reports it as not found, naming where to look."""
+    if last and value:
+        raise UsageError("give SESSION or --last, not both")
+    if not last and not value:
+        raise UsageError(
+            "missing SESSION", hint="pass a session id, a unique prefix of one, or --last"
+        )
+
+    async def work(log: EventLog) -> str:
+        sessions = await log.list_sessions() if log_exists(log) else []
+        if last:
+            if not sessions:
+                raise SessionNotFoundError(
+                    f"{state!r} holds no sessions", hint="run a turn first (or check --state)"
+                )
+            latest: list[tuple[int, str]] = []
+            for sid in sessions:
+                head = await log.head(sid)
+                tail = await log.read(sid, start=max(head.high_water - 1, 0))
+                latest.append((tail[-1].ts if tail else 0, sid))
+            return max(latest)[1]
+        assert value is not None
+        if value in sessions:
+            return value
+        matches = [sid for sid in sessions if sid.startswith(value)]
+        if len(matches) > 1:
+            shown = ", ".join(matches[:5]) + (" ..." if len(matches) > 5 else "")
+            raise UsageError(
+                f"session prefix {value!r} matches {len(matches)} sessions: {shown}",
+                hint="type more of the id",
+                code="ambiguous_session",
+            )
+        return matches[0] if matches else value
+
+    return run_with_log(state, work)

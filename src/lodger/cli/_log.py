@@ -34,6 +34,7 @@ from lodger.cli._common import (
     make_console,
     require_log,
     run_with_log,
+    session_argument,
     state_option,
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
@@ -177,7 +178,7 @@ def _show_command(session_id: str, state: str) -> str:
 
 
 @log_group.command("show")
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @state_option
 @json_option
 @click.option(
@@ -332,7 +333,7 @@ def _chain_line(chain: SessionChain, configured_key_id: str | None) -> str:
 
 
 @log_group.command("verify")
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @state_option
 @json_option
 @click.option(

@@ -18,6 +18,7 @@ from lodger.cli._common import (
     make_console,
     require_log,
     run_with_log,
+    session_argument,
     state_option,
 )
 from lodger.cli._next import command_for
@@ -41,6 +42,7 @@ from lodger.recovery import RecoveryPlan
 from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import CONFIG_FILE, load_project_config
 
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 
@@ -111,7 +113,7 @@ def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
 
 
 @click.command()
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @state_option
 @json_option
 def recover(session_id: str, state: str, as_json: bool) -> None:
@@ -140,7 +142,7 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @click.argument("call_id", metavar="CALL_ID")
 @click.option("--completed", "decision", flag_value="completed", help="It happened.")
 @click.option("--not-applied", "decision", flag_value="not_applied", help="It did not happen.")
@@ -186,7 +188,7 @@ def decide(
 
 
 @click.command()
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @click.option("--model", "model_spec", metavar="SPEC", help="Default: the last run's model.")
 @click.option(
     "--workspace",
@@ -259,7 +261,10 @@ def resume(
                     tools=tools,
                     mcp=mcp,
                     workspace=root,
-                    permissions=PermissionPolicy(approve_all=yes),
+                    permissions=PermissionPolicy(
+                        load_project_config((root or Path.cwd()) / CONFIG_FILE).permissions.rules(),
+                        approve_all=yes,
+                    ),
                     max_steps=max_steps,
                     on_event=view.on_event,
                     on_text=view.on_text,
@@ -285,7 +290,7 @@ def resume(
 
 
 @click.command()
-@click.argument("session_id", metavar="SESSION")
+@session_argument
 @click.option("--reason", metavar="TEXT", help="Why, recorded with the fact.")
 @state_option
 @json_option

@@ -36,6 +36,7 @@ from lodger.providers.base import Model
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import CONFIG_FILE, load_project_config
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
 
@@ -206,7 +207,10 @@ async def _run_turn(
         tools=tools,
         mcp=mcp,
         workspace=workspace,
-        permissions=PermissionPolicy(approve_all=approve_all),
+        permissions=PermissionPolicy(
+            load_project_config(workspace / CONFIG_FILE).permissions.rules(),
+            approve_all=approve_all,
+        ),
         approver=_interactive_approver(view.console) if interactive and not approve_all else None,
         max_steps=max_steps,
         on_event=view.on_event,
@@ -297,10 +301,12 @@ def run(
       lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
       lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
     """
+    model_spec = model_spec or load_project_config(workspace / CONFIG_FILE).model
     if not model_spec:
         raise ConfigError(
             "no model given",
-            hint=f"pass --model SPEC or set {MODEL_ENVVAR}; `lodger demo` runs offline",
+            hint=f'pass --model SPEC, set {MODEL_ENVVAR}, or set model = "..." in '
+            f"{CONFIG_FILE}; `lodger demo` runs offline",
         )
     model = make_model(model_spec)
     tools = workspace_tools()
@@ -432,6 +438,15 @@ def demo(state: str | None) -> None:
         Text(f"verify:  lodger log verify {result.session_id} --state {state_dir}", style="dim"),
         soft_wrap=True,
     )
+    if state is None:  # the state is in a temporary directory: say how to find it again
+        console.print(
+            Text(
+                f"list:    lodger sessions --state {state_dir}  (or export "
+                f"LODGER_STATE={state_dir}; `lodger demo --state .lodger` keeps it here)",
+                style="dim",
+            ),
+            soft_wrap=True,
+        )
     sys.exit(exit_code_for(result))
 
 

@@ -44,6 +44,8 @@ class Journal:
         self._lock = asyncio.Lock()
         self._deferred: list[EventDraft] = []
         self.failure: CommitFailedError | None = None
+        #: durable appends (each one atomic and synced) made through this journal
+        self.commits = 0
 
     @property
     def events(self) -> list[Event]:
@@ -80,6 +82,7 @@ class Journal:
         untouched (a resume's claim of its prefix: losing it is an answer, not a failure)."""
         async with self._lock:
             events = await self.writer.append([draft], expected_offset=len(self.events))
+            self.commits += 1
             self.state.feed(events)
         self._notify(events)
         return events[0]
@@ -109,6 +112,7 @@ class Journal:
                 if task.done() and not task.cancelled():
                     error = task.exception()
                     if error is None:
+                        self.commits += 1
                         self.state.feed(task.result())
                         self._notify(task.result())
                     elif isinstance(error, StorageError):
@@ -117,6 +121,7 @@ class Journal:
             except StorageError as exc:
                 self.failure = self._failed(exc)
                 raise self.failure from exc
+            self.commits += 1
             self.state.feed(events)
         self._notify(events)
         return events

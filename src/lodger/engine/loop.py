@@ -21,7 +21,9 @@ from lodger.authority import Authorities
 from lodger.engine.bounding import storable_text
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
+from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.journal import Journal
+from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.resume import resume_run
@@ -31,6 +33,7 @@ from lodger.events import (
     ContextCompacted,
     Event,
     ModelOutput,
+    OutputRejected,
     ProposedCall,
     ProviderRetried,
     RunEnded,
@@ -40,28 +43,62 @@ from lodger.events import (
     ToolRef,
     TurnEnded,
     TurnStarted,
+    Usage,
 )
 from lodger.ids import Clock, IdFactory
-from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.providers.base import Message, Model, ModelRequest, ModelResponse, TextSink
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
 
-__all__ = ["Engine", "TurnResult", "TurnStatus"]
+__all__ = ["Engine", "RunUsage", "TurnResult", "TurnStatus"]
 
 TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunUsage:
+    """Tokens of a turn: ``requests`` holds one ``Usage`` per model call (zeros when the
+    provider reported none), in order; the totals add them up. Read from the log's
+    ``model_output`` facts, so a resumed turn counts its earlier runs too."""
+
+    requests: tuple[Usage, ...] = ()
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(u.input_tokens for u in self.requests)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(u.output_tokens for u in self.requests)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
 class TurnResult:
+    """How a turn settled.
+
+    ``answer`` is the final text; ``output`` the value validated against the output type
+    (the answer itself without one). ``usage`` counts tokens per model call and in total;
+    ``commits`` is the cost of durability: how many atomic, synced appends this call made;
+    ``messages`` is the conversation as the model would see it next.
+    """
+
     session_id: str
     turn_id: str
     run_id: str
     status: TurnStatus
     answer: str | None = None
     error: str | None = None
+    output: Any = None
+    usage: RunUsage = dataclasses.field(default_factory=RunUsage)
+    commits: int = 0
+    messages: tuple[Message, ...] = ()
 
 
 @dataclass(kw_only=True)
@@ -87,6 +124,13 @@ class Engine:
     authorities: Authorities = dataclasses.field(default_factory=Authorities)
     executor: Executor | None = None
     default_timeout: float = DEFAULT_TIMEOUT
+    #: the type the final answer is validated against (None: free text)
+    output: OutputSpec | None = None
+    output_retries: int = 2
+    #: handed to tools as ``ToolContext.deps`` and to hooks; never logged
+    deps: Any = None
+    before_call: tuple[BeforeCall, ...] = ()
+    after_call: tuple[AfterCall, ...] = ()
 
     # ------------------------------------------------------------------ composition
 
@@ -114,6 +158,9 @@ class Engine:
             authorities=self.authorities,
             executor=self.executor,
             default_timeout=self.default_timeout,
+            before_call=self.before_call,
+            after_call=self.after_call,
+            deps=self.deps,
         )
 
     # ------------------------------------------------------------------ turns
@@ -200,7 +247,28 @@ class Engine:
                     )
                 )
                 if not calls:
-                    return await self._end(ctx, "completed", answer=response.text)
+                    if self.output is None:
+                        return await self._end(
+                            ctx, "completed", answer=response.text, output=response.text
+                        )
+                    try:
+                        value, dumped = self.output.validate(response.text)
+                    except OutputInvalid as exc:
+                        attempt = _output_rejections(state.events, ctx.turn_id) + 1
+                        if attempt > self.output_retries:
+                            return await self._end(
+                                ctx,
+                                "failed",
+                                error=f"the final answer failed the output type "
+                                f"{attempt} times; last: {exc.message}",
+                            )
+                        await journal.fact(
+                            OutputRejected(message=exc.message, attempt=attempt), env
+                        )
+                        continue
+                    return await self._end(
+                        ctx, "completed", answer=response.text, output=value, logged=dumped
+                    )
                 scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
                 for batch in self.registry.batches(calls):
                     await pipeline.run_batch(batch, scope)
@@ -225,12 +293,15 @@ class Engine:
         *,
         answer: str | None = None,
         error: str | None = None,
+        output: Any = None,
+        logged: Any = None,
     ) -> TurnResult:
         journal, env = ctx.journal, ctx.envelope
         await journal.record(
             journal.draft(RunEnded(status=status, error=error), env),
-            journal.draft(TurnEnded(status=status, answer=answer), env),
+            journal.draft(TurnEnded(status=status, answer=answer, output=logged), env),
         )
+        state = journal.state
         return TurnResult(
             session_id=ctx.session_id,
             turn_id=ctx.turn_id,
@@ -238,6 +309,10 @@ class Engine:
             status=status,
             answer=answer,
             error=error,
+            output=output,
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            commits=journal.commits,
+            messages=tuple(state.projector.project().messages),
         )
 
     async def _request(
@@ -255,10 +330,14 @@ class Engine:
                 ),
                 env,
             )
+        system = self.registry.system_prompt(self.system)
+        if self.output is not None:
+            system = f"{system}\n\n{self.output.instructions()}"
         return ModelRequest(
-            system=self.registry.system_prompt(self.system),
+            system=system,
             messages=projection.messages,
             tools=tuple(t.schema() for t in visible),
+            output_schema=self.output.schema if self.output is not None else None,
         )
 
     async def _complete(
@@ -278,6 +357,30 @@ class Engine:
                     env,
                 )
                 await self.sleep(delay)
+
+
+def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:
+    """The events of ``turn_id``, read back from the end of the log to its start."""
+    found: list[Event] = []
+    for e in reversed(events):
+        if e.turn_id == turn_id:
+            found.append(e)
+            if isinstance(e.body, TurnStarted):
+                break
+    found.reverse()
+    return found
+
+
+def _turn_usage(events: Sequence[Event], turn_id: str) -> tuple[Usage, ...]:
+    return tuple(
+        e.body.usage or Usage()
+        for e in _this_turn(events, turn_id)
+        if isinstance(e.body, ModelOutput) and e.origin == "provider"
+    )
+
+
+def _output_rejections(events: Sequence[Event], turn_id: str) -> int:
+    return sum(1 for e in _this_turn(events, turn_id) if isinstance(e.body, OutputRejected))
 
 
 class _CallIds:

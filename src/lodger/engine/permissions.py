@@ -1,6 +1,8 @@
 """Permission: allow / deny / ask per call. Visibility never implies authority.
 
-Rules match tool names with shell-style patterns, first match wins. Without a matching
+Rules match tool names with shell-style patterns, first match wins; a rule with an
+``arguments`` pattern (``shell(git *)`` in ``lodger.toml``) applies only when one of the
+call's string arguments matches it. Without a matching
 rule a tool that declares ``approval=True`` asks and every other tool is allowed. An ask
 goes to the ``Approver``; a run with no approver (non-interactive) denies, with a message
 that says how to allow it.
@@ -36,11 +38,27 @@ The CLI asks at the terminal; a host asks its clients."""
 class Rule:
     pattern: str
     decision: Decision
+    #: a shell-style pattern one of the call's string arguments must match (None: any call)
+    arguments: str | None = None
 
-    def matches(self, tool: Tool) -> bool:
-        return fnmatch.fnmatchcase(tool.name, self.pattern) or fnmatch.fnmatchcase(
+    def matches(self, tool: Tool, arguments: dict[str, Any] | None = None) -> bool:
+        named = fnmatch.fnmatchcase(tool.name, self.pattern) or fnmatch.fnmatchcase(
             f"{tool.group}:{tool.name}", self.pattern
         )
+        if not named or self.arguments is None:
+            return named
+        return any(
+            isinstance(value, str) and fnmatch.fnmatchcase(value, self.arguments)
+            for value in (arguments or {}).values()
+        )
+
+    @classmethod
+    def parse(cls, text: str, decision: Decision) -> Rule:
+        """``"read_file"``, ``"mcp:*"`` or ``"shell(git status*)"``."""
+        name, paren, rest = text.partition("(")
+        if paren and rest.endswith(")"):
+            return cls(pattern=name.strip(), decision=decision, arguments=rest[:-1])
+        return cls(pattern=text.strip(), decision=decision)
 
 
 class PermissionPolicy:
@@ -50,10 +68,10 @@ class PermissionPolicy:
         self.rules = tuple(rules)
         self.approve_all = approve_all
 
-    def decide(self, tool: Tool) -> tuple[Decision, str]:
+    def decide(self, tool: Tool, arguments: dict[str, Any] | None = None) -> tuple[Decision, str]:
         """The decision and why (``rule '<pattern>'``, ``approval required``, ``default``)."""
         for rule in self.rules:
-            if rule.matches(tool):
+            if rule.matches(tool, arguments):
                 decision: Decision = rule.decision
                 if decision == "ask" and self.approve_all:
                     return "allow", f"rule {rule.pattern!r} asks; the run approves all"
@@ -79,7 +97,7 @@ class PermissionGate:
         self, journal: Journal, t: Tool, arguments: dict[str, Any], env: Envelope
     ) -> None:
         """Return when the call may go on; raise ``Rejection("denied", ...)`` otherwise."""
-        decision, why = self.policy.decide(t)
+        decision, why = self.policy.decide(t, arguments)
         if decision == "allow":
             if why != "default":
                 await journal.fact(
@@ -101,7 +119,8 @@ class PermissionGate:
             raise Rejection(
                 "denied",
                 f"calling {t.name} needs approval and nobody can approve it in this run; "
-                "the operator can approve it or add an allow rule",
+                "the operator can approve it, or allow it in the project configuration "
+                f'([permissions] allow = ["{t.name}"] in lodger.toml)',
             )
         await journal.fact(PermissionRequested(tool=t.name, summary=_summarize(arguments)), env)
         async with self._lock:  # one question at a time

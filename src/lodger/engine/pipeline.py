@@ -1,6 +1,7 @@
 """The path of one call (DESIGN section 4), as small stages, and the batch of one step.
 
-    check (binding, visibility, arguments) -> claims -> permission -> resources
+    check (binding, visibility, arguments) -> before-call hooks -> claims -> permission
+        -> resources
         -> expectations -> T1 -> execute (an Executor) -> bound -> T2
 
 Each failed check becomes a ``call_rejected`` fact and an error result the model sees on
@@ -28,6 +29,16 @@ from lodger.engine.bounding import ResultBounder
 from lodger.engine.checks import Rejection, check_call, schema_problems
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor, InProcessExecutor
+from lodger.engine.hooks import (
+    AfterCall,
+    BeforeCall,
+    CallInfo,
+    CallResult,
+    Rewrite,
+    Veto,
+    call_after,
+    call_before,
+)
 from lodger.engine.permissions import PermissionGate
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
@@ -188,8 +199,14 @@ class CallPipeline:
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
         result_limit: int = 16_000,
+        before_call: Sequence[BeforeCall] = (),
+        after_call: Sequence[AfterCall] = (),
+        deps: Any = None,
     ) -> None:
         self.ctx = ctx
+        self.before_call = tuple(before_call)
+        self.after_call = tuple(after_call)
+        self.deps = deps
         self.registry = registry
         self.permissions = permissions
         self.bounder = ResultBounder(artifacts, limit=result_limit)
@@ -210,7 +227,15 @@ class CallPipeline:
         # call runs: conflicting calls then acquire in the order the model emitted them,
         # however long each one's permission takes.
         env = self.ctx.envelope.at_step(scope.step_id)
-        prepared = [self._prepare(call, scope, env.for_call(call.call_id)) for call in calls]
+        prepared: list[_Ready | _Rejected] = []
+        try:
+            for call in calls:
+                prepared.append(await self._prepare(call, scope, env.for_call(call.call_id)))
+        except BaseException:  # cancelled inside a hook: nothing ran, nothing stays reserved
+            for entry in prepared:
+                if isinstance(entry, _Ready):
+                    entry.reservation.close()
+            raise
         if len(prepared) == 1:  # a batch of one needs no tasks of its own
             return [await self._run_prepared(prepared[0])]
         batch: Batch[CallOutcome] = Batch([call.call_id for call in calls])
@@ -245,7 +270,7 @@ class CallPipeline:
         env = self.ctx.envelope.at_step(scope.step_id).for_call(
             call.call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
         )
-        return await self._run_prepared(self._prepare(call, scope, env), halt=halt)
+        return await self._run_prepared(await self._prepare(call, scope, env), halt=halt)
 
     def _tool_context(
         self, call_id: str, parent_call_id: str | None, step: _CallStep | None
@@ -262,10 +287,14 @@ class CallPipeline:
             parent_call_id=parent_call_id,
             step=step,
             nested=None if step is None else _CellCalls(step.scope, call_id, self),
+            deps=self.deps,
         )
 
-    def _prepare(self, call: ProposedCall, scope: StepScope, env: Envelope) -> _Ready | _Rejected:
-        """The synchronous checks (binding, visibility, arguments), then the claims.
+    async def _prepare(
+        self, call: ProposedCall, scope: StepScope, env: Envelope
+    ) -> _Ready | _Rejected:
+        """The synchronous checks (binding, visibility, arguments), the before-call hooks,
+        then the claims.
 
         Claims are pure functions of the validated arguments, so they are computed now and
         reserved with the authorities at once: a batch prepares its calls in emission
@@ -276,6 +305,8 @@ class CallPipeline:
             t, arguments = check_call(
                 self.registry, call, visible=scope.visible, activated_here=scope.activated_here
             )
+            if self.before_call:
+                arguments = await self._before(t, arguments, call.call_id, env)
             tctx = self._tool_context(call.call_id, env.parent_call_id, _CallStep(scope, env, self))
             claims = _claims(t, arguments, tctx)
             try:
@@ -291,6 +322,64 @@ class CallPipeline:
         return _Ready(
             call=call, env=env, tool=t, arguments=arguments, ctx=tctx, reservation=reservation
         )
+
+    def _info(self, t: Tool, arguments: dict[str, Any], call_id: str, env: Envelope) -> CallInfo:
+        return CallInfo(
+            session_id=self.ctx.session_id,
+            turn_id=self.ctx.turn_id,
+            call_id=call_id,
+            tool=t.name,
+            arguments=dict(arguments),
+            origin=env.origin,
+            deps=self.deps,
+        )
+
+    async def _before(
+        self, t: Tool, arguments: dict[str, Any], call_id: str, env: Envelope
+    ) -> dict[str, Any]:
+        """Run the before-call hooks in order: the arguments to go on with, or a Rejection."""
+        for hook in self.before_call:
+            try:
+                verdict = await call_before(hook, self._info(t, arguments, call_id, env))
+            except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
+                raise Rejection(
+                    "vetoed", f"a before-call hook failed on {t.name} ({type(exc).__name__}: {exc})"
+                ) from None
+            if isinstance(verdict, Veto):
+                raise Rejection("vetoed", f"{t.name} was vetoed: {verdict.reason}")
+            if isinstance(verdict, Rewrite):
+                arguments = dict(verdict.arguments)
+                problems = schema_problems(t, arguments)
+                if problems:
+                    raise Rejection(
+                        "invalid_arguments",
+                        f"a before-call hook rewrote the arguments of {t.name} into ones its "
+                        "schema refuses: " + "; ".join(problems),
+                    )
+        return arguments
+
+    async def _after(
+        self,
+        t: Tool,
+        arguments: dict[str, Any],
+        tctx: ToolContext,
+        env: Envelope,
+        status: ResultStatus,
+        content: str,
+    ) -> tuple[ResultStatus, str]:
+        """Run the after-call hooks in order on an outcome, before T2 records it."""
+        for hook in self.after_call:
+            info = self._info(t, arguments, tctx.call_id, env)
+            try:
+                rewritten = await call_after(hook, info, CallResult(status=status, content=content))
+            except Exception as exc:  # noqa: BLE001 - the call ran; say so and what failed
+                return "error", (
+                    f"{t.name} ran ({status}), then an after-call hook failed "
+                    f"({type(exc).__name__}: {exc}); its result is not shown"
+                )
+            if rewritten is not None:
+                content = rewritten
+        return status, content
 
     async def _run_prepared(
         self,
@@ -466,6 +555,8 @@ class CallPipeline:
             content = f"{t.name} was cancelled while running; its effect may be partial"
         else:
             status, content = execution.result().status, execution.result().content
+            if self.after_call:
+                status, content = await self._after(t, arguments, tctx, env, status, content)
         bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
         await journal.fact(

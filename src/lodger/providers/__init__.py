@@ -1,6 +1,7 @@
 """Model adapters. ``make_model(spec)`` turns a ``--model`` spec into a ``Model``.
 
-Specs: ``script:PATH`` (offline, deterministic), ``openai:MODEL``,
+Specs: ``script:PATH`` (offline, deterministic), ``test`` (``TestModel``: calls every
+tool once with schema-valid arguments, then answers), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
 ``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
 ``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning). SDK-backed
@@ -22,7 +23,8 @@ from lodger.providers.base import (
     ToolSchema,
     UserMessage,
 )
-from lodger.providers.scripted import FunctionModel, ScriptedModel
+from lodger.providers.scripted import FunctionModel, ScriptedModel, tool_call
+from lodger.providers.testmodel import TestModel
 
 __all__ = [
     "AssistantMessage",
@@ -32,18 +34,23 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ScriptedModel",
+    "TestModel",
     "ToolResultMessage",
     "ToolSchema",
     "UserMessage",
     "make_model",
+    "tool_call",
 ]
 
 _HINT = (
-    "use script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL or anthropic:MODEL"
+    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL "
+    "or anthropic:MODEL"
 )
 
 
 def make_model(spec: str) -> Model:
+    if spec in ("test", "test:"):
+        return TestModel()
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(f"model spec {spec!r} has no provider prefix", hint=_HINT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from lodger.events import ProposedCall, Usage
 
@@ -38,7 +38,11 @@ class ToolSchema:
 
 @dataclass(frozen=True, kw_only=True)
 class UserMessage:
+    """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input
+    and ``"runtime"`` for what the runtime says back (an output that failed validation)."""
+
     text: str
+    source: Literal["input", "runtime"] = "input"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +71,9 @@ class ModelRequest:
     messages: Sequence[Message]
     tools: tuple[ToolSchema, ...] = ()
     max_output_tokens: int | None = None
+    #: the JSON schema the final answer must match (``Agent(output_type=...)``), or None
+    #: for free text; adapters may pass it to a provider's structured-output option
+    output_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,9 @@
 
 Each step may have ``text``, ``reasoning`` and ``calls``; a call has ``name`` and either
 ``args`` (a JSON object) or ``arguments`` (raw text, to script a malformed call). The
-model picks its step from the history it is given: the number of model outputs the
-request already holds. A resumed run therefore continues the script where the
+model picks its step from the history it is given: the number of model outputs since the
+turn's input (the last user message the turn started with). Every turn therefore plays
+the script from its first step, a resumed run continues the script where the
 interrupted run stopped, and call ids (``call-<step>-<n>``) come out the same every time.
 
 ``FunctionModel`` wraps a Python function ``(request) -> ModelResponse`` for tests.
@@ -32,9 +33,18 @@ from lodger.providers.base import (
     ModelRequest,
     ModelResponse,
     TextSink,
+    UserMessage,
 )
 
-__all__ = ["FunctionModel", "ScriptedModel", "load_script"]
+__all__ = ["FunctionModel", "ScriptedModel", "load_script", "tool_call"]
+
+
+def tool_call(name: str, /, **args: Any) -> ProposedCall:
+    """A call for a ``FunctionModel`` to return: ``tool_call("add", a=1, b=2)``.
+
+    The arguments are encoded as JSON; the runtime gives the call a session-unique id.
+    """
+    return ProposedCall(call_id="", name=name, arguments=json.dumps(args, ensure_ascii=False))
 
 
 def _step_error(index: int, why: str) -> ConfigError:
@@ -45,7 +55,7 @@ def _step_error(index: int, why: str) -> ConfigError:
     )
 
 
-def load_script(path: str | Path) -> list[dict[str, Any]]:
+def load_script(path: str | Path) -> list[Any] | dict[str, Any]:
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -68,8 +78,18 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
             hint="a script is a list of steps; nest arguments a few levels deep at most",
             code="script",
         ) from None
+    if (
+        isinstance(data, dict)
+        and set(data) == {"turns"}
+        and isinstance(data["turns"], list)
+        and all(isinstance(t, list) for t in data["turns"])
+    ):
+        return data
     if not isinstance(data, list):
-        raise ConfigError(f"script {path} must be a JSON list of steps", code="script")
+        raise ConfigError(
+            f'script {path} must be a JSON list of steps or {{"turns": [[steps], ...]}}',
+            code="script",
+        )
     return data
 
 
@@ -99,7 +119,14 @@ def _response(index: int, step: Any) -> ModelResponse:
 
 
 def outputs_so_far(request: ModelRequest) -> int:
-    return sum(1 for m in request.messages if isinstance(m, AssistantMessage))
+    """Model outputs in ``request`` since the current turn's input."""
+    count = 0
+    for m in reversed(request.messages):
+        if isinstance(m, UserMessage) and m.source == "input":
+            break
+        if isinstance(m, AssistantMessage):
+            count += 1
+    return count
 
 
 class _OutputCounter:
@@ -107,7 +134,8 @@ class _OutputCounter:
 
     A run's requests grow by appending, and the projection reuses the message objects,
     so when the previous request's last message is still in place only the new tail is
-    counted. Anything else (a new session, a resumed run, elided results) counts anew.
+    counted (a new turn's input resets the count). Anything else (a new session, a
+    resumed run, elided results) counts anew.
     """
 
     def __init__(self) -> None:
@@ -117,30 +145,51 @@ class _OutputCounter:
 
     def count(self, request: ModelRequest) -> int:
         messages = request.messages
-        start = 0
         if 0 < self._length <= len(messages) and messages[self._length - 1] is self._last:
-            start = self._length
+            for m in messages[self._length :]:
+                if isinstance(m, UserMessage) and m.source == "input":
+                    self._count = 0
+                elif isinstance(m, AssistantMessage):
+                    self._count += 1
         else:
-            self._count = 0
-        self._count += sum(1 for m in messages[start:] if isinstance(m, AssistantMessage))
+            self._count = outputs_so_far(request)
         self._length = len(messages)
         self._last = messages[-1] if messages else None
         return self._count
 
 
 class ScriptedModel:
-    """Plays ``steps``; ``ScriptedModel.from_file("script.json")`` reads a JSON script."""
+    """Plays ``steps`` in every turn, or ``turns`` (one list of steps per turn) when a
+    session's turns need different scripts; ``ScriptedModel.from_file("script.json")``
+    reads a JSON script (a list of steps, or ``{"turns": [[...], [...]]}``)."""
 
-    def __init__(self, steps: Sequence[Any], *, name: str = "inline") -> None:
-        self.steps = list(steps)
+    def __init__(
+        self,
+        steps: Sequence[Any] | None = None,
+        *,
+        turns: Sequence[Sequence[Any]] | None = None,
+        name: str = "inline",
+    ) -> None:
+        if (steps is None) == (turns is None):
+            raise ConfigError(
+                "a script has steps or turns, not both and not neither",
+                hint='ScriptedModel([{"text": "hi"}]) or ScriptedModel(turns=[[...], [...]])',
+                code="script",
+            )
+        self.turns = [list(t) for t in turns] if turns is not None else None
+        self.steps = list(steps) if steps is not None else []
         self._name = name
         self._outputs = _OutputCounter()
-        for index, step in enumerate(self.steps):
-            _response(index, step)  # fail early on a bad script
+        for script in self.turns if self.turns is not None else [self.steps]:
+            for index, step in enumerate(script):
+                _response(index, step)  # fail early on a bad script
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedModel:
-        return cls(load_script(path), name=str(path))
+        data = load_script(path)
+        if isinstance(data, dict):
+            return cls(turns=data["turns"], name=str(path))
+        return cls(data, name=str(path))
 
     @property
     def spec(self) -> str:
@@ -153,24 +202,44 @@ class ScriptedModel:
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
         index = self._outputs.count(request)
-        if index >= len(self.steps):
+        steps = self.steps
+        where = ""
+        if self.turns is not None:
+            turn = sum(
+                1 for m in request.messages if isinstance(m, UserMessage) and m.source == "input"
+            )
+            if not 1 <= turn <= len(self.turns):
+                raise ProviderError(
+                    f"the script has {len(self.turns)} turns and turn {turn} was requested",
+                    retryable=False,
+                    hint="add a list of steps for every turn the session will run",
+                    code="script_exhausted",
+                )
+            steps, where = self.turns[turn - 1], f" of turn {turn}"
+        if index >= len(steps):
             raise ProviderError(
-                f"the script has {len(self.steps)} steps and step {index} was requested",
+                f"the script{where} has {len(steps)} steps and step {index} was requested",
                 retryable=False,
                 hint="add a final step with only text so the turn can end",
                 code="script_exhausted",
             )
-        response = _response(index, self.steps[index])
+        response = _response(index, steps[index])
         if on_text is not None and response.text:
             on_text(response.text)
         return response
 
 
-ModelFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
+ModelFunction = Callable[
+    [ModelRequest], ModelResponse | str | Awaitable[ModelResponse] | Awaitable[str]
+]
 
 
 class FunctionModel:
-    """A model that is a Python function of the request (sync or async)."""
+    """A model that is a Python function of the request (sync or async).
+
+    The function returns a ``ModelResponse`` (``ModelResponse(calls=(tool_call("add",
+    a=1, b=2),))``) or a plain ``str``, the final answer.
+    """
 
     def __init__(self, fn: ModelFunction, *, name: str = "function") -> None:
         self._fn = fn
@@ -186,10 +255,17 @@ class FunctionModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        result = self._fn(request)
+        result: Any = self._fn(request)
         if inspect.isawaitable(result):
             result = await result
-        assert isinstance(result, ModelResponse)
+        if isinstance(result, str):
+            result = ModelResponse(text=result)
+        if not isinstance(result, ModelResponse):
+            raise ProviderError(
+                f"the model function returned {type(result).__name__}, not a ModelResponse or str",
+                retryable=False,
+                code="function_model",
+            )
         if on_text is not None and result.text:
             on_text(result.text)
         return result

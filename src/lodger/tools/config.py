@@ -1,4 +1,15 @@
-"""MCP servers configured in ``lodger.toml`` (in the workspace) and with ``--mcp``.
+"""The project configuration, ``lodger.toml`` in the workspace, and ``--mcp`` servers.
+
+    model = "openai:gpt-4.1"                 # the default for --model
+
+    [permissions]                          # first match wins: deny, then ask, then allow
+    allow = ["read_file", "shell(git status*)", "shell(pytest*)"]
+    ask = ["write_file", "edit_file"]
+    deny = ["shell(rm *)"]
+
+A permission entry is a tool name pattern (``mcp:*`` matches a group), optionally with an
+argument pattern in parentheses that one of the call's string arguments must match.
+Every key is checked (a pydantic model): an unknown key anywhere is an error naming it.
 
     [mcp.servers.git]                      # stdio: a command the runtime starts
     command = "mcp-server-git"
@@ -29,14 +40,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lodger.engine.permissions import Decision, Rule
 from lodger.errors import ConfigError
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
 from lodger.tools.spec import Tool
 
 __all__ = [
     "CONFIG_FILE",
+    "PermissionsConfig",
+    "ProjectConfig",
     "load_catalog",
     "load_mcp_servers",
+    "load_project_config",
     "parse_mcp_option",
     "read_config_file",
 ]
@@ -136,8 +153,50 @@ def _too_deep(what: str, path: Path) -> ConfigError:
     )
 
 
-def read_config_file(path: Path) -> list[McpServerConfig]:
-    """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PermissionsConfig(BaseModel):
+    """``[permissions]``: tool patterns (``name`` or ``name(argument pattern)``)."""
+
+    model_config = _STRICT
+    allow: list[str] = []
+    ask: list[str] = []
+    deny: list[str] = []
+
+    def rules(self) -> list[Rule]:
+        """Deny first, then ask, then allow: a deny always wins over a broader allow."""
+        order: tuple[tuple[Decision, list[str]], ...] = (
+            ("deny", self.deny),
+            ("ask", self.ask),
+            ("allow", self.allow),
+        )
+        return [Rule.parse(text, decision) for decision, texts in order for text in texts]
+
+
+class McpConfig(BaseModel):
+    model_config = _STRICT
+    #: each server's table is checked by ``server_from_table`` (its own key list)
+    servers: dict[str, dict[str, Any]] = {}
+
+
+class ProjectConfig(BaseModel):
+    """A whole ``lodger.toml``."""
+
+    model_config = _STRICT
+    model: str | None = None
+    permissions: PermissionsConfig = PermissionsConfig()
+    mcp: McpConfig = McpConfig()
+
+
+def load_project_config(path: Path) -> ProjectConfig:
+    """``lodger.toml`` checked key by key; a missing file is the empty configuration."""
+    if not path.is_file():
+        return ProjectConfig()
+    return _project_config(path)
+
+
+def _project_config(path: Path) -> ProjectConfig:
     text = _read_text(path, "configuration file")
     try:
         data = tomllib.loads(text)
@@ -145,9 +204,22 @@ def read_config_file(path: Path) -> list[McpServerConfig]:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except RecursionError:
         raise _too_deep("configuration file", path) from None
-    servers = data.get("mcp", {}).get("servers", {})
-    if not isinstance(servers, dict):
-        raise ConfigError(f"[mcp.servers] in {path} must be a table of tables")
+    try:
+        return ProjectConfig.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            raise ConfigError(
+                f"unknown key {where!r} in {path}",
+                hint="known keys: model, [permissions] allow/ask/deny, [mcp.servers.NAME]",
+            ) from None
+        raise ConfigError(f"{where} in {path}: {error['msg']}") from None
+
+
+def read_config_file(path: Path) -> list[McpServerConfig]:
+    """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
+    servers = _project_config(path).mcp.servers
     out = []
     for name, table in servers.items():
         where = f"[mcp.servers.{name}] of {path}"

@@ -22,9 +22,10 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, get_type_hints, overload
+from typing import Any, Generic, Protocol, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from typing_extensions import TypeVar
 
 from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ResourceClaim
@@ -60,6 +61,9 @@ class StepHandle(Protocol):
     async def activate(self, query: str, names: Sequence[str]) -> None: ...
 
 
+DepsT = TypeVar("DepsT", default=Any)
+
+
 @dataclass(frozen=True, kw_only=True)
 class NestedResult:
     """How a nested call of a code cell ended: ``status`` None means it was rejected
@@ -93,8 +97,13 @@ class NestedCaller(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolContext:
-    """Where and as what a call runs. Handlers that declare a ``ToolContext`` parameter get it."""
+class ToolContext(Generic[DepsT]):
+    """Where and as what a call runs. Handlers that declare a ``ToolContext`` parameter get it.
+
+    ``deps`` is what the caller passed as ``Agent.run(..., deps=...)``: a database handle,
+    a client, settings. Annotate the parameter ``ToolContext[MyDeps]`` to have it typed.
+    Deps are never logged: pass them again to ``Agent.resume``.
+    """
 
     session_id: str
     turn_id: str
@@ -110,6 +119,7 @@ class ToolContext:
     #: how a code cell calls tools (set by the pipeline for calls of a model step)
     nested: NestedCaller | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    deps: DepsT = None  # type: ignore[assignment]
 
     def require_workspace(self) -> Path:
         if self.workspace is None:
@@ -205,7 +215,7 @@ class Tool:
 
 
 def _is_context(annotation: Any) -> bool:
-    return annotation is ToolContext
+    return annotation is ToolContext or get_origin(annotation) is ToolContext
 
 
 def _build(

@@ -137,7 +137,7 @@ def test_show_defaults_to_the_last_turn_and_names_the_hidden_ones(
     assert header.startswith(f"session {SESSION}  25 events, head digest ")
     assert note == (
         f"showing turn 3 of 3; turns 1-2 hidden: `lodger log show {SESSION} --state {state} "
-        "--turn N` shows turn N, `--last N` the last N turns, `--all` everything"
+        "--turn N` shows turn N, `--last-turns N` the last N turns, `--all` everything"
     )
     assert set(offsets(result.stdout)) == expected(3)
     assert "turn #3 t3" in result.stdout
@@ -152,10 +152,10 @@ def test_show_picks_turns_by_number(runner: CliRunner, state: Path) -> None:
     both = show(runner, state, "--turn", "3", "--turn", "1")
     assert set(offsets(both.stdout)) == expected(1, 3)
     assert "showing turns 1, 3 of 3; turn 2 hidden" in both.stdout
-    last_two = show(runner, state, "--last", "2")
+    last_two = show(runner, state, "--last-turns", "2")
     assert set(offsets(last_two.stdout)) == expected(2, 3)
     assert "showing turns 2-3 of 3; turn 1 hidden" in last_two.stdout
-    more = show(runner, state, "--last", "7")
+    more = show(runner, state, "--last-turns", "7")
     assert set(offsets(more.stdout)) == set(range(25))
     assert "hidden" not in more.stdout
 
@@ -201,7 +201,7 @@ def test_show_timing_covers_the_page(runner: CliRunner, state: Path) -> None:
         (["--turn", "4"], "error: the session has turns 1 to 3; turn 4 is not one of them"),
         (["--turn", "0"], "error: the session has turns 1 to 3; turn 0 is not one of them"),
         (["--all", "--turn", "1"], "error: --all shows every turn; it does not combine"),
-        (["--turn", "1", "--last", "2"], "error: --turn and --last both pick turns"),
+        (["--turn", "1", "--last-turns", "2"], "error: --turn and --last-turns both pick turns"),
     ],
 )
 def test_show_refuses_bad_turn_choices(
@@ -351,7 +351,7 @@ def test_select_page_numbers_turns_from_one() -> None:
     assert select_page(index).ranges() == [(0, 1), (17, 25)]
     assert select_page(index, every=True).ranges() == [(0, 25)]
     assert select_page(index, every=True).complete
-    with pytest.raises(UsageError, match="--last takes 1 or more"):
+    with pytest.raises(UsageError, match="--last-turns takes 1 or more"):
         select_page(index, last=0)
 
 

@@ -190,7 +190,8 @@ def _show_command(session_id: str, state: str) -> str:
     help="Show turn N (numbered from 1, as printed); repeat for more turns.",
 )
 @click.option(
-    "--last",
+    "--last-turns",
+    "last_turns",
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
@@ -220,14 +221,14 @@ def show(
     state: str,
     as_json: bool,
     turns: tuple[int, ...],
-    last: int | None,
+    last_turns: int | None,
     show_all: bool,
     full: bool,
     timing: bool,
 ) -> None:
     """Show a session's timeline of turns, runs, steps and calls, a page of turns at a time.
 
-    By default the last turn is shown; --turn N, --last N and --all pick others, and a
+    By default the last turn is shown; --turn N, --last-turns N and --all pick others, and a
     line under the header names the turns left out. Each line starts with the event's
     offset and local time. Every call is followed by its facts (rejection, permission, T1
     dispatch, T2 response, recovery) and by the code-mode calls it made, indented; the
@@ -240,29 +241,29 @@ def show(
     \b
     Example:
       lodger log show 0193a6c2-7f1e-7c3a-9d2b-5e8f1a2b3c4d
-      lodger log show SESSION --last 3
+      lodger log show SESSION --last-turns 3
       lodger log show SESSION --turn 1 --turn 2 --full
       lodger log show SESSION --all | less -R
       lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
     """
-    if show_all and (turns or last is not None):
+    if show_all and (turns or last_turns is not None):
         raise UsageError(
-            "--all shows every turn; it does not combine with --turn or --last",
-            hint="pick turns with --turn N or --last N, or drop them to see every turn",
+            "--all shows every turn; it does not combine with --turn or --last-turns",
+            hint="pick turns with --turn N or --last-turns N, or drop them to see every turn",
             code="usage",
         )
-    if turns and last is not None:
+    if turns and last_turns is not None:
         raise UsageError(
-            "--turn and --last both pick turns; use one of them",
-            hint="--turn N shows turn N (repeat it for more), --last N the last N turns",
+            "--turn and --last-turns both pick turns; use one of them",
+            hint="--turn N shows turn N (repeat it for more), --last-turns N the last N turns",
             code="usage",
         )
 
     async def work(log: EventLog) -> _Shown:
         require_log(log, state, session_id)
         verified = await log.read_verified(session_id)
-        return await asyncio.to_thread(_read_page, verified, turns, last, show_all)
+        return await asyncio.to_thread(_read_page, verified, turns, last_turns, show_all)
 
     shown = run_with_log(state, work)
     command = _show_command(session_id, state)

@@ -363,7 +363,7 @@ def hidden_note(page: Page, command: str) -> str | None:
     return (
         f"showing turn{plural} {_numbers(number_runs(page.shown))} of {page.index.count}; "
         f"turn{hidden_plural} {_numbers(hidden)} hidden: `{command} --turn N` shows turn N, "
-        "`--last N` the last N turns, `--all` everything"
+        "`--last-turns N` the last N turns, `--all` everything"
     )
 
 

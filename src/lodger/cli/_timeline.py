@@ -415,7 +415,7 @@ def select_page(
         return Page(index, tuple(sorted(set(turns))))
     keep = 1 if last is None else last
     if keep < 1:
-        raise UsageError(f"--last takes 1 or more turns, not {keep}", code="invalid_range")
+        raise UsageError(f"--last-turns takes 1 or more turns, not {keep}", code="invalid_range")
     return Page(index, tuple(range(max(count - keep, 0) + 1, count + 1)))
 
 

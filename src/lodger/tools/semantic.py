@@ -141,6 +141,9 @@ def _empty() -> NDArray[np.float32]:
 # Fitted on the dev half of bench/data: a tool's fused score is its BM25F score over the
 # best one's, plus this times its cosine similarity to the query.
 SEMANTIC_WEIGHT = 1.2
+# A tool that shares no word with the query is a match only this near to it: below, a
+# query of unknown words ("zzzz") would still "find" its nearest neighbours.
+MIN_SIMILARITY = 0.25
 
 
 class HybridIndex:
@@ -176,16 +179,23 @@ class HybridIndex:
 
         if not self.tools or limit <= 0:
             return []
-        fused = self.similarities(query) * np.float32(self.semantic_weight)
+        similarities = self.similarities(query)
+        fused = similarities * np.float32(self.semantic_weight)
+        matched = similarities >= np.float32(MIN_SIMILARITY)
         lexical = self.lexical.scores(query)
         if lexical:
             top = max(lexical.values())
             docs = np.fromiter(lexical.keys(), dtype=np.int64, count=len(lexical))
             values = np.fromiter(lexical.values(), dtype=np.float32, count=len(lexical))
             fused[docs] += values / np.float32(top)
+            matched[docs] = True
         for doc in self.lexical.exact(query):
             fused[doc] += np.float32(EXACT_BONUS)
-        n = min(limit, len(fused))
-        top_n = np.argpartition(-fused, n - 1)[:n] if n < len(fused) else np.arange(len(fused))
+        candidates = np.flatnonzero(matched)
+        n = min(limit, len(candidates))
+        if n == 0:
+            return []
+        scores = fused[candidates]
+        top_n = candidates[np.argpartition(-scores, n - 1)[:n]]
         best = sorted(((float(fused[d]), int(d)) for d in top_n), key=lambda x: (-x[0], x[1]))
         return [SearchHit(name=self.tools[d].name, score=s, tool=self.tools[d]) for s, d in best]

@@ -65,6 +65,7 @@ def _ranker(tools: Sequence[Tool], name: RankerName) -> Ranker:
         return ToolIndex(tools)
     return HybridIndex(tools, embedder=embedder)
 
+
 # ---------------------------------------------------------------- the tool
 
 

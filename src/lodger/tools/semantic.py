@@ -172,7 +172,8 @@ class HybridIndex:
 
     def similarities(self, query: str) -> NDArray[np.float32]:
         """Cosine similarity of every tool (in ``tools`` order) to ``query``."""
-        return self._vectors @ self.embedder.embed([query])[0]
+        similarities: NDArray[np.float32] = self._vectors @ self.embedder.embed([query])[0]
+        return similarities
 
     def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:
         import numpy as np

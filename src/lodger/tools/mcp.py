@@ -292,7 +292,8 @@ class _Connection:
             return ToolCallError(
                 f"MCP server {self.config.name!r} is not available: "
                 f"{self.failure or 'it went down'}; this call may or may not have taken "
-                "effect, so check before repeating it (the next call of its tools starts the server again)"
+                "effect, so check before repeating it (the next call of its tools starts "
+                "the server again)"
             )
         return ToolCallError(
             f"MCP server {self.config.name!r} is not available: "

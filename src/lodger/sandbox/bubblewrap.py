@@ -18,6 +18,7 @@ proxy (``lodger.sandbox.egress``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,16 @@ __all__ = ["BubblewrapSandbox", "bubblewrap_argv"]
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 #: files under the system directories that hold secrets; covered even though /etc is bound
-MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh",
-          "/etc/sudoers", "/etc/sudoers.d", "/etc/security/opasswd")
+MASKED = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/ssh",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+)
 EGRESS_SOCKET = "/run/lodger/egress.sock"
 FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
 
@@ -58,24 +67,36 @@ class BubblewrapSandbox:
         stdin: bytes = b"",
         env: Mapping[str, str],
         limits: Limits,
-        network: NetworkPolicy = NetworkPolicy(),
+        network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
-        workspace = Path(os.path.realpath(workspace))
-        where = Path(os.path.realpath(cwd)) if cwd is not None else workspace
+        network = network or NetworkPolicy()
+        workspace, where = await asyncio.to_thread(_real, workspace, cwd)
         env = dict(env)
         if not network.enabled:
-            command = bubblewrap_argv(
-                self.executable, argv, workspace=workspace, cwd=where, hidden=hidden
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
+                self.executable,
+                argv,
+                workspace=workspace,
+                cwd=where,
+                hidden=hidden,
             )
             return await run_confined(
-                command, backend=self.name, env=env, cwd=workspace, stdin=stdin,
-                limits=limits, on_output=on_output, signal_exit_codes=True,
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
             )
         async with EgressProxy(network) as proxy:
             env.update(proxy_environment())
-            command = bubblewrap_argv(
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
                 self.executable,
                 forwarder_argv(EGRESS_SOCKET, argv),
                 workspace=workspace,
@@ -84,8 +105,14 @@ class BubblewrapSandbox:
                 binds=((proxy.socket_path, EGRESS_SOCKET),),
             )
             return await run_confined(
-                command, backend=self.name, env=env, cwd=workspace, stdin=stdin,
-                limits=limits, on_output=on_output, signal_exit_codes=True,
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
                 connections=proxy.connections,
             )
 
@@ -110,8 +137,10 @@ def bubblewrap_argv(
         "--unshare-uts",
         "--unshare-net",
         "--unshare-cgroup-try",
-        "--hostname", "lodger-sandbox",
-        "--cap-drop", "ALL",
+        "--hostname",
+        "lodger-sandbox",
+        "--cap-drop",
+        "ALL",
     ]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -124,12 +153,17 @@ def bubblewrap_argv(
     for source, target in binds:
         args += ["--bind", str(source), target]
     args += ["--bind", str(workspace), str(workspace)]
-    for path in hidden:
-        real = os.path.realpath(path)
+    for hidden_path in hidden:
+        real = os.path.realpath(hidden_path)
         if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):
             args += _cover(real)
     args += ["--chdir", str(cwd), "--", *argv]
     return args
+
+
+def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:
+    root = Path(os.path.realpath(workspace))
+    return root, Path(os.path.realpath(cwd)) if cwd is not None else root
 
 
 def _cover(path: str) -> list[str]:

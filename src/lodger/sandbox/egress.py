@@ -41,7 +41,7 @@ _FORWARDER = r"""
 import os, socket, subprocess, sys, threading
 path, argv = sys.argv[1], sys.argv[2:]
 server = socket.socket()
-server.bind(("127.0.0.1", %d))
+server.bind(("127.0.0.1", PORT))
 server.listen(64)
 def pipe(a, b):
     try:
@@ -76,7 +76,7 @@ except OSError as exc:
     code = 127
 sys.stdout.flush()
 os._exit(128 - code if code < 0 else code)
-""" % PROXY_PORT
+""".replace("PORT", str(PROXY_PORT))
 
 
 def forwarder_argv(socket_path: str, argv: Sequence[str]) -> list[str]:
@@ -181,7 +181,8 @@ class EgressProxy:
             extra = self.policy.headers_for(host)
             names = {name.lower() for name in extra}
             kept = [
-                h for h in headers
+                h
+                for h in headers
                 if not h.lower().startswith(("proxy-", "connection:"))
                 and h.split(":", 1)[0].strip().lower() not in names
             ]
@@ -191,8 +192,9 @@ class EgressProxy:
             up_writer.write(f"{method} {path} {version}\r\n".encode("latin-1"))
             up_writer.write(("\r\n".join(kept) + "\r\n\r\n").encode("latin-1"))
         self.connections.append(
-            Connection(host=host, port=port, method=method, allowed=True,
-                       credentials_injected=injected)
+            Connection(
+                host=host, port=port, method=method, allowed=True, credentials_injected=injected
+            )
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -202,7 +204,12 @@ class EgressProxy:
             up_writer.close()
 
     def _refuse(
-        self, writer: asyncio.StreamWriter, host: str, port: int, method: str, why: str,
+        self,
+        writer: asyncio.StreamWriter,
+        host: str,
+        port: int,
+        method: str,
+        why: str,
         status: int = 403,
     ) -> None:
         self.connections.append(
@@ -211,7 +218,8 @@ class EgressProxy:
         body = f"lodger egress proxy: {host} refused: {why}\n".encode()
         writer.write(
             f"HTTP/1.1 {status} Forbidden\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: close\r\n\r\n".encode() + body
+            f"Connection: close\r\n\r\n".encode()
+            + body
         )
 
 
@@ -226,5 +234,3 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         with contextlib.suppress(OSError):
             if writer.can_write_eof():
                 writer.write_eof()
-
-

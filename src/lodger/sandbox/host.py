@@ -8,6 +8,7 @@ cgroup holds it, files outside the workspace are reachable and the network is op
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,12 +35,18 @@ class HostSandbox:
         stdin: bytes = b"",
         env: Mapping[str, str],
         limits: Limits,
-        network: NetworkPolicy = NetworkPolicy(),
+        network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
-        where = Path(os.path.realpath(cwd if cwd is not None else workspace))
+        where = Path(await asyncio.to_thread(os.path.realpath, cwd or workspace))
         return await run_confined(
-            argv, backend=self.name, env=env, cwd=where, stdin=stdin, limits=limits,
-            on_output=on_output, signal_exit_codes=False,
+            argv,
+            backend=self.name,
+            env=env,
+            cwd=where,
+            stdin=stdin,
+            limits=limits,
+            on_output=on_output,
+            signal_exit_codes=False,
         )

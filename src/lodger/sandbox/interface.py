@@ -104,7 +104,7 @@ class Sandbox(Protocol):
         stdin: bytes = b"",
         env: Mapping[str, str],
         limits: Limits,
-        network: NetworkPolicy = NetworkPolicy(),
+        network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
         on_output: OutputSink | None = None,
     ) -> SandboxResult:

@@ -106,7 +106,8 @@ class NetworkPolicy:
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
         return any(
-            fnmatch.fnmatchcase(host, pattern.lower()) and _is_domain(host) for pattern in self.allow
+            fnmatch.fnmatchcase(host, pattern.lower()) and _is_domain(host)
+            for pattern in self.allow
         )
 
     def headers_for(self, host: str) -> Mapping[str, str]:

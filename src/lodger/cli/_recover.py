@@ -36,6 +36,7 @@ from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
+from lodger.sandbox.policy import load_sandbox_policy
 from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
@@ -253,7 +254,7 @@ def resume(
         raise ConfigError("no model to resume with", hint="pass --model SPEC")
     model = make_model(spec)
     root = workspace or (Path(recorded_workspace) if recorded_workspace else None)
-    tools = workspace_tools()
+    tools = workspace_tools(sandbox=load_sandbox_policy(root) if root is not None else None)
     for path in tools_files:
         tools.extend(load_tools_file(path))
     # the same MCP servers the session used: lodger.toml in its workspace, then --mcp

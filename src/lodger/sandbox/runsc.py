@@ -9,11 +9,11 @@ the host exists inside. gVisor gives new PID, network, IPC, UTS and mount namesp
 
 Limits: the gVisor sandbox's host processes start in the command's cgroup, but on the
 host this was built on (runsc release 20221219, cgroup v1) a 300 MB allocation inside
-succeeded under a 64 MB memory cgroup: the memory limit is NOT enforced by this backend
-yet (tests/sandbox/test_escapes.py marks that case xfail). ``RLIMIT_CPU`` on the host process bounds the CPU time
-of the sandbox as a whole; the process count is ``RLIMIT_NPROC`` inside gVisor (the
-host's pids cgroup would count gVisor's own threads, so it is not used); wall time and
-output are watched by lodger, which kills the sandbox.
+succeeded under a 64 MB memory cgroup: this backend does NOT enforce the memory limit
+yet (tests/sandbox/test_escapes.py marks that case xfail). ``RLIMIT_CPU`` on the host
+process bounds the CPU time of the sandbox as a whole; the process count is
+``RLIMIT_NPROC`` inside gVisor (the host's pids cgroup would count gVisor's own threads,
+so it is not used); wall time and output are watched by lodger, which kills the sandbox.
 
 Network policy: only ``off`` is supported by this backend; a policy that allows domains
 is refused (the egress proxy is wired into bubblewrap only).

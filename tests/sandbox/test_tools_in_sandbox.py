@@ -9,8 +9,8 @@ import pytest
 
 from lodger.errors import ConfigError, ToolCallError
 from lodger.sandbox import BubblewrapSandbox, Limits, SandboxPolicy, policy_from_config
-from lodger.sandbox.policy import load_sandbox_policy
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import load_sandbox_policy
 from lodger.tools.shell import python_tool, run_python, shell, shell_tool
 from lodger.tools.spec import ToolContext, ToolOutput
 

@@ -36,10 +36,10 @@ from lodger.errors import ConfigError, ResumeBlockedError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
-from lodger.sandbox.policy import load_sandbox_policy
 from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import load_sandbox_policy
 
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 

@@ -32,9 +32,10 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
-from lodger.sandbox.policy import SandboxPolicy, load_sandbox_policy
+from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
 

@@ -14,9 +14,9 @@ from rich.text import Text
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option
 from lodger.errors import UsageError
-from lodger.sandbox.policy import SandboxPolicy, load_sandbox_policy
+from lodger.sandbox.policy import SandboxPolicy
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers
+from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch, attach_tool_search, tokenize

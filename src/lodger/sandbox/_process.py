@@ -26,6 +26,7 @@ from lodger.sandbox.policy import Limits
 __all__ = ["run_confined"]
 
 _READ = 65536
+_REAP_GRACE_S = 2.0
 
 
 async def run_confined(
@@ -103,10 +104,11 @@ async def run_confined(
                     kept.extend(chunk[:room])
                     if on_output is not None:
                         on_output(chunk[:room])
-                if total > limits.output_bytes:
+                if total > limits.output_bytes and limit is None:
                     limit = "output"
                     _kill(process, cgroup)
-                    return
+                    # Go on reading (and dropping) to EOF: a pipe left unread stays paused,
+                    # and the process transport only finishes once its pipes have closed.
 
         try:
             # EOF as well as the exit: a background process holding the pipe is still
@@ -121,7 +123,7 @@ async def run_confined(
         finally:
             # Whatever happened (return, limit, cancellation): nothing it started survives.
             _kill(process, cgroup)
-            await asyncio.shield(process.wait())
+            await asyncio.shield(_reap(process, stdout))
         returncode = process.returncode
         assert returncode is not None
         usage = cgroup.usage()
@@ -151,6 +153,21 @@ async def run_confined(
         enforcement=enforcement,
         connections=tuple(connections or ()),
     )
+
+
+async def _reap(process: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> None:
+    # The process transport finishes (and wait() returns) only once its pipes have
+    # closed, and a pipe nobody reads stays paused: read the rest and drop it.
+    try:
+        async with asyncio.timeout(_REAP_GRACE_S):
+            while await stdout.read(_READ):
+                pass
+    except TimeoutError:
+        # Something outside our kill still holds the pipe (an unconfined setsid child
+        # with no cgroup): stop listening to it rather than wait for it forever.
+        transport = process._transport  # type: ignore[attr-defined]
+        transport.close()
+    await process.wait()
 
 
 def _kill(process: asyncio.subprocess.Process, cgroup: Cgroup) -> None:

@@ -25,10 +25,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from lodger.errors import ConfigError
@@ -39,7 +37,6 @@ __all__ = [
     "Limits",
     "NetworkPolicy",
     "SandboxPolicy",
-    "load_sandbox_policy",
     "looks_like_credential",
     "policy_from_config",
 ]
@@ -239,20 +236,3 @@ def policy_from_config(table: Mapping[str, Any], *, where: str = "[sandbox]") ->
         env=tuple(env),
         approval=approval,
     )
-
-
-def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
-    """The ``[sandbox]`` table of ``<workspace>/lodger.toml`` as a policy; None without one."""
-    path = workspace / "lodger.toml"
-    if not path.is_file():
-        return None
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    table = data.get("sandbox")
-    if table is None:
-        return None
-    if not isinstance(table, dict):
-        raise ConfigError(f"[sandbox] in {path} must be a table")
-    return policy_from_config(table, where=f"[sandbox] of {path}")

@@ -13,7 +13,8 @@ succeeded under a 64 MB memory cgroup: this backend does NOT enforce the memory 
 yet (tests/sandbox/test_escapes.py marks that case xfail). ``RLIMIT_CPU`` on the host
 process bounds the CPU time of the sandbox as a whole; the process count is
 ``RLIMIT_NPROC`` inside gVisor (the host's pids cgroup would count gVisor's own threads,
-so it is not used); wall time and output are watched by lodger, which kills the sandbox.
+so it is not used, and a refused fork is not reported as ``limit="processes"``); wall
+time and output are watched by lodger, which kills the sandbox.
 
 Network policy: only ``off`` is supported by this backend; a policy that allows domains
 is refused (the egress proxy is wired into bubblewrap only).
@@ -104,16 +105,6 @@ class RunscSandbox:
             )
         finally:
             await asyncio.to_thread(shutil.rmtree, bundle, True)
-        if (
-            result.limit is None
-            and limits.max_processes is not None
-            and (
-                b"fork: Resource temporarily unavailable" in result.output
-                or b"fork: retry: Resource temporarily unavailable" in result.output
-            )
-        ):
-            # RLIMIT_NPROC inside gVisor refused a fork; gVisor does not report it otherwise.
-            result = dataclasses.replace(result, limit="processes")
         how = dict(result.enforcement)
         if limits.max_processes is not None:
             how["processes"] = "RLIMIT_NPROC inside gVisor"

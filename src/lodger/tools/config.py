@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.errors import ConfigError
+from lodger.sandbox.policy import SandboxPolicy, policy_from_config
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
 from lodger.tools.spec import Tool
 
@@ -37,6 +38,7 @@ __all__ = [
     "CONFIG_FILE",
     "load_catalog",
     "load_mcp_servers",
+    "load_sandbox_policy",
     "parse_mcp_option",
     "read_config_file",
 ]
@@ -155,6 +157,27 @@ def read_config_file(path: Path) -> list[McpServerConfig]:
             raise ConfigError(f"{where} must be a table")
         out.append(server_from_table(name, table, where=where, base=path.parent.resolve()))
     return out
+
+
+def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
+    """The ``[sandbox]`` table of ``<workspace>/lodger.toml`` (``lodger.sandbox.policy``);
+    None when there is no file or no table."""
+    path = workspace / CONFIG_FILE
+    if not path.is_file():
+        return None
+    text = _read_text(path, "configuration file")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _too_deep("configuration file", path) from None
+    table = data.get("sandbox")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[sandbox] in {path} must be a table")
+    return policy_from_config(table, where=f"[sandbox] of {path}")
 
 
 def parse_mcp_option(spec: str, *, base: Path | None = None) -> McpServerConfig:

@@ -7,6 +7,13 @@ python="${PYTHON:-python3}"
   echo "error: lodger needs Python >= 3.11 (found $("$python" --version))" >&2
   exit 1
 }
+# Process sandboxes the shell tool runs in (bubblewrap) and the gVisor backend (runsc).
+if ! { command -v bwrap && command -v runsc; } >/dev/null && command -v apt-get >/dev/null \
+  && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq bubblewrap runsc >/dev/null
+fi
+command -v bwrap >/dev/null || { echo "error: install bubblewrap (apt-get install -y bubblewrap)" >&2; exit 1; }
+command -v runsc >/dev/null || { echo "error: install gVisor (apt-get install -y runsc)" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'

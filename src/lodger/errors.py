@@ -368,6 +368,7 @@ ErrorCode = Literal[
     "precondition",
     "vetoed",
     # the world
+    "sandbox_unavailable",
     "resume_blocked",
     "provider",
     "provider_timeout",

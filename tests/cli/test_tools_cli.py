@@ -35,7 +35,7 @@ def test_list_a_catalog_as_json() -> None:
     assert github["schema_bytes"] > 100
     summary = data["summary"]
     assert summary["deferred"]["count"] == len(catalog)
-    assert summary["direct"]["count"] == 7
+    assert summary["direct"]["count"] == 8
     assert 0 < summary["deferred"]["inventory_bytes"] < summary["deferred"]["schema_bytes"] / 5
 
 
@@ -43,7 +43,7 @@ def test_list_prints_a_table_and_a_summary() -> None:
     result = lodger("tools", "list", "--catalog", CATALOG)
     assert result.exit_code == 0
     assert "time__convert_time" in result.output and "deferred" in result.output
-    assert "7 direct" in result.output and "217 deferred" in result.output
+    assert "8 direct" in result.output and "217 deferred" in result.output
 
 
 def test_search_ranks_with_scores_and_marks_what_would_load() -> None:

@@ -17,6 +17,7 @@ import pytest
 from lodger.authority import ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
+from lodger.sandbox import SandboxPolicy
 from lodger.tools.builtin import (
     edit_file,
     grep,
@@ -28,7 +29,7 @@ from lodger.tools.builtin import (
 )
 from lodger.tools.files import READ_MAX_CHARS
 from lodger.tools.find import GREP_MAX_MATCHES, LIST_MAX_ENTRIES
-from lodger.tools.shell import SHELL_MAX_OUTPUT_CHARS, _CappedOutput
+from lodger.tools.shell import SHELL_MAX_OUTPUT_CHARS, _CappedOutput, shell_tool
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 
@@ -69,7 +70,9 @@ def dispatched(t: Tool, arguments: dict[str, Any], exps: list[FileExpectation]) 
 
 def test_workspace_tools_and_their_declarations() -> None:
     tools = {t.name: t for t in workspace_tools()}
-    assert list(tools) == ["read_file", "write_file", "edit_file", "list_files", "grep", "shell"]
+    assert list(tools) == [
+        "read_file", "write_file", "edit_file", "list_files", "grep", "shell", "run_python",
+    ]  # fmt: skip
     declared = {
         name: (t.group, t.recovery, t.nestable, t.approval, t.probe is not None)
         for name, t in tools.items()
@@ -80,7 +83,9 @@ def test_workspace_tools_and_their_declarations() -> None:
         "edit_file": ("files", "queryable", False, False, True),
         "list_files": ("files", "idempotent", True, False, False),
         "grep": ("files", "idempotent", True, False, False),
-        "shell": ("shell", "never_retry", False, True, False),
+        # Sandboxed by default: confinement, not a person, makes a command safe to run.
+        "shell": ("shell", "never_retry", False, False, False),
+        "run_python": ("shell", "never_retry", False, False, False),
     }
     assert write_file.expectations is not None
     assert edit_file.expectations is not None
@@ -578,7 +583,10 @@ def test_claims_use_canonical_keys_and_workspace_relative_labels(
     assert rendered(edit_file.claims(edit, ctx)) == ["write file:README.md"]
     assert rendered(grep.claims({"pattern": "x", "path": "alias"}, ctx)) == ["read file:src/**"]
     assert rendered(list_files.claims({}, ctx)) == ["read file:./**"]
-    assert rendered(shell.claims({"command": "ls"}, ctx)) == ["write file:./**"]
+    assert rendered(shell.claims({"command": "ls"}, ctx)) == [
+        "write file:./**",
+        "actor:sandbox:bubblewrap",
+    ]
     with pytest.raises(ToolCallError, match="outside the workspace"):
         read_file.claims({"path": "../x"}, ctx)
 
@@ -613,9 +621,14 @@ async def test_shell_environment_is_scrubbed(
     assert names <= {"PATH", "HOME", "LANG", "PWD", "SHLVL", "_"}
 
 
+# On the host (backend "none") a killed command's process group must die too; the
+# sandboxed default is covered by tests/sandbox.
+host_shell = shell_tool(SandboxPolicy(backend="none"))
+
+
 async def test_shell_timeout_kills_the_process_group(ws: Path, ctx: ToolContext) -> None:
     started = time.monotonic()
-    result = await shell.handler(
+    result = await host_shell.handler(
         {"command": "echo started; sleep 30 & echo $! > bg.pid; sleep 30", "timeout_s": 0.5},
         ctx,
     )
@@ -630,7 +643,7 @@ async def test_shell_timeout_kills_the_process_group(ws: Path, ctx: ToolContext)
 
 async def test_shell_cancellation_kills_the_process_group(ws: Path, ctx: ToolContext) -> None:
     async def run() -> object:
-        return await shell.handler({"command": "sleep 30 & echo $! > bg.pid; wait"}, ctx)
+        return await host_shell.handler({"command": "sleep 30 & echo $! > bg.pid; wait"}, ctx)
 
     task = asyncio.create_task(run())
     pid_file = ws / "bg.pid"

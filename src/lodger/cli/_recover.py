@@ -42,7 +42,7 @@ from lodger.recovery import RecoveryPlan
 from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_project_config
+from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 
@@ -251,7 +251,9 @@ def resume(
             try:
                 known = recorded.workspace if recorded else None
                 root = workspace or (Path(known) if known else None)
-                tools = workspace_tools()
+                tools = workspace_tools(
+                    sandbox=load_sandbox_policy(root) if root is not None else None
+                )
                 for path in tools_files:
                     tools.extend(load_tools_file(path))
                 # the same MCP servers the session used: lodger.toml in its workspace, then --mcp

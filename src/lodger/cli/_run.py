@@ -33,10 +33,11 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel, make_model
 from lodger.providers.base import Model
+from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_project_config
+from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
 
@@ -309,7 +310,7 @@ def run(
             f"{CONFIG_FILE}; `lodger demo` runs offline",
         )
     model = make_model(model_spec)
-    tools = workspace_tools()
+    tools = workspace_tools(sandbox=load_sandbox_policy(workspace))
     for path in tools_files:
         tools.extend(load_tools_file(path))
     mcp = mcp_servers_for(workspace, mcp_specs)  # lodger.toml in the workspace, then --mcp
@@ -424,7 +425,9 @@ def demo(state: str | None) -> None:
             workspace=workspace,
             state=state_dir,
             session=None,
-            tools=workspace_tools(),
+            # The demo's shell call asks for approval (and is denied) even though it is
+            # sandboxed: a policy may ask, and the demo shows a denial.
+            tools=workspace_tools(sandbox=SandboxPolicy(approval=True)),
             approve_all=False,
             interactive=False,
             max_steps=10,

@@ -14,8 +14,9 @@ from rich.text import Text
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option
 from lodger.errors import UsageError
+from lodger.sandbox.policy import SandboxPolicy
 from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers
+from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch, attach_tool_search, tokenize
@@ -55,7 +56,8 @@ def _bound(
         async with McpServers(configs) as servers:
             return servers.tools()
 
-    bound: list[Tool] = [*workspace_tools(), *asyncio.run(listed())]
+    policy = load_sandbox_policy(workspace) or SandboxPolicy()
+    bound: list[Tool] = [*workspace_tools(sandbox=policy), *asyncio.run(listed())]
     for catalog in catalogs:
         bound.extend(load_catalog(catalog))
     registry = ToolRegistry(bound)
@@ -134,8 +136,18 @@ def list_tools(
         for tier in ("direct", "deferred")
     }
     summary["deferred"]["inventory_bytes"] = len(inventory.encode())
+    policy = load_sandbox_policy(workspace) or SandboxPolicy()
+    sandboxed = [t.name for t in registry if t.group == "shell"]
+    sandbox = {
+        "backend": policy.backend,
+        "approval": policy.approval or not policy.confined,
+        "limits": policy.limits.describe(),
+        "network": policy.network.describe(),
+        "env": list(policy.env),
+        "tools": sandboxed,
+    }
     if as_json:
-        echo_json({"tools": rows, "summary": summary})
+        echo_json({"tools": rows, "summary": summary, "sandbox": sandbox})
         return
     table = Table(box=None, header_style="bold")
     for column in ("name", "tier", "group", "schema bytes"):
@@ -149,6 +161,11 @@ def list_tools(
         f"{len(rows)} tools: {direct['count']} direct ({direct['schema_bytes']} bytes of "
         f"schema on every step), {deferred['count']} deferred ({deferred['schema_bytes']} "
         f"bytes of schema, {deferred['inventory_bytes']} bytes of inventory)"
+    )
+    console.print(
+        f"sandbox for {', '.join(sandboxed)}: {policy.describe()}"
+        + ("; asks for approval" if sandbox["approval"] else ""),
+        soft_wrap=True,
     )
 
 

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lodger.engine.permissions import Decision, Rule
 from lodger.errors import ConfigError
+from lodger.sandbox.policy import SandboxPolicy, policy_from_config
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
 from lodger.tools.spec import Tool
 
@@ -54,6 +55,7 @@ __all__ = [
     "load_catalog",
     "load_mcp_servers",
     "load_project_config",
+    "load_sandbox_policy",
     "parse_mcp_option",
     "read_config_file",
 ]
@@ -187,6 +189,8 @@ class ProjectConfig(BaseModel):
     model: str | None = None
     permissions: PermissionsConfig = PermissionsConfig()
     mcp: McpConfig = McpConfig()
+    # checked key by key by ``load_sandbox_policy`` (``lodger.sandbox.policy``)
+    sandbox: dict[str, Any] | None = None
 
 
 def load_project_config(path: Path) -> ProjectConfig:
@@ -227,6 +231,27 @@ def read_config_file(path: Path) -> list[McpServerConfig]:
             raise ConfigError(f"{where} must be a table")
         out.append(server_from_table(name, table, where=where, base=path.parent.resolve()))
     return out
+
+
+def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
+    """The ``[sandbox]`` table of ``<workspace>/lodger.toml`` (``lodger.sandbox.policy``);
+    None when there is no file or no table."""
+    path = workspace / CONFIG_FILE
+    if not path.is_file():
+        return None
+    text = _read_text(path, "configuration file")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _too_deep("configuration file", path) from None
+    table = data.get("sandbox")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[sandbox] in {path} must be a table")
+    return policy_from_config(table, where=f"[sandbox] of {path}")
 
 
 def parse_mcp_option(spec: str, *, base: Path | None = None) -> McpServerConfig:

@@ -1,19 +1,22 @@
-"""The shell tool: ``bash -c`` in the workspace, with a timeout, an output cap and a
-scrubbed environment. It asks for approval until commands run in a sandbox.
+"""The shell and run_python tools: ``bash -c`` or a Python snippet in the workspace,
+run in a sandbox (``lodger.sandbox``) with limits, a scrubbed environment and no network.
 
-Until the sandbox exists a command runs on the host with the user's rights, so nothing
-here confines it. One cheap tripwire: a command line that names lodger's state directory
-(its path, workspace-relative path or base name) when that directory is inside the
-workspace is refused before anyone is asked to approve it. That catches a model that
-means to read or rewrite its own log; it does not stop ``ls -a``, a glob such as ``.lod*``
-or a script that finds the directory by itself. Only the sandbox, which will not mount
-the state directory, closes that.
+``shell_tool(policy)`` and ``python_tool(policy)`` build them for a ``SandboxPolicy``;
+``shell`` and ``run_python`` are the defaults (bubblewrap, no network, no approval: the
+sandbox, not a person, is what confines the command). If the backend is missing the call
+fails closed with a one-line fix. ``backend="none"`` runs on the host: that needs approval
+unless the policy says otherwise, and every T1 records the backend as a resource
+(``actor:sandbox:none``), so the choice is in the log.
+
+One cheap tripwire stays for every backend: a command line that names lodger's state
+directory (its path, workspace-relative path or base name) when that directory is inside
+the workspace is refused before anyone is asked to approve it. In a sandbox the directory
+is not mounted anyway; on the host this catches only the obvious spellings.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -25,23 +28,30 @@ from pydantic import Field
 
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError
+from lodger.sandbox import Sandbox, SandboxPolicy, SandboxResult, sandbox_for
 from lodger.tools.files import _workspace_claims
-from lodger.tools.spec import ToolContext, ToolOutput, tool
+from lodger.tools.spec import Tool, ToolContext, ToolOutput, tool
 from lodger.tools.workspace import (
     resolve_workspace_root,
 )
 
-__all__ = ["shell"]
+__all__ = ["python_tool", "run_python", "shell", "shell_tool"]
 
 SHELL_MAX_OUTPUT_CHARS = 30_000
 # Once a shell command is killed, how long to wait for the rest of its output.
 _SHELL_DRAIN_GRACE_S = 1.0
 
 
-def _scrubbed_env(root: Path) -> dict[str, str]:
-    """An allow-list environment: no credentials (``*_KEY``, ``*_TOKEN``...) can leak in."""
+_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _scrubbed_env(root: Path, policy: SandboxPolicy) -> dict[str, str]:
+    """An allow-list environment: no credentials (``*_KEY``, ``*_TOKEN``...) can leak in;
+    host variables enter only when the policy names them (never credential-like ones)."""
+    path = _SANDBOX_PATH if policy.confined else os.environ.get("PATH") or os.defpath
     return {
-        "PATH": os.environ.get("PATH") or os.defpath,
+        **policy.host_environment(),
+        "PATH": path,
         "HOME": str(root),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
     }
@@ -91,18 +101,6 @@ class _CappedOutput:
         )
 
 
-async def _drain(stream: asyncio.StreamReader, sink: _CappedOutput) -> None:
-    while chunk := await stream.read(65536):
-        sink.feed(chunk)
-
-
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    # The command runs in its own session, so its process group is everything it started
-    # (unless something called setsid itself, which only a sandbox can contain).
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def _check_state_dir_not_named(command: str, root: Path, hidden: Sequence[Path]) -> None:
     """Refuse a command line that names a hidden path lying inside the workspace."""
     for path in hidden:
@@ -122,73 +120,162 @@ def _check_state_dir_not_named(command: str, root: Path, hidden: Sequence[Path])
                 )
 
 
-def _shell_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
-    # Checked here too, so a refused command is refused before anyone is asked to approve it.
-    command = arguments.get("command")
-    if isinstance(command, str):
-        root = resolve_workspace_root(ctx.require_workspace())
-        _check_state_dir_not_named(command, root, ctx.hidden)
-    return _workspace_claims(arguments, ctx)
+def _claims_for(policy: SandboxPolicy) -> Any:
+    def claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+        # Checked here too, so a refused command is refused before anyone is asked.
+        command = arguments.get("command")
+        if isinstance(command, str):
+            root = resolve_workspace_root(ctx.require_workspace())
+            _check_state_dir_not_named(command, root, ctx.hidden)
+        # The backend is a resource of the call, so T1 records where it ran.
+        where = ResourceClaim.actor(f"sandbox:{policy.backend}")
+        return [*_workspace_claims(arguments, ctx), where]
+
+    return claims
 
 
-@tool(group="shell", recovery="never_retry", approval=True, claims=_shell_claims)
-async def shell(
-    ctx: ToolContext,
-    command: Annotated[str, Field(description="a bash command line")],
-    timeout_s: Annotated[
-        float, Field(gt=0, le=3600, description="seconds before the command is killed")
-    ] = 60,
-) -> str | ToolOutput:
-    """Run a bash command in the workspace root and return its output and exit code.
-
-    stdout and stderr are combined; long output keeps its beginning and end. The command
-    gets a minimal environment (PATH, HOME set to the workspace, LANG) and no stdin. On
-    timeout the command and everything it started are killed.
-    """
-    root = resolve_workspace_root(ctx.require_workspace())
-    _check_state_dir_not_named(command, root, ctx.hidden)
-    process = await asyncio.create_subprocess_exec(
-        "bash",
-        "-c",
-        command,
-        cwd=root,
-        env=_scrubbed_env(root),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    stdout = process.stdout
-    assert stdout is not None  # stdout=PIPE
+def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     output = _CappedOutput(SHELL_MAX_OUTPUT_CHARS)
-    timed_out = False
-    try:
-        # Waiting for EOF as well as the exit: a background job holding the pipe is still
-        # part of the command, and the timeout covers it too.
-        async with asyncio.timeout(timeout_s):
-            await _drain(stdout, output)
-            await process.wait()
-    except TimeoutError:
-        timed_out = True
-        _kill_group(process)
-        await process.wait()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_SHELL_DRAIN_GRACE_S):
-                await _drain(stdout, output)
-    except asyncio.CancelledError:
-        _kill_group(process)
-        await process.wait()
-        raise
+    output.feed(result.output)
     text = output.text().rstrip("\n") or "(no output)"
-    if timed_out:
+    egress = [
+        f"{'allowed' if c.allowed else 'refused'} {c.method} {c.host}:{c.port}"
+        + (" (credentials added)" if c.credentials_injected else "")
+        for c in result.connections
+    ]
+    if egress:
+        text += "\n[network: " + "; ".join(egress) + "]"
+    if result.limit == "wall_time":
         note = f"[timed out after {timeout_s:g} s; the command and its children were killed]"
         return ToolOutput(content=f"{text}\n{note}", is_error=True)
-    code = process.returncode
-    assert code is not None  # wait() returned
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"number {-code}"
-        return f"{text}\n[exit code {code}: killed by signal {name}]"
-    return f"{text}\n[exit code {code}]"
+    if result.limit is not None:
+        what = result.limit.replace("_", " ")
+        extra = f", {result.output_total} bytes written" if result.limit == "output" else ""
+        note = f"[stopped: {what} limit reached{extra}; the command and its children were killed]"
+        return ToolOutput(content=f"{text}\n{note}", is_error=True)
+    if result.signal is not None:
+        number = getattr(signal.Signals, result.signal, None)
+        code = -int(number) if number is not None else "?"
+        return f"{text}\n[exit code {code}: killed by signal {result.signal}]"
+    return f"{text}\n[exit code {result.exit_code}]"
+
+
+async def _run_sandboxed(
+    policy: SandboxPolicy,
+    box: Sandbox | None,
+    ctx: ToolContext,
+    argv: list[str],
+    *,
+    timeout_s: float,
+    stdin: bytes = b"",
+) -> str | ToolOutput:
+    root = resolve_workspace_root(ctx.require_workspace())
+    sandbox = box if box is not None else sandbox_for(policy)
+    missing = sandbox.unavailable()
+    if missing is not None:
+        raise ToolCallError(
+            f"commands run in a {sandbox.name} sandbox and it cannot start here: {missing}",
+            hint="tell the user; nothing ran",
+            code="sandbox_unavailable",
+        )
+    limits = dataclasses.replace(policy.limits, wall_time_s=timeout_s)
+    result = await sandbox.run(
+        argv,
+        workspace=root,
+        stdin=stdin,
+        env=_scrubbed_env(root, policy),
+        limits=limits,
+        network=policy.network,
+        hidden=ctx.hidden,
+    )
+    return _settled(result, timeout_s)
+
+
+_HOST_SHELL_DESCRIPTION = """\
+Run a bash command in the workspace root and return its output and exit code.
+
+stdout and stderr are combined; long output keeps its beginning and end. The command runs
+on the host, not in a sandbox. It gets a minimal environment (PATH, HOME set to the
+workspace, LANG) and no stdin. When it returns or times out, it and everything it started
+in its process group are killed."""
+
+
+def shell_tool(
+    policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None = None, name: str = "shell"
+) -> Tool:
+    """The shell tool for ``policy`` (default: bubblewrap, no network, default limits)."""
+    policy = policy or SandboxPolicy()
+
+    @tool(
+        name=name,
+        group="shell",
+        recovery="never_retry",
+        approval=policy.approval or not policy.confined,
+        claims=_claims_for(policy),
+    )
+    async def run_shell(
+        ctx: ToolContext,
+        command: Annotated[str, Field(description="a bash command line")],
+        timeout_s: Annotated[
+            float, Field(gt=0, le=3600, description="seconds before the command is killed")
+        ] = 60,
+    ) -> str | ToolOutput:
+        """Run a bash command in the workspace root and return its output and exit code.
+
+        stdout and stderr are combined; long output keeps its beginning and end. The
+        command runs in a sandbox: the workspace is writable, the system read-only, /tmp
+        private, there is no network unless allowed, and memory, processes, CPU time and
+        output are limited. It gets a minimal environment (PATH, HOME set to the
+        workspace, LANG) and no stdin. When it returns, times out or hits a limit, it and
+        everything it started are killed.
+        """
+        root = resolve_workspace_root(ctx.require_workspace())
+        _check_state_dir_not_named(command, root, ctx.hidden)
+        return await _run_sandboxed(
+            policy, sandbox, ctx, ["bash", "-c", command], timeout_s=timeout_s
+        )
+
+    if not policy.confined:
+        return run_shell.with_options(description=_HOST_SHELL_DESCRIPTION)
+    return run_shell
+
+
+def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None = None) -> Tool:
+    """The run_python tool: a snippet run by python3 in the same sandbox as shell."""
+    policy = policy or SandboxPolicy()
+
+    @tool(
+        name="run_python",
+        group="shell",
+        recovery="never_retry",
+        approval=policy.approval or not policy.confined,
+        claims=_claims_for(policy),
+    )
+    async def run_python(
+        ctx: ToolContext,
+        code: Annotated[str, Field(description="Python 3 source, run as a script")],
+        timeout_s: Annotated[
+            float, Field(gt=0, le=3600, description="seconds before it is killed")
+        ] = 60,
+    ) -> str | ToolOutput:
+        """Run a Python snippet in the workspace root (the current directory) and return
+        what it printed and its exit code.
+
+        For data work: read and write the workspace's files, compute, print results. It
+        runs in the same sandbox as shell (no network unless allowed, limited memory,
+        CPU time and output); only the standard library and the system's packages exist.
+        """
+        return await _run_sandboxed(
+            policy,
+            sandbox,
+            ctx,
+            ["python3", "-"],
+            timeout_s=timeout_s,
+            stdin=code.encode("utf-8", errors="surrogateescape"),
+        )
+
+    return run_python
+
+
+shell = shell_tool()
+run_python = python_tool()

@@ -1,0 +1,196 @@
+"""Running a confining command line: limits, streamed output, and killing the whole tree.
+
+Shared by every backend. The child joins its cgroup and gets its rlimits between fork
+and exec, so everything it starts is counted and limited. Wall time and output size are
+watched here; when either runs out, or the caller is cancelled, or the command returns,
+the process group is SIGKILLed and so is everything left in the cgroup. Backends add
+their own guarantee on top (bubblewrap: a PID namespace dies with its init).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import resource
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from lodger.sandbox.cgroups import Cgroup
+from lodger.sandbox.interface import Connection, LimitName, OutputSink, SandboxResult, signal_name
+from lodger.sandbox.policy import Limits
+
+__all__ = ["run_confined"]
+
+_READ = 65536
+_REAP_GRACE_S = 2.0
+
+
+async def run_confined(
+    host_argv: Sequence[str],
+    *,
+    backend: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: bytes,
+    limits: Limits,
+    on_output: OutputSink | None,
+    signal_exit_codes: bool,
+    connections: list[Connection] | None = None,
+    rlimit_cpu: bool = True,
+) -> SandboxResult:
+    """Run ``host_argv`` (the backend's full command line) under ``limits``.
+
+    ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
+    128+N (bubblewrap, runsc), so such codes are read as signals.
+    """
+    cgroup = await asyncio.to_thread(
+        Cgroup.create, memory_bytes=limits.memory_bytes, max_processes=limits.max_processes
+    )
+    enforcement = _enforcement(limits, cgroup, rlimit_cpu=rlimit_cpu)
+    procs = cgroup.procs_files()
+    use_rlimit_as = limits.memory_bytes is not None and "memory" not in cgroup.enforced
+
+    def in_child() -> None:  # between fork and exec: no allocation-heavy work
+        pid = str(os.getpid()).encode()
+        for path in procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if rlimit_cpu and limits.cpu_time_s is not None:
+            soft = max(1, math.ceil(limits.cpu_time_s))
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+        if use_rlimit_as and limits.memory_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+
+    started = time.monotonic()
+    limit: LimitName | None = None
+    kept = bytearray()
+    total = 0
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *host_argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=in_child,
+        )
+        stdout = process.stdout
+        assert stdout is not None  # stdout=PIPE
+
+        async def feed() -> None:
+            if process.stdin is None:
+                return
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                process.stdin.write(stdin)
+                await process.stdin.drain()
+            process.stdin.close()
+
+        async def drain() -> None:
+            nonlocal total, limit
+            while chunk := await stdout.read(_READ):
+                room = limits.output_bytes - total
+                total += len(chunk)
+                if room > 0:
+                    kept.extend(chunk[:room])
+                    if on_output is not None:
+                        on_output(chunk[:room])
+                if total > limits.output_bytes and limit is None:
+                    limit = "output"
+                    _kill(process, cgroup)
+                    # Go on reading (and dropping) to EOF: a pipe left unread stays paused,
+                    # and the process transport only finishes once its pipes have closed.
+
+        try:
+            # EOF as well as the exit: a background process holding the pipe is still
+            # part of the command, and the wall-time limit covers it too.
+            async with asyncio.timeout(limits.wall_time_s):
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(feed())
+                    group.create_task(drain())
+                await process.wait()
+        except TimeoutError:
+            limit = "wall_time"
+        finally:
+            # Whatever happened (return, limit, cancellation): nothing it started survives.
+            _kill(process, cgroup)
+            await asyncio.shield(_reap(process, stdout))
+        returncode = process.returncode
+        assert returncode is not None
+        usage = cgroup.usage()
+    finally:
+        await asyncio.shield(_cleanup(cgroup))
+    exit_code: int | None = returncode
+    sig: str | None = None
+    if returncode < 0:
+        exit_code, sig = None, signal_name(-returncode)
+    elif signal_exit_codes and returncode > 128 and returncode - 128 < signal.NSIG:
+        exit_code, sig = None, signal_name(returncode - 128)
+    if limit is None:
+        if usage.oom_kills:
+            limit = "memory"
+        elif sig == "SIGXCPU":
+            limit = "cpu_time"
+        elif usage.pids_refused:
+            limit = "processes"
+    return SandboxResult(
+        backend=backend,
+        exit_code=exit_code,
+        signal=sig,
+        limit=limit,
+        output=bytes(kept),
+        output_total=total,
+        duration_s=time.monotonic() - started,
+        enforcement=enforcement,
+        connections=tuple(connections or ()),
+    )
+
+
+async def _reap(process: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> None:
+    # The process transport finishes (and wait() returns) only once its pipes have
+    # closed, and a pipe nobody reads stays paused: read the rest and drop it.
+    try:
+        async with asyncio.timeout(_REAP_GRACE_S):
+            while await stdout.read(_READ):
+                pass
+    except TimeoutError:
+        # Something outside our kill still holds the pipe (an unconfined setsid child
+        # with no cgroup): stop listening to it rather than wait for it forever.
+        transport = process._transport  # type: ignore[attr-defined]
+        transport.close()
+    await process.wait()
+
+
+def _kill(process: asyncio.subprocess.Process, cgroup: Cgroup) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    cgroup.kill_all()
+
+
+async def _cleanup(cgroup: Cgroup) -> None:
+    # Killed processes leave the cgroup once they are reaped; that is quick but not instant.
+    for _ in range(200):
+        if await asyncio.to_thread(cgroup.remove):
+            return
+        await asyncio.sleep(0.01)
+
+
+def _enforcement(limits: Limits, cgroup: Cgroup, *, rlimit_cpu: bool) -> dict[str, str]:
+    how = {"wall_time": "lodger kills the tree", "output": "lodger kills the tree"}
+    cg = f"cgroup v{cgroup.version}"
+    if limits.memory_bytes is not None:
+        how["memory"] = cg if "memory" in cgroup.enforced else "RLIMIT_AS per process"
+    if limits.max_processes is not None:
+        how["processes"] = cg if "pids" in cgroup.enforced else "not enforced on this host"
+    if limits.cpu_time_s is not None:
+        how["cpu_time"] = "RLIMIT_CPU per process" if rlimit_cpu else "not enforced"
+    return how

@@ -1,0 +1,175 @@
+"""The bubblewrap backend: Linux namespaces, no daemon, a few milliseconds per start.
+
+What the command sees: the system directories (``/usr``, ``/etc``, ``/bin``, ``/lib*``)
+read-only, with ``/etc/shadow``-like files masked; the workspace read-write at its own
+path; a private ``/tmp``, ``/dev`` and ``/proc``; nothing else. Home directories,
+``/root``, the lodger state directory, other projects and credential directories are not
+mounted at all, so no ``..`` or symlink can reach them; a hidden path inside the
+workspace or a system directory is covered by an empty read-only tmpfs. New user, PID,
+IPC, UTS, cgroup and network namespaces; every capability dropped; ``--new-session`` (no
+terminal injection) and ``--die-with-parent``. With an unshared PID namespace, when the
+command returns bubblewrap's init exits and the kernel kills everything left inside, so
+nothing started in the background (setsid, double fork, nohup) outlives the command.
+
+Network: only a loopback interface. When the policy allows domains, the egress proxy's
+Unix socket is mounted in and a small forwarder inside serves it on 127.0.0.1 as an HTTP
+proxy (``lodger.sandbox.egress``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from lodger.sandbox._process import run_confined
+from lodger.sandbox.egress import EgressProxy, forwarder_argv, proxy_environment
+from lodger.sandbox.interface import OutputSink, SandboxResult
+from lodger.sandbox.policy import Limits, NetworkPolicy
+
+__all__ = ["BubblewrapSandbox", "bubblewrap_argv"]
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+#: files under the system directories that hold secrets; covered even though /etc is bound
+MASKED = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/ssh",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+)
+EGRESS_SOCKET = "/run/lodger/egress.sock"
+FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
+
+
+class BubblewrapSandbox:
+    name = "bubblewrap"
+
+    def __init__(self, *, executable: str | None = None) -> None:
+        self.executable = executable or shutil.which("bwrap") or "bwrap"
+
+    def unavailable(self) -> str | None:
+        if shutil.which(self.executable) is None:
+            return FIX
+        return None
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        cwd: Path | None = None,
+        stdin: bytes = b"",
+        env: Mapping[str, str],
+        limits: Limits,
+        network: NetworkPolicy | None = None,
+        hidden: Sequence[Path] = (),
+        on_output: OutputSink | None = None,
+    ) -> SandboxResult:
+        network = network or NetworkPolicy()
+        workspace, where = await asyncio.to_thread(_real, workspace, cwd)
+        env = dict(env)
+        if not network.enabled:
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
+                self.executable,
+                argv,
+                workspace=workspace,
+                cwd=where,
+                hidden=hidden,
+            )
+            return await run_confined(
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
+            )
+        async with EgressProxy(network) as proxy:
+            env.update(proxy_environment())
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
+                self.executable,
+                forwarder_argv(EGRESS_SOCKET, argv),
+                workspace=workspace,
+                cwd=where,
+                hidden=hidden,
+                binds=((proxy.socket_path, EGRESS_SOCKET),),
+            )
+            return await run_confined(
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
+                connections=proxy.connections,
+            )
+
+
+def bubblewrap_argv(
+    executable: str,
+    argv: Sequence[str],
+    *,
+    workspace: Path,
+    cwd: Path,
+    hidden: Sequence[Path] = (),
+    binds: Sequence[tuple[Path, str]] = (),
+) -> list[str]:
+    """The bwrap command line that runs ``argv`` confined (see the module doc)."""
+    args = [
+        executable,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "lodger-sandbox",
+        "--cap-drop",
+        "ALL",
+    ]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in MASKED:
+        args += _cover(path)
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    for source, target in binds:
+        args += ["--bind", str(source), target]
+    args += ["--bind", str(workspace), str(workspace)]
+    for hidden_path in hidden:
+        real = os.path.realpath(hidden_path)
+        if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):
+            args += _cover(real)
+    args += ["--chdir", str(cwd), "--", *argv]
+    return args
+
+
+def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:
+    root = Path(os.path.realpath(workspace))
+    return root, Path(os.path.realpath(cwd)) if cwd is not None else root
+
+
+def _cover(path: str) -> list[str]:
+    # Not there: nothing to cover. A directory: an empty read-only tmpfs. A file: /dev/null.
+    if os.path.isdir(path) and not os.path.islink(path):
+        return ["--tmpfs", path, "--remount-ro", path]
+    if os.path.lexists(path):
+        return ["--ro-bind", "/dev/null", path]
+    return []

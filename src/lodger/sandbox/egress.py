@@ -1,0 +1,236 @@
+"""The egress proxy: the only way out of a sandbox whose policy allows some domains.
+
+It runs in lodger's process, outside the sandbox, on a Unix socket that is mounted into
+the sandbox; a forwarder inside serves that socket on ``127.0.0.1:3128`` and the command
+gets ``HTTP_PROXY``/``HTTPS_PROXY`` pointing there. The sandbox has no other interface
+than loopback, so a program that ignores the proxy variables reaches nothing.
+
+For each connection the proxy reads one request head:
+- ``CONNECT host:port``: tunnelled if ``host`` is allowed (TLS passes through untouched);
+- ``GET http://host/path`` and other plain-HTTP requests in absolute form: forwarded if
+  allowed, with the policy's credential headers for that domain added here, so the
+  secret never enters the sandbox.
+Anything else, or a host the allow-list does not name, is refused with 403. Every
+allowed and refused connection is recorded (``Connection``) and ends up in the result.
+
+Not done: TLS termination with a lodger CA for injecting credentials into HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
+
+from lodger.sandbox.interface import Connection
+from lodger.sandbox.policy import NetworkPolicy
+
+__all__ = ["PROXY_PORT", "EgressProxy", "forwarder_argv", "proxy_environment"]
+
+PROXY_PORT = 3128
+_MAX_HEAD = 64 * 1024
+
+# Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
+# starts the command, exits with its status (128+N when a signal N ended it).
+_FORWARDER = r"""
+import os, socket, subprocess, sys, threading
+path, argv = sys.argv[1], sys.argv[2:]
+server = socket.socket()
+server.bind(("127.0.0.1", PORT))
+server.listen(64)
+def pipe(a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+def serve():
+    while True:
+        client, _ = server.accept()
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(path)
+        except OSError:
+            client.close()
+            continue
+        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+try:
+    code = subprocess.call(argv)
+except OSError as exc:
+    print(f"{argv[0]}: {exc.strerror}", file=sys.stderr)
+    code = 127
+sys.stdout.flush()
+os._exit(128 - code if code < 0 else code)
+""".replace("PORT", str(PROXY_PORT))
+
+
+def forwarder_argv(socket_path: str, argv: Sequence[str]) -> list[str]:
+    """Wrap ``argv`` so it runs with the loopback proxy forwarder beside it."""
+    return ["/usr/bin/python3", "-S", "-c", _FORWARDER, socket_path, *argv]
+
+
+def proxy_environment() -> dict[str, str]:
+    url = f"http://127.0.0.1:{PROXY_PORT}"
+    return {
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "NO_PROXY": "",
+    }
+
+
+class EgressProxy:
+    """``async with EgressProxy(policy) as proxy:`` serves ``proxy.socket_path``."""
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self.policy = policy
+        self.connections: list[Connection] = []
+        self._dir: str | None = None
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def socket_path(self) -> Path:
+        assert self._dir is not None, "the proxy is not running"
+        return Path(self._dir) / "egress.sock"
+
+    async def __aenter__(self) -> EgressProxy:
+        self._dir = tempfile.mkdtemp(prefix="lodger-egress-")
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # owned: the proxy cancels and awaits them when it stops
+        try:
+            await self._serve(reader, writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > _MAX_HEAD:
+            raise ValueError("request head too large")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ", 2)
+        headers = [line for line in lines[1:] if line]
+        if method == "CONNECT":
+            host, _, port_text = target.rpartition(":")
+            port = int(port_text)
+        else:
+            url = urlsplit(target)
+            if url.scheme != "http" or not url.hostname:
+                self._refuse(writer, url.hostname or target, 0, method, "not a proxy request")
+                return
+            host, port = url.hostname, url.port or 80
+        host = host.strip("[]").lower()
+        if not self.policy.allows(host):
+            self._refuse(writer, host, port, method, "not in the allow-list")
+            await writer.drain()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+        except OSError as exc:
+            self._refuse(writer, host, port, method, f"unreachable: {exc.strerror or exc}", 502)
+            await writer.drain()
+            return
+        injected = False
+        if method == "CONNECT":
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        else:
+            url = urlsplit(target)
+            path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            extra = self.policy.headers_for(host)
+            names = {name.lower() for name in extra}
+            kept = [
+                h
+                for h in headers
+                if not h.lower().startswith(("proxy-", "connection:"))
+                and h.split(":", 1)[0].strip().lower() not in names
+            ]
+            kept += [f"{name}: {value}" for name, value in extra.items()]
+            kept.append("Connection: close")
+            injected = bool(extra)
+            up_writer.write(f"{method} {path} {version}\r\n".encode("latin-1"))
+            up_writer.write(("\r\n".join(kept) + "\r\n\r\n").encode("latin-1"))
+        self.connections.append(
+            Connection(
+                host=host, port=port, method=method, allowed=True, credentials_injected=injected
+            )
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_pipe(reader, up_writer))
+                group.create_task(_pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+
+    def _refuse(
+        self,
+        writer: asyncio.StreamWriter,
+        host: str,
+        port: int,
+        method: str,
+        why: str,
+        status: int = 403,
+    ) -> None:
+        self.connections.append(
+            Connection(host=host, port=port, method=method, allowed=False, reason=why)
+        )
+        body = f"lodger egress proxy: {host} refused: {why}\n".encode()
+        writer.write(
+            f"HTTP/1.1 {status} Forbidden\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n".encode()
+            + body
+        )
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            if writer.can_write_eof():
+                writer.write_eof()

@@ -5,12 +5,16 @@ against a head ``(high_water, digest)`` stored where losing the events does not 
 too. SQLite's ``heads`` table lives in the same WAL as the events it covers: a damaged,
 truncated or deleted WAL takes both. These files do not.
 
-Each file is replaced atomically (write a temporary file, then ``rename``) after every
-commit, without an fsync: a killed process leaves its writes in the page cache, so the
-file survives a process crash followed by damage to the WAL. The file is written after
-the commit it describes, so a reader that reads the head first and the events second
-always finds at least the head's events; after a crash between the commit and the
-rename the head lags one append behind, which is still a valid prefix.
+Each file holds one fixed-size record (JSON padded to ``_RECORD`` bytes), overwritten in
+place with one ``pwrite`` through a descriptor the writer keeps open, after every commit
+and without an fsync: a killed process leaves its writes in the page cache, so the file
+survives a process crash followed by damage to the WAL. (A rename per commit cost about
+190 us on ext4 here, more than the SQLite commit itself; an in-place write of one record
+that fits in a disk sector costs about 3 us.) The file is written after the commit it
+describes, so a reader that reads the head first and the events second always finds at
+least the head's events; after a crash between the commit and the write the head lags
+one append behind, which is still a valid prefix. A reader that meets a record being
+overwritten reads it again before calling it damaged.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ __all__ = ["HEADS_DIR", "HeadFiles", "head_damaged", "head_missing"]
 
 HEADS_DIR = "heads"
 _SUFFIX = ".head"
+_RECORD = 256  # bytes: a session id (<= 128) and a digest (64 hex) fit with room to spare
+_READ_TRIES = 3
 
 
 def head_missing(session_id: str, stored: int, where: str = "") -> CorruptLogError:
@@ -60,6 +66,12 @@ class HeadFiles:
 
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / HEADS_DIR
+        self._open: dict[str, tuple[int, int, int]] = {}  # session -> (fd, st_dev, st_ino)
+
+    def close(self) -> None:
+        for fd, _, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
 
     def path(self, session_id: str) -> Path:
         return self.root / f"{session_id}{_SUFFIX}"
@@ -70,14 +82,17 @@ class HeadFiles:
     def read(self, session_id: str) -> tuple[int, str] | None:
         """The recorded head, None when there is no file; damage fails closed."""
         path = self.path(session_id)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            value = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise head_damaged(session_id, path, f"not JSON: {exc}") from None
+        for attempt in range(_READ_TRIES):
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                return None
+            try:
+                value = json.loads(raw)
+                break
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                if attempt == _READ_TRIES - 1:  # not a write in progress: damaged
+                    raise head_damaged(session_id, path, f"not JSON: {exc}") from None
         if not isinstance(value, dict) or set(value) != {"session_id", "high_water", "digest"}:
             raise head_damaged(session_id, path, "unexpected fields")
         high_water, digest = value["high_water"], value["digest"]
@@ -94,24 +109,36 @@ class HeadFiles:
         return high_water, digest
 
     def write(self, session_id: str, high_water: int, digest: str) -> None:
-        """Replace the session's head atomically (no fsync; see the module docstring)."""
+        """Overwrite the session's head record in place (no fsync; see the module
+        docstring)."""
         data = json.dumps(
             {"session_id": session_id, "high_water": high_water, "digest": digest},
             sort_keys=True,
         ).encode()
-        final = self.path(session_id)
-        tmp = self.root / f".{session_id}.{os.getpid()}.tmp"
+        record = data.ljust(_RECORD - 1) + b"\n"
+        fd = self._fd(session_id)
+        if os.pwrite(fd, record, 0) != len(record):
+            raise OSError(f"short write to the head record of session {session_id!r}")
+
+    def _fd(self, session_id: str) -> int:
+        """The open head file of the session, reopened if the file at its path changed
+        (deleted, replaced from a backup): writing to a file no path leads to helps nobody."""
+        path = self.path(session_id)
+        known = self._open.get(session_id)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if known is not None:
+            fd, dev, ino = known
+            if now is not None and (now.st_dev, now.st_ino) == (dev, ino):
+                return fd
+            os.close(fd)
+            del self._open[session_id]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        info = os.fstat(fd)
+        self._open[session_id] = (fd, info.st_dev, info.st_ino)
+        return fd
 
     def sessions(self) -> list[str]:
         """Sessions that have a head file (whatever it holds)."""

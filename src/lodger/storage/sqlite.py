@@ -246,6 +246,7 @@ class SqliteLogStore:
         )
 
     def _close_connection(self) -> None:
+        self.heads.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -283,13 +284,8 @@ class SqliteLogStore:
                         "VALUES (?, ?, ?, ?)",
                         [(session_id, r.offset, r.data, r.digest) for r in records],
                     )
-                    if records:
-                        conn.execute(
-                            "INSERT INTO heads (session_id, high_water, digest) VALUES (?, ?, ?) "
-                            "ON CONFLICT (session_id) DO UPDATE SET "
-                            "high_water = excluded.high_water, digest = excluded.digest",
-                            (session_id, records[-1].offset + 1, records[-1].digest),
-                        )
+                    # The head goes to its file after the commit (``_after_commit``); the
+                    # old ``heads`` table is read only in databases no writer has adopted.
                     if not self._same_file():
                         raise self._moved(session_id, expected_offset)
                     conn.execute("COMMIT")

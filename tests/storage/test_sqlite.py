@@ -90,3 +90,19 @@ async def test_lock_names_the_process_that_holds_it(log: EventLog, tmp_path: Pat
     # the kernel dropped the dead holder's lock
     async with await log.open_writer(SID) as writer:
         assert writer.head.high_water == 0
+
+
+async def test_head_records_of_any_length_overwrite_each_other_cleanly(tmp_path: Path) -> None:
+    """The head record is overwritten in place: a long record followed by a short one must
+    leave no trailing bytes (the longest session id and digest still fit)."""
+    from lodger.storage._heads import HeadFiles
+
+    heads = HeadFiles(tmp_path)
+    heads.root.mkdir()
+    sid = "s" * 128
+    heads.write(sid, 10**18, "f" * 64)
+    heads.write(sid, 1, "a" * 64)
+    assert heads.read(sid) == (1, "a" * 64)
+    heads.write(sid, 0, "")
+    assert heads.read(sid) == (0, "")
+    heads.close()

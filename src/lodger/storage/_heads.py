@@ -31,7 +31,7 @@ __all__ = ["HEADS_DIR", "HeadFiles", "head_damaged", "head_missing"]
 
 HEADS_DIR = "heads"
 _SUFFIX = ".head"
-_RECORD = 256  # bytes: a session id (<= 128) and a digest (64 hex) fit with room to spare
+_RECORD = 512  # bytes, one disk sector: a session id (<= 128) and a digest fit easily
 _READ_TRIES = 3
 
 
@@ -114,7 +114,10 @@ class HeadFiles:
         data = json.dumps(
             {"session_id": session_id, "high_water": high_water, "digest": digest},
             sort_keys=True,
+            separators=(",", ":"),
         ).encode()
+        if len(data) >= _RECORD:  # ids and digests are bounded: this is a programming error
+            raise OSError(f"the head record of session {session_id!r} does not fit")
         record = data.ljust(_RECORD - 1) + b"\n"
         fd = self._fd(session_id)
         if os.pwrite(fd, record, 0) != len(record):

@@ -188,61 +188,65 @@ def main() -> None:
     history = args.history if args.history is not None else (1000 if args.quick else 10_000)
 
     base = Path(tempfile.mkdtemp(prefix="lodger-bench-", dir=Path.cwd()))
-    rows: dict[str, list[float]] = {
-        k: [] for k in ("fsync", "wal", "lean", "lodger", "lodger_sync", "memory")
-    }
-    for r in range(rounds):
-        d = base / f"r{r}"
-        d.mkdir()
-        rows["fsync"].append(bare_fsync_pairs(d, n) / n)
-        rows["wal"].append(bare_wal_pairs(d, n) / n)
-        rows["lean"].append(asyncio.run(lean_pairs(d, n)) / n)
-        rows["lodger"].append(asyncio.run(lodger_calls(d / "a", n)) / n)
-        rows["lodger_sync"].append(asyncio.run(lodger_calls(d / "s", n, sync_tool=True)) / n)
-        rows["memory"].append(asyncio.run(lodger_calls(None, n)) / n)
-    us = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
-    early, late = asyncio.run(flatness(base / "flat", history, min(500, history // 4)))
-    wal = us["wal"]
-    print(f"calls per round              {n} x {rounds} rounds (medians)")
-    print(f"two bare SQLite WAL commits  {wal:9.1f} us per call   1.00x")
-    print(f"lean asyncio + I/O thread    {us['lean']:9.1f} us per call   {us['lean'] / wal:.2f}x")
-    print(
-        f"lodger tool call (async)     {us['lodger']:9.1f} us per call   {us['lodger'] / wal:.2f}x"
-    )
-    print(
-        f"lodger, sync tool            {us['lodger_sync']:9.1f} us per call   "
-        f"{us['lodger_sync'] / wal:.2f}x"
-    )
-    print(f"lodger, in-memory store      {us['memory']:9.1f} us per call   (target <= 150)")
-    print(f"two bare fsyncs (1 KiB)      {us['fsync']:9.1f} us per call")
-    print(
-        f"calls 100+ / {history}- of one turn  {early:.1f} / {late:.1f} us per call "
-        f"({late / early:.2f}x, target <= 1.10)"
-    )
-    print(
-        json.dumps(
-            {
-                "bench": "tool_call_overhead",
-                "calls": n,
-                "rounds": rounds,
-                "two_wal_commits_us": round(wal, 1),
-                "lean_us": round(us["lean"], 1),
-                "lodger_call_us": round(us["lodger"], 1),
-                "lodger_sync_tool_call_us": round(us["lodger_sync"], 1),
-                "lodger_memory_call_us": round(us["memory"], 1),
-                "two_bare_fsyncs_us": round(us["fsync"], 1),
-                "ratio_vs_two_wal_commits": round(us["lodger"] / wal, 3),
-                "ratio_vs_lean": round(us["lodger"] / us["lean"], 3),
-                "history": history,
-                "per_call_after_100_us": round(early, 1),
-                "per_call_after_history_us": round(late, 1),
-                "flatness_ratio": round(late / early, 3),
-                "target_ratio": 1.3,
-                "python": sys.version.split()[0],
-            }
+    try:
+        rows: dict[str, list[float]] = {
+            k: [] for k in ("fsync", "wal", "lean", "lodger", "lodger_sync", "memory")
+        }
+        for r in range(rounds):
+            d = base / f"r{r}"
+            d.mkdir()
+            rows["fsync"].append(bare_fsync_pairs(d, n) / n)
+            rows["wal"].append(bare_wal_pairs(d, n) / n)
+            rows["lean"].append(asyncio.run(lean_pairs(d, n)) / n)
+            rows["lodger"].append(asyncio.run(lodger_calls(d / "a", n)) / n)
+            rows["lodger_sync"].append(asyncio.run(lodger_calls(d / "s", n, sync_tool=True)) / n)
+            rows["memory"].append(asyncio.run(lodger_calls(None, n)) / n)
+        us = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
+        early, late = asyncio.run(flatness(base / "flat", history, min(500, history // 4)))
+        wal = us["wal"]
+        print(f"calls per round              {n} x {rounds} rounds (medians)")
+        print(f"two bare SQLite WAL commits  {wal:9.1f} us per call   1.00x")
+        print(
+            f"lean asyncio + I/O thread    {us['lean']:9.1f} us per call   {us['lean'] / wal:.2f}x"
         )
-    )
-    shutil.rmtree(base)
+        print(
+            f"lodger tool call (async)     {us['lodger']:9.1f} us per call   {us['lodger'] / wal:.2f}x"
+        )
+        print(
+            f"lodger, sync tool            {us['lodger_sync']:9.1f} us per call   "
+            f"{us['lodger_sync'] / wal:.2f}x"
+        )
+        print(f"lodger, in-memory store      {us['memory']:9.1f} us per call   (target <= 150)")
+        print(f"two bare fsyncs (1 KiB)      {us['fsync']:9.1f} us per call")
+        print(
+            f"calls 100+ / {history}- of one turn  {early:.1f} / {late:.1f} us per call "
+            f"({late / early:.2f}x, target <= 1.10)"
+        )
+        print(
+            json.dumps(
+                {
+                    "bench": "tool_call_overhead",
+                    "calls": n,
+                    "rounds": rounds,
+                    "two_wal_commits_us": round(wal, 1),
+                    "lean_us": round(us["lean"], 1),
+                    "lodger_call_us": round(us["lodger"], 1),
+                    "lodger_sync_tool_call_us": round(us["lodger_sync"], 1),
+                    "lodger_memory_call_us": round(us["memory"], 1),
+                    "two_bare_fsyncs_us": round(us["fsync"], 1),
+                    "ratio_vs_two_wal_commits": round(us["lodger"] / wal, 3),
+                    "ratio_vs_lean": round(us["lodger"] / us["lean"], 3),
+                    "history": history,
+                    "per_call_after_100_us": round(early, 1),
+                    "per_call_after_history_us": round(late, 1),
+                    "flatness_ratio": round(late / early, 3),
+                    "target_ratio": 1.3,
+                    "python": sys.version.split()[0],
+                }
+            )
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

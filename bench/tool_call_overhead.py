@@ -206,12 +206,8 @@ def main() -> None:
         wal = us["wal"]
         print(f"calls per round              {n} x {rounds} rounds (medians)")
         print(f"two bare SQLite WAL commits  {wal:9.1f} us per call   1.00x")
-        print(
-            f"lean asyncio + I/O thread    {us['lean']:9.1f} us per call   {us['lean'] / wal:.2f}x"
-        )
-        print(
-            f"lodger tool call (async)     {us['lodger']:9.1f} us per call   {us['lodger'] / wal:.2f}x"
-        )
+        for key, label in (("lean", "lean asyncio + I/O thread"), ("lodger", "lodger tool call")):
+            print(f"{label:<28} {us[key]:9.1f} us per call   {us[key] / wal:.2f}x")
         print(
             f"lodger, sync tool            {us['lodger_sync']:9.1f} us per call   "
             f"{us['lodger_sync'] / wal:.2f}x"

@@ -132,6 +132,7 @@ class Agent:
         # Deferred tools are found through tool_search and listed in the system prompt.
         self.tool_search = attach_tool_search(self.registry)
         # Code mode: an ``exec`` tool whose cells call the nestable tools (lodger.codemode).
+        self._cell_limits = cell_limits
         if code_mode is not None:
             self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
         self.clock = clock or SystemClock()
@@ -260,9 +261,17 @@ class Agent:
         output_type: Any = _UNSET,
         on_event: Callable[[Event], None] | None = None,
         on_text: TextSink | None = None,
+        code_mode: Any = _UNSET,
     ) -> Engine:
-        """This agent's engine with one call's deps, output type and extra sinks."""
+        """This agent's engine with one call's deps, output type, code mode and sinks."""
         changes: dict[str, Any] = {}
+        if code_mode is not _UNSET:
+            # one run's code mode: its own registry, with the exec tool added, replaced
+            # (another language) or left out (None)
+            registry = self.registry.copy(without=("exec",))
+            if code_mode is not None:
+                registry.bind(exec_tool(registry, language=code_mode, limits=self._cell_limits))
+            changes["registry"] = registry
         if deps is not _UNSET:
             changes["deps"] = deps
         if output_type is not _UNSET:
@@ -330,14 +339,17 @@ class Agent:
         session: str | None = None,
         deps: Any = _UNSET,
         output_type: Any = _UNSET,
+        code_mode: Language | None = _UNSET,
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
         ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
-        ``output_type`` overrides the agent's for this turn. The result's ``output`` is
-        the validated value, ``usage`` the tokens, ``commits`` the durable appends.
+        ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
+        ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
+        The result's ``output`` is the validated value, ``usage`` the tokens, ``commits``
+        the durable appends.
         """
-        engine = self._engine_for(deps=deps, output_type=output_type)
+        engine = self._engine_for(deps=deps, output_type=output_type, code_mode=code_mode)
         return await self._run(engine, task, session)
 
     async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:

@@ -218,3 +218,77 @@ async def test_a_cell_never_waits_on_a_lease_its_own_nested_call_holds(tmp_path:
     assert written == ["a", "b"]  # exclusive leases: in the order the cell asked
     nested_t1 = [e for e in events if e.parent_call_id and isinstance(e.body, ToolDispatched)]
     assert all(e.body.resources for e in nested_t1)  # type: ignore[union-attr]
+
+
+async def test_an_approval_pauses_the_cell_until_decided(tmp_path: Path) -> None:
+    """A nested call that needs approval waits in the cell for the decision: the request
+    and the decision are facts of the nested call, T1 comes after the decision, and the
+    cell continues with the result."""
+    from lodger.events import Event, PermissionDecided, PermissionRequested
+
+    ran: list[str] = []
+
+    @tool(nestable=True, approval=True)
+    async def deploy(target: str) -> str:
+        """Deploy somewhere (asks first)."""
+        ran.append(target)
+        return f"deployed {target}"
+
+    asked = asyncio.Event()
+    decide = asyncio.Event()
+
+    async def approver(t: Tool, arguments: dict[str, Any]) -> bool:
+        asked.set()
+        await decide.wait()  # the operator takes their time
+        return True
+
+    seen: list[Event] = []
+    model = Cells("const r = await tools.deploy({target: 'prod'});\nreturn r;")
+    agent = make_agent(tmp_path, model, [deploy], approver=approver, on_event=seen.append)
+    turn = asyncio.create_task(agent.run("go", session="s"))
+    await asyncio.wait_for(asked.wait(), 30)
+    assert ran == []  # paused in the cell: nothing dispatched yet
+    assert not any(isinstance(e.body, ToolDispatched) and e.parent_call_id for e in seen)
+    decide.set()
+    result = await asyncio.wait_for(turn, 30)
+    assert result.status == "completed" and ran == ["prod"]
+    events = await agent.session("s").events()
+    assert cell_result(events) == ("ok", {"result": "deployed prod"})
+    nested = [e for e in events if e.parent_call_id == "cell0"]
+    kinds = [type(e.body) for e in nested]
+    assert kinds.index(PermissionRequested) < kinds.index(PermissionDecided)
+    assert kinds.index(PermissionDecided) < kinds.index(ToolDispatched)
+
+
+async def test_code_mode_can_be_enabled_for_one_run(tmp_path: Path) -> None:
+    """An agent without code mode binds ``exec`` for one turn when asked, and not after."""
+    from lodger import Agent, FunctionModel
+    from lodger.ids import ManualClock, SequentialIds
+    from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore
+
+    counts: dict[str, int] = {}
+    model = Cells("return await tools.add({a: 20, b: 22});")
+    seen_tools: list[list[str]] = []
+    inner = FunctionModel(model)
+    original = inner.complete
+
+    async def complete(request: Any, *, on_text: Any = None) -> Any:
+        seen_tools.append([t.name for t in request.tools])
+        return await original(request, on_text=on_text)
+
+    plain = Agent(
+        model=inner,
+        tools=counted_tools(counts),
+        log=EventLog(SqliteLogStore(tmp_path / "state")),
+        artifacts=MemoryArtifactStore(),
+        clock=ManualClock(tick_us=10),
+        ids=SequentialIds("id"),
+    )
+    inner.complete = complete  # type: ignore[method-assign]
+    assert plain.registry.get("exec") is None
+    result = await plain.run("go", session="s", code_mode="javascript")
+    assert result.status == "completed"
+    assert "exec" in seen_tools[0] and counts == {"add": 1}
+    assert plain.registry.get("exec") is None  # the agent's own tools are unchanged
+    events = await plain.session("s").events()
+    assert cell_result(events) == ("ok", {"result": 42})

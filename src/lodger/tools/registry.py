@@ -24,6 +24,15 @@ class ToolRegistry:
         for t in tools:
             self.bind(t)
 
+    def copy(self, *, without: Sequence[str] = ()) -> ToolRegistry:
+        """A registry with the same tools (less ``without``), batches and prompt sections:
+        what one run binds when it adds or replaces a tool for itself."""
+        other = ToolRegistry()
+        other._tools = {name: t for name, t in self._tools.items() if name not in without}
+        other._first = set(self._first)
+        other._prompt_sections = list(self._prompt_sections)
+        return other
+
     def bind(self, t: Tool) -> None:
         if t.name in self._tools:
             raise UsageError(

@@ -23,7 +23,6 @@ from lodger.authority import Authorities
 from lodger.codemode import CellLimits, Language, exec_tool
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.hooks import AfterCall, BeforeCall
-from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.output import OutputSpec
 from lodger.engine.permissions import Approver, PermissionGate, PermissionPolicy
@@ -328,9 +327,6 @@ class Agent:
             await writer.close()
             raise
         return writer, cached
-
-    def _journal(self, writer: SessionWriter, state: SessionState) -> Journal:
-        return self.engine.journal(writer, state)
 
     async def run(
         self,

@@ -27,7 +27,7 @@ import click
 from rich.console import Console
 
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.storage import EventLog, SqliteLogStore, Storage, check_session_id, open_log
+from lodger.storage import EventLog, Storage, check_session_id, open_log
 from lodger.storage._storage import STORE_ENVVAR
 
 __all__ = [
@@ -140,11 +140,7 @@ def log_exists(log: EventLog) -> bool:
     Opening a SQLite store creates the file; read-only commands must not leave a fresh
     ``.lodger/`` behind when pointed at the wrong directory.
     """
-    store = log.store
-    if isinstance(store, SqliteLogStore):
-        # head files without a database: the log was lost, which must fail closed
-        return store.path.exists() or store.heads.exists()
-    return True
+    return log.store.present()
 
 
 def require_log(log: EventLog, state: str, session_id: str) -> None:

@@ -192,6 +192,32 @@ def _refusal(session_id: str, found: Invariants, target: Path | None) -> ResumeB
     )
 
 
+def _no_log(session_id: str) -> SessionNotFoundError:
+    return SessionNotFoundError(
+        f"no log for session {session_id!r}",
+        session_id=session_id,
+        next_steps=(NextStep(action="list_sessions"),),
+    )
+
+
+def _open_turn_plan(
+    state: SessionState, session_id: str, *, missing: str, hint: str, code: str
+) -> RecoveryPlan:
+    """The recovery plan of the session's open turn, or the error that there is none."""
+    if not state.events:
+        raise _no_log(session_id)
+    plan = state.plan()
+    if plan.turn_id is None:
+        raise UsageError(
+            missing,
+            hint=hint,
+            code=code,
+            session_id=session_id,
+            next_steps=(NextStep(action="run", session_id=session_id),),
+        )
+    return plan
+
+
 async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False) -> RunContext:
     """Claim the open turn's prefix for a new run and apply its recovery plan.
 
@@ -202,21 +228,13 @@ async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False
     """
     state = journal.state
     session_id = journal.session_id
-    if not state.events:
-        raise SessionNotFoundError(
-            f"no log for session {session_id!r}",
-            session_id=session_id,
-            next_steps=(NextStep(action="list_sessions"),),
-        )
-    plan = state.plan()
-    if plan.turn_id is None:
-        raise UsageError(
-            f"session {session_id!r} has no interrupted turn to resume",
-            hint="start a new turn on the session instead",
-            code="nothing_to_resume",
-            session_id=session_id,
-            next_steps=(NextStep(action="run", session_id=session_id),),
-        )
+    plan = _open_turn_plan(
+        state,
+        session_id,
+        missing=f"session {session_id!r} has no interrupted turn to resume",
+        hint="start a new turn on the session instead",
+        code="nothing_to_resume",
+    )
     if relocate and engine.workspace is None:
         raise UsageError(
             f"session {session_id!r} cannot be relocated without a workspace to move to",
@@ -232,6 +250,7 @@ async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False
         raise _blocked(session_id, plan.blocked)
 
     turn_id = plan.turn_id
+    assert turn_id is not None  # _open_turn_plan returns an open turn's plan
     run_id = engine.ids.new_id()
     moved = found.relocation
     claim = journal.draft(
@@ -534,7 +553,7 @@ async def decide(
     """Record an operator decision on an indeterminate or parked call of the open turn."""
     session_id = writer.session_id
     if not state.events:
-        raise SessionNotFoundError(f"no log for session {session_id!r}", session_id=session_id)
+        raise _no_log(session_id)
     plan: RecoveryPlan = state.plan()
     planned = next((c for c in plan.calls if c.call_id == call_id), None)
     if planned is None:
@@ -586,21 +605,13 @@ async def abandon(
     turn; nothing of the abandoned one is run again.
     """
     session_id = writer.session_id
-    if not state.events:
-        raise SessionNotFoundError(
-            f"no log for session {session_id!r}",
-            session_id=session_id,
-            next_steps=(NextStep(action="list_sessions"),),
-        )
-    plan = state.plan()
-    if plan.turn_id is None:
-        raise UsageError(
-            f"session {session_id!r} has no open turn to abandon",
-            hint="its last turn has ended; start a new turn on the session instead",
-            code="nothing_to_abandon",
-            session_id=session_id,
-            next_steps=(NextStep(action="run", session_id=session_id),),
-        )
+    plan = _open_turn_plan(
+        state,
+        session_id,
+        missing=f"session {session_id!r} has no open turn to abandon",
+        hint="its last turn has ended; start a new turn on the session instead",
+        code="nothing_to_abandon",
+    )
     facts = _OperatorFacts(clock, ids)
     for planned in plan.calls:
         if planned.status in ("indeterminate", "parked") and planned.operation_id is not None:

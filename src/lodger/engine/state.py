@@ -11,7 +11,7 @@ A property test holds the incremental fold equal to folding the whole log at onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from lodger.context import Projector
 from lodger.events import (
@@ -145,7 +145,3 @@ class SessionState:
             "plan": self.plan().to_dict(),
             "used_tools": tuple(self.used_tools()),
         }
-
-    @classmethod
-    def fold(cls, session_id: str, events: Sequence[Event]) -> SessionState:
-        return cls(session_id, events)

@@ -76,6 +76,12 @@ class LogStore(Protocol):
         """
         ...
 
+    def present(self) -> bool:
+        """Whether this store's storage exists, checked without creating it (True when
+        that cannot be known without a request): read-only commands pointed at the wrong
+        place must say so, not leave fresh storage behind."""
+        ...
+
     async def list_sessions(self) -> list[str]:
         """Sessions with records or with a head that names records (a session whose records
         were all lost is listed, so that reading it fails closed instead of vanishing)."""

@@ -61,6 +61,9 @@ class MemoryLogStore:
             raise head_missing(session_id, rows[-1].offset + 1)
         return head
 
+    def present(self) -> bool:
+        return True
+
     async def list_sessions(self) -> list[str]:
         # a session whose records were all lost is still listed by its head
         return sorted(

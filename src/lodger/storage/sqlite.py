@@ -426,6 +426,10 @@ class SqliteLogStore:
 
         return await self._run(work)
 
+    def present(self) -> bool:
+        # head files without a database: the log was lost, which must fail closed
+        return self.path.exists() or self.heads.exists()
+
     async def list_sessions(self) -> list[str]:
         def work() -> list[str]:
             found: set[str] = set()

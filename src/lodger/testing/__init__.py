@@ -73,6 +73,9 @@ class FaultyLogStore:
     async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
         return await self.inner.stored_head(session_id=session_id)
 
+    def present(self) -> bool:
+        return self.inner.present()
+
     async def list_sessions(self) -> list[str]:
         return await self.inner.list_sessions()
 

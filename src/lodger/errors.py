@@ -18,7 +18,10 @@
     │   │   └── WriterFencedError    another writer committed the offset first (object store)
     │   ├── SessionLockedError       another writer holds the session
     │   ├── StorageFullError         no space left where the state lives
-    │   └── CommitFailedError        a durable append did not complete; nothing may run after it
+    │   ├── CommitFailedError        a durable append did not complete; nothing may run after it
+    │   ├── ControlPlaneError        the control plane (SQLite or PostgreSQL) failed or is too new
+    │   ├── LeaseLostError           a worker's session lease expired or was taken: commit refused
+    │   └── StaleTokenError          a write carried a fencing token older than the newest granted
     └── CorruptLogError              stored facts are inconsistent; reading fails closed
         └── LogKeyError              the chain cannot be checked with the configured key
 
@@ -40,8 +43,10 @@ __all__ = [
     "AuthorityMisuseError",
     "CommitFailedError",
     "ConfigError",
+    "ControlPlaneError",
     "CorruptLogError",
     "ErrorCode",
+    "LeaseLostError",
     "LodgerError",
     "LogKeyError",
     "NextStep",
@@ -54,6 +59,7 @@ __all__ = [
     "SessionLockedError",
     "SessionNotFoundError",
     "StaleRevisionError",
+    "StaleTokenError",
     "StorageError",
     "StorageFullError",
     "ToolCallError",
@@ -208,6 +214,27 @@ class StorageFullError(CommitFailedError):
     """No space left on the device (or quota) that holds the state."""
 
     code = "storage_full"
+
+
+class ControlPlaneError(StorageError):
+    """The control plane could not be reached, answered with an error, or its schema is
+    newer than this lodger (``code`` ``schema_too_new``)."""
+
+    code = "control_plane"
+
+
+class LeaseLostError(StorageError):
+    """A worker's session lease is no longer current (it expired, or another worker took
+    the session with a higher epoch): the commit it guarded is refused, nothing written."""
+
+    code = "lease_lost"
+
+
+class StaleTokenError(StorageError):
+    """A write on a shared resource carried a fencing token older than the newest one the
+    control plane granted for it: a late holder, refused."""
+
+    code = "stale_token"
 
 
 class CorruptLogError(LodgerError):
@@ -433,6 +460,14 @@ ErrorCode = Literal[
     "dispatch_without_call",
     "orphan_nested_call",
     "bad_resume_prefix",
+    "invalid_control_dsn",
+    "invalid_cron",
+    "invalid_time",
+    "worker_model",
+    "control_plane",
+    "schema_too_new",
+    "lease_lost",
+    "stale_token",
     "lodger_error",
 ]
 ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))

@@ -1,0 +1,530 @@
+"""The control plane's logic in portable SQL, shared by the SQLite and PostgreSQL
+implementations: they supply a transaction (``_Tx``) and a few dialect words.
+
+Statements use ``%s`` placeholders (SQLite's transaction turns them into ``?``). Every
+method is one transaction that reads the control plane's clock once at its start, so
+expiry is always judged by one clock, never by a worker's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from lodger.control.interface import (
+    NamedLease,
+    ParkedCall,
+    Schedule,
+    SessionLease,
+    SessionRow,
+    Wake,
+)
+from lodger.control.schedule import next_fire
+from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError
+
+__all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
+
+# Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
+# the session and parked indexes). Version 2: what spans sessions (cron schedules and the
+# global authorities). A database at version 1 is brought to 2 at start; nothing is lost.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, status TEXT NOT NULL, "
+        "last_activity {real} NOT NULL, events BIGINT NOT NULL DEFAULT 0, snapshot TEXT, "
+        "model TEXT)",
+        "CREATE TABLE session_leases (session_id TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+        "epoch BIGINT NOT NULL, expires_at {real} NOT NULL)",
+        "CREATE TABLE wakes (id {serial}, session_id TEXT NOT NULL, message TEXT, "
+        "due_at {real} NOT NULL, claimed_by TEXT, claim_expires_at {real}, "
+        "attempts INTEGER NOT NULL DEFAULT 0, started_offset BIGINT, done_at {real})",
+        "CREATE INDEX wakes_pending ON wakes (due_at, id) WHERE done_at IS NULL",
+        "CREATE INDEX wakes_session ON wakes (session_id, id) WHERE done_at IS NULL",
+        "CREATE TABLE idempotency_keys (key TEXT PRIMARY KEY, wake_id BIGINT, "
+        "created_at {real} NOT NULL)",
+        "CREATE TABLE parked (session_id TEXT NOT NULL, call_id TEXT NOT NULL, "
+        "tool TEXT NOT NULL, reason TEXT NOT NULL, since {real} NOT NULL, "
+        "PRIMARY KEY (session_id, call_id))",
+    ),
+    2: (
+        "CREATE TABLE schedules (id {serial}, session_id TEXT NOT NULL, cron TEXT NOT NULL, "
+        "message TEXT NOT NULL, next_at {real} NOT NULL)",
+        "CREATE TABLE named_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+        "token BIGINT NOT NULL, expires_at {real} NOT NULL)",
+        "CREATE TABLE semaphores (name TEXT PRIMARY KEY)",
+        "CREATE TABLE permits (id TEXT PRIMARY KEY, name TEXT NOT NULL, holder TEXT NOT NULL, "
+        "expires_at {real} NOT NULL)",
+        "CREATE INDEX permits_name ON permits (name, expires_at)",
+        "CREATE TABLE quota_events (name TEXT NOT NULL, at {real} NOT NULL)",
+        "CREATE INDEX quota_events_name ON quota_events (name, at)",
+    ),
+}
+LATEST_VERSION = max(MIGRATIONS)
+
+_WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
+
+
+class _Tx(Protocol):
+    now: float
+
+    async def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a statement; the number of rows it changed."""
+        ...
+
+
+def _wake(row: tuple[Any, ...]) -> Wake:
+    return Wake(
+        id=int(row[0]),
+        session_id=row[1],
+        message=row[2],
+        due_at=float(row[3]),
+        attempts=int(row[4]),
+        started_offset=None if row[5] is None else int(row[5]),
+    )
+
+
+def _session_row(row: tuple[Any, ...]) -> SessionRow:
+    return SessionRow(
+        session_id=row[0],
+        status=row[1],
+        last_activity=float(row[2]),
+        events=int(row[3]),
+        snapshot=row[4],
+        model=row[5],
+    )
+
+
+class SqlControlPlane:
+    """The shared logic; subclasses provide ``_tx`` and the dialect words."""
+
+    #: appended to a SELECT that claims rows other transactions may be claiming too
+    _skip_locked = ""
+    #: appended to a SELECT whose rows this transaction will update
+    _for_update = ""
+    _types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"}
+
+    def _tx(self) -> AbstractAsyncContextManager[_Tx]:
+        raise NotImplementedError
+
+    async def _migration_lock(self, tx: _Tx) -> None:
+        """Serialize concurrent migrations (PostgreSQL takes an advisory lock)."""
+
+    # ----------------------------------------------------------- schema
+
+    async def migrate(self, *, to: int = LATEST_VERSION) -> int:
+        """Apply every migration after the database's version up to ``to``; the version."""
+        async with self._tx() as tx:
+            await self._migration_lock(tx)
+            await tx.change("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            rows = await tx.rows("SELECT max(version) FROM schema_version")
+            current = int(rows[0][0]) if rows and rows[0][0] is not None else 0
+            if current > LATEST_VERSION:
+                raise ControlPlaneError(
+                    f"the control plane's schema is at version {current}, newer than this "
+                    f"lodger knows ({LATEST_VERSION})",
+                    hint="upgrade lodger on this machine; never run an older worker on it",
+                    code="schema_too_new",
+                )
+            for version in range(current + 1, to + 1):
+                for statement in MIGRATIONS[version]:
+                    await tx.change(statement.format(**self._types))
+                await tx.change("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+            return max(current, to)
+
+    async def schema_version(self) -> int:
+        async with self._tx() as tx:
+            rows = await tx.rows("SELECT max(version) FROM schema_version")
+            return int(rows[0][0]) if rows[0][0] is not None else 0
+
+    async def now(self) -> float:
+        async with self._tx() as tx:
+            return tx.now
+
+    # ----------------------------------------------------------- session leases
+
+    async def acquire_session(
+        self, *, session_id: str, holder: str, ttl_s: float
+    ) -> SessionLease | None:
+        async with self._tx() as tx:
+            expires = tx.now + ttl_s
+            inserted = await tx.change(
+                "INSERT INTO session_leases (session_id, holder, epoch, expires_at) "
+                "VALUES (%s, %s, 1, %s) ON CONFLICT (session_id) DO NOTHING",
+                (session_id, holder, expires),
+            )
+            if inserted:
+                return SessionLease(
+                    session_id=session_id, holder=holder, epoch=1, expires_at=expires
+                )
+            rows = await tx.rows(
+                "SELECT epoch, expires_at FROM session_leases WHERE session_id = %s"
+                + self._for_update,
+                (session_id,),
+            )
+            epoch, current_expiry = int(rows[0][0]), float(rows[0][1])
+            if current_expiry > tx.now:
+                return None
+            await tx.change(
+                "UPDATE session_leases SET holder = %s, epoch = %s, expires_at = %s "
+                "WHERE session_id = %s",
+                (holder, epoch + 1, expires, session_id),
+            )
+            return SessionLease(
+                session_id=session_id, holder=holder, epoch=epoch + 1, expires_at=expires
+            )
+
+    async def renew_session(self, *, lease: SessionLease, ttl_s: float) -> SessionLease:
+        async with self._tx() as tx:
+            expires = tx.now + ttl_s
+            changed = await tx.change(
+                "UPDATE session_leases SET expires_at = %s WHERE session_id = %s "
+                "AND holder = %s AND epoch = %s AND expires_at > %s",
+                (expires, lease.session_id, lease.holder, lease.epoch, tx.now),
+            )
+            if not changed:
+                raise _lost(lease)
+            return SessionLease(
+                session_id=lease.session_id,
+                holder=lease.holder,
+                epoch=lease.epoch,
+                expires_at=expires,
+            )
+
+    async def check_session(self, *, lease: SessionLease) -> None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
+                "AND epoch = %s AND expires_at > %s",
+                (lease.session_id, lease.holder, lease.epoch, tx.now),
+            )
+            if not rows:
+                raise _lost(lease)
+
+    async def release_session(self, *, lease: SessionLease) -> None:
+        # The row stays (expired) so the next grant's epoch is higher than every earlier one.
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
+                "AND holder = %s AND epoch = %s",
+                (lease.session_id, lease.holder, lease.epoch),
+            )
+
+    # ----------------------------------------------------------- the wake queue
+
+    async def send(
+        self,
+        *,
+        session_id: str,
+        message: str | None,
+        due_at: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> int | None:
+        async with self._tx() as tx:
+            if idempotency_key is not None:
+                fresh = await tx.change(
+                    "INSERT INTO idempotency_keys (key, created_at) VALUES (%s, %s) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (idempotency_key, tx.now),
+                )
+                if not fresh:
+                    return None
+            rows = await tx.rows(
+                "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s) RETURNING id",
+                (session_id, message, tx.now if due_at is None else due_at),
+            )
+            wake_id = int(rows[0][0])
+            if idempotency_key is not None:
+                await tx.change(
+                    "UPDATE idempotency_keys SET wake_id = %s WHERE key = %s",
+                    (wake_id, idempotency_key),
+                )
+            return wake_id
+
+    async def claim_wakes(self, *, holder: str, limit: int, ttl_s: float) -> list[Wake]:
+        async with self._tx() as tx:
+            # Due, unclaimed (or abandoned by a dead worker), of a session nobody holds,
+            # and the session's oldest due wake, so a session's messages keep their order.
+            rows = await tx.rows(
+                f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL AND due_at <= %s "
+                "AND (claimed_by IS NULL OR claim_expires_at <= %s) "
+                "AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE "
+                "l.session_id = wakes.session_id AND l.expires_at > %s) "
+                "AND NOT EXISTS (SELECT 1 FROM wakes w WHERE w.session_id = wakes.session_id "
+                "AND w.done_at IS NULL AND w.due_at <= %s AND w.id < wakes.id) "
+                "ORDER BY due_at, id LIMIT %s" + self._skip_locked,
+                (tx.now, tx.now, tx.now, tx.now, limit),
+            )
+            claimed: list[Wake] = []
+            seen: set[str] = set()
+            for row in rows:
+                wake = _wake(row)
+                if wake.session_id in seen:
+                    continue
+                seen.add(wake.session_id)
+                await tx.change(
+                    "UPDATE wakes SET claimed_by = %s, claim_expires_at = %s, "
+                    "attempts = attempts + 1 WHERE id = %s",
+                    (holder, tx.now + ttl_s, wake.id),
+                )
+                claimed.append(
+                    Wake(
+                        id=wake.id,
+                        session_id=wake.session_id,
+                        message=wake.message,
+                        due_at=wake.due_at,
+                        attempts=wake.attempts + 1,
+                        started_offset=wake.started_offset,
+                    )
+                )
+            return claimed
+
+    async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE wakes SET claim_expires_at = %s WHERE id = %s AND claimed_by = %s "
+                "AND done_at IS NULL",
+                (tx.now + ttl_s, wake_id, holder),
+            )
+
+    async def mark_wake_started(self, *, wake_id: int, offset: int) -> None:
+        async with self._tx() as tx:
+            await tx.change("UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id))
+
+    async def finish_wake(self, *, wake_id: int) -> None:
+        async with self._tx() as tx:
+            await tx.change("UPDATE wakes SET done_at = %s WHERE id = %s", (tx.now, wake_id))
+
+    async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE wakes SET claimed_by = NULL, claim_expires_at = NULL, "
+                "due_at = CASE WHEN due_at > %s THEN due_at ELSE %s END "
+                "WHERE id = %s AND done_at IS NULL",
+                (tx.now + delay_s, tx.now + delay_s, wake_id),
+            )
+
+    async def pending_wakes(self, *, session_id: str | None = None) -> list[Wake]:
+        async with self._tx() as tx:
+            if session_id is None:
+                rows = await tx.rows(
+                    f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL ORDER BY id"
+                )
+            else:
+                rows = await tx.rows(
+                    f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL "
+                    "AND session_id = %s ORDER BY id",
+                    (session_id,),
+                )
+            return [_wake(row) for row in rows]
+
+    async def add_schedule(
+        self, *, session_id: str, cron: str, message: str, start: float | None = None
+    ) -> Schedule:
+        async with self._tx() as tx:
+            first = next_fire(cron, tx.now if start is None else start)
+            rows = await tx.rows(
+                "INSERT INTO schedules (session_id, cron, message, next_at) "
+                "VALUES (%s, %s, %s, %s) RETURNING id",
+                (session_id, cron, message, first),
+            )
+            return Schedule(
+                id=int(rows[0][0]), session_id=session_id, cron=cron, message=message,
+                next_at=first,
+            )  # fmt: skip
+
+    async def list_schedules(self) -> list[Schedule]:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT id, session_id, cron, message, next_at FROM schedules ORDER BY id"
+            )
+            return [
+                Schedule(id=int(r[0]), session_id=r[1], cron=r[2], message=r[3], next_at=r[4])
+                for r in rows
+            ]
+
+    async def fire_schedules(self) -> int:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT id, session_id, cron, message FROM schedules WHERE next_at <= %s"
+                + self._skip_locked,
+                (tx.now,),
+            )
+            for schedule_id, session_id, cron, message in rows:
+                await tx.change(
+                    "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s)",
+                    (session_id, message, tx.now),
+                )
+                await tx.change(
+                    "UPDATE schedules SET next_at = %s WHERE id = %s",
+                    (next_fire(cron, tx.now), schedule_id),
+                )
+            return len(rows)
+
+    # ----------------------------------------------------------- indexes
+
+    async def record_session(self, *, row: SessionRow) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "INSERT INTO sessions (session_id, status, last_activity, events, snapshot, "
+                "model) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE "
+                "SET status = excluded.status, last_activity = excluded.last_activity, "
+                "events = excluded.events, "
+                "snapshot = COALESCE(excluded.snapshot, sessions.snapshot), "
+                "model = COALESCE(excluded.model, sessions.model)",
+                (row.session_id, row.status, row.last_activity, row.events, row.snapshot,
+                 row.model),
+            )  # fmt: skip
+
+    async def get_session(self, *, session_id: str) -> SessionRow | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT session_id, status, last_activity, events, snapshot, model "
+                "FROM sessions WHERE session_id = %s",
+                (session_id,),
+            )
+            return _session_row(rows[0]) if rows else None
+
+    async def list_sessions(self) -> list[SessionRow]:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT session_id, status, last_activity, events, snapshot, model "
+                "FROM sessions ORDER BY last_activity DESC, session_id"
+            )
+            return [_session_row(row) for row in rows]
+
+    async def set_parked(self, *, session_id: str, calls: Sequence[ParkedCall]) -> None:
+        async with self._tx() as tx:
+            await tx.change("DELETE FROM parked WHERE session_id = %s", (session_id,))
+            for call in calls:
+                await tx.change(
+                    "INSERT INTO parked (session_id, call_id, tool, reason, since) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (session_id, call.call_id, call.tool, call.reason, call.since),
+                )
+
+    async def list_parked(self, *, session_id: str | None = None) -> list[ParkedCall]:
+        async with self._tx() as tx:
+            sql = "SELECT session_id, call_id, tool, reason, since FROM parked"
+            params: tuple[Any, ...] = ()
+            if session_id is not None:
+                sql += " WHERE session_id = %s"
+                params = (session_id,)
+            rows = await tx.rows(sql + " ORDER BY since, session_id, call_id", params)
+            return [
+                ParkedCall(session_id=r[0], call_id=r[1], tool=r[2], reason=r[3], since=r[4])
+                for r in rows
+            ]
+
+    # ----------------------------------------------------------- global authorities
+
+    async def acquire_named(self, *, name: str, holder: str, ttl_s: float) -> NamedLease | None:
+        async with self._tx() as tx:
+            expires = tx.now + ttl_s
+            if await tx.change(
+                "INSERT INTO named_leases (name, holder, token, expires_at) "
+                "VALUES (%s, %s, 1, %s) ON CONFLICT (name) DO NOTHING",
+                (name, holder, expires),
+            ):
+                return NamedLease(name=name, holder=holder, token=1, expires_at=expires)
+            rows = await tx.rows(
+                "SELECT token, expires_at FROM named_leases WHERE name = %s" + self._for_update,
+                (name,),
+            )
+            token, current_expiry = int(rows[0][0]), float(rows[0][1])
+            if current_expiry > tx.now:
+                return None
+            await tx.change(
+                "UPDATE named_leases SET holder = %s, token = %s, expires_at = %s WHERE name = %s",
+                (holder, token + 1, expires, name),
+            )
+            return NamedLease(name=name, holder=holder, token=token + 1, expires_at=expires)
+
+    async def release_named(self, *, lease: NamedLease) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE named_leases SET expires_at = 0 WHERE name = %s AND token = %s",
+                (lease.name, lease.token),
+            )
+
+    async def admit_token(self, *, name: str, token: int) -> None:
+        async with self._tx() as tx:
+            rows = await tx.rows("SELECT token FROM named_leases WHERE name = %s", (name,))
+            newest = int(rows[0][0]) if rows else 0
+            if token < newest or newest == 0:
+                raise StaleTokenError(
+                    f"a write on {name!r} carried fencing token {token}, but token {newest} "
+                    "was granted since"
+                    if newest
+                    else f"a write on {name!r} carried token {token}, never granted",
+                    hint="the writer's lease expired while it was paused or slow; take the "
+                    "lease again and re-read the resource before writing",
+                )
+
+    async def _lock_name(self, tx: _Tx, name: str) -> None:
+        await tx.change(
+            "INSERT INTO semaphores (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,)
+        )
+        await tx.rows("SELECT name FROM semaphores WHERE name = %s" + self._for_update, (name,))
+
+    async def acquire_permit(
+        self, *, name: str, limit: int, holder: str, ttl_s: float
+    ) -> str | None:
+        async with self._tx() as tx:
+            await self._lock_name(tx, name)
+            rows = await tx.rows(
+                "SELECT count(*) FROM permits WHERE name = %s AND expires_at > %s",
+                (name, tx.now),
+            )
+            if int(rows[0][0]) >= limit:
+                return None
+            permit = secrets.token_hex(12)
+            await tx.change(
+                "INSERT INTO permits (id, name, holder, expires_at) VALUES (%s, %s, %s, %s)",
+                (permit, name, holder, tx.now + ttl_s),
+            )
+            await tx.change(
+                "DELETE FROM permits WHERE name = %s AND expires_at <= %s", (name, tx.now)
+            )
+            return permit
+
+    async def release_permit(self, *, name: str, permit: str) -> None:
+        async with self._tx() as tx:
+            await tx.change("DELETE FROM permits WHERE id = %s AND name = %s", (permit, name))
+
+    async def take_quota(
+        self, *, name: str, per_minute: int | None = None, per_hour: int | None = None
+    ) -> float:
+        async with self._tx() as tx:
+            key = f"quota:{name}"
+            await self._lock_name(tx, key)
+            await tx.change(
+                "DELETE FROM quota_events WHERE name = %s AND at <= %s", (key, tx.now - 3600)
+            )
+            wait = 0.0
+            for limit, window in ((per_minute, 60.0), (per_hour, 3600.0)):
+                if limit is None:
+                    continue
+                rows = await tx.rows(
+                    "SELECT at FROM quota_events WHERE name = %s AND at > %s ORDER BY at",
+                    (key, tx.now - window),
+                )
+                if len(rows) >= limit:
+                    # free again when the oldest request that fills the window leaves it
+                    wait = max(wait, float(rows[len(rows) - limit][0]) + window - tx.now)
+            if wait > 0:
+                return wait
+            await tx.change("INSERT INTO quota_events (name, at) VALUES (%s, %s)", (key, tx.now))
+            return 0.0
+
+
+def _lost(lease: SessionLease) -> LeaseLostError:
+    return LeaseLostError(
+        f"the lease of {lease.holder!r} on session {lease.session_id!r} (epoch "
+        f"{lease.epoch}) is no longer current",
+        hint="it expired or another worker took the session; nothing more is committed "
+        "under it, and the session's new holder recovers it",
+        session_id=lease.session_id,
+    )

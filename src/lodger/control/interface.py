@@ -1,0 +1,220 @@
+"""The control plane: the small, strongly consistent state that workers share.
+
+Session leases with fencing epochs, inbound messages and timers (the wake queue, with
+idempotency keys and cron schedules), the session index that ``lodger sessions`` lists
+without opening logs, the index of parked operations, and the global resource
+authorities (named leases with fencing tokens, counting semaphores, request quotas).
+
+Two implementations pass one conformance suite (``lodger.testing.control_conformance``):
+``SqliteControlPlane`` (a file beside the local store) and ``PostgresControlPlane``
+(psycopg 3, async, pooled). Times are seconds since the epoch measured by the control
+plane (PostgreSQL's clock, or the SQLite implementation's injected clock): a worker's own
+clock never decides whether its lease is still current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "ControlPlane",
+    "NamedLease",
+    "ParkedCall",
+    "Schedule",
+    "SessionLease",
+    "SessionRow",
+    "Wake",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionLease:
+    """The right of ``holder`` to run ``session_id``'s turns; ``epoch`` grows by one at
+    every grant, so a commit guarded by an older epoch is refused."""
+
+    session_id: str
+    holder: str
+    epoch: int
+    expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wake:
+    """One due event for a session: a message (a new turn) or, with ``message`` None, a
+    plain wake (resume whatever is open). ``started_offset`` is the log's high-water mark
+    recorded just before a worker delivered the message, so a worker that takes the wake
+    over after a crash can tell whether the message already reached the log."""
+
+    id: int
+    session_id: str
+    message: str | None
+    due_at: float
+    attempts: int
+    started_offset: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionRow:
+    """One session in the index: how its last turn settled, when, and where its
+    workspace snapshot is."""
+
+    session_id: str
+    status: str
+    last_activity: float
+    events: int = 0
+    snapshot: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParkedCall:
+    session_id: str
+    call_id: str
+    tool: str
+    reason: str
+    since: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    id: int
+    session_id: str
+    cron: str
+    message: str
+    next_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class NamedLease:
+    """An exclusive lease on a shared external resource; ``token`` grows at every grant
+    and is what the holder passes on with each write (see ``admit_token``)."""
+
+    name: str
+    holder: str
+    token: int
+    expires_at: float
+
+
+class ControlPlane(Protocol):
+    """What workers, ``lodger send`` and ``lodger sessions`` share. Every method is
+    keyword-only; failures of the database are ``ControlPlaneError``."""
+
+    async def start(self) -> None:
+        """Connect and bring the schema to the newest version (migrations run here)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def schema_version(self) -> int: ...
+
+    async def now(self) -> float:
+        """The control plane's clock, in seconds since the epoch."""
+        ...
+
+    # ----------------------------------------------------------- session leases
+
+    async def acquire_session(
+        self, *, session_id: str, holder: str, ttl_s: float
+    ) -> SessionLease | None:
+        """Grant the lease with a new epoch, unless another holder's lease is current."""
+        ...
+
+    async def renew_session(self, *, lease: SessionLease, ttl_s: float) -> SessionLease:
+        """Extend a current lease; ``LeaseLostError`` when it expired or was taken."""
+        ...
+
+    async def check_session(self, *, lease: SessionLease) -> None:
+        """``LeaseLostError`` unless ``lease`` is still current (the commit guard)."""
+        ...
+
+    async def release_session(self, *, lease: SessionLease) -> None: ...
+
+    # ----------------------------------------------------------- the wake queue
+
+    async def send(
+        self,
+        *,
+        session_id: str,
+        message: str | None,
+        due_at: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> int | None:
+        """Enqueue a wake (due now, or at ``due_at``); None when ``idempotency_key`` was
+        seen before (nothing is enqueued)."""
+        ...
+
+    async def claim_wakes(self, *, holder: str, limit: int, ttl_s: float) -> list[Wake]:
+        """Claim up to ``limit`` due wakes of sessions nobody holds, for ``ttl_s``."""
+        ...
+
+    async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None: ...
+
+    async def mark_wake_started(self, *, wake_id: int, offset: int) -> None: ...
+
+    async def finish_wake(self, *, wake_id: int) -> None: ...
+
+    async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
+        """Unclaim a wake so another worker (or this one, after ``delay_s``) takes it."""
+        ...
+
+    async def pending_wakes(self, *, session_id: str | None = None) -> list[Wake]:
+        """Wakes not finished yet, due or not."""
+        ...
+
+    async def add_schedule(
+        self, *, session_id: str, cron: str, message: str, start: float | None = None
+    ) -> Schedule:
+        """A recurring message; its first run is the first match after ``start`` (now by
+        default; an earlier ``start`` makes the runs since then count as missed)."""
+        ...
+
+    async def list_schedules(self) -> list[Schedule]: ...
+
+    async def fire_schedules(self) -> int:
+        """Enqueue one wake per schedule that is due and move it to its next time after
+        now: runs missed while no worker was up fire once, not once per miss."""
+        ...
+
+    # ----------------------------------------------------------- indexes
+
+    async def record_session(self, *, row: SessionRow) -> None: ...
+
+    async def get_session(self, *, session_id: str) -> SessionRow | None: ...
+
+    async def list_sessions(self) -> list[SessionRow]: ...
+
+    async def set_parked(self, *, session_id: str, calls: Sequence[ParkedCall]) -> None:
+        """Replace the session's parked operations (empty: none wait any more)."""
+        ...
+
+    async def list_parked(self, *, session_id: str | None = None) -> list[ParkedCall]: ...
+
+    # ----------------------------------------------------------- global authorities
+
+    async def acquire_named(self, *, name: str, holder: str, ttl_s: float) -> NamedLease | None:
+        """Grant the named lease with the next fencing token, unless it is held."""
+        ...
+
+    async def release_named(self, *, lease: NamedLease) -> None: ...
+
+    async def admit_token(self, *, name: str, token: int) -> None:
+        """The resource's side of fencing: accept a write carrying ``token`` only if no
+        newer token was granted for ``name`` (``StaleTokenError`` otherwise)."""
+        ...
+
+    async def acquire_permit(
+        self, *, name: str, limit: int, holder: str, ttl_s: float
+    ) -> str | None:
+        """One of ``limit`` permits of the named semaphore, or None when all are held."""
+        ...
+
+    async def release_permit(self, *, name: str, permit: str) -> None: ...
+
+    async def take_quota(
+        self, *, name: str, per_minute: int | None = None, per_hour: int | None = None
+    ) -> float:
+        """Take one request from the named quota: 0.0 when granted, else the seconds to
+        wait before one is free (nothing is taken then)."""
+        ...

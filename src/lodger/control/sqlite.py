@@ -1,0 +1,118 @@
+"""The embedded control plane: one SQLite file, shared by the processes of one machine.
+
+Each transaction is ``BEGIN IMMEDIATE`` (the write lock is taken first, so two workers
+never interleave a claim), runs on a worker thread, and reads the clock once. WAL mode
+and a busy timeout let several worker processes share the file.
+
+>>> control = SqliteControlPlane(".lodger/control.sqlite3")
+>>> await control.start()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from lodger.control._sql import LATEST_VERSION, SqlControlPlane
+from lodger.errors import ControlPlaneError
+
+__all__ = ["SqliteControlPlane"]
+
+
+class _SqliteTx:
+    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+        self._conn = conn
+        self.now = now
+
+    async def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return await asyncio.to_thread(self._rows, sql, params)
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return list(self._conn.execute(sql.replace("%s", "?"), tuple(params)).fetchall())
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return await asyncio.to_thread(self._change, sql, params)
+
+    def _change(self, sql: str, params: Sequence[Any]) -> int:
+        return self._conn.execute(sql.replace("%s", "?"), tuple(params)).rowcount
+
+
+class SqliteControlPlane(SqlControlPlane):
+    """The control plane in the SQLite file ``path`` (created with its directory).
+
+    ``clock`` (seconds since the epoch) is injectable for tests; every process sharing
+    the file must use the same clock, which the machine's wall clock is.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()  # one transaction at a time on the connection
+
+    async def start(self, *, version: int = LATEST_VERSION) -> None:
+        if self._conn is None:
+            self._conn = await asyncio.to_thread(self._connect)
+        await self.migrate(to=version)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=30000")
+        except (OSError, sqlite3.Error) as exc:
+            raise ControlPlaneError(
+                f"cannot open the control plane at {self.path}: {exc}",
+                hint="check that the directory exists and is writable",
+            ) from exc
+        return conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await asyncio.to_thread(conn.close)
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[_SqliteTx]:
+        conn = self._conn
+        if conn is None:
+            raise ControlPlaneError(
+                "the control plane is not started", hint="await control.start() first"
+            )
+        async with self._lock:
+            try:
+                await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise ControlPlaneError(
+                    f"control plane {self.path}: {exc}", hint="is another process stuck?"
+                ) from exc
+            tx = _SqliteTx(conn, self._clock())
+            try:
+                yield tx
+            except BaseException as exc:
+                await asyncio.shield(asyncio.to_thread(conn.execute, "ROLLBACK"))
+                if isinstance(exc, sqlite3.Error):
+                    raise ControlPlaneError(
+                        f"control plane {self.path}: {exc}",
+                        hint="the transaction was rolled back; nothing changed",
+                    ) from exc
+                raise
+            try:
+                await asyncio.shield(asyncio.to_thread(conn.execute, "COMMIT"))
+            except sqlite3.Error as exc:
+                raise ControlPlaneError(
+                    f"control plane {self.path}: commit failed: {exc}",
+                    hint="the transaction was not applied",
+                ) from exc

@@ -1,0 +1,297 @@
+"""The one conformance suite every control plane passes.
+
+Subclass ``ControlConformance`` in a test module that provides a ``make_control`` fixture:
+an async factory returning a started ``ControlPlane``, each call a new connection to the
+same database (several calls play several workers), all closed by the fixture::
+
+    @pytest.fixture
+    async def make_control(tmp_path):
+        made = []
+        async def make():
+            control = SqliteControlPlane(tmp_path / "control.sqlite3")
+            await control.start()
+            made.append(control)
+            return control
+        yield make
+        for control in made:
+            await control.close()
+
+    class TestSqliteControl(ControlConformance):
+        pass
+
+Expiry is judged by the control plane's own clock, so the few tests about expiry use
+short leases and wait past them (waiting longer on a loaded machine only makes them
+more certainly expired); nothing asserts that something has *not* happened yet after a
+sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from lodger.control._sql import LATEST_VERSION
+from lodger.control.interface import ControlPlane, ParkedCall, SessionRow
+from lodger.errors import LeaseLostError, StaleTokenError
+
+__all__ = ["ControlConformance", "MakeControl"]
+
+MakeControl = Callable[[], Awaitable[ControlPlane]]
+
+_LONG = 60.0  # seconds: a lease that cannot expire during a test
+_SHORT = 0.3
+
+
+async def _past(control: ControlPlane, when: float) -> None:
+    """Wait until the control plane's clock is past ``when``."""
+    while await control.now() <= when:  # noqa: ASYNC110 - the clock is the database's
+        await asyncio.sleep(0.05)
+
+
+class ControlConformance:
+    @pytest.fixture
+    async def control(self, make_control: MakeControl) -> ControlPlane:
+        return await make_control()
+
+    # ----------------------------------------------------------- schema
+
+    async def test_schema_is_at_the_latest_version(self, control: ControlPlane) -> None:
+        assert await control.schema_version() == LATEST_VERSION
+
+    async def test_starting_twice_migrates_once(self, make_control: MakeControl) -> None:
+        first = await make_control()
+        second = await make_control()  # same database: nothing left to migrate
+        assert await second.schema_version() == await first.schema_version() == LATEST_VERSION
+
+    # ----------------------------------------------------------- session leases
+
+    async def test_a_session_lease_has_one_holder(self, control: ControlPlane) -> None:
+        lease = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None and lease.epoch == 1
+        assert await control.acquire_session(session_id="s1", holder="w2", ttl_s=_LONG) is None
+        await control.check_session(lease=lease)
+        renewed = await control.renew_session(lease=lease, ttl_s=_LONG)
+        assert renewed.epoch == 1 and renewed.expires_at >= lease.expires_at
+        other = await control.acquire_session(session_id="s2", holder="w2", ttl_s=_LONG)
+        assert other is not None and other.epoch == 1
+
+    async def test_each_grant_raises_the_epoch_and_fences_the_old(
+        self, control: ControlPlane
+    ) -> None:
+        first = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert first is not None
+        await control.release_session(lease=first)
+        second = await control.acquire_session(session_id="s1", holder="w2", ttl_s=_LONG)
+        assert second is not None and second.epoch == 2
+        with pytest.raises(LeaseLostError) as caught:
+            await control.check_session(lease=first)
+        assert caught.value.code == "lease_lost" and caught.value.session_id == "s1"
+        with pytest.raises(LeaseLostError):
+            await control.renew_session(lease=first, ttl_s=_LONG)
+        await control.release_session(lease=first)  # a stale release changes nothing
+        await control.check_session(lease=second)
+
+    async def test_an_expired_lease_is_taken_over(self, control: ControlPlane) -> None:
+        first = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_SHORT)
+        assert first is not None
+        await _past(control, first.expires_at)
+        with pytest.raises(LeaseLostError):  # expired, even before anyone takes it
+            await control.check_session(lease=first)
+        second = await control.acquire_session(session_id="s1", holder="w2", ttl_s=_LONG)
+        assert second is not None and second.epoch == first.epoch + 1
+        with pytest.raises(LeaseLostError):
+            await control.renew_session(lease=first, ttl_s=_LONG)
+
+    # ----------------------------------------------------------- wakes
+
+    async def test_a_wake_is_claimed_once(self, make_control: MakeControl) -> None:
+        one, two = await make_control(), await make_control()
+        wake_id = await one.send(session_id="s1", message="hello")
+        assert wake_id is not None
+        claimed = await one.claim_wakes(holder="w1", limit=5, ttl_s=_LONG)
+        assert [(w.id, w.session_id, w.message, w.attempts) for w in claimed] == [
+            (wake_id, "s1", "hello", 1)
+        ]
+        assert await two.claim_wakes(holder="w2", limit=5, ttl_s=_LONG) == []
+        await one.mark_wake_started(wake_id=wake_id, offset=7)
+        assert [w.started_offset for w in await two.pending_wakes(session_id="s1")] == [7]
+        await one.finish_wake(wake_id=wake_id)
+        assert await two.pending_wakes() == []
+
+    async def test_an_idempotency_key_enqueues_once(self, control: ControlPlane) -> None:
+        first = await control.send(session_id="s1", message="pay", idempotency_key="k-1")
+        again = await control.send(session_id="s1", message="pay", idempotency_key="k-1")
+        other = await control.send(session_id="s1", message="pay", idempotency_key="k-2")
+        assert first is not None and again is None and other is not None
+        assert [w.id for w in await control.pending_wakes(session_id="s1")] == [first, other]
+
+    async def test_a_timer_is_not_claimed_before_it_is_due(self, control: ControlPlane) -> None:
+        now = await control.now()
+        later = await control.send(session_id="s1", message="later", due_at=now + _LONG)
+        soon = await control.send(session_id="s2", message="soon", due_at=now + _SHORT)
+        assert await control.claim_wakes(holder="w", limit=5, ttl_s=_LONG) == []
+        await _past(control, now + _SHORT)
+        assert [w.id for w in await control.claim_wakes(holder="w", limit=5, ttl_s=_LONG)] == [soon]
+        assert later in [w.id for w in await control.pending_wakes()]
+
+    async def test_a_sessions_messages_are_claimed_in_order(self, control: ControlPlane) -> None:
+        first = await control.send(session_id="s1", message="one")
+        second = await control.send(session_id="s1", message="two")
+        claimed = await control.claim_wakes(holder="w", limit=5, ttl_s=_LONG)
+        assert [w.id for w in claimed] == [first]
+        assert await control.claim_wakes(holder="w", limit=5, ttl_s=_LONG) == []
+        assert first is not None
+        await control.finish_wake(wake_id=first)
+        assert [w.id for w in await control.claim_wakes(holder="w", limit=5, ttl_s=_LONG)] == [
+            second
+        ]
+
+    async def test_wakes_of_a_held_session_wait(self, control: ControlPlane) -> None:
+        lease = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None
+        wake_id = await control.send(session_id="s1", message="m")
+        assert await control.claim_wakes(holder="w2", limit=5, ttl_s=_LONG) == []
+        await control.release_session(lease=lease)
+        assert [w.id for w in await control.claim_wakes(holder="w2", limit=5, ttl_s=_LONG)] == [
+            wake_id
+        ]
+
+    async def test_a_handed_back_wake_is_claimed_again(self, control: ControlPlane) -> None:
+        wake_id = await control.send(session_id="s1", message="m")
+        assert wake_id is not None
+        (wake,) = await control.claim_wakes(holder="w1", limit=1, ttl_s=_LONG)
+        await control.hand_back_wake(wake_id=wake.id, delay_s=_LONG)
+        assert await control.claim_wakes(holder="w2", limit=1, ttl_s=_LONG) == []  # delayed
+        await control.hand_back_wake(wake_id=wake.id)  # a delay never moves it earlier
+        assert await control.claim_wakes(holder="w2", limit=1, ttl_s=_LONG) == []
+        (pending,) = await control.pending_wakes()
+        assert pending.due_at >= (await control.now()) + _LONG / 2
+
+    async def test_an_abandoned_claim_is_claimed_by_another(self, control: ControlPlane) -> None:
+        wake_id = await control.send(session_id="s1", message="m")
+        (first,) = await control.claim_wakes(holder="dead", limit=1, ttl_s=_SHORT)
+        await _past(control, (await control.now()) + _SHORT)
+        (second,) = await control.claim_wakes(holder="alive", limit=1, ttl_s=_LONG)
+        assert first.id == second.id == wake_id and second.attempts == 2
+
+    async def test_concurrent_claimers_never_share_a_wake(self, make_control: MakeControl) -> None:
+        workers = [await make_control() for _ in range(4)]
+        sent = {await workers[0].send(session_id=f"s{i}", message="m") for i in range(24)}
+
+        async def drain(index: int) -> list[int]:
+            mine: list[int] = []
+            while True:
+                got = await workers[index].claim_wakes(holder=f"w{index}", limit=3, ttl_s=_LONG)
+                if not got:
+                    return mine
+                mine += [w.id for w in got]
+
+        claims = await asyncio.gather(*(drain(i) for i in range(4)))
+        flat = [wake for claim in claims for wake in claim]
+        assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
+
+    async def test_a_missed_schedule_fires_once(self, control: ControlPlane) -> None:
+        now = await control.now()
+        schedule = await control.add_schedule(
+            session_id="s1", cron="* * * * *", message="tick", start=now - 3600
+        )
+        assert schedule.next_at <= now  # an hour of runs were missed
+        assert await control.fire_schedules() == 1
+        assert await control.fire_schedules() == 0
+        (wake,) = await control.pending_wakes(session_id="s1")
+        assert wake.message == "tick"
+        (moved,) = await control.list_schedules()
+        assert now < moved.next_at <= now + 61
+
+    # ----------------------------------------------------------- indexes
+
+    async def test_the_session_index(self, control: ControlPlane) -> None:
+        await control.record_session(
+            row=SessionRow(session_id="s1", status="completed", last_activity=10.0, events=9,
+                           snapshot="sha256:a", model="script:x")
+        )  # fmt: skip
+        await control.record_session(
+            row=SessionRow(session_id="s2", status="parked", last_activity=20.0, events=4)
+        )
+        # a later row without a snapshot keeps the last known one
+        await control.record_session(
+            row=SessionRow(session_id="s1", status="interrupted", last_activity=30.0, events=12)
+        )
+        rows = await control.list_sessions()
+        assert [(r.session_id, r.status, r.events, r.snapshot) for r in rows] == [
+            ("s1", "interrupted", 12, "sha256:a"),
+            ("s2", "parked", 4, None),
+        ]
+        got = await control.get_session(session_id="s1")
+        assert got is not None and got.model == "script:x"
+        assert await control.get_session(session_id="nope") is None
+
+    async def test_the_parked_index(self, control: ControlPlane) -> None:
+        calls = [
+            ParkedCall(session_id="s1", call_id="c1", tool="pay", reason="indeterminate", since=1),
+            ParkedCall(session_id="s1", call_id="c2", tool="pay", reason="indeterminate", since=2),
+        ]
+        await control.set_parked(session_id="s1", calls=calls)
+        other = ParkedCall(session_id="s2", call_id="c9", tool="mail", reason="x", since=3)
+        await control.set_parked(session_id="s2", calls=[other])
+        assert [c.call_id for c in await control.list_parked(session_id="s1")] == ["c1", "c2"]
+        await control.set_parked(session_id="s1", calls=[])
+        assert [(c.session_id, c.call_id) for c in await control.list_parked()] == [("s2", "c9")]
+
+    # ----------------------------------------------------------- global authorities
+
+    async def test_named_lease_tokens_fence_late_writes(self, control: ControlPlane) -> None:
+        first = await control.acquire_named(name="browser:tab1", holder="a", ttl_s=_SHORT)
+        assert first is not None
+        assert await control.acquire_named(name="browser:tab1", holder="b", ttl_s=_LONG) is None
+        await control.admit_token(name="browser:tab1", token=first.token)
+        await _past(control, first.expires_at)
+        second = await control.acquire_named(name="browser:tab1", holder="b", ttl_s=_LONG)
+        assert second is not None and second.token > first.token
+        with pytest.raises(StaleTokenError) as caught:
+            await control.admit_token(name="browser:tab1", token=first.token)
+        assert caught.value.code == "stale_token"
+        await control.admit_token(name="browser:tab1", token=second.token)
+        with pytest.raises(StaleTokenError):
+            await control.admit_token(name="never-granted", token=1)
+        await control.release_named(lease=first)  # stale: changes nothing
+        assert await control.acquire_named(name="browser:tab1", holder="c", ttl_s=_LONG) is None
+        await control.release_named(lease=second)
+        third = await control.acquire_named(name="browser:tab1", holder="c", ttl_s=_LONG)
+        assert third is not None and third.token == second.token + 1
+
+    async def test_a_semaphore_counts_permits(self, control: ControlPlane) -> None:
+        a = await control.acquire_permit(name="mcp:github", limit=2, holder="a", ttl_s=_LONG)
+        b = await control.acquire_permit(name="mcp:github", limit=2, holder="b", ttl_s=_SHORT)
+        assert a is not None and b is not None and a != b
+        assert await control.acquire_permit(name="mcp:github", limit=2, holder="c",
+                                            ttl_s=_LONG) is None  # fmt: skip
+        assert await control.acquire_permit(name="other", limit=1, holder="c", ttl_s=_LONG)
+        await control.release_permit(name="mcp:github", permit=a)
+        c = await control.acquire_permit(name="mcp:github", limit=2, holder="c", ttl_s=_LONG)
+        assert c is not None
+        await _past(control, (await control.now()) + _SHORT)  # b's permit expires
+        assert await control.acquire_permit(name="mcp:github", limit=2, holder="d", ttl_s=_LONG)
+
+    async def test_concurrent_permits_never_exceed_the_limit(
+        self, make_control: MakeControl
+    ) -> None:
+        workers = [await make_control() for _ in range(4)]
+        got = await asyncio.gather(
+            *(
+                w.acquire_permit(name="api", limit=2, holder=f"h{i}-{j}", ttl_s=_LONG)
+                for i, w in enumerate(workers)
+                for j in range(3)
+            )
+        )
+        assert len([p for p in got if p is not None]) == 2
+
+    async def test_a_quota_per_minute(self, control: ControlPlane) -> None:
+        assert [await control.take_quota(name="api", per_minute=3) for _ in range(3)] == [0.0] * 3
+        wait = await control.take_quota(name="api", per_minute=3)
+        assert 0 < wait <= 60
+        assert await control.take_quota(name="other", per_minute=3, per_hour=10) == 0.0
+        wait_hour = await control.take_quota(name="api", per_minute=100, per_hour=3)
+        assert 60 < wait_hour <= 3600  # the hour's limit, not the minute's, decides

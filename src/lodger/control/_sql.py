@@ -109,6 +109,13 @@ class SqlControlPlane:
     def _tx(self) -> AbstractAsyncContextManager[_Tx]:
         raise NotImplementedError
 
+    async def start(self, *, version: int = LATEST_VERSION) -> None:
+        """Connect and migrate to ``version`` (the newest by default)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
     async def _migration_lock(self, tx: _Tx) -> None:
         """Serialize concurrent migrations (PostgreSQL takes an advisory lock)."""
 

@@ -1,0 +1,83 @@
+"""Schema migrations: from an empty database and from the previous version, on both
+control planes; a database newer than this lodger is refused."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from lodger.control import SqliteControlPlane
+from lodger.control._sql import LATEST_VERSION, SqlControlPlane
+from lodger.control.interface import SessionRow
+from lodger.control.postgres import PostgresControlPlane
+from lodger.errors import ControlPlaneError
+
+from ._postgres import PostgresServer
+
+Make = Callable[[], SqlControlPlane]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Make]:
+    made: list[SqlControlPlane] = []
+    dsn = ""
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        dsn = server.new_database()
+
+    def new() -> SqlControlPlane:
+        control: SqlControlPlane = (
+            PostgresControlPlane(dsn)
+            if request.param == "postgres"
+            else SqliteControlPlane(tmp_path / "control.sqlite3")
+        )
+        made.append(control)
+        return control
+
+    yield new
+    for control in made:
+        await control.close()
+
+
+async def test_from_an_empty_database(make: Make) -> None:
+    control = make()
+    await control.start()
+    assert await control.schema_version() == LATEST_VERSION == 2
+    # what version 2 added works
+    assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
+
+
+async def test_from_the_previous_version(make: Make) -> None:
+    old = make()
+    await old.start(version=1)
+    assert await old.schema_version() == 1
+    await old.record_session(
+        row=SessionRow(session_id="s1", status="completed", last_activity=5.0, events=3)
+    )
+    wake = await old.send(session_id="s1", message="kept", idempotency_key="k")
+    with pytest.raises(ControlPlaneError):  # version 1 has no schedules table
+        await old.add_schedule(session_id="s1", cron="* * * * *", message="m")
+    await old.close()
+
+    new = make()
+    await new.start()
+    assert await new.schema_version() == 2
+    (row,) = await new.list_sessions()
+    assert (row.session_id, row.events) == ("s1", 3)
+    assert [w.id for w in await new.pending_wakes()] == [wake]
+    assert await new.send(session_id="s1", message="kept", idempotency_key="k") is None
+    schedule = await new.add_schedule(session_id="s1", cron="*/5 * * * *", message="m")
+    assert [s.id for s in await new.list_schedules()] == [schedule.id]
+
+
+async def test_a_newer_schema_is_refused(make: Make) -> None:
+    control = make()
+    await control.start()
+    async with control._tx() as tx:
+        await tx.change("INSERT INTO schema_version (version) VALUES (%s)", (LATEST_VERSION + 1,))
+    later = make()
+    with pytest.raises(ControlPlaneError) as caught:
+        await later.start()
+    assert caught.value.code == "schema_too_new"

@@ -99,7 +99,14 @@ async def _summarize_session(log: EventLog, session_id: str) -> _Row:
 @click.command()
 @state_option
 @json_option
-def sessions(state: str, as_json: bool) -> None:
+@click.option(
+    "--control",
+    default=None,
+    metavar="DSN",
+    help="List from the control plane's session index (postgresql://... or a SQLite "
+    "file) without opening any log.",
+)
+def sessions(state: str, as_json: bool, control: str | None) -> None:
     """List the sessions in a state directory.
 
     One row per session: events in its log, turns, how the last turn ended (completed,
@@ -110,7 +117,13 @@ def sessions(state: str, as_json: bool) -> None:
     Example:
       lodger sessions --state .lodger
       lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
+      lodger sessions --control postgresql://lodger@db/lodger
     """
+    if control is not None:
+        from lodger.cli._control import list_indexed_sessions, render_indexed
+
+        render_indexed(list_indexed_sessions(control), as_json=as_json)
+        return
 
     async def work(log: EventLog) -> list[_Row]:
         if not log_exists(log):

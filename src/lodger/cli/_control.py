@@ -1,0 +1,307 @@
+"""``lodger worker``, ``lodger send``, ``lodger schedule``: sessions run by workers.
+
+The control plane is ``--control DSN`` (env ``LODGER_CONTROL``): ``postgresql://...`` for
+workers on many machines, or a SQLite file; by default ``control.sqlite3`` in the state
+directory, beside the embedded store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.table import Table
+
+from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
+from lodger.cli._run import MODEL_ENVVAR, load_tools_file
+from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
+from lodger.control.schedule import check_cron, parse_at
+from lodger.control.worker import Worker, WorkerConfig
+from lodger.errors import ConfigError
+from lodger.providers import make_model
+from lodger.sessions import Binding
+from lodger.storage import Storage, check_session_id
+from lodger.tools.builtin import workspace_tools
+from lodger.tools.spec import Tool
+
+__all__ = ["COMMANDS", "control_dsn", "list_indexed_sessions", "render_indexed"]
+
+T = TypeVar("T")
+
+
+def control_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--control",
+        "control",
+        default=None,
+        envvar=CONTROL_ENVVAR,
+        show_envvar=True,
+        metavar="DSN",
+        help="The control plane: postgresql://user@host:port/db, or a SQLite file "
+        "(default: control.sqlite3 in the state directory).",
+    )(fn)
+
+
+def control_dsn(control: str | None, state: str) -> str:
+    return control or str(Path(state) / "control.sqlite3")
+
+
+def _with_control(dsn: str, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
+    async def main() -> T:
+        plane = open_control(dsn)
+        try:
+            await plane.start()
+            return await work(plane)
+        finally:
+            await plane.close()
+
+    return asyncio.run(main())
+
+
+@click.command()
+@click.argument("session")
+@click.argument("message")
+@click.option(
+    "--idempotency-key",
+    "key",
+    default=None,
+    metavar="K",
+    help="Deliver at most once: a message with a key seen before wakes nothing.",
+)
+@click.option("--at", "at", default=None, metavar="TIME",
+              help="Deliver later: +30s, +5m, +2h, +1d, an ISO time (UTC by default) "
+                   "or epoch seconds.")  # fmt: skip
+@state_option
+@control_option
+@json_option
+def send(
+    session: str,
+    message: str,
+    key: str | None,
+    at: str | None,
+    state: str,
+    control: str | None,
+    as_json: bool,
+) -> None:
+    """Send MESSAGE to SESSION: a worker wakes it and runs it as a new turn.
+
+    SESSION may be new (the first worker to take it starts it). Nothing runs here: the
+    message waits in the control plane's queue until it is due and a worker claims it.
+
+    \b
+    Example:
+      lodger send s1 "summarize the new issues" --control postgresql://lodger@db/lodger
+      lodger send s1 "nightly report" --at 2026-12-01T02:00:00Z --idempotency-key report-1201
+    """
+    check_session_id(session)
+
+    async def work(plane: ControlPlane) -> int | None:
+        due = parse_at(at, now=await plane.now()) if at is not None else None
+        return await plane.send(
+            session_id=session, message=message, due_at=due, idempotency_key=key
+        )
+
+    wake = _with_control(control_dsn(control, state), work)
+    if as_json:
+        echo_json({"session_id": session, "wake_id": wake, "duplicate": wake is None})
+    elif wake is None:
+        click.echo(f"already sent: idempotency key {key!r} was seen before; nothing enqueued")
+    else:
+        click.echo(f"queued wake {wake} for session {session}")
+
+
+@click.command()
+@click.argument("session")
+@click.argument("message")
+@click.option("--cron", "cron", required=True, metavar="EXPR",
+              help="Five fields, UTC: minute hour day-of-month month day-of-week.")  # fmt: skip
+@state_option
+@control_option
+@json_option
+def schedule(
+    session: str, message: str, cron: str, state: str, control: str | None, as_json: bool
+) -> None:
+    """Send MESSAGE to SESSION on a cron schedule (UTC).
+
+    Runs missed while no worker was up fire once when a worker is back, not once per miss.
+
+    \b
+    Example:
+      lodger schedule s1 --cron "0 9 * * 1-5" "triage the inbox"
+    """
+    check_session_id(session)
+    check_cron(cron)
+
+    async def work(plane: ControlPlane) -> dict[str, Any]:
+        made = await plane.add_schedule(session_id=session, cron=cron, message=message)
+        return {"schedule_id": made.id, "session_id": session, "cron": cron,
+                "next_at": made.next_at}  # fmt: skip
+
+    out = _with_control(control_dsn(control, state), work)
+    if as_json:
+        echo_json(out)
+    else:
+        nxt = datetime.fromtimestamp(out["next_at"], tz=UTC).isoformat(timespec="seconds")
+        click.echo(f"schedule {out['schedule_id']} for session {session}: next at {nxt}")
+
+
+@click.command()
+@state_option
+@control_option
+@click.option(
+    "--concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Turns this worker runs at once.",
+)
+@click.option(
+    "--model",
+    "model_spec",
+    default=None,
+    envvar=MODEL_ENVVAR,
+    metavar="SPEC",
+    help="Model for sessions that recorded none (new sessions); see lodger run.",
+)
+@click.option(
+    "--tools",
+    "tools_files",
+    multiple=True,
+    metavar="FILE.py",
+    help="Bind the @tool functions of a Python file (repeatable).",
+)
+@click.option(
+    "--lease-ttl",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(0.5),
+    help="Seconds a session lease lasts unless renewed (a dead worker's sessions "
+    "are taken over after this).",
+)
+@click.option(
+    "--grace",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="On SIGTERM, seconds a running turn may take to settle before it is handed back.",
+)
+@click.option(
+    "--poll",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0.01),
+    help="Seconds between looks at an empty queue.",
+)
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="Where fresh workspaces are made (default: the system temp dir).")  # fmt: skip
+def worker(
+    state: str,
+    control: str | None,
+    concurrency: int,
+    model_spec: str | None,
+    tools_files: tuple[str, ...],
+    lease_ttl: float,
+    grace: float,
+    poll: float,
+    workdir: str | None,
+) -> None:
+    """Run turns of the sessions whose messages and timers are due.
+
+    Claims due wakes, takes each session's lease, restores its workspace snapshot into a
+    fresh directory, resumes an interrupted turn, runs the message, snapshots, releases.
+    SIGTERM: take no more work; running turns get --grace seconds, then are handed back.
+    The model is the one the session last ran with, else --model.
+
+    \b
+    Example:
+      lodger worker --store s3://bucket/lodger --control postgresql://lodger@db/lodger \\
+        --concurrency 4 --model openai:gpt-4.1
+    """
+    logging.basicConfig(level=logging.WARNING, format="worker: %(message)s")
+    extra: list[Tool] = []
+    for path in tools_files:
+        extra.extend(load_tools_file(path))
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        spec = recorded or model_spec
+        if not spec:
+            raise ConfigError(
+                f"session {session_id!r} recorded no model and the worker has none",
+                hint=f"start the worker with --model SPEC (or {MODEL_ENVVAR})",
+                code="worker_model",
+                session_id=session_id,
+            )
+        return Binding(
+            model=make_model(spec), tools=[*workspace_tools(), *extra], workspace=workspace
+        )
+
+    config = WorkerConfig(
+        concurrency=concurrency, lease_ttl_s=lease_ttl, grace_s=grace, poll_s=poll
+    )
+    dsn = control_dsn(control, state)
+
+    async def main() -> None:
+        plane = open_control(dsn)
+        storage = Storage.open(state, store=store_url())
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await plane.start()
+            await Worker(
+                control=plane,
+                storage=storage,
+                bind=bind,
+                config=config,
+                workdir=Path(workdir) if workdir else None,
+            ).run(stop)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(ValueError):
+                    loop.remove_signal_handler(signum)
+            await storage.close()
+            await plane.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- lodger sessions --control
+
+
+def list_indexed_sessions(dsn: str) -> list[SessionRow]:
+    """The session index, read from the control plane only (no log is opened)."""
+
+    async def work(plane: ControlPlane) -> list[SessionRow]:
+        return await plane.list_sessions()
+
+    return _with_control(dsn, work)
+
+
+def render_indexed(rows: list[SessionRow], *, as_json: bool) -> None:
+    if as_json:
+        echo_json([
+            {"session_id": r.session_id, "status": r.status, "events": r.events,
+             "last_activity": r.last_activity, "snapshot": r.snapshot, "model": r.model}
+            for r in rows
+        ])  # fmt: skip
+        return
+    if not rows:
+        click.echo("no sessions in the control plane's index")
+        return
+    table = Table("session", "status", "events", "last activity", "model", "snapshot")
+    for r in rows:
+        when = datetime.fromtimestamp(r.last_activity, tz=UTC).isoformat(timespec="seconds")
+        table.add_row(r.session_id, r.status, str(r.events), when, r.model or "",
+                      (r.snapshot or "")[:16])  # fmt: skip
+    make_console().print(table)
+
+
+COMMANDS = [worker, send, schedule]

@@ -1,0 +1,291 @@
+"""Stateless workers: claim a due wake, take the session's lease, run, release.
+
+For each wake a worker takes the session lease (a new epoch), restores the session's
+workspace snapshot into a fresh directory, resumes an interrupted turn if there is one
+(exactly the recovery that follows any crash), delivers the wake's message as a new
+turn unless it already reached the log, snapshots the workspace, updates the session and
+parked indexes, finishes the wake and releases the lease. Every commit is guarded by the
+lease (``lodger.control.fencing``), which a heartbeat renews while the turn runs.
+
+Stopping: ``stop`` set (SIGTERM) means take no more work; a running turn gets
+``grace_s`` to settle, then it is cancelled (the engine settles running calls and ends
+the run ``interrupted``) and its wake is handed back for another worker. A worker killed
+outright (SIGKILL) leaves its lease and its claim to expire; another worker then claims
+the wake and resumes the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lodger.control.fencing import FencedLogStore, LeaseGuard
+from lodger.control.interface import ControlPlane, ParkedCall, SessionRow, Wake
+from lodger.engine.state import SessionState
+from lodger.errors import (
+    CommitFailedError,
+    ControlPlaneError,
+    LeaseLostError,
+    LodgerError,
+    ResumeBlockedError,
+)
+from lodger.sessions import Binding, Sessions
+from lodger.storage import Storage
+from lodger.storage.eventlog import EventLog
+from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
+
+__all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats"]
+
+log = logging.getLogger("lodger.worker")
+
+#: (session id, the model the session last ran with, the fresh workspace) -> what to bind
+BindingFactory = Callable[[str, str | None, Path], Binding]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    concurrency: int = 1
+    lease_ttl_s: float = 15.0
+    poll_s: float = 0.5
+    #: after SIGTERM, how long a running turn may take to settle before it is handed back
+    grace_s: float = 20.0
+    #: how long a wake waits when its session is busy or a turn failed to commit
+    retry_delay_s: float = 1.0
+    #: how long a wake of a session with parked operations waits before the next look
+    parked_delay_s: float = 60.0
+    schedules_every_s: float = 1.0
+
+
+@dataclass
+class WorkerStats:
+    turns: int = 0
+    resumed: int = 0
+    handed_back: int = 0
+    failed: int = 0
+    fenced: int = 0
+    settled: list[str] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        control: ControlPlane,
+        storage: Storage,
+        bind: BindingFactory,
+        config: WorkerConfig | None = None,
+        holder: str | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self.control = control
+        self.config = config or WorkerConfig()
+        self.holder = holder or f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.guard = LeaseGuard(control)
+        inner = storage.log
+        self.storage = Storage(
+            log=EventLog(
+                FencedLogStore(inner.store, self.guard),
+                key=inner.key,
+                require_key=inner.require_key,
+            ),
+            artifacts=storage.artifacts,
+            state_dir=storage.state_dir,
+        )
+        self.bind = bind
+        self.workdir = workdir
+        self.stats = WorkerStats()
+        self._next_schedules = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until ``stop`` is set, then settle or hand back what is running."""
+        async with asyncio.TaskGroup() as group:
+            for slot in range(self.config.concurrency):
+                group.create_task(self._slot(slot, stop))
+
+    async def _slot(self, slot: int, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                if slot == 0 and time.monotonic() >= self._next_schedules:
+                    self._next_schedules = time.monotonic() + self.config.schedules_every_s
+                    await self.control.fire_schedules()
+                wakes = await self.control.claim_wakes(
+                    holder=self.holder, limit=1, ttl_s=self.config.lease_ttl_s
+                )
+            except ControlPlaneError as exc:
+                log.warning("control plane: %s", exc.message)
+                wakes = []
+            if not wakes:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.poll_s)
+                continue
+            try:
+                await self._process(wakes[0], stop)
+            except ControlPlaneError as exc:
+                # the wake's claim and the lease expire on their own; another worker retries
+                log.warning("control plane during wake %s: %s", wakes[0].id, exc.message)
+
+    async def _process(self, wake: Wake, stop: asyncio.Event) -> None:
+        ttl = self.config.lease_ttl_s
+        lease = await self.control.acquire_session(
+            session_id=wake.session_id, holder=self.holder, ttl_s=ttl
+        )
+        if lease is None:
+            self.stats.handed_back += 1
+            await self.control.hand_back_wake(wake_id=wake.id, delay_s=self.config.retry_delay_s)
+            return
+        self.guard.hold(lease)
+        delay: float | None = None  # None: the wake is done; else hand it back after delay
+        try:
+            turn = asyncio.ensure_future(self._turn(wake))
+            watch = asyncio.ensure_future(self._watch(wake, turn, stop))
+            try:
+                delay = await turn
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we were cancelled ourselves
+                delay = 0.0  # stopped by the deadline or a lost lease: hand it back
+                self.stats.handed_back += 1
+            except (LeaseLostError, CommitFailedError) as exc:
+                log.warning("session %s: %s", wake.session_id, exc.message)
+                self.stats.fenced += 1
+                delay = self.config.retry_delay_s
+            except LodgerError as exc:
+                log.warning("session %s: %s", wake.session_id, exc)
+                self.stats.failed += 1
+                delay = self.config.retry_delay_s
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            if delay is None:
+                await self.control.finish_wake(wake_id=wake.id)
+            else:
+                await self.control.hand_back_wake(wake_id=wake.id, delay_s=delay)
+        finally:
+            current = self.guard.lease(wake.session_id) or lease
+            self.guard.drop(wake.session_id)
+            with contextlib.suppress(ControlPlaneError):
+                await self.control.release_session(lease=current)
+
+    async def _watch(
+        self, wake: Wake, turn: asyncio.Future[float | None], stop: asyncio.Event
+    ) -> None:
+        """Renew the lease and the claim; cancel the turn when the lease is lost or, after
+        ``stop``, when the grace period is over."""
+        ttl = self.config.lease_ttl_s
+        stop_at: float | None = None
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not turn.done():
+                if stop.is_set() and stop_at is None:
+                    stop_at = time.monotonic() + self.config.grace_s
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    turn.cancel()
+                    return
+                lease = self.guard.lease(wake.session_id)
+                if lease is not None:
+                    try:
+                        renewed = await self.control.renew_session(lease=lease, ttl_s=ttl)
+                        self.guard.hold(renewed)
+                        await self.control.renew_wake(
+                            wake_id=wake.id, holder=self.holder, ttl_s=ttl
+                        )
+                    except LeaseLostError:
+                        turn.cancel()  # its commits would be refused anyway
+                        return
+                    except ControlPlaneError as exc:
+                        log.warning("renewing the lease on %s: %s", wake.session_id, exc.message)
+                timeout = ttl / 3
+                if stop_at is not None:
+                    timeout = min(timeout, max(0.01, stop_at - time.monotonic()))
+                waiters: list[asyncio.Future[Any]] = [turn]
+                if stop_at is None:
+                    waiters.append(stopped)
+                await asyncio.wait(waiters, timeout=timeout)
+        finally:
+            stopped.cancel()
+
+    async def _turn(self, wake: Wake) -> float | None:
+        """Run the wake on its session; None when the wake is done, else a delay after
+        which it should be looked at again (a session parked on an operator)."""
+        sid = wake.session_id
+        sessions = Sessions(self.storage)
+        state = await sessions.state(sid) if await self.storage.log.exists(sid) else None
+        row = await self.control.get_session(session_id=sid)
+        root = await asyncio.to_thread(
+            tempfile.mkdtemp, prefix=f"lodger-{sid[:40]}-", dir=self.workdir
+        )
+        workspace = Path(root)
+        try:
+            if row is not None and row.snapshot is not None:
+                await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
+            binding = self.bind(sid, state.last_model if state else None, workspace)
+            delay: float | None = None
+            if state is not None and state.open_turn is not None:
+                self.stats.resumed += 1
+                try:
+                    result = await sessions.resume(sid, binding=binding, relocate=True)
+                    if result.status != "completed":
+                        delay = self.config.parked_delay_s
+                except ResumeBlockedError:
+                    delay = self.config.parked_delay_s
+                state = await sessions.state(sid)
+            if delay is None and wake.message is not None and not _delivered(state, wake):
+                offset = len(state.events) if state is not None else 0
+                await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
+                result = await sessions.run(wake.message, binding=binding, session=sid)
+                self.stats.turns += 1
+                self.stats.settled.append(result.status)
+                state = await sessions.state(sid)
+            snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
+            await self._index(sid, state, snapshot.ref)
+            return delay
+        finally:
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _index(self, sid: str, state: SessionState | None, snapshot: str) -> None:
+        if state is None:
+            return
+        now = await self.control.now()
+        plan = state.plan()
+        status = state.last_turn_status or "started"
+        if state.open_turn is not None:
+            status = "parked" if plan.blocked else "interrupted"
+        await self.control.record_session(
+            row=SessionRow(
+                session_id=sid,
+                status=status,
+                last_activity=now,
+                events=len(state.events),
+                snapshot=snapshot,
+                model=state.last_model,
+            )
+        )
+        await self.control.set_parked(
+            session_id=sid,
+            calls=[
+                ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
+                           since=now)
+                for c in plan.blocked
+            ],
+        )  # fmt: skip
+
+
+def _delivered(state: SessionState | None, wake: Wake) -> bool:
+    """Whether the wake's message already started a turn (a worker died after that)."""
+    if state is None or wake.started_offset is None:
+        return False
+    for event in state.events[wake.started_offset :]:
+        if event.kind == "turn_started" and getattr(event.body, "input", None) == wake.message:
+            return True
+    return False

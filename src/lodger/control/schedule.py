@@ -1,7 +1,8 @@
 """Times for the wake queue: cron expressions and ``--at`` times.
 
 Cron expressions are the usual five fields (minute hour day-of-month month day-of-week,
-with ``*``, lists, ranges and steps), evaluated in UTC by ``croniter``. A schedule keeps
+with ``*``, lists, ranges and steps), or six with a seconds field last, evaluated in UTC
+by ``croniter``. A schedule keeps
 only its next time: when a worker fires it late it moves to the first time after now, so
 the runs missed while no worker was up fire once, not once each.
 """
@@ -19,8 +20,9 @@ __all__ = ["check_cron", "next_fire", "parse_at"]
 
 
 def check_cron(expression: str) -> str:
-    """``expression`` if it is a valid five-field cron expression, else ``UsageError``."""
-    if len(expression.split()) != 5 or not croniter.is_valid(expression):
+    """``expression`` if it is a valid cron expression (five fields, or six with seconds
+    last), else ``UsageError``."""
+    if len(expression.split()) not in (5, 6) or not croniter.is_valid(expression):
         raise UsageError(
             f"invalid cron expression {expression!r}",
             hint="use five fields: minute hour day-of-month month day-of-week, "

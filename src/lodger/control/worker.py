@@ -200,7 +200,8 @@ class Worker:
                         await self.control.renew_wake(
                             wake_id=wake.id, holder=self.holder, ttl_s=ttl
                         )
-                    except LeaseLostError:
+                    except LeaseLostError as exc:
+                        log.warning("lost the lease: %s", exc.message)
                         turn.cancel()  # its commits would be refused anyway
                         return
                     except ControlPlaneError as exc:

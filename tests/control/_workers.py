@@ -1,0 +1,79 @@
+"""Real ``lodger worker`` processes for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TOOLS = Path(__file__).with_name("_worker_tools.py")
+SRC = Path(__file__).resolve().parents[2] / "src"
+LODGER = [
+    sys.executable,
+    "-c",
+    "import sys; from lodger.cli import main; sys.argv[0] = 'lodger'; main()",
+]
+
+
+def env(test_dir: Path) -> dict[str, str]:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = f"{SRC}{os.pathsep}{out.get('PYTHONPATH', '')}"
+    out["LODGER_TEST_DIR"] = str(test_dir)
+    out.pop("LODGER_STORE", None)
+    return out
+
+
+def lodger(test_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LODGER, *args], env=env(test_dir), capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+class Workers:
+    """Worker processes on one store and control plane; all are SIGKILLed at the end."""
+
+    def __init__(self, test_dir: Path, store: str, control: str, script: Path) -> None:
+        self.dir, self.store, self.control, self.script = test_dir, store, control, script
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *extra: str, lease_ttl: float = 2.0) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*LODGER, "worker", "--store", self.store, "--control", self.control,
+             "--model", f"script:{self.script}", "--tools", str(TOOLS), "--poll", "0.05",
+             "--lease-ttl", str(lease_ttl), "--grace", "5", "--workdir", str(self.dir), *extra],
+            env=env(self.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def send(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return lodger(self.dir, "send", *args, "--control", self.control, "--json")
+
+    def events(self, session: str) -> list[dict[str, object]]:
+        out = lodger(self.dir, "log", "show", session, "--store", self.store, "--all", "--json")
+        assert out.returncode == 0, out.stderr
+        events: list[dict[str, object]] = json.loads(out.stdout)
+        return events
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=30)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``check`` until it holds (event-ordered: the bound is only a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -36,15 +36,15 @@ async def _hold(tag: str) -> None:
     if gate.exists():
         return
     (DIR / f"holding-{tag}").write_text(str(os.getpid()))
-    while not gate.exists():
+    while not gate.exists():  # noqa: ASYNC110 - another process makes the file
         await asyncio.sleep(0.02)
 
 
 async def _probe(dispatched: ToolDispatched, ctx: ToolContext) -> ProbeResult:
     tag = dispatched.arguments["tag"]
     applied = tag in _lines("effects")
-    return ProbeResult(applied=applied, observation=f"effect {tag} {'found' if applied else 'absent'}",
-                       content="done")  # fmt: skip
+    seen = "found" if applied else "absent"
+    return ProbeResult(applied=applied, observation=f"effect {tag} {seen}", content="done")
 
 
 @tool(recovery="queryable", probe=_probe)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import signal
 import subprocess
@@ -10,6 +10,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from lodger.storage import Storage
 
 TOOLS = Path(__file__).with_name("_worker_tools.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -53,11 +56,17 @@ class Workers:
     def send(self, *args: str) -> subprocess.CompletedProcess[str]:
         return lodger(self.dir, "send", *args, "--control", self.control, "--json")
 
-    def events(self, session: str) -> list[dict[str, object]]:
-        out = lodger(self.dir, "log", "show", session, "--store", self.store, "--all", "--json")
-        assert out.returncode == 0, out.stderr
-        events: list[dict[str, object]] = json.loads(out.stdout)
-        return events
+    def events(self, session: str) -> list[dict[str, Any]]:
+        """The session's verified events, as JSON values."""
+
+        async def read() -> list[dict[str, Any]]:
+            storage = Storage.from_url(self.store)
+            try:
+                return [e.model_dump(mode="json") for e in await storage.log.read_all(session)]
+            finally:
+                await storage.close()
+
+        return asyncio.run(read())
 
     def stop_all(self) -> None:
         for proc in self.procs:

@@ -56,6 +56,16 @@ class Workers:
     def send(self, *args: str) -> subprocess.CompletedProcess[str]:
         return lodger(self.dir, "send", *args, "--control", self.control, "--json")
 
+    def has_session(self, session: str) -> bool:
+        async def exists() -> bool:
+            storage = Storage.from_url(self.store)
+            try:
+                return await storage.log.exists(session)
+            finally:
+                await storage.close()
+
+        return asyncio.run(exists())
+
     def events(self, session: str) -> list[dict[str, Any]]:
         """The session's verified events, as JSON values."""
 

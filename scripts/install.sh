@@ -14,6 +14,16 @@ if ! { command -v bwrap && command -v runsc; } >/dev/null && command -v apt-get 
 fi
 command -v bwrap >/dev/null || { echo "error: install bubblewrap (apt-get install -y bubblewrap)" >&2; exit 1; }
 command -v runsc >/dev/null || { echo "error: install gVisor (apt-get install -y runsc)" >&2; exit 1; }
+# PostgreSQL server binaries (initdb, pg_ctl) for the control plane's tests, which start a
+# private server in a temp dir (as the package's `postgres` user when run as root).
+pg_bin() { ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -n 1; }
+if [ -z "$(pg_bin)" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+fi
+[ -n "$(pg_bin)" ] || [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ] || {
+  echo "error: install the PostgreSQL server (apt-get install -y postgresql): the tests need initdb and pg_ctl" >&2
+  exit 1
+}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'

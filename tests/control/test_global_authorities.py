@@ -31,7 +31,7 @@ def test_a_semaphore_of_two_never_has_three_holders(
                 "6",
             ],
             env={**env(tmp_path), "PYTHONPATH": str(SRC)},
-        )  # fmt: skip
+        )
         for _ in range(3)
     ]
     for proc in procs:

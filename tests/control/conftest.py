@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ._postgres import PostgresServer
+from lodger.testing.postgres import PostgresServer
 
 
 @pytest.fixture(scope="session")

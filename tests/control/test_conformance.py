@@ -10,8 +10,7 @@ import pytest
 from lodger.control import ControlPlane, SqliteControlPlane
 from lodger.control.postgres import PostgresControlPlane
 from lodger.testing.control_conformance import ControlConformance, MakeControl
-
-from ._postgres import PostgresServer
+from lodger.testing.postgres import PostgresServer
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

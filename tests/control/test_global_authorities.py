@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lodger.control.postgres import PostgresControlPlane
+from lodger.testing.postgres import PostgresServer
 
-from ._postgres import PostgresServer
 from ._workers import SRC, Workers, env, wait_for
 
 

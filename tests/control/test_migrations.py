@@ -13,8 +13,7 @@ from lodger.control._sql import LATEST_VERSION, SqlControlPlane
 from lodger.control.interface import SessionRow
 from lodger.control.postgres import PostgresControlPlane
 from lodger.errors import ControlPlaneError
-
-from ._postgres import PostgresServer
+from lodger.testing.postgres import PostgresServer
 
 Make = Callable[[], SqlControlPlane]
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from lodger.control import open_control
+from lodger.testing.postgres import PostgresServer
 
-from ._postgres import PostgresServer
 from ._workers import Workers, lodger, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for the tests: ``initdb`` into a temp dir, ``pg_ctl`` on a
+"""A real PostgreSQL server for tests and benchmarks: ``initdb`` into a temp dir, ``pg_ctl`` on a
 free loopback port, as the ``postgres`` user when the tests run as root (the server
 refuses root). ``restart()`` stops and starts it mid-test."""
 

@@ -133,3 +133,27 @@ def test_keys_timers_and_schedules_wake_sessions(tmp_path: Path) -> None:
     ticks = _kinds(workers.events("s4"), "turn_started")
     assert ticks and ticks[0]["body"]["input"] == "tick"
     assert next_at * 1e6 <= ticks[0]["ts"] <= next_at * 1e6 + tolerance_us
+
+
+def test_sigterm_hands_the_turn_back_within_the_grace_period(tmp_path: Path) -> None:
+    script = _script(tmp_path, [{"calls": [{"name": "note", "args": {"tag": "c"}}]},
+                                {"text": "noted"}])  # fmt: skip
+    dsn = str(tmp_path / "control.sqlite3")
+    workers = Workers(tmp_path, f"file://{tmp_path / 'objects'}", dsn, script)
+    try:
+        first = workers.start("--grace", "0.5", lease_ttl=30.0)  # the lease cannot expire
+        assert workers.send("s1", "note it").returncode == 0
+        wait_for("the worker inside the tool", (tmp_path / "holding-c").exists)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err
+        assert _status(dsn, "s1") == "interrupted"
+        (tmp_path / "gate-c").touch()
+        workers.start(lease_ttl=30.0)  # takes it at once: the lease was released
+        wait_for("the second worker finished it", lambda: _status(dsn, "s1") == "completed")
+    finally:
+        workers.stop_all()
+    events = workers.events("s1")
+    assert [e["body"]["input"] for e in _kinds(events, "turn_started")] == ["note it"]
+    runs = _kinds(events, "run_ended")
+    assert [r["body"]["status"] for r in runs] == ["interrupted", "completed"]

@@ -212,7 +212,7 @@ class Worker:
                 waiters: list[asyncio.Future[Any]] = [turn]
                 if stop_at is None:
                     waiters.append(stopped)
-                await asyncio.wait(waiters, timeout=timeout)
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
 
@@ -244,7 +244,12 @@ class Worker:
             if delay is None and wake.message is not None and not _delivered(state, wake):
                 offset = len(state.events) if state is not None else 0
                 await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
-                result = await sessions.run(wake.message, binding=binding, session=sid)
+                try:
+                    result = await sessions.run(wake.message, binding=binding, session=sid)
+                except asyncio.CancelledError:
+                    # handed back (SIGTERM deadline, lost lease): keep what the turn did
+                    await self._settle_index(sid, workspace)
+                    raise
                 self.stats.turns += 1
                 self.stats.settled.append(result.status)
                 state = await sessions.state(sid)
@@ -253,6 +258,16 @@ class Worker:
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _settle_index(self, sid: str, workspace: Path) -> None:
+        """Snapshot and index a session whose turn was stopped; best effort (the next
+        worker indexes it again), and shielded so the stop does not cut it short."""
+        try:
+            snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
+            state = await Sessions(self.storage).state(sid)
+            await self._index(sid, state, snapshot.ref)
+        except (LodgerError, OSError) as exc:
+            log.warning("indexing %s after a stop: %s", sid, exc)
 
     async def _index(self, sid: str, state: SessionState | None, snapshot: str) -> None:
         if state is None:

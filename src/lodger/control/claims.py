@@ -86,10 +86,7 @@ def with_global_claims(
             for name in sorted(set(claims.leases)):
                 leases.append(await _lease(control, name, f"{who}:{ctx.call_id}", ttl_s, poll_s))
             for name, quota in sorted(claims.quotas.items()):
-                while wait := await control.take_quota(
-                    name=name, per_minute=quota.per_minute, per_hour=quota.per_hour
-                ):
-                    await asyncio.sleep(min(wait, 1.0))
+                await _quota(control, name, quota)
             for name, limit in sorted(claims.permits.items()):
                 permits.append((name, await _permit(control, name, limit, who, ttl_s, poll_s)))
             tokens = {lease.name: lease.token for lease in leases}
@@ -108,19 +105,31 @@ def with_global_claims(
 async def _lease(
     control: ControlPlane, name: str, holder: str, ttl_s: float, poll_s: float
 ) -> NamedLease:
-    while (lease := await control.acquire_named(name=name, holder=holder, ttl_s=ttl_s)) is None:
+    while True:  # the control plane is polled: it has no notifications
+        lease = await control.acquire_named(name=name, holder=holder, ttl_s=ttl_s)
+        if lease is not None:
+            return lease
         await asyncio.sleep(poll_s)
-    return lease
 
 
 async def _permit(
     control: ControlPlane, name: str, limit: int, holder: str, ttl_s: float, poll_s: float
 ) -> str:
-    while (
-        permit := await control.acquire_permit(name=name, limit=limit, holder=holder, ttl_s=ttl_s)
-    ) is None:
+    while True:
+        permit = await control.acquire_permit(name=name, limit=limit, holder=holder, ttl_s=ttl_s)
+        if permit is not None:
+            return permit
         await asyncio.sleep(poll_s)
-    return permit
+
+
+async def _quota(control: ControlPlane, name: str, quota: Quota) -> None:
+    while True:
+        wait = await control.take_quota(
+            name=name, per_minute=quota.per_minute, per_hour=quota.per_hour
+        )
+        if not wait:
+            return
+        await asyncio.sleep(min(wait, 1.0))
 
 
 async def _release(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class Agent:
         authorities: Authorities | None = None,
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
-        states: dict[str, SessionState] | None = None,
+        states: MutableMapping[str, SessionState] | None = None,
         code_mode: Language | None = None,
         cell_limits: CellLimits | None = None,
         output_type: Any = None,
@@ -168,7 +168,7 @@ class Agent:
         # The verified fold of each session this agent has open, kept between turns
         # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = states is None
-        self._states: dict[str, SessionState] = {} if states is None else states
+        self._states: MutableMapping[str, SessionState] = {} if states is None else states
         self._runner: asyncio.Runner | None = None
 
     @property

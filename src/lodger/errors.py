@@ -367,6 +367,10 @@ ErrorCode = Literal[
     "denied",
     "precondition",
     "vetoed",
+    "subagent_budget",
+    "subagent_depth",
+    "subagent_tools",
+    "subagent_exists",
     # the world
     "sandbox_unavailable",
     "resume_blocked",

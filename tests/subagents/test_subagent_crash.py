@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from subagent_world import PARENT_TASK, crash_agent
+from subagent_world import crash_agent
 
 from lodger.events import (
     Event,
@@ -71,9 +71,7 @@ async def _resume(tmp_path: Path, state: Path) -> tuple[list[Event], list[Event]
 
 def _observed(parent: list[Event], call_id: str) -> dict[str, object]:
     (seen,) = [
-        e.body
-        for e in parent
-        if isinstance(e.body, RecoveryObserved) and e.call_id == call_id
+        e.body for e in parent if isinstance(e.body, RecoveryObserved) and e.call_id == call_id
     ]
     assert seen.status == "completed" and seen.reason == "probe_applied"
     result: dict[str, object] = json.loads(seen.observation)

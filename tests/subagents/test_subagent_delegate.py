@@ -162,7 +162,9 @@ async def test_delegations_of_one_step_run_concurrently(tmp_path: Path) -> None:
     ) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
-        results = [json.loads(r.content) for r in _responses(await agent.log.read_all("p")).values()]
+        results = [
+            json.loads(r.content) for r in _responses(await agent.log.read_all("p")).values()
+        ]
         assert [r["answer"] for r in results] == ["met the other", "met the other"]
         assert len({r["session"] for r in results}) == 2
 
@@ -272,7 +274,9 @@ async def test_a_child_past_its_wall_time_is_stopped_with_its_calls_settled(
         model=model, tools=[slow], state_dir=tmp_path / "s", subagents=SubagentPolicy()
     ) as agent:
         await agent.run("go", session="p")
-        (result,) = [json.loads(r.content) for r in _responses(await agent.log.read_all("p")).values()]
+        (result,) = [
+            json.loads(r.content) for r in _responses(await agent.log.read_all("p")).values()
+        ]
         assert result["status"] == "open" and "wall time (0.3 s)" in result["error"]
         child = await agent.log.read_all(result["session"])
         (t2,) = _responses(child).values()
@@ -369,4 +373,3 @@ async def test_the_policy_caps_what_a_delegation_asks_for(
         await a.run("go", session="p")
         (result,) = [json.loads(r.content) for r in _responses(await a.log.read_all("p")).values()]
         assert result["status"] == "step_limit" and result["steps"] == 1
-

@@ -109,15 +109,16 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
     model = routed(
         {
             "go": [
-                {"text": "looking", "calls": [{"name": "delegate", "args": {"task": "c", "history": "fork"}}]},
+                {
+                    "text": "looking",
+                    "calls": [{"name": "delegate", "args": {"task": "c", "history": "fork"}}],
+                },
                 {"text": "done"},
             ],
             "c": child,
         }
     )
-    async with Agent(
-        model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy()
-    ) as agent:
+    async with Agent(model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy()) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
         child_id = next(s for s in await agent.log.list_sessions() if s != "p")
@@ -145,6 +146,7 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
         await agent.log.verify("p")
         await agent.log.verify(child_id)
         assert len((await read_lineage(agent.log, child_id)).parts[0][1]) == at
-        (t2,) = [e.body for e in await agent.log.read_all("p") if isinstance(e.body, ToolResponded)][:1]
+        first_turn = [e.body for e in await agent.log.read_all("p")][: at + 2]
+        (t2,) = [body for body in first_turn if isinstance(body, ToolResponded)]
         assert json.loads(t2.content)["answer"] == "forked child answer"
     assert seen  # the child's model was asked

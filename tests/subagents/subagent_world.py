@@ -7,6 +7,8 @@ Modes of the child process:
                  delegate T2 (an after-call hook of the delegate call)
   child_midturn  SIGKILL the process while the child waits for its second model step
                  (its first call's T2 is committed)
+  before_child   SIGKILL the process after the delegate's T1, when the child's first
+                 event is about to be written (the real log's open_writer, wrapped)
 """
 
 from __future__ import annotations
@@ -122,6 +124,16 @@ def crash_agent(state: Path, workspace: Path, effects: Path, mode: str) -> Agent
 async def _main(state: Path, mode: str) -> None:
     root = state.parent
     async with crash_agent(state, root / "ws", root / "effects.txt", mode) as agent:
+        if mode == "before_child":
+            log = agent.log
+            real = log.open_writer
+
+            async def open_writer(session_id: str, **kwargs: Any) -> Any:
+                if session_id.startswith("sub-"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return await real(session_id, **kwargs)
+
+            log.open_writer = open_writer  # type: ignore[method-assign]
         await agent.run(PARENT_TASK, session="parent-1")
 
 

@@ -129,3 +129,22 @@ async def test_parent_killed_with_the_child_mid_turn_resumes_the_child_once(
     async with crash_agent(state, tmp_path / "ws", tmp_path / "effects.txt", "none") as agent:
         again = await agent.log.read_all(child[0].session_id)
     assert len(again) == len(child)
+
+
+@pytest.mark.slow
+async def test_parent_killed_before_the_child_started_is_not_applied(tmp_path: Path) -> None:
+    state = _crash(tmp_path, "before_child")
+    effects = tmp_path / "effects.txt"
+    async with crash_agent(state, tmp_path / "ws", effects, "none") as agent:
+        assert await agent.log.list_sessions() == ["parent-1"]  # no child was written
+        call_id = _delegate_call(await agent.log.read_all("parent-1"))
+        result = await agent.resume("parent-1")
+        assert result.status == "completed" and result.answer == "parent done"
+        parent = await agent.log.read_all("parent-1")
+        (seen,) = [
+            e.body for e in parent if isinstance(e.body, RecoveryObserved) and e.call_id == call_id
+        ]
+        assert seen.status == "not_applied" and seen.reason == "probe_not_applied"
+        assert "never started" in seen.observation
+        assert await agent.log.list_sessions() == ["parent-1"]  # recovery started none
+    assert not effects.exists()

@@ -371,6 +371,7 @@ ErrorCode = Literal[
     "subagent_depth",
     "subagent_tools",
     "subagent_exists",
+    "subagent_schema",
     # the world
     "sandbox_unavailable",
     "resume_blocked",

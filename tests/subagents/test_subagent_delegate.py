@@ -373,3 +373,35 @@ async def test_the_policy_caps_what_a_delegation_asks_for(
         await a.run("go", session="p")
         (result,) = [json.loads(r.content) for r in _responses(await a.log.read_all("p")).values()]
         assert result["status"] == "step_limit" and result["steps"] == 1
+
+
+async def test_a_childs_structured_output_is_the_result_and_a_bad_schema_is_refused(
+    tmp_path: Path,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"sum": {"type": "integer"}},
+        "required": ["sum"],
+        "additionalProperties": False,
+    }
+    model = routed(
+        {
+            "go": [
+                _step([_delegate("s", output_schema={"type": "nonsense"})]),
+                _step([_delegate("s", output_schema=schema)]),
+                {"text": "ok"},
+            ],
+            # a first answer that fails the schema goes back to the child, then a valid one
+            "s": [{"text": '{"sum": "five"}'}, {"text": '```json\n{"sum": 5}\n```'}],
+        }
+    )
+    async with Agent(model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy()) as agent:
+        await agent.run("go", session="p")
+        events = await agent.log.read_all("p")
+        (refused,) = _rejections(events)
+        assert "output_schema is not a valid JSON schema" in refused.message
+        (result,) = [json.loads(r.content) for r in _responses(events).values()]
+        assert result["status"] == "completed"
+        assert result["output"] == {"sum": 5} and "answer" not in result
+        child = await agent.log.read_all(result["session"])
+        assert [e.kind for e in child].count("output_rejected") == 1

@@ -135,10 +135,10 @@ class ChildOutcome:
     def render(self) -> str:
         """The tool result the parent's model reads, as JSON text."""
         body: dict[str, Any] = {"session": self.session_id, "status": self.status or "open"}
-        if self.answer is not None:
-            body["answer"] = self.answer
         if self.output is not None and self.output != self.answer:
-            body["output"] = self.output
+            body["output"] = self.output  # structured: the answer is its JSON text
+        elif self.answer is not None:
+            body["answer"] = self.answer
         if self.error is not None:
             body["error"] = self.error
         body["steps"] = self.steps

@@ -28,11 +28,22 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import TypeAdapter
+
 from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine, TurnResult
+from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.state import SessionState
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
-from lodger.events import EventDraft, ModelOutput, SessionStarted, ToolDispatched
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    SessionStarted,
+    ToolDispatched,
+    canonical_json,
+)
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
 from lodger.storage.forks import fork_session
 from lodger.subagents.link import (
@@ -68,6 +79,8 @@ class Delegation:
     tools: tuple[str, ...] | None
     budget: Budget
     history: History
+    #: a JSON schema the child's final answer must match (its value is the result)
+    output_schema: dict[str, Any] | None = None
 
     @classmethod
     def parse(cls, arguments: dict[str, Any], policy: SubagentPolicy) -> Delegation:
@@ -79,11 +92,13 @@ class Delegation:
             wall_time=raw.get("wall_time_s", default.wall_time),
         )
         tools = arguments.get("tools")
+        schema = arguments.get("output_schema")
         return cls(
             task=str(arguments["task"]),
             tools=None if tools is None else tuple(str(t) for t in tools),
             budget=asked.capped(policy.max_budget),
             history="fork" if arguments.get("history") == "fork" else "empty",
+            output_schema=dict(schema) if isinstance(schema, dict) else None,
         )
 
 
@@ -117,10 +132,54 @@ def _parameters() -> dict[str, Any]:
                 "description": "fork: it starts from your conversation so far; "
                 "empty (default): from the task alone",
             },
+            "output_schema": {
+                "type": "object",
+                "description": "a JSON schema its final answer must match; the result's "
+                "output is then that JSON value",
+            },
         },
         "required": ["task"],
         "additionalProperties": False,
     }
+
+
+class _SchemaOutput(OutputSpec):
+    """A child's structured output, validated against the JSON schema the delegation gave
+    (the parent's model speaks JSON schema, not Python types)."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.output_type = Any
+        self._adapter = TypeAdapter(Any)
+        self.schema = schema
+        self._validator = Draft202012Validator(schema)
+
+    def validate(self, text: str) -> tuple[Any, Any]:
+        value, dumped = super().validate(text)  # parsed as JSON (any value)
+        errors = sorted(self._validator.iter_errors(dumped), key=lambda e: list(e.path))[:5]
+        if errors:
+            problems = [
+                f"{'.'.join(str(p) for p in error.path) or 'the value'}: {error.message}"
+                for error in errors
+            ]
+            raise OutputInvalid(
+                "your final answer does not match the required output: "
+                + "; ".join(problems)
+                + ". Answer again with only a JSON value matching the schema"
+            )
+        return value, dumped
+
+
+def _check_schema(schema: Any) -> None:
+    if schema is None:
+        return
+    try:
+        Draft202012Validator.check_schema(schema)
+        canonical_json(schema)
+    except (SchemaError, ValueError, TypeError, RecursionError) as exc:
+        message = exc.message if isinstance(exc, SchemaError) else str(exc)
+        raise ToolCallError(
+            f"output_schema is not a valid JSON schema: {message}", code="subagent_schema"
+        ) from None
 
 
 class _BudgetedModel:
@@ -222,6 +281,7 @@ class _Delegator:
                     + ", ".join(sorted(mine)),
                     code="subagent_tools",
                 )
+        _check_schema(arguments.get("output_schema"))
         self._tree(ctx.session_id).check()
         return [ResourceClaim.actor(child_resource(child_session_id(ctx.session_id, ctx.call_id)))]
 
@@ -312,7 +372,7 @@ class _Delegator:
             registry=registry,
             system=self.policy.system or parent.system,
             max_steps=granted.steps,
-            output=None,
+            output=_SchemaOutput(delegation.output_schema) if delegation.output_schema else None,
             on_event=None,
             on_text=None,
             deps=deps,

@@ -13,7 +13,7 @@ from subagent_world import routed
 
 from lodger import Agent, ToolContext, tool
 from lodger.authority import ResourceClaim
-from lodger.events import SessionStarted, ToolResponded, canonical_bytes
+from lodger.events import ModelOutput, SessionStarted, ToolResponded, canonical_bytes
 from lodger.providers.base import ModelRequest
 from lodger.storage.forks import read_lineage
 from lodger.subagents import SubagentPolicy, link_of
@@ -47,7 +47,7 @@ def _counter_tools(both_read: asyncio.Event, readers: list[str]) -> list[Tool]:
     return [leased, unleased]
 
 
-async def _two_children_bump(tmp_path: Path, name: str) -> tuple[int, list[str]]:
+async def _two_children_bump(tmp_path: Path, name: str) -> tuple[int, list[str], list[str]]:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "counter.txt").write_text("0")
@@ -77,22 +77,31 @@ async def _two_children_bump(tmp_path: Path, name: str) -> tuple[int, list[str]]
     ) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
-    return int((workspace / "counter.txt").read_text()), readers
+        # the order the children's models emitted their bump calls in (a model output is
+        # stamped when it arrives; its calls reserve their leases before anything yields)
+        emitted: list[tuple[int, str]] = []
+        for sid in await agent.log.list_sessions():
+            if sid == "p":
+                continue
+            outputs = [e for e in await agent.log.read_all(sid) if isinstance(e.body, ModelOutput)]
+            emitted.append((outputs[0].ts, sid))
+    order = [sid for _, sid in sorted(emitted)]
+    return int((workspace / "counter.txt").read_text()), readers, order
 
 
 async def test_two_concurrent_children_editing_one_file_never_lose_an_update(
     tmp_path: Path,
 ) -> None:
-    value, readers = await _two_children_bump(tmp_path, "bump")
+    value, readers, emitted = await _two_children_bump(tmp_path, "bump")
     assert value == 2
-    assert len(set(readers)) == 2  # both children bumped, one after the other
+    assert readers == emitted  # one after the other, in the order their calls were emitted
 
 
 async def test_without_the_shared_lease_the_same_children_lose_an_update(
     tmp_path: Path,
 ) -> None:
     # the control: the same children, a tool that claims nothing; the test above can fail
-    value, readers = await _two_children_bump(tmp_path, "bump_unleased")
+    value, readers, _ = await _two_children_bump(tmp_path, "bump_unleased")
     assert len(set(readers)) == 2
     assert value == 1
 

@@ -7,6 +7,8 @@ Modes of the child process:
                  delegate T2 (an after-call hook of the delegate call)
   child_midturn  SIGKILL the process while the child waits for its second model step
                  (its first call's T2 is committed)
+  grandchild_midturn  as child_midturn, two levels down: parent -> middle -> child
+                 (resume with mode "nested")
   before_child   SIGKILL the process after the delegate's T1, when the child's first
                  event is about to be written (the real log's open_writer, wrapped)
 """
@@ -29,6 +31,7 @@ from lodger.subagents import SubagentPolicy
 from lodger.tools.spec import Tool
 
 PARENT_TASK = "parent task"
+MIDDLE_TASK = "middle task"
 CHILD_TASK = "child task"
 
 
@@ -98,25 +101,32 @@ def crash_agent(state: Path, workspace: Path, effects: Path, mode: str) -> Agent
             from lodger.providers.scripted import tool_call
 
             return ModelResponse(calls=(tool_call("effect", n=1),))
-        if mode == "child_midturn":
+        if mode in ("child_midturn", "grandchild_midturn"):
             os.kill(os.getpid(), signal.SIGKILL)
         return "child answer: effect 1 is done"
 
-    parent = [
-        {"calls": [{"name": "delegate", "args": {"task": CHILD_TASK, "tools": ["effect"]}}]},
-        {"text": "parent done"},
-    ]
+    to_child = {"name": "delegate", "args": {"task": CHILD_TASK, "tools": ["effect"]}}
+    if mode == "grandchild_midturn" or mode == "nested":
+        # parent -> middle -> child: the child is a grandchild of the parent
+        to_middle = {
+            "name": "delegate",
+            "args": {"task": MIDDLE_TASK, "tools": ["effect", "delegate"]},
+        }
+        parent = [{"calls": [to_middle]}, {"text": "parent done"}]
+    else:
+        parent = [{"calls": [to_child]}, {"text": "parent done"}]
+    middle = [{"calls": [to_child]}, {"text": "middle done"}]
 
     def kill_after_delegate(info: CallInfo, result: CallResult) -> None:
         if mode == "after_child" and info.tool == "delegate":
             os.kill(os.getpid(), signal.SIGKILL)
 
     return Agent(
-        model=routed({PARENT_TASK: parent, CHILD_TASK: child}),
+        model=routed({PARENT_TASK: parent, MIDDLE_TASK: middle, CHILD_TASK: child}),
         tools=[effect_tool(effects)],
         state_dir=state,
         workspace=workspace,
-        subagents=SubagentPolicy(),
+        subagents=SubagentPolicy(max_depth=2),
         after_call=[kill_after_delegate],
     )
 

@@ -26,7 +26,7 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.storage import open_log
-from lodger.subagents import child_session_id
+from lodger.subagents import child_session_id, link_of
 
 WORLD = Path(__file__).with_name("subagent_world.py")
 
@@ -148,3 +148,30 @@ async def test_parent_killed_before_the_child_started_is_not_applied(tmp_path: P
         assert "never started" in seen.observation
         assert await agent.log.list_sessions() == ["parent-1"]  # recovery started none
     assert not effects.exists()
+
+
+@pytest.mark.slow
+async def test_a_grandchild_mid_turn_is_resumed_through_its_parent(tmp_path: Path) -> None:
+    state = _crash(tmp_path, "grandchild_midturn")
+    effects = tmp_path / "effects.txt"
+    assert effects.read_text() == "1\n"
+    async with crash_agent(state, tmp_path / "ws", effects, "nested") as agent:
+        result = await agent.resume("parent-1")
+        assert result.status == "completed" and result.answer == "parent done"
+        sessions = await agent.log.list_sessions()
+        assert len(sessions) == 3  # parent, middle, grandchild: none started twice
+        by_depth: dict[int, list[Event]] = {0: await agent.log.read_all("parent-1")}
+        for sid in sessions:
+            events = await agent.log.read_all(sid)
+            await agent.log.verify(sid)
+            link = link_of(events[0])
+            if link is not None:
+                by_depth[link.depth] = events
+        for depth in (1, 2):  # each was resumed once: one turn, a second run
+            runs = [e.body for e in by_depth[depth] if isinstance(e.body, RunStarted)]
+            assert len(runs) == 2 and runs[1].resumed_from is not None
+            assert by_depth[depth][-1].kind == "turn_ended"
+        middle_result = _observed(by_depth[1], _delegate_call(by_depth[1]))
+        assert middle_result["answer"] == "child answer: effect 1 is done"
+        assert _observed(by_depth[0], _delegate_call(by_depth[0]))["answer"] == "middle done"
+    assert effects.read_text() == "1\n"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
@@ -45,6 +44,7 @@ from lodger.events import (
     canonical_json,
 )
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.storage import EventLog
 from lodger.storage.forks import fork_session
 from lodger.subagents.link import (
     _ASKING,
@@ -310,14 +310,13 @@ class _Delegator:
         """Write the child's first event: the parent link (and, for a fork, the shared
         prefix: the parent's log up to the model output that proposed this call)."""
         log = self.agent.storage.log
-        parent_events = await log.read_all(ctx.session_id)
-        at = _branch_point(parent_events, ctx.call_id)
+        at, digest = await _branch_point(log, ctx.session_id, ctx.call_id)
         link = SubagentLink(
             session_id=child_id,
             parent_session=ctx.session_id,
             parent_call=ctx.call_id,
             parent_offset=at,
-            parent_digest=parent_events[at - 1].digest,
+            parent_digest=digest,
             depth=self.depth + 1,
             root=self.root or ctx.session_id,
             history=delegation.history,
@@ -496,11 +495,20 @@ def _bound_tool(ctx: ToolContext | None, agent: Agent, name: str) -> Tool | None
     return agent.registry.get(name)
 
 
-def _branch_point(events: Sequence[Any], call_id: str) -> int:
-    """The prefix a child branches from: up to the model output that proposed the call
-    (the same for every delegation of one step); the whole log when none did."""
-    for e in reversed(events):
-        body = e.body
-        if isinstance(body, ModelOutput) and any(c.call_id == call_id for c in body.calls):
-            return int(e.offset) + 1
-    return len(events)
+async def _branch_point(log: EventLog, session_id: str, call_id: str) -> tuple[int, str]:
+    """The prefix a child branches from and its digest: the parent's log up to the model
+    output that proposed the call (the same for every delegation of one step; the whole
+    log when none did). Read from the end, a window at a time: the output commits with
+    the first fact of its batch, so it sits near the head."""
+    head = await log.head(session_id)
+    end = head.high_water
+    window = 64
+    while end > 0:
+        start = max(end - window, 0)
+        events = await log.read(session_id, start=start, end=end)
+        for e in reversed(events):
+            body = e.body
+            if isinstance(body, ModelOutput) and any(c.call_id == call_id for c in body.calls):
+                return e.offset + 1, e.digest
+        end, window = start, window * 4
+    return head.high_water, head.digest

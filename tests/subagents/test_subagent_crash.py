@@ -8,17 +8,23 @@ counted in a file outside the log, happened once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from subagent_world import crash_agent
 
+from lodger.cli import main
+from lodger.errors import ResumeBlockedError
 from lodger.events import (
     Event,
+    RecoveryDecided,
     RecoveryObserved,
     RunStarted,
     ToolDispatched,
@@ -135,6 +141,11 @@ async def test_parent_killed_with_the_child_mid_turn_resumes_the_child_once(
 async def test_parent_killed_before_the_child_started_is_not_applied(tmp_path: Path) -> None:
     state = _crash(tmp_path, "before_child")
     effects = tmp_path / "effects.txt"
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, main, ["log", "show", "parent-1", "--state", str(state)]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "never started" in shown.output
     async with crash_agent(state, tmp_path / "ws", effects, "none") as agent:
         assert await agent.log.list_sessions() == ["parent-1"]  # no child was written
         call_id = _delegate_call(await agent.log.read_all("parent-1"))
@@ -175,3 +186,34 @@ async def test_a_grandchild_mid_turn_is_resumed_through_its_parent(tmp_path: Pat
         assert middle_result["answer"] == "child answer: effect 1 is done"
         assert _observed(by_depth[0], _delegate_call(by_depth[0]))["answer"] == "middle done"
     assert effects.read_text() == "1\n"
+
+
+@pytest.mark.slow
+async def test_a_damaged_child_parks_the_parents_call_and_log_show_says_so(
+    tmp_path: Path,
+) -> None:
+    state = _crash(tmp_path, "child_midturn")
+    effects = tmp_path / "effects.txt"
+    async with crash_agent(state, tmp_path / "ws", effects, "none") as agent:
+        call_id = _delegate_call(await agent.log.read_all("parent-1"))
+    child_id = child_session_id("parent-1", call_id)
+    with sqlite3.connect(state / "log.sqlite3") as conn:  # a byte changed outside lodger
+        conn.execute(
+            "UPDATE events SET data = replace(data, 'child task', 'child tusk') "
+            'WHERE session_id = ? AND "offset" = 1',
+            (child_id,),
+        )
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, main, ["log", "show", "parent-1", "--state", str(state)]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"subagent {child_id}  unreadable" in shown.output
+    async with crash_agent(state, tmp_path / "ws", effects, "none") as agent:
+        with pytest.raises(ResumeBlockedError) as blocked:
+            await agent.resume("parent-1")
+        assert call_id in blocked.value.message
+        parent = await agent.log.read_all("parent-1")
+        decided = [e.body for e in parent if isinstance(e.body, RecoveryDecided)]
+        assert [d.action for d in decided] == ["park"]
+        assert "probe failed" in decided[0].reason or "cannot" in decided[0].reason
+    assert effects.read_text() == "1\n"  # nothing ran again

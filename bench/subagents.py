@@ -91,6 +91,7 @@ async def timed_turn(state: Path, steps: int, calls: list[dict[str, Any]], sessi
         model=model_for(steps, calls),
         tools=[noop, work],
         state_dir=state,
+        max_steps=steps + 1,
         subagents=SubagentPolicy(tree_steps=100_000),
     ) as agent:
         started = time.perf_counter()

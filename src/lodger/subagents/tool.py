@@ -32,9 +32,8 @@ from jsonschema.exceptions import SchemaError
 from pydantic import TypeAdapter
 
 from lodger.authority import ResourceClaim
-from lodger.engine.loop import Engine, TurnResult
+from lodger.engine.loop import Engine
 from lodger.engine.output import OutputInvalid, OutputSpec
-from lodger.engine.state import SessionState
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
 from lodger.events import (
     EventDraft,
@@ -408,13 +407,12 @@ class _Delegator:
         source: ToolContext | None,
     ) -> ChildOutcome:
         """Run (or resume) the child's turn to its end under its wall time."""
-        log = self.agent.storage.log
         child_id = link.session_id
-        writer = await log.open_writer(child_id)
+        # Opened as the agent opens any session it runs: the same verified fold (and the
+        # same history, for a fork, as the agent's projection gives one).
+        writer, state = await self.agent._open(child_id)
         token = _ASKING.set(link)
         try:
-            state = SessionState(child_id)
-            state.feed(writer.initial_events)
             before = child_outcome(child_id, state.events)
             if before.status is not None:
                 return before  # settled already: nothing runs again
@@ -425,18 +423,20 @@ class _Delegator:
             try:
                 async with asyncio.timeout(granted.wall_time):
                     if state.open_turn is not None:
-                        result: TurnResult = await engine.resume(journal)
+                        await engine.resume(journal)
                     else:
-                        result = await engine.start_turn(journal, delegation.task)
+                        await engine.start_turn(journal, delegation.task)
             except TimeoutError:
-                after = child_outcome(child_id, state.events)
                 return dataclasses.replace(
-                    after,
+                    child_outcome(child_id, state.events),
                     error=f"the subagent ran out of its wall time ({granted.wall_time:g} s); "
                     "its running calls settled and its turn was stopped",
                 )
-            del result
             return child_outcome(child_id, state.events)
+        except BaseException:
+            # the fold may hold less than the log after a failed commit: read it again
+            self.agent._states.pop(child_id, None)
+            raise
         finally:
             _ASKING.reset(token)
             await writer.close()

@@ -159,3 +159,40 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
         (t2,) = [body for body in first_turn if isinstance(body, ToolResponded)]
         assert json.loads(t2.content)["answer"] == "forked child answer"
     assert seen  # the child's model was asked
+
+
+async def test_a_childs_edit_waits_for_the_parents_edit_emitted_before_its_delegation(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "counter.txt").write_text("0")
+    readers: list[str] = []
+    model = routed(
+        {
+            "go": [
+                {
+                    "calls": [
+                        {"name": "bump", "args": {"path": "counter.txt"}},
+                        {"name": "delegate", "args": {"task": "a", "tools": ["bump"]}},
+                        {"name": "bump", "args": {"path": "counter.txt"}},
+                    ]
+                },
+                {"text": "done"},
+            ],
+            "a": [{"calls": [{"name": "bump", "args": {"path": "counter.txt"}}]}, {"text": "ok"}],
+        }
+    )
+    async with Agent(
+        model=model,
+        tools=_counter_tools(asyncio.Event(), readers),
+        state_dir=tmp_path / "s",
+        workspace=workspace,
+        subagents=SubagentPolicy(),
+    ) as agent:
+        result = await agent.run("go", session="p")
+        assert result.status == "completed"
+    # the parent's two bumps were reserved with its batch, before the child existed: the
+    # child's bump comes after both, and no update is lost
+    assert (workspace / "counter.txt").read_text() == "3"
+    assert readers[:2] == ["p", "p"] and readers[2] != "p"

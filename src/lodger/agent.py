@@ -36,6 +36,7 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
 from lodger.streaming import TurnStream
+from lodger.subagents import SubagentPolicy, delegate_tool
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -109,6 +110,7 @@ class Agent:
         deps: Any = None,
         before_call: Sequence[BeforeCall] = (),
         after_call: Sequence[AfterCall] = (),
+        subagents: SubagentPolicy | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -136,6 +138,9 @@ class Agent:
             self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
+        # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
+        if subagents is not None:
+            self.registry.bind(delegate_tool(self, subagents))
         authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()

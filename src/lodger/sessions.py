@@ -32,6 +32,7 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
+from lodger.subagents import SubagentPolicy
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -90,6 +91,8 @@ class Binding:
     on_text: TextSink | None = None
     #: bind the ``exec`` tool: cells in this language call the nestable tools
     code_mode: Language | None = None
+    #: bind the ``delegate`` tool: child sessions under this policy (lodger.subagents)
+    subagents: SubagentPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,6 +255,7 @@ class Sessions:
             on_event=binding.on_event,
             on_text=binding.on_text,
             code_mode=binding.code_mode,
+            subagents=binding.subagents,
             clock=self.clock,
             ids=self.ids,
             states=self._states,

@@ -61,6 +61,10 @@ class SandboxResult:
     output: bytes = b""
     output_total: int = 0
     duration_s: float = 0.0
+    #: CPU time the whole tree used (None where no cgroup counted it)
+    cpu_s: float | None = None
+    #: CPU periods in which the ``cpu_rate`` limit held the tree back
+    cpu_throttled: int = 0
     enforcement: Mapping[str, str] = field(default_factory=dict)
     connections: tuple[Connection, ...] = ()
 

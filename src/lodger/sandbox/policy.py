@@ -60,7 +60,10 @@ class Limits:
 
     ``wall_time_s`` and ``output_bytes`` are enforced by lodger (it kills the sandbox);
     ``memory_bytes`` and ``max_processes`` by a cgroup where one can be created (else
-    memory by ``RLIMIT_AS``), ``cpu_time_s`` by ``RLIMIT_CPU`` on every process.
+    memory by ``RLIMIT_AS``). ``cpu_time_s`` is a budget for the whole process tree,
+    counted by the cgroup (lodger kills the tree when it is spent; ``RLIMIT_CPU`` per
+    process where no cgroup counts CPU time); ``cpu_rate`` caps how many CPUs the tree
+    may keep busy at once (the cgroup cpu controller; 0.5 = half of one CPU).
     """
 
     wall_time_s: float = 60.0
@@ -68,9 +71,17 @@ class Limits:
     memory_bytes: int | None = 1024 * 1024 * 1024
     max_processes: int | None = 256
     output_bytes: int = 16 * 1024 * 1024
+    cpu_rate: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_processes", "output_bytes"):
+        for name in (
+            "wall_time_s",
+            "cpu_time_s",
+            "memory_bytes",
+            "max_processes",
+            "output_bytes",
+            "cpu_rate",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"sandbox limit {name} must be positive, not {value}")
@@ -79,6 +90,8 @@ class Limits:
         parts = [f"wall {self.wall_time_s:g}s"]
         if self.cpu_time_s is not None:
             parts.append(f"cpu {self.cpu_time_s:g}s")
+        if self.cpu_rate is not None:
+            parts.append(f"rate {self.cpu_rate:g} cpu")
         if self.memory_bytes is not None:
             parts.append(f"mem {self.memory_bytes // (1024 * 1024)}MiB")
         if self.max_processes is not None:
@@ -190,6 +203,7 @@ _LIMIT_KEYS = {
     "memory_mb": ("memory_bytes", 1024 * 1024),
     "max_processes": ("max_processes", 1),
     "output_mb": ("output_bytes", 1024 * 1024),
+    "cpu_rate": ("cpu_rate", 1.0),
 }
 
 

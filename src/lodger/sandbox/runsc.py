@@ -112,8 +112,6 @@ class RunscSandbox:
         how = dict(result.enforcement)
         if limits.max_processes is not None:
             how["processes"] = "RLIMIT_NPROC inside gVisor"
-        if limits.cpu_time_s is not None:
-            how["cpu_time"] = "RLIMIT_CPU on the gVisor sandbox (all its processes)"
         return dataclasses.replace(result, enforcement=how)
 
 

@@ -61,15 +61,16 @@ def load_secrets_file(path: str | Path, *, workspace: Path) -> dict[str, dict[st
                 code="secrets_file_unsafe",
             )
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted under the name must not hang lodger in open().
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise ConfigError(
             f"cannot read the secrets file {given}: {exc.strerror}",
             code="secrets_file_unsafe",
         ) from None
-    with os.fdopen(fd, "rb") as file:
+    try:
         # Checked on the open file: what is read is what was checked.
-        info = os.fstat(file.fileno())
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
                 f"the secrets file {given} is not a regular file", code="secrets_file_unsafe"
@@ -87,7 +88,10 @@ def load_secrets_file(path: str | Path, *, workspace: Path) -> dict[str, dict[st
                 hint=f"chmod 600 {given}",
                 code="secrets_file_unsafe",
             )
-        raw = file.read(_MAX_BYTES + 1)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            raw = file.read(_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(raw) > _MAX_BYTES:
         raise ConfigError(f"the secrets file {given} is larger than 1 MiB", code="config")
     return _parse(raw, given)

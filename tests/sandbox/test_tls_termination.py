@@ -128,6 +128,7 @@ EOF
 curl -sS -v --max-time 20 -H "Host: evil.example" -H "Authorization: Bearer forged" \
     "https://localhost:$port/curl" 2>&1
 echo
+curl -sS --max-time 20 "http://localhost:$port/downgraded"
 echo "--- what the sandbox can see"
 env
 cat /proc/self/environ | tr '\0' '\n'
@@ -170,7 +171,12 @@ async def test_a_marked_domain_gets_its_credentials_over_https(ws: Path, tmp_pat
         (c.host, c.method, c.allowed, c.credentials_injected, c.tls_terminated)
         for c in result.connections
     ]
-    assert record == [("localhost", "GET", True, True, True)] * 2
+    assert record == [
+        ("localhost", "GET", True, True, True),
+        ("localhost", "GET", True, True, True),
+        ("localhost", "GET", False, False, False),  # plain HTTP: its credentials stay home
+    ]
+    assert "refused: plain HTTP to a domain marked for TLS" in out
     # The leaf keys went as soon as ssl had loaded them.
     assert list(Path(tempfile.gettempdir()).glob("lodger-leaf-*")) == []  # noqa: ASYNC240 - a test reading the host after the fact
 

@@ -15,7 +15,8 @@ For each connection the proxy reads one request head:
   (``lodger.sandbox.tls``), reads the request, adds the domain's credential headers and
   sends it over its own TLS connection to the real host, verified against the host's
   trust store (or the policy's ``upstream_ca``). One request per connection: the
-  upstream request says ``Connection: close``.
+  upstream request says ``Connection: close``. Plain HTTP to a marked domain is refused,
+  so its credentials never travel in clear text.
 Anything else, or a host the allow-list does not name, is refused with 403. Every
 allowed and refused connection is recorded (``Connection``) and ends up in the result.
 The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
@@ -224,6 +225,12 @@ class EgressProxy:
         host = host.strip("[]").lower()
         if not self.policy.allows(host):
             self._refuse(writer, host, port, method, "not in the allow-list")
+            await writer.drain()
+            return
+        if method != "CONNECT" and self.policy.terminates(host):
+            # Its credentials travel over TLS only: a plain request would carry them in
+            # clear text past the host, and one without them is not what was marked.
+            self._refuse(writer, host, port, method, "plain HTTP to a domain marked for TLS")
             await writer.drain()
             return
         if method == "CONNECT" and self.ca is not None and self.policy.terminates(host):

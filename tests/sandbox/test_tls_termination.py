@@ -208,6 +208,20 @@ async def test_an_unmarked_domain_is_tunnelled_untouched(ws: Path, tmp_path: Pat
     ]
 
 
+NOT_VERIFIED = r"""
+curl -sS --max-time 20 "https://localhost:$1/x"; echo
+python3 - "$1" <<'EOF'
+import socket, sys
+# CONNECT to a marked domain, then plain text where TLS should be.
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(f"CONNECT localhost:{sys.argv[1]} HTTP/1.1\r\n\r\n".encode())
+s.recv(100)
+s.sendall(b"GET /plain HTTP/1.1\r\nHost: localhost\r\n\r\n")
+print("plain text answered with", s.recv(100))
+EOF
+"""
+
+
 async def test_credentials_never_go_to_an_upstream_the_proxy_cannot_verify(
     ws: Path, tmp_path: Path
 ) -> None:
@@ -218,15 +232,15 @@ async def test_credentials_never_go_to_an_upstream_the_proxy_cannot_verify(
             credentials={"localhost": {"Authorization": f"Bearer {SECRET}"}},
             terminate_tls=("localhost",),
         )
-        result = await run(
-            ws, 'curl -sS --max-time 20 "https://localhost:$1/x"; echo', policy, upstream.port
-        )
+        result = await run(ws, NOT_VERIFIED, policy, upstream.port)
     out = result.output.decode(errors="replace")
     assert "upstream certificate not trusted" in out, out
+    assert "plain text answered with b''" in out, out
     assert upstream.heads == []
-    [connection] = result.connections
-    assert not connection.allowed and connection.tls_terminated
-    assert connection.reason.startswith("upstream certificate not trusted")
+    untrusted, plain = result.connections
+    assert not untrusted.allowed and untrusted.tls_terminated
+    assert untrusted.reason.startswith("upstream certificate not trusted")
+    assert not plain.allowed and plain.reason.startswith("no TLS from the sandbox")
 
 
 def handshake(ca: LodgerCA, host: str) -> str:

@@ -54,6 +54,7 @@ __all__ = [
 
 PROXY_PORT = 3128
 _MAX_HEAD = 64 * 1024
+_HANDSHAKE_S = 30.0
 
 # Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
 # starts the command, exits with its status (128+N when a signal N ended it).
@@ -273,7 +274,17 @@ class EgressProxy:
         # Nothing may await between the 200 and start_tls: the client's hello follows the
         # 200 at once, and bytes the plain stream read first would be lost to TLS.
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await writer.start_tls(context)
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=_HANDSHAKE_S)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            why = f"no TLS from the sandbox: {getattr(exc, 'reason', None) or exc}"
+            self.connections.append(
+                Connection(
+                    host=host, port=port, method="CONNECT", allowed=False, reason=why,
+                    tls_terminated=True,
+                )
+            )  # fmt: skip
+            return
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")

@@ -34,11 +34,10 @@ from lodger.sandbox.egress import (
     trust_environment,
 )
 from lodger.sandbox.interface import OutputSink, SandboxResult
-from lodger.sandbox.policy import Limits, NetworkPolicy
+from lodger.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy
 
-__all__ = ["BubblewrapSandbox", "bubblewrap_argv"]
+__all__ = ["SYSTEM_DIRS", "BubblewrapSandbox", "bubblewrap_argv"]
 
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 #: files under the system directories that hold secrets; covered even though /etc is bound
 MASKED = (
     "/etc/shadow",

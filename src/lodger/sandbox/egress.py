@@ -20,7 +20,7 @@ For each connection the proxy reads one request head:
 Anything else, or a host the allow-list does not name, is refused with 403. Every
 allowed and refused connection is recorded (``Connection``) and ends up in the result.
 The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
-backend) and the variables of ``lodger.sandbox.tls.trust_environment``; the CA's key
+backend) and the variables of ``trust_environment``; the CA's key
 stays in this process.
 """
 

@@ -41,6 +41,7 @@ from lodger.sandbox.secrets import SECRETS_VARIABLE, load_secrets_file
 
 __all__ = [
     "BACKENDS",
+    "SYSTEM_DIRS",
     "Backend",
     "Limits",
     "NetworkPolicy",
@@ -48,6 +49,9 @@ __all__ = [
     "looks_like_credential",
     "policy_from_config",
 ]
+
+#: the host's system directories every sandbox mounts read-only (nothing secret lives there)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
 Backend = Literal["bubblewrap", "runsc", "none"]
 BACKENDS: tuple[Backend, ...] = ("bubblewrap", "runsc", "none")
@@ -300,7 +304,9 @@ def policy_from_config(
     if secrets_file is not None:
         if not isinstance(secrets_file, str) or not secrets_file:
             raise ConfigError(f"{where} secrets_file must be a path")
-        from_file = load_secrets_file(secrets_file, workspace=workspace or Path.cwd())
+        from_file = load_secrets_file(
+            secrets_file, workspace=workspace or Path.cwd(), mounted=SYSTEM_DIRS
+        )
         for domain, headers in from_file.items():
             mine = credentials.setdefault(domain, {})
             twice = sorted({n.lower() for n in mine} & {n.lower() for n in headers})

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 from lodger.errors import ConfigError
@@ -33,10 +34,11 @@ SECRETS_VARIABLE = "LODGER_SECRETS_FILE"
 _MAX_BYTES = 1 << 20
 
 
-def load_secrets_file(path: str | Path, *, workspace: Path) -> dict[str, dict[str, str]]:
-    """The domain -> headers table of the secrets file at ``path`` (see the module doc)."""
-    from lodger.sandbox.bubblewrap import SYSTEM_DIRS
-
+def load_secrets_file(
+    path: str | Path, *, workspace: Path, mounted: Sequence[str] = ()
+) -> dict[str, dict[str, str]]:
+    """The domain -> headers table of the secrets file at ``path`` (see the module doc);
+    ``mounted``: the system directories every sandbox sees, where it must not lie."""
     given = Path(os.path.expanduser(str(path)))
     if not given.is_absolute():
         raise ConfigError(
@@ -53,7 +55,7 @@ def load_secrets_file(path: str | Path, *, workspace: Path) -> dict[str, dict[st
             hint="move it outside the workspace, e.g. to ~/.config/lodger/secrets.toml",
             code="secrets_file_unsafe",
         )
-    for system in SYSTEM_DIRS:
+    for system in mounted:
         if real.is_relative_to(os.path.realpath(system)):
             raise ConfigError(
                 f"the secrets file {given} lies under {system}, which every sandbox mounts",

@@ -129,6 +129,7 @@ curl -sS -v --max-time 20 -H "Host: evil.example" -H "Authorization: Bearer forg
     "https://localhost:$port/curl" 2>&1
 echo
 curl -sS --max-time 20 "http://localhost:$port/downgraded"
+echo "-----BEGIN FORGED CA-----" >> /run/lodger/ca-bundle.pem && echo WROTE-BUNDLE
 echo "--- what the sandbox can see"
 env
 cat /proc/self/environ | tr '\0' '\n'
@@ -159,6 +160,7 @@ async def test_a_marked_domain_gets_its_credentials_over_https(ws: Path, tmp_pat
     # and responses as it saw them).
     assert SECRET not in out
     assert "PRIVATE KEY" not in out and "== /run/lodger/ca-bundle.pem" in out
+    assert "WROTE-BUNDLE" not in out and "Read-only file system" in out
     # Upstream: both requests arrived with the credential, once, and the Host the
     # tunnel was opened to; the sandbox's own Authorization was replaced.
     assert len(upstream.heads) == 2, upstream.heads

@@ -64,7 +64,7 @@ async def test_a_cpu_rate_holds_the_tree_back(box: Sandbox, tmp_path: Path) -> N
         limits=Limits(wall_time_s=60, cpu_time_s=0.3, cpu_rate=0.2),
     )
     assert result.limit == "cpu_time", result
-    assert result.enforcement["cpu_rate"] == "cgroup v1", result.enforcement
+    assert result.enforcement["cpu_rate"].startswith("cgroup v"), result.enforcement
     assert result.cpu_throttled > 0
     # 0.3 CPU-seconds at 0.2 CPU take 1.5 s at least, however idle the machine is.
     assert result.duration_s >= 1.2, result.duration_s

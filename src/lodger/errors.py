@@ -311,6 +311,7 @@ ErrorCode = Literal[
     "usage",
     "session_not_found",
     "config",
+    "secrets_file_unsafe",
     "authority_misuse",
     "invalid_session_id",
     "invalid_range",

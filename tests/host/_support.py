@@ -18,6 +18,7 @@ from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
 from lodger.sessions import Sessions
 from lodger.storage import Storage
+
 from . import host_tools
 
 TOOLS = (host_tools.echo, host_tools.deploy, host_tools.gate)

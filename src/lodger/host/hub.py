@@ -336,6 +336,7 @@ class Hub:
                     summary=summary,
                     created_us=self.sessions.clock.now_us(),
                 )
+                asked.parked.set()
                 return await asked.future
             finally:
                 asked.parked.set()  # an answer waiting for the index goes on either way

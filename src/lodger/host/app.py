@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,7 +50,10 @@ SessionId = Annotated[
 Key = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": why}
+    status: {
+        "description": why,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
     for status, why in (
         (400, "bad input (the engine's error code says what)"),
         (401, "no token, or an unknown one"),
@@ -273,6 +277,24 @@ def create_app(
         responses=_ERRORS,
     )
     app.state.hub = hub
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            # every error body, on every route, whatever the route's own media type
+            errors = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(errors.pop("$defs", {}))
+            schemas["ErrorBody"] = errors
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.auth = auth
     app.state.metrics = metrics
 

@@ -49,6 +49,7 @@ async def running_host(
     hooks: dict[str, HookConfig] | None = None,
     observers: tuple[Any, ...] = (),
     workspaces: Path | None = None,
+    code_mode: Any = None,
 ) -> AsyncIterator[Host]:
     storage = Storage.local(state)
     control = SqliteHostControl(state / "host.sqlite3")
@@ -58,7 +59,7 @@ async def running_host(
     app = create_app(
         sessions,
         control,
-        HostConfig(models=models, tools=TOOLS, workspaces=workspaces),
+        HostConfig(models=models, tools=TOOLS, workspaces=workspaces, code_mode=code_mode),
         hooks=hooks,
         observers=observers,
         poll_s=0.5,

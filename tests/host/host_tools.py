@@ -9,7 +9,7 @@ from pathlib import Path
 from lodger import tool
 
 
-@tool
+@tool(nestable=True)
 def echo(text: str) -> str:
     """Return the text."""
     return text

@@ -81,7 +81,7 @@ class _Served:
             uvicorn.Config(self._make_app(), log_level="critical", lifespan="on")
         )
         task = asyncio.create_task(server.serve(sockets=[self.sock]))
-        while not server.started and not task.done():
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
             await asyncio.sleep(0.01)
         self._ready.set()
         await asyncio.to_thread(self._stop.wait)
@@ -262,9 +262,10 @@ def main() -> None:
         )
         async with HostClient(url, token=token) as c:  # let the queued turns settle first
             for target in targets:
-                while (await c.show(target))["turns"] < requests // 8 or (await c.show(target))[
-                    "running"
-                ]:
+                while True:
+                    shown_now = await c.show(target)
+                    if shown_now["turns"] >= requests // 8 and not shown_now["running"]:
+                        break
                     await asyncio.sleep(0.1)
         out["show_rps"] = await _throughput(
             url, token, requests, lambda i: lambda http: http.get(f"/v1/sessions/{shown}")

@@ -49,7 +49,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         app = create_app(sessions, control, HostConfig(models=("test",)))
         server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="on"))
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
             await asyncio.sleep(0.01)
         ready.set()
         await asyncio.to_thread(stop.wait)
@@ -61,7 +61,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     def run() -> None:
         try:
             asyncio.run(main())
-        except BaseException as exc:  # reported by the fixture's teardown
+        except Exception as exc:  # noqa: BLE001 - reported by the fixture's teardown
             failure.append(exc)
             ready.set()
 

@@ -35,7 +35,8 @@ async def _start(state: Path, model: str, port: int, gates: Path) -> subprocess.
     env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
     out = state.parent / f"host-{port}-{len(list(state.parent.glob('host-*.out')))}.out"
     with out.open("w") as sink:
-        proc = subprocess.Popen(
+        proc = await asyncio.to_thread(
+            subprocess.Popen,
             [
                 sys.executable,
                 "-m",

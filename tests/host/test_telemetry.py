@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from lodger import Agent, TestModel
 from lodger.errors import ConfigError
-from lodger.storage import Storage
 from lodger.host.telemetry import SpanBuilder, tracer_from_env
+from lodger.storage import Storage
 
 from ._support import running_host, write_script
 

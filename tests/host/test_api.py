@@ -150,3 +150,26 @@ async def test_recover_decide_resume_and_fork(tmp_path: Path) -> None:
         again = await c.send(child, "go again", key="b")
         result = await c.wait_message(child, again["message"]["id"])
         assert result["status"] == "done", result
+
+
+async def test_hostile_requests_are_refused_cleanly(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        sid = await c.create_session()
+        async with httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}
+        ) as raw:
+            huge = await raw.post(f"/v1/sessions/{sid}/messages", content=b"x" * (2 * 1024 * 1024))
+            assert huge.status_code == 413
+            assert huge.json()["error"]["code"] == "payload_too_large"
+            bad_id = await raw.get(
+                f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": "12; DROP"}
+            )
+            assert bad_id.status_code == 422
+            assert bad_id.json()["error"]["code"] == "invalid_request"
+            long_key = await raw.post(
+                f"/v1/sessions/{sid}/messages", json={"text": "x", "idempotency_key": "k" * 500}
+            )
+            assert long_key.status_code == 422
+        # nothing of it reached the log or the queue
+        assert (await c.show(sid))["events"] == 0
+        assert await host.control.messages(session_id=sid) == []

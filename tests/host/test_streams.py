@@ -152,3 +152,46 @@ async def test_fifty_streams_and_twenty_senders_hold(tmp_path: Path) -> None:
         finally:
             for client in clients:
                 await client.aclose()
+
+
+async def test_facts_another_process_commits_reach_open_streams(tmp_path: Path) -> None:
+    """The stream tails the log when the host did not commit a fact itself (here a turn
+    run on the same state directory by another ``Sessions``, as ``lodger run`` would)."""
+    from lodger import ScriptedModel
+    from lodger.sessions import Binding, Sessions
+    from lodger.storage import Storage
+
+    from . import host_tools
+
+    model = write_script(tmp_path / "s.json", [{"text": "hosted"}])
+    state = tmp_path / "state"
+    async with running_host(state, models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        sent = await c.send(sid, "in the host", key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+        before = len(await c.events(sid))
+        seen: list[StreamedFact] = []
+
+        async def follow() -> None:
+            async for fact in c.stream(sid):
+                seen.append(fact)
+                if fact.kind == "turn_ended" and fact.offset >= before:
+                    return
+
+        following = asyncio.create_task(follow())
+        async with Sessions(Storage.local(state)) as outside:
+            result = await outside.run(
+                "outside the host",
+                binding=Binding(
+                    model=ScriptedModel(
+                        [{"calls": [{"name": "echo", "args": {"text": "o"}}]}, {"text": "out"}]
+                    ),
+                    tools=[host_tools.echo],
+                ),
+                session=sid,
+            )
+        assert result.status == "completed"
+        await asyncio.wait_for(following, 30)
+        stored = await c.events(sid)
+        assert [f.offset for f in seen] == list(range(len(stored)))
+        assert seen[-1].data["body"]["answer"] == "out"

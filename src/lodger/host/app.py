@@ -43,6 +43,8 @@ from lodger.sessions import Sessions
 __all__ = ["API_VERSION", "create_app"]
 
 API_VERSION = "1"
+#: the largest request body the host reads (a declared Content-Length over it is refused)
+MAX_REQUEST = 1024 * 1024
 
 SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -60,6 +62,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "the token's scope does not cover this"),
         (404, "no such session, call or artifact"),
         (409, "a conflict: answered already, key reused, session busy or blocked"),
+        (413, "the request body is too large"),
         (422, "the request does not match the schema"),
     )
 }
@@ -325,6 +328,16 @@ def create_app(
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > MAX_REQUEST:
+            error = UsageError(
+                f"a request body may hold at most {MAX_REQUEST} bytes",
+                hint="send large inputs as several messages",
+                code="payload_too_large",
+            )
+            refused = JSONResponse(error_body(error), status_code=413)
+            metrics.request(request.method, "unmatched", 413)
+            return refused
         response: Response = await call_next(request)
         route = request.scope.get("route")
         name = getattr(route, "path", "unmatched")

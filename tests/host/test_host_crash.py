@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from lodger.client import HostClient, StreamedFact
+from lodger.errors import HostConflictError
 from lodger.storage import open_log
 
 from ._support import write_script
@@ -135,3 +136,43 @@ async def test_a_host_killed_mid_turn_loses_nothing_and_the_stream_resumes(
         assert (await log.verify(sid)).high_water == len(stored)
     finally:
         await log.close()
+
+
+@pytest.mark.slow
+async def test_an_approval_pending_when_the_host_dies_expires_and_the_turn_goes_on(
+    tmp_path: Path, gates: Path
+) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "deploy", "args": {"target": "prod"}}]}, {"text": "stopped there"}],
+    )
+    state, port = tmp_path / "state", _free_port()
+    proc = await _start(state, model, port, gates)
+    try:
+        async with HostClient(f"http://127.0.0.1:{port}", token=TOKEN) as client:
+            sid = await client.create_session()
+            sent = await client.send(sid, "ship", key="a-1")
+            async with asyncio.timeout(30):
+                while not await client.approvals(sid):  # noqa: ASYNC110 - over HTTP
+                    await asyncio.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    proc = await _start(state, model, port, gates)
+    try:
+        async with HostClient(f"http://127.0.0.1:{port}", token=TOKEN) as client:
+            done = await client.wait_message(sid, sent["message"]["id"])
+            facts = await client.events(sid)
+            assert await client.approvals(sid) == []
+            with pytest.raises(HostConflictError) as late:
+                await client.answer(sid, facts[5].data["call_id"], allow=True)
+            assert late.value.code == "already_answered"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert done["status"] == "done" and done["kind"] == "resume"
+    observed = [f.data["body"] for f in facts if f.kind == "recovery_observed"]
+    assert [o["reason"] for o in observed] == ["not_dispatched"]  # the model is told
+    kinds = [f.kind for f in facts]
+    assert kinds.count("turn_started") == 1 and kinds[-1] == "turn_ended"
+    assert "tool_dispatched" not in kinds  # the call that waited never ran

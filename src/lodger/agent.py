@@ -35,6 +35,7 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
+from lodger.storage.forks import read_inherited
 from lodger.streaming import TurnStream
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
@@ -322,6 +323,9 @@ class Agent:
             self._states[session_id] = cached
         try:
             cached.feed(writer.initial_events)
+            if cached.needs_inheritance:
+                # a fork: the model's context starts with the parent's history
+                cached.inherit(await read_inherited(self.log, session_id, cached.events))
         except BaseException:
             self._states.pop(session_id, None)
             await writer.close()

@@ -36,6 +36,7 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
 from lodger.storage.forks import read_inherited
+from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
@@ -73,7 +74,10 @@ class Agent:
 
     ``state_dir`` (default ``.lodger``) holds the SQLite log and the artifacts unless a
     ``storage`` (or a ``log`` and ``artifacts`` store) is passed. ``workspace`` is the
-    directory file tools work in. Nothing here is global: clocks and ids are injected
+    directory file tools work in. ``snapshots`` records a content-addressed, incremental
+    snapshot of the workspace with each turn's end (a ``workspace_snapshot`` fact; its
+    files go to the artifact store): on by default when the session lives in an object
+    store and there is a workspace. Nothing here is global: clocks and ids are injected
     for tests.
     """
 
@@ -110,6 +114,7 @@ class Agent:
         deps: Any = None,
         before_call: Sequence[BeforeCall] = (),
         after_call: Sequence[AfterCall] = (),
+        snapshots: bool | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -141,6 +146,7 @@ class Agent:
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()
         self.engine = Engine(
+            snapshotter=_snapshotter(storage, self.workspace, snapshots),
             model=model,
             registry=self.registry,
             system=system,
@@ -423,6 +429,26 @@ class Agent:
             raise
         finally:
             await writer.close()
+
+
+def _snapshotter(
+    storage: Storage, workspace: Path | None, enabled: bool | None
+) -> WorkspaceSnapshotter | None:
+    """Snapshots at each turn's end: on by default for sessions on an object store (a
+    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    if enabled is None:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        enabled = workspace is not None and isinstance(storage.log.store, ObjectLogStore)
+    if not enabled:
+        return None
+    if workspace is None:
+        raise UsageError(
+            "workspace snapshots need a workspace",
+            hint="pass workspace=... to the agent, or leave snapshots off",
+            code="usage",
+        )
+    return WorkspaceSnapshotter(storage.artifacts)
 
 
 def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:

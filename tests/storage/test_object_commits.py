@@ -408,3 +408,40 @@ async def test_session_root_holds_only_the_expected_objects(tmp_path: Path) -> N
     kinds = sorted(k.split("/")[2] for k in keys)
     assert kinds == ["head", "head", "seg", "seg", "seg", "seg"]
     await log.close()
+
+
+async def test_an_agent_turn_end_compacts_and_the_next_turn_reads_on(tmp_path: Path) -> None:
+    from lodger import Agent, ScriptedModel, tool
+    from lodger.storage import Storage
+
+    @tool
+    async def ping(n: int) -> str:
+        """Answer pong."""
+        return f"pong {n}"
+
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    store = storage.log.store
+    assert isinstance(store, ObjectLogStore)
+    assert store.compact_after == 64  # the default every object-store session gets
+    store.compact_after = 4
+    script = [{"calls": [{"name": "ping", "args": {"n": n}}]} for n in range(3)]
+    agent = Agent(
+        model=ScriptedModel([*script, {"text": "done"}]),
+        tools=[ping],
+        storage=storage,
+        ids=SequentialIds("a"),
+        clock=ManualClock(tick_us=1),
+    )
+    first = await agent.run("go", session=SID)
+    assert first.status == "completed"
+    assert store.stats.compactions == 1  # at the turn's end (the writer's release)
+    manifest = await store.manifest(SID)
+    high_water = (await storage.log.verify(SID)).high_water
+    assert manifest is not None and manifest.sealed_end == high_water
+    second = await agent.run("again", session=SID)  # the agent's cached fold reads on
+    assert second.status == "completed"
+    assert store.stats.compactions == 2
+    fresh = EventLog(_store(tmp_path))
+    assert [e.id for e in await fresh.read(SID)] == [e.id for e in await storage.log.read(SID)]
+    await fresh.close()
+    await storage.close()

@@ -23,10 +23,10 @@ window at the cost of a second put per append (the previous behaviour).
 ``compact`` merges the appended segments into one sealed object (bytes and digests
 unchanged) and writes a new manifest version; ``collect_garbage`` tombstones the merged
 segments and removes superseded heads and manifests once they are older than a grace
-period, so a reader that listed before the compaction keeps working meanwhile. With
-``compact_after=N``, releasing a writer compacts on its own once the session has ``N``
-appended segments, and collects what earlier compactions left once their grace period
-(``grace_s``) has passed.
+period, so a reader that listed before the compaction keeps working meanwhile.
+Releasing a writer compacts on its own once the session has ``compact_after`` appended
+segments (64 by default; None turns it off), and first collects what earlier compactions
+left once their grace period (``grace_s``, an hour by default) has passed.
 
 With ``cache_dir``, immutable objects read once are kept on local disk, so a worker that
 wakes a dormant session fetches only the manifest, a listing and the new tail.
@@ -79,11 +79,22 @@ from lodger.storage.logstore import Record, check_session_id
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
-__all__ = ["ObjectLogStore", "ObjectStats", "StoreLocation", "open_object_store"]
+__all__ = [
+    "COMPACT_AFTER",
+    "GRACE_S",
+    "ObjectLogStore",
+    "ObjectStats",
+    "StoreLocation",
+    "open_object_store",
+]
 
 _WRITERS: dict[tuple[str, str], int] = {}  # (store identity, session) -> lease number
 _LEASES = [0]
 _RELIST_ATTEMPTS = 4
+#: appended segments that make a writer's release compact them (None: never on its own)
+COMPACT_AFTER = 64
+#: how long merged segments, heads and manifests stay readable after a compaction
+GRACE_S = 3600.0
 
 
 @dataclass
@@ -180,8 +191,8 @@ class ObjectLogStore:
         cache_dir: Path | None = None,
         clock_us: Callable[[], int] | None = None,
         head_per_append: bool = False,
-        compact_after: int | None = None,
-        grace_s: float = 3600.0,
+        compact_after: int | None = COMPACT_AFTER,
+        grace_s: float = GRACE_S,
     ) -> None:
         if compact_after is not None and compact_after < 2:
             raise UsageError(

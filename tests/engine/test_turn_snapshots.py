@@ -225,3 +225,21 @@ async def test_a_fork_starts_from_the_parent_snapshot_at_its_fork_point(tmp_path
     await restore_snapshot(fork.snapshot, storage.artifacts, tmp_path / "fork-ws")
     assert (tmp_path / "fork-ws" / "note.txt").read_text() == "one"  # not "two"
     await storage.close()
+
+
+async def test_a_compaction_records_the_newest_snapshot_in_the_manifest(tmp_path: Path) -> None:
+    from lodger.storage.objectstore import ObjectLogStore
+
+    ws = _workspace(tmp_path / "ws")
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    store = storage.log.store
+    assert isinstance(store, ObjectLogStore)
+    store.compact_after = 2
+    await _agent(storage, ws, "one").run("first", session="s1")
+    manifest = await store.manifest("s1")
+    events = await storage.log.read_all("s1")
+    snap = latest_snapshot(events)
+    assert manifest is not None and snap is not None
+    offset = next(e.offset for e in events if isinstance(e.body, WorkspaceSnapshot))
+    assert manifest.snapshots[-1] == (offset + 1, snap.ref)
+    await storage.close()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -554,7 +555,13 @@ class ObjectLogStore:
             head = await self.stored_head(session_id=session_id)
             if head is None or head[0] < expected:
                 head = (expected, records[-1].digest)
-            await self.write_manifest(session_id, sealed=(*layout.sealed, ref), head=head)
+            snapshots = layout.manifest.snapshots if layout.manifest else ()
+            newest = _newest_snapshot(records)
+            if newest is not None:
+                snapshots = (*snapshots, newest)
+            await self.write_manifest(
+                session_id, sealed=(*layout.sealed, ref), head=head, snapshots=snapshots
+            )
             self._tail_segments[session_id] = 0
             return ref
         return None
@@ -601,6 +608,20 @@ class ObjectLogStore:
         except (BaseError, OSError) as exc:
             raise _storage_error("list", session_root(session_id), exc) from exc
         return total
+
+
+def _newest_snapshot(records: Sequence[Record]) -> tuple[int, str] | None:
+    """``(high_water, ref)`` of the newest ``workspace_snapshot`` fact among ``records``,
+    for the manifest: where a waking worker finds the workspace without reading the log
+    (the verified log's fact stays the authority)."""
+    for record in reversed(records):
+        if b'"kind":"workspace_snapshot"' not in record.data:
+            continue
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            body = json.loads(record.data)["body"]
+            if body["kind"] == "workspace_snapshot":
+                return record.offset + 1, str(body["ref"])
+    return None
 
 
 def _write_cache(path: Path, data: bytes) -> None:

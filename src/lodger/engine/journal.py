@@ -138,9 +138,20 @@ class Journal:
         try:
             await self._write(group)
         finally:
-            for ticket in group:  # interrupted by something no branch below expects
-                if not ticket.outcome.done():
-                    ticket.outcome.set_exception(self._stopped())
+            unsettled = [t for t in group if not t.outcome.done()]
+            if unsettled:
+                # the append itself was cancelled or broke unexpectedly: whether it
+                # committed is unknown, so nothing more may follow on this journal
+                if self.failure is None:
+                    self.failure = CommitFailedError(
+                        f"commit to session {self.session_id!r} at offset "
+                        f"{len(self.events)} was interrupted; its outcome is unknown",
+                        hint="recover the session to see what is committed",
+                        session_id=self.session_id,
+                        offset=len(self.events),
+                    )
+                for ticket in unsettled:
+                    ticket.outcome.set_exception(self.failure)
 
     def _stopped(self) -> CommitFailedError:
         error = CommitFailedError(
@@ -176,7 +187,7 @@ class Journal:
                 if isinstance(error, StorageError):
                     self.failure = self._failed(error)
                 for ticket in group:
-                    ticket.outcome.set_exception(self.failure or asyncio.CancelledError())
+                    ticket.outcome.set_exception(self.failure or error)
                 raise
             events = task.result()
         except StorageError as exc:
@@ -187,10 +198,11 @@ class Journal:
         except LodgerError as exc:
             # refused before anything was written (a draft that cannot be sealed, say):
             # one bad caller must not fail the others, so each goes again on its own
-            self._deferred = deferred
+            # (the deferred facts go with the first; alone, a caller fails as before)
             if len(group) == 1:
                 group[0].outcome.set_exception(exc)
                 return
+            self._deferred = deferred
             for ticket in group:
                 await self._write([ticket])
             return

@@ -125,6 +125,35 @@ async def test_checkpoint_narrows_the_window_of_a_long_open_writer(tmp_path: Pat
     await log.close()
 
 
+@pytest.mark.parametrize("strict", [False, True])
+async def test_the_window_before_a_checkpoint_and_the_strict_mode_that_closes_it(
+    tmp_path: Path, strict: bool
+) -> None:
+    # the documented trade-off: a writer dies mid-turn (no release, no checkpoint) and
+    # its newest segment is deleted afterwards; only a head per append can tell
+    store = _store(tmp_path, head_per_append=strict)
+    log = EventLog(store)
+    writer = await log.open_writer(SID)
+    for n in range(4):
+        await writer.append([make_draft("w", n)], expected_offset=n)
+    await obstore.delete_async(store.store, seg_key(SID, 3))
+    reader = EventLog(_store(tmp_path))
+    if strict:
+        with pytest.raises(CorruptLogError) as info:
+            await reader.verify(SID)
+        assert (info.value.offset, info.value.code) == (3, "truncated")
+    else:
+        assert (await reader.verify(SID)).high_water == 3  # not detected
+    await reader.close()
+    store.fail_put = lambda key: True  # the "dead" writer writes nothing more
+    if strict:
+        await writer.close()  # every head is already recorded: nothing to put
+    else:
+        with pytest.raises(CommitFailedError):
+            await writer.close()
+    await log.close()
+
+
 async def test_a_failed_head_put_at_release_loses_nothing_and_frees_the_session(
     tmp_path: Path,
 ) -> None:

@@ -14,10 +14,10 @@ and ``tool_search`` ranks lexically.
 
 The two are fused by score: a tool's BM25F score over the best tool's, plus a weight
 times its cosine similarity (on the dev half this beat reciprocal rank fusion, which
-dropped recall@5 below the lexical ranker's). A
-catalog's embeddings are computed once and cached in memory by the digest of the model
-and the texts embedded, so a tool set bound again (a new run, another session over the
-same MCP servers) reuses them.
+dropped recall@5 below the lexical ranker's, and scaling the similarities by the best
+one's or to z-scores). A catalog's embeddings are computed once and cached in memory
+by the digest of the model and the texts embedded, so a tool set bound again (a new
+run, another session over the same MCP servers) reuses them.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _empty() -> NDArray[np.float32]:
 
 # Fitted on the dev half of bench/data: a tool's fused score is its BM25F score over the
 # best one's, plus this times its cosine similarity to the query.
-SEMANTIC_WEIGHT = 1.2
+SEMANTIC_WEIGHT = 0.6
 # A tool that shares no word with the query is a match only this near to it: below, a
 # query of unknown words ("zzzz") would still "find" its nearest neighbours.
 MIN_SIMILARITY = 0.25

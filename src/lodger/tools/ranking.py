@@ -143,6 +143,44 @@ _RELATED_WORDS: dict[str, str] = {
     "notify": "webhook notification", "where": "filter query", "associate": "association",
     "record": "create", "exist": "list", "available": "list",
 }
+# Verbs and nouns of software operations and the words APIs name them with, written from
+# general knowledge (not from the labelled requests); merged with the ones above.
+_GENERAL_WORDS: dict[str, str] = {
+    "fetch": "get", "retrieve": "get", "obtain": "get", "display": "get list",
+    "view": "get list", "enumerate": "list", "browse": "list navigate",
+    "erase": "delete", "destroy": "delete", "purge": "delete", "wipe": "delete clear",
+    "discard": "delete", "trash": "delete", "generate": "create", "produce": "create",
+    "provision": "create", "spawn": "create", "draft": "create", "compose": "create write",
+    "write": "create", "post": "create send", "publish": "create release",
+    "alter": "update", "adjust": "update", "tweak": "update", "patch": "update",
+    "fix": "update", "replace": "update", "save": "create update write",
+    "locate": "search find", "query": "search", "lookup": "search", "filter": "search",
+    "upload": "create upload", "download": "get export", "export": "download",
+    "send": "create message", "message": "send", "email": "send message",
+    "invite": "add member", "kick": "remove member", "revoke": "remove delete",
+    "disable": "update off", "enable": "update on", "activate": "enable",
+    "stop": "cancel", "halt": "stop cancel", "abort": "cancel", "kill": "stop cancel",
+    "pause": "stop", "resume": "start", "duplicate": "copy clone", "clone": "copy fork",
+    "copy": "fork duplicate", "move": "transfer update", "transfer": "move",
+    "tag": "label", "tags": "labels", "label": "tag", "categorize": "label",
+    "approve": "review approve", "reject": "review decline", "decline": "reject",
+    "count": "count stats total", "many": "count stats", "total": "count stats",
+    "overview": "summary stats", "statistics": "stats", "metrics": "metric stats",
+    "logs": "log", "trace": "span", "dashboard": "dashboard metric",
+    "customer": "customer user", "client": "customer", "user": "member account",
+    "account": "user", "employee": "member user", "staff": "member user",
+    "chat": "message channel", "channel": "message", "dm": "message direct",
+    "capture": "screenshot snapshot", "snapshot": "screenshot", "click": "click press",
+    "press": "click key", "tap": "click", "hover": "mouse", "scroll": "mouse wheel",
+    "enter": "type fill", "fill": "type input", "type": "fill input",
+    "go": "navigate", "visit": "navigate", "load": "navigate open",
+    "deploy": "release deployment", "release": "deploy", "build": "pipeline job",
+    "ci": "pipeline workflow", "job": "pipeline workflow", "pipeline": "workflow",
+    "schedule": "cron", "recurring": "schedule",
+    "due": "date", "deadline": "due date", "today": "date", "week": "date",
+    "assigned": "assignee", "mine": "assignee me",
+    "star": "starred", "fork": "copy", "branch": "ref", "commit": "commits",
+}
 # fmt: on
 RELATED_WEIGHT = 0.7
 EXACT_BONUS = 100.0  # a tool named exactly in the query ranks first
@@ -150,7 +188,7 @@ EXACT_BONUS = 100.0  # a tool named exactly in the query ranks first
 
 def _expansions() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
-    for word, related in _RELATED_WORDS.items():
+    for word, related in (*_RELATED_WORDS.items(), *_GENERAL_WORDS.items()):
         key = _stem(word)
         out[key] = tuple(dict.fromkeys(out.get(key, ()) + tuple(tokenize(related))))
     return out

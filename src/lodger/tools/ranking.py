@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 from lodger.tools.spec import Tool
 
@@ -207,6 +208,14 @@ def query_terms(query: str, *, related: float = RELATED_WEIGHT) -> dict[str, flo
             for extra in _EXPANSIONS.get(term, ()):
                 if extra not in own:
                     terms[extra] = max(terms.get(extra, 0.0), related)
+        # Two words said apart that definitions write as one: "roll back" -> rollback,
+        # "log in" -> login, "set up" -> setup.
+        words = _WORD.findall(_CAMEL.sub(r"\1 \2", query).lower())
+        for first, second in pairwise(words):
+            if first.isalpha() and second.isalpha():
+                joined = _stem(first + second)
+                if joined not in own:
+                    terms[joined] = max(terms.get(joined, 0.0), related)
     return terms
 
 

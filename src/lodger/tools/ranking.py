@@ -387,9 +387,11 @@ class ToolIndex:
             for term, weight in weighted.items():
                 idf = math.log(1 + (len(docs) - df[term] + 0.5) / (df[term] + 0.5))
                 self._postings.setdefault(term, []).append((doc, idf * weight / (k1 + weight)))
-        # The words of each tool's group name, for the group boost.
-        self._group_of = [frozenset(tokenize(t.group)) for t in self.tools]
-        self._group_words = frozenset().union(*self._group_of)
+        # The tools of each word of a group's name, for the group boost.
+        self._groups: dict[str, list[int]] = {}
+        for doc, t in enumerate(self.tools):
+            for term in dict.fromkeys(tokenize(t.group)):
+                self._groups.setdefault(term, []).append(doc)
 
     def __len__(self) -> int:
         return len(self.tools)
@@ -409,13 +411,13 @@ class ToolIndex:
         for term, times in terms.items():
             for doc, contribution in self._postings.get(term, ()):
                 scores[doc] = scores.get(doc, 0.0) + times * contribution
-        said = {term for term, times in terms.items() if times >= 1}
-        if self.weights.group_boost > 0 and not said.isdisjoint(self._group_words):
+        named = [self._groups[t] for t, times in terms.items() if times >= 1 and t in self._groups]
+        if self.weights.group_boost > 0 and named:
             # A request that names a server ("in linear", "the notion workspace") wants
             # that server's tools: their scores are raised by ``group_boost`` of themselves.
             boost = 1 + self.weights.group_boost
-            for doc in scores:
-                if not said.isdisjoint(self._group_of[doc]):
+            for doc in set().union(*named):
+                if doc in scores:
                     scores[doc] *= boost
         return scores
 

@@ -179,7 +179,14 @@ class HybridIndex:
 
     def similarities(self, query: str) -> NDArray[np.float32]:
         """Cosine similarity of every tool (in ``tools`` order) to ``query``."""
-        similarities: NDArray[np.float32] = self._vectors @ self.embedder.embed([query])[0]
+        import numpy as np
+
+        # Not ``@``: a matrix-vector product goes to the BLAS library's thread pool, whose
+        # threads fall asleep between searches and, on a busy machine, take milliseconds
+        # to wake (p50 11 ms over 10,000 tools, against 2.6 ms on one thread). einsum's
+        # own loop runs on the calling thread.
+        query_vector = self.embedder.embed([query])[0]
+        similarities: NDArray[np.float32] = np.einsum("ij,j->i", self._vectors, query_vector)
         return similarities
 
     def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:

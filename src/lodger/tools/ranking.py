@@ -41,7 +41,10 @@ __all__ = [
     "FieldWeights",
     "SearchHit",
     "ToolIndex",
+    "action",
+    "query_terms",
     "schema_words",
+    "summary",
     "tokenize",
     "tool_fields",
 ]
@@ -182,6 +185,16 @@ _GENERAL_WORDS: dict[str, str] = {
     "assigned": "assignee", "mine": "assignee me",
     "star": "starred", "fork": "copy", "branch": "ref", "commit": "commits",
 }
+# What a request asks done, by the verb that says it: a tool whose name starts with a
+# verb of the same kind (``create_issue`` for "open a bug report") is raised.
+_ACTION_WORDS: dict[str, str] = {
+    "create": "create add new make open insert post write draft generate file submit",
+    "read": "get read fetch show view describe retrieve detail inspect",
+    "list": "list search find query browse lookup look",
+    "update": "update edit change set modify rename patch move assign",
+    "delete": "delete remove drop erase destroy clear purge",
+    "run": "run execute trigger start kick launch",
+}
 # fmt: on
 RELATED_WEIGHT = 0.7
 EXACT_BONUS = 100.0  # a tool named exactly in the query ranks first
@@ -196,6 +209,14 @@ def _expansions() -> dict[str, tuple[str, ...]]:
 
 
 _EXPANSIONS = _expansions()
+_ACTIONS = {
+    _stem(word): action for action, words in _ACTION_WORDS.items() for word in words.split()
+}
+
+
+def action(words: Iterable[str]) -> str | None:
+    """The kind of action of the first verb among tokenized ``words`` (None: no verb)."""
+    return next((_ACTIONS[w] for w in words if w in _ACTIONS), None)
 
 
 def query_terms(query: str, *, related: float = RELATED_WEIGHT) -> dict[str, float]:
@@ -258,6 +279,7 @@ class FieldWeights:
     k1: float = 1.2
     related: float = RELATED_WEIGHT  # weight of a query word's related words (0: none)
     group_boost: float = 0.0  # scores of a group the query names are raised by this part
+    action_boost: float = 0.0  # and of a tool whose name's verb is the request's kind
 
     def fields(self) -> tuple[_Field, ...]:
         return (
@@ -281,6 +303,7 @@ FITTED = FieldWeights(
     name_b=0.0,
     k1=2.0,
     group_boost=1.0,
+    action_boost=0.1,
 )
 
 
@@ -387,6 +410,8 @@ class ToolIndex:
             for term, weight in weighted.items():
                 idf = math.log(1 + (len(docs) - df[term] + 0.5) / (df[term] + 0.5))
                 self._postings.setdefault(term, []).append((doc, idf * weight / (k1 + weight)))
+        # The kind of action each tool's name says (its first verb), for the action boost.
+        self._actions = [action(tokenize(_name_words(t))) for t in self.tools]
         # The tools of each word of a group's name, for the group boost.
         self._groups: dict[str, list[int]] = {}
         for doc, t in enumerate(self.tools):
@@ -418,6 +443,12 @@ class ToolIndex:
             boost = 1 + self.weights.group_boost
             for doc in set().union(*named):
                 if doc in scores:
+                    scores[doc] *= boost
+        asked = action(tokenize(query)) if self.weights.action_boost > 0 else None
+        if asked is not None:
+            boost = 1 + self.weights.action_boost
+            for doc in scores:
+                if self._actions[doc] == asked:
                     scores[doc] *= boost
         return scores
 

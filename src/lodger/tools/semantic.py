@@ -147,7 +147,7 @@ def _empty() -> NDArray[np.float32]:
 
 # Fitted on the dev half of bench/data: a tool's fused score is its BM25F score over the
 # best one's, plus this times its cosine similarity to the query.
-SEMANTIC_WEIGHT = 0.6
+SEMANTIC_WEIGHT = 0.4
 # A tool that shares no word with the query is a match only this near to it: below, a
 # query of unknown words ("zzzz") would still "find" its nearest neighbours.
 MIN_SIMILARITY = 0.25

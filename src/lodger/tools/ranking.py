@@ -189,8 +189,8 @@ _GENERAL_WORDS: dict[str, str] = {
 # verb of the same kind (``create_issue`` for "open a bug report") is raised.
 _ACTION_WORDS: dict[str, str] = {
     "create": "create add new make open insert post write draft generate file submit",
-    "read": "get read fetch show view describe retrieve detail inspect",
-    "list": "list search find query browse lookup look",
+    "read": "get read fetch show view describe retrieve detail inspect list search find "
+    "query browse lookup look",
     "update": "update edit change set modify rename patch move assign",
     "delete": "delete remove drop erase destroy clear purge",
     "run": "run execute trigger start kick launch",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,10 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
+from lodger.storage.forks import read_inherited
+from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
+from lodger.subagents import SubagentPolicy, delegate_tool
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -72,7 +75,10 @@ class Agent:
 
     ``state_dir`` (default ``.lodger``) holds the SQLite log and the artifacts unless a
     ``storage`` (or a ``log`` and ``artifacts`` store) is passed. ``workspace`` is the
-    directory file tools work in. Nothing here is global: clocks and ids are injected
+    directory file tools work in. ``snapshots`` records a content-addressed, incremental
+    snapshot of the workspace with each turn's end (a ``workspace_snapshot`` fact; its
+    files go to the artifact store): on by default when the session lives in an object
+    store and there is a workspace. Nothing here is global: clocks and ids are injected
     for tests.
     """
 
@@ -101,7 +107,7 @@ class Agent:
         authorities: Authorities | None = None,
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
-        states: dict[str, SessionState] | None = None,
+        states: MutableMapping[str, SessionState] | None = None,
         code_mode: Language | None = None,
         cell_limits: CellLimits | None = None,
         output_type: Any = None,
@@ -109,6 +115,8 @@ class Agent:
         deps: Any = None,
         before_call: Sequence[BeforeCall] = (),
         after_call: Sequence[AfterCall] = (),
+        subagents: SubagentPolicy | None = None,
+        snapshots: bool | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -136,10 +144,14 @@ class Agent:
             self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
+        # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
+        if subagents is not None:
+            self.registry.bind(delegate_tool(self, subagents))
         authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()
         self.engine = Engine(
+            snapshotter=_snapshotter(storage, self.workspace, snapshots),
             model=model,
             registry=self.registry,
             system=system,
@@ -168,7 +180,7 @@ class Agent:
         # The verified fold of each session this agent has open, kept between turns
         # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = states is None
-        self._states: dict[str, SessionState] = {} if states is None else states
+        self._states: MutableMapping[str, SessionState] = {} if states is None else states
         self._runner: asyncio.Runner | None = None
 
     @property
@@ -322,6 +334,9 @@ class Agent:
             self._states[session_id] = cached
         try:
             cached.feed(writer.initial_events)
+            if cached.needs_inheritance:
+                # a fork: the model's context starts with the parent's history
+                cached.inherit(await read_inherited(self.log, session_id, cached.events))
         except BaseException:
             self._states.pop(session_id, None)
             await writer.close()
@@ -419,6 +434,26 @@ class Agent:
             raise
         finally:
             await writer.close()
+
+
+def _snapshotter(
+    storage: Storage, workspace: Path | None, enabled: bool | None
+) -> WorkspaceSnapshotter | None:
+    """Snapshots at each turn's end: on by default for sessions on an object store (a
+    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    if enabled is None:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        enabled = workspace is not None and isinstance(storage.log.store, ObjectLogStore)
+    if not enabled:
+        return None
+    if workspace is None:
+        raise UsageError(
+            "workspace snapshots need a workspace",
+            hint="pass workspace=... to the agent, or leave snapshots off",
+            code="usage",
+        )
+    return WorkspaceSnapshotter(storage.artifacts)
 
 
 def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:

@@ -38,6 +38,7 @@ from lodger.cli._common import (
     state_option,
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
     SessionSummary,
@@ -54,6 +55,7 @@ from lodger.events import Event, Prefix
 from lodger.storage import EventLog, SessionChain
 from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
+from lodger.subagents.family import FamilyNode, family_tree
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
 
@@ -100,24 +102,38 @@ async def _summarize_session(log: EventLog, session_id: str) -> _Row:
 @state_option
 @json_option
 @click.option(
+    "--tree",
+    is_flag=True,
+    default=False,
+    help="Show families: subagents and forks under the session they came from.",
+)
+@click.option(
     "--control",
     default=None,
     metavar="DSN",
     help="List from the control plane's session index (postgresql://... or a SQLite "
     "file) without opening any log.",
 )
-def sessions(state: str, as_json: bool, control: str | None) -> None:
+def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None:
     """List the sessions in a state directory.
 
-    One row per session: events in its log, turns, how the last turn ended (completed,
-    failed, parked, interrupted: started but never ended, or corrupt), last activity
-    and workspace.
+        One row per session: events in its log, turns, how the last turn ended (completed,
+        failed, parked, interrupted: started but never ended, or corrupt), last activity
+        and workspace.
 
-    \b
-    Example:
-      lodger sessions --state .lodger
-      lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
-      lodger sessions --control postgresql://lodger@db/lodger
+        \b
+        Example:
+          lodger sessions --state .lodger
+          lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
+          lodger sessions --tree
+    @click.option(
+        "--control",
+        default=None,
+        metavar="DSN",
+        help="List from the control plane's session index (postgresql://... or a SQLite "
+        "file) without opening any log.",
+    )
+    def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None:
     """
     if control is not None:
         from lodger.cli._control import list_indexed_sessions, render_indexed
@@ -125,25 +141,54 @@ def sessions(state: str, as_json: bool, control: str | None) -> None:
         render_indexed(list_indexed_sessions(control), as_json=as_json)
         return
 
-    async def work(log: EventLog) -> list[_Row]:
+    async def work(log: EventLog) -> tuple[list[_Row], list[FamilyNode]]:
         if not log_exists(log):
-            return []
-        return [await _summarize_session(log, sid) for sid in await log.list_sessions()]
+            return [], []
+        ids = await log.list_sessions()
+        rows = [await _summarize_session(log, sid) for sid in ids]
+        return rows, (await _families(log, ids) if tree else [])
 
-    rows = run_with_log(state, work)
+    rows, families = run_with_log(state, work)
     if as_json:
-        echo_json([row.to_json() for row in rows])
+        out = [row.to_json() for row in rows]
+        if tree:
+            _add_family(out, families)
+        echo_json(out)
         return
     if not rows:
         click.echo(f"no sessions in {state}")
         return
-    make_console().print(render_sessions([row.summary for row in rows]))
+    if tree:
+        summaries = {row.summary.session_id: row.summary for row in rows}
+        print_lines(make_console(), render_family(families, summaries))
+    else:
+        make_console().print(render_sessions([row.summary for row in rows]))
     for row in rows:
         if row.error is not None:
             click.echo(
                 f"warning: {row.error.message}; run `lodger log verify {row.summary.session_id}`",
                 err=True,
             )
+
+
+async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:
+    firsts: dict[str, Event | None] = {}
+    for sid in ids:
+        try:
+            first = await log.read(sid, end=1)
+        except CorruptLogError:
+            first = []
+        firsts[sid] = first[0] if first else None
+    return family_tree(firsts)
+
+
+def _add_family(rows: list[dict[str, object]], roots: Sequence[FamilyNode]) -> None:
+    """``parent`` and ``relation`` (root, subagent, fork) on each JSON row."""
+    nodes = {node.session_id: node for root in roots for _, node in root.walk()}
+    for row in rows:
+        node = nodes.get(str(row["session_id"]))
+        row["parent"] = node.parent if node is not None else None
+        row["relation"] = node.relation if node is not None else "root"
 
 
 # ---------------------------------------------------------------- lodger log ...
@@ -171,6 +216,7 @@ class _Shown:
     events: list[Event]
     first: Event
     last: Event
+    children: dict[str, ChildView] = dataclasses.field(default_factory=dict)
 
 
 def _read_page(
@@ -229,6 +275,13 @@ def _show_command(session_id: str, state: str) -> str:
     default=False,
     help="Show each batch's calls with their wait and run times and a time bar instead.",
 )
+@click.option(
+    "--children",
+    "unfold",
+    is_flag=True,
+    default=False,
+    help="Unfold each delegation's subagent session under its call (one line by default).",
+)
 def show(
     session_id: str,
     state: str,
@@ -238,6 +291,7 @@ def show(
     show_all: bool,
     full: bool,
     timing: bool,
+    unfold: bool,
 ) -> None:
     """Show a session's timeline of turns, runs, steps and calls, a page of turns at a time.
 
@@ -259,6 +313,7 @@ def show(
       lodger log show SESSION --all | less -R
       lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
+      lodger log show SESSION --children
     """
     if show_all and (turns or last_turns is not None):
         raise UsageError(
@@ -276,7 +331,10 @@ def show(
     async def work(log: EventLog) -> _Shown:
         require_log(log, state, session_id)
         verified = await log.read_verified(session_id)
-        return await asyncio.to_thread(_read_page, verified, turns, last_turns, show_all)
+        shown = await asyncio.to_thread(_read_page, verified, turns, last_turns, show_all)
+        if not (as_json or timing):
+            shown.children.update(await load_children(log, shown.events, unfold=unfold))
+        return shown
 
     shown = run_with_log(state, work)
     command = _show_command(session_id, state)
@@ -285,10 +343,19 @@ def show(
         click.echo(f"note: {note}", err=True)
     # a tree, lines and JSON of a whole long log: hundreds of thousands of acyclic objects
     with cycle_collector_paused(len(shown.events)):
-        _print_page(shown, as_json=as_json, timing=timing, full=full or show_all, command=command)
+        _print_page(
+            shown,
+            as_json=as_json,
+            timing=timing,
+            full=full or show_all,
+            command=command,
+            unfold=unfold,
+        )
 
 
-def _print_page(shown: _Shown, *, as_json: bool, timing: bool, full: bool, command: str) -> None:
+def _print_page(
+    shown: _Shown, *, as_json: bool, timing: bool, full: bool, command: str, unfold: bool = False
+) -> None:
     if timing:
         steps = step_timings(shown.events)
         if as_json:
@@ -308,6 +375,9 @@ def _print_page(shown: _Shown, *, as_json: bool, timing: bool, full: bool, comma
         first=shown.first,
         last=shown.last,
         command=command,
+        call_extra=children_extra(shown.children, full=full, unfold=unfold)
+        if shown.children
+        else None,
     )
     print_lines(make_console(), lines)
 

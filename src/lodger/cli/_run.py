@@ -36,6 +36,7 @@ from lodger.providers.base import Model
 from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
+from lodger.subagents import SubagentPolicy, current_subagent
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
@@ -165,10 +166,32 @@ code_mode_option = click.option(
 )
 
 
+subagents_option = click.option(
+    "--subagents",
+    "subagent_depth",
+    type=click.IntRange(min=1),
+    is_flag=False,
+    flag_value=1,
+    default=None,
+    metavar="[DEPTH]",
+    help="Bind the delegate tool: the model hands tasks to subagents, child sessions in "
+    "the same state and workspace (DEPTH levels of them, default 1). Resume a session "
+    "that used it with the same flag.",
+)
+
+
+def subagent_policy(depth: int | None) -> SubagentPolicy | None:
+    return None if depth is None else SubagentPolicy(max_depth=depth)
+
+
 def _interactive_approver(console: Console) -> Any:
     async def approve(t: Tool, arguments: dict[str, Any]) -> bool:
         summary = json.dumps(arguments, ensure_ascii=False)
-        console.print(Text(f"  ?  {t.name} wants to run: ", style="bold magenta") + Text(summary))
+        child = current_subagent()
+        who = f"subagent {child.session_id}: " if child is not None else ""
+        console.print(
+            Text(f"  ?  {who}{t.name} wants to run: ", style="bold magenta") + Text(summary)
+        )
         return await asyncio.to_thread(click.confirm, "     allow?", default=False)
 
     return approve
@@ -201,9 +224,11 @@ async def _run_turn(
     view: LiveView,
     mcp: Sequence[McpServerConfig] = (),
     code_mode: Language | None = None,
+    subagents: SubagentPolicy | None = None,
 ) -> TurnResult:
     binding = Binding(
         code_mode=code_mode,
+        subagents=subagents,
         model=model,
         tools=tools,
         mcp=mcp,
@@ -274,6 +299,7 @@ def exit_code_for(result: TurnResult) -> int:
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
 @code_mode_option
+@subagents_option
 @mcp_option
 @state_option
 def run(
@@ -285,6 +311,7 @@ def run(
     yes: bool,
     max_steps: int,
     code_mode: Language | None,
+    subagent_depth: int | None,
     mcp_specs: tuple[str, ...],
     state: str,
 ) -> None:
@@ -301,6 +328,7 @@ def run(
       lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
       lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
       lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
+      lodger run "review each module" --model openai:gpt-4.1 --subagents
     """
     model_spec = model_spec or load_project_config(workspace / CONFIG_FILE).model
     if not model_spec:
@@ -330,6 +358,7 @@ def run(
             view=view,
             mcp=mcp,
             code_mode=code_mode,
+            subagents=subagent_policy(subagent_depth),
         ),
         view,
         state,

@@ -43,10 +43,13 @@ class Workers:
         self.dir, self.store, self.control, self.script = test_dir, store, control, script
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, *extra: str, lease_ttl: float = 2.0) -> subprocess.Popen[str]:
+    def start(
+        self, *extra: str, lease_ttl: float = 2.0, model: bool = True
+    ) -> subprocess.Popen[str]:
+        spec = ["--model", f"script:{self.script}"] if model else []
         proc = subprocess.Popen(
             [*LODGER, "worker", "--store", self.store, "--control", self.control,
-             "--model", f"script:{self.script}", "--tools", str(TOOLS), "--poll", "0.05",
+             *spec, "--tools", str(TOOLS), "--poll", "0.05",
              "--lease-ttl", str(lease_ttl), "--grace", "5", "--workdir", str(self.dir), *extra],
             env=env(self.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -157,3 +157,25 @@ def test_sigterm_hands_the_turn_back_within_the_grace_period(tmp_path: Path) -> 
     assert [e["body"]["input"] for e in _kinds(events, "turn_started")] == ["note it"]
     runs = _kinds(events, "run_ended")
     assert [r["body"]["status"] for r in runs] == ["interrupted", "completed"]
+
+
+def test_a_wake_that_keeps_failing_is_dropped_and_indexed(tmp_path: Path) -> None:
+    dsn = str(tmp_path / "control.sqlite3")
+    workers = Workers(tmp_path, f"file://{tmp_path / 'objects'}", dsn, _script(tmp_path, []))
+    try:
+        workers.start("--max-attempts", "2", model=False)  # a new session needs a model
+        assert workers.send("s1", "hello").returncode == 0
+        wait_for("the wake dropped", lambda: _status(dsn, "s1") == "error:worker_model")
+    finally:
+        workers.stop_all()
+    assert not workers.has_session("s1")  # nothing was written to the store
+
+    async def pending() -> int:
+        control = open_control(dsn)
+        await control.start()
+        try:
+            return len(await control.pending_wakes())
+        finally:
+            await control.close()
+
+    assert asyncio.run(pending()) == 0

@@ -199,6 +199,14 @@ def schedule(
     type=click.FloatRange(0.01),
     help="Seconds between looks at an empty queue.",
 )
+@click.option(
+    "--max-attempts",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Attempts of a wake whose turn keeps failing with an error before it is "
+    "dropped (the index then says error:CODE).",
+)
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="Where fresh workspaces are made (default: the system temp dir).")  # fmt: skip
 def worker(
@@ -210,6 +218,7 @@ def worker(
     lease_ttl: float,
     grace: float,
     poll: float,
+    max_attempts: int,
     workdir: str | None,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
@@ -243,7 +252,11 @@ def worker(
         )
 
     config = WorkerConfig(
-        concurrency=concurrency, lease_ttl_s=lease_ttl, grace_s=grace, poll_s=poll
+        concurrency=concurrency,
+        lease_ttl_s=lease_ttl,
+        grace_s=grace,
+        poll_s=poll,
+        max_attempts=max_attempts,
     )
     dsn = control_dsn(control, state)
 

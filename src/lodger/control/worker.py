@@ -63,6 +63,8 @@ class WorkerConfig:
     #: how long a wake of a session with parked operations waits before the next look
     parked_delay_s: float = 60.0
     schedules_every_s: float = 1.0
+    #: attempts of a wake whose turn keeps failing with an error before it is dropped
+    max_attempts: int = 5
 
 
 @dataclass
@@ -163,6 +165,11 @@ class Worker:
                 log.warning("session %s: %s", wake.session_id, exc)
                 self.stats.failed += 1
                 delay = self.config.retry_delay_s
+                if wake.attempts >= self.config.max_attempts:
+                    # a wake that keeps failing (no model, a corrupt log) is dropped, and
+                    # the index says why, instead of retrying for ever
+                    delay = None
+                    await self._give_up(wake, exc)
             finally:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -258,6 +265,21 @@ class Worker:
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _give_up(self, wake: Wake, exc: LodgerError) -> None:
+        row = await self.control.get_session(session_id=wake.session_id)
+        log.warning(
+            "dropping wake %s of session %s after %s attempts: %s",
+            wake.id, wake.session_id, wake.attempts, exc.code,
+        )  # fmt: skip
+        await self.control.record_session(
+            row=SessionRow(
+                session_id=wake.session_id,
+                status=f"error:{exc.code}",
+                last_activity=await self.control.now(),
+                events=row.events if row else 0,
+            )
+        )
 
     async def _settle_index(self, sid: str, workspace: Path) -> None:
         """Snapshot and index a session whose turn was stopped; best effort (the next

@@ -116,7 +116,7 @@ async def _wait_completed(
             for s in sessions
         ):
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
 
 
 async def wake_latency(bench: Bench, control: PostgresControlPlane, n: int) -> list[float]:

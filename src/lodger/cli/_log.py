@@ -109,7 +109,7 @@ def sessions(state: str, as_json: bool) -> None:
     \b
     Example:
       lodger sessions --state .lodger
-      lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
+      lodger sessions --json | jq '.sessions[] | select(.last_status == "interrupted")'
     """
 
     async def work(log: EventLog) -> list[_Row]:
@@ -119,7 +119,7 @@ def sessions(state: str, as_json: bool) -> None:
 
     rows = run_with_log(state, work)
     if as_json:
-        echo_json([row.to_json() for row in rows])
+        echo_json({"state": state, "sessions": [row.to_json() for row in rows]})
         return
     if not rows:
         click.echo(f"no sessions in {state}")
@@ -244,7 +244,7 @@ def show(
       lodger log show SESSION --last-turns 3
       lodger log show SESSION --turn 1 --turn 2 --full
       lodger log show SESSION --all | less -R
-      lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
+      lodger log show SESSION --json | jq '.events[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
     """
     if show_all and (turns or last_turns is not None):
@@ -272,21 +272,44 @@ def show(
         click.echo(f"note: {note}", err=True)
     # a tree, lines and JSON of a whole long log: hundreds of thousands of acyclic objects
     with cycle_collector_paused(len(shown.events)):
-        _print_page(shown, as_json=as_json, timing=timing, full=full or show_all, command=command)
+        _print_page(
+            shown,
+            session_id=session_id,
+            as_json=as_json,
+            timing=timing,
+            full=full or show_all,
+            command=command,
+        )
 
 
-def _print_page(shown: _Shown, *, as_json: bool, timing: bool, full: bool, command: str) -> None:
+def _page_fields(shown: _Shown, session_id: str) -> dict[str, object]:
+    """What a ``--json`` page says about itself: which turns it shows out of how many."""
+    return {
+        "session_id": session_id,
+        "turns": {"count": shown.page.index.count, "shown": list(shown.page.shown)},
+        "high_water": shown.last.offset + 1,
+    }
+
+
+def _print_page(
+    shown: _Shown, *, session_id: str, as_json: bool, timing: bool, full: bool, command: str
+) -> None:
     if timing:
         steps = step_timings(shown.events)
         if as_json:
-            echo_json([step.to_json() for step in steps])
+            echo_json({**_page_fields(shown, session_id), "steps": [s.to_json() for s in steps]})
             return
         timing_console = make_console()
         for line in render_timings(steps):
             timing_console.print(line, soft_wrap=True)
         return
     if as_json:
-        echo_json([event.model_dump(mode="json") for event in shown.events])
+        echo_json(
+            {
+                **_page_fields(shown, session_id),
+                "events": [event.model_dump(mode="json") for event in shown.events],
+            }
+        )
         return
     lines = render_timeline(
         build_timeline(shown.events),

@@ -139,4 +139,4 @@ def test_the_demo_says_how_to_list_its_sessions(tmp_path: Path) -> None:
     listed = next(line for line in demo.stdout.splitlines() if line.startswith("list:"))
     state = listed.split("--state ")[1].split()[0]
     sessions = lodger("sessions", "--state", state, "--json", cwd=tmp_path)
-    assert sessions.returncode == 0 and len(json.loads(sessions.stdout)) == 1
+    assert sessions.returncode == 0 and len(json.loads(sessions.stdout)["sessions"]) == 1

@@ -36,8 +36,10 @@ from lodger.cli._common import (
     run_with_log,
     session_argument,
     state_option,
+    store_url,
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._run import latest_demo_state
 from lodger.cli._timeline import (
     Page,
     SessionSummary,
@@ -123,6 +125,13 @@ def sessions(state: str, as_json: bool) -> None:
         return
     if not rows:
         click.echo(f"no sessions in {state}")
+        demo_state = latest_demo_state() if store_url() is None else None
+        if demo_state is not None:
+            click.echo(
+                f"hint: the latest `lodger demo` kept its session in {demo_state}: "
+                f"lodger sessions --state {demo_state}",
+                err=True,
+            )
         return
     make_console().print(render_sessions([row.summary for row in rows]))
     for row in rows:

@@ -24,6 +24,7 @@ from lodger.cli._common import (
 from lodger.cli._next import command_for
 from lodger.cli._run import (
     LiveView,
+    approver_for,
     code_mode_option,
     exit_code_for,
     finish_turn,
@@ -267,6 +268,7 @@ def resume(
                         load_project_config((root or Path.cwd()) / CONFIG_FILE).permissions.rules(),
                         approve_all=yes,
                     ),
+                    approver=approver_for(view, interactive=sys.stdin.isatty() and not yes),
                     max_steps=max_steps,
                     on_event=view.on_event,
                     on_text=view.on_text,

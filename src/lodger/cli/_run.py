@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Coroutine, Sequence
@@ -471,6 +472,25 @@ DEMO_SCRIPT: list[dict[str, Any]] = [
 ]
 
 
+DEMO_PREFIX = "lodger-demo-"
+
+
+def latest_demo_state() -> Path | None:
+    """The state directory of the newest ``lodger demo`` run that kept its session in a
+    temporary directory (one this user owns), so ``lodger sessions`` can point at it."""
+    found: list[tuple[float, Path]] = []
+    for root in Path(tempfile.gettempdir()).glob(f"{DEMO_PREFIX}*"):
+        log = root / "state" / "log.sqlite3"
+        try:
+            info = log.stat()
+            owner = root.stat().st_uid
+        except OSError:
+            continue
+        if owner == os.getuid():
+            found.append((info.st_mtime, root / "state"))
+    return max(found)[1] if found else None
+
+
 @click.command()
 @click.option(
     "--state",
@@ -490,7 +510,7 @@ def demo(state: str | None) -> None:
       lodger demo
       lodger demo --state .lodger && lodger log show SESSION
     """
-    root = Path(tempfile.mkdtemp(prefix="lodger-demo-"))
+    root = Path(tempfile.mkdtemp(prefix=DEMO_PREFIX))
     workspace = root / "workspace"
     for rel, content in DEMO_FILES.items():
         path = workspace / rel

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Coroutine, Sequence
@@ -165,9 +166,18 @@ def _reason(reason: str) -> Text:
 def retry_line(body: ProviderRetried) -> str:
     """One short line per provider retry: the attempt, the wait and why."""
     error = " ".join(body.error.split())
-    if len(error) > 90:
-        error = error[:87] + "..."
-    return f"  ~  retry {body.attempt} in {body.delay_ms / 1000:.1f} s: {error}"
+    asked = ""
+    if (found := _RETRY_AFTER.search(error)) is not None:
+        asked = f" ({found.group(1)})"
+        error = error[: found.start()]
+    if (status := error.find("HTTP ")) > 0:
+        error = error[status:]  # the model spec before it is on the run's first line
+    if len(error) > 80:
+        error = error[:77] + "..."
+    return f"  ~  retry {body.attempt} in {body.delay_ms / 1000:.1f} s{asked}: {error}"
+
+
+_RETRY_AFTER = re.compile(r" \((Retry-After [^)]*)\)$")
 
 
 def live_console() -> Console:

@@ -362,8 +362,8 @@ class Engine:
                 if exc.retry_after is not None and exc.retry_after > self.max_retry_after:
                     raise gave_up(
                         exc,
-                        f"the provider asked to wait {exc.retry_after:.0f} s, more than "
-                        f"{self.max_retry_after:.0f} s",
+                        f"at once (the provider asked to wait {exc.retry_after:.0f} s, more "
+                        f"than {self.max_retry_after:.0f} s)",
                     ) from exc
                 delay = retry_delay(
                     attempt,

@@ -40,7 +40,7 @@ def gave_up(exc: ProviderError, why: str) -> ProviderError:
         f"gave up {why}: {exc.message}",
         retryable=False,
         status=exc.status,
-        hint=exc.hint,
+        hint="the provider kept failing; try again later",
         code=exc.code,
         retry_after=exc.retry_after,
     )

@@ -55,6 +55,7 @@ def test_a_script_that_is_not_utf8(tmp_path: Path) -> None:
     assert_one_clear_error(proc, "steps.json is not UTF-8 text (byte 0xe9 at offset 14)")
 
 
+@pytest.mark.slow
 def test_a_script_nested_100k_deep(tmp_path: Path) -> None:
     (tmp_path / "steps.json").write_text("[" * DEPTH + "]" * DEPTH)
     proc = lodger_run(tmp_path, "--model", f"script:{tmp_path / 'steps.json'}")
@@ -69,6 +70,7 @@ def test_a_lodger_toml_that_is_not_utf8(tmp_path: Path, ok_script: str) -> None:
     assert_one_clear_error(proc, "lodger.toml is not UTF-8 text (byte 0xe9 at offset 30)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content",
     ["a = " + "[" * DEPTH + "]" * DEPTH, "a = " + "{b = " * DEPTH + "1" + "}" * DEPTH],
@@ -81,6 +83,7 @@ def test_a_lodger_toml_nested_100k_deep(tmp_path: Path, ok_script: str, content:
     assert_one_clear_error(proc, "lodger.toml is nested too deeply to read")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

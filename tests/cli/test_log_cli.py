@@ -286,6 +286,7 @@ def _lodger(*args: str | Path, debug: bool = False) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
     good = _lodger("log", "verify", DEMO, "--state", state_dir)
     assert (good.returncode, good.stderr) == (0, "")
@@ -299,6 +300,7 @@ def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     plain = _lodger("log", "show", "nope", "--state", state_dir)
     assert plain.returncode == 4  # not found

@@ -90,6 +90,7 @@ def test_without_a_rule_the_denial_names_the_allow_rule_lodger_toml_accepts(
     assert '[permissions] allow = ["launch"] in lodger.toml' in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("toml", "key"),
     [

@@ -84,6 +84,7 @@ def test_search_without_deferred_tools_is_a_usage_error(tmp_path: Path) -> None:
     assert "nothing to search" in result.output and "hint: pass --mcp or --catalog" in result.output
 
 
+@pytest.mark.slow
 def test_real_servers_from_mcp_option_and_lodger_toml(tmp_path: Path) -> None:
     (tmp_path / "lodger.toml").write_text(
         "[mcp.servers.filed]\n"

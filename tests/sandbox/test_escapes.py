@@ -186,6 +186,7 @@ async def test_a_memory_bomb_is_killed(
     assert result.limit == "memory", result
 
 
+@pytest.mark.slow
 async def test_an_infinite_loop_is_killed_at_its_cpu_limit(box: Sandbox, ws: Path) -> None:
     result = await box.run(
         ["python3", "-c", "while True: pass"],

@@ -58,6 +58,7 @@ def run_child_and_kill(
     return started, [int(line) for line in lines]
 
 
+@pytest.mark.slow
 def test_sigkill_never_loses_an_acknowledged_append(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     rng = random.Random(0x10D6E4)

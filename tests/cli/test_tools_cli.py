@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from lodger.cli import main

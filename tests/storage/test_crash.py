@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from lodger.events import Prefix
 from lodger.storage import EventLog, SqliteLogStore
 

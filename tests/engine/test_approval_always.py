@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lodger import Agent, tool
 from lodger.engine.permissions import ALWAYS_REASON, PermissionPolicy, Rule
 from lodger.events import PermissionDecided, PermissionRequested, ToolResponded
@@ -139,10 +141,8 @@ async def test_a_resumed_run_honours_always(tmp_path: Path) -> None:
         task = asyncio.create_task(a.run("go", session="s1"))
         await blocked.wait()
         task.cancel()
-        try:
+        with pytest.raises(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
     def second(request: ModelRequest) -> ModelResponse | str:
         done = [m for m in request.messages if getattr(m, "call_id", None)]

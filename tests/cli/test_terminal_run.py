@@ -171,3 +171,17 @@ def test_prompt_spinner_and_usage_on_a_terminal_and_always_survives(tmp_path: Pa
     assert "usage:" not in second.stdout  # not a terminal: no usage line, no spinner
     assert "running" not in second.stdout
     assert "allowed always for this session" in second.stdout
+
+
+def test_a_prompt_shows_commands_and_code_as_themselves() -> None:
+    from lodger.cli._live import describe_call
+    from lodger.tools.builtin import workspace_tools
+
+    tools = {t.name: t for t in workspace_tools()}
+    multi = describe_call(tools["shell"], {"command": "make &&\nmake test", "timeout": 5})
+    assert multi == ["$ make &&", "  make test", '({"timeout": 5})']
+    code = describe_call(tools["run_python"], {"code": "import os\nprint(os.getcwd())"})
+    assert code == [">>> import os", "... print(os.getcwd())"]
+    other = describe_call(tools["write_file"], {"path": "a.txt", "content": "x" * 400})
+    assert len(other) == 1 and other[0].startswith('{"path": "a.txt"') and len(other[0]) == 300
+    assert describe_call(tools["list_files"], {}) == ["(no arguments)"]

@@ -49,6 +49,7 @@ def ok_script(tmp_path: Path) -> str:
     return f"script:{tmp_path / 'ok.json'}"
 
 
+@pytest.mark.slow
 def test_a_script_that_is_not_utf8(tmp_path: Path) -> None:
     (tmp_path / "steps.json").write_bytes('[{"text": "café"}]'.encode("latin-1"))
     proc = lodger_run(tmp_path, "--model", f"script:{tmp_path / 'steps.json'}")
@@ -62,6 +63,7 @@ def test_a_script_nested_100k_deep(tmp_path: Path) -> None:
     assert_one_clear_error(proc, "steps.json is nested too deeply to read")
 
 
+@pytest.mark.slow
 def test_a_lodger_toml_that_is_not_utf8(tmp_path: Path, ok_script: str) -> None:
     (tmp_path / "ws").mkdir()
     text = '[mcp.servers.x]\ncommand = "café"\n'

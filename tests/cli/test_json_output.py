@@ -181,6 +181,7 @@ def test_last_and_prefixes_wherever_a_session_is_taken(demo_state: tuple[Path, s
     assert error["code"] == "ambiguous_session" and "copy-1" in error["message"]
 
 
+@pytest.mark.slow
 def test_the_demo_state_is_findable_right_after_the_demo(tmp_path: Path) -> None:
     # a private temporary directory, so another demo on the machine cannot be the latest
     private = tmp_path / "tmp"

@@ -313,6 +313,7 @@ def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     assert "SessionNotFoundError" in debug.stderr
 
 
+@pytest.mark.slow
 def test_subprocess_sessions(state_dir: Path) -> None:
     result = _lodger("sessions", "--state", state_dir, "--json")
     assert result.returncode == 0

@@ -77,6 +77,7 @@ def test_toml_model_and_permission_rules_with_argument_patterns(project: Path) -
     assert "denied by policy" in outcomes["call-0-2"]
 
 
+@pytest.mark.slow
 def test_without_a_rule_the_denial_names_the_allow_rule_lodger_toml_accepts(
     project: Path,
 ) -> None:

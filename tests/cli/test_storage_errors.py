@@ -137,6 +137,7 @@ def kill_a_writer(state: Path) -> None:
     assert (state / "log.sqlite3-wal").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shm", ["kept", "deleted"])
 def test_read_only_state_directory_can_be_inspected(
     runner: CliRunner, state_dir: Path, tmp_path: Path, shm: str

@@ -47,6 +47,7 @@ def test_list_prints_a_table_and_a_summary() -> None:
     assert "8 direct" in result.output and "217 deferred" in result.output
 
 
+@pytest.mark.slow
 def test_search_ranks_with_scores_and_marks_what_would_load() -> None:
     result = lodger(
         "tools", "search", "take a screenshot of the page", "--catalog", CATALOG,
@@ -69,6 +70,7 @@ def test_search_ranks_with_scores_and_marks_what_would_load() -> None:
     assert "playwright__browser_take_screenshot" in text.output and "loads" in text.output
 
 
+@pytest.mark.slow
 def test_search_select_and_no_match() -> None:
     result = lodger("tools", "search", "select:time__convert_time", "--catalog", CATALOG, "--json")
     rows = json.loads(result.output)["results"]

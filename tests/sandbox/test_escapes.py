@@ -167,6 +167,7 @@ async def test_a_fork_bomb_is_refused_at_the_process_limit(box: Sandbox, ws: Pat
     assert _host_processes_named(token) == []  # every forked child died with the command
 
 
+@pytest.mark.slow
 async def test_a_memory_bomb_is_killed(
     box: Sandbox, ws: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -197,6 +198,7 @@ async def test_an_infinite_loop_is_killed_at_its_cpu_limit(box: Sandbox, ws: Pat
     assert result.limit == "cpu_time", result
 
 
+@pytest.mark.slow
 async def test_a_command_past_its_wall_time_is_killed(box: Sandbox, ws: Path) -> None:
     result = await sh(box, ws, "echo started; exec sleep 600", limits=Limits(wall_time_s=1))
     assert result.limit == "wall_time"

@@ -82,6 +82,7 @@ def delete_with_shm(wal: Path) -> None:
     Path(str(wal).replace("-wal", "-shm")).unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [flip_byte, truncate, delete, delete_with_shm])
 async def test_damaged_wal_after_a_killed_writer_fails_closed(
     tmp_path: Path, damage: object

@@ -98,6 +98,7 @@ def test_unusable_schemas_say_why() -> None:
     assert problems["deep"] == "is nested more than 100 levels deep"
 
 
+@pytest.mark.slow
 async def test_a_server_with_broken_schemas_binds_and_refuses_only_those(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -185,3 +186,26 @@ def test_a_prompt_shows_commands_and_code_as_themselves() -> None:
     other = describe_call(tools["write_file"], {"path": "a.txt", "content": "x" * 400})
     assert len(other) == 1 and other[0].startswith('{"path": "a.txt"') and len(other[0]) == 300
     assert describe_call(tools["list_files"], {}) == ["(no arguments)"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_an_open_prompt_stops_the_turn_without_waiting_for_an_answer(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "lodger.toml").write_text('[permissions]\nask = ["shell"]\n')
+    script = [{"calls": [shell("echo never > never.txt")]}, {"text": "done"}]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    args = [
+        sys.executable, "-m", "lodger", "run", "try", "--session", "s1", "--model",
+        f"script:{tmp_path / 'script.json'}", "--workspace", str(ws),
+        "--state", str(tmp_path / "state"),
+    ]  # fmt: skip
+    term = Terminal(args, cwd=tmp_path)
+    term.expect("(default n): ", since=0)
+    term.proc.send_signal(signal.SIGINT)  # nobody answers the question
+    code = term.finish(timeout=30)
+    assert code == 130, term.text
+    assert "continue it with `lodger resume s1" in term.text
+    assert not (ws / "never.txt").exists()

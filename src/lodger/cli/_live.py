@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.spinner import Spinner
@@ -254,7 +256,7 @@ def ask_approval(
         while True:
             try:
                 answer = read(question).strip().lower()
-            except (EOFError, click.Abort):
+            except EOFError:
                 console.print()
                 return "deny"
             if answer in ("", "n", "no", "d", "deny"):
@@ -270,14 +272,41 @@ def ask_approval(
         terminal.release()
 
 
-def _read_line(question: str) -> str:
-    return str(click.prompt(question, default="", show_default=False, prompt_suffix=""))
+def _reader(console: Console, cancelled: threading.Event) -> Callable[[str], str]:
+    """Read one answer line from stdin, giving up (EOF) once ``cancelled`` is set.
+
+    A thread blocked in ``input()`` cannot be stopped, and ``asyncio.run`` waits for it at
+    exit: a Ctrl-C during a prompt would hang until Enter. Polling the descriptor lets a
+    stopped turn end while its question is still open.
+    """
+
+    def read(question: str) -> str:
+        console.print(Text(question), end="")
+        console.file.flush()
+        fd = sys.stdin.fileno()
+        while not cancelled.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                data = os.read(fd, 4096)  # a whole line: the terminal is in canonical mode
+                if not data:
+                    raise EOFError
+                lines = data.decode("utf-8", "replace").splitlines()
+                return lines[0] if lines else ""
+        raise EOFError
+
+    return read
 
 
 def interactive_approver(terminal: Terminal) -> Callable[[Tool, dict[str, Any]], Any]:
     """The CLI's ``Approver``: asks at the terminal, one question at a time."""
 
     async def approve(t: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
-        return await asyncio.to_thread(ask_approval, terminal, t, arguments, _read_line)
+        cancelled = threading.Event()
+        try:
+            return await asyncio.to_thread(
+                ask_approval, terminal, t, arguments, _reader(terminal.console, cancelled)
+            )
+        finally:
+            cancelled.set()  # a stopped turn: the reading thread ends within 0.1 s
 
     return approve

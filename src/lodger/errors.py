@@ -437,6 +437,8 @@ ErrorCode = Literal[
     "orphan_nested_call",
     "bad_resume_prefix",
     "lodger_error",
+    # not an exception: the CLI's JSON error for a turn stopped by a signal (--json)
+    "interrupted",
 ]
 ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))
 """Every ``code`` a lodger error can carry (a test holds the source to this list)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -203,3 +204,43 @@ def test_the_demo_state_is_findable_right_after_the_demo(tmp_path: Path) -> None
     assert Path(hint.group(1)).parent.parent == private
     found = lodger("sessions", "--state", hint.group(1), "--json", cwd=cwd, env=env)
     assert [s["session_id"] for s in json.loads(found.stdout)["sessions"]] == [session]
+
+
+WAIT_TOOL = '''
+import asyncio
+from lodger import tool
+
+@tool
+async def wait_long() -> str:
+    """Waits half a minute."""
+    await asyncio.sleep(30)
+    return "finished"
+'''
+
+
+@pytest.mark.slow
+def test_an_interrupted_json_run_keeps_stderr_json(tmp_path: Path) -> None:
+    (tmp_path / "tools.py").write_text(WAIT_TOOL)
+    script = [{"calls": [{"name": "wait_long", "args": {}}]}, {"text": "done"}]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    args = [
+        sys.executable, "-m", "lodger", "run", "wait", "--json", "--session", "s1",
+        "--model", f"script:{tmp_path / 'script.json'}", "--tools", str(tmp_path / "tools.py"),
+        "--workspace", str(tmp_path), "--state", str(tmp_path / "state"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the call is dispatched (its T1 is a fact line)
+        if json.loads(line).get("kind") == "tool_dispatched":
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    lines = [json.loads(line) for line in err.splitlines()]  # every stderr line is JSON
+    assert lines[0]["v"] == 1 and lines[0]["notice"].startswith("stopping (Ctrl-C)")
+    error = lines[-1]["error"]
+    assert (error["code"], error["session_id"]) == ("interrupted", "s1")
+    assert error["next_steps"][0]["command"].startswith("lodger resume s1 --state ")
+    facts = [json.loads(line) for line in out.splitlines()]
+    assert facts[-1]["kind"] == "run_ended"  # the settled call and the run's end, as facts
+    assert facts[-1]["event"]["body"]["status"] == "interrupted"

@@ -32,6 +32,7 @@ __all__ = [
     "JsonlView",
     "echo_error",
     "error_document",
+    "json_notice",
     "result_document",
     "usage_error_document",
 ]
@@ -73,6 +74,11 @@ def usage_error_document(exc: click.UsageError) -> dict[str, Any]:
 
 def echo_error(error: dict[str, Any]) -> None:
     click.echo(json.dumps(error, ensure_ascii=False), err=True)
+
+
+def json_notice(text: str) -> None:
+    """A notice on stderr under ``--json`` (stopping, exiting): ``{"v": 1, "notice": ...}``."""
+    echo_error(document({"notice": text}))
 
 
 def result_document(result: TurnResult, exit_code: int) -> dict[str, Any]:

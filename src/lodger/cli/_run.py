@@ -26,7 +26,7 @@ from lodger.cli._common import (
     store_url,
 )
 from lodger.cli._interrupts import Interrupted, run_interruptibly
-from lodger.cli._jsonl import JsonlView, echo_error
+from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
@@ -272,6 +272,8 @@ def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher, state: st
     """Run a turn in the terminal; a stop signal settles it and exits naming the resume."""
     view.start()
     try:
+        if isinstance(view, JsonlView):
+            return run_interruptibly(main, left_running=view.left_running, say=json_notice)
         return run_interruptibly(main, left_running=view.left_running)
     except Interrupted as stopped:
         view.stop()
@@ -283,7 +285,7 @@ def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher, state: st
                 document(
                     {
                         "error": {
-                            "code": "interrupted",
+                            "code": "interrupted",  # in ERROR_CODES
                             "message": "the turn was stopped; every running call settled "
                             "and was recorded",
                             "session_id": session,

@@ -62,3 +62,18 @@ async def test_resume_after_reading_defaults_reads_the_log_once(tmp_path: Path) 
         assert result.status == "completed" and result.answer == "done"
         # the resume read only the last known event (to check the chain continues)
         assert store.records_read == length + 1
+
+
+def test_the_fold_cache_keeps_the_most_recently_used_sessions() -> None:
+    from lodger.engine.state import SessionState
+    from lodger.sessions import FoldCache
+
+    cache = FoldCache(max_sessions=2)
+    a, b, c = SessionState("a"), SessionState("b"), SessionState("c")
+    cache["a"], cache["b"] = a, b
+    assert cache["a"] is a  # touching a makes b the oldest
+    cache["c"] = c
+    assert set(cache) == {"a", "c"}
+    assert cache.get("b") is None
+    with pytest.raises(ValueError, match="at least 1"):
+        FoldCache(max_sessions=0)

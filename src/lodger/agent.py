@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import os
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
 from lodger.streaming import TurnStream
+from lodger.subagents import SubagentPolicy, delegate_tool
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -104,7 +105,7 @@ class Agent:
         authorities: Authorities | None = None,
         executor: Executor | None = None,
         default_timeout: float = DEFAULT_TIMEOUT,
-        states: dict[str, SessionState] | None = None,
+        states: MutableMapping[str, SessionState] | None = None,
         code_mode: Language | None = None,
         cell_limits: CellLimits | None = None,
         output_type: Any = None,
@@ -112,6 +113,7 @@ class Agent:
         deps: Any = None,
         before_call: Sequence[BeforeCall] = (),
         after_call: Sequence[AfterCall] = (),
+        subagents: SubagentPolicy | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -139,6 +141,9 @@ class Agent:
             self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
+        # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
+        if subagents is not None:
+            self.registry.bind(delegate_tool(self, subagents))
         authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()
@@ -173,7 +178,7 @@ class Agent:
         # The verified fold of each session this agent has open, kept between turns
         # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = states is None
-        self._states: dict[str, SessionState] = {} if states is None else states
+        self._states: MutableMapping[str, SessionState] = {} if states is None else states
         self._runner: asyncio.Runner | None = None
 
     @property

@@ -370,6 +370,11 @@ ErrorCode = Literal[
     "denied",
     "precondition",
     "vetoed",
+    "subagent_budget",
+    "subagent_depth",
+    "subagent_tools",
+    "subagent_exists",
+    "subagent_schema",
     # the world
     "sandbox_unavailable",
     "resume_blocked",

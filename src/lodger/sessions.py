@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,11 +32,48 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
+from lodger.subagents import SubagentPolicy
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
 
-__all__ = ["Binding", "SessionDefaults", "SessionWorkspace", "Sessions"]
+__all__ = ["Binding", "FoldCache", "SessionDefaults", "SessionWorkspace", "Sessions"]
+
+
+class FoldCache(MutableMapping[str, SessionState]):
+    """The verified folds a long-lived service keeps, least recently used first out.
+
+    A fold holds every event of its session, so an unbounded cache grows with every session
+    a host ever touched. Evicting one loses nothing: the next operation on that session
+    reads and verifies its log again (an agent in the middle of a turn keeps its own
+    reference to the fold it is feeding).
+    """
+
+    def __init__(self, max_sessions: int = 64) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.max_sessions = max_sessions
+        self._folds: OrderedDict[str, SessionState] = OrderedDict()
+
+    def __getitem__(self, session_id: str) -> SessionState:
+        state = self._folds[session_id]
+        self._folds.move_to_end(session_id)
+        return state
+
+    def __setitem__(self, session_id: str, state: SessionState) -> None:
+        self._folds[session_id] = state
+        self._folds.move_to_end(session_id)
+        while len(self._folds) > self.max_sessions:
+            self._folds.popitem(last=False)
+
+    def __delitem__(self, session_id: str) -> None:
+        del self._folds[session_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._folds)
+
+    def __len__(self) -> int:
+        return len(self._folds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +91,8 @@ class Binding:
     on_text: TextSink | None = None
     #: bind the ``exec`` tool: cells in this language call the nestable tools
     code_mode: Language | None = None
+    #: bind the ``delegate`` tool: child sessions under this policy (lodger.subagents)
+    subagents: SubagentPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,14 +132,20 @@ class Sessions:
     """Sessions in one ``Storage``."""
 
     def __init__(
-        self, storage: Storage, *, clock: Clock | None = None, ids: IdFactory | None = None
+        self,
+        storage: Storage,
+        *,
+        clock: Clock | None = None,
+        ids: IdFactory | None = None,
+        max_cached_sessions: int = 64,
     ) -> None:
         self.storage = storage
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
         # Verified folds this service has read, handed to the agents it makes: a session
         # read for its defaults is not read again to resume it (only its new tail is).
-        self._states: dict[str, SessionState] = {}
+        # Bounded, so a long-lived host does not keep every session it ever touched.
+        self._states = FoldCache(max_cached_sessions)
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
@@ -209,6 +255,7 @@ class Sessions:
             on_event=binding.on_event,
             on_text=binding.on_text,
             code_mode=binding.code_mode,
+            subagents=binding.subagents,
             clock=self.clock,
             ids=self.ids,
             states=self._states,

@@ -10,7 +10,7 @@ A new command module uses these and registers itself in ``lodger/cli/__init__.py
         async def work(log: EventLog) -> list[str]:
             return await log.list_sessions()
 
-        echo_json(run_with_log(state, work))
+        echo_json({"heads": run_with_log(state, work)})
 """
 
 from __future__ import annotations

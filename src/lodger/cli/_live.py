@@ -12,6 +12,7 @@ The spinner only exists on a terminal; piped output and ``--json`` never see it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import select
@@ -28,6 +29,7 @@ from rich.text import Text
 
 from lodger.engine.permissions import ApprovalAnswer
 from lodger.events import Event, ToolDispatched, ToolResponded
+from lodger.subagents import current_subagent
 from lodger.tools.spec import Tool
 
 __all__ = ["Terminal", "TurnWatcher", "ask_approval", "describe_call", "interactive_approver"]
@@ -236,17 +238,22 @@ _CHOICES = {"y": "once", "a": "always", "n": "deny"}
 
 
 def ask_approval(
-    terminal: Terminal, tool: Tool, arguments: dict[str, Any], read: Callable[[str], str]
+    terminal: Terminal,
+    tool: Tool,
+    arguments: dict[str, Any],
+    read: Callable[[str], str],
+    *,
+    who: str = "",
 ) -> ApprovalAnswer:
     """Show the call and ask once / always / deny; EOF or a stream closed means deny.
 
     Runs on a worker thread (reading the terminal blocks); ``read`` shows the prompt
-    text and returns the answer line.
+    text and returns the answer line. ``who`` names a subagent that asks.
     """
     terminal.hold()
     try:
         console = terminal.console
-        console.print(Text(f"  ?  {tool.name} wants to run:", style="bold magenta"))
+        console.print(Text(f"  ?  {who}{tool.name} wants to run:", style="bold magenta"))
         for line in describe_call(tool, arguments):
             console.print(Text(f"     {line}"), soft_wrap=True)
         question = (
@@ -302,9 +309,15 @@ def interactive_approver(terminal: Terminal) -> Callable[[Tool, dict[str, Any]],
 
     async def approve(t: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
         cancelled = threading.Event()
+        child = current_subagent()  # a subagent's call: say which child asks
+        who = f"subagent {child.session_id}: " if child is not None else ""
         try:
             return await asyncio.to_thread(
-                ask_approval, terminal, t, arguments, _reader(terminal.console, cancelled)
+                functools.partial(ask_approval, who=who),
+                terminal,
+                t,
+                arguments,
+                _reader(terminal.console, cancelled),
             )
         finally:
             cancelled.set()  # a stopped turn: the reading thread ends within 0.1 s

@@ -40,6 +40,7 @@ from lodger.cli._common import (
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
 from lodger.cli._run import latest_demo_state
+from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
     SessionSummary,
@@ -56,6 +57,7 @@ from lodger.events import Event, Prefix
 from lodger.storage import EventLog, SessionChain
 from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
+from lodger.subagents.family import FamilyNode, family_tree
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
 
@@ -101,7 +103,13 @@ async def _summarize_session(log: EventLog, session_id: str) -> _Row:
 @click.command()
 @state_option
 @json_option
-def sessions(state: str, as_json: bool) -> None:
+@click.option(
+    "--tree",
+    is_flag=True,
+    default=False,
+    help="Show families: subagents and forks under the session they came from.",
+)
+def sessions(state: str, as_json: bool, tree: bool) -> None:
     """List the sessions in a state directory.
 
     One row per session: events in its log, turns, how the last turn ended (completed,
@@ -112,16 +120,22 @@ def sessions(state: str, as_json: bool) -> None:
     Example:
       lodger sessions --state .lodger
       lodger sessions --json | jq '.sessions[] | select(.last_status == "interrupted")'
+      lodger sessions --tree
     """
 
-    async def work(log: EventLog) -> list[_Row]:
+    async def work(log: EventLog) -> tuple[list[_Row], list[FamilyNode]]:
         if not log_exists(log):
-            return []
-        return [await _summarize_session(log, sid) for sid in await log.list_sessions()]
+            return [], []
+        ids = await log.list_sessions()
+        rows = [await _summarize_session(log, sid) for sid in ids]
+        return rows, (await _families(log, ids) if tree else [])
 
-    rows = run_with_log(state, work)
+    rows, families = run_with_log(state, work)
     if as_json:
-        echo_json({"state": state, "sessions": [row.to_json() for row in rows]})
+        out = [row.to_json() for row in rows]
+        if tree:
+            _add_family(out, families)
+        echo_json({"state": state, "sessions": out})
         return
     if not rows:
         click.echo(f"no sessions in {state}")
@@ -133,13 +147,37 @@ def sessions(state: str, as_json: bool) -> None:
                 err=True,
             )
         return
-    make_console().print(render_sessions([row.summary for row in rows]))
+    if tree:
+        summaries = {row.summary.session_id: row.summary for row in rows}
+        print_lines(make_console(), render_family(families, summaries))
+    else:
+        make_console().print(render_sessions([row.summary for row in rows]))
     for row in rows:
         if row.error is not None:
             click.echo(
                 f"warning: {row.error.message}; run `lodger log verify {row.summary.session_id}`",
                 err=True,
             )
+
+
+async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:
+    firsts: dict[str, Event | None] = {}
+    for sid in ids:
+        try:
+            first = await log.read(sid, end=1)
+        except CorruptLogError:
+            first = []
+        firsts[sid] = first[0] if first else None
+    return family_tree(firsts)
+
+
+def _add_family(rows: list[dict[str, object]], roots: Sequence[FamilyNode]) -> None:
+    """``parent`` and ``relation`` (root, subagent, fork) on each JSON row."""
+    nodes = {node.session_id: node for root in roots for _, node in root.walk()}
+    for row in rows:
+        node = nodes.get(str(row["session_id"]))
+        row["parent"] = node.parent if node is not None else None
+        row["relation"] = node.relation if node is not None else "root"
 
 
 # ---------------------------------------------------------------- lodger log ...
@@ -167,6 +205,7 @@ class _Shown:
     events: list[Event]
     first: Event
     last: Event
+    children: dict[str, ChildView] = dataclasses.field(default_factory=dict)
 
 
 def _read_page(
@@ -225,6 +264,13 @@ def _show_command(session_id: str, state: str) -> str:
     default=False,
     help="Show each batch's calls with their wait and run times and a time bar instead.",
 )
+@click.option(
+    "--children",
+    "unfold",
+    is_flag=True,
+    default=False,
+    help="Unfold each delegation's subagent session under its call (one line by default).",
+)
 def show(
     session_id: str,
     state: str,
@@ -234,6 +280,7 @@ def show(
     show_all: bool,
     full: bool,
     timing: bool,
+    unfold: bool,
 ) -> None:
     """Show a session's timeline of turns, runs, steps and calls, a page of turns at a time.
 
@@ -255,6 +302,7 @@ def show(
       lodger log show SESSION --all | less -R
       lodger log show SESSION --json | jq '.events[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
+      lodger log show SESSION --children
     """
     if show_all and (turns or last_turns is not None):
         raise UsageError(
@@ -272,7 +320,10 @@ def show(
     async def work(log: EventLog) -> _Shown:
         require_log(log, state, session_id)
         verified = await log.read_verified(session_id)
-        return await asyncio.to_thread(_read_page, verified, turns, last_turns, show_all)
+        shown = await asyncio.to_thread(_read_page, verified, turns, last_turns, show_all)
+        if not (as_json or timing):
+            shown.children.update(await load_children(log, shown.events, unfold=unfold))
+        return shown
 
     shown = run_with_log(state, work)
     command = _show_command(session_id, state)
@@ -288,6 +339,7 @@ def show(
             timing=timing,
             full=full or show_all,
             command=command,
+            unfold=unfold,
         )
 
 
@@ -301,7 +353,14 @@ def _page_fields(shown: _Shown, session_id: str) -> dict[str, object]:
 
 
 def _print_page(
-    shown: _Shown, *, session_id: str, as_json: bool, timing: bool, full: bool, command: str
+    shown: _Shown,
+    *,
+    session_id: str,
+    as_json: bool,
+    timing: bool,
+    full: bool,
+    command: str,
+    unfold: bool = False,
 ) -> None:
     if timing:
         steps = step_timings(shown.events)
@@ -327,6 +386,9 @@ def _print_page(
         first=shown.first,
         last=shown.last,
         command=command,
+        call_extra=children_extra(shown.children, full=full, unfold=unfold)
+        if shown.children
+        else None,
     )
     print_lines(make_console(), lines)
 

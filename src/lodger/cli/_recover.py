@@ -31,6 +31,8 @@ from lodger.cli._run import (
     live_console,
     load_tools_file,
     run_turn,
+    subagent_policy,
+    subagents_option,
 )
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
@@ -207,6 +209,7 @@ def decide(
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True)
 @code_mode_option
+@subagents_option
 @state_option
 def resume(
     session_id: str,
@@ -218,6 +221,7 @@ def resume(
     yes: bool,
     max_steps: int,
     code_mode: Language | None,
+    subagent_depth: int | None,
     state: str,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
@@ -273,6 +277,7 @@ def resume(
                     on_event=view.on_event,
                     on_text=view.on_text,
                     code_mode=code_mode,
+                    subagents=subagent_policy(subagent_depth),
                 )
                 return await sessions.resume(session_id, binding=binding, relocate=relocate)
             finally:

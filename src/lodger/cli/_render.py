@@ -9,7 +9,7 @@ must print as written.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -118,10 +118,22 @@ def _quoted(text: str, limit: int | None) -> str:
     return f'"{clip(text, limit)}"'
 
 
+# Lines to show under a call after its own facts (a delegation's child session), indented
+# one level below the call; given to ``render_timeline``.
+CallExtra = Callable[[CallNode], Sequence[Text]]
+
+
 class _TimelineView:
     def __init__(
-        self, timeline: Timeline, *, full: bool, page: Page | None, last: Event | None
+        self,
+        timeline: Timeline,
+        *,
+        full: bool,
+        page: Page | None,
+        last: Event | None,
+        call_extra: CallExtra | None = None,
     ) -> None:
+        self.call_extra = call_extra
         self.timeline = timeline
         self.full = full
         self.page = page
@@ -138,7 +150,7 @@ class _TimelineView:
     def limit(self, default: int) -> int | None:
         return None if self.full else default
 
-    def line(self, offset: int | None, ts: int | None, depth: int, *parts: Part) -> None:
+    def line(self, offset: int | None, ts: int | None, depth: int, *parts: Part | Text) -> None:
         column = "" if offset is None else str(offset)
         clock = "" if ts is None else format_ts(ts, date=False)
         self.lines.append(
@@ -192,6 +204,9 @@ class _TimelineView:
                 self.call(entry, depth + 1)
             else:
                 self.fact(entry, depth + 1)
+        if self.call_extra is not None:
+            for extra in self.call_extra(call):
+                self.line(None, None, depth + 1, extra)
 
     def fact(self, event: Event, depth: int) -> None:
         self.line(event.offset, event.ts, depth, *self.describe(event))
@@ -375,6 +390,7 @@ def render_timeline(
     first: Event | None = None,
     last: Event | None = None,
     command: str = "lodger log show SESSION",
+    call_extra: CallExtra | None = None,
 ) -> list[Text]:
     """The timeline as lines of rich text; ``full`` turns off clipping of text and results.
 
@@ -385,7 +401,7 @@ def render_timeline(
     events = timeline.events
     first = first or (events[0] if events else None)
     last = last or (events[-1] if events else None)
-    view = _TimelineView(timeline, full=full, page=page, last=last)
+    view = _TimelineView(timeline, full=full, page=page, last=last, call_extra=call_extra)
     if first is not None and last is not None:
         view.lines.append(
             Text.assemble(

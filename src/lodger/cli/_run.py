@@ -46,6 +46,7 @@ from lodger.providers.base import Model
 from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
+from lodger.subagents import SubagentPolicy
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
@@ -209,6 +210,24 @@ def usage_line(result: TurnResult) -> str:
     )
 
 
+subagents_option = click.option(
+    "--subagents",
+    "subagent_depth",
+    type=click.IntRange(min=1),
+    is_flag=False,
+    flag_value=1,
+    default=None,
+    metavar="[DEPTH]",
+    help="Bind the delegate tool: the model hands tasks to subagents, child sessions in "
+    "the same state and workspace (DEPTH levels of them, default 1). Resume a session "
+    "that used it with the same flag.",
+)
+
+
+def subagent_policy(depth: int | None) -> SubagentPolicy | None:
+    return None if depth is None else SubagentPolicy(max_depth=depth)
+
+
 def finish_turn(console: Console, result: TurnResult, state: str) -> None:
     if console.is_terminal:
         console.print(Text(usage_line(result), style="dim"))
@@ -238,9 +257,11 @@ async def _run_turn(
     view: TurnWatcher,
     mcp: Sequence[McpServerConfig] = (),
     code_mode: Language | None = None,
+    subagents: SubagentPolicy | None = None,
 ) -> TurnResult:
     binding = Binding(
         code_mode=code_mode,
+        subagents=subagents,
         model=model,
         tools=tools,
         mcp=mcp,
@@ -351,6 +372,7 @@ def exit_code_for(result: TurnResult) -> int:
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
 @code_mode_option
+@subagents_option
 @mcp_option
 @state_option
 @json_option
@@ -364,6 +386,7 @@ def run(
     yes: bool,
     max_steps: int,
     code_mode: Language | None,
+    subagent_depth: int | None,
     mcp_specs: tuple[str, ...],
     state: str,
     as_json: bool,
@@ -390,6 +413,7 @@ def run(
       lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
       lodger run "and now the docs" --last --model openai:gpt-4.1
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
+      lodger run "review each module" --model openai:gpt-4.1 --subagents
     """
     if session is not None or last:
         session = resolve_session(state, session, last=last)
@@ -421,6 +445,7 @@ def run(
             view=view,
             mcp=mcp,
             code_mode=code_mode,
+            subagents=subagent_policy(subagent_depth),
         ),
         view,
         state,

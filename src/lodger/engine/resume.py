@@ -468,6 +468,7 @@ async def _probe(engine: Engine, ctx: RunContext, state: CallState) -> ProbeResu
         workspace=ctx.workspace,
         parent_call_id=state.parent_call_id,
         hidden=ctx.hidden,
+        deps=engine.deps,
     )
     try:
         return await t.probe(record.dispatched, tctx)

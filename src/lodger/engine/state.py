@@ -11,8 +11,9 @@ A property test holds the incremental fold equal to folding the whole log at onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 
+from lodger._bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.events import (
     EMPTY_PREFIX,
@@ -75,6 +76,12 @@ class SessionState:
 
     def feed(self, events: Iterable[Event]) -> None:
         """Fold newly committed events, in offset order."""
+        # Folding a long log builds a call state per call while every event stays alive:
+        # automatic cycle collections would rescan that growing heap again and again.
+        with cycle_collector_paused(len(events) if isinstance(events, Sized) else 0):
+            self._feed(events)
+
+    def _feed(self, events: Iterable[Event]) -> None:
         for e in events:
             if e.offset != len(self.events):
                 raise ValueError(

@@ -352,7 +352,11 @@ class EventLog:
         fetch_from = start
         if start > 0:
             fetch_from = start - 1
-        records = await self.store.read_records(session_id=session_id, start=fetch_from, end=end)
+        expected = head[0] if head is not None else 0
+        with cycle_collector_paused(expected):  # one tuple per record stays alive
+            records = await self.store.read_records(
+                session_id=session_id, start=fetch_from, end=end
+            )
         if start > 0 and records:
             if records[0].offset != start - 1:
                 raise _order_error(session_id, start - 1, records[0].offset)

@@ -12,7 +12,7 @@ Both sessions go on independently and both verify.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lodger.errors import CorruptLogError, NextStep, UsageError
@@ -61,9 +61,11 @@ async def fork_session(
     at: int | None = None,
     clock: Clock,
     ids: IdFactory,
+    metadata: Mapping[str, str] | None = None,
 ) -> Fork:
     """Start ``fork_id`` from the parent's prefix ``[0, at)`` (default: its whole log),
-    after verifying that prefix and the parent's stored head."""
+    after verifying that prefix and the parent's stored head. ``metadata`` is added to the
+    fork's ``session_started`` (a subagent records its parent link there)."""
     check_session_id(parent_id)
     check_session_id(fork_id)
     parent_events = await log.read_all(parent_id)  # verifies the chain and the head
@@ -84,10 +86,12 @@ async def fork_session(
     snapshot = next(
         (e.body.ref for e in reversed(shared) if isinstance(e.body, WorkspaceSnapshot)), None
     )
+    extra = metadata
     metadata = dict(start.metadata) if start else {}
     metadata.pop(SNAPSHOT_KEY, None)
     if snapshot is not None:
         metadata[SNAPSHOT_KEY] = snapshot
+    metadata.update(extra or {})
     body = SessionStarted(
         workspace=start.workspace if start else None,
         workspace_id=start.workspace_id if start else None,

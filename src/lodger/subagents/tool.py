@@ -1,0 +1,514 @@
+"""The ``delegate`` tool: a child session runs a task and its answer is the call's result.
+
+    delegate(task, tools?, budget?, history?)
+        claims   -> refuse (a tool error the model can fix) past the depth limit, with a
+                    tool the parent lacks, or with the tree's budget spent; else claim
+                    ``actor:subagent:<child id>`` (the id T1 records)
+        T1       -> the child's id is in the log before the child exists
+        execute  -> the child's first event (``session_started`` with the parent link; a
+                    fork of the parent's prefix for ``history="fork"``), then its turn,
+                    under its budget, with the parent's authorities and approver
+        T2       -> the child's answer (or structured output) as JSON
+
+Children are sessions in the parent's storage. They share the parent's ``Authorities``
+(file leases, actors, capacity), so a child's edit and the parent's, or two children's,
+meet on one lease; they share the parent's permission gate, so their questions go to the
+parent's approver one at a time, and ``current_subagent()`` names the child that asks.
+Cancelling the parent's call cancels the child, whose running calls settle first.
+
+Recovery (policy ``queryable``) probes the child: a child whose turn ended gives its
+answer, with nothing run again; a child whose turn is open is resumed (never restarted);
+a child that never wrote its first event did not happen, and the model is told so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import TypeAdapter
+
+from lodger.authority import ResourceClaim
+from lodger.engine.loop import Engine
+from lodger.engine.output import OutputInvalid, OutputSpec
+from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    SessionStarted,
+    ToolDispatched,
+    canonical_json,
+)
+from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.storage import EventLog
+from lodger.storage.forks import fork_session
+from lodger.subagents.link import (
+    _ASKING,
+    ChildOutcome,
+    History,
+    SubagentLink,
+    child_outcome,
+    child_resource,
+    child_session_id,
+    link_of,
+    session_from_resources,
+)
+from lodger.subagents.policy import Budget, SubagentPolicy, TreeBudget
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.search import TOOL_SEARCH, attach_tool_search
+from lodger.tools.spec import ProbeResult, Tool, ToolContext, ToolOutput
+from lodger.tools.workspace import workspace_id
+
+if TYPE_CHECKING:
+    from lodger.agent import Agent
+
+__all__ = ["Delegation", "delegate_tool"]
+
+_GRACE = 30.0  # the call's own time limit sits past the child's wall time
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Delegation:
+    """One delegation's arguments, read from the call (or from its T1 for recovery)."""
+
+    task: str
+    tools: tuple[str, ...] | None
+    budget: Budget
+    history: History
+    #: a JSON schema the child's final answer must match (its value is the result)
+    output_schema: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, arguments: dict[str, Any], policy: SubagentPolicy) -> Delegation:
+        raw = arguments.get("budget") or {}
+        default = policy.default_budget
+        asked = Budget(
+            steps=int(raw.get("steps", default.steps)),
+            tokens=raw.get("tokens", default.tokens),
+            wall_time=raw.get("wall_time_s", default.wall_time),
+        )
+        tools = arguments.get("tools")
+        schema = arguments.get("output_schema")
+        return cls(
+            task=str(arguments["task"]),
+            tools=None if tools is None else tuple(str(t) for t in tools),
+            budget=asked.capped(policy.max_budget),
+            history="fork" if arguments.get("history") == "fork" else "empty",
+            output_schema=dict(schema) if isinstance(schema, dict) else None,
+        )
+
+
+def _parameters() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "task": {
+                "type": "string",
+                "minLength": 1,
+                "description": "what the subagent should do; it answers when done",
+            },
+            "tools": {
+                "type": "array",
+                "items": {"type": "string"},
+                "uniqueItems": True,
+                "description": "the names of your tools it may use (default: all of them)",
+            },
+            "budget": {
+                "type": "object",
+                "properties": {
+                    "steps": {"type": "integer", "minimum": 1},
+                    "tokens": {"type": "integer", "minimum": 1},
+                    "wall_time_s": {"type": "number", "exclusiveMinimum": 0},
+                },
+                "additionalProperties": False,
+                "description": "model steps, tokens and seconds it may spend",
+            },
+            "history": {
+                "enum": ["fork", "empty"],
+                "description": "fork: it starts from your conversation so far; "
+                "empty (default): from the task alone",
+            },
+            "output_schema": {
+                "type": "object",
+                "description": "a JSON schema its final answer must match; the result's "
+                "output is then that JSON value",
+            },
+        },
+        "required": ["task"],
+        "additionalProperties": False,
+    }
+
+
+class _SchemaOutput(OutputSpec):
+    """A child's structured output, validated against the JSON schema the delegation gave
+    (the parent's model speaks JSON schema, not Python types)."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.output_type = Any
+        self._adapter = TypeAdapter(Any)
+        self.schema = schema
+        self._validator = Draft202012Validator(schema)
+
+    def validate(self, text: str) -> tuple[Any, Any]:
+        value, dumped = super().validate(text)  # parsed as JSON (any value)
+        errors = sorted(self._validator.iter_errors(dumped), key=lambda e: list(e.path))[:5]
+        if errors:
+            problems = [
+                f"{'.'.join(str(p) for p in error.path) or 'the value'}: {error.message}"
+                for error in errors
+            ]
+            raise OutputInvalid(
+                "your final answer does not match the required output: "
+                + "; ".join(problems)
+                + ". Answer again with only a JSON value matching the schema"
+            )
+        return value, dumped
+
+
+def _check_schema(schema: Any) -> None:
+    if schema is None:
+        return
+    try:
+        Draft202012Validator.check_schema(schema)
+        canonical_json(schema)
+    except (SchemaError, ValueError, TypeError, RecursionError) as exc:
+        message = exc.message if isinstance(exc, SchemaError) else str(exc)
+        raise ToolCallError(
+            f"output_schema is not a valid JSON schema: {message}", code="subagent_schema"
+        ) from None
+
+
+class _BudgetedModel:
+    """The child's model, refusing a request once the child's tokens are spent."""
+
+    def __init__(self, inner: Model, *, limit: int | None, used: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.used = used
+
+    @property
+    def spec(self) -> str:
+        return self.inner.spec
+
+    async def aclose(self) -> None:
+        """The parent's model (or the policy's) is closed by whoever made it."""
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        if self.limit is not None and self.used >= self.limit:
+            raise ProviderError(
+                f"the subagent spent its token budget ({self.used} of {self.limit} tokens)",
+                retryable=False,
+                code="subagent_budget",
+            )
+        response = await self.inner.complete(request, on_text=on_text)
+        if response.usage is not None:
+            self.used += response.usage.input_tokens + response.usage.output_tokens
+        return response
+
+
+class _Delegator:
+    """The ``delegate`` tool of one depth of a tree; the root's is bound by the agent."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        policy: SubagentPolicy,
+        *,
+        depth: int = 0,
+        root: str | None = None,
+        trees: dict[str, TreeBudget] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.policy = policy
+        self.depth = depth  # the depth of the sessions that call this tool (root: 0)
+        self.root = root
+        self.trees: dict[str, TreeBudget] = {} if trees is None else trees
+
+    # ------------------------------------------------------------ the declaration
+
+    def tool(self) -> Tool:
+        cap = self.policy.max_budget.wall_time
+        return Tool(
+            name=self.policy.name,
+            description=(
+                "Hand a self-contained task to a subagent: a new agent session with your "
+                "tools (or the subset you name) in your workspace, which works on it and "
+                "answers. Its answer is this call's result (JSON with session, status and "
+                "answer). Several delegations in one step run at the same time; give each "
+                "a task that does not depend on the others."
+            ),
+            parameters=_parameters(),
+            handler=self._handle,
+            group="subagents",
+            recovery="queryable",
+            probe=self._probe,
+            claims=self._claims,
+            timeout=None if cap is None else cap + _GRACE,
+        )
+
+    def _tree(self, session_id: str) -> TreeBudget:
+        root = self.root or session_id
+        tree = self.trees.get(root)
+        if tree is None:
+            tree = TreeBudget(steps=self.policy.tree_steps, tokens=self.policy.tree_tokens)
+            self.trees[root] = tree
+        return tree
+
+    def _claims(self, arguments: dict[str, Any], ctx: ToolContext) -> list[ResourceClaim]:
+        """Refusals before dispatch (nothing runs, no child exists), then the claim that
+        puts the child's id in T1."""
+        if self.depth >= self.policy.max_depth:
+            raise ToolCallError(
+                f"delegation is limited to depth {self.policy.max_depth} and this session is "
+                f"at depth {self.depth}; do the task yourself",
+                code="subagent_depth",
+            )
+        requested = arguments.get("tools")
+        if requested is not None:
+            mine = set(_bound_names(ctx, self.agent))
+            lacking = [name for name in requested if name not in mine]
+            if lacking:
+                raise ToolCallError(
+                    "a subagent can only get tools you have; you have no "
+                    + ", ".join(repr(n) for n in lacking)
+                    + ". Your tools: "
+                    + ", ".join(sorted(mine)),
+                    code="subagent_tools",
+                )
+        _check_schema(arguments.get("output_schema"))
+        self._tree(ctx.session_id).check()
+        return [ResourceClaim.actor(child_resource(child_session_id(ctx.session_id, ctx.call_id)))]
+
+    # ------------------------------------------------------------ a delegation
+
+    async def _handle(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        delegation = Delegation.parse(arguments, self.policy)
+        child_id = child_session_id(ctx.session_id, ctx.call_id)
+        tree = self._tree(ctx.session_id)
+        granted = tree.reserve(delegation.budget)  # a ToolCallError when spent meanwhile
+        outcome: ChildOutcome | None = None
+        try:
+            link = await self._start_child(child_id, delegation, ctx)
+            outcome = await self._drive(link, delegation, granted, ctx, source=ctx)
+        finally:
+            tree.settle(
+                granted,
+                steps=outcome.steps if outcome else granted.steps,
+                tokens=outcome.tokens if outcome else (granted.tokens or 0),
+            )
+        return ToolOutput(content=outcome.render(), is_error=not outcome.completed)
+
+    async def _start_child(
+        self, child_id: str, delegation: Delegation, ctx: ToolContext
+    ) -> SubagentLink:
+        """Write the child's first event: the parent link (and, for a fork, the shared
+        prefix: the parent's log up to the model output that proposed this call)."""
+        log = self.agent.storage.log
+        at, digest = await _branch_point(log, ctx.session_id, ctx.call_id)
+        link = SubagentLink(
+            session_id=child_id,
+            parent_session=ctx.session_id,
+            parent_call=ctx.call_id,
+            parent_offset=at,
+            parent_digest=digest,
+            depth=self.depth + 1,
+            root=self.root or ctx.session_id,
+            history=delegation.history,
+        )
+        clock, ids = self.agent.clock, self.agent.ids
+        if delegation.history == "fork":
+            await fork_session(
+                log,
+                ctx.session_id,
+                fork_id=child_id,
+                at=at,
+                clock=clock,
+                ids=ids,
+                metadata=link.to_metadata(),
+            )
+            return link
+        workspace = ctx.workspace
+        ws_id = await asyncio.to_thread(workspace_id, workspace) if workspace else None
+        body = SessionStarted(
+            workspace=str(workspace) if workspace else None,
+            workspace_id=ws_id,
+            metadata=link.to_metadata(),
+        )
+        async with await log.open_writer(child_id) as writer:
+            if writer.head.high_water:
+                raise ToolCallError(
+                    f"the subagent session {child_id!r} exists already; delegate again",
+                    code="subagent_exists",
+                )
+            draft = EventDraft(id=ids.new_id(), ts=clock.now_us(), body=body)
+            await writer.append([draft], expected_offset=0)
+        return link
+
+    def _child_engine(
+        self,
+        link: SubagentLink,
+        delegation: Delegation,
+        granted: Budget,
+        *,
+        source: ToolContext | None,
+        deps: Any,
+        tokens_used: int,
+    ) -> Engine:
+        parent = self.agent.engine
+        registry = self._child_registry(link, delegation, source)
+        model = _BudgetedModel(
+            self.policy.model or parent.model, limit=granted.tokens, used=tokens_used
+        )
+        return dataclasses.replace(
+            parent,
+            model=model,
+            registry=registry,
+            system=self.policy.system or parent.system,
+            max_steps=granted.steps,
+            output=_SchemaOutput(delegation.output_schema) if delegation.output_schema else None,
+            on_event=None,
+            on_text=None,
+            deps=deps,
+        )
+
+    def _child_registry(
+        self, link: SubagentLink, delegation: Delegation, source: ToolContext | None
+    ) -> ToolRegistry:
+        names = _bound_names(source, self.agent)
+        wanted = set(delegation.tools) if delegation.tools is not None else set(names)
+        tools: list[Tool] = []
+        for name in names:
+            if name not in wanted or name in (TOOL_SEARCH, self.policy.name):
+                continue
+            t = _bound_tool(source, self.agent, name)
+            if t is not None:
+                tools.append(t)
+        registry = ToolRegistry(tools)
+        attach_tool_search(registry)
+        if self.policy.name in wanted:
+            below = _Delegator(
+                self.agent, self.policy, depth=link.depth, root=link.root, trees=self.trees
+            )
+            registry.bind(below.tool())
+        return registry
+
+    async def _drive(
+        self,
+        link: SubagentLink,
+        delegation: Delegation,
+        granted: Budget,
+        ctx: ToolContext,
+        *,
+        source: ToolContext | None,
+    ) -> ChildOutcome:
+        """Run (or resume) the child's turn to its end under its wall time."""
+        child_id = link.session_id
+        # Opened as the agent opens any session it runs: the same verified fold (and the
+        # same history, for a fork, as the agent's projection gives one).
+        writer, state = await self.agent._open(child_id)
+        token = _ASKING.set(link)
+        try:
+            before = child_outcome(child_id, state.events)
+            if before.status is not None:
+                return before  # settled already: nothing runs again
+            engine = self._child_engine(
+                link, delegation, granted, source=source, deps=ctx.deps, tokens_used=before.tokens
+            )
+            journal = engine.journal(writer, state)
+            try:
+                async with asyncio.timeout(granted.wall_time):
+                    if state.open_turn is not None:
+                        await engine.resume(journal)
+                    else:
+                        await engine.start_turn(journal, delegation.task)
+            except TimeoutError:
+                return dataclasses.replace(
+                    child_outcome(child_id, state.events),
+                    error=f"the subagent ran out of its wall time ({granted.wall_time:g} s); "
+                    "its running calls settled and its turn was stopped",
+                )
+            return child_outcome(child_id, state.events)
+        except BaseException:
+            # the fold may hold less than the log after a failed commit: read it again
+            self.agent._states.pop(child_id, None)
+            raise
+        finally:
+            _ASKING.reset(token)
+            await writer.close()
+
+    # ------------------------------------------------------------ recovery
+
+    async def _probe(self, dispatched: ToolDispatched, ctx: ToolContext) -> ProbeResult:
+        """What became of the child the T1 names: its answer, resuming it if it is open."""
+        child_id = session_from_resources(dispatched.resources) or child_session_id(
+            ctx.session_id, ctx.call_id
+        )
+        events = await self.agent.storage.log.read(child_id)
+        if not events:
+            return ProbeResult(
+                applied=False,
+                observation=f"the subagent session {child_id!r} never started; the delegation "
+                "did not run",
+            )
+        link = link_of(events[0])
+        if link is None:
+            return ProbeResult(
+                applied=None,
+                observation=f"session {child_id!r} is not a subagent of this call",
+            )
+        delegation = Delegation.parse(dict(dispatched.arguments), self.policy)
+        granted = delegation.budget
+        try:
+            outcome = await self._drive(link, delegation, granted, ctx, source=None)
+        except ResumeBlockedError as exc:
+            return ProbeResult(
+                applied=None,
+                observation=f"the subagent session {child_id!r} cannot resume: {exc.message}",
+            )
+        return ProbeResult(
+            applied=True,
+            observation=f"the subagent session {child_id!r} settled {outcome.status or 'open'}",
+            content=outcome.render(),
+        )
+
+
+def delegate_tool(agent: Agent, policy: SubagentPolicy) -> Tool:
+    """The root ``delegate`` tool of ``agent`` (what ``Agent(subagents=...)`` binds)."""
+    return _Delegator(agent, policy).tool()
+
+
+def _bound_names(ctx: ToolContext | None, agent: Agent) -> list[str]:
+    """The tools of the run that delegates (its own registry, for a call of a step)."""
+    if ctx is not None and ctx.nested is not None:
+        return ctx.nested.bound_names()
+    return agent.registry.names()
+
+
+def _bound_tool(ctx: ToolContext | None, agent: Agent, name: str) -> Tool | None:
+    if ctx is not None and ctx.nested is not None:
+        return ctx.nested.tool(name)
+    return agent.registry.get(name)
+
+
+async def _branch_point(log: EventLog, session_id: str, call_id: str) -> tuple[int, str]:
+    """The prefix a child branches from and its digest: the parent's log up to the model
+    output that proposed the call (the same for every delegation of one step; the whole
+    log when none did). Read from the end, a window at a time: the output commits with
+    the first fact of its batch, so it sits near the head."""
+    head = await log.head(session_id)
+    end = head.high_water
+    window = 64
+    while end > 0:
+        start = max(end - window, 0)
+        events = await log.read(session_id, start=start, end=end)
+        for e in reversed(events):
+            body = e.body
+            if isinstance(body, ModelOutput) and any(c.call_id == call_id for c in body.calls):
+                return e.offset + 1, e.digest
+        end, window = start, window * 4
+    return head.high_water, head.digest

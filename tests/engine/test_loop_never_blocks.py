@@ -1,11 +1,16 @@
-"""Nothing blocks the event loop: a whole turn runs under asyncio's debug mode, which
-logs every callback that holds the loop longer than ``slow_callback_duration``."""
+"""Nothing blocks the event loop: every callback of a whole turn is timed, and one that
+holds the loop longer than ``SLOW_S`` fails the test.
+
+A callback's wall time on a loaded machine includes the time the scheduler kept the loop's
+thread waiting for a CPU (another process ran); that is not blocking, so it is taken out:
+the kernel counts it per thread (``run_delay`` in ``/proc/thread-self/schedstat``). What
+remains is time the callback computed or waited in a blocking call (a sleep, an fsync, a
+disk read), which is what must never happen on the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +25,43 @@ from lodger.storage import EventLog, SqliteLogStore
 from lodger.tools.builtin import workspace_tools
 
 SLOW_S = 0.05
+SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def _waited_for_cpu() -> float:
+    """Seconds this thread has spent runnable but not running (0 without schedstat)."""
+    try:
+        return int(SCHEDSTAT.read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def watch_callbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Time every callback the loop runs; return the list the slow ones are added to."""
+    slow: list[str] = []
+    real_run = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        waited = _waited_for_cpu()
+        start = time.perf_counter()
+        try:
+            real_run(handle)
+        finally:
+            held = time.perf_counter() - start - (_waited_for_cpu() - waited)
+            if held > SLOW_S:
+                slow.append(f"{handle!r} held the loop {held:.3f} s")
+
+    monkeypatch.setattr(asyncio.events.Handle, "_run", timed)
+    return slow
+
+
+def test_the_scheduler_delay_is_counted() -> None:
+    assert SCHEDSTAT.exists(), "this kernel does not report schedstat; the test below needs it"
+    assert _waited_for_cpu() >= 0
 
 
 def test_a_turn_with_file_tools_never_blocks_the_loop(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workspace = tmp_path / "ws"
     for rel, content in DEMO_FILES.items():
@@ -31,8 +69,6 @@ def test_a_turn_with_file_tools_never_blocks_the_loop(
         (workspace / rel).write_text(content * 2000)  # big enough for real file I/O
 
     async def turn() -> str:
-        loop = asyncio.get_running_loop()
-        loop.slow_callback_duration = SLOW_S
         agent = Agent(
             model=ScriptedModel(DEMO_SCRIPT),
             tools=workspace_tools(),
@@ -45,15 +81,14 @@ def test_a_turn_with_file_tools_never_blocks_the_loop(
         finally:
             await agent.close()
 
-    with caplog.at_level(logging.WARNING, logger="asyncio"):
-        status = asyncio.run(turn(), debug=True)
+    slow = watch_callbacks(monkeypatch)
+    status = asyncio.run(turn())
     assert status == "completed"
-    slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert slow == [], slow
 
 
 def test_the_detector_catches_a_blocking_tool(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import time
 
@@ -66,7 +101,6 @@ def test_the_detector_catches_a_blocking_tool(
         return "done"
 
     async def turn() -> None:
-        asyncio.get_running_loop().slow_callback_duration = SLOW_S
         agent = Agent(
             model=ScriptedModel([{"calls": [{"name": "blocks"}]}, {"text": "ok"}]),
             tools=[blocks],
@@ -77,9 +111,9 @@ def test_the_detector_catches_a_blocking_tool(
         finally:
             await agent.close()
 
-    with caplog.at_level(logging.WARNING, logger="asyncio"):
-        asyncio.run(turn(), debug=True)
-    assert any("took" in r.getMessage() for r in caplog.records)
+    slow = watch_callbacks(monkeypatch)
+    asyncio.run(turn())
+    assert any("held the loop" in line for line in slow), slow
 
 
 def test_opening_a_long_session_keeps_the_loop_free(

@@ -175,6 +175,15 @@ def test_last_and_prefixes_wherever_a_session_is_taken(demo_state: tuple[Path, s
     ):
         result = runner.invoke(main, [*args, "--state", str(state)])
         assert result.exit_code == 0, (args, result.output)
+    # `decide --last CALL_ID`: the one positional is the call; the session is the latest
+    # (the fork copy-2; its turn is not open, so the decision is refused, naming it)
+    decided = runner.invoke(
+        main, ["decide", "--last", "call-9-9", "--completed", "--state", str(state)]
+    )
+    assert decided.exit_code == 2
+    assert "call 'call-9-9' is not part of an interrupted turn of session 'copy-2'" in (
+        decided.stderr
+    )
     # copy-1 and copy-2 both start with "copy-": a prefix two ids share is refused
     ambiguous = runner.invoke(main, ["fork", "copy-", "--state", str(state), "--json"])
     assert ambiguous.exit_code == 2

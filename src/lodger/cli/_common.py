@@ -223,6 +223,9 @@ def session_argument(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, session_id: str | None, last: bool, **kwargs: Any) -> Any:
+        if last and session_id is not None and kwargs.get("call_id", "") is None:
+            # `decide --last CALL_ID`: the one positional given is the call, not the session
+            session_id, kwargs["call_id"] = None, session_id
         kwargs["session_id"] = resolve_session(kwargs["state"], session_id, last=last)
         return fn(*args, **kwargs)
 

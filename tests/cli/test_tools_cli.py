@@ -112,6 +112,7 @@ def test_a_bad_mcp_option_or_config_is_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in typo.output
 
 
+@pytest.mark.slow
 def test_run_binds_mcp_servers(tmp_path: Path) -> None:
     script = [
         {"calls": [{"name": "tool_search", "args": {"query": "add two integers"}}]},

@@ -6,7 +6,11 @@ interleaved in the same run; the result is the extra p50 milliseconds per start 
 ratio sandboxed / bare (target: bubblewrap adds <= 10 ms p50). Egress: a GET to an HTTP
 server on the host's loopback, direct (from this process) against through the proxy
 from inside a bubblewrap sandbox (one sandbox does all the requests, so its start is not
-counted). The last line of output is one JSON object.
+counted). HTTPS through the proxy: a GET over a fresh TLS connection to an HTTPS server
+on loopback, direct from this process against, from inside the sandbox, tunnelled
+(CONNECT, TLS end to end) and terminated (the proxy ends TLS with the lodger CA, adds a
+credential header and opens its own TLS upstream: two handshakes per request). The last
+line of output is one JSON object.
 
 Example:
     .venv/bin/python bench/sandbox.py --quick
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import statistics
 import tempfile
 import time
@@ -44,6 +49,24 @@ for _ in range(n):
     t = time.perf_counter()
     c = http.client.HTTPConnection('127.0.0.1', 3128, timeout=10)
     c.request('GET', f'http://localhost:{port}/')
+    c.getresponse().read()
+    c.close()
+    times.append(time.perf_counter() - t)
+times.sort()
+print(times[len(times) // 2] * 1000)
+"""
+
+
+TLS_CLIENT = """
+import http.client, ssl, sys, time
+port, n, cafile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+context = ssl.create_default_context(cafile=cafile or None)
+times = []
+for _ in range(n):
+    t = time.perf_counter()
+    c = http.client.HTTPSConnection('127.0.0.1', 3128, timeout=10, context=context)
+    c.set_tunnel('localhost', port)
+    c.request('GET', '/')
     c.getresponse().read()
     c.close()
     times.append(time.perf_counter() - t)
@@ -123,6 +146,65 @@ async def egress(requests: int, ws: Path) -> dict[str, float]:
     }
 
 
+async def egress_tls(requests: int, ws: Path) -> dict[str, float]:
+    from lodger.sandbox.tls import LodgerCA
+
+    upstream_ca = LodgerCA(("localhost",))  # the upstream's own CA, not the proxy's
+    (ws / "upstream-ca.pem").write_bytes(upstream_ca.certificate_pem)
+    context = upstream_ca.server_context("localhost")
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context(cafile=str(ws / "upstream-ca.pem"))
+    out: dict[str, float] = {}
+    async with server:
+        direct = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client, server_hostname="localhost"
+            )
+            writer.write(f"GET / HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())
+            await writer.drain()
+            await reader.read()
+            writer.close()
+            direct.append((time.perf_counter() - started) * 1000)
+        out["direct_p50_ms"] = round(statistics.median(direct), 3)
+        policies = {
+            "tunnelled": (NetworkPolicy(allow=("localhost",)), str(ws / "upstream-ca.pem")),
+            "terminated": (
+                NetworkPolicy(
+                    allow=("localhost",),
+                    credentials={"localhost": {"Authorization": "Bearer bench"}},
+                    terminate_tls=("localhost",),
+                    upstream_ca=ws / "upstream-ca.pem",
+                ),
+                "",  # the sandbox's default trust: the lodger CA bundle
+            ),
+        }
+        for name, (policy, cafile) in policies.items():
+            result = await BubblewrapSandbox().run(
+                ["python3", "-c", TLS_CLIENT, str(port), str(requests), cafile],
+                workspace=ws,
+                env=ENV,
+                limits=LIMITS,
+                network=policy,
+            )
+            assert result.exit_code == 0, result.output
+            p50 = float(result.output.decode().split()[-1])
+            out[f"{name}_p50_ms"] = round(p50, 3)
+            out[f"{name}_ratio"] = round(p50 / out["direct_p50_ms"], 2)
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30, help="starts per series")
@@ -134,6 +216,7 @@ async def main() -> None:
         ws = Path(tmp)
         starts = await startup(rounds, ws)
         proxy = await egress(requests, ws)
+        https = await egress_tls(requests, ws)
     for name, row in starts.items():
         print(
             f"{name:20} p50 {row['p50_ms']:8.2f} ms  +{row['extra_p50_ms']:7.2f} ms  "
@@ -143,12 +226,18 @@ async def main() -> None:
         f"egress GET: direct p50 {proxy['direct_p50_ms']:.3f} ms, through the proxy "
         f"{proxy['proxied_p50_ms']:.3f} ms (x{proxy['ratio']:.2f})"
     )
+    print(
+        f"egress HTTPS GET: direct p50 {https['direct_p50_ms']:.3f} ms, tunnelled "
+        f"{https['tunnelled_p50_ms']:.3f} ms (x{https['tunnelled_ratio']:.2f}), TLS "
+        f"terminated {https['terminated_p50_ms']:.3f} ms (x{https['terminated_ratio']:.2f})"
+    )
     bwrap_extra = starts.get("true/bubblewrap", {}).get("extra_p50_ms")
     summary = {
         "bench": "sandbox",
         "rounds": rounds,
         "startup": starts,
         "egress": proxy,
+        "egress_https": https,
         "bubblewrap_extra_p50_ms": bwrap_extra,
         "target_extra_ms": TARGET_EXTRA_MS,
         "within_target": bwrap_extra is not None and bwrap_extra <= TARGET_EXTRA_MS,

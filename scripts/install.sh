@@ -12,6 +12,12 @@ if ! { command -v bwrap && command -v runsc; } >/dev/null && command -v apt-get 
   && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && apt-get install -y -qq bubblewrap runsc >/dev/null
 fi
+# The HTTP host's timeline page is tested in Debian's headless Chromium (driven by
+# Playwright with the system executable; no browser download).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+fi
+command -v chromium >/dev/null || { echo "error: install chromium (apt-get install -y chromium)" >&2; exit 1; }
 command -v bwrap >/dev/null || { echo "error: install bubblewrap (apt-get install -y bubblewrap)" >&2; exit 1; }
 command -v runsc >/dev/null || { echo "error: install gVisor (apt-get install -y runsc)" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$python" -m venv .venv

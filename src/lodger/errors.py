@@ -4,6 +4,8 @@
     ├── UsageError                   the caller misused lodger (bad option, unknown session)
     │   ├── SessionNotFoundError     no log exists for the session
     │   ├── ConfigError              a configuration file or model spec is invalid
+    │   ├── HostAuthError            an HTTP request without a valid token, or out of its scope
+    │   ├── HostConflictError        a request lost a race: answered already, key reused, busy
     │   └── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
     ├── ToolCallError                the model proposed a bad call; becomes an error result
     │   └── StaleRevisionError       a write named a revision that is no longer the current one
@@ -42,6 +44,8 @@ __all__ = [
     "ConfigError",
     "CorruptLogError",
     "ErrorCode",
+    "HostAuthError",
+    "HostConflictError",
     "LodgerError",
     "LogKeyError",
     "NextStep",
@@ -147,6 +151,20 @@ class SessionNotFoundError(UsageError):
 
 class ConfigError(UsageError):
     code = "config"
+
+
+class HostAuthError(UsageError):
+    """The HTTP host refused a request: no token, an unknown one (``unauthorized``), or a
+    token whose scope does not cover what was asked (``forbidden``)."""
+
+    code = "unauthorized"
+
+
+class HostConflictError(UsageError):
+    """A request the host cannot apply because another one came first: an approval
+    already answered, an idempotency key used for another request, a busy session."""
+
+    code = "conflict"
 
 
 class AuthorityMisuseError(UsageError):
@@ -314,6 +332,7 @@ ErrorCode = Literal[
     "usage",
     "session_not_found",
     "config",
+    "secrets_file_unsafe",
     "authority_misuse",
     "invalid_session_id",
     "invalid_range",
@@ -346,6 +365,20 @@ ErrorCode = Literal[
     "keyed_session_needs_start",
     "log_key",
     "log_key_too_short",
+    # the HTTP host
+    "unauthorized",
+    "forbidden",
+    "conflict",
+    "already_answered",
+    "idempotency_conflict",
+    "session_busy",
+    "session_exists",
+    "invalid_request",
+    "not_found",
+    "bad_signature",
+    "unknown_hook",
+    "model_not_allowed",
+    "payload_too_large",
     # the model's bad call (rejection reasons travel as ``call_rejected.reason``)
     "tool_call",
     "stale_revision",

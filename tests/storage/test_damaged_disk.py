@@ -173,6 +173,51 @@ async def test_damaged_head_file_fails_closed(tmp_path: Path, damaged: bytes) ->
         await log.close()
 
 
+class _DiesWhileWriting:
+    """``os`` for the head files, except that the process "dies" (raises) at its first
+    write of a record: what a SIGKILL while a head file is being created leaves behind."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    @staticmethod
+    def write(fd: int, data: bytes) -> int:
+        raise SystemExit("killed while creating the head file")
+
+    @staticmethod
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        raise SystemExit("killed while writing the head file")
+
+
+async def test_a_writer_killed_while_creating_a_head_file_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head file is created whole (a hidden temporary file renamed into place): a writer
+    killed meanwhile leaves no head file, never an empty one that reads as damaged, and the
+    session opens and takes its first events afterwards. (Seen once in the crash harness:
+    ``head_damaged`` after a SIGKILL between creating the file and writing its record.)"""
+    import lodger.storage._heads as heads
+
+    state = tmp_path / "state"
+    log = EventLog(SqliteLogStore(state))
+    monkeypatch.setattr(heads, "os", _DiesWhileWriting())
+    try:
+        with pytest.raises(SystemExit):
+            async with await log.open_writer(SID) as writer:
+                await writer.append(drafts(0, 2), expected_offset=0)
+    finally:
+        monkeypatch.undo()
+        await log.close()
+    assert not (state / "heads" / f"{SID}.head").exists()
+    log = EventLog(SqliteLogStore(state))
+    try:
+        async with await log.open_writer(SID) as writer:
+            await writer.append(drafts(0, 2), expected_offset=0)
+        assert (await log.verify(SID)).high_water == 2
+    finally:
+        await log.close()
+
+
 # ---------------------------------------------------------------- the state directory goes away
 
 

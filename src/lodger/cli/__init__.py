@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from lodger.cli import _fork, _log, _recover, _run, _tools
+from lodger.cli import _fork, _log, _recover, _run, _serve, _tools
 from lodger.cli._jsonl import echo_error, error_document, usage_error_document
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError, ResumeBlockedError, SessionNotFoundError, UsageError
@@ -50,7 +50,7 @@ def exit_code_for_error(exc: LodgerError) -> int:
     return EXIT_ERROR
 
 
-_COMMAND_MODULES = (_log, _run, _recover, _tools, _fork)
+_COMMAND_MODULES = (_log, _run, _recover, _tools, _fork, _serve)
 
 
 def _one_line(text: str) -> str:

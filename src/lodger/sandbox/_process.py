@@ -27,6 +27,9 @@ __all__ = ["run_confined"]
 
 _READ = 65536
 _REAP_GRACE_S = 2.0
+# How often the whole tree's CPU time is read against its budget: the budget may be
+# overrun by about this much times the number of CPUs.
+_CPU_POLL_S = 0.05
 
 
 async def run_confined(
@@ -41,15 +44,26 @@ async def run_confined(
     signal_exit_codes: bool,
     connections: list[Connection] | None = None,
     rlimit_cpu: bool = True,
+    cgroup_root: Path | None = None,
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
     ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
-    128+N (bubblewrap, runsc), so such codes are read as signals.
+    128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
+    the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
     """
     cgroup = await asyncio.to_thread(
-        Cgroup.create, memory_bytes=limits.memory_bytes, max_processes=limits.max_processes
+        Cgroup.create,
+        memory_bytes=limits.memory_bytes,
+        max_processes=limits.max_processes,
+        cpu_rate=limits.cpu_rate,
+        count_cpu=limits.cpu_time_s is not None,
+        v2_root=cgroup_root,
     )
+    # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
+    # it cannot, since four processes could each use nearly the whole budget.
+    tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
+    rlimit_cpu = rlimit_cpu and tree_budget is None
     enforcement = _enforcement(limits, cgroup, rlimit_cpu=rlimit_cpu)
     procs = cgroup.procs_files()
     use_rlimit_as = limits.memory_bytes is not None and "memory" not in cgroup.enforced
@@ -110,6 +124,18 @@ async def run_confined(
                     # Go on reading (and dropping) to EOF: a pipe left unread stays paused,
                     # and the process transport only finishes once its pipes have closed.
 
+        async def watch_cpu(budget: float) -> None:
+            nonlocal limit
+            while True:
+                used = cgroup.cpu_seconds()
+                if used is not None and used >= budget:
+                    if limit is None:
+                        limit = "cpu_time"
+                    _kill(process, cgroup)
+                    return
+                await asyncio.sleep(_CPU_POLL_S)
+
+        watcher = asyncio.create_task(watch_cpu(tree_budget)) if tree_budget else None
         try:
             # EOF as well as the exit: a background process holding the pipe is still
             # part of the command, and the wall-time limit covers it too.
@@ -121,6 +147,10 @@ async def run_confined(
         except TimeoutError:
             limit = "wall_time"
         finally:
+            if watcher is not None:  # owned here: stopped and awaited before leaving
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             # Whatever happened (return, limit, cancellation): nothing it started survives.
             _kill(process, cgroup)
             await asyncio.shield(_reap(process, stdout))
@@ -150,6 +180,8 @@ async def run_confined(
         output=bytes(kept),
         output_total=total,
         duration_s=time.monotonic() - started,
+        cpu_s=usage.cpu_s,
+        cpu_throttled=usage.cpu_throttled,
         enforcement=enforcement,
         connections=tuple(connections or ()),
     )
@@ -192,5 +224,10 @@ def _enforcement(limits: Limits, cgroup: Cgroup, *, rlimit_cpu: bool) -> dict[st
     if limits.max_processes is not None:
         how["processes"] = cg if "pids" in cgroup.enforced else "not enforced on this host"
     if limits.cpu_time_s is not None:
-        how["cpu_time"] = "RLIMIT_CPU per process" if rlimit_cpu else "not enforced"
+        if "cpuacct" in cgroup.enforced:
+            how["cpu_time"] = f"{cg}, whole tree: lodger kills it when the budget is spent"
+        else:
+            how["cpu_time"] = "RLIMIT_CPU per process" if rlimit_cpu else "not enforced"
+    if limits.cpu_rate is not None:
+        how["cpu_rate"] = cg if "cpu" in cgroup.enforced else "not enforced on this host"
     return how

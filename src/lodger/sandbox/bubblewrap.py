@@ -13,7 +13,9 @@ nothing started in the background (setsid, double fork, nohup) outlives the comm
 
 Network: only a loopback interface. When the policy allows domains, the egress proxy's
 Unix socket is mounted in and a small forwarder inside serves it on 127.0.0.1 as an HTTP
-proxy (``lodger.sandbox.egress``).
+proxy (``lodger.sandbox.egress``). When the policy terminates TLS for some domains, the
+proxy's trust bundle (the lodger CA's certificate and the host's CAs) is mounted
+read-only at ``/run/lodger/ca-bundle.pem`` and ``SSL_CERT_FILE`` & co. point at it.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lodger.sandbox._process import run_confined
-from lodger.sandbox.egress import EgressProxy, forwarder_argv, proxy_environment
+from lodger.sandbox.egress import (
+    EgressProxy,
+    forwarder_argv,
+    proxy_environment,
+    trust_environment,
+)
 from lodger.sandbox.interface import OutputSink, SandboxResult
-from lodger.sandbox.policy import Limits, NetworkPolicy
+from lodger.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy
 
-__all__ = ["BubblewrapSandbox", "bubblewrap_argv"]
+__all__ = ["SYSTEM_DIRS", "BubblewrapSandbox", "bubblewrap_argv"]
 
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 #: files under the system directories that hold secrets; covered even though /etc is bound
 MASKED = (
     "/etc/shadow",
@@ -44,6 +50,7 @@ MASKED = (
     "/etc/security/opasswd",
 )
 EGRESS_SOCKET = "/run/lodger/egress.sock"
+TRUST_BUNDLE = "/run/lodger/ca-bundle.pem"
 FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
 
 
@@ -95,6 +102,11 @@ class BubblewrapSandbox:
             )
         async with EgressProxy(network) as proxy:
             env.update(proxy_environment())
+            ro_binds: list[tuple[Path, str]] = []
+            if proxy.trust_bundle_path is not None:
+                # The lodger CA's certificate (never its key) and the host's CAs.
+                ro_binds.append((proxy.trust_bundle_path, TRUST_BUNDLE))
+                env.update(trust_environment(TRUST_BUNDLE))
             command = await asyncio.to_thread(
                 bubblewrap_argv,
                 self.executable,
@@ -103,6 +115,7 @@ class BubblewrapSandbox:
                 cwd=where,
                 hidden=hidden,
                 binds=((proxy.socket_path, EGRESS_SOCKET),),
+                ro_binds=ro_binds,
             )
             return await run_confined(
                 command,
@@ -125,6 +138,7 @@ def bubblewrap_argv(
     cwd: Path,
     hidden: Sequence[Path] = (),
     binds: Sequence[tuple[Path, str]] = (),
+    ro_binds: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """The bwrap command line that runs ``argv`` confined (see the module doc)."""
     args = [
@@ -152,6 +166,8 @@ def bubblewrap_argv(
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
     for source, target in binds:
         args += ["--bind", str(source), target]
+    for source, target in ro_binds:
+        args += ["--ro-bind", str(source), target]
     args += ["--bind", str(workspace), str(workspace)]
     for hidden_path in hidden:
         real = os.path.realpath(hidden_path)

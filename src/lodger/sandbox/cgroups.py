@@ -1,14 +1,23 @@
-"""Memory and process-count limits through a cgroup, created per sandboxed command.
+"""Memory, process-count and CPU limits through a cgroup, created per sandboxed command.
 
 cgroup v2 is used where ``/sys/fs/cgroup`` is a writable unified hierarchy with the
-``memory`` and ``pids`` controllers; otherwise the v1 ``memory`` and ``pids`` hierarchies
-if they are mounted and writable. If neither works the command still runs, and
-``Cgroup.enforced`` says which limits the kernel is not enforcing (the caller falls back
-to ``RLIMIT_AS`` for memory; nothing bounds the process count then, and the result says
-so).
+``memory`` and ``pids`` controllers; otherwise the v1 ``memory``, ``pids``, ``cpu`` and
+``cpuacct`` hierarchies if they are mounted and writable. If neither works the command
+still runs, and ``Cgroup.enforced`` says which limits the kernel is not enforcing (the
+caller falls back to ``RLIMIT_AS`` for memory and ``RLIMIT_CPU`` per process for CPU
+time; nothing bounds the process count then, and the result says so).
+
+CPU: a rate (``cpu_rate`` CPUs) is ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (v1)
+or ``cpu.max`` (v2); the CPU time the whole tree has used is ``cpuacct.usage`` (v1) or
+``usage_usec`` of ``cpu.stat`` (v2, present in every v2 cgroup, no controller needed).
+The caller polls ``cpu_seconds`` and kills the tree past its budget (the kernel has no
+CPU-time limit for a group, only for one process).
 
 The process joins the cgroup before it execs (``join`` runs between fork and exec), so
 nothing it starts can be outside. ``kill_all`` SIGKILLs every process left in it.
+``Cgroup.create(v2_root=...)`` makes the cgroup in a given cgroup2 mount instead (on a
+hybrid host: ``/sys/fs/cgroup/unified``, where only the controller-less parts of v2
+exist: ``cpu.stat`` and ``cgroup.kill``).
 """
 
 from __future__ import annotations
@@ -20,20 +29,29 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Cgroup", "CgroupUsage", "cgroup_support"]
+__all__ = ["CPU_PERIOD_US", "Cgroup", "CgroupUsage", "cgroup2_mount", "cgroup_support"]
 
 _ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class CgroupUsage:
     oom_kills: int = 0
     pids_refused: int = 0
+    #: CPU time the whole tree used, when the cgroup counts it
+    cpu_s: float | None = None
+    #: periods in which the CPU rate held the tree back
+    cpu_throttled: int = 0
 
 
 @dataclass(slots=True)
 class Cgroup:
-    """One cgroup (a directory per controller) for one command."""
+    """One cgroup (a directory per controller) for one command.
+
+    ``dirs`` maps what is enforced (``memory``, ``pids``, ``cpu`` for the rate,
+    ``cpuacct`` for counting CPU time) to the directory that does it.
+    """
 
     version: int
     dirs: dict[str, Path] = field(default_factory=dict)
@@ -43,41 +61,42 @@ class Cgroup:
         return frozenset(self.dirs)
 
     @classmethod
-    def create(cls, *, memory_bytes: int | None, max_processes: int | None) -> Cgroup:
+    def create(
+        cls,
+        *,
+        memory_bytes: int | None,
+        max_processes: int | None,
+        cpu_rate: float | None = None,
+        count_cpu: bool = False,
+        v2_root: Path | None = None,
+    ) -> Cgroup:
         name = f"lodger-{uuid.uuid4().hex[:12]}"
-        wanted = {
-            c: v for c, v in (("memory", memory_bytes), ("pids", max_processes)) if v is not None
+        wanted: dict[str, float | int] = {
+            c: v
+            for c, v in (("memory", memory_bytes), ("pids", max_processes), ("cpu", cpu_rate))
+            if v is not None
         }
+        if count_cpu:
+            wanted["cpuacct"] = 1
         if not wanted:
             return cls(version=0)
-        if _v2_usable():
-            path = _v2_parent() / name
-            try:
-                path.mkdir()
-                if "memory" in wanted:
-                    (path / "memory.max").write_text(str(wanted["memory"]))
-                    with contextlib.suppress(OSError):
-                        (path / "memory.swap.max").write_text("0")
-                if "pids" in wanted:
-                    (path / "pids.max").write_text(str(wanted["pids"]))
-            except OSError:
-                _remove(path)
-            else:
-                return cls(version=2, dirs=dict.fromkeys(wanted, path))
+        if v2_root is not None or _v2_usable():
+            group = _create_v2(v2_root or _v2_parent(), name, wanted)
+            if group.dirs or v2_root is not None:
+                return group
         group = cls(version=1)
         for controller, value in wanted.items():
-            path = _v1_parent(controller) / name
+            parent = _v1_parent(controller)
+            # cpu and cpuacct mounted together: one directory serves both.
+            shared = next((d for d in group.dirs.values() if _same(d.parent, parent)), None)
+            path = shared or parent / name
             try:
-                path.mkdir()
-                if controller == "memory":
-                    (path / "memory.limit_in_bytes").write_text(str(value))
-                    # Swap counts too where the kernel accounts it.
-                    with contextlib.suppress(OSError):
-                        (path / "memory.memsw.limit_in_bytes").write_text(str(value))
-                else:
-                    (path / "pids.max").write_text(str(value))
+                if shared is None:
+                    path.mkdir()
+                _configure(path, controller, value, version=1)
             except OSError:
-                _remove(path)
+                if shared is None:
+                    _remove(path)
                 continue
             group.dirs[controller] = path
         return group
@@ -85,8 +104,22 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return sorted({str(d / "cgroup.procs") for d in self.dirs.values()})
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time used so far by everything in the cgroup (None: not counted).
+
+        A read of one small kernel file: cheap enough to call from the event loop."""
+        path = self.dirs.get("cpuacct")
+        if path is None:
+            return None
+        try:
+            if self.version == 2:
+                return _field(path / "cpu.stat", "usage_usec") / 1e6
+            return int((path / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+
     def usage(self) -> CgroupUsage:
-        oom = refused = 0
+        oom = refused = throttled = 0
         memory = self.dirs.get("memory")
         if memory is not None:
             events = "memory.events" if self.version == 2 else "memory.oom_control"
@@ -94,7 +127,15 @@ class Cgroup:
         pids = self.dirs.get("pids")
         if pids is not None:
             refused = _field(pids / "pids.events", "max")
-        return CgroupUsage(oom_kills=oom, pids_refused=refused)
+        cpu = self.dirs.get("cpu")
+        if cpu is not None:
+            throttled = _field(cpu / "cpu.stat", "nr_throttled")
+        return CgroupUsage(
+            oom_kills=oom,
+            pids_refused=refused,
+            cpu_s=self.cpu_seconds(),
+            cpu_throttled=throttled,
+        )
 
     def kill_all(self) -> None:
         """SIGKILL everything still in the cgroup (v2: ``cgroup.kill``)."""
@@ -118,6 +159,49 @@ class Cgroup:
         return all([_remove(path) for path in {*self.dirs.values()}])
 
 
+def _create_v2(parent: Path, name: str, wanted: dict[str, float | int]) -> Cgroup:
+    path = parent / name
+    group = Cgroup(version=2)
+    try:
+        path.mkdir()
+    except OSError:
+        return group
+    for controller, value in wanted.items():
+        try:
+            _configure(path, controller, value, version=2)
+        except OSError:
+            continue  # that controller is not enabled for this subtree
+        group.dirs[controller] = path
+    if not group.dirs:
+        _remove(path)
+    return group
+
+
+def _configure(path: Path, controller: str, value: float, *, version: int) -> None:
+    if controller == "memory":
+        if version == 2:
+            (path / "memory.max").write_text(str(int(value)))
+            with contextlib.suppress(OSError):
+                (path / "memory.swap.max").write_text("0")
+        else:
+            (path / "memory.limit_in_bytes").write_text(str(int(value)))
+            # Swap counts too where the kernel accounts it.
+            with contextlib.suppress(OSError):
+                (path / "memory.memsw.limit_in_bytes").write_text(str(int(value)))
+    elif controller == "pids":
+        (path / "pids.max").write_text(str(int(value)))
+    elif controller == "cpu":
+        quota = max(1000, round(value * CPU_PERIOD_US))
+        if version == 2:
+            (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (path / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (path / "cpu.cfs_quota_us").write_text(str(quota))
+    elif controller == "cpuacct":
+        counter = "cpu.stat" if version == 2 else "cpuacct.usage"
+        (path / counter).read_text()  # raises when this hierarchy does not count CPU time
+
+
 def cgroup_support() -> str:
     """``"v2"``, ``"v1"`` or ``"none"``: what a command's memory/pids limits would use."""
     group = Cgroup.create(memory_bytes=1 << 30, max_processes=64)
@@ -127,6 +211,17 @@ def cgroup_support() -> str:
         return f"v{group.version}"
     finally:
         group.remove()
+
+
+def cgroup2_mount() -> Path | None:
+    """Where a cgroup2 hierarchy is mounted (``/sys/fs/cgroup`` on a v2 host,
+    ``/sys/fs/cgroup/unified`` on a hybrid one), or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] == "cgroup2":
+                return Path(left.split(" ")[4])
+    return None
 
 
 def _v2_usable() -> bool:
@@ -156,6 +251,13 @@ def _v1_parent(controller: str) -> Path:
     base = _ROOT / controller
     own = base / _own_path(controller)
     return own if own.is_dir() else base
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _field(path: Path, name: str) -> int:

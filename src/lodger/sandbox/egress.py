@@ -10,10 +10,18 @@ For each connection the proxy reads one request head:
 - ``GET http://host/path`` and other plain-HTTP requests in absolute form: forwarded if
   allowed, with the policy's credential headers for that domain added here, so the
   secret never enters the sandbox.
+- ``CONNECT host:port`` for a host the policy marks (``terminate_tls``): the proxy ends
+  the sandbox's TLS itself with a certificate from a lodger CA made for this proxy
+  (``lodger.sandbox.tls``), reads the request, adds the domain's credential headers and
+  sends it over its own TLS connection to the real host, verified against the host's
+  trust store (or the policy's ``upstream_ca``). One request per connection: the
+  upstream request says ``Connection: close``. Plain HTTP to a marked domain is refused,
+  so its credentials never travel in clear text.
 Anything else, or a host the allow-list does not name, is refused with 403. Every
 allowed and refused connection is recorded (``Connection``) and ends up in the result.
-
-Not done: TLS termination with a lodger CA for injecting credentials into HTTPS.
+The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
+backend) and the variables of ``trust_environment``; the CA's key
+stays in this process.
 """
 
 from __future__ import annotations
@@ -21,19 +29,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from lodger.sandbox.interface import Connection
 from lodger.sandbox.policy import NetworkPolicy
 
-__all__ = ["PROXY_PORT", "EgressProxy", "forwarder_argv", "proxy_environment"]
+if TYPE_CHECKING:
+    from lodger.sandbox.tls import LodgerCA
+
+__all__ = [
+    "PROXY_PORT",
+    "TRUST_VARIABLES",
+    "EgressProxy",
+    "forwarder_argv",
+    "proxy_environment",
+    "trust_environment",
+]
 
 PROXY_PORT = 3128
 _MAX_HEAD = 64 * 1024
+_HANDSHAKE_S = 30.0
 
 # Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
 # starts the command, exits with its status (128+N when a signal N ended it).
@@ -60,6 +81,9 @@ def pipe(a, b):
 def serve():
     while True:
         client, _ = server.accept()
+        # No Nagle: a small write behind an unacknowledged one (a TLS response after the
+        # session tickets) would wait for the client's delayed ACK, 40 ms a request.
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         upstream = socket.socket(socket.AF_UNIX)
         try:
             upstream.connect(path)
@@ -84,6 +108,23 @@ def forwarder_argv(socket_path: str, argv: Sequence[str]) -> list[str]:
     return ["/usr/bin/python3", "-S", "-c", _FORWARDER, socket_path, *argv]
 
 
+#: variables that point common clients (OpenSSL, requests, curl, Node, git, pip) at a
+#: CA bundle
+TRUST_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+)
+
+
+def trust_environment(bundle: str) -> dict[str, str]:
+    """The environment that makes clients in the sandbox trust the CA bundle ``bundle``."""
+    return dict.fromkeys(TRUST_VARIABLES, bundle)
+
+
 def proxy_environment() -> dict[str, str]:
     url = f"http://127.0.0.1:{PROXY_PORT}"
     return {
@@ -104,16 +145,42 @@ class EgressProxy:
         self._dir: str | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.ca: LodgerCA | None = None
+        self._upstream_tls: ssl.SSLContext | None = None
 
     @property
     def socket_path(self) -> Path:
         assert self._dir is not None, "the proxy is not running"
         return Path(self._dir) / "egress.sock"
 
+    @property
+    def trust_bundle_path(self) -> Path | None:
+        """The lodger CA and the host's CAs (PEM), for the sandbox; None without TLS
+        termination."""
+        if self.ca is None:
+            return None
+        assert self._dir is not None, "the proxy is not running"
+        return Path(self._dir) / "ca-bundle.pem"
+
     async def __aenter__(self) -> EgressProxy:
         self._dir = tempfile.mkdtemp(prefix="lodger-egress-")
+        if self.policy.terminate_tls:
+            await asyncio.to_thread(self._prepare_tls)
         self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
         return self
+
+    def _prepare_tls(self) -> None:
+        from lodger.sandbox.tls import LodgerCA, system_ca_bundle
+
+        self.ca = LodgerCA(self.policy.terminate_tls)
+        bundle = self.trust_bundle_path
+        assert bundle is not None
+        bundle.write_bytes(self.ca.certificate_pem + b"\n" + system_ca_bundle())
+        bundle.chmod(0o644)
+        upstream_ca = self.policy.upstream_ca
+        self._upstream_tls = ssl.create_default_context(
+            cafile=str(upstream_ca) if upstream_ca is not None else None
+        )
 
     async def __aexit__(
         self,
@@ -149,9 +216,7 @@ class EgressProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, version = lines[0].split(" ", 2)
-        headers = [line for line in lines[1:] if line]
+        method, target, version, headers = _parse_head(head)
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
             port = int(port_text)
@@ -166,6 +231,15 @@ class EgressProxy:
             self._refuse(writer, host, port, method, "not in the allow-list")
             await writer.drain()
             return
+        if method != "CONNECT" and self.policy.terminates(host):
+            # Its credentials travel over TLS only: a plain request would carry them in
+            # clear text past the host, and one without them is not what was marked.
+            self._refuse(writer, host, port, method, "plain HTTP to a domain marked for TLS")
+            await writer.drain()
+            return
+        if method == "CONNECT" and self.ca is not None and self.policy.terminates(host):
+            await self._terminate(reader, writer, host, port)
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(host, port)
         except OSError as exc:
@@ -176,21 +250,9 @@ class EgressProxy:
         if method == "CONNECT":
             writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         else:
-            url = urlsplit(target)
-            path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             extra = self.policy.headers_for(host)
-            names = {name.lower() for name in extra}
-            kept = [
-                h
-                for h in headers
-                if not h.lower().startswith(("proxy-", "connection:"))
-                and h.split(":", 1)[0].strip().lower() not in names
-            ]
-            kept += [f"{name}: {value}" for name, value in extra.items()]
-            kept.append("Connection: close")
             injected = bool(extra)
-            up_writer.write(f"{method} {path} {version}\r\n".encode("latin-1"))
-            up_writer.write(("\r\n".join(kept) + "\r\n\r\n").encode("latin-1"))
+            up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
         self.connections.append(
             Connection(
                 host=host, port=port, method=method, allowed=True, credentials_injected=injected
@@ -203,6 +265,71 @@ class EgressProxy:
         finally:
             up_writer.close()
 
+    async def _terminate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int
+    ) -> None:
+        """TLS from the sandbox ends here; the request goes on over lodger's own TLS."""
+        assert self.ca is not None and self._upstream_tls is not None
+        context = await asyncio.to_thread(self.ca.server_context, host)
+        # Nothing may await between the 200 and start_tls: the client's hello follows the
+        # 200 at once, and bytes the plain stream read first would be lost to TLS.
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=_HANDSHAKE_S)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            why = f"no TLS from the sandbox: {getattr(exc, 'reason', None) or exc}"
+            self.connections.append(
+                Connection(
+                    host=host, port=port, method="CONNECT", allowed=False, reason=why,
+                    tls_terminated=True,
+                )
+            )  # fmt: skip
+            return
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > _MAX_HEAD:
+            raise ValueError("request head too large")
+        method, target, version, headers = _parse_head(head)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(
+                host, port, ssl=self._upstream_tls, server_hostname=host
+            )
+        except ssl.SSLCertVerificationError as exc:
+            why = f"upstream certificate not trusted: {exc.verify_message}"
+            self._refuse(writer, host, port, method, why, 502, tls=True)
+            await writer.drain()
+            return
+        except OSError as exc:
+            why = f"unreachable: {exc.strerror or exc}"
+            self._refuse(writer, host, port, method, why, 502, tls=True)
+            await writer.drain()
+            return
+        extra = self.policy.headers_for(host)
+        authority = host if port == 443 else f"{host}:{port}"
+        # The Host header names the host the tunnel was opened to, whatever the sandbox
+        # wrote: the credentials go to that host and to no virtual host behind it.
+        headers = [h for h in headers if not h.lower().startswith("host:")]
+        headers.insert(0, f"Host: {authority}")
+        up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
+        self.connections.append(
+            Connection(
+                host=host,
+                port=port,
+                method=method,
+                allowed=True,
+                credentials_injected=bool(extra),
+                tls_terminated=True,
+            )
+        )
+        # The upstream closes after its response (Connection: close); then so does the
+        # sandbox's side, which over TLS cannot be half-closed.
+        to_upstream = asyncio.create_task(_pipe(reader, up_writer))
+        try:
+            await _pipe(up_reader, writer)
+        finally:
+            to_upstream.cancel()
+            await asyncio.gather(to_upstream, return_exceptions=True)
+            up_writer.close()
+
     def _refuse(
         self,
         writer: asyncio.StreamWriter,
@@ -211,9 +338,13 @@ class EgressProxy:
         method: str,
         why: str,
         status: int = 403,
+        *,
+        tls: bool = False,
     ) -> None:
         self.connections.append(
-            Connection(host=host, port=port, method=method, allowed=False, reason=why)
+            Connection(
+                host=host, port=port, method=method, allowed=False, reason=why, tls_terminated=tls
+            )
         )
         body = f"lodger egress proxy: {host} refused: {why}\n".encode()
         writer.write(
@@ -221,6 +352,36 @@ class EgressProxy:
             f"Connection: close\r\n\r\n".encode()
             + body
         )
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, version = lines[0].split(" ", 2)
+    return method, target, version, [line for line in lines[1:] if line]
+
+
+def _origin_form(target: str) -> str:
+    url = urlsplit(target)
+    return (url.path or "/") + (f"?{url.query}" if url.query else "")
+
+
+def _request_head(
+    method: str, path: str, version: str, headers: list[str], extra: Mapping[str, str]
+) -> bytes:
+    """The request head sent upstream: the sandbox's headers without proxy and
+    connection headers or any it set under a credential's name, then the credentials."""
+    names = {name.lower() for name in extra}
+    kept = [
+        h
+        for h in headers
+        if not h.lower().startswith(("proxy-", "connection:"))
+        and h.split(":", 1)[0].strip().lower() not in names
+    ]
+    kept += [f"{name}: {value}" for name, value in extra.items()]
+    kept.append("Connection: close")
+    return f"{method} {path} {version}\r\n".encode("latin-1") + (
+        "\r\n".join(kept) + "\r\n\r\n"
+    ).encode("latin-1")
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -31,6 +31,9 @@ class Connection:
     method: str
     allowed: bool
     credentials_injected: bool = False
+    #: HTTPS the proxy ended with its lodger CA and re-opened upstream (``method`` is then
+    #: the request's, not ``CONNECT``)
+    tls_terminated: bool = False
     reason: str = ""
 
     def to_dict(self) -> dict[str, object]:
@@ -40,6 +43,7 @@ class Connection:
             "method": self.method,
             "allowed": self.allowed,
             "credentials_injected": self.credentials_injected,
+            "tls_terminated": self.tls_terminated,
             "reason": self.reason,
         }
 
@@ -61,6 +65,10 @@ class SandboxResult:
     output: bytes = b""
     output_total: int = 0
     duration_s: float = 0.0
+    #: CPU time the whole tree used (None where no cgroup counted it)
+    cpu_s: float | None = None
+    #: CPU periods in which the ``cpu_rate`` limit held the tree back
+    cpu_throttled: int = 0
     enforcement: Mapping[str, str] = field(default_factory=dict)
     connections: tuple[Connection, ...] = ()
 

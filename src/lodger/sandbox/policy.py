@@ -11,8 +11,14 @@ environment variables it sees and where its network traffic may go.
     max_processes = 256
     output_mb = 16
 
+    cpu_rate = 1.0                  # CPUs the whole tree may keep busy (default: no cap)
+    secrets_file = "~/.config/lodger/secrets.toml"   # or LODGER_SECRETS_FILE; see
+                                                     # ``lodger.sandbox.secrets``
+
     [sandbox.network]
-    allow = ["pypi.org", "*.pythonhosted.org"]   # default: no network at all
+    allow = ["pypi.org", "*.pythonhosted.org", "api.example.com"]  # default: no network
+    terminate_tls = ["api.example.com"]          # HTTPS there gets the credentials too
+    upstream_ca = "/path/ca.pem"                 # verify upstreams with this, not the host's
     [sandbox.network.credentials."api.example.com"]
     Authorization = "Bearer ${EXAMPLE_TOKEN}"    # injected by the egress proxy, outside
 
@@ -27,12 +33,15 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from lodger.errors import ConfigError
+from lodger.sandbox.secrets import SECRETS_VARIABLE, load_secrets_file
 
 __all__ = [
     "BACKENDS",
+    "SYSTEM_DIRS",
     "Backend",
     "Limits",
     "NetworkPolicy",
@@ -40,6 +49,9 @@ __all__ = [
     "looks_like_credential",
     "policy_from_config",
 ]
+
+#: the host's system directories every sandbox mounts read-only (nothing secret lives there)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
 Backend = Literal["bubblewrap", "runsc", "none"]
 BACKENDS: tuple[Backend, ...] = ("bubblewrap", "runsc", "none")
@@ -60,7 +72,10 @@ class Limits:
 
     ``wall_time_s`` and ``output_bytes`` are enforced by lodger (it kills the sandbox);
     ``memory_bytes`` and ``max_processes`` by a cgroup where one can be created (else
-    memory by ``RLIMIT_AS``), ``cpu_time_s`` by ``RLIMIT_CPU`` on every process.
+    memory by ``RLIMIT_AS``). ``cpu_time_s`` is a budget for the whole process tree,
+    counted by the cgroup (lodger kills the tree when it is spent; ``RLIMIT_CPU`` per
+    process where no cgroup counts CPU time); ``cpu_rate`` caps how many CPUs the tree
+    may keep busy at once (the cgroup cpu controller; 0.5 = half of one CPU).
     """
 
     wall_time_s: float = 60.0
@@ -68,9 +83,17 @@ class Limits:
     memory_bytes: int | None = 1024 * 1024 * 1024
     max_processes: int | None = 256
     output_bytes: int = 16 * 1024 * 1024
+    cpu_rate: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_processes", "output_bytes"):
+        for name in (
+            "wall_time_s",
+            "cpu_time_s",
+            "memory_bytes",
+            "max_processes",
+            "output_bytes",
+            "cpu_rate",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"sandbox limit {name} must be positive, not {value}")
@@ -79,6 +102,8 @@ class Limits:
         parts = [f"wall {self.wall_time_s:g}s"]
         if self.cpu_time_s is not None:
             parts.append(f"cpu {self.cpu_time_s:g}s")
+        if self.cpu_rate is not None:
+            parts.append(f"rate {self.cpu_rate:g} cpu")
         if self.memory_bytes is not None:
             parts.append(f"mem {self.memory_bytes // (1024 * 1024)}MiB")
         if self.max_processes is not None:
@@ -93,15 +118,37 @@ class NetworkPolicy:
 
     Allowed traffic leaves only through lodger's egress proxy, which runs outside the
     sandbox; ``credentials`` maps a domain to headers the proxy adds to plain-HTTP
-    requests for it, so the secret never enters the sandbox.
+    requests for it, so the secret never enters the sandbox. HTTPS to an allowed domain
+    is tunnelled untouched, unless ``terminate_tls`` marks it: then the proxy ends the
+    sandbox's TLS with a certificate from a lodger CA only the sandbox trusts, adds the
+    headers, and opens its own TLS connection upstream, verified against the host's
+    trust store (or ``upstream_ca``, a PEM file).
     """
 
     allow: tuple[str, ...] = ()
     credentials: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    terminate_tls: tuple[str, ...] = ()
+    upstream_ca: Path | None = None
+
+    def __post_init__(self) -> None:
+        for pattern in self.terminate_tls:
+            if not any(fnmatch.fnmatchcase(pattern.lower(), a.lower()) for a in self.allow):
+                raise ConfigError(
+                    f"the network policy terminates TLS for {pattern!r}, "
+                    "which its allow-list does not name",
+                    hint=f"add {pattern!r} to network.allow, or drop it from terminate_tls",
+                )
 
     @property
     def enabled(self) -> bool:
         return bool(self.allow)
+
+    def terminates(self, host: str) -> bool:
+        """Whether the proxy terminates TLS for ``host`` (an allowed, marked domain)."""
+        host = host.lower().rstrip(".")
+        return self.allows(host) and any(
+            fnmatch.fnmatchcase(host, pattern.lower()) for pattern in self.terminate_tls
+        )
 
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
@@ -120,7 +167,12 @@ class NetworkPolicy:
     def describe(self) -> str:
         if not self.allow:
             return "off"
-        return "proxy: " + ", ".join(self.allow)
+        text = "proxy: " + ", ".join(self.allow)
+        if self.terminate_tls:
+            text += " (TLS terminated: " + ", ".join(self.terminate_tls) + ")"
+        if self.credentials:
+            text += " (credentials for: " + ", ".join(self.credentials) + ")"
+        return text
 
 
 def _is_domain(host: str) -> bool:
@@ -190,12 +242,18 @@ _LIMIT_KEYS = {
     "memory_mb": ("memory_bytes", 1024 * 1024),
     "max_processes": ("max_processes", 1),
     "output_mb": ("output_bytes", 1024 * 1024),
+    "cpu_rate": ("cpu_rate", 1.0),
 }
 
 
-def policy_from_config(table: Mapping[str, Any], *, where: str = "[sandbox]") -> SandboxPolicy:
-    """A policy from the ``[sandbox]`` table of ``lodger.toml`` (see the module doc)."""
-    known = {"backend", "approval", "env", "network", *_LIMIT_KEYS}
+def policy_from_config(
+    table: Mapping[str, Any], *, where: str = "[sandbox]", workspace: Path | None = None
+) -> SandboxPolicy:
+    """A policy from the ``[sandbox]`` table of ``lodger.toml`` (see the module doc).
+
+    ``workspace``: where sandboxed commands work, which a secrets file must lie outside
+    (default: the current directory)."""
+    known = {"backend", "approval", "env", "network", "secrets_file", *_LIMIT_KEYS}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(
@@ -218,9 +276,22 @@ def policy_from_config(table: Mapping[str, Any], *, where: str = "[sandbox]") ->
     network = table.get("network", {})
     if not isinstance(network, dict):
         raise ConfigError(f"{where} network must be a table")
+    network_keys = {"allow", "credentials", "terminate_tls", "upstream_ca"}
+    unknown = sorted(set(network) - network_keys)
+    if unknown:
+        raise ConfigError(
+            f"{where} network has unknown keys: {', '.join(unknown)}",
+            hint="known keys: " + ", ".join(sorted(network_keys)),
+        )
     allow = network.get("allow", [])
     if not isinstance(allow, list) or not all(isinstance(v, str) for v in allow):
         raise ConfigError(f"{where} network.allow must be a list of domains")
+    terminate = network.get("terminate_tls", [])
+    if not isinstance(terminate, list) or not all(isinstance(v, str) for v in terminate):
+        raise ConfigError(f"{where} network.terminate_tls must be a list of domains")
+    upstream_ca = network.get("upstream_ca")
+    if upstream_ca is not None and not isinstance(upstream_ca, str):
+        raise ConfigError(f"{where} network.upstream_ca must be a path")
     credentials: dict[str, dict[str, str]] = {}
     for domain, headers in dict(network.get("credentials", {})).items():
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
@@ -229,10 +300,32 @@ def policy_from_config(table: Mapping[str, Any], *, where: str = "[sandbox]") ->
             name: _expand(value, f"{where} network.credentials.{domain}.{name}")
             for name, value in headers.items()
         }
+    secrets_file = table.get("secrets_file", os.environ.get(SECRETS_VARIABLE))
+    if secrets_file is not None:
+        if not isinstance(secrets_file, str) or not secrets_file:
+            raise ConfigError(f"{where} secrets_file must be a path")
+        from_file = load_secrets_file(
+            secrets_file, workspace=workspace or Path.cwd(), mounted=SYSTEM_DIRS
+        )
+        for domain, headers in from_file.items():
+            mine = credentials.setdefault(domain, {})
+            twice = sorted({n.lower() for n in mine} & {n.lower() for n in headers})
+            if twice:
+                raise ConfigError(
+                    f"the credentials for {domain!r} set {', '.join(twice)} both in "
+                    f"{where} and in the secrets file",
+                    hint="keep each header in one place",
+                )
+            mine.update(headers)
     return SandboxPolicy(
         backend=table.get("backend", "bubblewrap"),
         limits=Limits(**limits),
-        network=NetworkPolicy(allow=tuple(allow), credentials=credentials),
+        network=NetworkPolicy(
+            allow=tuple(allow),
+            credentials=credentials,
+            terminate_tls=tuple(terminate),
+            upstream_ca=Path(os.path.expanduser(upstream_ca)) if upstream_ca else None,
+        ),
         env=tuple(env),
         approval=approval,
     )

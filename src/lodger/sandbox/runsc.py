@@ -7,14 +7,17 @@ same mounts as the bubblewrap backend: the system directories read-only (secret 
 masked), the workspace read-write at its own path, a private ``/tmp``; nothing else of
 the host exists inside. gVisor gives new PID, network, IPC, UTS and mount namespaces.
 
-Limits: the gVisor sandbox's host processes start in the command's cgroup, but on the
-host this was built on (runsc release 20221219, cgroup v1) a 300 MB allocation inside
-succeeded under a 64 MB memory cgroup: this backend does NOT enforce the memory limit
-yet (tests/sandbox/test_escapes.py marks that case xfail). ``RLIMIT_CPU`` on the host
-process bounds the CPU time of the sandbox as a whole; the process count is
-``RLIMIT_NPROC`` inside gVisor (the host's pids cgroup would count gVisor's own threads,
-so it is not used, and a refused fork is not reported as ``limit="processes"``); wall
-time and output are watched by lodger, which kills the sandbox.
+Limits: runsc runs with ``--ignore-cgroups``, so the gVisor sandbox's host processes
+(the Sentry, which holds all the memory the command allocates, and the gofer) stay in
+the cgroup lodger made for the command and the kernel enforces its memory limit on them.
+Without that flag runsc (release 20221219 here) moves them into a cgroup of its own at
+the hierarchy's root, ``/<container id>``, outside lodger's limit: a 300 MB allocation
+then succeeded under a 64 MB limit, and a SIGKILLed run left that cgroup behind. CPU time
+is counted for the sandbox as a whole (see ``lodger.sandbox._process``); the process
+count is ``RLIMIT_NPROC`` inside gVisor (the host's pids cgroup would count gVisor's own
+threads, so it is not used, and a refused fork is not reported as
+``limit="processes"``); wall time and output are watched by lodger, which kills the
+sandbox.
 
 Network policy: only ``off`` is supported by this backend; a policy that allows domains
 is refused (the egress proxy is wired into bubblewrap only).
@@ -87,6 +90,7 @@ class RunscSandbox:
             command = [
                 self.executable,
                 "--network=none",
+                "--ignore-cgroups",
                 f"--root={bundle / 'state'}",
                 "run",
                 f"--bundle={bundle}",
@@ -108,8 +112,6 @@ class RunscSandbox:
         how = dict(result.enforcement)
         if limits.max_processes is not None:
             how["processes"] = "RLIMIT_NPROC inside gVisor"
-        if limits.cpu_time_s is not None:
-            how["cpu_time"] = "RLIMIT_CPU on the gVisor sandbox (all its processes)"
         return dataclasses.replace(result, enforcement=how)
 
 

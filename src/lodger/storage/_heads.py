@@ -14,7 +14,9 @@ that fits in a disk sector costs about 3 us.) The file is written after the comm
 describes, so a reader that reads the head first and the events second always finds at
 least the head's events; after a crash between the commit and the write the head lags
 one append behind, which is still a valid prefix. A reader that meets a record being
-overwritten reads it again before calling it damaged.
+overwritten reads it again before calling it damaged. A new file is created whole
+(written under a hidden temporary name, then renamed), so a process killed while creating
+it leaves no file or a complete one; a leftover temporary file is ignored.
 """
 
 from __future__ import annotations
@@ -119,13 +121,14 @@ class HeadFiles:
         if len(data) >= _RECORD:  # ids and digests are bounded: this is a programming error
             raise OSError(f"the head record of session {session_id!r} does not fit")
         record = data.ljust(_RECORD - 1) + b"\n"
-        fd = self._fd(session_id)
-        if os.pwrite(fd, record, 0) != len(record):
+        fd = self._fd(session_id, record)
+        if fd is not None and os.pwrite(fd, record, 0) != len(record):
             raise OSError(f"short write to the head record of session {session_id!r}")
 
-    def _fd(self, session_id: str) -> int:
+    def _fd(self, session_id: str, record: bytes) -> int | None:
         """The open head file of the session, reopened if the file at its path changed
-        (deleted, replaced from a backup): writing to a file no path leads to helps nobody."""
+        (deleted, replaced from a backup): writing to a file no path leads to helps nobody.
+        None when there was no file: it is created holding ``record``."""
         path = self.path(session_id)
         known = self._open.get(session_id)
         try:
@@ -138,10 +141,26 @@ class HeadFiles:
                 return fd
             os.close(fd)
             del self._open[session_id]
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        created = now is None
+        if created:
+            self._create(path, record)
+        fd = os.open(path, os.O_WRONLY)
         info = os.fstat(fd)
         self._open[session_id] = (fd, info.st_dev, info.st_ino)
-        return fd
+        return None if created else fd
+
+    def _create(self, path: Path, record: bytes) -> None:
+        """Create a head file whole: written under a hidden temporary name, then renamed,
+        so a process killed while creating it leaves no file or a complete one, never an
+        empty one that would read as damaged."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if os.write(fd, record) != len(record):
+                raise OSError(f"short write creating the head record {path}")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
 
     def sessions(self) -> list[str]:
         """Sessions that have a head file (whatever it holds)."""

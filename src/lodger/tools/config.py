@@ -251,7 +251,7 @@ def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
         return None
     if not isinstance(table, dict):
         raise ConfigError(f"[sandbox] in {path} must be a table")
-    return policy_from_config(table, where=f"[sandbox] of {path}")
+    return policy_from_config(table, where=f"[sandbox] of {path}", workspace=workspace)
 
 
 def parse_mcp_option(spec: str, *, base: Path | None = None) -> McpServerConfig:

@@ -140,6 +140,7 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     text = output.text().rstrip("\n") or "(no output)"
     egress = [
         f"{'allowed' if c.allowed else 'refused'} {c.method} {c.host}:{c.port}"
+        + (" (TLS terminated by lodger)" if c.tls_terminated else "")
         + (" (credentials added)" if c.credentials_injected else "")
         for c in result.connections
     ]

@@ -1,0 +1,114 @@
+"""``lodger serve``: the HTTP host over a state directory or an object store."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from lodger.cli._common import state_option, store_url
+from lodger.cli._run import code_mode_option, load_tools_file
+from lodger.codemode import Language
+from lodger.tools.spec import Tool
+
+__all__ = ["COMMANDS", "serve"]
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8470, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="SPEC",
+    help="A model sessions may use (repeatable; the first is the default; default: test).",
+)
+@click.option(
+    "--tools", "tools_files", multiple=True, metavar="FILE.py", help="Bind @tool functions."
+)
+@click.option(
+    "--workspaces",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Give each session a workspace DIR/<session> and the workspace tools.",
+)
+@click.option(
+    "--control",
+    "control_path",
+    metavar="PATH",
+    default=None,
+    help="The host's index (tokens, messages, approvals): a SQLite file "
+    "(default: <state>/host.sqlite3).",
+)
+@click.option(
+    "--hooks",
+    "hooks_file",
+    metavar="FILE.toml",
+    default=None,
+    help='Webhooks: [hooks.NAME] secret_env = ..., session = ID | "new".',
+)
+@click.option("--max-steps", default=50, show_default=True, help="Stop a turn after N steps.")
+@click.option("--access-log", is_flag=True, help="Log each request (never its token).")
+@code_mode_option
+@state_option
+def serve(
+    host: str,
+    port: int,
+    models: tuple[str, ...],
+    tools_files: tuple[str, ...],
+    workspaces: Path | None,
+    control_path: str | None,
+    hooks_file: str | None,
+    max_steps: int,
+    access_log: bool,
+    code_mode: Language | None,
+    state: str,
+) -> None:
+    """Serve sessions over HTTP: create, send, stream live facts, approve, recover.
+
+    Prints an admin token (or takes it from $LODGER_HOST_TOKEN); every request needs a
+    token (Authorization: Bearer ...). The API contract is /openapi.json; a session's
+    timeline is /timeline/SESSION#token=TOKEN.
+
+    \b
+    Example:
+      lodger serve --state .lodger --model script:steps.json --port 8470
+      curl -H "Authorization: Bearer $TOKEN" localhost:8470/v1/sessions
+    """
+    from lodger.host.hub import HostConfig
+    from lodger.host.server import serve as run_server
+    from lodger.host.webhooks import load_hooks
+
+    tools: list[Tool] = []
+    for path in tools_files:
+        tools.extend(load_tools_file(path))
+    config = HostConfig(
+        models=models or ("test",),
+        tools=tuple(tools),
+        workspaces=workspaces.resolve() if workspaces is not None else None,
+        code_mode=code_mode,
+        max_steps=max_steps,
+    )
+    hooks = load_hooks(hooks_file) if hooks_file else {}
+
+    def say(line: str) -> None:
+        click.echo(line)
+
+    asyncio.run(
+        run_server(
+            state=state,
+            store=store_url(),
+            control_path=control_path,
+            host=host,
+            port=port,
+            config=config,
+            hooks=hooks,
+            access_log=access_log,
+            say=say,
+        )
+    )
+
+
+COMMANDS = (serve,)

@@ -1,0 +1,312 @@
+"""A Python client for the lodger HTTP host, with the host's verbs.
+
+>>> async with HostClient("http://127.0.0.1:8470", token=TOKEN) as client:
+...     session = await client.create_session()
+...     sent = await client.send(session, "fix the test", key="fix-1")
+...     async for fact in client.stream(session):
+...         print(fact.offset, fact.kind)
+...         if fact.kind == "turn_ended":
+...             break
+
+A refusal raises the ``LodgerError`` subclass its status names (``HostAuthError`` for
+401/403, ``SessionNotFoundError``, ``HostConflictError`` for 409, ``UsageError`` for other
+4xx, ``StorageError`` for 5xx) with the host's ``code``, ``hint`` and ``next_steps``; the
+HTTP status is ``error.status``. ``stream`` reconnects after a dropped connection with
+``Last-Event-ID`` and never yields an offset twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, cast
+
+import httpx2
+
+from lodger.errors import (
+    ActionName,
+    HostAuthError,
+    HostConflictError,
+    LodgerError,
+    NextStep,
+    SessionNotFoundError,
+    StorageError,
+    UsageError,
+)
+
+__all__ = ["HostClient", "StreamedFact"]
+
+
+@dataclass(frozen=True)
+class StreamedFact:
+    """One committed fact from a session's stream (``data`` is the event as JSON)."""
+
+    offset: int
+    kind: str
+    data: dict[str, Any]
+
+
+def _error(response: httpx2.Response) -> LodgerError:
+    try:
+        detail = response.json()["error"]
+        code, message = str(detail["code"]), str(detail["message"])
+    except (ValueError, KeyError, TypeError):
+        detail, code, message = {}, "usage", f"HTTP {response.status_code}: {response.text[:200]}"
+    status = response.status_code
+    cls: type[LodgerError]
+    if status in (401, 403):
+        cls = HostAuthError
+    elif status == 404 and code == "session_not_found":
+        cls = SessionNotFoundError
+    elif status == 409:
+        cls = HostConflictError
+    elif status >= 500:
+        cls = StorageError
+    else:
+        cls = UsageError
+    steps = tuple(
+        NextStep(
+            action=cast(ActionName, s.get("action")),
+            session_id=s.get("session_id"),
+            call_id=s.get("call_id"),
+        )
+        for s in detail.get("next_steps", ())
+    )
+    error: LodgerError = cls(
+        message,
+        hint=detail.get("hint"),
+        code=code,
+        session_id=detail.get("session_id"),
+        call_id=detail.get("call_id"),
+        offset=detail.get("offset"),
+        next_steps=steps,
+    )
+    error.status = status  # type: ignore[attr-defined]
+    return error
+
+
+class HostClient:
+    """The host's verbs over HTTP (``httpx2.AsyncClient``; pass ``transport=`` to test
+    against an app in-process)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str,
+        timeout: float = 30.0,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx2.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx2.Timeout(timeout, read=None),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> HostClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise _error(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.content
+
+    # ------------------------------------------------------------ sessions
+
+    async def create_session(
+        self,
+        *,
+        session_id: str | None = None,
+        model: str | None = None,
+        message: str | None = None,
+        key: str | None = None,
+    ) -> str:
+        body = {
+            "session_id": session_id,
+            "model": model,
+            "message": message,
+            "idempotency_key": key,
+        }
+        made = await self._call(
+            "POST", "/v1/sessions", json={k: v for k, v in body.items() if v is not None}
+        )
+        return str(made["session_id"])
+
+    async def list_sessions(self) -> list[str]:
+        return list((await self._call("GET", "/v1/sessions"))["sessions"])
+
+    async def show(self, session_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}"))
+
+    async def events(
+        self, session_id: str, *, start: int = 0, limit: int = 1000
+    ) -> list[StreamedFact]:
+        page = await self._call(
+            "GET", f"/v1/sessions/{session_id}/events", params={"start": start, "limit": limit}
+        )
+        return [StreamedFact(e["offset"], e["kind"], e) for e in page["events"]]
+
+    async def send(self, session_id: str, text: str, *, key: str | None = None) -> dict[str, Any]:
+        """Queue a turn; returns ``{"message": {...}, "created": bool, "stream": path}``."""
+        body: dict[str, Any] = {"text": text}
+        if key is not None:
+            body["idempotency_key"] = key
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body))
+
+    async def message(self, session_id: str, message_id: int) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}/messages/{message_id}"))
+
+    async def wait_message(
+        self, session_id: str, message_id: int, *, within: float = 60.0, poll: float = 0.05
+    ) -> dict[str, Any]:
+        """Poll until the message is done or failed."""
+        async with asyncio.timeout(within):
+            while True:
+                found = await self.message(session_id, message_id)
+                if found["status"] in ("done", "failed"):
+                    return found
+                await asyncio.sleep(poll)
+
+    # ------------------------------------------------------------ streams
+
+    async def stream(
+        self,
+        session_id: str,
+        *,
+        after: int | None = None,
+        follow: bool = True,
+        reconnect: bool = True,
+    ) -> AsyncIterator[StreamedFact]:
+        """Facts from offset ``after + 1`` (from 0 when None), live; a dropped
+        connection is resumed with ``Last-Event-ID``."""
+        last = after
+        while True:
+            headers = {} if last is None else {"Last-Event-ID": str(last)}
+            try:
+                async with self._http.stream(
+                    "GET",
+                    f"/v1/sessions/{session_id}/stream",
+                    params={"follow": "true" if follow else "false"},
+                    headers=headers,
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise _error(response)
+                    async for fact in _parse_sse(response):
+                        if last is not None and fact.offset <= last:
+                            continue
+                        last = fact.offset
+                        yield fact
+                    if not follow:
+                        return
+            except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
+                if not reconnect:
+                    raise StorageError(
+                        f"the stream of session {session_id!r} dropped: {exc}",
+                        hint="reconnect with Last-Event-ID",
+                        code="storage",
+                    ) from exc
+                await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------ approvals
+
+    async def approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        path = "/v1/approvals" if session_id is None else f"/v1/sessions/{session_id}/approvals"
+        return list((await self._call("GET", path))["approvals"])
+
+    async def answer(self, session_id: str, call_id: str, *, allow: bool) -> dict[str, Any]:
+        return dict(
+            await self._call(
+                "POST",
+                f"/v1/sessions/{session_id}/approvals/{call_id}",
+                json={"decision": "allow" if allow else "deny"},
+            )
+        )
+
+    # ------------------------------------------------------------ recovery
+
+    async def recovery(self, session_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}/recovery"))
+
+    async def decide(
+        self, session_id: str, call_id: str, decision: str, *, result: str | None = None
+    ) -> list[int]:
+        body = {"call_id": call_id, "decision": decision, "result": result}
+        made = await self._call("POST", f"/v1/sessions/{session_id}/decide", json=body)
+        return list(made["offsets"])
+
+    async def resume(self, session_id: str, *, key: str | None = None) -> dict[str, Any]:
+        body = {} if key is None else {"idempotency_key": key}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/resume", json=body))
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[int]:
+        made = await self._call(
+            "POST", f"/v1/sessions/{session_id}/abandon", json={"reason": reason}
+        )
+        return list(made["offsets"])
+
+    async def fork(
+        self, session_id: str, *, at: int | None = None, new_id: str | None = None
+    ) -> str:
+        body = {"at": at, "session_id": new_id}
+        made = await self._call(
+            "POST",
+            f"/v1/sessions/{session_id}/fork",
+            json={k: v for k, v in body.items() if v is not None},
+        )
+        return str(made["session_id"])
+
+    async def artifact(self, session_id: str, sha256: str) -> bytes:
+        data = await self._call("GET", f"/v1/sessions/{session_id}/artifacts/{sha256}")
+        return data if isinstance(data, bytes) else json.dumps(data).encode()
+
+    # ------------------------------------------------------------ operations
+
+    async def make_token(self, *, session_id: str | None = None, label: str = "") -> str:
+        body: dict[str, Any] = {"label": label}
+        if session_id is not None:
+            body["session_id"] = session_id
+        return str((await self._call("POST", "/v1/tokens", json=body))["token"])
+
+    async def metrics(self) -> str:
+        data = await self._call("GET", "/metrics")
+        return data.decode() if isinstance(data, bytes) else str(data)
+
+
+async def _parse_sse(response: httpx2.Response) -> AsyncIterator[StreamedFact]:
+    event_id: str | None = None
+    kind = "message"
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data and event_id is not None:
+                yield StreamedFact(int(event_id), kind, json.loads("\n".join(data)))
+            event_id, kind, data = None, "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "id":
+            event_id = value
+        elif field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)

@@ -1,0 +1,14 @@
+"""The HTTP host: sessions over an API, live event streams, approvals from anywhere.
+
+>>> app = create_app(Sessions(Storage.local(".lodger")), SqliteHostControl(".lodger/host.sqlite3"))
+
+``lodger serve`` runs it with uvicorn (``lodger.host.server``); ``lodger.client`` speaks
+to it. See ``lodger.host.app`` for the routes and ``docs/openapi.json`` for the contract.
+"""
+
+from lodger.host.app import create_app
+from lodger.host.control import HostControl, SqliteHostControl
+from lodger.host.hub import HostConfig, Hub
+from lodger.host.webhooks import HookConfig
+
+__all__ = ["HookConfig", "HostConfig", "HostControl", "Hub", "SqliteHostControl", "create_app"]

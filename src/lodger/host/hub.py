@@ -1,0 +1,370 @@
+"""The hub: what runs hosted sessions in the background.
+
+A send queues a message in the control index (once per idempotency key) and wakes the
+session's runner: one task per session with work, owned by the hub's task group, that
+runs the session's queued messages one turn at a time (one writer per session). Every
+fact a run commits is published to the session's feed (live streams) and to the
+observers (metrics, traces) in commit order.
+
+Approvals: in a hosted run the permission gate's ``Approver`` parks the call in the
+control index and waits; an answer from any client (``answer``) decides it once: the
+index lets one answer win and the others get a conflict. The ``permission_requested``
+fact the gate commits just before asking tells which call is asked about: it is observed
+in the call's own task, which then asks, so a context variable carries the call id.
+
+After a crash: messages that were running are looked up in the log. A turn that never
+started runs again; an open turn is resumed (a resume, not a retry); a settled turn is
+marked done. Pending approvals of the dead process are marked expired (the resume asks
+again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lodger.codemode import Language
+from lodger.engine.loop import TurnResult
+from lodger.errors import (
+    ConfigError,
+    HostConflictError,
+    LodgerError,
+    SessionNotFoundError,
+    UsageError,
+)
+from lodger.events import Event, TurnStarted
+from lodger.host.control import Approval, HostControl, Message, MessageKind
+from lodger.host.feed import Feeds
+from lodger.providers import make_model
+from lodger.sessions import Binding, Sessions
+from lodger.storage import check_session_id
+from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import load_sandbox_policy
+from lodger.tools.spec import Tool
+
+__all__ = ["HostConfig", "Hub"]
+
+_log = logging.getLogger("lodger.host")
+
+EventObserver = Callable[[Event], None]
+
+# The call the permission gate is asking about, set in the call's task when its
+# ``permission_requested`` fact commits (see the module docstring).
+_ASKING: contextvars.ContextVar[str | None] = contextvars.ContextVar("lodger_asking", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConfig:
+    """What every hosted session runs with."""
+
+    #: model specs a session may use; the first is the default
+    models: tuple[str, ...] = ("test",)
+    #: tools bound in every session besides the workspace tools
+    tools: Sequence[Tool] = ()
+    #: each session works in ``<workspaces>/<session id>`` with the workspace tools
+    workspaces: Path | None = None
+    code_mode: Language | None = None
+    max_steps: int = 50
+
+
+@dataclass
+class _Asked:
+    """A call waiting for an approval in this process."""
+
+    future: asyncio.Future[bool]
+    parked: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Hub:
+    def __init__(
+        self,
+        sessions: Sessions,
+        control: HostControl,
+        config: HostConfig,
+        *,
+        feeds: Feeds | None = None,
+        observers: Sequence[EventObserver] = (),
+    ) -> None:
+        self.sessions = sessions
+        self.control = control
+        self.config = config
+        self.feeds = feeds or Feeds(sessions.storage.log)
+        self.observers = list(observers)
+        self._group: asyncio.TaskGroup | None = None
+        self._runners: dict[str, asyncio.Task[None]] = {}
+        self._dirty: set[str] = set()
+        self._asked: dict[tuple[str, str], _Asked] = {}
+        self.turns_run = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, group: asyncio.TaskGroup) -> None:
+        """Adopt the work a previous process left, then run it in ``group``."""
+        self._group = group
+        await self.control.expire_pending()
+        for message in await self.control.messages(status="running"):
+            await self._adopt(message)
+        for message in await self.control.messages(status="queued"):
+            self.wake(message.session_id)
+
+    async def stop(self) -> None:
+        """Cancel every runner and wait for each to settle (a cancelled turn records
+        what it left running; nothing is abandoned silently)."""
+        tasks = list(self._runners.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._group = None
+
+    async def _adopt(self, message: Message) -> None:
+        """A message that was running when the previous process died."""
+        events = await self.sessions.storage.log.read(message.session_id)
+        started = [
+            e
+            for e in events
+            if isinstance(e.body, TurnStarted) and e.offset >= (message.start_offset or 0)
+        ]
+        if not started:
+            await self.control.requeue(message.id, kind=message.kind)  # it never started
+            return
+        state = await self.sessions.state(message.session_id)
+        if state.open_turn is not None:
+            await self.control.requeue(message.id, kind="resume")  # resume, never retry
+            return
+        await self.control.finish_message(
+            message.id,
+            status="done",
+            result={"status": state.last_turn_status, "adopted": True},
+        )
+
+    # ------------------------------------------------------------ sessions
+
+    def resolve_model(self, spec: str | None) -> str:
+        if spec is None:
+            return self.config.models[0]
+        if spec not in self.config.models:
+            raise UsageError(
+                f"model {spec!r} is not offered by this host",
+                hint="use one of: " + ", ".join(self.config.models),
+                code="model_not_allowed",
+            )
+        return spec
+
+    async def create(self, *, session_id: str | None, model: str | None) -> str:
+        spec = self.resolve_model(model)
+        sid = session_id or self.sessions.ids.new_id()
+        check_session_id(sid)
+        if await self.sessions.storage.log.exists(sid) or not await self.control.bind_session(
+            sid, model=spec, created_us=self.sessions.clock.now_us()
+        ):
+            raise HostConflictError(
+                f"session {sid!r} exists already",
+                hint="pick another id, or leave it out to get a fresh one",
+                code="session_exists",
+                session_id=sid,
+            )
+        return sid
+
+    async def known(self, session_id: str) -> bool:
+        check_session_id(session_id)
+        if await self.control.session_model(session_id) is not None:
+            return True
+        return await self.sessions.storage.log.exists(session_id)
+
+    async def require(self, session_id: str) -> None:
+        if not await self.known(session_id):
+            raise SessionNotFoundError(
+                f"no session {session_id!r} on this host",
+                hint="list the sessions to find the id",
+                session_id=session_id,
+            )
+
+    async def list_sessions(self) -> list[str]:
+        found = set(await self.sessions.list_sessions())
+        found.update(await self.control.bound_sessions())
+        return sorted(found)
+
+    def running(self, session_id: str) -> bool:
+        return session_id in self._runners
+
+    # ------------------------------------------------------------ sending
+
+    async def send(
+        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+    ) -> tuple[Message, bool]:
+        """Queue ``text`` (once per ``key``) and wake the session's runner."""
+        await self.require(session_id)
+        message, created = await self.control.submit(
+            session_id, key=key, kind=kind, text=text, created_us=self.sessions.clock.now_us()
+        )
+        if created:
+            self.wake(session_id)
+        return message, created
+
+    def wake(self, session_id: str) -> None:
+        self._dirty.add(session_id)
+        if session_id in self._runners:
+            return
+        if self._group is None:
+            raise UsageError("the host is not running", code="usage")
+        self._runners[session_id] = self._group.create_task(
+            self._runner(session_id), name=f"lodger-host-{session_id}"
+        )
+
+    async def _runner(self, session_id: str) -> None:
+        try:
+            while True:
+                self._dirty.discard(session_id)
+                message = await self.control.next_message(session_id)
+                if message is None:
+                    if session_id in self._dirty:
+                        continue  # woken while we looked
+                    return
+                await self._run_message(message)
+        finally:
+            self._runners.pop(session_id, None)
+
+    async def _run_message(self, message: Message) -> None:
+        sid = message.session_id
+        head = (await self.sessions.storage.log.head(sid)).high_water
+        await self.control.start_message(message.id, start_offset=head)
+        try:
+            binding = await self.binding(sid)
+            try:
+                if message.kind == "resume":
+                    result = await self.sessions.resume(sid, binding=binding)
+                else:
+                    result = await self.sessions.run(message.text, binding=binding, session=sid)
+            finally:
+                await binding.model.aclose()
+        except LodgerError as exc:
+            await self.control.finish_message(
+                message.id, status="failed", result={"error": exc.to_dict()}
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the host: record it
+            _log.exception("turn of message %s in session %s failed", message.id, sid)
+            failure = {"code": "lodger_error", "message": f"{type(exc).__name__}: {exc}"}
+            await self.control.finish_message(
+                message.id, status="failed", result={"error": failure}
+            )
+            return
+        self.turns_run += 1
+        await self.control.finish_message(message.id, status="done", result=_summary(result))
+
+    async def binding(self, session_id: str) -> Binding:
+        spec = await self.control.session_model(session_id)
+        if spec is None:
+            spec = self.config.models[0]
+        tools = list(self.config.tools)
+        workspace: Path | None = None
+        if self.config.workspaces is not None:
+            workspace = (self.config.workspaces / session_id).resolve()
+            state = (
+                await self.sessions.state(session_id) if await self._logged(session_id) else None
+            )
+            if state is not None and state.workspace is not None:
+                workspace = Path(state.workspace)  # a fork works where its parent did
+            await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
+            tools = [*workspace_tools(sandbox=load_sandbox_policy(workspace)), *tools]
+        try:
+            model = make_model(spec)
+        except ConfigError:
+            raise
+        return Binding(
+            model=model,
+            tools=tools,
+            workspace=workspace,
+            approver=self._approver(session_id),
+            max_steps=self.config.max_steps,
+            on_event=self._observer(session_id),
+            code_mode=self.config.code_mode,
+        )
+
+    async def _logged(self, session_id: str) -> bool:
+        return await self.sessions.storage.log.exists(session_id)
+
+    def publish(self, session_id: str, events: Sequence[Event]) -> None:
+        """Facts committed outside a run (decide, abandon, fork) reach streams at once."""
+        for event in events:
+            for observe in self.observers:
+                observe(event)
+        self.feeds.publish(session_id, events)
+
+    def _observer(self, session_id: str) -> EventObserver:
+        def on_event(event: Event) -> None:
+            if event.kind == "permission_requested" and event.call_id is not None:
+                _ASKING.set(event.call_id)
+                key = (session_id, event.call_id)
+                if key not in self._asked:
+                    self._asked[key] = _Asked(asyncio.get_running_loop().create_future())
+            for observe in self.observers:
+                observe(event)
+            self.feeds.publish(session_id, (event,))
+
+        return on_event
+
+    # ------------------------------------------------------------ approvals
+
+    def _approver(self, session_id: str) -> Callable[[Tool, dict[str, Any]], Any]:
+        async def approve(tool: Tool, arguments: dict[str, Any]) -> bool:
+            call_id = _ASKING.get()
+            if call_id is None:  # the gate asked without a fact: never allow blindly
+                return False
+            key = (session_id, call_id)
+            asked = self._asked.get(key)
+            if asked is None:
+                asked = self._asked[key] = _Asked(asyncio.get_running_loop().create_future())
+            summary = ""
+            for event in reversed(self.feeds.feed(session_id).recent):
+                if event.call_id == call_id and event.kind == "permission_requested":
+                    summary = getattr(event.body, "summary", "")
+                    break
+            try:
+                await self.control.park(
+                    session_id,
+                    call_id,
+                    tool=tool.name,
+                    summary=summary,
+                    created_us=self.sessions.clock.now_us(),
+                )
+                asked.parked.set()
+                return await asked.future
+            finally:
+                asked.parked.set()  # an answer waiting for the index goes on either way
+                self._asked.pop(key, None)
+
+        return approve
+
+    def waiting(self) -> int:
+        """Calls waiting for an approval in this process."""
+        return len(self._asked)
+
+    async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
+        """Decide a parked call once: the first answer wins, any later one is a conflict."""
+        asked = self._asked.get((session_id, call_id))
+        if asked is not None:
+            await asked.parked.wait()  # the fact can reach a client before the index does
+        approval = await self.control.answer(session_id, call_id, allow=allow, by=by)
+        if asked is not None and not asked.future.done():
+            asked.future.set_result(allow)
+        return approval
+
+
+def _summary(result: TurnResult) -> dict[str, Any]:
+    return {
+        "status": result.status,
+        "turn_id": result.turn_id,
+        "run_id": result.run_id,
+        "answer": result.answer,
+        "error": result.error,
+        "commits": result.commits,
+    }

@@ -1,0 +1,86 @@
+"""Running the host: storage, the control index, an admin token and uvicorn.
+
+``serve(...)`` is what ``lodger serve`` calls. The admin token comes from
+``$LODGER_HOST_TOKEN`` (stored hashed) or is made afresh and printed once on stdout,
+never to a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from lodger.events import Event
+from lodger.host.app import create_app
+from lodger.host.auth import TOKEN_ENVVAR, new_token
+from lodger.host.control import SqliteHostControl
+from lodger.host.hub import HostConfig, Hub
+from lodger.host.telemetry import tracer_from_env
+from lodger.host.webhooks import HookConfig
+from lodger.sessions import Sessions
+from lodger.storage import Storage
+
+__all__ = ["serve"]
+
+
+async def serve(
+    *,
+    state: str,
+    store: str | None,
+    control_path: str | None,
+    host: str,
+    port: int,
+    config: HostConfig,
+    hooks: dict[str, HookConfig],
+    access_log: bool = False,
+    say: Callable[[str], None] = print,
+) -> None:
+    storage = Storage.open(state, store=store)
+    control = SqliteHostControl(
+        Path(control_path) if control_path else Path(state) / "host.sqlite3"
+    )
+    sessions = Sessions(storage)
+    try:
+        token = os.environ.get(TOKEN_ENVVAR) or None
+        if token is None:
+            token = new_token()
+            await control.add_token(token, scope="admin", session_id=None, label="serve")
+            say(f"admin token: {token}")
+        else:
+            await control.add_token(token, scope="admin", session_id=None, label="env")
+            say(f"admin token: from ${TOKEN_ENVVAR}")
+        observers: tuple[Callable[[Event], None], ...] = ()
+        spans = tracer_from_env()
+        if spans is not None:
+            observers = (spans.observe,)
+
+        async def started(hub: Hub) -> None:
+            say(f"lodger host on http://{host}:{port} (timeline: /timeline/SESSION)")
+            sys.stdout.flush()
+
+        app = create_app(
+            sessions, control, config, hooks=hooks, observers=observers, on_started=started
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                access_log=access_log,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+            )
+        )
+        await server.serve()
+        if spans is not None:
+            spans.shutdown()
+    finally:
+        await sessions.close()
+        await control.close()
+        await asyncio.sleep(0)

@@ -1,0 +1,175 @@
+"""The API's verbs against a real host: sessions, sends with idempotency keys, auth
+scopes, and machine-readable refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from lodger.errors import HostAuthError, HostConflictError, SessionNotFoundError, UsageError
+
+from ._support import running_host, write_script
+
+
+async def test_create_send_show_and_events(tmp_path: Path) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "echo", "args": {"text": "hi"}}]}, {"text": "said hi"}],
+    )
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        assert sid in await c.list_sessions()
+        shown = await c.show(sid)
+        assert (shown["events"], shown["model"]) == (0, model)
+        sent = await c.send(sid, "say hi", key="k1")
+        assert sent["created"] and sent["stream"] == f"/v1/sessions/{sid}/stream"
+        done = await c.wait_message(sid, sent["message"]["id"])
+        assert done["status"] == "done" and done["result"]["answer"] == "said hi"
+        facts = await c.events(sid)
+        kinds = [f.kind for f in facts]
+        assert kinds[0] == "session_started" and kinds[-1] == "turn_ended"
+        assert [f.offset for f in facts] == list(range(len(facts)))
+        assert "tool_dispatched" in kinds and "tool_responded" in kinds
+        shown = await c.show(sid)
+        assert (shown["turns"], shown["last_turn_status"]) == (1, "completed")
+
+
+async def test_the_same_idempotency_key_runs_once(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        first = await c.send(sid, "hello", key="same")
+        again = await c.send(sid, "hello", key="same")
+        assert first["created"] and not again["created"]
+        assert again["message"]["id"] == first["message"]["id"]
+        await c.wait_message(sid, first["message"]["id"])
+        third = await c.send(sid, "hello", key="same")  # after it ran, too
+        assert not third["created"]
+        facts = await c.events(sid)
+        assert sum(f.kind == "turn_started" for f in facts) == 1
+        with pytest.raises(HostConflictError) as caught:
+            await c.send(sid, "another text", key="same")
+        assert caught.value.code == "idempotency_conflict"
+        assert caught.value.status == 409  # type: ignore[attr-defined]
+
+
+async def test_every_route_refuses_without_a_token(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host:
+        openapi = host.app.openapi()
+        async with httpx2.AsyncClient(base_url=host.url) as raw, host.client() as c:
+            sid = await c.create_session()
+            checked = 0
+            for path, methods in openapi["paths"].items():
+                if path.startswith(("/hooks/", "/timeline/")):
+                    continue  # signed by HMAC; a static page with no data
+                url = path.replace("{session_id}", sid).replace("{call_id}", "c1")
+                url = url.replace("{message_id}", "1").replace("{sha256}", "0" * 64)
+                for method in methods:
+                    response = await raw.request(
+                        method.upper(), url, json={}, headers={"Authorization": "Bearer nope"}
+                    )
+                    assert response.status_code == 401, (method, path)
+                    assert response.json()["error"]["code"] == "unauthorized"
+                    response = await raw.request(method.upper(), url, json={})
+                    assert response.status_code == 401, (method, path)
+                    checked += 1
+            assert checked >= 15
+
+
+async def test_session_tokens_reach_only_their_session(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as admin:
+        mine, other = await admin.create_session(), await admin.create_session()
+        token = await admin.make_token(session_id=mine)
+        async with host.client(token) as scoped:
+            assert (await scoped.show(mine))["session_id"] == mine
+            assert await scoped.list_sessions() == [mine]
+            with pytest.raises(HostAuthError) as caught:
+                await scoped.show(other)
+            assert caught.value.code == "forbidden"
+            with pytest.raises(HostAuthError):
+                await scoped.create_session()
+            with pytest.raises(HostAuthError):
+                await scoped.make_token()
+        # tokens are kept hashed: the plain token is nowhere in the index file
+        assert token.encode() not in (host.state / "host.sqlite3").read_bytes()
+
+
+async def test_bad_input_is_a_4xx_with_the_engines_code(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        with pytest.raises(SessionNotFoundError) as missing:
+            await c.show("no-such-session")
+        assert missing.value.code == "session_not_found"
+        sid = await c.create_session(session_id="fixed-id")
+        with pytest.raises(HostConflictError) as exists:
+            await c.create_session(session_id="fixed-id")
+        assert exists.value.code == "session_exists"
+        with pytest.raises(UsageError) as model:
+            await c.create_session(model="openai:gpt-4.1")
+        assert model.value.code == "model_not_allowed"
+        with pytest.raises(UsageError) as nothing:
+            await c.decide(sid, "call-1", "completed")
+        assert nothing.value.code in ("nothing_to_decide", "no_such_call", "session_not_found")
+        async with httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}
+        ) as raw:
+            for response in (
+                await raw.post(f"/v1/sessions/{sid}/messages", json={"text": ""}),
+                await raw.post(f"/v1/sessions/{sid}/messages", content=b"{not json"),
+                await raw.post(f"/v1/sessions/{sid}/messages", json={"text": "x", "evil": 1}),
+                await raw.get(f"/v1/sessions/{sid}/events", params={"start": -1}),
+                await raw.get("/v1/sessions/..%2F..%2Fetc"),
+                await raw.get("/v1/nowhere"),
+            ):
+                assert 400 <= response.status_code < 500, response.text
+                error = response.json()["error"]
+                assert error["code"] and error["message"]
+
+
+async def test_recover_decide_resume_and_fork(tmp_path: Path) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "echo", "args": {"text": "one"}}]}, {"text": "done"}],
+    )
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        sent = await c.send(sid, "go", key="a")
+        await c.wait_message(sid, sent["message"]["id"])
+        plan = await c.recovery(sid)
+        assert plan["open_turn"] is None and plan["calls"] == []
+        with pytest.raises(HostConflictError) as nothing:
+            await c.abandon(sid)
+        assert nothing.value.code == "nothing_to_abandon"
+        child = await c.fork(sid, at=3)
+        assert child in await c.list_sessions()
+        forked = await c.events(child)
+        assert forked[0].kind == "session_started"
+        assert forked[0].data["body"]["parent"]["session_id"] == sid
+        # a turn on the fork runs with the parent's model
+        again = await c.send(child, "go again", key="b")
+        result = await c.wait_message(child, again["message"]["id"])
+        assert result["status"] == "done", result
+
+
+async def test_hostile_requests_are_refused_cleanly(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        sid = await c.create_session()
+        async with httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}
+        ) as raw:
+            huge = await raw.post(f"/v1/sessions/{sid}/messages", content=b"x" * (2 * 1024 * 1024))
+            assert huge.status_code == 413
+            assert huge.json()["error"]["code"] == "payload_too_large"
+            bad_id = await raw.get(
+                f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": "12; DROP"}
+            )
+            assert bad_id.status_code == 422
+            assert bad_id.json()["error"]["code"] == "invalid_request"
+            long_key = await raw.post(
+                f"/v1/sessions/{sid}/messages", json={"text": "x", "idempotency_key": "k" * 500}
+            )
+            assert long_key.status_code == 422
+        # nothing of it reached the log or the queue
+        assert (await c.show(sid))["events"] == 0
+        assert await host.control.messages(session_id=sid) == []

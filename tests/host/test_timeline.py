@@ -1,0 +1,90 @@
+"""The timeline page in a real headless Chromium (Debian's ``chromium``, driven by
+Playwright with the system executable): it loads a session, shows a call arriving live,
+and a decide button resolves a parked call."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+
+from ._support import running_host, write_script
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.mark.slow
+async def test_the_timeline_shows_calls_live_and_decides_a_parked_call(
+    tmp_path: Path, gates: Path
+) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        {
+            "turns": [
+                [{"calls": [{"name": "echo", "args": {"text": "first"}}]}, {"text": "one done"}],
+                [
+                    {
+                        "calls": [
+                            {"name": "gate", "args": {"name": "live"}},
+                            {"name": "echo", "args": {"text": "<b>not markup</b>"}},
+                        ]
+                    },
+                    {"calls": [{"name": "deploy", "args": {"target": "prod"}}]},
+                    {"text": "shipped"},
+                ],
+            ]
+        },
+    )
+    async with (
+        running_host(tmp_path / "state", models=(model,)) as host,
+        host.client() as c,
+        async_playwright() as pw,
+    ):
+        sid = await c.create_session()
+        first = await c.send(sid, "warm up", key="1")
+        await c.wait_message(sid, first["message"]["id"])
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{host.url}/timeline/{sid}#token={host.token}")
+            # loads the session: the first turn's call with its T1 -> T2 times
+            done = page.locator('.call[data-status="ok"]')
+            await done.first.wait_for(timeout=20_000)
+            assert "T2" in await done.first.inner_text()
+            assert host.token not in page.url  # the token left the address bar
+            # a call arriving live: the gate call shows as running while it runs
+            second = await c.send(sid, "ship it", key="2")
+            running = page.locator('.call[data-status="running"]')
+            await running.first.wait_for(timeout=20_000)
+            assert "gate" in await running.first.inner_text()
+            assert await page.locator("b").count() == 0  # facts are text, never markup
+            (gates / "live").touch()
+            # the parked call gets decide buttons; clicking allow continues the run
+            allow = page.locator('.call[data-status="parked"] button[data-decide="allow"]')
+            await allow.wait_for(timeout=20_000)
+            await allow.click()
+            await page.locator(".end", has_text="shipped").wait_for(timeout=20_000)
+            result = await c.wait_message(sid, second["message"]["id"])
+            assert result["result"]["answer"] == "shipped"
+            facts = await c.events(sid)
+            decided = [f.data["body"] for f in facts if f.kind == "permission_decided"]
+            assert [(d["decision"], d["by"]) for d in decided] == [("allow", "user")]
+            # the two calls of one step overlap in time: both bars share the step's axis
+            bars = page.locator('.step:has(.call[data-status="ok"]) .bar')
+            assert await bars.count() >= 2
+            shown = int(await page.locator("body").get_attribute("data-last-offset") or -1)
+            assert shown == facts[-1].offset
+        finally:
+            await browser.close()
+            await asyncio.sleep(0)

@@ -191,6 +191,7 @@ def test_the_cli_waits_as_long_as_retry_after_says_and_prints_one_line(
     assert 1000 <= fact["delay_ms"] <= 1500  # never earlier than asked; jitter at most +0.5 s
 
 
+@pytest.mark.slow
 def test_the_final_failure_says_it_gave_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with WireServer() as server:

@@ -99,6 +99,7 @@ async def test_stdio_lists_and_calls_and_maps_errors() -> None:
         assert servers.failures() == {}
 
 
+@pytest.mark.slow
 async def test_http_lists_and_calls(http_url: str) -> None:
     config = McpServerConfig(name="remote", url=http_url, deferred=False, approval=True)
     async with McpServers([config]) as servers:

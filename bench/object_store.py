@@ -3,10 +3,14 @@
 Measured in one run, against baselines from the same run:
 
 - puts per durable tool call on the object-store log (each call commits T1 and T2; each
-  commit is one create-only segment put plus its head object), and per-call latency
-  through the whole Agent path on SQLite (the embedded default, the baseline), on a
-  local-directory object store and on an S3-compatible server on loopback (moto,
-  started by this script; its latency is a local Python server's, not S3's);
+  commit is one create-only segment put; the head is recorded at the writer's release),
+  against the strict mode that also puts a head object after every append
+  (``head_per_append``, the previous behaviour), puts per commit, and the same for a step
+  of 8 parallel calls, whose concurrent T1s and T2s the journal group-commits;
+- per-call latency through the whole Agent path on SQLite (the embedded default, the
+  baseline), on a local-directory object store and on an S3-compatible server on
+  loopback (moto, started by this script; its latency is a local Python server's, not
+  S3's);
 - wake cost of a dormant session with ``--events`` events (compacted): a fresh worker
   with an empty cache reads manifest + sealed segment + tail, restores the workspace
   snapshot; then the same worker wakes again after 10 new events (warm cache: only the
@@ -57,27 +61,34 @@ async def noop(data: str) -> str:
     return str(len(data))
 
 
-def _model(n: int) -> FunctionModel:
-    left = [n]
+def _model(steps: int, width: int = 1) -> FunctionModel:
+    left = [steps]
 
     def step(request: ModelRequest) -> ModelResponse:
         if left[0] == 0:
             return ModelResponse(text="done")
         left[0] -= 1
-        return ModelResponse(calls=(ProposedCall(call_id="", name="noop", arguments=ARGS),))
+        call = ProposedCall(call_id="", name="noop", arguments=ARGS)
+        return ModelResponse(calls=(call,) * width)
 
     return FunctionModel(step)
 
 
-async def calls(log: EventLog, n: int) -> float:
+async def calls(log: EventLog, n: int, *, width: int = 1) -> tuple[float, int]:
+    """Per-call seconds and the turn's commits for ``n`` calls, ``width`` per step."""
     agent = Agent(
-        model=_model(n), tools=[noop], log=log, artifacts=MemoryArtifactStore(), max_steps=n + 1
+        model=_model(n // width, width),
+        tools=[noop],
+        log=log,
+        artifacts=MemoryArtifactStore(),
+        max_steps=n // width + 1,
     )
     start = time.perf_counter()
     result = await agent.run("benchmark")
     elapsed = time.perf_counter() - start
     assert result.status == "completed", result
-    return elapsed / n
+    await agent.close()
+    return elapsed / n, result.commits
 
 
 def _drafts(first: int, count: int) -> list[EventDraft]:
@@ -206,20 +217,32 @@ def moto_server() -> Iterator[str]:
 async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, object]:
     n = args.calls
     sqlite_log = EventLog(SqliteLogStore(work / "sqlite"))
-    per_call_sqlite = await calls(sqlite_log, n)
+    per_call_sqlite, _ = await calls(sqlite_log, n)
     await sqlite_log.close()
 
-    file_store = ObjectLogStore(
-        open_object_store(f"file://{work / 'objects'}").store,
-        identity="bench-file",
-        local_root=work / "objects",
-    )
-    per_call_file = await calls(EventLog(file_store), n)
-    file_puts = file_store.stats.puts
+    def file_store(name: str, **kw: object) -> ObjectLogStore:
+        where = open_object_store(f"file://{work / name}")
+        return ObjectLogStore(
+            where.store, identity=f"bench-{name}", local_root=where.local_root, **kw
+        )
+
+    store = file_store("objects")
+    per_call_file, file_commits = await calls(EventLog(store), n)
+    file_puts = store.stats.puts
+
+    strict = file_store("objects-strict", head_per_append=True)
+    per_call_strict, strict_commits = await calls(EventLog(strict), n)
+    strict_puts = strict.stats.puts
+
+    width = 8
+    wide = file_store("objects-parallel")
+    per_call_wide, wide_commits = await calls(EventLog(wide), n - n % width, width=width)
+    wide_puts = wide.stats.puts
+    wide_calls = n - n % width
 
     s3_where = open_object_store(f"s3://lodger-bench/calls?endpoint={endpoint}")
     s3_store = ObjectLogStore(s3_where.store, identity="bench-s3")
-    per_call_s3 = await calls(EventLog(s3_store), n)
+    per_call_s3, _ = await calls(EventLog(s3_store), n)
 
     file_wake = await wake(f"file://{work / 'wake'}", work, args.events, args.batch)
     s3_wake = await wake(f"s3://lodger-bench/wake?endpoint={endpoint}", work, args.events, 50)
@@ -227,10 +250,19 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
         "calls": n,
         "events": args.events,
         "puts_per_call": file_puts / n,
-        "segment_puts_per_call": (file_puts / 2) / n,
+        "puts_per_commit": file_puts / file_commits,
+        "commits_per_call": file_commits / n,
+        "puts_per_call_head_per_append": strict_puts / n,
+        "puts_per_commit_head_per_append": strict_puts / strict_commits,
+        "parallel_width": width,
+        "puts_per_call_parallel": wide_puts / wide_calls,
+        "commits_per_call_parallel": wide_commits / wide_calls,
+        "puts_per_call_ratio_vs_head_per_append": (file_puts / n) / (strict_puts / n),
         "per_call_ms": {
             "sqlite": per_call_sqlite * 1e3,
             "objects_file": per_call_file * 1e3,
+            "objects_file_head_per_append": per_call_strict * 1e3,
+            "objects_file_parallel": per_call_wide * 1e3,
             "objects_s3_moto": per_call_s3 * 1e3,
         },
         "per_call_ratio_vs_sqlite": {
@@ -267,7 +299,17 @@ def main() -> None:
     per = result["per_call_ms"]
     assert isinstance(per, dict)
     print(f"calls: {result['calls']}, dormant session: {result['events']} events")
-    print(f"puts per durable call (objects, file): {result['puts_per_call']:.2f}")
+    print(
+        f"puts per durable call (objects, file): {result['puts_per_call']:.2f} "
+        f"({result['puts_per_commit']:.2f} per commit, {result['commits_per_call']:.2f} "
+        f"commits per call); with a head put per append: "
+        f"{result['puts_per_call_head_per_append']:.2f}"
+    )
+    print(
+        f"puts per call, {result['parallel_width']} parallel calls per step: "
+        f"{result['puts_per_call_parallel']:.2f} "
+        f"({result['commits_per_call_parallel']:.2f} commits per call, group commit)"
+    )
     for name, ms in per.items():
         print(f"per-call latency {name:>16}: {ms:8.3f} ms")
     wake_rows = result["wake"]

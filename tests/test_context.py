@@ -77,6 +77,28 @@ def test_incremental_projection_equals_the_full_one(n: int, budget: int | None) 
     )
 
 
+@settings(max_examples=60)
+@given(
+    st.integers(min_value=0, max_value=len(EVENTS)),
+    st.integers(min_value=0, max_value=len(EVENTS)),
+    st.sampled_from([None, 50, 5000]),
+)
+def test_a_projection_over_an_inherited_prefix_equals_the_whole_lineage(
+    cut: int, n: int, budget: int | None
+) -> None:
+    # a fork's context: the parent's events before ``cut`` are the inherited prefix,
+    # the rest are folded one by one as the fork's own
+    prefix, own = EVENTS[:cut], EVENTS[cut : max(cut, n)]
+    growing: list[Event] = []
+    projector = Projector(growing, prefix=prefix)
+    for event in own:
+        growing.append(event)
+        projector.project(budget_tokens=budget)
+    assert projector.project(budget_tokens=budget) == project_messages(
+        [*prefix, *own], budget_tokens=budget
+    )
+
+
 def test_results_follow_their_output_in_emission_order() -> None:
     messages = project_messages(EVENTS).messages
     first_output = next(i for i, m in enumerate(messages) if isinstance(m, AssistantMessage))

@@ -36,6 +36,8 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
+from lodger.storage.forks import read_inherited
+from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
 from lodger.subagents import SubagentPolicy, delegate_tool
 from lodger.tools.registry import ToolRegistry
@@ -74,7 +76,10 @@ class Agent:
 
     ``state_dir`` (default ``.lodger``) holds the SQLite log and the artifacts unless a
     ``storage`` (or a ``log`` and ``artifacts`` store) is passed. ``workspace`` is the
-    directory file tools work in. Nothing here is global: clocks and ids are injected
+    directory file tools work in. ``snapshots`` records a content-addressed, incremental
+    snapshot of the workspace with each turn's end (a ``workspace_snapshot`` fact; its
+    files go to the artifact store): on by default when the session lives in an object
+    store and there is a workspace. Nothing here is global: clocks and ids are injected
     for tests.
     """
 
@@ -114,6 +119,7 @@ class Agent:
         before_call: Sequence[BeforeCall] = (),
         after_call: Sequence[AfterCall] = (),
         subagents: SubagentPolicy | None = None,
+        snapshots: bool | None = None,
     ) -> None:
         self._owns_storage = storage is None and log is None
         if storage is None:
@@ -148,6 +154,7 @@ class Agent:
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()
         self.engine = Engine(
+            snapshotter=_snapshotter(storage, self.workspace, snapshots),
             model=model,
             registry=self.registry,
             system=system,
@@ -332,6 +339,9 @@ class Agent:
             self._states[session_id] = cached
         try:
             cached.feed(writer.initial_events)
+            if cached.needs_inheritance:
+                # a fork: the model's context starts with the parent's history
+                cached.inherit(await read_inherited(self.log, session_id, cached.events))
         except BaseException:
             self._states.pop(session_id, None)
             await writer.close()
@@ -429,6 +439,26 @@ class Agent:
             raise
         finally:
             await writer.close()
+
+
+def _snapshotter(
+    storage: Storage, workspace: Path | None, enabled: bool | None
+) -> WorkspaceSnapshotter | None:
+    """Snapshots at each turn's end: on by default for sessions on an object store (a
+    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    if enabled is None:
+        from lodger.storage.objectstore import ObjectLogStore
+
+        enabled = workspace is not None and isinstance(storage.log.store, ObjectLogStore)
+    if not enabled:
+        return None
+    if workspace is None:
+        raise UsageError(
+            "workspace snapshots need a workspace",
+            hint="pass workspace=... to the agent, or leave snapshots off",
+            code="usage",
+        )
+    return WorkspaceSnapshotter(storage.artifacts)
 
 
 def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:

@@ -242,8 +242,10 @@ class Projector:
     arrives for an output that is no longer the latest, it falls back to a full rebuild.
     """
 
-    def __init__(self, events: Sequence[Event]) -> None:
+    def __init__(self, events: Sequence[Event], *, prefix: Sequence[Event] = ()) -> None:
         self._events = events  # a list that only grows (the journal's)
+        # events before the session's own (a fork's inherited history), projected first
+        self._prefix = tuple(prefix)
         self._seen = 0
         self._closed: list[Message] = []
         self._closed_chars = 0  # kept as messages close, so an estimate costs O(new events)
@@ -253,6 +255,8 @@ class Projector:
         self._names: dict[str, str] = {}
         self._closed_calls: set[str] = set()
         self._stale = False
+        for e in self._prefix:
+            self._feed(e)
 
     def _close_open(self) -> None:
         if self._open is None:
@@ -308,7 +312,8 @@ class Projector:
             self._feed(e)
         self._seen = len(events)
         if self._stale:
-            return project_messages(events, budget_tokens=budget_tokens, keep_recent=keep_recent)
+            whole = [*self._prefix, *events] if self._prefix else events
+            return project_messages(whole, budget_tokens=budget_tokens, keep_recent=keep_recent)
         closed = len(self._closed)
         chars = self._closed_chars
         block: list[Message] = []

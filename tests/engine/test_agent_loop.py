@@ -293,6 +293,9 @@ async def test_t2_commit_failure_keeps_result_from_model_and_leaves_indeterminat
 
 
 async def test_t1_failure_mid_batch_freezes_the_rest(tmp_path: Path, effects: Effects) -> None:
+    # T1s that arrive together are group-committed, so the failing T1 commit must come
+    # after a first call was dispatched: the three launches wait for approval until echo
+    # has run, then reach T1 together, and that commit fails
     dispatches = 0
 
     def second_t1(records: object) -> bool:
@@ -302,18 +305,35 @@ async def test_t1_failure_mid_batch_freezes_the_rest(tmp_path: Path, effects: Ef
             return dispatches == 2
         return False
 
+    echoed = asyncio.Event()
+
+    def note(event: object) -> None:
+        if isinstance(getattr(event, "body", None), ToolDispatched):
+            echoed.set()
+
+    async def approve_after_echo(t: Tool, arguments: dict[str, object]) -> bool:
+        await echoed.wait()  # echo's T1 is committed: the launches' T1s come after it
+        return True
+
     store = FaultyLogStore(SqliteLogStore(tmp_path / "state"), fail_when=second_t1)
-    calls = [{"name": "echo", "args": {"text": str(i)}} for i in range(4)]
+    calls = [{"name": "echo", "args": {"text": "0"}}] + [
+        {"name": "launch", "args": {"target": str(i)}} for i in range(1, 4)
+    ]
     agent = agent_for(
-        tmp_path, ScriptedModel([{"calls": calls}, {"text": "x"}]), make_tools(effects), store=store
+        tmp_path,
+        ScriptedModel([{"calls": calls}, {"text": "x"}]),
+        make_tools(effects),
+        store=store,
+        approver=approve_after_echo,
+        on_event=note,
     )
     with pytest.raises(CommitFailedError):
         await agent.run("go", session="s1")
+    assert echoed.is_set()
     events = await agent.session("s1").events()
     dispatched = [e.call_id for e in events if isinstance(e.body, ToolDispatched)]
-    responded = [e.call_id for e in events if isinstance(e.body, ToolResponded)]
     assert len(dispatched) == 1 and effects.calls == ["echo:0"]
-    assert responded == []  # after the failure nothing more is committed
+    assert dispatches == 2  # the launches' T1s were the second T1 commit, which failed
     await agent.close()
 
 

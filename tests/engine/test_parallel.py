@@ -428,6 +428,11 @@ async def test_a_t1_failure_mid_batch_freezes_queued_calls_and_lets_running_ones
 
     async def approver(t: Tool, arguments: dict[str, Any]) -> bool:
         asked.append(arguments["tag"])
+        if arguments["tag"] == "fails":
+            # approved once "running" runs, so its T1 is a commit of its own (T1s that
+            # arrive together are group-committed) and that commit fails
+            await gates.seen("start:running")
+            return True
         await asyncio.Event().wait()  # nobody answers
         return False
 
@@ -435,16 +440,16 @@ async def test_a_t1_failure_mid_batch_freezes_queued_calls_and_lets_running_ones
     store = FaultyLogStore(SqliteLogStore(tmp_path / "state"), fail_when=second_t1)
     model = Batches(
         [
-            ("risky", {"tag": "asking"}),  # waits for an approval that never comes
+            ("risky", {"tag": "fails"}),
             ("poke", {"path": "a.txt", "tag": "running"}),
-            ("peek", {"path": "b.txt", "tag": "fails"}),
+            ("risky", {"tag": "asking"}),  # waits for an approval that never comes
             ("poke", {"path": "a.txt", "tag": "queued"}),
         ]
     )
     agent = make_agent(tmp_path, model, gates.tools(), store, approver=approver)
     turn = asyncio.create_task(agent.run("go", session="s1"))
     await gates.seen("start:running")
-    assert asked == ["asking"]
+    assert asked[0] == "fails"
     await second_t1.wait()
     await asyncio.sleep(0.02)
     assert not turn.done()  # the running call has not settled yet

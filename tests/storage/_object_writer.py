@@ -3,8 +3,9 @@
     python _object_writer.py race URL SESSION NAME ROUNDS   # via multiprocessing, see race()
     python _object_writer.py kill-before-head URL SESSION COUNT
 
-``kill-before-head`` appends COUNT events one by one, then appends one more and SIGKILLs
-itself after that append's segment put and before its head put.
+``kill-before-head`` appends COUNT + 1 events one by one (one segment put each; only the
+first append records a head), then SIGKILLs itself when releasing the writer, at the put
+of the head that would have covered them all.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ async def kill_before_head(url: str, session: str, count: int) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             return False
 
-        store.fail_put = die_at_head
         await writer.append([make_draft("killed", count)], expected_offset=count)
+        store.fail_put = die_at_head
     raise SystemExit("not killed")
 
 

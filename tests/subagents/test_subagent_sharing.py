@@ -161,6 +161,9 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
         (t2,) = [body for body in first_turn if isinstance(body, ToolResponded)]
         assert json.loads(t2.content)["answer"] == "forked child answer"
     assert seen  # the child's model was asked
+    # a forked child's model sees the parent's history up to the delegation, then its task
+    texts = [getattr(m, "text", None) for m in seen[0].messages]
+    assert texts.index("go") < texts.index("looking") < texts.index("c"), texts
 
 
 @pytest.mark.slow

@@ -10,13 +10,23 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lodger.tools.config import load_catalog
-from lodger.tools.ranking import CURRENT, FITTED, ToolIndex, query_terms, schema_words
+from lodger.tools.ranking import (
+    CURRENT,
+    FITTED,
+    ToolIndex,
+    action,
+    query_terms,
+    schema_words,
+    summary,
+    tokenize,
+)
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch
 from lodger.tools.semantic import HybridIndex, catalog_vectors, load_embedder
@@ -97,6 +107,86 @@ def test_user_words_also_search_the_words_definitions_use() -> None:
     # A word said outright keeps its own weight.
     assert query_terms("pull PR")["pull"] == 1.0
     assert names(ToolIndex(REPO_TOOLS), "open a PR")[0] == "create_pull_request"
+
+
+def test_the_first_sentence_is_read_as_a_field_of_its_own() -> None:
+    assert summary("Merge a pull request. Use it only when checks pass.") == "Merge a pull request"
+    assert summary("Bump v1.2 to v1.3 now") == "Bump v1.2 to v1.3 now"  # no sentence end
+    assert summary("List pods\n\nNamespaces default to all.") == "List pods"
+    assert summary("x" * 1000) == "x" * 300  # bounded
+    tools = [
+        make("a_tool", "Summarize a page. Never deletes anything or any branch."),
+        make("b_tool", "Delete a branch. Then summarize what went away."),
+    ]
+    # Both descriptions say both words; the one whose first sentence says it wins.
+    assert names(ToolIndex(tools), "delete")[0] == "b_tool"
+    assert names(ToolIndex(tools), "summarize")[0] == "a_tool"
+
+
+def test_function_words_are_dropped_and_ion_words_stem_like_their_verbs() -> None:
+    assert tokenize("what is all this about, and would you just") == []
+    assert tokenize("creation of associations") == tokenize("create associate")
+    assert tokenize("deletions") == tokenize("delete")
+    assert tokenize("action region") == ["action", "region"]  # too short to strip
+
+
+def test_a_group_named_in_the_query_raises_its_tools() -> None:
+    def issue_tool(group: str) -> Tool:
+        return Tool(
+            name=f"{group}__create_issue",
+            description="Create an issue.",
+            parameters={"type": "object", "properties": {}},
+            handler=_nothing,
+            group=group,
+            deferred=True,
+        )
+
+    tools = [issue_tool("github"), issue_tool("linear")]
+    boosted = ToolIndex(tools)
+    plain = ToolIndex(tools, weights=replace(FITTED, group_boost=0.0))
+    # Ties break by name: github's first when no group is named.
+    assert names(boosted, "create an issue") == ["github__create_issue", "linear__create_issue"]
+    assert names(boosted, "create an issue in linear")[0] == "linear__create_issue"
+    query = "create an issue in linear"
+    with_boost = boosted.scores(query)[boosted.doc("linear__create_issue")]
+    without = plain.scores(query)[plain.doc("linear__create_issue")]
+    assert with_boost == pytest.approx(without * (1 + FITTED.group_boost))
+    # github's score is not raised.
+    github = boosted.doc("github__create_issue")
+    assert boosted.scores(query)[github] == pytest.approx(plain.scores(query)[github])
+
+
+def test_a_tool_whose_name_says_the_requested_kind_of_action_is_raised() -> None:
+    assert action(tokenize("please file a bug, then list them")) == "create"
+    assert action(tokenize("the weather")) is None
+    tools = [
+        make("list_issues", "Issues of a repository: open them, comment on them."),
+        make("create_issue", "Issues of a repository."),
+    ]
+    query = "file an issue"  # "file" is a kind of create, and no word of create_issue
+    boosted = ToolIndex(tools)
+    plain = ToolIndex(tools, weights=replace(FITTED, action_boost=0.0))
+    created = boosted.doc("create_issue")
+    assert boosted.scores(query)[created] == pytest.approx(
+        plain.scores(query)[created] * (1 + FITTED.action_boost)
+    )
+    listed = boosted.doc("list_issues")
+    assert boosted.scores(query)[listed] == pytest.approx(plain.scores(query)[listed])
+
+
+def test_words_said_apart_also_search_the_word_they_make_together() -> None:
+    assert query_terms("roll back production")["rollback"] == FITTED.related
+    assert query_terms("log in")["login"] == FITTED.related
+    assert "rollback" not in query_terms("roll back", related=0.0)
+    tools = [*REPO_TOOLS, make("run_rollback_pipeline", "Run a rollback pipeline.")]
+    assert names(ToolIndex(tools), "roll back production")[0] == "run_rollback_pipeline"
+
+
+def test_general_operation_words_find_the_api_word() -> None:
+    index = ToolIndex(REPO_TOOLS)
+    assert names(index, "erase the branch")[0] == "delete_branch"
+    assert names(index, "tweak the PR title")[0] == "update_pull_request"
+    assert names(ToolIndex(REPO_TOOLS, weights=CURRENT), "erase") == []
 
 
 def test_a_tool_named_exactly_comes_first_in_both_rankers() -> None:
@@ -186,9 +276,9 @@ def _quality(index: Any, split: str) -> float:
 @pytest.mark.slow
 def test_held_out_recall_does_not_regress() -> None:
     """Floors just under what bench/tool_search.py measured on the test half (lexical
-    0.824, hybrid 0.855, the ranker before issue 17 0.723)."""
+    0.849, hybrid 0.862, the ranker before issue 17 0.723)."""
     catalog = load_catalog(HELD_OUT / "mcp_catalog_real.json")
     assert len(catalog) >= 600
     assert _quality(ToolIndex(catalog, weights=CURRENT), "test") < 0.75
-    assert _quality(ToolIndex(catalog), "test") >= 0.81
-    assert _quality(HybridIndex(catalog, embedder=embedder()), "test") >= 0.84
+    assert _quality(ToolIndex(catalog), "test") >= 0.84
+    assert _quality(HybridIndex(catalog, embedder=embedder()), "test") >= 0.85

@@ -6,16 +6,24 @@ ids and times from the injected context, feeds every committed batch to the sess
 failed, the log's state is unknown to this run, so no new fact and no new side effect
 may follow. Appends are shielded from cancellation so an interrupted caller never
 loses track of a commit that completed on the storage thread.
+
+Group commit: facts recorded while another append is in flight (the T1s and T2s of a
+parallel batch) are committed together. Each ``record`` joins a queue; whoever gets the
+append lock next takes every fact queued so far, in arrival order, and writes them as one
+append (one segment put on the object store, one transaction on SQLite), then hands each
+caller its own events. Nothing waits to gather a group: a commit with nothing in flight
+goes at once. A group is atomic as a whole, and a failed group fails every caller in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from lodger.engine.context import Envelope
 from lodger.engine.state import SessionState
-from lodger.errors import CommitFailedError, StorageError
+from lodger.errors import CommitFailedError, LodgerError, StorageError
 from lodger.events import Body, Event, EventDraft, new_draft
 from lodger.ids import Clock, IdFactory
 from lodger.storage import SessionWriter
@@ -23,6 +31,16 @@ from lodger.storage import SessionWriter
 __all__ = ["Journal"]
 
 _NO_ENVELOPE = Envelope()
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One ``record`` call waiting for the group commit that writes its drafts."""
+
+    drafts: tuple[EventDraft, ...]
+    outcome: asyncio.Future[list[Event]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class Journal:
@@ -43,9 +61,12 @@ class Journal:
         self._on_event = on_event
         self._lock = asyncio.Lock()
         self._deferred: list[EventDraft] = []
+        self._queue: list[_Ticket] = []
         self.failure: CommitFailedError | None = None
         #: durable appends (each one atomic and synced) made through this journal
         self.commits = 0
+        #: ``record`` calls served (more than ``commits`` when calls were grouped)
+        self.records = 0
 
     @property
     def events(self) -> list[Event]:
@@ -88,43 +109,113 @@ class Journal:
         return events[0]
 
     async def record(self, *drafts: EventDraft) -> list[Event]:
-        """Append ``drafts`` atomically; raise ``CommitFailedError`` if that cannot be proven."""
-        async with self._lock:
-            if self._deferred:
-                drafts = (*self._deferred, *drafts)
-                self._deferred.clear()
-            if self.failure is not None:
-                raise CommitFailedError(
-                    f"session {self.session_id!r} stopped after a failed commit; "
-                    "no new fact or side effect may follow",
-                    hint="the committed prefix is intact; recover the session to continue",
-                    session_id=self.session_id,
-                ) from self.failure
-            task = asyncio.ensure_future(
-                self.writer.append(drafts, expected_offset=len(self.events))
-            )
-            try:
-                events = await _settle(task)
-            except asyncio.CancelledError:
-                # Cancelled while the append ran: if it committed, memory must still match
-                # the log (the next append names the offset after it), and the caller can
-                # tell the fact is durable.
-                if task.done() and not task.cancelled():
-                    error = task.exception()
-                    if error is None:
-                        self.commits += 1
-                        self.state.feed(task.result())
-                        self._notify(task.result())
-                    elif isinstance(error, StorageError):
-                        self.failure = self._failed(error)
+        """Append ``drafts`` atomically; raise ``CommitFailedError`` if that cannot be proven.
+
+        Concurrent calls are group-committed (see the module docstring). A caller
+        cancelled before its group was taken writes nothing; one cancelled while its group
+        is being written waits for the outcome first, so ``committed`` tells the truth.
+        """
+        ticket = _Ticket(drafts)
+        self._queue.append(ticket)
+        try:
+            async with self._lock:
+                if ticket in self._queue:  # nobody took it yet: lead the next group
+                    await self._commit_group()
+        except asyncio.CancelledError:
+            if ticket in self._queue:
+                self._queue.remove(ticket)  # never written
                 raise
-            except StorageError as exc:
-                self.failure = self._failed(exc)
-                raise self.failure from exc
-            self.commits += 1
-            self.state.feed(events)
+            if not ticket.outcome.done():
+                await _wait_out(ticket.outcome)
+            if ticket.outcome.done() and not ticket.outcome.cancelled():
+                ticket.outcome.exception()  # retrieved: the caller learns it from the log
+            raise
+        return ticket.outcome.result()
+
+    async def _commit_group(self) -> None:
+        """Write every queued ticket as one append (called holding the lock)."""
+        group, self._queue = self._queue, []
+        try:
+            await self._write(group)
+        finally:
+            unsettled = [t for t in group if not t.outcome.done()]
+            if unsettled:
+                # the append itself was cancelled or broke unexpectedly: whether it
+                # committed is unknown, so nothing more may follow on this journal
+                if self.failure is None:
+                    self.failure = CommitFailedError(
+                        f"commit to session {self.session_id!r} at offset "
+                        f"{len(self.events)} was interrupted; its outcome is unknown",
+                        hint="recover the session to see what is committed",
+                        session_id=self.session_id,
+                        offset=len(self.events),
+                    )
+                for ticket in unsettled:
+                    ticket.outcome.set_exception(self.failure)
+
+    def _stopped(self) -> CommitFailedError:
+        error = CommitFailedError(
+            f"session {self.session_id!r} stopped after a failed commit; "
+            "no new fact or side effect may follow",
+            hint="the committed prefix is intact; recover the session to continue",
+            session_id=self.session_id,
+        )
+        error.__cause__ = self.failure
+        return error
+
+    async def _write(self, group: list[_Ticket]) -> None:
+        """Append the drafts of ``group`` as one batch and settle each ticket's outcome."""
+        if self.failure is not None:
+            for ticket in group:
+                ticket.outcome.set_exception(self._stopped())
+            return
+        deferred, self._deferred = self._deferred, []
+        drafts = [*deferred, *(d for t in group for d in t.drafts)]
+        task = asyncio.ensure_future(self.writer.append(drafts, expected_offset=len(self.events)))
+        cancelled = False
+        try:
+            events = await _settle(task)
+        except asyncio.CancelledError:
+            # Cancelled while the append ran: if it committed, memory must still match
+            # the log (the next append names the offset after it), and the callers can
+            # tell their facts are durable.
+            if not task.done() or task.cancelled():
+                raise
+            cancelled = True
+            error = task.exception()
+            if error is not None:
+                if isinstance(error, StorageError):
+                    self.failure = self._failed(error)
+                for ticket in group:
+                    ticket.outcome.set_exception(self.failure or error)
+                raise
+            events = task.result()
+        except StorageError as exc:
+            self.failure = self._failed(exc)
+            for ticket in group:
+                ticket.outcome.set_exception(self.failure)
+            return
+        except LodgerError as exc:
+            # refused before anything was written (a draft that cannot be sealed, say):
+            # one bad caller must not fail the others, so each goes again on its own
+            # (the deferred facts go with the first; alone, a caller fails as before)
+            if len(group) == 1:
+                group[0].outcome.set_exception(exc)
+                return
+            self._deferred = deferred
+            for ticket in group:
+                await self._write([ticket])
+            return
+        self.commits += 1
+        self.records += len(group)
+        self.state.feed(events)
+        at = len(deferred)
+        for ticket in group:
+            ticket.outcome.set_result(events[at : at + len(ticket.drafts)])
+            at += len(ticket.drafts)
         self._notify(events)
-        return events
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _failed(self, exc: StorageError) -> CommitFailedError:
         return CommitFailedError(
@@ -143,6 +234,15 @@ class Journal:
 
     async def fact(self, body: Body, env: Envelope = _NO_ENVELOPE) -> Event:
         return (await self.record(self.draft(body, env)))[0]
+
+
+async def _wait_out(outcome: asyncio.Future[list[Event]]) -> None:
+    """Wait until ``outcome`` is settled, through any number of cancellations."""
+    while not outcome.done():
+        try:
+            await asyncio.wait([outcome])
+        except asyncio.CancelledError:
+            continue
 
 
 async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:

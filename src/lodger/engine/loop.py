@@ -46,11 +46,13 @@ from lodger.events import (
     TurnEnded,
     TurnStarted,
     Usage,
+    WorkspaceSnapshot,
 )
 from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Message, Model, ModelRequest, ModelResponse, TextSink
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
+from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -137,6 +139,8 @@ class Engine:
     deps: Any = None
     before_call: tuple[BeforeCall, ...] = ()
     after_call: tuple[AfterCall, ...] = ()
+    #: takes the workspace snapshot each turn's end records (None: no snapshots)
+    snapshotter: WorkspaceSnapshotter | None = None
 
     # ------------------------------------------------------------------ composition
 
@@ -303,7 +307,18 @@ class Engine:
         logged: Any = None,
     ) -> TurnResult:
         journal, env = ctx.journal, ctx.envelope
+        drafts = []
+        if self.snapshotter is not None and self.workspace is not None:
+            # the workspace the turn leaves, committed with the turn's end; if it cannot
+            # be stored the turn stays open (a resume ends it), never ends without it
+            taken = await self.snapshotter.take(self.workspace, exclude=self.hidden)
+            drafts.append(
+                journal.draft(
+                    WorkspaceSnapshot(ref=taken.ref, files=taken.files, size=taken.size), env
+                )
+            )
         await journal.record(
+            *drafts,
             journal.draft(RunEnded(status=status, error=error), env),
             journal.draft(TurnEnded(status=status, answer=answer, output=logged), env),
         )

@@ -7,11 +7,17 @@ context projection elide last, where is the head. ``SessionState`` answers all o
 from one pass, and the journal feeds it each committed batch, so a run never re-reads
 its log and a new turn on an open session costs only the events it has not seen.
 A property test holds the incremental fold equal to folding the whole log at once.
+
+A fork's history begins in its parent: ``inherit`` hands the state the ancestors' shared
+events (read and checked by ``lodger.storage.forks.read_inherited``), which the context
+projection puts before the session's own, so the model sees the parent's conversation
+up to the fork point. Everything else (turns, calls, recovery) folds the session's own
+events only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Sequence, Sized
 
 from lodger._bulk import cycle_collector_paused
 from lodger.context import Projector
@@ -19,6 +25,7 @@ from lodger.events import (
     EMPTY_PREFIX,
     ContextCompacted,
     Event,
+    ForkParent,
     ModelOutput,
     Prefix,
     RunEnded,
@@ -57,9 +64,27 @@ class SessionState:
         self.turn_activated: list[str] = []
         self.call_ids: set[str] = set()
         self.last_elided: tuple[str, ...] = ()
+        #: the fork point this session started from (None: not a fork)
+        self.parent: ForkParent | None = None
+        #: the ancestors' shared events, oldest first, once ``inherit`` gave them
+        self.inherited: tuple[Event, ...] | None = None
         self._calls = CallClassifier(session_id, self._digest_at)
         self.projector = Projector(self.events)
         self.feed(events)
+
+    @property
+    def needs_inheritance(self) -> bool:
+        """A fork whose ancestors' events have not been handed to ``inherit`` yet."""
+        return self.parent is not None and self.inherited is None
+
+    def inherit(self, events: Sequence[Event]) -> None:
+        """Put the ancestors' shared events (oldest first) before this session's own in
+        the model's context; their call ids stay taken, so results pair unambiguously."""
+        self.inherited = tuple(events)
+        for e in events:
+            if isinstance(e.body, ModelOutput):
+                self.call_ids.update(c.call_id for c in e.body.calls)
+        self.projector = Projector(self.events, prefix=self.inherited)
 
     def _digest_at(self, offset: int) -> str:
         return self.events[offset].digest
@@ -122,6 +147,7 @@ class SessionState:
                 self.last_elided = body.elided_call_ids
             elif isinstance(body, SessionStarted) and e.offset == 0:
                 self.workspace, self.workspace_id = body.workspace, body.workspace_id
+                self.parent = body.parent
 
     def plan(self) -> RecoveryPlan:
         """The recovery plan of the open turn, from the folded call states."""

@@ -27,7 +27,7 @@ from lodger.ids import Clock, IdFactory
 from lodger.storage.eventlog import EventLog
 from lodger.storage.logstore import check_session_id
 
-__all__ = ["Fork", "Lineage", "fork_session", "read_lineage"]
+__all__ = ["Fork", "Lineage", "fork_session", "read_inherited", "read_lineage"]
 
 SNAPSHOT_KEY = "fork.snapshot"
 
@@ -131,8 +131,24 @@ async def read_lineage(log: EventLog, session_id: str) -> Lineage:
     """The session's events preceded by the prefixes it shares with its ancestors, each
     checked against the ``(high_water, digest)`` its fork recorded."""
     own = await log.read_all(session_id)
-    parts: list[tuple[str, tuple[Event, ...]]] = [(session_id, tuple(own))]
-    child, events = session_id, own
+    parts = await _ancestors(log, session_id, own)
+    return Lineage(parts=(*parts, (session_id, tuple(own))))
+
+
+async def read_inherited(log: EventLog, session_id: str, own: Sequence[Event]) -> list[Event]:
+    """The events a session inherits from its ancestors, oldest first (empty when it is
+    not a fork), given its own verified events ``own``; each shared prefix is checked
+    against the ``(high_water, digest)`` its fork recorded. This is what a fork's model
+    context puts before the fork's own events (``SessionState.inherit``)."""
+    parts = await _ancestors(log, session_id, own)
+    return [event for _, events in parts for event in events]
+
+
+async def _ancestors(
+    log: EventLog, session_id: str, own: Sequence[Event]
+) -> list[tuple[str, tuple[Event, ...]]]:
+    parts: list[tuple[str, tuple[Event, ...]]] = []
+    child, events = session_id, list(own)
     seen = {session_id}
     while True:
         parent = _parent_of(events)
@@ -157,7 +173,7 @@ async def read_lineage(log: EventLog, session_id: str) -> Lineage:
             )
         parts.insert(0, (parent.session_id, tuple(shared)))
         child, events = parent.session_id, list(shared)
-    return Lineage(parts=tuple(parts))
+    return parts
 
 
 def _parent_of(events: Sequence[Event]) -> ForkParent | None:

@@ -69,7 +69,8 @@ class LogStore(Protocol):
         losing the newest records does not lose it too (DESIGN L8).
 
         ``EventLog`` reads it before the records, so it may lag the records (a crash
-        between a commit and recording its head) but never lead them. None for a session
+        between a commit and recording its head, or a backend that records heads at
+        checkpoints, as the object store does) but never lead them. None for a session
         never written (or written before heads were recorded); raises ``CorruptLogError``
         (code ``head_missing`` or ``head_damaged``) when the session has records but its
         head is gone or unreadable.

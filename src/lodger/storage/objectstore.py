@@ -8,16 +8,25 @@ succeeds, and the other writer is fenced (``WriterFencedError``) with nothing wr
 Segments are never overwritten except by a tombstone once compaction has sealed their
 records elsewhere; the tombstone keeps the key occupied, so fencing holds forever.
 
-After the segment, the append records its head ``(high_water, digest)`` as a separate
-create-only object whose name is the head itself (DESIGN L8): deleting or rolling back
-segments leaves a head that names more than is stored, and reading fails closed. A
-process killed between the two puts leaves the head one append behind, which is a valid
-prefix; the next append records a newer head.
+An append costs that one put. The head ``(high_water, digest)`` is kept apart from the
+events (DESIGN L8) as a create-only object whose name is the head itself, written at
+*checkpoints*, not after every append: when a session's first segment is written, when
+the writer's lease is released (the end of every turn the ``Agent`` runs) and on
+``checkpoint()``. Readers find the events after the newest head by listing the
+create-only segments. Deleting or rolling back segments the head covers fails closed
+(``truncated``), a missing segment in the middle is a gap, and a stale writer is fenced by
+the segment keys alone. What a head cannot cover is the tail written since the last
+checkpoint: a process killed mid-turn whose newest segments are then deleted by someone
+else leaves a shorter log that still verifies. ``head_per_append=True`` closes that
+window at the cost of a second put per append (the previous behaviour).
 
 ``compact`` merges the appended segments into one sealed object (bytes and digests
 unchanged) and writes a new manifest version; ``collect_garbage`` tombstones the merged
 segments and removes superseded heads and manifests once they are older than a grace
 period, so a reader that listed before the compaction keeps working meanwhile.
+Releasing a writer compacts on its own once the session has ``compact_after`` appended
+segments (64 by default; None turns it off), and first collects what earlier compactions
+left once their grace period (``grace_s``, an hour by default) has passed.
 
 With ``cache_dir``, immutable objects read once are kept on local disk, so a worker that
 wakes a dormant session fetches only the manifest, a listing and the new tail.
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +55,7 @@ from lodger.errors import (
     CommitFailedError,
     SessionLockedError,
     StorageError,
+    UsageError,
     WriterFencedError,
 )
 from lodger.storage._heads import head_missing
@@ -69,11 +80,22 @@ from lodger.storage.logstore import Record, check_session_id
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
-__all__ = ["ObjectLogStore", "ObjectStats", "StoreLocation", "open_object_store"]
+__all__ = [
+    "COMPACT_AFTER",
+    "GRACE_S",
+    "ObjectLogStore",
+    "ObjectStats",
+    "StoreLocation",
+    "open_object_store",
+]
 
 _WRITERS: dict[tuple[str, str], int] = {}  # (store identity, session) -> lease number
 _LEASES = [0]
 _RELIST_ATTEMPTS = 4
+#: appended segments that make a writer's release compact them (None: never on its own)
+COMPACT_AFTER = 64
+#: how long merged segments, heads and manifests stay readable after a compaction
+GRACE_S = 3600.0
 
 
 @dataclass
@@ -87,6 +109,8 @@ class ObjectStats:
     cache_hits: int = 0
     bytes_put: int = 0
     bytes_got: int = 0
+    compactions: int = 0
+    compaction_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,14 +135,22 @@ class _Relist(Exception):
 
 
 class _ObjectLease:
-    def __init__(self, key: tuple[str, str], number: int) -> None:
+    def __init__(self, store: ObjectLogStore, key: tuple[str, str], number: int) -> None:
+        self._store = store
         self._key = key
         self.number = number
         self.session_id = key[1]
 
     async def release(self) -> None:
-        if _WRITERS.get(self._key) == self.number:
-            del _WRITERS[self._key]
+        """Record the head of this writer's appends, compact if due, release the lease."""
+        if _WRITERS.get(self._key) != self.number:
+            return
+        try:
+            await self._store.checkpoint(self.session_id)
+            await self._store._maybe_compact(self.session_id)
+        finally:
+            if _WRITERS.get(self._key) == self.number:
+                del _WRITERS[self._key]
 
 
 def _fenced(session_id: str, offset: int) -> WriterFencedError:
@@ -159,16 +191,33 @@ class ObjectLogStore:
         local_root: Path | None = None,
         cache_dir: Path | None = None,
         clock_us: Callable[[], int] | None = None,
+        head_per_append: bool = False,
+        compact_after: int | None = COMPACT_AFTER,
+        grace_s: float = GRACE_S,
     ) -> None:
+        if compact_after is not None and compact_after < 2:
+            raise UsageError(
+                f"compact_after must be at least 2 segments, not {compact_after}",
+                code="usage",
+            )
         self.store = store
+        self.head_per_append = head_per_append
+        self.compact_after = compact_after
+        self.grace_s = grace_s
         self.identity = identity or f"object-store-{id(store)}"
         self.local_root = local_root
         self.cache_dir = cache_dir
         self.stats = ObjectStats()
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self._tails: dict[str, int] = {}  # high-water after this store's own last append
+        # the head of this store's newest append not yet recorded in a head object
+        self._unheaded: dict[str, tuple[int, str]] = {}
+        # appended (not yet compacted) segments of a session, as last listed or appended
+        self._tail_segments: dict[str, int] = {}
         self._leases: list[_ObjectLease] = []
         self.fail_put: Callable[[str], bool] | None = None  # fault injection for tests
+        #: why the latest compaction on release failed (it is retried on the next one)
+        self.last_compaction_error: StorageError | None = None
 
     # ---------------------------------------------------------------- raw objects
 
@@ -260,6 +309,7 @@ class ObjectLogStore:
             if first >= sealed_end:
                 tail.append(first)
         heads = tuple(await self._list(f"{root}head/")) if with_heads else ()
+        self._tail_segments[session_id] = len(tail)
         return _Layout(manifest=manifest, tail=tuple(tail), heads=heads)
 
     async def _segment(self, session_id: str, key: str, first: int) -> list[Record]:
@@ -338,16 +388,54 @@ class ObjectLogStore:
             raise _fenced(session_id, expected_offset)
         high_water = records[-1].offset + 1
         self._tails[session_id] = high_water
+        self._tail_segments[session_id] = self._tail_segments.get(session_id, 0) + 1
+        self._unheaded[session_id] = (high_water, records[-1].digest)
+        if expected_offset == 0 or self.head_per_append:
+            # a session's first segment gets its head at once: a log with segments and
+            # no head at all is one whose head was deleted, and fails closed
+            await self.checkpoint(session_id)
+
+    async def checkpoint(self, session_id: str) -> tuple[int, str] | None:
+        """Record the head of this store's newest append of the session as a head object
+        (one create-only put; nothing when it is recorded already); return it.
+
+        Called when a writer is released; call it directly to narrow the window of
+        unrecorded appends for a writer kept open for long.
+        """
+        head = self._unheaded.get(session_id)
+        if head is None:
+            return None
+        high_water, digest = head
         try:
-            await self._put(head_key(session_id, high_water, records[-1].digest), b"", create=True)
+            await self._put(head_key(session_id, high_water, digest), b"", create=True)
         except StorageError as exc:
             raise CommitFailedError(
-                f"session {session_id!r} committed offsets {expected_offset} to "
-                f"{high_water - 1} but could not record its head: {exc.message}",
-                hint="the events are stored; reopen the session to verify and continue",
+                f"session {session_id!r} committed offsets up to {high_water - 1} but could "
+                f"not record its head: {exc.message}",
+                hint="the events are stored and the stored head lags behind them, which "
+                "is a valid prefix; reopen the session to verify and continue",
                 session_id=session_id,
-                offset=expected_offset,
+                offset=high_water - 1,
             ) from exc
+        if self._unheaded.get(session_id) == head:
+            del self._unheaded[session_id]
+        return head
+
+    async def _maybe_compact(self, session_id: str) -> None:
+        """Compaction on release: once ``compact_after`` segments have piled up, collect
+        what earlier compactions left (past their grace period) and merge the tail."""
+        if self.compact_after is None:
+            return
+        if self._tail_segments.get(session_id, 0) < self.compact_after:
+            return
+        try:
+            await self.collect_garbage(session_id, grace_s=self.grace_s)
+            if await self.compact(session_id) is not None:
+                self.stats.compactions += 1
+        except StorageError as exc:
+            # the appends are durable and readable without it; the next release retries
+            self.stats.compaction_failures += 1
+            self.last_compaction_error = exc
 
     async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
         return await self._records(session_id, start, end)
@@ -365,9 +453,14 @@ class ObjectLogStore:
             if best is None or head[0] > best[0]:
                 best = head
         if best is None:
-            last = await self.last_record(session_id=session_id)
-            if last is not None:
-                raise head_missing(session_id, last.offset + 1, "object")
+            # A session's first segment is put before its head: a reader between the two
+            # sees one segment and no head, which is no loss. Anything more without a head
+            # is a head that was deleted.
+            layout = await self._layout(session_id)
+            if layout.sealed or len(layout.tail) > 1 or layout.tail not in ((), (0,)):
+                last = await self.last_record(session_id=session_id)
+                if last is not None:
+                    raise head_missing(session_id, last.offset + 1, "object")
         return best
 
     def present(self) -> bool:
@@ -396,7 +489,7 @@ class ObjectLogStore:
         _LEASES[0] += 1
         _WRITERS[key] = _LEASES[0]
         self._tails.pop(session_id, None)  # a new writer re-checks the stored head
-        lease = _ObjectLease(key, _LEASES[0])
+        lease = _ObjectLease(self, key, _LEASES[0])
         self._leases.append(lease)
         return lease
 
@@ -458,8 +551,18 @@ class ObjectLogStore:
                 end=expected,
             )
             await self._put(ref.key, encode_segment(session_id, records), create=True)
+            # the manifest's head covers the merged records: a compaction is a checkpoint
             head = await self.stored_head(session_id=session_id)
-            await self.write_manifest(session_id, sealed=(*layout.sealed, ref), head=head)
+            if head is None or head[0] < expected:
+                head = (expected, records[-1].digest)
+            snapshots = layout.manifest.snapshots if layout.manifest else ()
+            newest = _newest_snapshot(records)
+            if newest is not None:
+                snapshots = (*snapshots, newest)
+            await self.write_manifest(
+                session_id, sealed=(*layout.sealed, ref), head=head, snapshots=snapshots
+            )
+            self._tail_segments[session_id] = 0
             return ref
         return None
 
@@ -507,6 +610,20 @@ class ObjectLogStore:
         return total
 
 
+def _newest_snapshot(records: Sequence[Record]) -> tuple[int, str] | None:
+    """``(high_water, ref)`` of the newest ``workspace_snapshot`` fact among ``records``,
+    for the manifest: where a waking worker finds the workspace without reading the log
+    (the verified log's fact stays the authority)."""
+    for record in reversed(records):
+        if b'"kind":"workspace_snapshot"' not in record.data:
+            continue
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            body = json.loads(record.data)["body"]
+            if body["kind"] == "workspace_snapshot":
+                return record.offset + 1, str(body["ref"])
+    return None
+
+
 def _write_cache(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -552,8 +669,6 @@ def open_object_store(url: str) -> StoreLocation:
     from urllib.parse import parse_qs, urlsplit
 
     from obstore.store import LocalStore, MemoryStore, S3Store
-
-    from lodger.errors import UsageError
 
     parts = urlsplit(url)
     shown = f"{parts.scheme}://{parts.netloc}{parts.path}"

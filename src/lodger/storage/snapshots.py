@@ -12,25 +12,42 @@ bytes are already stored (from an earlier snapshot, another session or a fork's 
 is not uploaded again. Symlinks are recorded, never followed. Restoring into an empty
 directory reproduces the tree byte for byte: contents, permission bits, symlinks and
 empty directories (not owners or times). Every blob read back is checked against its hash.
+
+``WorkspaceSnapshotter`` takes the snapshots a session records at each turn's end: it
+remembers, per file, the ``(size, mtime, inode, mode)`` it last hashed and uploaded, so
+a file that did not change since is neither read nor checked in the store again. A file
+modified within ``_RACY_S`` seconds of the previous snapshot is always read again (its
+change may not show in the time stamp: git's "racy clean" rule).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import stat
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lodger.errors import StorageError, UsageError
+from lodger.events import Event, WorkspaceSnapshot
 from lodger.storage.artifacts import ArtifactStore
 
-__all__ = ["SnapshotResult", "restore_snapshot", "snapshot_workspace"]
+__all__ = [
+    "SnapshotResult",
+    "WorkspaceSnapshotter",
+    "latest_snapshot",
+    "restore_snapshot",
+    "snapshot_workspace",
+]
 
 _MEDIA_TYPE = "application/vnd.lodger.snapshot+json"
+_RACY_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,10 +57,13 @@ class SnapshotResult:
     size: int
     #: file blobs uploaded by this snapshot (the rest were already stored)
     uploaded: int
+    #: files read and hashed (the rest were unchanged since the previous snapshot)
+    read: int = 0
 
 
-def _scan(root: Path) -> list[dict[str, Any]]:
-    """Every entry under ``root``, sorted by path, without following symlinks."""
+def _scan(root: Path, exclude: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Every entry under ``root``, sorted by path, without following symlinks; the
+    relative paths in ``exclude`` (and everything under them) are left out."""
     entries: list[dict[str, Any]] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -51,6 +71,8 @@ def _scan(root: Path) -> list[dict[str, Any]]:
         for name in [*dirnames, *filenames]:
             path = here / name
             rel = path.relative_to(root).as_posix()
+            if rel in exclude:
+                continue
             info = path.lstat()
             mode = stat.S_IMODE(info.st_mode)
             if stat.S_ISLNK(info.st_mode):
@@ -58,24 +80,61 @@ def _scan(root: Path) -> list[dict[str, Any]]:
             elif stat.S_ISDIR(info.st_mode):
                 entries.append({"path": rel, "type": "dir", "mode": mode})
             elif stat.S_ISREG(info.st_mode):
-                entries.append({"path": rel, "type": "file", "mode": mode, "size": info.st_size})
+                entries.append(
+                    {
+                        "path": rel,
+                        "type": "file",
+                        "mode": mode,
+                        "size": info.st_size,
+                        "_stat": (info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev),
+                    }
+                )
             # sockets, fifos and devices are not workspace content
         # a symlinked directory shows in dirnames (recorded above as a symlink); never
         # descend into it
-        dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not (here / d).is_symlink()
+            and (here / d).relative_to(root).as_posix() not in exclude
+        ]
     return sorted(entries, key=lambda e: str(e["path"]))
 
 
-async def snapshot_workspace(root: str | os.PathLike[str], blobs: ArtifactStore) -> SnapshotResult:
-    """Store the tree under ``root``; upload only file contents not stored yet."""
-    base = Path(root)
-    entries = await asyncio.to_thread(_scan, base)
+async def snapshot_workspace(
+    root: str | os.PathLike[str],
+    blobs: ArtifactStore,
+    *,
+    exclude: Sequence[str | os.PathLike[str]] = (),
+) -> SnapshotResult:
+    """Store the tree under ``root``; upload only file contents not stored yet.
+    ``exclude`` names paths (absolute, or relative to ``root``) left out of it."""
+    excluded = await asyncio.to_thread(_relative, Path(root), exclude)
+    return await _snapshot(Path(root), blobs, excluded, None)
+
+
+async def _snapshot(
+    base: Path,
+    blobs: ArtifactStore,
+    exclude: frozenset[str],
+    known: dict[str, tuple[tuple[int, int, int, int], str]] | None,
+    racy_after_ns: int = 0,
+) -> SnapshotResult:
+    entries = await asyncio.to_thread(_scan, base, exclude)
     uploaded = 0
     size = 0
+    read = 0
     for entry in entries:
         if entry["type"] != "file":
             continue
+        seen = entry.pop("_stat")
+        previous = known.get(entry["path"]) if known is not None else None
+        if previous is not None and previous[0] == seen and seen[1] < racy_after_ns:
+            entry["sha256"] = previous[1]  # unchanged since it was hashed and stored
+            size += int(entry["size"])
+            continue
         data = await asyncio.to_thread((base / entry["path"]).read_bytes)
+        read += 1
         sha256 = hashlib.sha256(data).hexdigest()
         entry["sha256"] = sha256
         entry["size"] = len(data)
@@ -83,10 +142,69 @@ async def snapshot_workspace(root: str | os.PathLike[str], blobs: ArtifactStore)
         if not await _stored(blobs, sha256):
             await blobs.put(data, media_type="application/octet-stream")
             uploaded += 1
+        if known is not None:
+            known[entry["path"]] = (seen, sha256)
+    if known is not None:
+        paths = {e["path"] for e in entries if e["type"] == "file"}
+        for gone in [p for p in known if p not in paths]:
+            del known[gone]
     manifest = json.dumps({"entries": entries, "v": 1}, sort_keys=True).encode()
     ref = await blobs.put(manifest, media_type=_MEDIA_TYPE)
     files = sum(1 for e in entries if e["type"] == "file")
-    return SnapshotResult(ref=ref.sha256, files=files, size=size, uploaded=uploaded)
+    return SnapshotResult(ref=ref.sha256, files=files, size=size, uploaded=uploaded, read=read)
+
+
+def _relative(root: Path, paths: Sequence[str | os.PathLike[str]]) -> frozenset[str]:
+    """``paths`` as paths relative to ``root`` (those outside it are dropped)."""
+    resolved = root.resolve()
+    out: set[str] = set()
+    for item in paths:
+        path = Path(item)
+        if not path.is_absolute():
+            out.add(path.as_posix())
+            continue
+        with contextlib.suppress(ValueError):
+            out.add(path.resolve().relative_to(resolved).as_posix())
+    out.discard(".")
+    return frozenset(out)
+
+
+class WorkspaceSnapshotter:
+    """Snapshots of one workspace into ``blobs``, each incremental against the last: a
+    file whose size, time stamp, inode and device did not change is taken from the
+    previous snapshot without reading it (see the module docstring for the racy rule).
+
+    >>> snapshotter = WorkspaceSnapshotter(storage.artifacts)
+    >>> result = await snapshotter.take(workspace, exclude=[state_dir])
+    """
+
+    def __init__(self, blobs: ArtifactStore, *, clock_ns: Callable[[], int] | None = None) -> None:
+        self.blobs = blobs
+        self._clock_ns = clock_ns or time.time_ns
+        self._known: dict[Path, dict[str, tuple[tuple[int, int, int, int], str]]] = {}
+        self._taken_ns: dict[Path, int] = {}
+
+    async def take(
+        self, root: str | os.PathLike[str], *, exclude: Sequence[str | os.PathLike[str]] = ()
+    ) -> SnapshotResult:
+        base = await asyncio.to_thread(Path(root).resolve)
+        excluded = await asyncio.to_thread(_relative, base, exclude)
+        known = self._known.setdefault(base, {})
+        racy_after = self._taken_ns.get(base, 0) - int(_RACY_S * 1e9)
+        started = self._clock_ns()
+        result = await _snapshot(base, self.blobs, excluded, known, racy_after)
+        self._taken_ns[base] = started
+        return result
+
+
+def latest_snapshot(events: Iterable[Event]) -> WorkspaceSnapshot | None:
+    """The newest ``workspace_snapshot`` fact among ``events`` (None when there is none):
+    what a worker restores to wake the session."""
+    found: WorkspaceSnapshot | None = None
+    for event in events:
+        if isinstance(event.body, WorkspaceSnapshot):
+            found = event.body
+    return found
 
 
 async def _stored(blobs: ArtifactStore, sha256: str) -> bool:

@@ -39,7 +39,7 @@ def _waited_for_cpu() -> float:
 
 
 @pytest.fixture
-def slow_callbacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def slow_callbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Time every callback the loop runs; the slow ones are added to the list."""
     slow: list[str] = []
     real_run = asyncio.events.Handle._run
@@ -55,14 +55,7 @@ def slow_callbacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
                 slow.append(f"{handle!r} held the loop {held:.3f} s")
 
     monkeypatch.setattr(asyncio.events.Handle, "_run", timed)
-    # A full collection of this test process's heap (what every earlier test left) can
-    # take 50 ms inside any callback; that is the test process, not lodger: freeze it.
-    gc.collect()
-    gc.freeze()
-    try:
-        yield slow
-    finally:
-        gc.unfreeze()
+    return slow  # the heap earlier tests left is frozen by the autouse fixture below
 
 
 def test_the_scheduler_delay_is_counted() -> None:

@@ -8,6 +8,7 @@ fast=()
 if [[ "${1:-}" == "--fast" ]]; then
     shift
     fast=(-m "not slow")
+    export LODGER_FAST_LANE=1  # fewer hypothesis examples (tests/conftest.py)
 fi
 echo "== ruff check";   "$bin/ruff" check src tests bench examples
 echo "== ruff format";  "$bin/ruff" format --check src tests bench examples

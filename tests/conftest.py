@@ -1,12 +1,17 @@
 """Settings shared by every test module."""
 
+import os
+
 import pytest
 from hypothesis import settings
 
 # No per-example deadline: first calls into pydantic and shared CI runners are slow, and a
 # flaky deadline says nothing about correctness.
 settings.register_profile("lodger", deadline=None)
-settings.load_profile("lodger")
+# The fast lane (`scripts/check.sh --fast` sets LODGER_FAST_LANE=1) tries fewer examples
+# where a test does not set its own count; CI runs the full profile.
+settings.register_profile("fast", deadline=None, max_examples=20)
+settings.load_profile("fast" if os.environ.get("LODGER_FAST_LANE") == "1" else "lodger")
 
 
 @pytest.fixture(autouse=True)

@@ -283,6 +283,7 @@ def test_any_single_byte_change_is_detected(
     )
 
 
+@pytest.mark.slow
 @given(sealed(), st.data())
 def test_any_change_to_the_digest_or_the_previous_digest_is_detected(
     case: tuple[Event, bytes, str], data_strategy: st.DataObject

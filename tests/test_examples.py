@@ -26,7 +26,14 @@ def test_there_are_examples_for_each_library_feature() -> None:
     } <= names
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+# The fast lane runs the quickstart; every other example runs in the full suite.
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.stem, marks=() if p.stem == "quickstart_sync" else pytest.mark.slow)
+        for p in EXAMPLES
+    ],
+)
 def test_example_runs(path: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)}
     done = subprocess.run(

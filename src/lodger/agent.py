@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class Agent:
         context_budget: int | None = None,
         max_provider_retries: int = 4,
         retry_base_delay: float = 0.5,
+        retry_jitter: Callable[[], float] | None = None,
+        max_retry_after: float = 120.0,
         clock: Clock | None = None,
         ids: IdFactory | None = None,
         on_event: Callable[[Event], None] | None = None,
@@ -163,6 +166,8 @@ class Agent:
             context_budget=context_budget,
             max_provider_retries=max_provider_retries,
             retry_base_delay=retry_base_delay,
+            max_retry_after=max_retry_after,
+            jitter=retry_jitter or random.random,
             clock=self.clock,
             ids=self.ids,
             on_event=on_event,

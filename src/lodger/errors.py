@@ -297,7 +297,8 @@ class LogKeyError(CorruptLogError):
 
 class ProviderError(LodgerError):
     """A model provider failed. ``retryable`` errors (rate limits, 5xx, dropped
-    connections) are retried with backoff by the agent loop; others end the run."""
+    connections) are retried with backoff by the agent loop; others end the run.
+    ``retry_after`` is the wait in seconds the provider asked for (``Retry-After``)."""
 
     code = "provider"
 
@@ -309,9 +310,11 @@ class ProviderError(LodgerError):
         status: int | None = None,
         hint: str | None = None,
         code: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.retryable = retryable
         self.status = status
+        self.retry_after = retry_after
         super().__init__(message, hint=hint, code=code)
 
 
@@ -507,6 +510,8 @@ ErrorCode = Literal[
     "lease_lost",
     "stale_token",
     "lodger_error",
+    # not an exception: the CLI's JSON error for a turn stopped by a signal (--json)
+    "interrupted",
 ]
 ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))
 """Every ``code`` a lodger error can carry (a test holds the source to this list)."""

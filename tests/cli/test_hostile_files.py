@@ -49,18 +49,21 @@ def ok_script(tmp_path: Path) -> str:
     return f"script:{tmp_path / 'ok.json'}"
 
 
+@pytest.mark.slow
 def test_a_script_that_is_not_utf8(tmp_path: Path) -> None:
     (tmp_path / "steps.json").write_bytes('[{"text": "café"}]'.encode("latin-1"))
     proc = lodger_run(tmp_path, "--model", f"script:{tmp_path / 'steps.json'}")
     assert_one_clear_error(proc, "steps.json is not UTF-8 text (byte 0xe9 at offset 14)")
 
 
+@pytest.mark.slow
 def test_a_script_nested_100k_deep(tmp_path: Path) -> None:
     (tmp_path / "steps.json").write_text("[" * DEPTH + "]" * DEPTH)
     proc = lodger_run(tmp_path, "--model", f"script:{tmp_path / 'steps.json'}")
     assert_one_clear_error(proc, "steps.json is nested too deeply to read")
 
 
+@pytest.mark.slow
 def test_a_lodger_toml_that_is_not_utf8(tmp_path: Path, ok_script: str) -> None:
     (tmp_path / "ws").mkdir()
     text = '[mcp.servers.x]\ncommand = "café"\n'
@@ -69,6 +72,7 @@ def test_a_lodger_toml_that_is_not_utf8(tmp_path: Path, ok_script: str) -> None:
     assert_one_clear_error(proc, "lodger.toml is not UTF-8 text (byte 0xe9 at offset 30)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content",
     ["a = " + "[" * DEPTH + "]" * DEPTH, "a = " + "{b = " * DEPTH + "1" + "}" * DEPTH],
@@ -81,6 +85,7 @@ def test_a_lodger_toml_nested_100k_deep(tmp_path: Path, ok_script: str, content:
     assert_one_clear_error(proc, "lodger.toml is nested too deeply to read")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

@@ -78,7 +78,7 @@ def test_sessions_lists_counts_and_status(runner: CliRunner, state_dir: Path) ->
 def test_sessions_json(runner: CliRunner, state_dir: Path) -> None:
     result = invoke(runner, "sessions", "--state", state_dir, "--json")
     assert result.exit_code == 0
-    rows = {row["session_id"]: row for row in json.loads(result.stdout)}
+    rows = {row["session_id"]: row for row in json.loads(result.stdout)["sessions"]}
     assert set(rows) == {DEMO, CRASHED}
     demo = rows[DEMO]
     assert (demo["events"], demo["turns"], demo["last_status"]) == (20, 1, "completed")
@@ -90,7 +90,7 @@ def test_sessions_json(runner: CliRunner, state_dir: Path) -> None:
 
 def test_sessions_env_state(runner: CliRunner, state_dir: Path) -> None:
     result = runner.invoke(main, ["sessions", "--json"], env={"LODGER_STATE": str(state_dir)})
-    assert {row["session_id"] for row in json.loads(result.stdout)} == {DEMO, CRASHED}
+    assert {row["session_id"] for row in json.loads(result.stdout)["sessions"]} == {DEMO, CRASHED}
 
 
 def test_sessions_in_missing_dir_is_empty_and_creates_nothing(
@@ -100,7 +100,10 @@ def test_sessions_in_missing_dir_is_empty_and_creates_nothing(
     result = invoke(runner, "sessions", "--state", missing)
     assert (result.exit_code, result.stdout) == (0, f"no sessions in {missing}\n")
     as_json = invoke(runner, "sessions", "--state", missing, "--json")
-    assert (as_json.exit_code, json.loads(as_json.stdout)) == (0, [])
+    assert (as_json.exit_code, json.loads(as_json.stdout)) == (
+        0,
+        {"v": 1, "state": str(missing), "sessions": []},
+    )
     assert not missing.exists()
 
 
@@ -108,7 +111,7 @@ def test_sessions_marks_a_corrupt_session(runner: CliRunner, state_dir: Path) ->
     tamper(state_dir, DEMO, 8, b"alpha", b"alphA")
     result = invoke(runner, "sessions", "--state", state_dir, "--json")
     assert result.exit_code == 0
-    demo = next(row for row in json.loads(result.stdout) if row["session_id"] == DEMO)
+    demo = next(row for row in json.loads(result.stdout)["sessions"] if row["session_id"] == DEMO)
     assert (demo["last_status"], demo["events"]) == ("corrupt", 20)
     assert demo["error"]["offset"] == 8
     text = invoke(runner, "sessions", "--state", state_dir)
@@ -169,7 +172,7 @@ def test_show_interrupted_call_has_no_response(runner: CliRunner, state_dir: Pat
 
 def test_show_json_is_the_events(runner: CliRunner, state_dir: Path) -> None:
     result = invoke(runner, "log", "show", DEMO, "--state", state_dir, "--json")
-    events = json.loads(result.stdout)
+    events = json.loads(result.stdout)["events"]
     assert [event["offset"] for event in events] == list(range(20))
     nested = events[13]
     assert (nested["call_id"], nested["parent_call_id"]) == ("n1", "c4")
@@ -226,10 +229,11 @@ def test_verify_good_log(runner: CliRunner, state_dir: Path) -> None:
     verified = invoke(runner, "log", "verify", DEMO, "--state", state_dir, "--json")
     shown = json.loads(invoke(runner, "log", "show", DEMO, "--state", state_dir, "--json").stdout)
     assert json.loads(verified.stdout) == {
+        "v": 1,
         "ok": True,
         "session_id": DEMO,
         "high_water": 20,
-        "digest": shown[-1]["digest"],
+        "digest": shown["events"][-1]["digest"],
         "chain": "sha256",
         "key_id": None,
         "configured_key_id": None,
@@ -282,6 +286,7 @@ def _lodger(*args: str | Path, debug: bool = False) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
     good = _lodger("log", "verify", DEMO, "--state", state_dir)
     assert (good.returncode, good.stderr) == (0, "")
@@ -295,6 +300,7 @@ def test_subprocess_verify_good_then_tampered(state_dir: Path) -> None:
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     plain = _lodger("log", "show", "nope", "--state", state_dir)
     assert plain.returncode == 4  # not found
@@ -307,10 +313,11 @@ def test_subprocess_unknown_session_and_debug(state_dir: Path) -> None:
     assert "SessionNotFoundError" in debug.stderr
 
 
+@pytest.mark.slow
 def test_subprocess_sessions(state_dir: Path) -> None:
     result = _lodger("sessions", "--state", state_dir, "--json")
     assert result.returncode == 0
-    assert {row["session_id"] for row in json.loads(result.stdout)} == {DEMO, CRASHED}
+    assert {row["session_id"] for row in json.loads(result.stdout)["sessions"]} == {DEMO, CRASHED}
 
 
 # ---------------------------------------------------------------- the error boundary

@@ -181,17 +181,17 @@ def test_text_mentioning_a_turn_start_is_not_one(runner: CliRunner, state: Path)
 def test_show_json_is_the_page_and_the_note_goes_to_stderr(runner: CliRunner, state: Path) -> None:
     result = show(runner, state, "--json")
     assert result.exit_code == 0
-    events = json.loads(result.stdout)
+    events = json.loads(result.stdout)["events"]
     assert [e["offset"] for e in events] == sorted(expected(3))
     assert all(len(e["digest"]) == 64 for e in events)
     assert result.stderr.startswith("note: showing turn 3 of 3; turns 1-2 hidden")
-    every = json.loads(show(runner, state, "--json", "--all").stdout)
+    every = json.loads(show(runner, state, "--json", "--all").stdout)["events"]
     assert [e["offset"] for e in every] == list(range(25))
     assert every[1]["body"]["input"] == LONG_INPUT
 
 
 def test_show_timing_covers_the_page(runner: CliRunner, state: Path) -> None:
-    steps = json.loads(show(runner, state, "--timing", "--json", "--turn", "2").stdout)
+    steps = json.loads(show(runner, state, "--timing", "--json", "--turn", "2").stdout)["steps"]
     assert [call["call_id"] for step in steps for call in step["calls"]] == ["c2"]
 
 
@@ -278,7 +278,9 @@ def test_a_damaged_byte_in_a_hidden_turn_stops_every_command(
         f"error: log for session '{SESSION}' is invalid at offset 6: its digest does not match"
     )
     assert show(runner, state, "--json").stdout == ""
-    rows = json.loads(runner.invoke(main, ["sessions", "--state", str(state), "--json"]).stdout)
+    rows = json.loads(runner.invoke(main, ["sessions", "--state", str(state), "--json"]).stdout)[
+        "sessions"
+    ]
     assert (rows[0]["last_status"], rows[0]["events"], rows[0]["error"]["offset"]) == (
         "corrupt",
         25,
@@ -308,7 +310,7 @@ def test_a_gap_in_a_hidden_turn_stops_the_page(runner: CliRunner, state: Path) -
 
 def test_sessions_summarizes_from_the_last_turn(runner: CliRunner, state: Path) -> None:
     result = runner.invoke(main, ["sessions", "--state", str(state), "--json"])
-    (row,) = json.loads(result.stdout)
+    (row,) = json.loads(result.stdout)["sessions"]
     assert (row["events"], row["turns"], row["last_status"]) == (25, 3, "completed")
     assert row["workspace"] == "/projects/pages"
     assert row["last_ts"] == T0 + (300 + 7) * 1000

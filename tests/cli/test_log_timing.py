@@ -93,7 +93,7 @@ def test_timing_shows_overlap_and_serialization(state: Path) -> None:
 
 
 def test_timing_json_is_computed_from_the_log(state: Path) -> None:
-    steps = json.loads(_show(state, "--json"))
+    steps = json.loads(_show(state, "--json"))["steps"]
     assert [s["index"] for s in steps] == [0, 1]
     assert steps[0]["parallelism"] > 1.0  # the two calls ran at once
     assert steps[1]["parallelism"] <= 1.0  # the two edits of one file took turns

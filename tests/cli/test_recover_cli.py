@@ -70,7 +70,7 @@ def test_recover_decide_resume(interrupted: Path) -> None:
 
     code, out, _ = cli("sessions", "--state", state, "--json")
     assert code == 0
-    assert json.loads(out)[0]["last_status"] == "interrupted"
+    assert json.loads(out)["sessions"][0]["last_status"] == "interrupted"
 
     code, out, _ = cli("recover", "s1", "--state", state)
     assert code == 0

@@ -231,6 +231,7 @@ def lodger(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_deleted_workspace_gives_one_line_errors_naming_the_ways_out(crashed: Path) -> None:
     state = str(crashed / "state")
     gone = str(crashed / "ws")

@@ -83,7 +83,7 @@ def test_run_with_a_script_and_a_tools_file(tmp_path: Path) -> None:
     assert "<- shout ok HI" in result.output
     assert (ws / "out.txt").read_text() == "HI"
     shown = CliRunner().invoke(main, ["log", "show", "s1", "--state", str(state), "--json"])
-    kinds = [e["body"]["kind"] for e in json.loads(shown.output)]
+    kinds = [e["body"]["kind"] for e in json.loads(shown.output)["events"]]
     assert kinds.count("tool_dispatched") == kinds.count("tool_responded") == 2
 
 

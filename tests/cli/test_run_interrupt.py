@@ -68,7 +68,7 @@ def lodger(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def events_of(tmp_path: Path) -> list[dict[str, Any]]:
     shown = lodger(tmp_path, "log", "show", "s1", "--json", "--all")
     assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+    return json.loads(shown.stdout)["events"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow

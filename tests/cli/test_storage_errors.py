@@ -137,6 +137,7 @@ def kill_a_writer(state: Path) -> None:
     assert (state / "log.sqlite3-wal").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shm", ["kept", "deleted"])
 def test_read_only_state_directory_can_be_inspected(
     runner: CliRunner, state_dir: Path, tmp_path: Path, shm: str
@@ -149,7 +150,7 @@ def test_read_only_state_directory_can_be_inspected(
     with read_only(state_dir) as ro:
         listed = invoke(runner, "sessions", "--state", ro, "--json")
         assert listed.exit_code == 0, listed.output
-        rows = {row["session_id"]: row for row in json.loads(listed.stdout)}
+        rows = {row["session_id"]: row for row in json.loads(listed.stdout)["sessions"]}
         assert sorted(rows) == sorted([CRASHED, KILLED, DEMO])
         assert rows[KILLED]["events"] == 2  # read from the WAL the killed writer left
         for session, events in [(KILLED, 2), (DEMO, 20), (CRASHED, 6)]:
@@ -192,14 +193,16 @@ def test_state_directory_on_a_full_disk(runner: CliRunner, state_dir: Path, tmp_
         )
         assert first.exit_code == 0, first.output
         listed = invoke(runner, "sessions", "--state", state, "--json")
-        sessions = sorted(row["session_id"] for row in json.loads(listed.stdout))
+        sessions = sorted(row["session_id"] for row in json.loads(listed.stdout)["sessions"])
         (session,) = set(sessions) - {DEMO, CRASHED}
         fill(disk)
 
         # reading needs no space
         listed = invoke(runner, "sessions", "--state", state, "--json")
         assert listed.exit_code == 0, listed.output
-        assert sorted(row["session_id"] for row in json.loads(listed.stdout)) == sessions
+        assert (
+            sorted(row["session_id"] for row in json.loads(listed.stdout)["sessions"]) == sessions
+        )
         for command in (["log", "verify"], ["log", "show"], ["recover"]):
             read = invoke(runner, *command, session, "--state", state)
             assert read.exit_code == 0, (command, read.output)
@@ -307,7 +310,10 @@ def test_deleted_database_with_its_head_files_left_fails_closed(
         (state_dir / name).unlink(missing_ok=True)
     listed = invoke(runner, "sessions", "--state", state_dir, "--json")
     assert listed.exit_code == 0, listed.output
-    assert sorted(row["session_id"] for row in json.loads(listed.stdout)) == [CRASHED, DEMO]
+    assert sorted(row["session_id"] for row in json.loads(listed.stdout)["sessions"]) == [
+        CRASHED,
+        DEMO,
+    ]
     verified = invoke(runner, "log", "verify", DEMO, "--state", state_dir, "--json")
     assert verified.exit_code == 1, verified.output
     error = json.loads(verified.stdout)["error"]

@@ -54,7 +54,7 @@ def test_run_verify_and_fork_on_a_file_object_store(tmp_path: Path) -> None:
     assert made["session_id"] == "s2"
     assert made["parent"]["session_id"] == "s1" and made["parent"]["high_water"] == 3
     listed = runner.invoke(main, ["sessions", "--json"])
-    assert {s["session_id"] for s in json.loads(listed.output)} == {"s1", "s2"}
+    assert {s["session_id"] for s in json.loads(listed.output)["sessions"]} == {"s1", "s2"}
     assert runner.invoke(main, ["log", "verify", "s2"]).exit_code == 0
 
 

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from lodger.cli import main
@@ -46,6 +47,7 @@ def test_list_prints_a_table_and_a_summary() -> None:
     assert "8 direct" in result.output and "217 deferred" in result.output
 
 
+@pytest.mark.slow
 def test_search_ranks_with_scores_and_marks_what_would_load() -> None:
     result = lodger(
         "tools", "search", "take a screenshot of the page", "--catalog", CATALOG,
@@ -68,6 +70,7 @@ def test_search_ranks_with_scores_and_marks_what_would_load() -> None:
     assert "playwright__browser_take_screenshot" in text.output and "loads" in text.output
 
 
+@pytest.mark.slow
 def test_search_select_and_no_match() -> None:
     result = lodger("tools", "search", "select:time__convert_time", "--catalog", CATALOG, "--json")
     rows = json.loads(result.output)["results"]
@@ -84,6 +87,7 @@ def test_search_without_deferred_tools_is_a_usage_error(tmp_path: Path) -> None:
     assert "nothing to search" in result.output and "hint: pass --mcp or --catalog" in result.output
 
 
+@pytest.mark.slow
 def test_real_servers_from_mcp_option_and_lodger_toml(tmp_path: Path) -> None:
     (tmp_path / "lodger.toml").write_text(
         "[mcp.servers.filed]\n"
@@ -108,6 +112,7 @@ def test_a_bad_mcp_option_or_config_is_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in typo.output
 
 
+@pytest.mark.slow
 def test_run_binds_mcp_servers(tmp_path: Path) -> None:
     script = [
         {"calls": [{"name": "tool_search", "args": {"query": "add two integers"}}]},

@@ -35,7 +35,7 @@ def test_run_with_code_mode_and_show_the_cell(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(main, ["log", "show", "s1", "--json", *common])
-    events = json.loads(shown.output)
+    events = json.loads(shown.output)["events"]
     cell = next(
         e for e in events if e["body"]["kind"] == "tool_dispatched" and e["body"]["tool"] == "exec"
     )

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cell_harness import Cells, cell_result, make_agent
 
 from lodger.authority import ResourceClaim
@@ -153,6 +154,7 @@ async def test_unknown_and_non_nestable_tools_end_the_cell(tmp_path: Path) -> No
     assert content["error"]["kind"] == "not_nestable"
 
 
+@pytest.mark.slow
 async def test_each_limit_gives_limit_exceeded_naming_it(tmp_path: Path) -> None:
     small = CellLimits(
         wall_time=2.0, memory=16 * 1024 * 1024, source_bytes=200, result_bytes=1000, nested_calls=3

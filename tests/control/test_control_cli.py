@@ -96,9 +96,9 @@ def test_sessions_lists_the_index_without_a_store(runner: CliRunner, tmp_path: P
     out = runner.invoke(main, ["sessions", "--control", dsn, "--json",
                                "--state", str(tmp_path / "nowhere")])  # fmt: skip
     assert out.exit_code == 0, out.output
-    assert [(r["session_id"], r["status"], r["events"]) for r in json.loads(out.output)] == [
-        ("s9", "parked", 5)
-    ]
+    assert [
+        (r["session_id"], r["status"], r["events"]) for r in json.loads(out.output)["sessions"]
+    ] == [("s9", "parked", 5)]
     assert not (tmp_path / "nowhere").exists()  # no log was opened or created
     table = runner.invoke(main, ["sessions", "--control", dsn])
     assert "s9" in table.output and "parked" in table.output

@@ -198,17 +198,25 @@ def make_world(tmp_path: Path) -> World:
     return world
 
 
+# The fast lane keeps one boundary (a kill before T1) next to the uninterrupted reference;
+# CI runs every boundary.
+_SLOW = pytest.mark.slow
 NAMED = [
-    ("before_t1", []),
-    ("after_t1", []),
-    ("during_effect", []),
-    ("after_effect_before_t2", []),
-    ("after_t2", []),
-    ("during_streaming", []),
-    ("mid_batch", []),
-    ("after_run_end", []),
-    ("after_t1", ["resume_before_claim"]),
-    ("after_effect_before_t2", ["resume_after_claim", "resume_before_claim"]),
+    pytest.param("before_t1", [], id="before_t1"),
+    pytest.param("after_t1", [], marks=_SLOW, id="after_t1"),
+    pytest.param("during_effect", [], marks=_SLOW, id="during_effect"),
+    pytest.param("after_effect_before_t2", [], marks=_SLOW, id="after_effect_before_t2"),
+    pytest.param("after_t2", [], marks=_SLOW, id="after_t2"),
+    pytest.param("during_streaming", [], marks=_SLOW, id="during_streaming"),
+    pytest.param("mid_batch", [], marks=_SLOW, id="mid_batch"),
+    pytest.param("after_run_end", [], marks=_SLOW, id="after_run_end"),
+    pytest.param("after_t1", ["resume_before_claim"], marks=_SLOW, id="after_t1-resume"),
+    pytest.param(
+        "after_effect_before_t2",
+        ["resume_after_claim", "resume_before_claim"],
+        marks=_SLOW,
+        id="after_effect_before_t2-resume",
+    ),
 ]
 
 
@@ -249,6 +257,7 @@ def test_uninterrupted_run_is_the_reference(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("LODGER_CRASH_SEED", "20261129")))
     iterations = int(os.environ.get("LODGER_CRASH_ITERATIONS", "30"))

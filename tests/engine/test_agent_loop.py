@@ -410,7 +410,10 @@ async def test_transient_provider_errors_are_retried_and_logged(tmp_path: Path) 
     async def fake_sleep(seconds: float) -> None:
         sleeps.append(seconds)
 
-    agent = agent_for(tmp_path, FunctionModel(flaky), [], sleep=fake_sleep)
+    # the largest jitter: each wait is the whole backoff step
+    agent = agent_for(
+        tmp_path, FunctionModel(flaky), [], sleep=fake_sleep, retry_jitter=lambda: 1.0
+    )
     result = await agent.run("go", session="s1")
     assert result.answer == "fine" and sleeps == [0.5, 1.0]
     events = await agent.session("s1").events()

@@ -144,6 +144,7 @@ def test_a_gap_in_what_is_fed_is_refused() -> None:
         state.feed(LOG[4:5])
 
 
+@pytest.mark.slow
 def test_folding_a_long_log_runs_no_cycle_collection() -> None:
     """A fold of thousands of events keeps the cycle collector paused (each automatic
     collection would rescan every event already folded: measured on 100k events, most of

@@ -55,6 +55,7 @@ async def test_the_same_idempotency_key_runs_once(tmp_path: Path) -> None:
         assert caught.value.status == 409  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 async def test_every_route_refuses_without_a_token(tmp_path: Path) -> None:
     async with running_host(tmp_path / "state") as host:
         openapi = host.app.openapi()
@@ -96,6 +97,7 @@ async def test_session_tokens_reach_only_their_session(tmp_path: Path) -> None:
         assert token.encode() not in (host.state / "host.sqlite3").read_bytes()
 
 
+@pytest.mark.slow
 async def test_bad_input_is_a_4xx_with_the_engines_code(tmp_path: Path) -> None:
     async with running_host(tmp_path / "state") as host, host.client() as c:
         with pytest.raises(SessionNotFoundError) as missing:
@@ -127,6 +129,7 @@ async def test_bad_input_is_a_4xx_with_the_engines_code(tmp_path: Path) -> None:
                 assert error["code"] and error["message"]
 
 
+@pytest.mark.slow
 async def test_recover_decide_resume_and_fork(tmp_path: Path) -> None:
     model = write_script(
         tmp_path / "s.json",

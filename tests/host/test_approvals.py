@@ -25,6 +25,7 @@ async def _until(client: HostClient, sid: str, kind: str, seen: list[StreamedFac
     raise AssertionError("stream ended")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allow", [True, False])
 async def test_an_answer_from_another_client_continues_the_run(tmp_path: Path, allow: bool) -> None:
     model = write_script(tmp_path / "s.json", SCRIPT)

@@ -154,6 +154,7 @@ async def test_fifty_streams_and_twenty_senders_hold(tmp_path: Path) -> None:
                 await client.aclose()
 
 
+@pytest.mark.slow
 async def test_facts_another_process_commits_reach_open_streams(tmp_path: Path) -> None:
     """The stream tails the log when the host did not commit a fact itself (here a turn
     run on the same state directory by another ``Sessions``, as ``lodger run`` would)."""

@@ -34,6 +34,7 @@ async def _deliver(
         )
 
 
+@pytest.mark.slow
 async def test_a_signed_delivery_runs_once_and_a_replay_wakes_nothing(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", [{"text": "triaged"}])
     hooks = {

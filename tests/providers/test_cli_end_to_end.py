@@ -100,6 +100,6 @@ def test_run_reads_a_file_through_a_real_adapter(
     shown = CliRunner().invoke(
         main, ["log", "show", "e2e", "--state", str(tmp_path / "state"), "--json"]
     )
-    kinds = [e["body"]["kind"] for e in json.loads(shown.output)]
+    kinds = [e["body"]["kind"] for e in json.loads(shown.output)["events"]]
     assert "provider_retried" in kinds
     assert kinds[-1] == "turn_ended"

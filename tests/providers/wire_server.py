@@ -70,10 +70,11 @@ class Stream:
 
 @dataclass(frozen=True)
 class Fail:
-    """An HTTP error status with a JSON body."""
+    """An HTTP error status with a JSON body (and extra headers, e.g. ``Retry-After``)."""
 
     status: int
     body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 Reply = Stream | Fail
@@ -169,15 +170,19 @@ class WireServer:
                     time.sleep(reply.delay)  # this is the server's own thread, not the loop
                 try:
                     if isinstance(reply, Fail):
-                        self._send_json(reply.status, reply.body)
+                        self._send_json(reply.status, reply.body, reply.headers)
                     else:
                         self._send_stream(reply)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the client went away; nothing to report
 
-            def _send_json(self, status: int, body: dict[str, Any]) -> None:
+            def _send_json(
+                self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -10,7 +10,7 @@ from lodger.sandbox import BubblewrapSandbox, RunscSandbox, Sandbox
 def _backends() -> list[object]:
     return [
         pytest.param("bubblewrap", id="bubblewrap"),
-        pytest.param("runsc", id="runsc"),
+        pytest.param("runsc", id="runsc", marks=pytest.mark.slow),  # fast lane: bubblewrap only
     ]
 
 

@@ -38,6 +38,7 @@ def host_processes_named(token: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_four_processes_in_parallel_share_one_cpu_budget(
     box: Sandbox, tmp_path: Path
 ) -> None:
@@ -56,6 +57,7 @@ async def test_four_processes_in_parallel_share_one_cpu_budget(
     assert host_processes_named(token) == []
 
 
+@pytest.mark.slow
 async def test_a_cpu_rate_holds_the_tree_back(box: Sandbox, tmp_path: Path) -> None:
     result = await box.run(
         burners(f"lodger-rate-{uuid.uuid4().hex[:8]}", 2),
@@ -70,6 +72,7 @@ async def test_a_cpu_rate_holds_the_tree_back(box: Sandbox, tmp_path: Path) -> N
     assert result.duration_s >= 1.2, result.duration_s
 
 
+@pytest.mark.slow
 async def test_the_cgroup_v2_path_counts_and_kills_the_tree(tmp_path: Path) -> None:
     mount = cgroup2_mount()
     if mount is None:

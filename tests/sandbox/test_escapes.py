@@ -167,6 +167,7 @@ async def test_a_fork_bomb_is_refused_at_the_process_limit(box: Sandbox, ws: Pat
     assert _host_processes_named(token) == []  # every forked child died with the command
 
 
+@pytest.mark.slow
 async def test_a_memory_bomb_is_killed(box: Sandbox, ws: Path) -> None:
     # runsc: the gVisor sandbox (Sentry and gofer) stays in the command's cgroup
     # (--ignore-cgroups), so the kernel limits the memory the user-space kernel holds.
@@ -188,6 +189,7 @@ async def test_a_memory_bomb_is_killed(box: Sandbox, ws: Path) -> None:
     assert text(small) == f"fits {8 << 20}\n", small
 
 
+@pytest.mark.slow
 async def test_an_infinite_loop_is_killed_at_its_cpu_limit(box: Sandbox, ws: Path) -> None:
     result = await box.run(
         ["python3", "-c", "while True: pass"],
@@ -198,6 +200,7 @@ async def test_an_infinite_loop_is_killed_at_its_cpu_limit(box: Sandbox, ws: Pat
     assert result.limit == "cpu_time", result
 
 
+@pytest.mark.slow
 async def test_a_command_past_its_wall_time_is_killed(box: Sandbox, ws: Path) -> None:
     result = await sh(box, ws, "echo started; exec sleep 600", limits=Limits(wall_time_s=1))
     assert result.limit == "wall_time"

@@ -44,6 +44,7 @@ async def test_shell_runs_in_the_sandbox_by_default(ws: Path, ctx: ToolContext) 
     assert shell.approval is False
 
 
+@pytest.mark.slow
 async def test_a_limit_settles_as_an_error_result_naming_it(ctx: ToolContext) -> None:
     small = shell_tool(SandboxPolicy(limits=Limits(memory_bytes=64 << 20)))
     out = await small.handler(

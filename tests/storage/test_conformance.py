@@ -20,7 +20,10 @@ from lodger.testing.log_conformance import (
 from ._s3server import S3Server
 
 
-@pytest.fixture(params=["memory", "sqlite", "objects-file", "objects-s3"])
+# the S3 server (moto) is the slowest backend: the fast lane leaves it to the full run
+@pytest.fixture(
+    params=["memory", "sqlite", "objects-file", pytest.param("objects-s3", marks=pytest.mark.slow)]
+)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LogBackend]:
     chosen: LogBackend
     if request.param == "memory":

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from lodger.events import Prefix
 from lodger.storage import EventLog, SqliteLogStore
 
@@ -58,6 +60,7 @@ def run_child_and_kill(
     return started, [int(line) for line in lines]
 
 
+@pytest.mark.slow
 def test_sigkill_never_loses_an_acknowledged_append(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     rng = random.Random(0x10D6E4)

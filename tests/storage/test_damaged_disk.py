@@ -86,6 +86,7 @@ def delete_with_shm(wal: Path) -> None:
     Path(str(wal).replace("-wal", "-shm")).unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [flip_byte, truncate, delete, delete_with_shm])
 async def test_damaged_wal_after_a_killed_writer_fails_closed(
     tmp_path: Path, damage: object
@@ -132,6 +133,7 @@ async def test_damaged_wal_after_a_killed_writer_fails_closed(
     assert b"Traceback" not in cli.stderr
 
 
+@pytest.mark.slow
 async def test_killed_writer_without_damage_still_verifies(tmp_path: Path) -> None:
     # the control for the test above: a plain SIGKILL loses nothing and fails nothing
     state = tmp_path / "state"
@@ -143,6 +145,7 @@ async def test_killed_writer_without_damage_still_verifies(tmp_path: Path) -> No
         await log.close()
 
 
+@pytest.mark.slow
 async def test_deleted_head_file_fails_closed_and_blocks_writers(tmp_path: Path) -> None:
     state = tmp_path / "state"
     await asyncio.to_thread(kill_writer_after, state, 3)

@@ -21,7 +21,10 @@ from ._s3server import S3Server
 PARENT = "parent"
 
 
-@pytest.fixture(params=["sqlite", "objects-file", "objects-s3"])
+# the S3 server (moto) is the slowest backend: the fast lane leaves it to the full run
+@pytest.fixture(
+    params=["sqlite", "objects-file", pytest.param("objects-s3", marks=pytest.mark.slow)]
+)
 async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
     if request.param == "sqlite":
         made = Storage.local(tmp_path / "state")

@@ -250,6 +250,7 @@ def _keyed_records() -> list[Record]:
 KEYED_RECORDS = _keyed_records()
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.data())
 def test_any_single_byte_corruption_of_a_keyed_log_is_detected(data: st.DataObject) -> None:

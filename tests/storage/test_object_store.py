@@ -26,7 +26,8 @@ CHILD = Path(__file__).with_name("_object_writer.py")
 SID = "shared"
 
 
-@pytest.fixture(params=["file", "s3"])
+# the S3 server (moto) is slow to start: the fast lane runs the directory store only
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.slow)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "file":
         return f"file://{tmp_path / 'objects'}"

@@ -9,6 +9,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,7 @@ def _describe(root: Path) -> dict[str, tuple[str, object, int]]:
     return found
 
 
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(_ROOTS)
 def test_restore_reproduces_any_tree_byte_for_byte(tree: dict) -> None:  # type: ignore[type-arg]

@@ -57,6 +57,7 @@ async def test_row_edited_with_sql_text_functions_fails_closed(
     )
 
 
+@pytest.mark.slow
 async def test_lock_names_the_process_that_holds_it(log: EventLog, tmp_path: Path) -> None:
     holder = (
         "import asyncio, sys\n"

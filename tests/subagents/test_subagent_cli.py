@@ -45,7 +45,9 @@ def _run(tmp_path: Path) -> Path:
 def test_run_with_subagents_shows_the_child_inline_and_in_the_tree(tmp_path: Path) -> None:
     state = _run(tmp_path)
     runner = CliRunner()
-    listed = json.loads(runner.invoke(main, ["sessions", "--state", str(state), "--json"]).output)
+    listed = json.loads(runner.invoke(main, ["sessions", "--state", str(state), "--json"]).output)[
+        "sessions"
+    ]
     assert len(listed) == 2
     child_id = next(row["session_id"] for row in listed if row["session_id"] != "p1")
 
@@ -70,7 +72,7 @@ def test_run_with_subagents_shows_the_child_inline_and_in_the_tree(tmp_path: Pat
     assert lines[1].startswith(f"└─ {child_id}") and "subagent of call" in lines[1]
     as_json = json.loads(
         runner.invoke(main, ["sessions", "--state", str(state), "--tree", "--json"]).output
-    )
+    )["sessions"]
     parents = {row["session_id"]: (row["parent"], row["relation"]) for row in as_json}
     assert parents == {"p1": (None, "root"), child_id: ("p1", "subagent")}
     # a fork of the child is a fork of it, not a second subagent of p1
@@ -78,7 +80,7 @@ def test_run_with_subagents_shows_the_child_inline_and_in_the_tree(tmp_path: Pat
     assert forked.exit_code == 0, forked.output
     as_json = json.loads(
         runner.invoke(main, ["sessions", "--state", str(state), "--tree", "--json"]).output
-    )
+    )["sessions"]
     assert {r["session_id"]: r["parent"] for r in as_json}["f1"] == child_id
     assert {r["session_id"]: r["relation"] for r in as_json}["f1"] == "fork"
 

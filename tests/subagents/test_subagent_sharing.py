@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from subagent_world import routed
 
 from lodger import Agent, ToolContext, tool
@@ -89,6 +90,7 @@ async def _two_children_bump(tmp_path: Path, name: str) -> tuple[int, list[str],
     return int((workspace / "counter.txt").read_text()), readers, order
 
 
+@pytest.mark.slow
 async def test_two_concurrent_children_editing_one_file_never_lose_an_update(
     tmp_path: Path,
 ) -> None:
@@ -164,6 +166,7 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
     assert texts.index("go") < texts.index("looking") < texts.index("c"), texts
 
 
+@pytest.mark.slow
 async def test_a_childs_edit_waits_for_the_parents_edit_emitted_before_its_delegation(
     tmp_path: Path,
 ) -> None:

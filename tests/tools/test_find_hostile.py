@@ -63,6 +63,7 @@ def test_grep_catastrophic_pattern_finishes(ws: Path) -> None:
     assert out == "evil.txt:2: aaaa"
 
 
+@pytest.mark.slow
 def test_list_files_hostile_glob_finishes(ws: Path) -> None:
     # One name segment of 200 'a's (no 'b'), and a path 40 directories deep.
     (ws / ("a" * 200)).write_text("")

@@ -99,6 +99,7 @@ async def test_stdio_lists_and_calls_and_maps_errors() -> None:
         assert servers.failures() == {}
 
 
+@pytest.mark.slow
 async def test_http_lists_and_calls(http_url: str) -> None:
     config = McpServerConfig(name="remote", url=http_url, deferred=False, approval=True)
     async with McpServers([config]) as servers:
@@ -109,6 +110,7 @@ async def test_http_lists_and_calls(http_url: str) -> None:
         assert failed.is_error
 
 
+@pytest.mark.slow
 async def test_a_hung_call_times_out_and_the_server_stays_usable() -> None:
     async with McpServers([tiny(timeout_s=0.3)]) as servers:
         tools = servers.tools()
@@ -118,6 +120,7 @@ async def test_a_hung_call_times_out_and_the_server_stays_usable() -> None:
         assert (await call(tools, "tiny__echo", text="still here")).content == "still here"
 
 
+@pytest.mark.slow
 async def test_a_crashed_stdio_server_gives_clear_errors_and_others_go_on() -> None:
     async with McpServers([tiny("a"), tiny("b")]) as servers:
         tools = servers.tools()
@@ -131,6 +134,7 @@ async def test_a_crashed_stdio_server_gives_clear_errors_and_others_go_on() -> N
         assert servers.failures() == {} and servers.reconnects() == {"a": 1, "b": 0}
 
 
+@pytest.mark.slow
 async def test_a_killed_stdio_server_is_started_again_by_the_next_call() -> None:
     async with McpServers([tiny("k")]) as servers:
         tools = servers.tools()
@@ -150,6 +154,7 @@ def tiny_copy(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.slow
 async def test_a_server_that_cannot_start_again_is_an_error_result(tiny_copy: Path) -> None:
     # The server runs from a copy that the test removes once it is up: a restart fails.
     script = tiny_copy
@@ -165,6 +170,7 @@ async def test_a_server_that_cannot_start_again_is_an_error_result(tiny_copy: Pa
         assert servers.reconnects() == {"gone": 0}
 
 
+@pytest.mark.slow
 async def test_a_killed_http_server_gives_clear_errors(http_url: str) -> None:
     async with McpServers([McpServerConfig(name="web", url=http_url)]) as servers:
         tools = servers.tools()
@@ -176,6 +182,7 @@ async def test_a_killed_http_server_gives_clear_errors(http_url: str) -> None:
             await call(tools, "web__echo", text="y")
 
 
+@pytest.mark.slow
 async def test_a_server_that_cannot_start_is_a_config_error() -> None:
     broken = McpServerConfig(
         name="broken",
@@ -190,6 +197,7 @@ async def test_a_server_that_cannot_start_is_a_config_error() -> None:
             pass
 
 
+@pytest.mark.slow
 async def test_reference_python_server_mcp_server_time() -> None:
     config = McpServerConfig(
         name="time", command=str(TIME_SERVER), args=("--local-timezone", "UTC")
@@ -205,6 +213,7 @@ async def test_reference_python_server_mcp_server_time() -> None:
         assert bad.is_error and "Mars/Olympus" in bad.content
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_reference_typescript_server_everything(transport: str) -> None:
     assert EVERYTHING.is_file(), "run scripts/install.sh (npm ci in tests/mcp_servers)"
@@ -248,6 +257,7 @@ def _results(request: ModelRequest) -> dict[str, ToolResultMessage]:
     return {m.call_id: m for m in request.messages if isinstance(m, ToolResultMessage)}
 
 
+@pytest.mark.slow
 async def test_mcp_tools_through_the_agent_validate_search_and_survive_a_crash(
     tmp_path: Path,
 ) -> None:

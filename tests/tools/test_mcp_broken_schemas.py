@@ -98,6 +98,7 @@ def test_unusable_schemas_say_why() -> None:
     assert problems["deep"] == "is nested more than 100 levels deep"
 
 
+@pytest.mark.slow
 async def test_a_server_with_broken_schemas_binds_and_refuses_only_those(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -132,6 +133,7 @@ async def test_a_server_with_broken_schemas_binds_and_refuses_only_those(
     assert len(logged) == 3 and all("is bound but cannot be called" in m for m in logged)
 
 
+@pytest.mark.slow
 async def test_calls_of_broken_tools_through_the_agent_are_error_results(tmp_path: Path) -> None:
     names = ["dangling", "remote", "nonsense", "fine"]
     select = '{"query": "select:' + ",".join(f"broken__{n}" for n in names) + '"}'

@@ -273,6 +273,7 @@ def _quality(index: Any, split: str) -> float:
     return hits / len(half)
 
 
+@pytest.mark.slow
 def test_held_out_recall_does_not_regress() -> None:
     """Floors just under what bench/tool_search.py measured on the test half (lexical
     0.849, hybrid 0.862, the ranker before issue 17 0.723)."""

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from lodger.cli import _control, _fork, _log, _recover, _run, _serve, _tools
+from lodger.cli._jsonl import echo_error, error_document, usage_error_document
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError, ResumeBlockedError, SessionNotFoundError, UsageError
 
@@ -60,10 +61,19 @@ class LodgerGroup(click.Group):
     """A click group that turns lodger errors and Ctrl-C into one line and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        wants_json = "--json" in ctx.args  # known before parsing, for usage errors too
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            if not wants_json:
+                raise
+            echo_error(usage_error_document(exc))
+            ctx.exit(EXIT_USAGE)
         except LodgerError as exc:
             self._debug_traceback(ctx)
+            if wants_json or ctx.meta.get("lodger.json"):  # errors under --json are JSON
+                echo_error(error_document(exc, str(ctx.meta.get("lodger.state", ".lodger"))))
+                ctx.exit(exit_code_for_error(exc))
             click.echo(f"error: {_one_line(exc.message)}", err=True)
             if exc.hint:
                 click.echo(f"hint: {_one_line(exc.hint)}", err=True)

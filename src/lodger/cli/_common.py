@@ -10,7 +10,7 @@ A new command module uses these and registers itself in ``lodger/cli/__init__.py
         async def work(log: EventLog) -> list[str]:
             return await log.list_sessions()
 
-        echo_json(run_with_log(state, work))
+        echo_json({"heads": run_with_log(state, work)})
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from lodger.storage._storage import STORE_ENVVAR
 
 __all__ = [
     "DEFAULT_STATE",
+    "JSON_VERSION",
     "STATE_ENVVAR",
+    "document",
     "echo_json",
     "format_ts",
     "json_option",
@@ -102,11 +104,23 @@ def _remember_state(ctx: click.Context, param: click.Parameter, value: str) -> s
 
 
 def json_option(fn: F) -> F:
-    """``--json``: print machine-readable JSON instead of the rich view."""
+    """``--json``: print machine-readable JSON instead of the rich view (and errors as
+    JSON on stderr)."""
     option = click.option(
-        "--json", "as_json", is_flag=True, default=False, help="Print JSON for scripts."
+        "--json",
+        "as_json",
+        is_flag=True,
+        default=False,
+        help="Print JSON for scripts (schema v1, see the README); errors are JSON on stderr.",
+        callback=_remember_json,
     )
     return option(fn)
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.find_root().meta["lodger.json"] = True
+    return value
 
 
 def run_with_log(
@@ -155,8 +169,19 @@ def require_log(log: EventLog, state: str, session_id: str) -> None:
         )
 
 
-def echo_json(value: object) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+#: the version of every ``--json`` shape (documents, ``run --json`` lines, errors)
+JSON_VERSION = 1
+
+
+def document(fields: dict[str, Any]) -> dict[str, Any]:
+    """A ``--json`` document: the version first, then the command's named fields."""
+    return {"v": JSON_VERSION, **fields}
+
+
+def echo_json(fields: dict[str, Any]) -> None:
+    """Print a ``--json`` document: one object, ``{"v": 1, ...fields}`` (never a bare
+    list, so fields can be added without breaking readers)."""
+    click.echo(json.dumps(document(fields), indent=2, ensure_ascii=False))
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -198,6 +223,9 @@ def session_argument(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, session_id: str | None, last: bool, **kwargs: Any) -> Any:
+        if last and session_id is not None and kwargs.get("call_id", "") is None:
+            # `decide --last CALL_ID`: the one positional given is the call, not the session
+            session_id, kwargs["call_id"] = None, session_id
         kwargs["session_id"] = resolve_session(kwargs["state"], session_id, last=last)
         return fn(*args, **kwargs)
 

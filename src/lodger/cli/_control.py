@@ -300,11 +300,11 @@ def list_indexed_sessions(dsn: str) -> list[SessionRow]:
 
 def render_indexed(rows: list[SessionRow], *, as_json: bool) -> None:
     if as_json:
-        echo_json([
+        echo_json({"source": "control", "sessions": [
             {"session_id": r.session_id, "status": r.status, "events": r.events,
              "last_activity": r.last_activity, "snapshot": r.snapshot, "model": r.model}
             for r in rows
-        ])  # fmt: skip
+        ]})  # fmt: skip
         return
     if not rows:
         click.echo("no sessions in the control plane's index")

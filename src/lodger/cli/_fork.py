@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from lodger.cli._common import echo_json, json_option, run_with_log, state_option
+from lodger.cli._common import (
+    echo_json,
+    json_option,
+    run_with_log,
+    session_argument,
+    state_option,
+)
 from lodger.ids import SystemClock, Uuid7Factory
 from lodger.storage import EventLog
 from lodger.storage.forks import Fork, fork_session
@@ -13,7 +19,7 @@ __all__ = ["COMMANDS", "fork"]
 
 
 @click.command()
-@click.argument("session")
+@session_argument
 @click.option(
     "--at",
     "at",
@@ -27,16 +33,21 @@ __all__ = ["COMMANDS", "fork"]
 )
 @state_option
 @json_option
-def fork(session: str, at: int | None, new_id: str | None, state: str, as_json: bool) -> None:
+def fork(session_id: str, at: int | None, new_id: str | None, state: str, as_json: bool) -> None:
     """Start a new session from SESSION's events before OFFSET.
 
     The prefix is verified first; the fork records the parent, the prefix's high-water
     mark and digest, and the parent's workspace snapshot at that point. No event,
     artifact or snapshot is copied. Both sessions go on independently.
 
+    SESSION is an id, a unique prefix of one, or --last.
+
+    \b
     Example:
       lodger fork 0197c2d4-... --at 12 --as try-other-fix
+      lodger fork --last --as try-again
     """
+    session = session_id
     clock = SystemClock()
     ids = Uuid7Factory(clock)
 

@@ -35,14 +35,20 @@ class Interrupted(Exception):
         self.exit_code = EXIT_FOR_SIGNAL.get(signal.Signals(signum), 130)
 
 
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
 def run_interruptibly(
     main: Coroutine[Any, Any, T],
     *,
     left_running: Callable[[], str],
+    say: Callable[[str], None] = _say,
 ) -> T:
     """Run ``main``; the first stop signal cancels it (it settles), the second exits now.
 
-    ``left_running`` says, for the second signal's message, what is still in flight.
+    ``left_running`` says, for the second signal's message, what is still in flight;
+    ``say`` prints the notices (stderr lines; ``--json`` makes them JSON).
     Raises ``Interrupted`` when ``main`` settled after a first signal.
     """
     received: list[int] = []
@@ -55,14 +61,13 @@ def run_interruptibly(
         def on_signal(signum: int) -> None:
             received.append(signum)
             if len(received) == 1:
-                click.echo(
+                say(
                     f"stopping ({_NAMES.get(signal.Signals(signum), signum)}): running calls "
-                    "settle and are recorded; press Ctrl-C again to exit now",
-                    err=True,
+                    "settle and are recorded; press Ctrl-C again to exit now"
                 )
                 task.cancel()
                 return
-            click.echo(f"exiting now; {left_running()}", err=True)
+            say(f"exiting now; {left_running()}")
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(EXIT_FOR_SIGNAL.get(signal.Signals(signum), 130))

@@ -36,8 +36,10 @@ from lodger.cli._common import (
     run_with_log,
     session_argument,
     state_option,
+    store_url,
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._run import latest_demo_state
 from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
@@ -117,23 +119,16 @@ async def _summarize_session(log: EventLog, session_id: str) -> _Row:
 def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None:
     """List the sessions in a state directory.
 
-        One row per session: events in its log, turns, how the last turn ended (completed,
-        failed, parked, interrupted: started but never ended, or corrupt), last activity
-        and workspace.
+    One row per session: events in its log, turns, how the last turn ended (completed,
+    failed, parked, interrupted: started but never ended, or corrupt), last activity
+    and workspace. With --control, the rows come from the control plane's index instead.
 
-        \b
-        Example:
-          lodger sessions --state .lodger
-          lodger sessions --json | jq '.[] | select(.last_status == "interrupted")'
-          lodger sessions --tree
-    @click.option(
-        "--control",
-        default=None,
-        metavar="DSN",
-        help="List from the control plane's session index (postgresql://... or a SQLite "
-        "file) without opening any log.",
-    )
-    def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None:
+    \b
+    Example:
+      lodger sessions --state .lodger
+      lodger sessions --json | jq '.sessions[] | select(.last_status == "interrupted")'
+      lodger sessions --tree
+      lodger sessions --control postgresql://lodger@db/lodger
     """
     if control is not None:
         from lodger.cli._control import list_indexed_sessions, render_indexed
@@ -153,10 +148,17 @@ def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None
         out = [row.to_json() for row in rows]
         if tree:
             _add_family(out, families)
-        echo_json(out)
+        echo_json({"state": state, "sessions": out})
         return
     if not rows:
         click.echo(f"no sessions in {state}")
+        demo_state = latest_demo_state() if store_url() is None else None
+        if demo_state is not None:
+            click.echo(
+                f"hint: the latest `lodger demo` kept its session in {demo_state}: "
+                f"lodger sessions --state {demo_state}",
+                err=True,
+            )
         return
     if tree:
         summaries = {row.summary.session_id: row.summary for row in rows}
@@ -311,7 +313,7 @@ def show(
       lodger log show SESSION --last-turns 3
       lodger log show SESSION --turn 1 --turn 2 --full
       lodger log show SESSION --all | less -R
-      lodger log show SESSION --json | jq '.[] | select(.body.kind == "tool_responded")'
+      lodger log show SESSION --json | jq '.events[] | select(.body.kind == "tool_responded")'
       lodger log show SESSION --timing
       lodger log show SESSION --children
     """
@@ -345,6 +347,7 @@ def show(
     with cycle_collector_paused(len(shown.events)):
         _print_page(
             shown,
+            session_id=session_id,
             as_json=as_json,
             timing=timing,
             full=full or show_all,
@@ -353,20 +356,41 @@ def show(
         )
 
 
+def _page_fields(shown: _Shown, session_id: str) -> dict[str, object]:
+    """What a ``--json`` page says about itself: which turns it shows out of how many."""
+    return {
+        "session_id": session_id,
+        "turns": {"count": shown.page.index.count, "shown": list(shown.page.shown)},
+        "high_water": shown.last.offset + 1,
+    }
+
+
 def _print_page(
-    shown: _Shown, *, as_json: bool, timing: bool, full: bool, command: str, unfold: bool = False
+    shown: _Shown,
+    *,
+    session_id: str,
+    as_json: bool,
+    timing: bool,
+    full: bool,
+    command: str,
+    unfold: bool = False,
 ) -> None:
     if timing:
         steps = step_timings(shown.events)
         if as_json:
-            echo_json([step.to_json() for step in steps])
+            echo_json({**_page_fields(shown, session_id), "steps": [s.to_json() for s in steps]})
             return
         timing_console = make_console()
         for line in render_timings(steps):
             timing_console.print(line, soft_wrap=True)
         return
     if as_json:
-        echo_json([event.model_dump(mode="json") for event in shown.events])
+        echo_json(
+            {
+                **_page_fields(shown, session_id),
+                "events": [event.model_dump(mode="json") for event in shown.events],
+            }
+        )
         return
     lines = render_timeline(
         build_timeline(shown.events),

@@ -24,6 +24,7 @@ from lodger.cli._common import (
 from lodger.cli._next import command_for
 from lodger.cli._run import (
     LiveView,
+    approver_for,
     code_mode_option,
     exit_code_for,
     finish_turn,
@@ -37,7 +38,7 @@ from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
-from lodger.errors import ConfigError, ResumeBlockedError
+from lodger.errors import ConfigError, ResumeBlockedError, UsageError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
@@ -145,14 +146,14 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
 
 @click.command()
 @session_argument
-@click.argument("call_id", metavar="CALL_ID")
+@click.argument("call_id", metavar="CALL_ID", required=False)
 @click.option("--completed", "decision", flag_value="completed", help="It happened.")
 @click.option("--not-applied", "decision", flag_value="not_applied", help="It did not happen.")
 @click.option("--abandon", "decision", flag_value="abandon", help="Abandon the whole turn.")
 @click.option("--result", metavar="JSON", help="With --completed: the result the model sees.")
 @state_option
 def decide(
-    session_id: str, call_id: str, decision: str | None, result: str | None, state: str
+    session_id: str, call_id: str | None, decision: str | None, result: str | None, state: str
 ) -> None:
     """Record an operator decision on a parked or indeterminate call, as a new fact.
 
@@ -161,7 +162,10 @@ def decide(
       lodger decide SESSION call-2-1 --completed --result '"charged 5 EUR"'
       lodger decide SESSION call-2-1 --not-applied
       lodger decide SESSION call-2-1 --abandon
+      lodger decide --last call-2-1 --not-applied
     """
+    if call_id is None:
+        raise UsageError("missing CALL_ID", hint="`lodger recover SESSION` lists the calls")
     if decision is None:
         raise ConfigError(
             "say what happened", hint="pass one of --completed, --not-applied, --abandon"
@@ -271,6 +275,7 @@ def resume(
                         load_project_config((root or Path.cwd()) / CONFIG_FILE).permissions.rules(),
                         approve_all=yes,
                     ),
+                    approver=approver_for(view, interactive=sys.stdin.isatty() and not yes),
                     max_steps=max_steps,
                     on_event=view.on_event,
                     on_text=view.on_text,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
+import os
+import re
 import sys
 import tempfile
 from collections.abc import Coroutine, Sequence
@@ -16,11 +17,20 @@ from rich.console import Console
 from rich.text import Text
 
 from lodger.agent import TurnResult
-from lodger.cli._common import make_console, state_option, store_url
+from lodger.cli._common import (
+    document,
+    json_option,
+    make_console,
+    resolve_session,
+    state_option,
+    store_url,
+)
 from lodger.cli._interrupts import Interrupted, run_interruptibly
+from lodger.cli._jsonl import JsonlView, echo_error, json_notice
+from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
-from lodger.engine.permissions import PermissionPolicy
+from lodger.engine.permissions import ALWAYS_REASON, Approver, PermissionPolicy
 from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
@@ -36,7 +46,7 @@ from lodger.providers.base import Model
 from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
-from lodger.subagents import SubagentPolicy, current_subagent
+from lodger.subagents import SubagentPolicy
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
@@ -74,78 +84,101 @@ def load_tools_file(path: str) -> list[Tool]:
     return tools
 
 
-class LiveView:
-    """Prints a turn as it happens: streamed text, calls, results, rejections."""
+class LiveView(TurnWatcher):
+    """Prints a turn as it happens: streamed text, calls, results, rejections, retries;
+    on a terminal, a spinner names the running tool and its elapsed time."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, spinner: bool | None = None) -> None:
+        super().__init__()
         self.console = console
+        self.terminal = Terminal(
+            console, spinner=console.is_terminal if spinner is None else spinner
+        )
         self._streaming = False
         self._names: dict[str, str] = {}
-        self.session_id: str | None = None
-        #: calls past T1 without a T2 yet: what a hard exit would leave indeterminate
-        self.in_flight: dict[str, str] = {}
 
-    def left_running(self) -> str:
-        session = self.session_id or "SESSION"
-        if not self.in_flight:
-            return f"no call was running; `lodger resume {session}` continues the turn"
-        calls = ", ".join(f"{name} ({call})" for call, name in self.in_flight.items())
-        return (
-            f"left without an outcome: {calls}; `lodger recover {session}` shows what "
-            "resume will do with them"
-        )
+    def start(self) -> None:
+        self.terminal.start()
+
+    def stop(self) -> None:
+        self.terminal.stop()
 
     def on_text(self, delta: str) -> None:
         if not self._streaming:
-            self.console.print(Text("model ", style="bold cyan"), end="")
+            self.terminal.print(Text("model ", style="bold cyan"), end="")
             self._streaming = True
-        self.console.print(Text(delta), end="")
+        self.terminal.print(Text(delta), end="")
 
     def _end_stream(self) -> bool:
         if self._streaming:
-            self.console.print()
+            self.terminal.print(Text(""))
             self._streaming = False
             return True
         return False
 
     def on_event(self, event: Event) -> None:
-        self.session_id = event.session_id
+        self.track(event)
         body = event.body
-        if isinstance(body, ToolDispatched) and event.call_id is not None:
-            self.in_flight[event.call_id] = body.tool
-        elif isinstance(body, ToolResponded) and event.call_id is not None:
-            self.in_flight.pop(event.call_id, None)
+        out = self.terminal
         if isinstance(body, ModelOutput):
             streamed = self._end_stream()
             if body.text and not streamed:
-                self.console.print(Text("model ", style="bold cyan") + Text(body.text))
+                out.print(Text("model ", style="bold cyan") + Text(body.text))
             for call in body.calls:
                 self._names[call.call_id] = call.name
+            out.model_answered()
         elif isinstance(body, ToolDispatched):
             args = json.dumps(body.arguments, ensure_ascii=False)
             if len(args) > 100:
                 args = args[:97] + "..."
-            self.console.print(Text(f"  -> {body.tool} ", style="yellow") + Text(args))
+            out.print(Text(f"  -> {body.tool} ", style="yellow") + Text(args))
+            if event.call_id is not None:
+                out.call_started(event.call_id, body.tool)
         elif isinstance(body, ToolResponded):
             name = self._names.get(event.call_id or "", "")
             first = body.content.strip().splitlines()[0] if body.content.strip() else ""
             if len(first) > 100:
                 first = first[:97] + "..."
             style = "green" if body.status == "ok" else "red"
-            self.console.print(Text(f"  <- {name} {body.status} ", style=style) + Text(first))
+            out.print(Text(f"  <- {name} {body.status} ", style=style) + Text(first))
+            if event.call_id is not None:
+                out.call_finished(event.call_id)
         elif isinstance(body, CallRejected):
-            self.console.print(
+            out.print(
                 Text(f"  x  {body.tool} rejected ({body.reason}) ", style="red")
                 + Text(body.message)
             )
         elif isinstance(body, PermissionDecided) and body.decision == "deny":
-            self.console.print(Text(f"  !  {body.tool} denied by {body.by}", style="red"))
+            out.print(Text(f"  !  {body.tool} denied by {body.by}", style="red"))
+        elif isinstance(body, PermissionDecided) and body.by == "user":
+            out.print(Text(f"  +  {body.tool} allowed", style="green") + _reason(body.reason))
         elif isinstance(body, ProviderRetried):
-            self.console.print(
-                Text(f"  ~  provider error, retry {body.attempt} in {body.delay_ms} ms: ")
-                + Text(body.error),
-                style="dim",
-            )
+            out.print(Text(retry_line(body), style="yellow"))
+
+
+def _reason(reason: str) -> Text:
+    if reason == ALWAYS_REASON:
+        return Text(" (always, for this session)", style="dim")
+    if reason:
+        return Text(f" ({reason})", style="dim")
+    return Text("")
+
+
+def retry_line(body: ProviderRetried) -> str:
+    """One short line per provider retry: the attempt, the wait and why."""
+    error = " ".join(body.error.split())
+    asked = ""
+    if (found := _RETRY_AFTER.search(error)) is not None:
+        asked = f" ({found.group(1)})"
+        error = error[: found.start()]
+    if (status := error.find("HTTP ")) > 0:
+        error = error[status:]  # the model spec before it is on the run's first line
+    if len(error) > 80:
+        error = error[:77] + "..."
+    return f"  ~  retry {body.attempt} in {body.delay_ms / 1000:.1f} s{asked}: {error}"
+
+
+_RETRY_AFTER = re.compile(r" \((Retry-After [^)]*)\)$")
 
 
 def live_console() -> Console:
@@ -166,6 +199,17 @@ code_mode_option = click.option(
 )
 
 
+def usage_line(result: TurnResult) -> str:
+    """Tokens and durable commits of a turn, for the end of a run on a terminal."""
+    usage = result.usage
+    calls = len(usage.requests)
+    return (
+        f"usage: {usage.total_tokens:,} tokens ({usage.input_tokens:,} in, "
+        f"{usage.output_tokens:,} out) over {calls} model call{'s' if calls != 1 else ''}; "
+        f"{result.commits} durable commit{'s' if result.commits != 1 else ''}"
+    )
+
+
 subagents_option = click.option(
     "--subagents",
     "subagent_depth",
@@ -184,20 +228,9 @@ def subagent_policy(depth: int | None) -> SubagentPolicy | None:
     return None if depth is None else SubagentPolicy(max_depth=depth)
 
 
-def _interactive_approver(console: Console) -> Any:
-    async def approve(t: Tool, arguments: dict[str, Any]) -> bool:
-        summary = json.dumps(arguments, ensure_ascii=False)
-        child = current_subagent()
-        who = f"subagent {child.session_id}: " if child is not None else ""
-        console.print(
-            Text(f"  ?  {who}{t.name} wants to run: ", style="bold magenta") + Text(summary)
-        )
-        return await asyncio.to_thread(click.confirm, "     allow?", default=False)
-
-    return approve
-
-
 def finish_turn(console: Console, result: TurnResult, state: str) -> None:
+    if console.is_terminal:
+        console.print(Text(usage_line(result), style="dim"))
     style = "bold green" if result.status == "completed" else "bold red"
     console.print(Text(f"turn {result.status}", style=style), end="")
     if result.error:
@@ -221,7 +254,7 @@ async def _run_turn(
     approve_all: bool,
     interactive: bool,
     max_steps: int,
-    view: LiveView,
+    view: TurnWatcher,
     mcp: Sequence[McpServerConfig] = (),
     code_mode: Language | None = None,
     subagents: SubagentPolicy | None = None,
@@ -237,7 +270,7 @@ async def _run_turn(
             load_project_config(workspace / CONFIG_FILE).permissions.rules(),
             approve_all=approve_all,
         ),
-        approver=_interactive_approver(view.console) if interactive and not approve_all else None,
+        approver=approver_for(view, interactive=interactive and not approve_all),
         max_steps=max_steps,
         on_event=view.on_event,
         on_text=view.on_text,
@@ -249,13 +282,44 @@ async def _run_turn(
         await model.aclose()  # the CLI made the model: it closes its connections
 
 
-def run_turn(main: Coroutine[Any, Any, TurnResult], view: LiveView, state: str) -> TurnResult:
+def approver_for(view: TurnWatcher, *, interactive: bool) -> Approver | None:
+    """The terminal's approval prompt, for a live view on an interactive terminal."""
+    if interactive and isinstance(view, LiveView):
+        return interactive_approver(view.terminal)
+    return None
+
+
+def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher, state: str) -> TurnResult:
     """Run a turn in the terminal; a stop signal settles it and exits naming the resume."""
+    view.start()
     try:
+        if isinstance(view, JsonlView):
+            return run_interruptibly(main, left_running=view.left_running, say=json_notice)
         return run_interruptibly(main, left_running=view.left_running)
     except Interrupted as stopped:
+        view.stop()
         session = view.session_id
         flag = "" if state == ".lodger" else f" --state {state}"
+        if isinstance(view, JsonlView):
+            resume = f"lodger resume {session}{flag}" if session else None
+            echo_error(
+                document(
+                    {
+                        "error": {
+                            "code": "interrupted",  # in ERROR_CODES
+                            "message": "the turn was stopped; every running call settled "
+                            "and was recorded",
+                            "session_id": session,
+                            "next_steps": [
+                                {"action": "resume", "session_id": session, "command": resume}
+                            ]
+                            if session
+                            else [],
+                        }
+                    }
+                )
+            )
+            sys.exit(stopped.exit_code)
         if session is not None:
             click.echo(
                 f"interrupted: session {session} stopped with every running call settled "
@@ -265,6 +329,8 @@ def run_turn(main: Coroutine[Any, Any, TurnResult], view: LiveView, state: str) 
         else:
             click.echo("interrupted before the session started", err=True)
         sys.exit(stopped.exit_code)
+    finally:
+        view.stop()
 
 
 def exit_code_for(result: TurnResult) -> int:
@@ -288,7 +354,14 @@ def exit_code_for(result: TurnResult) -> int:
     show_default=True,
     help="Directory the file and shell tools work in.",
 )
-@click.option("--session", metavar="ID", help="Continue this session (default: a new one).")
+@click.option(
+    "--session",
+    metavar="ID",
+    help="Continue this session (an id, or a unique prefix of one; default: a new one).",
+)
+@click.option(
+    "--last", is_flag=True, default=False, help="Continue the session with the latest event."
+)
 @click.option(
     "--tools",
     "tools_files",
@@ -302,11 +375,13 @@ def exit_code_for(result: TurnResult) -> int:
 @subagents_option
 @mcp_option
 @state_option
+@json_option
 def run(
     task: str,
     model_spec: str | None,
     workspace: Path,
     session: str | None,
+    last: bool,
     tools_files: tuple[str, ...],
     yes: bool,
     max_steps: int,
@@ -314,12 +389,20 @@ def run(
     subagent_depth: int | None,
     mcp_specs: tuple[str, ...],
     state: str,
+    as_json: bool,
 ) -> None:
     """Run one turn of TASK with a model and the workspace tools.
 
     The turn streams to the terminal: model text, each call with its arguments, each
-    result, rejections and approval prompts. Every fact is committed to the session log
-    in --state before anything acts on it.
+    result, rejections and approval prompts (allow once, always for this tool in this
+    session, or deny). On a terminal a spinner names the running tool and its time, and
+    the turn ends with its token usage and durable commits. Every fact is committed to
+    the session log in --state before anything acts on it.
+
+    With --json, stdout is JSON Lines (schema v1, see the README): a "text" line per
+    streamed delta, a "fact" line per committed event, and a last "result" line; errors
+    are JSON on stderr. Nobody is asked for approval: --yes approves, otherwise calls
+    that ask are denied.
 
     \b
     Example:
@@ -328,8 +411,12 @@ def run(
       lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
       lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
       lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
+      lodger run "and now the docs" --last --model openai:gpt-4.1
+      lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
     """
+    if session is not None or last:
+        session = resolve_session(state, session, last=last)
     model_spec = model_spec or load_project_config(workspace / CONFIG_FILE).model
     if not model_spec:
         raise ConfigError(
@@ -343,7 +430,7 @@ def run(
         tools.extend(load_tools_file(path))
     mcp = mcp_servers_for(workspace, mcp_specs)  # lodger.toml in the workspace, then --mcp
     console = live_console()
-    view = LiveView(console)
+    view: TurnWatcher = JsonlView() if as_json else LiveView(console)
     result = run_turn(
         _run_turn(
             model=model,
@@ -353,7 +440,7 @@ def run(
             session=session,
             tools=tools,
             approve_all=yes,
-            interactive=sys.stdin.isatty(),
+            interactive=sys.stdin.isatty() and not as_json,
             max_steps=max_steps,
             view=view,
             mcp=mcp,
@@ -363,8 +450,12 @@ def run(
         view,
         state,
     )
-    finish_turn(console, result, state)
-    sys.exit(exit_code_for(result))
+    code = exit_code_for(result)
+    if isinstance(view, JsonlView):
+        view.finish(result, code)
+    else:
+        finish_turn(console, result, state)
+    sys.exit(code)
 
 
 # ---------------------------------------------------------------- demo
@@ -418,6 +509,25 @@ DEMO_SCRIPT: list[dict[str, Any]] = [
 ]
 
 
+DEMO_PREFIX = "lodger-demo-"
+
+
+def latest_demo_state() -> Path | None:
+    """The state directory of the newest ``lodger demo`` run that kept its session in a
+    temporary directory (one this user owns), so ``lodger sessions`` can point at it."""
+    found: list[tuple[float, Path]] = []
+    for root in Path(tempfile.gettempdir()).glob(f"{DEMO_PREFIX}*"):
+        log = root / "state" / "log.sqlite3"
+        try:
+            info = log.stat()
+            owner = root.stat().st_uid
+        except OSError:
+            continue
+        if owner == os.getuid():
+            found.append((info.st_mtime, root / "state"))
+    return max(found)[1] if found else None
+
+
 @click.command()
 @click.option(
     "--state",
@@ -437,7 +547,7 @@ def demo(state: str | None) -> None:
       lodger demo
       lodger demo --state .lodger && lodger log show SESSION
     """
-    root = Path(tempfile.mkdtemp(prefix="lodger-demo-"))
+    root = Path(tempfile.mkdtemp(prefix=DEMO_PREFIX))
     workspace = root / "workspace"
     for rel, content in DEMO_FILES.items():
         path = workspace / rel

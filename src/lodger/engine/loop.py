@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.resume import resume_run
+from lodger.engine.retries import gave_up, retry_delay
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
@@ -118,6 +120,10 @@ class Engine:
     context_budget: int | None = None
     max_provider_retries: int = 4
     retry_base_delay: float = 0.5
+    #: a ``Retry-After`` longer than this gives up at once instead of waiting
+    max_retry_after: float = 120.0
+    #: a number in [0, 1) per retry: spreads clients that failed together apart
+    jitter: Callable[[], float] = random.random
     clock: Clock
     ids: IdFactory
     on_event: Callable[[Event], None] | None = None
@@ -364,11 +370,27 @@ class Engine:
                 return await self.model.complete(request, on_text=self.on_text)
             except ProviderError as exc:
                 attempt += 1
-                if not exc.retryable or attempt > self.max_provider_retries:
+                if not exc.retryable:
                     raise
-                delay = min(self.retry_base_delay * 2 ** (attempt - 1), 30.0)
+                if attempt > self.max_provider_retries:
+                    raise gave_up(exc, f"after {attempt - 1} retries") from exc
+                if exc.retry_after is not None and exc.retry_after > self.max_retry_after:
+                    raise gave_up(
+                        exc,
+                        f"at once (the provider asked to wait {exc.retry_after:.0f} s, more "
+                        f"than {self.max_retry_after:.0f} s)",
+                    ) from exc
+                delay = retry_delay(
+                    attempt,
+                    base=self.retry_base_delay,
+                    retry_after=exc.retry_after,
+                    jitter=self.jitter(),
+                )
+                error = exc.message
+                if exc.retry_after is not None:
+                    error = f"{error} (Retry-After {exc.retry_after:g} s)"
                 await journal.fact(
-                    ProviderRetried(attempt=attempt, error=str(exc), delay_ms=int(delay * 1000)),
+                    ProviderRetried(attempt=attempt, error=error, delay_ms=int(delay * 1000)),
                     env,
                 )
                 await self.sleep(delay)

@@ -6,6 +6,12 @@ call's string arguments matches it. Without a matching
 rule a tool that declares ``approval=True`` asks and every other tool is allowed. An ask
 goes to the ``Approver``; a run with no approver (non-interactive) denies, with a message
 that says how to allow it.
+
+An approver may answer ``"always"``: the call is allowed, and the fact that says so
+(``permission_decided`` by ``user`` with the reason ``ALWAYS_REASON``) makes every later
+ask for the same tool in the same session allowed without asking, in this run, a later
+turn, or a resumed run (the gate reads the session's log). "Always" never overrides a
+``deny`` rule: only calls the policy would ask about are affected.
 """
 
 from __future__ import annotations
@@ -19,19 +25,50 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lodger.engine.checks import Rejection
 from lodger.engine.context import Envelope
-from lodger.events import PermissionDecided, PermissionRequested
+from lodger.events import Event, PermissionDecided, PermissionRequested
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
     from lodger.engine.journal import Journal
 
-__all__ = ["Approver", "Decision", "PermissionGate", "PermissionPolicy", "Rule"]
+__all__ = [
+    "ALWAYS_REASON",
+    "ApprovalAnswer",
+    "Approver",
+    "Decision",
+    "PermissionGate",
+    "PermissionPolicy",
+    "Rule",
+    "always_allowed_at",
+]
 
 Decision = Literal["allow", "deny", "ask"]
 
-Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool]]
-"""The approval dialogue: asked for a decision on one call, returns True to allow it.
-The CLI asks at the terminal; a host asks its clients."""
+ApprovalAnswer = Literal["once", "always", "deny"]
+
+Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool | ApprovalAnswer]]
+"""The approval dialogue: asked for a decision on one call, returns ``"once"`` (or
+True) to allow it, ``"always"`` to allow this tool for the rest of the session,
+``"deny"`` (or False) to refuse it. The CLI asks at the terminal; a host asks its
+clients."""
+
+#: the reason of the ``permission_decided`` fact an "always" answer records
+ALWAYS_REASON = "always: the user allowed this tool for the rest of the session"
+
+
+def always_allowed_at(events: Sequence[Event], tool: str) -> int | None:
+    """The offset of the fact by which the user allowed ``tool`` for the whole session."""
+    for e in events:
+        body = e.body
+        if (
+            isinstance(body, PermissionDecided)
+            and body.tool == tool
+            and body.by == "user"
+            and body.decision == "allow"
+            and body.reason == ALWAYS_REASON
+        ):
+            return e.offset
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +147,18 @@ class PermissionGate:
                 PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), env
             )
             raise Rejection("denied", f"calling {t.name} is denied by policy ({why})")
+        granted = always_allowed_at(journal.events, t.name)
+        if granted is not None:
+            await journal.fact(
+                PermissionDecided(
+                    tool=t.name,
+                    decision="allow",
+                    by="user",
+                    reason=f"allowed always for this session (offset {granted})",
+                ),
+                env,
+            )
+            return
         if self.approver is None:
             reason = "approval required and the run is not interactive"
             await journal.fact(
@@ -123,14 +172,23 @@ class PermissionGate:
                 f'([permissions] allow = ["{t.name}"] in lodger.toml)',
             )
         await journal.fact(PermissionRequested(tool=t.name, summary=_summarize(arguments)), env)
-        async with self._lock:  # one question at a time
-            allowed = await self.approver(t, arguments)
-        await journal.fact(
-            PermissionDecided(
-                tool=t.name, decision="allow" if allowed else "deny", by="user", reason=""
-            ),
-            env,
-        )
+        async with self._lock:  # one question at a time, and its answer logged before the next
+            # A parallel call of the same tool may have been allowed always meanwhile.
+            granted = always_allowed_at(journal.events, t.name)
+            answer: bool | ApprovalAnswer = (
+                "once" if granted is not None else await self.approver(t, arguments)
+            )
+            allowed = answer in (True, "once", "always")
+            if granted is not None:
+                reason = f"allowed always for this session (offset {granted})"
+            else:
+                reason = ALWAYS_REASON if answer == "always" else ""
+            await journal.fact(
+                PermissionDecided(
+                    tool=t.name, decision="allow" if allowed else "deny", by="user", reason=reason
+                ),
+                env,
+            )
         if not allowed:
             raise Rejection("denied", f"the user denied this call to {t.name}")
 

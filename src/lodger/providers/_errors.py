@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+
 from lodger.errors import (
     ProviderAuthError,
     ProviderError,
@@ -12,6 +17,8 @@ from lodger.errors import (
 
 __all__ = [
     "error_for_status",
+    "parse_retry_after",
+    "retry_after_from_headers",
     "stream_unfinished",
     "timed_out",
     "unreachable",
@@ -19,10 +26,62 @@ __all__ = [
 ]
 
 
-def error_for_status(spec: str, status: int, detail: str, *, key_env: str) -> ProviderError:
+def parse_retry_after(value: str | None, *, now: float) -> float | None:
+    """The wait a ``Retry-After`` header asks for, in seconds from ``now`` (epoch seconds).
+
+    It is either a number of seconds (``"7"``) or an HTTP-date
+    (``"Wed, 21 Oct 2015 07:28:00 GMT"``); a date in the past means no wait. Anything
+    else (empty, negative, not a number, not a date) is ``None``: the header is ignored
+    and the loop's own backoff applies.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a zone-less one is read as such
+        return None
+    return max(when.timestamp() - now, 0.0)
+
+
+def retry_after_from_headers(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
+    """``retry-after-ms`` (OpenAI's, milliseconds) or ``Retry-After`` from a response."""
+    if headers is None:
+        return None
+    moment = time.time() if now is None else now
+    try:
+        millis = float(headers.get("retry-after-ms") or "nan")
+    except ValueError:
+        millis = math.nan
+    if math.isfinite(millis) and millis >= 0:
+        return millis / 1000.0
+    return parse_retry_after(headers.get("retry-after"), now=moment)
+
+
+def error_for_status(
+    spec: str,
+    status: int,
+    detail: str,
+    *,
+    key_env: str,
+    headers: Mapping[str, str] | None = None,
+) -> ProviderError:
     """A ``ProviderError`` for an HTTP error status, with a stable code and a hint.
 
     Retryable: 408, 409, 429 and every 5xx; every other status is the request's fault.
+    A ``Retry-After`` header in ``headers`` becomes ``retry_after`` (seconds).
     """
     retryable = status in (408, 409, 429) or status >= 500
     if status in (401, 403):
@@ -41,7 +100,12 @@ def error_for_status(spec: str, status: int, detail: str, *, key_env: str) -> Pr
     elif status == 429:
         cls = RateLimitedError
     return cls(
-        f"{spec}: HTTP {status}: {detail}", retryable=retryable, status=status, code=code, hint=hint
+        f"{spec}: HTTP {status}: {detail}",
+        retryable=retryable,
+        status=status,
+        code=code,
+        hint=hint,
+        retry_after=retry_after_from_headers(headers) if retryable else None,
     )
 
 

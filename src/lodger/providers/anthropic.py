@@ -361,7 +361,9 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
                 retryable=exc.type in _TRANSIENT_TYPES,
                 code="provider_stream",
             )
-        return error_for_status(spec, status, detail, key_env="ANTHROPIC_API_KEY")
+        return error_for_status(
+            spec, status, detail, key_env="ANTHROPIC_API_KEY", headers=exc.response.headers
+        )
     if isinstance(exc, anthropic.APITimeoutError):
         return timed_out(spec)
     if isinstance(exc, anthropic.APIConnectionError):

@@ -258,7 +258,13 @@ _REQUEST_FAULTS = frozenset({"invalid_request_error", "invalid_prompt", "authent
 def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> ProviderError:
     """Translate one SDK exception; retryable for 408/409/429/5xx and network failures."""
     if isinstance(exc, openai.APIStatusError):
-        return error_for_status(spec, exc.status_code, exc.message, key_env="OPENAI_API_KEY")
+        return error_for_status(
+            spec,
+            exc.status_code,
+            exc.message,
+            key_env="OPENAI_API_KEY",
+            headers=exc.response.headers,
+        )
     if isinstance(exc, openai.APITimeoutError):
         return timed_out(spec)
     if isinstance(exc, openai.APIConnectionError):

@@ -4,7 +4,10 @@ error code is enumerated in one place."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import lodger
@@ -111,3 +114,43 @@ def test_every_error_code_is_enumerated() -> None:
         used.update(re.findall(r'\bcode, hint = "([a-z_]+)"', text))
     assert used, "the scan found no codes"
     assert used - ERROR_CODES == set()
+
+
+def test_every_cli_command_is_registered_where_it_is_defined() -> None:
+    """The command line imports a command's module only when the command runs, from a
+    table of names: every module's COMMANDS must be in it, under the module that defines
+    them, or the command would be missing from ``lodger``."""
+    import importlib
+
+    from lodger.cli import _COMMANDS
+
+    defined: dict[str, str] = {}
+    for path in sorted((SRC / "cli").glob("_*.py")):
+        name = f"lodger.cli.{path.stem}"
+        module = importlib.import_module(name)
+        for command in getattr(module, "COMMANDS", ()):
+            defined[command.name] = name
+    assert defined, "the scan found no commands"
+    assert defined == _COMMANDS
+
+
+def test_importing_lodger_and_its_command_line_stays_cheap() -> None:
+    """``import lodger`` and ``import lodger.cli`` load neither the agent nor the host:
+    ``lodger log show`` and ``lodger --version`` start without them."""
+    code = (
+        "import sys, lodger, lodger.cli; "
+        "print(sorted(m for m in ('lodger.agent', 'lodger.host', 'lodger.control', "
+        "'lodger.engine.loop', 'fastapi') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC.parent)},
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+    import lodger
+
+    assert lodger.Agent.__name__ == "Agent"  # the names still resolve, on first use
+    assert set(lodger.__all__) == set(lodger._EXPORTS)

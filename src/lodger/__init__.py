@@ -19,48 +19,118 @@ streaming (``agent.stream``), before/after call hooks (``Veto``, ``Rewrite``) an
 ``TestModel`` that needs no script: see ``examples/``.
 """
 
-from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
-from lodger.authority import Authorities, ResourceClaim
-from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
-from lodger.engine.permissions import PermissionPolicy, Rule
-from lodger.errors import (
-    AppendConflictError,
-    AuthorityMisuseError,
-    CommitFailedError,
-    ConfigError,
-    CorruptLogError,
-    LodgerError,
-    LogKeyError,
-    ProviderError,
-    ResumeBlockedError,
-    SessionLockedError,
-    SessionNotFoundError,
-    StaleRevisionError,
-    StorageError,
-    ToolCallError,
-    UsageError,
-)
-from lodger.events import Event, ProposedCall, Usage
-from lodger.providers import (
-    AssistantMessage,
-    FunctionModel,
-    Message,
-    Model,
-    ModelRequest,
-    ModelResponse,
-    ScriptedModel,
-    TestModel,
-    ToolResultMessage,
-    ToolSchema,
-    UserMessage,
-    make_model,
-    tool_call,
-)
-from lodger.recovery import RecoveryPlan
-from lodger.storage import EventLog, LogKey, open_log
-from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
-from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
-from lodger.tools.mcp import McpServerConfig, McpServers
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
+    from lodger.authority import Authorities, ResourceClaim
+    from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
+    from lodger.engine.permissions import PermissionPolicy, Rule
+    from lodger.errors import (
+        AppendConflictError,
+        AuthorityMisuseError,
+        CommitFailedError,
+        ConfigError,
+        CorruptLogError,
+        LodgerError,
+        LogKeyError,
+        ProviderError,
+        ResumeBlockedError,
+        SessionLockedError,
+        SessionNotFoundError,
+        StaleRevisionError,
+        StorageError,
+        ToolCallError,
+        UsageError,
+    )
+    from lodger.events import Event, ProposedCall, Usage
+    from lodger.providers import (
+        AssistantMessage,
+        FunctionModel,
+        Message,
+        Model,
+        ModelRequest,
+        ModelResponse,
+        ScriptedModel,
+        TestModel,
+        ToolResultMessage,
+        ToolSchema,
+        UserMessage,
+        make_model,
+        tool_call,
+    )
+    from lodger.recovery import RecoveryPlan
+    from lodger.storage import EventLog, LogKey, open_log
+    from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
+    from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
+    from lodger.tools.mcp import McpServerConfig, McpServers
+
+# name -> the module it comes from: imported on first use, so `import lodger` (and the
+# command line, which imports it) stays cheap; type checkers read the imports above.
+_EXPORTS: dict[str, str] = {
+    "Agent": "lodger.agent",
+    "RunUsage": "lodger.agent",
+    "SessionHandle": "lodger.agent",
+    "TurnResult": "lodger.agent",
+    "Authorities": "lodger.authority",
+    "ResourceClaim": "lodger.authority",
+    "AfterCall": "lodger.engine.hooks",
+    "BeforeCall": "lodger.engine.hooks",
+    "CallInfo": "lodger.engine.hooks",
+    "CallResult": "lodger.engine.hooks",
+    "Rewrite": "lodger.engine.hooks",
+    "Veto": "lodger.engine.hooks",
+    "PermissionPolicy": "lodger.engine.permissions",
+    "Rule": "lodger.engine.permissions",
+    "AppendConflictError": "lodger.errors",
+    "AuthorityMisuseError": "lodger.errors",
+    "CommitFailedError": "lodger.errors",
+    "ConfigError": "lodger.errors",
+    "CorruptLogError": "lodger.errors",
+    "LodgerError": "lodger.errors",
+    "LogKeyError": "lodger.errors",
+    "ProviderError": "lodger.errors",
+    "ResumeBlockedError": "lodger.errors",
+    "SessionLockedError": "lodger.errors",
+    "SessionNotFoundError": "lodger.errors",
+    "StaleRevisionError": "lodger.errors",
+    "StorageError": "lodger.errors",
+    "ToolCallError": "lodger.errors",
+    "UsageError": "lodger.errors",
+    "Event": "lodger.events",
+    "ProposedCall": "lodger.events",
+    "Usage": "lodger.events",
+    "AssistantMessage": "lodger.providers",
+    "FunctionModel": "lodger.providers",
+    "Message": "lodger.providers",
+    "Model": "lodger.providers",
+    "ModelRequest": "lodger.providers",
+    "ModelResponse": "lodger.providers",
+    "ScriptedModel": "lodger.providers",
+    "TestModel": "lodger.providers",
+    "ToolResultMessage": "lodger.providers",
+    "ToolSchema": "lodger.providers",
+    "UserMessage": "lodger.providers",
+    "make_model": "lodger.providers",
+    "tool_call": "lodger.providers",
+    "RecoveryPlan": "lodger.recovery",
+    "EventLog": "lodger.storage",
+    "LogKey": "lodger.storage",
+    "open_log": "lodger.storage",
+    "FactCommitted": "lodger.streaming",
+    "StreamItem": "lodger.streaming",
+    "TextDelta": "lodger.streaming",
+    "TurnFinished": "lodger.streaming",
+    "TurnStream": "lodger.streaming",
+    "ProbeResult": "lodger.tools",
+    "Tool": "lodger.tools",
+    "ToolContext": "lodger.tools",
+    "ToolOutput": "lodger.tools",
+    "tool": "lodger.tools",
+    "McpServerConfig": "lodger.tools.mcp",
+    "McpServers": "lodger.tools.mcp",
+}
 
 __all__ = [
     "AfterCall",
@@ -125,3 +195,16 @@ __all__ = [
     "tool",
     "tool_call",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lodger' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

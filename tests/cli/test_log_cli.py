@@ -377,7 +377,9 @@ def test_debug_shows_the_traceback(
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the root group loads its commands on demand
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             yield from _commands(command, (*path, name))
         yield (*path, name)
@@ -394,7 +396,7 @@ def test_every_command_has_help_with_example_and_state(runner: CliRunner) -> Non
         command = main
         for name in path:
             assert isinstance(command, click.Group)
-            command = command.commands[name]  # type: ignore[assignment]
+            command = command.get_command(click.Context(command), name)  # type: ignore[assignment]
         if not isinstance(command, click.Group):
             assert "--state DIR" in result.stdout, path
 

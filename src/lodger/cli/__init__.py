@@ -1,8 +1,10 @@
 """The ``lodger`` command line.
 
 ``main`` is the root click group (and the console script). Commands live in private
-modules, one concept each, that export ``COMMANDS``; add a module to ``_COMMAND_MODULES``
-to register it. Shared options and helpers are in :mod:`lodger.cli._common`.
+modules, one concept each, that export ``COMMANDS``; name each command and its module in
+``_COMMANDS`` to register it. A module is imported only when one of its commands runs (or
+``--help`` lists them), so ``lodger log show`` does not pay for the agent, the host or the
+workers at start-up. Shared options and helpers are in :mod:`lodger.cli._common`.
 
 Errors: any :class:`~lodger.errors.LodgerError` that escapes a command prints
 ``error: <message>`` and ``hint: <hint>`` on stderr and exits with the code of its kind
@@ -12,13 +14,12 @@ one line. The codes are documented in ``main``'s help (and the README).
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from typing import Any
 
 import click
 
-from lodger.cli import _control, _fork, _log, _recover, _run, _serve, _tools
-from lodger.cli._jsonl import echo_error, error_document, usage_error_document
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError, ResumeBlockedError, SessionNotFoundError, UsageError
 
@@ -50,7 +51,23 @@ def exit_code_for_error(exc: LodgerError) -> int:
     return EXIT_ERROR
 
 
-_COMMAND_MODULES = (_log, _run, _recover, _tools, _fork, _serve, _control)
+# command name -> the module that defines it (in its ``COMMANDS``)
+_COMMANDS: dict[str, str] = {
+    "sessions": "lodger.cli._log",
+    "log": "lodger.cli._log",
+    "run": "lodger.cli._run",
+    "demo": "lodger.cli._run",
+    "recover": "lodger.cli._recover",
+    "decide": "lodger.cli._recover",
+    "resume": "lodger.cli._recover",
+    "abandon": "lodger.cli._recover",
+    "tools": "lodger.cli._tools",
+    "fork": "lodger.cli._fork",
+    "serve": "lodger.cli._serve",
+    "worker": "lodger.cli._control",
+    "send": "lodger.cli._control",
+    "schedule": "lodger.cli._control",
+}
 
 
 def _one_line(text: str) -> str:
@@ -58,7 +75,20 @@ def _one_line(text: str) -> str:
 
 
 class LodgerGroup(click.Group):
-    """A click group that turns lodger errors and Ctrl-C into one line and an exit code."""
+    """A click group that turns lodger errors and Ctrl-C into one line and an exit code,
+    and imports a command's module only when the command is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*_COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = _COMMANDS.get(cmd_name)
+        if module is None:
+            return super().get_command(ctx, cmd_name)
+        for command in importlib.import_module(module).COMMANDS:
+            if command.name == cmd_name:
+                return command  # type: ignore[no-any-return]
+        raise RuntimeError(f"{module} does not define the command {cmd_name!r}")
 
     def invoke(self, ctx: click.Context) -> Any:
         wants_json = "--json" in ctx.args  # known before parsing, for usage errors too
@@ -67,11 +97,15 @@ class LodgerGroup(click.Group):
         except click.UsageError as exc:
             if not wants_json:
                 raise
+            from lodger.cli._jsonl import echo_error, usage_error_document
+
             echo_error(usage_error_document(exc))
             ctx.exit(EXIT_USAGE)
         except LodgerError as exc:
             self._debug_traceback(ctx)
             if wants_json or ctx.meta.get("lodger.json"):  # errors under --json are JSON
+                from lodger.cli._jsonl import echo_error, error_document
+
                 echo_error(error_document(exc, str(ctx.meta.get("lodger.state", ".lodger"))))
                 ctx.exit(exit_code_for_error(exc))
             click.echo(f"error: {_one_line(exc.message)}", err=True)
@@ -124,8 +158,3 @@ def main(ctx: click.Context, debug: bool) -> None:
       lodger --debug log verify SESSION
     """
     ctx.meta["lodger.debug"] = debug  # for commands that report errors themselves
-
-
-for _module in _COMMAND_MODULES:
-    for _command in _module.COMMANDS:
-        main.add_command(_command)

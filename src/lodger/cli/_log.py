@@ -39,7 +39,6 @@ from lodger.cli._common import (
     store_url,
 )
 from lodger.cli._render import hidden_note, render_sessions, render_timeline
-from lodger.cli._run import latest_demo_state
 from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
@@ -152,6 +151,8 @@ def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None
         return
     if not rows:
         click.echo(f"no sessions in {state}")
+        from lodger.cli._run import latest_demo_state  # the agent's imports, only here
+
         demo_state = latest_demo_state() if store_url() is None else None
         if demo_state is not None:
             click.echo(

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from lodger.control.interface import ControlPlane, SessionLease
 from lodger.errors import LeaseLostError
-from lodger.storage.logstore import LogStore, Record, WriterLease
+from lodger.storage.logstore import ForwardingLogStore, LogStore, Record
 
 __all__ = ["FencedLogStore", "LeaseGuard"]
 
@@ -63,11 +63,11 @@ class LeaseGuard:
             raise
 
 
-class FencedLogStore:
+class FencedLogStore(ForwardingLogStore):
     """A ``LogStore`` whose appends pass ``guard.check`` first; everything else delegates."""
 
     def __init__(self, inner: LogStore, guard: LeaseGuard) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.guard = guard
 
     async def append_records(
@@ -77,24 +77,3 @@ class FencedLogStore:
         await self.inner.append_records(
             session_id=session_id, records=records, expected_offset=expected_offset
         )
-
-    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
-        return await self.inner.read_records(session_id=session_id, start=start, end=end)
-
-    async def last_record(self, *, session_id: str) -> Record | None:
-        return await self.inner.last_record(session_id=session_id)
-
-    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
-        return await self.inner.stored_head(session_id=session_id)
-
-    def present(self) -> bool:
-        return self.inner.present()
-
-    async def list_sessions(self) -> list[str]:
-        return await self.inner.list_sessions()
-
-    async def acquire_writer(self, *, session_id: str) -> WriterLease:
-        return await self.inner.acquire_writer(session_id=session_id)
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 from lodger.errors import UsageError
 
-__all__ = ["LogStore", "Record", "WriterLease", "check_session_id"]
+__all__ = ["ForwardingLogStore", "LogStore", "Record", "WriterLease", "check_session_id"]
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -93,3 +93,39 @@ class LogStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class ForwardingLogStore:
+    """A store that hands every request to ``inner``: subclass it and override what a
+    wrapper changes (a fence check before appends, injected failures) and nothing else."""
+
+    def __init__(self, inner: LogStore) -> None:
+        self.inner = inner
+
+    async def append_records(
+        self, *, session_id: str, records: Sequence[Record], expected_offset: int
+    ) -> None:
+        await self.inner.append_records(
+            session_id=session_id, records=records, expected_offset=expected_offset
+        )
+
+    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
+        return await self.inner.read_records(session_id=session_id, start=start, end=end)
+
+    async def last_record(self, *, session_id: str) -> Record | None:
+        return await self.inner.last_record(session_id=session_id)
+
+    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        return await self.inner.stored_head(session_id=session_id)
+
+    def present(self) -> bool:
+        return self.inner.present()
+
+    async def list_sessions(self) -> list[str]:
+        return await self.inner.list_sessions()
+
+    async def acquire_writer(self, *, session_id: str) -> WriterLease:
+        return await self.inner.acquire_writer(session_id=session_id)
+
+    async def close(self) -> None:
+        await self.inner.close()

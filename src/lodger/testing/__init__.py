@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 
 from lodger.errors import CommitFailedError
 from lodger.storage.artifacts import MemoryArtifactStore
-from lodger.storage.logstore import LogStore, Record, WriterLease
+from lodger.storage.logstore import ForwardingLogStore, LogStore, Record
 from lodger.storage.memory import MemoryLogStore
 
 __all__ = ["FaultyLogStore", "MemoryArtifactStore", "MemoryLogStore"]
 
 
-class FaultyLogStore:
+class FaultyLogStore(ForwardingLogStore):
     """A real store whose chosen appends fail (counted from 1 over this wrapper's life)."""
 
     def __init__(
@@ -38,7 +38,7 @@ class FaultyLogStore:
         fail_when: Callable[[Sequence[Record]], bool] | None = None,
         crash_after: int | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fail_appends = set(fail_appends or ())
         self.fail_when = fail_when
         self.crash_after = crash_after
@@ -63,24 +63,3 @@ class FaultyLogStore:
         )
         if self.crash_after is not None and self.appends >= self.crash_after:
             os.kill(os.getpid(), signal.SIGKILL)
-
-    async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
-        return await self.inner.read_records(session_id=session_id, start=start, end=end)
-
-    async def last_record(self, *, session_id: str) -> Record | None:
-        return await self.inner.last_record(session_id=session_id)
-
-    async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
-        return await self.inner.stored_head(session_id=session_id)
-
-    def present(self) -> bool:
-        return self.inner.present()
-
-    async def list_sessions(self) -> list[str]:
-        return await self.inner.list_sessions()
-
-    async def acquire_writer(self, *, session_id: str) -> WriterLease:
-        return await self.inner.acquire_writer(session_id=session_id)
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -1,0 +1,151 @@
+"""Subagents over the control plane: real PostgreSQL, a ``file://`` store, real worker
+processes. A parent that delegates parks dormant (its call suspended, its lease released,
+no worker slot taken), its children run on any worker, and the last child to settle
+wakes it; a worker SIGKILLed inside a child is replaced and nothing happens twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from lodger.subagents import child_session_id
+from lodger.testing.postgres import PostgresServer
+
+from ._workers import Workers, lodger, wait_for
+
+pytestmark = pytest.mark.slow
+
+TOOLS = Path(__file__).with_name("_subagent_tools.py")
+
+
+def _world(tmp_path: Path, postgres: PostgresServer, tasks: list[str]) -> Workers:
+    parent = [{"calls": [{"name": "delegate", "args": {"task": t}} for t in tasks]},
+              {"text": "all delegated work is done"}]  # fmt: skip
+    child = [{"calls": [{"name": "child_effect", "args": {"tag": "x"}}]},
+             {"text": "child finished"}]  # fmt: skip
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    (tmp_path / "child.json").write_text(json.dumps(child))
+    store = f"file://{tmp_path / 'objects'}"
+    return Workers(tmp_path, store, postgres.new_database(), tmp_path / "parent.json")
+
+
+def _start(workers: Workers) -> None:
+    workers.start("--tools", str(TOOLS), "--subagents",
+                  "--subagent-model", f"script:{workers.dir / 'child.json'}")  # fmt: skip
+
+
+def _row(dsn: str, sql: str, *args: Any) -> tuple[Any, ...] | None:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql.encode(), args).fetchone()
+
+
+def _status(dsn: str, session: str) -> str | None:
+    row = _row(dsn, "SELECT status FROM sessions WHERE session_id = %s", session)
+    return None if row is None else str(row[0])
+
+
+def _lease_expiry(dsn: str, session: str) -> float | None:
+    row = _row(dsn, "SELECT expires_at FROM session_leases WHERE session_id = %s", session)
+    return None if row is None else float(row[0])
+
+
+def _kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["body"]["kind"] == kind]
+
+
+def _answers(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The delegate results the parent's model saw (recovery observed, by call id)."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in _kinds(events, "recovery_observed"):
+        assert e["body"]["status"] == "completed", e["body"]
+        out[e["call_id"]] = json.loads(e["body"]["observation"])
+    return out
+
+
+def test_a_parent_parks_dormant_while_two_children_run_and_wakes_once_both_settle(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, ["first half", "second half"])
+    dsn = workers.control
+    kids = [child_session_id("p1", f"call-0-{n}") for n in (1, 2)]
+    try:
+        for _ in range(2):  # two workers of one slot each: both children at once
+            _start(workers)
+        assert workers.send("p1", "split the work").returncode == 0
+        held = [tmp_path / f"holding-x-{kid}" for kid in kids]
+        wait_for("both children inside their tool", lambda: all(p.exists() for p in held))
+        # Both slots run children at the same time: the parent occupies none. Its call
+        # suspended, its run ended waiting, its lease was released (not left to expire).
+        pids = {int(p.read_text()) for p in held}
+        assert pids == {p.pid for p in workers.procs}
+        assert _status(dsn, "p1") == "waiting"
+        assert _lease_expiry(dsn, "p1") == 0.0
+        parked = workers.events("p1")
+        assert parked[-1]["body"]["kind"] == "run_ended"
+        assert parked[-1]["body"]["status"] == "interrupted"
+        assert parked[-1]["body"]["error"].startswith("waiting for 2 suspended call(s)")
+        assert len(_kinds(parked, "tool_dispatched")) == 2
+        assert _kinds(parked, "tool_responded") == []  # no T2: the calls are suspended
+        (tmp_path / "gate-x").touch()
+        wait_for("the parent completed", lambda: _status(dsn, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    assert sorted((tmp_path / "child-effects").read_text().splitlines()) == sorted(
+        f"x {kid}" for kid in kids
+    )
+    events = workers.events("p1")
+    answers = _answers(events)
+    assert set(answers) == {"call-0-1", "call-0-2"}
+    for n, kid in enumerate(kids, start=1):
+        assert answers[f"call-0-{n}"]["session"] == kid
+        assert answers[f"call-0-{n}"]["answer"] == "child finished"
+        child = workers.events(kid)
+        assert child[0]["body"]["metadata"]["subagent.parent_session"] == "p1"
+        assert len(_kinds(child, "turn_started")) == 1
+        assert _kinds(child, "turn_ended")[0]["body"]["status"] == "completed"
+    assert len(_kinds(events, "tool_dispatched")) == 2  # never dispatched again
+    (ended,) = _kinds(events, "turn_ended")
+    assert ended["body"]["status"] == "completed"
+    assert ended["body"]["answer"] == "all delegated work is done"
+    assert lodger(tmp_path, "log", "verify", "p1", "--store", workers.store).returncode == 0
+
+
+def test_a_worker_killed_inside_a_child_is_replaced_and_the_effect_happens_once(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, ["the whole job"])
+    dsn = workers.control
+    kid = child_session_id("p1", "call-0-1")
+    try:
+        for _ in range(2):
+            _start(workers)
+        assert workers.send("p1", "delegate it").returncode == 0
+        marker = tmp_path / f"holding-x-{kid}"
+        wait_for("the child inside its tool", marker.exists)
+        victim = int(marker.read_text())
+        os.kill(victim, signal.SIGKILL)  # after the child's effect, before its T2
+        (tmp_path / "gate-x").touch()
+        wait_for("the parent completed", lambda: _status(dsn, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    assert (tmp_path / "child-effects").read_text().splitlines() == [f"x {kid}"]
+    assert (tmp_path / "child-invocations").read_text().splitlines() == [f"x {kid} {victim}"]
+    child = workers.events(kid)
+    runs = _kinds(child, "run_started")
+    assert len(runs) == 2 and runs[1]["body"]["parent_run_id"] == runs[0]["run_id"]
+    assert len(_kinds(child, "tool_dispatched")) == 1  # the probe found the effect
+    assert len(_kinds(child, "turn_started")) == 1  # resumed, never restarted
+    events = workers.events("p1")
+    assert list(_answers(events).values()) == [
+        {"session": kid, "status": "completed", "answer": "child finished", "steps": 2,
+         "tokens": 0}
+    ]  # fmt: skip
+    assert len(_kinds(events, "tool_dispatched")) == 1
+    assert _kinds(events, "turn_ended")[0]["body"]["status"] == "completed"
+    assert lodger(tmp_path, "log", "verify", kid, "--store", workers.store).returncode == 0

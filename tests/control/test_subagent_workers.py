@@ -149,3 +149,58 @@ def test_a_worker_killed_inside_a_child_is_replaced_and_the_effect_happens_once(
     assert len(_kinds(events, "tool_dispatched")) == 1
     assert _kinds(events, "turn_ended")[0]["body"]["status"] == "completed"
     assert lodger(tmp_path, "log", "verify", kid, "--store", workers.store).returncode == 0
+
+
+def test_a_child_that_delegates_waits_dormant_too_and_the_family_settles_bottom_up(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, ["top task"])
+    # children delegate once more; the grandchild's own delegation is refused (depth 2)
+    child = [{"calls": [{"name": "delegate", "args": {"task": "deeper"}}]},
+             {"text": "child finished"}]  # fmt: skip
+    (tmp_path / "child.json").write_text(json.dumps(child))
+    dsn = workers.control
+    kid = child_session_id("p1", "call-0-1")
+    grandkid = child_session_id(kid, "call-0-1")
+    try:
+        workers.start("--subagents", "2", "--subagent-model", f"script:{tmp_path / 'child.json'}")
+        assert workers.send("p1", "go deep").returncode == 0
+        wait_for("the parent completed", lambda: _status(dsn, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    deepest = workers.events(grandkid)
+    assert deepest[0]["body"]["metadata"]["subagent.depth"] == "2"
+    (refused,) = _kinds(deepest, "call_rejected")
+    assert "limited to depth 2" in refused["body"]["message"]
+    middle = workers.events(kid)
+    ended = [e["body"] for e in _kinds(middle, "run_ended")]
+    assert ended[0]["status"] == "interrupted" and ended[0]["error"].startswith("waiting for 1")
+    assert ended[-1]["status"] == "completed"
+    assert _answers(middle)["call-0-1"]["session"] == grandkid
+    assert _answers(workers.events("p1"))["call-0-1"] == {
+        "session": kid, "status": "completed", "answer": "child finished", "steps": 2,
+        "tokens": 0,
+    }  # fmt: skip
+
+
+def test_a_child_out_of_wall_time_is_ended_and_its_parent_told(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, [])
+    parent = [{"calls": [{"name": "delegate",
+                          "args": {"task": "slow", "budget": {"wall_time_s": 0.5}}}]},
+              {"text": "the child gave up"}]  # fmt: skip
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    kid = child_session_id("p1", "call-0-1")
+    try:
+        _start(workers)  # the gate never opens: the child's tool waits past its wall time
+        assert workers.send("p1", "try it").returncode == 0
+        wait_for("the parent completed", lambda: _status(workers.control, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    answer = _answers(workers.events("p1"))["call-0-1"]
+    assert answer["session"] == kid and answer["status"] == "abandoned"
+    assert "wall time" in answer["error"]
+    child = workers.events(kid)
+    assert [e["body"]["status"] for e in _kinds(child, "tool_responded")] == ["cancelled"]
+    assert _kinds(child, "turn_ended")[0]["body"]["status"] == "abandoned"

@@ -248,7 +248,15 @@ class Worker:
             link = link_of(state.events[0]) if state is not None and state.events else None
             if link is not None and binding.subagents is not None:
                 # a child handed off by its parent: its one turn, then wake the parent
-                outcome = await sessions.run_subagent(sid, binding=binding)
+                try:
+                    outcome = await sessions.run_subagent(sid, binding=binding)
+                except ResumeBlockedError:
+                    outcome = None  # parked on an operator: the parent waits too
+                if outcome is not None and outcome.status is None and outcome.timed_out:
+                    # out of its wall time: ended, so the parent is told rather than
+                    # waiting on a child nobody runs
+                    await sessions.abandon(sid, reason=outcome.error)
+                    outcome = dataclasses.replace(outcome, status="abandoned")
                 if outcome is not None and outcome.status is not None:
                     self.stats.settled.append(outcome.status)
                     assert binding.subagents.children is not None

@@ -472,6 +472,7 @@ class _Delegator:
             except TimeoutError:
                 return dataclasses.replace(
                     child_outcome(child_id, state.events),
+                    timed_out=True,
                     error=f"the subagent ran out of its wall time ({granted.wall_time:g} s); "
                     "its running calls settled and its turn was stopped",
                 )

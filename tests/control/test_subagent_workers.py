@@ -5,16 +5,23 @@ wakes it; a worker SIGKILLed inside a child is replaced and nothing happens twic
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from lodger.subagents import child_session_id
+from lodger import Agent
+from lodger.control import open_control
+from lodger.providers.scripted import ScriptedModel
+from lodger.storage import Storage
+from lodger.subagents import SubagentLink, SubagentPolicy, child_session_id
 from lodger.testing.postgres import PostgresServer
 
 from ._workers import Workers, lodger, wait_for
@@ -204,3 +211,60 @@ def test_a_child_out_of_wall_time_is_ended_and_its_parent_told(
     child = workers.events(kid)
     assert [e["body"]["status"] for e in _kinds(child, "tool_responded")] == ["cancelled"]
     assert _kinds(child, "turn_ended")[0]["body"]["status"] == "abandoned"
+
+
+class _LostWakes:
+    """A launcher whose wakes never reach the queue: the log a worker leaves when it dies
+    after writing a child's first event and before enqueuing the child's wake."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def writing(self, session_id: str) -> AsyncIterator[None]:
+        yield
+
+    async def start(self, *, child: SubagentLink, workspace: Path | None) -> None:
+        self.started.append(child.session_id)
+
+    async def settled(self, *, child: SubagentLink) -> None:
+        raise AssertionError("no child settles here")
+
+
+def test_a_child_whose_wake_was_lost_is_started_by_the_parents_recovery(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, ["the job"])
+    kid = child_session_id("p1", "call-0-1")
+    lost = _LostWakes()
+
+    async def park_without_a_child_wake() -> str:
+        storage = Storage.from_url(workers.store)
+        policy = SubagentPolicy(children=lost)
+        model = ScriptedModel.from_file(tmp_path / "parent.json")
+        async with Agent(model=model, storage=storage, subagents=policy) as agent:
+            result = await agent.run("delegate it", session="p1")
+        control = open_control(workers.control)
+        await control.start()
+        try:
+            assert await control.pending_wakes() == []  # the child's wake is lost
+            # the parent's own wake, as the claim of a dead worker's wake expires
+            await control.send(session_id="p1", message=None)
+        finally:
+            await control.close()
+        return result.status
+
+    assert asyncio.run(park_without_a_child_wake()) == "waiting"
+    assert lost.started == [kid] and workers.has_session(kid)
+    try:
+        _start(workers)
+        (tmp_path / "gate-x").touch()
+        wait_for("the parent completed", lambda: _status(workers.control, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    assert (tmp_path / "child-effects").read_text().splitlines() == [f"x {kid}"]
+    runs = [e["body"] for e in _kinds(workers.events("p1"), "run_ended")]
+    # parked, woken with the child not yet run (pending: it re-sent the child's wake),
+    # woken again by the child, completed
+    assert [r["status"] for r in runs] == ["interrupted", "interrupted", "completed"]
+    assert _answers(workers.events("p1"))["call-0-1"]["answer"] == "child finished"

@@ -246,7 +246,7 @@ class Worker:
             delay: float | None = None
             waiting = False  # the turn ended its run with calls suspended (subagents)
             link = link_of(state.events[0]) if state is not None and state.events else None
-            if link is not None and binding.subagents is not None:
+            if link is not None and binding.subagents is not None and wake.message is None:
                 # a child handed off by its parent: its one turn, then wake the parent
                 try:
                     outcome = await sessions.run_subagent(sid, binding=binding)
@@ -257,12 +257,14 @@ class Worker:
                     # waiting on a child nobody runs
                     await sessions.abandon(sid, reason=outcome.error)
                     outcome = dataclasses.replace(outcome, status="abandoned")
-                if outcome is not None and outcome.status is not None:
+                if outcome is None:
+                    delay = self.config.parked_delay_s
+                elif outcome.status is None:
+                    waiting = True  # it delegated in turn: its own children wake it
+                else:
                     self.stats.settled.append(outcome.status)
                     assert binding.subagents.children is not None
                     await binding.subagents.children.settled(child=link)
-                else:
-                    delay = self.config.parked_delay_s
                 state = await sessions.state(sid)
             elif state is not None and state.open_turn is not None:
                 self.stats.resumed += 1

@@ -184,6 +184,10 @@ def test_a_child_that_delegates_waits_dormant_too_and_the_family_settles_bottom_
     assert ended[0]["status"] == "interrupted" and ended[0]["error"].startswith("waiting for 1")
     assert ended[-1]["status"] == "completed"
     assert _answers(middle)["call-0-1"]["session"] == grandkid
+    tree = lodger(tmp_path, "sessions", "--tree", "--json", "--store", workers.store)
+    assert tree.returncode == 0, tree.stderr
+    parents = {s["session_id"]: s.get("parent") for s in json.loads(tree.stdout)["sessions"]}
+    assert parents[kid] == "p1" and parents[grandkid] == kid
     assert _answers(workers.events("p1"))["call-0-1"] == {
         "session": kid, "status": "completed", "answer": "child finished", "steps": 2,
         "tokens": 0,

@@ -10,7 +10,11 @@ in a temporary directory (real fsyncs):
   child's ``session_started`` record, and its whole one-step turn) against the bytes a
   copy of the parent's prefix would write;
 - concurrency: one parent step with 4 delegations whose children each call a tool that
-  works 100 ms (an async sleep) against the same step with one delegation.
+  works 100 ms (an async sleep) against the same step with one delegation;
+- on workers: a turn with one delegation whose child answers at once, from ``send`` to
+  the parent's completed turn through an in-process ``Worker`` (2 slots, a SQLite
+  control plane; the parent parks dormant, the child runs, the parent is woken) against
+  the same turn run inline; and the events the parent's log gains by parking.
 
     python bench/subagents.py [--quick]
 
@@ -30,8 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from lodger import Agent, FunctionModel, tool
+from lodger.control.sqlite import SqliteControlPlane
+from lodger.control.worker import Worker, WorkerConfig
 from lodger.providers.base import ModelRequest, ModelResponse, UserMessage
 from lodger.providers.scripted import tool_call
+from lodger.sessions import Binding
+from lodger.storage import Storage
 from lodger.subagents import SubagentPolicy
 
 
@@ -171,6 +179,70 @@ async def concurrency(root: Path, repeats: int) -> dict[str, float]:
     return {"one_child_ms": o * 1000, "four_children_ms": f * 1000, "ratio": f / o}
 
 
+async def _events(state: Path, session: str) -> int:
+    storage = Storage.local(state)
+    try:
+        return len(await storage.log.read_all(session))
+    finally:
+        await storage.close()
+
+
+async def detached_turn(root: Path) -> tuple[float, int]:
+    """Send -> the parent's turn completed, through an in-process worker; the parent's
+    events."""
+    control = SqliteControlPlane(root / "control.sqlite3")
+    await control.start()
+    storage = Storage.local(root / "state")
+    model = model_for(1, [{"name": "delegate", "args": {"task": "x"}}])
+    policy = SubagentPolicy(tree_steps=100_000)
+
+    def bind(session: str, recorded: str | None, workspace: Path) -> Binding:
+        return Binding(model=model, tools=[noop], workspace=workspace, subagents=policy)
+
+    config = WorkerConfig(concurrency=2, poll_s=0.002, retry_delay_s=0.005)
+    worker = Worker(control=control, storage=storage, bind=bind, config=config, workdir=root)
+    stop = asyncio.Event()
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(worker.run(stop))
+            started = time.perf_counter()
+            await control.send(session_id="p", message="parent")
+            while True:
+                row = await control.get_session(session_id="p")
+                if row is not None and row.status == "completed":
+                    break
+                await asyncio.sleep(0.002)
+            elapsed = time.perf_counter() - started
+            stop.set()
+    finally:
+        await storage.close()
+        await control.close()
+    return elapsed, await _events(root / "state", "p")
+
+
+async def workers(root: Path, repeats: int) -> dict[str, float]:
+    inline: list[float] = []
+    detached: list[float] = []
+    events = {"inline": 0, "detached": 0}
+    for i in range(repeats):
+        state = root / f"inline{i}"
+        inline.append(
+            await timed_turn(state, 1, [{"name": "delegate", "args": {"task": "x"}}], "p")
+        )
+        events["inline"] = await _events(state, "p")
+        (root / f"workers{i}").mkdir()
+        elapsed, events["detached"] = await detached_turn(root / f"workers{i}")
+        detached.append(elapsed)
+    n, d = statistics.median(inline), statistics.median(detached)
+    return {
+        "inline_ms": n * 1000,
+        "workers_ms": d * 1000,
+        "ratio": d / n,
+        "inline_events": events["inline"],
+        "workers_events": events["detached"],
+    }
+
+
 async def main(quick: bool) -> None:
     steps, repeats, parent_steps = (10, 3, 25) if quick else (40, 5, 100)
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,6 +250,7 @@ async def main(quick: bool) -> None:
         cost = await overhead(root, steps, repeats)
         size = await fork_bytes(root, parent_steps)
         overlap = await concurrency(root, repeats)
+        dormant = await workers(root, repeats)
     print(f"{'measure':<44} {'value':>12} {'baseline':>12} {'ratio':>8}")
     print(
         f"{'delegation step (empty child turn), ms':<44} {cost['delegation_step_ms']:>12.2f} "
@@ -196,6 +269,15 @@ async def main(quick: bool) -> None:
         f"{'4 children x 100 ms work, ms (vs 1 child)':<44} {overlap['four_children_ms']:>12.1f} "
         f"{overlap['one_child_ms']:>12.1f} {overlap['ratio']:>8.2f}"
     )
+    print(
+        f"{'1 delegation on workers, send->done, ms':<44} {dormant['workers_ms']:>12.1f} "
+        f"{dormant['inline_ms']:>12.1f} {dormant['ratio']:>8.2f}"
+    )
+    print(
+        f"{'  parent events when parking (vs inline)':<44} {dormant['workers_events']:>12.0f} "
+        f"{dormant['inline_events']:>12.0f} "
+        f"{dormant['workers_events'] / dormant['inline_events']:>8.2f}"
+    )
     print(f"(parent of {size['parent_events']:.0f} events; SQLite with fsync; shared machine)")
     print(
         json.dumps(
@@ -213,6 +295,11 @@ async def main(quick: bool) -> None:
                 "four_vs_one_child_wall": round(overlap["ratio"], 3),
                 "one_child_ms": round(overlap["one_child_ms"], 2),
                 "four_children_ms": round(overlap["four_children_ms"], 2),
+                "workers_vs_inline_delegation_wall": round(dormant["ratio"], 3),
+                "workers_delegation_ms": round(dormant["workers_ms"], 2),
+                "inline_delegation_ms": round(dormant["inline_ms"], 2),
+                "parent_events_parked": dormant["workers_events"],
+                "parent_events_inline": dormant["inline_events"],
             }
         )
     )

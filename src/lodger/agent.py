@@ -148,6 +148,7 @@ class Agent:
         self.clock = clock or SystemClock()
         self.ids = ids or Uuid7Factory(self.clock)
         # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
+        self.subagents = subagents
         if subagents is not None:
             self.registry.bind(delegate_tool(self, subagents))
         authorities = authorities or Authorities()

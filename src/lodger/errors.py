@@ -435,6 +435,7 @@ ErrorCode = Literal[
     "subagent_tools",
     "subagent_exists",
     "subagent_schema",
+    "subagent_arguments",
     # the world
     "sandbox_unavailable",
     "resume_blocked",

@@ -32,7 +32,8 @@ from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
-from lodger.subagents import SubagentPolicy
+from lodger.subagents import ChildOutcome, SubagentPolicy
+from lodger.subagents.tool import drive_detached_child
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -205,6 +206,14 @@ class Sessions:
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.resume(session_id, relocate=relocate)
+
+    async def run_subagent(self, session_id: str, *, binding: Binding) -> ChildOutcome | None:
+        """Run (or resume) the one turn of a child session handed off to a worker
+        (``lodger.subagents.detached``); None when it is not a subagent or the binding
+        has no subagent policy."""
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await drive_detached_child(agent, session_id)
 
     async def decide(
         self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None

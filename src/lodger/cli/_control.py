@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ import click
 from rich.table import Table
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
-from lodger.cli._run import MODEL_ENVVAR, load_tools_file
+from lodger.cli._run import MODEL_ENVVAR, load_tools_file, subagent_policy, subagents_option
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
@@ -209,6 +210,14 @@ def schedule(
 )
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="Where fresh workspaces are made (default: the system temp dir).")  # fmt: skip
+@subagents_option
+@click.option(
+    "--subagent-model",
+    "subagent_spec",
+    default=None,
+    metavar="SPEC",
+    help="Model for subagents (default: the model of the session that delegates).",
+)
 def worker(
     state: str,
     control: str | None,
@@ -220,6 +229,8 @@ def worker(
     poll: float,
     max_attempts: int,
     workdir: str | None,
+    subagent_depth: int | None,
+    subagent_spec: str | None,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -227,6 +238,8 @@ def worker(
     fresh directory, resumes an interrupted turn, runs the message, snapshots, releases.
     SIGTERM: take no more work; running turns get --grace seconds, then are handed back.
     The model is the one the session last ran with, else --model.
+    With --subagents, a delegation's child runs on any worker while the session that
+    delegated waits dormant; the child's end wakes it.
 
     \b
     Example:
@@ -237,6 +250,9 @@ def worker(
     extra: list[Tool] = []
     for path in tools_files:
         extra.extend(load_tools_file(path))
+    policy = subagent_policy(subagent_depth)
+    if policy is not None and subagent_spec:
+        policy = dataclasses.replace(policy, model=make_model(subagent_spec))
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         spec = recorded or model_spec
@@ -248,7 +264,10 @@ def worker(
                 session_id=session_id,
             )
         return Binding(
-            model=make_model(spec), tools=[*workspace_tools(), *extra], workspace=workspace
+            model=make_model(spec),
+            tools=[*workspace_tools(), *extra],
+            workspace=workspace,
+            subagents=policy,
         )
 
     config = WorkerConfig(

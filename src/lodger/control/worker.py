@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -42,6 +43,8 @@ from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.storage.eventlog import EventLog
 from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
+from lodger.subagents.detached import ControlPlaneChildren
+from lodger.subagents.link import link_of
 
 __all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -237,13 +240,38 @@ class Worker:
         try:
             if row is not None and row.snapshot is not None:
                 await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
-            binding = self.bind(sid, state.last_model if state else None, workspace)
+            binding = self._with_children(
+                self.bind(sid, state.last_model if state else None, workspace)
+            )
             delay: float | None = None
-            if state is not None and state.open_turn is not None:
+            waiting = False  # the turn ended its run with calls suspended (subagents)
+            link = link_of(state.events[0]) if state is not None and state.events else None
+            if link is not None and binding.subagents is not None and wake.message is None:
+                # a child handed off by its parent: its one turn, then wake the parent
+                try:
+                    outcome = await sessions.run_subagent(sid, binding=binding)
+                except ResumeBlockedError:
+                    outcome = None  # parked on an operator: the parent waits too
+                if outcome is not None and outcome.status is None and outcome.timed_out:
+                    # out of its wall time: ended, so the parent is told rather than
+                    # waiting on a child nobody runs
+                    await sessions.abandon(sid, reason=outcome.error)
+                    outcome = dataclasses.replace(outcome, status="abandoned")
+                if outcome is None:
+                    delay = self.config.parked_delay_s
+                elif outcome.status is None:
+                    waiting = True  # it delegated in turn: its own children wake it
+                else:
+                    self.stats.settled.append(outcome.status)
+                    assert binding.subagents.children is not None
+                    await binding.subagents.children.settled(child=link)
+                state = await sessions.state(sid)
+            elif state is not None and state.open_turn is not None:
                 self.stats.resumed += 1
                 try:
                     result = await sessions.resume(sid, binding=binding, relocate=True)
-                    if result.status != "completed":
+                    waiting = result.status == "waiting"
+                    if result.status not in ("completed", "waiting"):
                         delay = self.config.parked_delay_s
                 except ResumeBlockedError:
                     delay = self.config.parked_delay_s
@@ -259,12 +287,29 @@ class Worker:
                     raise
                 self.stats.turns += 1
                 self.stats.settled.append(result.status)
+                waiting = result.status == "waiting"
                 state = await sessions.state(sid)
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
-            await self._index(sid, state, snapshot.ref)
+            await self._index(sid, state, snapshot.ref, waiting=waiting)
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    def _with_children(self, binding: Binding) -> Binding:
+        """A binding that delegates runs its children on this control plane's workers."""
+        policy = binding.subagents
+        if policy is None or policy.children is not None:
+            return binding
+        children = ControlPlaneChildren(
+            self.control,
+            self.storage.artifacts,
+            guard=self.guard,
+            holder=self.holder,
+            ttl_s=self.config.lease_ttl_s,
+        )
+        return dataclasses.replace(
+            binding, subagents=dataclasses.replace(policy, children=children)
+        )
 
     async def _give_up(self, wake: Wake, exc: LodgerError) -> None:
         row = await self.control.get_session(session_id=wake.session_id)
@@ -291,14 +336,16 @@ class Worker:
         except (LodgerError, OSError) as exc:
             log.warning("indexing %s after a stop: %s", sid, exc)
 
-    async def _index(self, sid: str, state: SessionState | None, snapshot: str) -> None:
+    async def _index(
+        self, sid: str, state: SessionState | None, snapshot: str, *, waiting: bool = False
+    ) -> None:
         if state is None:
             return
         now = await self.control.now()
         plan = state.plan()
         status = state.last_turn_status or "started"
         if state.open_turn is not None:
-            status = "parked" if plan.blocked else "interrupted"
+            status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
         await self.control.record_session(
             row=SessionRow(
                 session_id=sid,

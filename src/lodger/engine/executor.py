@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from lodger.errors import ToolCallError
 from lodger.events import ResultStatus
-from lodger.tools.spec import Tool, ToolContext, ToolOutput, WorkerAbandoned
+from lodger.tools.spec import Suspended, Tool, ToolContext, ToolOutput, WorkerAbandoned
 
 __all__ = ["DEFAULT_TIMEOUT", "STOP_GRACE", "Execution", "Executor", "InProcessExecutor"]
 
@@ -36,6 +36,8 @@ STOP_GRACE = 2.0
 class Execution:
     status: ResultStatus
     content: str
+    #: the handler handed its work off (``Suspended``): no T2 now, the run ends waiting
+    suspended: bool = False
 
 
 class Executor(Protocol):
@@ -121,6 +123,8 @@ def _outcome(t: Tool, task: asyncio.Future[Any], stopped_by: str | None, limit: 
         return _failure(t, error)
     value = task.result()
     execution = _success(t, value)
+    if execution.suspended:
+        return execution  # handed off even if stopped meanwhile: the probe settles it
     if stopped_by == "time_limit":
         # it finished in the grace period after the limit: the effect happened
         return Execution(
@@ -140,6 +144,8 @@ def _failure(t: Tool, error: BaseException) -> Execution:
 
 
 def _success(t: Tool, value: Any) -> Execution:
+    if isinstance(value, Suspended):
+        return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
         return Execution("error" if value.is_error else "ok", value.content)
     if isinstance(value, str):

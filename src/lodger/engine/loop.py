@@ -59,7 +59,9 @@ from lodger.tools.workspace import workspace_id
 
 __all__ = ["Engine", "RunUsage", "TurnResult", "TurnStatus"]
 
-TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
+#: ``waiting``: the run ended with calls suspended (their work runs elsewhere); the turn
+#: stays open and a resume settles them when the session is woken
+TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned", "waiting"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,8 +208,30 @@ class Engine:
     async def resume(self, journal: Journal, *, relocate: bool = False) -> TurnResult:
         """Continue the open turn as a new run (see ``lodger.engine.resume``); with
         ``relocate``, in this engine's workspace once its files match the log."""
-        ctx = await resume_run(self, journal, relocate=relocate)
+        ctx, pending = await resume_run(self, journal, relocate=relocate)
+        if pending:
+            return await self.wait(ctx, pending)
         return await self.drive(ctx)
+
+    async def wait(self, ctx: RunContext, call_ids: Sequence[str]) -> TurnResult:
+        """End the run with ``call_ids`` suspended (dispatched, no T2, their work running
+        elsewhere): ``run_ended`` says the run stopped, the turn stays open, and the
+        caller learns the turn is ``waiting``. A resume probes the calls again."""
+        error = f"waiting for {len(call_ids)} suspended call(s) to settle elsewhere: " + ", ".join(
+            call_ids
+        )
+        await ctx.journal.fact(RunEnded(status="interrupted", error=error), ctx.envelope)
+        state = ctx.journal.state
+        return TurnResult(
+            session_id=ctx.session_id,
+            turn_id=ctx.turn_id,
+            run_id=ctx.run_id,
+            status="waiting",
+            error=error,
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            commits=ctx.journal.commits,
+            messages=tuple(state.projector.project().messages),
+        )
 
     async def drive(self, ctx: RunContext) -> TurnResult:
         """Run steps of an open turn until it settles."""
@@ -280,8 +304,12 @@ class Engine:
                         ctx, "completed", answer=response.text, output=value, logged=dumped
                     )
                 scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
+                suspended: list[str] = []
                 for batch in self.registry.batches(calls):
-                    await pipeline.run_batch(batch, scope)
+                    outcomes = await pipeline.run_batch(batch, scope)
+                    suspended += [o.call_id for o in outcomes if o.suspended]
+                if suspended:
+                    return await self.wait(ctx, suspended)
         except ProviderError as exc:
             return await self._end(ctx, "failed", error=str(exc))
         except asyncio.CancelledError:

@@ -155,9 +155,11 @@ class _CellCalls:
 class CallOutcome:
     call_id: str
     name: str
-    status: ResultStatus | None  # None: rejected before dispatch
+    status: ResultStatus | None  # None: rejected before dispatch, or suspended
     content: str
     dispatched: bool
+    #: dispatched and handed off (``Suspended``): no T2; the run ends waiting for it
+    suspended: bool = False
 
     @property
     def is_error(self) -> bool:
@@ -550,6 +552,19 @@ class CallPipeline:
                 # recorded before the cancellation goes on.
                 cancelled = True
                 execution.cancel()
+        if not execution.cancelled() and execution.result().suspended:
+            # Suspended: T1 stays without a T2. The call's work runs elsewhere; the run
+            # ends waiting and resume's probe of the call settles it when woken.
+            if cancelled:
+                raise asyncio.CancelledError
+            return CallOutcome(
+                call_id=tctx.call_id,
+                name=t.name,
+                status=None,
+                content=execution.result().content,
+                dispatched=True,
+                suspended=True,
+            )
         if execution.cancelled():
             status: ResultStatus = "cancelled"
             content = f"{t.name} was cancelled while running; its effect may be partial"

@@ -218,13 +218,17 @@ def _open_turn_plan(
     return plan
 
 
-async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False) -> RunContext:
+async def resume_run(
+    engine: Engine, journal: Journal, *, relocate: bool = False
+) -> tuple[RunContext, tuple[str, ...]]:
     """Claim the open turn's prefix for a new run and apply its recovery plan.
 
     With ``relocate``, the run may move the session to ``engine.workspace`` when the files
     the log's hashes cover match there; its claim records the new workspace.
-    Returns the new run's context, ready to drive; raises ``ResumeBlockedError`` naming
-    every parked operation or failed invariant and the ways out.
+    Returns the new run's context, ready to drive, and the calls whose probe said
+    ``pending`` (suspended work still running elsewhere: the run should end waiting, not
+    drive); raises ``ResumeBlockedError`` naming every parked operation or failed
+    invariant and the ways out.
     """
     state = journal.state
     session_id = journal.session_id
@@ -280,19 +284,23 @@ async def resume_run(engine: Engine, journal: Journal, *, relocate: bool = False
     ctx = engine.run_context(journal, turn_id=turn_id, run_id=run_id)
     pipeline = engine.pipeline(ctx)
     parked: list[PlannedCall] = []
+    pending: list[str] = []
     # Code cells last: their nested calls follow their own policies first, so the fact
     # that settles a cell lists what each nested call finally did.
     for planned in sorted(plan.calls, key=lambda c: c.action == "report"):
         call_state = state.calls[planned.call_id]
-        if not await _apply(engine, ctx, pipeline, planned, call_state):
+        applied = await _apply(engine, ctx, pipeline, planned, call_state)
+        if applied == "parked":
             parked.append(planned)
+        elif applied == "pending":
+            pending.append(planned.call_id)
     if parked:
         await journal.fact(
             RunEnded(status="parked", error=f"{len(parked)} operation(s) wait for a decision"),
             ctx.envelope,
         )
         raise _blocked(session_id, tuple(parked))
-    return ctx
+    return ctx, tuple(pending)
 
 
 async def _apply(
@@ -301,8 +309,9 @@ async def _apply(
     pipeline: CallPipeline,
     planned: PlannedCall,
     state: CallState,
-) -> bool:
-    """Carry out one call's action; False when it is (still) parked."""
+) -> Literal["settled", "parked", "pending"]:
+    """Carry out one call's action: settled, (still) parked, or pending (a suspended
+    call whose work still runs elsewhere: nothing is recorded, the run waits again)."""
     nested = state.parent_call_id is not None
     env = ctx.envelope.for_call(
         state.call_id,
@@ -313,9 +322,9 @@ async def _apply(
     journal = ctx.journal
     record = state.latest
     if planned.action == "none":
-        return True
+        return "settled"
     if planned.action == "wait_operator":
-        return False
+        return "parked"
     if planned.action == "tell_model":
         await journal.fact(
             RecoveryObserved(
@@ -326,14 +335,15 @@ async def _apply(
             ),
             env,
         )
-        return True
+        return "settled"
     assert record is not None
     bound = engine.registry.get(record.dispatched.tool)
     # The policy is the bound tool's, never the one the log records (DESIGN L10).
     policy = bound.recovery if bound is not None else "never_retry"
     why = f"{policy}: the outcome cannot be proven from here"
     if policy == "report":  # a code cell: never run again, whatever it did
-        return await _settle_cell(ctx, state, env)
+        await _settle_cell(ctx, state, env)
+        return "settled"
     if policy == "idempotent":
         try:
             await pipeline.redispatch(
@@ -344,11 +354,13 @@ async def _apply(
                 visibility="hidden" if nested else "model",
                 attempt=record.dispatched.attempt + 1,
             )
-            return True
+            return "settled"
         except ToolCallError as exc:  # refused now: binding, schema or permission
             why = f"not run again: {exc.message}"
     elif policy == "queryable":
         seen = await _probe(engine, ctx, state)
+        if seen.pending:
+            return "pending"
         if seen.applied is True:
             observed = RecoveryObserved(
                 operation_id=record.operation_id,
@@ -372,12 +384,12 @@ async def _apply(
             )
         await journal.fact(observed, env)
         if seen.applied is not None:
-            return True
+            return "settled"
     # never_retry, a refused re-run, or a probe that could not tell: park for an operator
     await journal.fact(
         RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
     )
-    return False
+    return "parked"
 
 
 async def _settle_cell(ctx: RunContext, cell: CallState, env: Envelope) -> bool:

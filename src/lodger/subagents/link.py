@@ -127,6 +127,8 @@ class ChildOutcome:
     steps: int = 0
     tokens: int = 0
     started: bool = False
+    #: the child's wall time ran out (its turn was stopped, still open)
+    timed_out: bool = False
 
     @property
     def completed(self) -> bool:
@@ -171,6 +173,8 @@ def child_outcome(session_id: str, events: Sequence[Event]) -> ChildOutcome:
             status, answer, output = body.status, body.answer, body.output
             if status == "completed":
                 error = None
+            elif body.reason:
+                error = body.reason  # why it was abandoned (a wall time, an operator)
             break
     return ChildOutcome(
         session_id=session_id,

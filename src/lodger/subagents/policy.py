@@ -8,13 +8,37 @@ of a tree (a root session and all its descendants) draws its steps and tokens fr
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from lodger.errors import ToolCallError
 from lodger.providers.base import Model
 
-__all__ = ["Budget", "SubagentPolicy", "TreeBudget"]
+if TYPE_CHECKING:
+    from lodger.subagents.link import SubagentLink
+
+__all__ = ["Budget", "ChildLauncher", "SubagentPolicy", "TreeBudget"]
+
+
+class ChildLauncher(Protocol):
+    """Where children run when they do not run inline in the parent's process (the
+    control plane and its workers, ``lodger.subagents.detached``)."""
+
+    def writing(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """While open, this process may write the child's first events (a worker's log
+        writes are fenced by session leases: this holds the child's)."""
+        ...
+
+    async def start(self, *, child: SubagentLink, workspace: Path | None) -> None:
+        """Make sure the child (its first event is written) gets run somewhere; called
+        again by the parent's recovery probe, so it must be idempotent."""
+        ...
+
+    async def settled(self, *, child: SubagentLink) -> None:
+        """The child's turn settled: wake its parent (idempotent per child)."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +91,10 @@ class SubagentPolicy:
     tree_steps: int = 200
     tree_tokens: int | None = None
     name: str = "delegate"
+    #: None: children run inline, in the parent's process; a launcher (the control
+    #: plane's, set by the worker): the parent's call suspends, the child runs on any
+    #: worker, and the parent is woken when it settles
+    children: ChildLauncher | None = None
 
 
 class TreeBudget:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
@@ -59,15 +60,18 @@ from lodger.subagents.link import (
 from lodger.subagents.policy import Budget, SubagentPolicy, TreeBudget
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import TOOL_SEARCH, attach_tool_search
-from lodger.tools.spec import ProbeResult, Tool, ToolContext, ToolOutput
+from lodger.tools.spec import ProbeResult, Suspended, Tool, ToolContext, ToolOutput
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
     from lodger.agent import Agent
 
-__all__ = ["Delegation", "delegate_tool"]
+__all__ = ["Delegation", "delegate_tool", "drive_detached_child"]
 
 _GRACE = 30.0  # the call's own time limit sits past the child's wall time
+#: the delegation's arguments, in a detached child's first event (a worker runs it from
+#: its own log, without the parent's)
+_ARGUMENTS = "subagent.arguments"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -286,15 +290,27 @@ class _Delegator:
 
     # ------------------------------------------------------------ a delegation
 
-    async def _handle(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def _detached(self, ctx: ToolContext) -> bool:
+        """Whether this call's child runs elsewhere (a launcher is set; a code cell's
+        nested delegation still runs inline: a cell cannot suspend)."""
+        return self.policy.children is not None and ctx.parent_call_id is None
+
+    async def _handle(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput | Suspended:
         delegation = Delegation.parse(arguments, self.policy)
         child_id = child_session_id(ctx.session_id, ctx.call_id)
+        if self._detached(ctx):
+            assert self.policy.children is not None
+            # T1 is committed: the child's first event (link, task), then its wake; the
+            # call suspends and the parent's run ends waiting once the batch settles.
+            link = await self._start_child(child_id, delegation, ctx, arguments=arguments)
+            await self.policy.children.start(child=link, workspace=ctx.workspace)
+            return Suspended(reason=f"the subagent session {child_id!r} runs on a worker")
         tree = self._tree(ctx.session_id)
         granted = tree.reserve(delegation.budget)  # a ToolCallError when spent meanwhile
         outcome: ChildOutcome | None = None
         try:
             link = await self._start_child(child_id, delegation, ctx)
-            outcome = await self._drive(link, delegation, granted, ctx, source=ctx)
+            outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=ctx)
         finally:
             tree.settle(
                 granted,
@@ -304,10 +320,17 @@ class _Delegator:
         return ToolOutput(content=outcome.render(), is_error=not outcome.completed)
 
     async def _start_child(
-        self, child_id: str, delegation: Delegation, ctx: ToolContext
+        self,
+        child_id: str,
+        delegation: Delegation,
+        ctx: ToolContext,
+        *,
+        arguments: dict[str, Any] | None = None,
     ) -> SubagentLink:
         """Write the child's first event: the parent link (and, for a fork, the shared
-        prefix: the parent's log up to the model output that proposed this call)."""
+        prefix: the parent's log up to the model output that proposed this call). With
+        ``arguments`` (a detached child), they are recorded too, and no workspace: the
+        child works in whatever directory its worker restores."""
         log = self.agent.storage.log
         at, digest = await _branch_point(log, ctx.session_id, ctx.call_id)
         link = SubagentLink(
@@ -320,6 +343,25 @@ class _Delegator:
             root=self.root or ctx.session_id,
             history=delegation.history,
         )
+        metadata = link.to_metadata()
+        if arguments is None:
+            await self._write_first(link, delegation, ctx, metadata)
+            return link
+        metadata[_ARGUMENTS] = canonical_json(arguments).decode()
+        assert self.policy.children is not None
+        async with self.policy.children.writing(child_id):
+            await self._write_first(link, delegation, ctx, metadata)
+        return link
+
+    async def _write_first(
+        self,
+        link: SubagentLink,
+        delegation: Delegation,
+        ctx: ToolContext,
+        metadata: dict[str, str],
+    ) -> None:
+        log = self.agent.storage.log
+        child_id, at = link.session_id, link.parent_offset
         clock, ids = self.agent.clock, self.agent.ids
         if delegation.history == "fork":
             await fork_session(
@@ -329,15 +371,15 @@ class _Delegator:
                 at=at,
                 clock=clock,
                 ids=ids,
-                metadata=link.to_metadata(),
+                metadata=metadata,
             )
-            return link
-        workspace = ctx.workspace
+            return
+        workspace = ctx.workspace if _ARGUMENTS not in metadata else None
         ws_id = await asyncio.to_thread(workspace_id, workspace) if workspace else None
         body = SessionStarted(
             workspace=str(workspace) if workspace else None,
             workspace_id=ws_id,
-            metadata=link.to_metadata(),
+            metadata=metadata,
         )
         async with await log.open_writer(child_id) as writer:
             if writer.head.high_water:
@@ -347,7 +389,6 @@ class _Delegator:
                 )
             draft = EventDraft(id=ids.new_id(), ts=clock.now_us(), body=body)
             await writer.append([draft], expected_offset=0)
-        return link
 
     def _child_engine(
         self,
@@ -402,11 +443,13 @@ class _Delegator:
         link: SubagentLink,
         delegation: Delegation,
         granted: Budget,
-        ctx: ToolContext,
         *,
+        deps: Any,
         source: ToolContext | None,
+        relocate: bool = False,
     ) -> ChildOutcome:
-        """Run (or resume) the child's turn to its end under its wall time."""
+        """Run (or resume) the child's turn to its end under its wall time; ``relocate``
+        (a worker's fresh directory) as a worker resumes any session."""
         child_id = link.session_id
         # Opened as the agent opens any session it runs: the same verified fold (and the
         # same history, for a fork, as the agent's projection gives one).
@@ -417,18 +460,19 @@ class _Delegator:
             if before.status is not None:
                 return before  # settled already: nothing runs again
             engine = self._child_engine(
-                link, delegation, granted, source=source, deps=ctx.deps, tokens_used=before.tokens
+                link, delegation, granted, source=source, deps=deps, tokens_used=before.tokens
             )
             journal = engine.journal(writer, state)
             try:
                 async with asyncio.timeout(granted.wall_time):
                     if state.open_turn is not None:
-                        await engine.resume(journal)
+                        await engine.resume(journal, relocate=relocate)
                     else:
                         await engine.start_turn(journal, delegation.task)
             except TimeoutError:
                 return dataclasses.replace(
                     child_outcome(child_id, state.events),
+                    timed_out=True,
                     error=f"the subagent ran out of its wall time ({granted.wall_time:g} s); "
                     "its running calls settled and its turn was stopped",
                 )
@@ -461,10 +505,27 @@ class _Delegator:
                 applied=None,
                 observation=f"session {child_id!r} is not a subagent of this call",
             )
+        if self._detached(ctx):
+            assert self.policy.children is not None
+            settled = child_outcome(child_id, events)
+            if settled.status is None:
+                # still running on a worker (or its wake was lost in a crash: start()
+                # is idempotent and enqueues it again); the parent waits again
+                await self.policy.children.start(child=link, workspace=None)
+                return ProbeResult(
+                    applied=None,
+                    pending=True,
+                    observation=f"the subagent session {child_id!r} is still running",
+                )
+            return ProbeResult(
+                applied=True,
+                observation=f"the subagent session {child_id!r} settled {settled.status}",
+                content=settled.render(),
+            )
         delegation = Delegation.parse(dict(dispatched.arguments), self.policy)
         granted = delegation.budget
         try:
-            outcome = await self._drive(link, delegation, granted, ctx, source=None)
+            outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=None)
         except ResumeBlockedError as exc:
             return ProbeResult(
                 applied=None,
@@ -480,6 +541,38 @@ class _Delegator:
 def delegate_tool(agent: Agent, policy: SubagentPolicy) -> Tool:
     """The root ``delegate`` tool of ``agent`` (what ``Agent(subagents=...)`` binds)."""
     return _Delegator(agent, policy).tool()
+
+
+async def drive_detached_child(agent: Agent, session_id: str) -> ChildOutcome | None:
+    """Run, or resume, the one turn of a child session that was handed off to a worker,
+    from its own log: its first event holds the link and the delegation's arguments.
+    None when the session is not a subagent or ``agent`` binds no subagent policy."""
+    policy = agent.subagents
+    first = await agent.storage.log.read(session_id, start=0, end=1)
+    link = link_of(first[0]) if first else None
+    if policy is None or link is None:
+        return None
+    body = first[0].body
+    assert isinstance(body, SessionStarted)  # link_of checked it
+    try:
+        arguments = json.loads(body.metadata.get(_ARGUMENTS, "null"))
+    except json.JSONDecodeError:
+        arguments = None
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("task"), str):
+        raise ToolCallError(
+            f"subagent session {session_id!r} records no delegation to run",
+            code="subagent_arguments",
+        )
+    delegation = Delegation.parse(arguments, policy)
+    delegator = _Delegator(agent, policy, depth=link.depth - 1, root=link.root)
+    return await delegator._drive(
+        link,
+        delegation,
+        delegation.budget,
+        deps=agent.engine.deps,
+        source=None,
+        relocate=True,
+    )
 
 
 def _bound_names(ctx: ToolContext | None, agent: Agent) -> list[str]:

@@ -39,6 +39,7 @@ __all__ = [
     "ProbeResult",
     "RecoveryPolicy",
     "StepHandle",
+    "Suspended",
     "Tool",
     "ToolContext",
     "ToolOutput",
@@ -136,12 +137,26 @@ class ToolOutput:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Suspended:
+    """A handler returns this when it has handed its work to run elsewhere (a subagent on
+    another worker): the call stays dispatched with no T2, the run ends waiting once its
+    batch settles, and the turn stays open. When the session is woken, resume's recovery
+    probe of the call gives its result (or says ``pending``: the run waits again)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult:
-    """What a ``queryable`` tool's probe saw: ``applied`` True/False, or None when unknown."""
+    """What a ``queryable`` tool's probe saw: ``applied`` True/False, or None when unknown.
+
+    ``pending``: the operation is still running elsewhere (a suspended call's work); the
+    call is left as it is and the resumed run ends waiting again instead of parking."""
 
     applied: bool | None
     observation: str
     content: str = ""
+    pending: bool = False
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from lodger.errors import CorruptLogError, UsageError
 
 __all__ = [
+    "ALWAYS_REASON",
     "DIGEST_DOMAIN",
     "EMPTY_PREFIX",
     "HMAC_DIGEST_DOMAIN",
@@ -412,6 +413,11 @@ Body = Annotated[
 
 
 # ---------------------------------------------------------------- envelope
+
+
+#: the reason of the ``permission_decided`` fact an "always" answer records: the fold reads
+#: it back as a grant for the rest of the session (``SessionState.always_allowed``)
+ALWAYS_REASON = "always: the user allowed this tool for the rest of the session"
 
 
 class EventDraft(_Value):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lodger.engine.checks import Rejection
 from lodger.engine.context import Envelope
-from lodger.events import Event, PermissionDecided, PermissionRequested
+from lodger.events import ALWAYS_REASON, Event, PermissionDecided, PermissionRequested
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -51,9 +51,6 @@ Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool | ApprovalAnswer]]
 True) to allow it, ``"always"`` to allow this tool for the rest of the session,
 ``"deny"`` (or False) to refuse it. The CLI asks at the terminal; a host asks its
 clients."""
-
-#: the reason of the ``permission_decided`` fact an "always" answer records
-ALWAYS_REASON = "always: the user allowed this tool for the rest of the session"
 
 
 def always_allowed_at(events: Sequence[Event], tool: str) -> int | None:
@@ -147,7 +144,7 @@ class PermissionGate:
                 PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), env
             )
             raise Rejection("denied", f"calling {t.name} is denied by policy ({why})")
-        granted = always_allowed_at(journal.events, t.name)
+        granted = journal.state.always_allowed.get(t.name)
         if granted is not None:
             await journal.fact(
                 PermissionDecided(
@@ -174,7 +171,7 @@ class PermissionGate:
         await journal.fact(PermissionRequested(tool=t.name, summary=_summarize(arguments)), env)
         async with self._lock:  # one question at a time, and its answer logged before the next
             # A parallel call of the same tool may have been allowed always meanwhile.
-            granted = always_allowed_at(journal.events, t.name)
+            granted = journal.state.always_allowed.get(t.name)
             answer: bool | ApprovalAnswer = (
                 "once" if granted is not None else await self.approver(t, arguments)
             )

@@ -22,11 +22,13 @@ from collections.abc import Iterable, Sequence, Sized
 from lodger._bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.events import (
+    ALWAYS_REASON,
     EMPTY_PREFIX,
     ContextCompacted,
     Event,
     ForkParent,
     ModelOutput,
+    PermissionDecided,
     Prefix,
     RunEnded,
     RunStarted,
@@ -64,6 +66,8 @@ class SessionState:
         self.turn_activated: list[str] = []
         self.call_ids: set[str] = set()
         self.last_elided: tuple[str, ...] = ()
+        #: tool -> offset of the fact by which the user allowed it for the whole session
+        self.always_allowed: dict[str, int] = {}
         #: the fork point this session started from (None: not a fork)
         self.parent: ForkParent | None = None
         #: the ancestors' shared events, oldest first, once ``inherit`` gave them
@@ -145,6 +149,9 @@ class SessionState:
                 self.last_turn_status = body.status
             elif isinstance(body, ContextCompacted):
                 self.last_elided = body.elided_call_ids
+            elif isinstance(body, PermissionDecided):
+                if (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON):
+                    self.always_allowed.setdefault(body.tool, e.offset)
             elif isinstance(body, SessionStarted) and e.offset == 0:
                 self.workspace, self.workspace_id = body.workspace, body.workspace_id
                 self.parent = body.parent

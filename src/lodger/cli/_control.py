@@ -22,6 +22,7 @@ from rich.table import Table
 from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
 from lodger.cli._run import MODEL_ENVVAR, load_tools_file
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
+from lodger.control.approvals import ControlApprovals
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError
@@ -209,6 +210,15 @@ def schedule(
 )
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="Where fresh workspaces are made (default: the system temp dir).")  # fmt: skip
+@click.option(
+    "--approval-wait",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds a call that needs approval waits for an answer through the control "
+    "plane (lodger serve --control answers it); the worker stays up meanwhile, and the "
+    "call is denied when nobody answers. 0: deny such calls at once.",
+)
 def worker(
     state: str,
     control: str | None,
@@ -220,6 +230,7 @@ def worker(
     poll: float,
     max_attempts: int,
     workdir: str | None,
+    approval_wait: float,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -237,6 +248,7 @@ def worker(
     extra: list[Tool] = []
     for path in tools_files:
         extra.extend(load_tools_file(path))
+    asking: list[ControlApprovals] = []  # set once the control plane is open
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         spec = recorded or model_spec
@@ -247,8 +259,13 @@ def worker(
                 code="worker_model",
                 session_id=session_id,
             )
+        approvals = asking[0] if asking else None
         return Binding(
-            model=make_model(spec), tools=[*workspace_tools(), *extra], workspace=workspace
+            model=make_model(spec),
+            tools=[*workspace_tools(), *extra],
+            workspace=workspace,
+            approver=approvals.approver(session_id) if approvals else None,
+            on_event=approvals.observer() if approvals else None,
         )
 
     config = WorkerConfig(
@@ -269,13 +286,16 @@ def worker(
             loop.add_signal_handler(signum, stop.set)
         try:
             await plane.start()
-            await Worker(
+            made = Worker(
                 control=plane,
                 storage=storage,
                 bind=bind,
                 config=config,
                 workdir=Path(workdir) if workdir else None,
-            ).run(stop)
+            )
+            if approval_wait > 0:
+                asking.append(ControlApprovals(plane, holder=made.holder, wait_s=approval_wait))
+            await made.run(stop)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(ValueError):

@@ -237,7 +237,9 @@ class Worker:
         try:
             if row is not None and row.snapshot is not None:
                 await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
-            binding = self.bind(sid, state.last_model if state else None, workspace)
+            # a session made by the host has no log yet; the index holds its model
+            recorded = state.last_model if state else (row.model if row else None)
+            binding = self.bind(sid, recorded, workspace)
             delay: float | None = None
             if state is not None and state.open_turn is not None:
                 self.stats.resumed += 1

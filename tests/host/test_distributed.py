@@ -1,0 +1,244 @@
+"""The host in distributed mode over real parts: a real PostgreSQL control plane, a
+``file://`` object store, real ``lodger worker`` subprocesses, and the host served by
+uvicorn on loopback in the test's loop. The host runs no turns: a send becomes a wake a
+worker runs, and the stream shows the worker's commits; one idempotency key wakes once;
+an approval asked in a worker-run turn is answered over the host (two answers at once:
+one wins) and the turn completes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from lodger.client import HostClient, StreamedFact
+from lodger.control import ControlPlane, open_control
+from lodger.errors import HostConflictError
+from lodger.host import HostConfig, SqliteHostControl, create_app
+from lodger.host.auth import new_token
+from lodger.sessions import Sessions
+from lodger.storage import Storage
+from lodger.testing.postgres import PostgresServer
+
+from . import host_tools
+
+pytestmark = pytest.mark.slow
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+HOST_TOOLS = Path(host_tools.__file__)
+LODGER = [sys.executable, "-c",
+          "import sys; from lodger.cli import main; sys.argv[0] = 'lodger'; main()"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.init()
+        yield server
+    finally:
+        server.destroy()
+
+
+@dataclass
+class Setup:
+    store: str
+    dsn: str
+    dir: Path
+
+    @property
+    def model(self) -> str:
+        """The script the host offers as its model; workers run with it."""
+        return f"script:{self.dir / 'script.json'}"
+
+    def script(self, steps: list[dict[str, Any]]) -> None:
+        (self.dir / "script.json").write_text(json.dumps(steps))
+
+
+@pytest.fixture
+def setup(tmp_path: Path, postgres: PostgresServer) -> Setup:
+    return Setup(f"file://{tmp_path / 'objects'}", postgres.new_database(), tmp_path)
+
+
+@contextmanager
+def worker(s: Setup) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``lodger worker`` that lets approvals wait; SIGKILLed at the end."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env.pop("LODGER_STORE", None)
+    with (s.dir / "worker.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [*LODGER, "worker", "--store", s.store, "--control", s.dsn,
+             "--tools", str(HOST_TOOLS), "--poll", "0.05",
+             "--lease-ttl", "5", "--approval-wait", "60", "--workdir", str(s.dir)],
+            env=env, stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@dataclass
+class Host:
+    url: str
+    token: str
+    plane: ControlPlane
+
+    def client(self) -> HostClient:
+        return HostClient(self.url, token=self.token)
+
+
+@asynccontextmanager
+async def distributed_host(s: Setup) -> AsyncIterator[Host]:
+    """The app ``lodger serve --store URL --control DSN`` serves, on a loopback port."""
+    storage = Storage.from_url(s.store)
+    control = SqliteHostControl(s.dir / "host.sqlite3")
+    plane = open_control(s.dsn)
+    await plane.start()
+    sessions = Sessions(storage)
+    token = new_token()
+    await control.add_token(token, scope="admin", session_id=None, label="test-admin")
+    app = create_app(sessions, control, HostConfig(models=(s.model,)), plane=plane, poll_s=0.1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        yield Host(f"http://127.0.0.1:{port}", token, plane)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+        await sessions.close()
+        await control.close()
+        await plane.close()
+
+
+async def _until(client: HostClient, sid: str, kind: str, seen: list[StreamedFact]) -> StreamedFact:
+    async for fact in client.stream(sid, after=seen[-1].offset if seen else None):
+        seen.append(fact)
+        if fact.kind == kind:
+            return fact
+    raise AssertionError("stream ended")
+
+
+async def test_a_send_is_run_by_a_worker_and_streamed_and_a_key_wakes_once(setup: Setup) -> None:
+    setup.script([{"calls": [{"name": "echo", "args": {"text": "from a worker"}}]},
+                  {"text": "done"}])  # fmt: skip
+    async with distributed_host(setup) as host, host.client() as a, host.client() as b:
+        sid = await a.create_session(session_id="d1")
+        # nothing runs before a worker is up: the message waits as a wake
+        sent = await a.send(sid, "say it", key="k1")
+        assert sent["created"] and sent["message"]["status"] == "queued"
+        again = await b.send(sid, "say it", key="k1")
+        assert not again["created"]
+        assert again["message"]["id"] == sent["message"]["id"]
+        with pytest.raises(HostConflictError) as reused:
+            await b.send(sid, "something else", key="k1")
+        assert reused.value.code == "idempotency_conflict"
+        assert len(await host.plane.pending_wakes(session_id=sid)) == 1
+        assert (await a.show(sid))["running"] is True  # queued work counts
+        assert sid in await a.list_sessions()
+
+        seen_a: list[StreamedFact] = []
+        seen_b: list[StreamedFact] = []
+        with worker(setup):
+            ended_a = asyncio.create_task(_until(a, sid, "turn_ended", seen_a))
+            ended_b = asyncio.create_task(_until(b, sid, "turn_ended", seen_b))
+            await asyncio.wait_for(asyncio.gather(ended_a, ended_b), 60)
+            done = await a.wait_message(sid, sent["message"]["id"], within=30)
+            assert done["status"] == "done"
+        # both clients saw the worker's commits, in the same order, with no gap
+        assert [f.offset for f in seen_a] == list(range(len(seen_a)))
+        assert [(f.offset, f.kind) for f in seen_a] == [(f.offset, f.kind) for f in seen_b]
+        responded = [f for f in seen_a if f.kind == "tool_responded"]
+        assert [f.data["body"]["content"] for f in responded] == ["from a worker"]
+        facts = await a.events(sid)
+        assert [f.data["body"]["input"] for f in facts if f.kind == "turn_started"] == ["say it"]
+        # the same key after the turn ran still wakes nothing
+        late = await b.send(sid, "say it", key="k1")
+        assert not late["created"] and late["message"]["status"] == "done"
+        assert await host.plane.pending_wakes(session_id=sid) == []
+        shown = await a.show(sid)
+        assert (shown["running"], shown["turns"], shown["last_turn_status"]) == (
+            False, 1, "completed",
+        )  # fmt: skip
+        assert shown["model"] == setup.model
+
+
+async def test_an_approval_in_a_worker_run_turn_is_answered_over_the_host(setup: Setup) -> None:
+    setup.script([{"calls": [{"name": "deploy", "args": {"target": "prod"}}]}, {"text": "over"}])
+    with worker(setup):
+        async with distributed_host(setup) as host, host.client() as a, host.client() as b:
+            await _approve_twice(host, a, b)
+
+
+async def _approve_twice(host: Host, a: HostClient, b: HostClient) -> None:
+    sid = await a.create_session(session_id="d2")
+    sent = await a.send(sid, "ship it", key="1")
+    seen: list[StreamedFact] = []
+    asked = await asyncio.wait_for(_until(a, sid, "permission_requested", seen), 60)
+    call_id = asked.data["call_id"]
+    # the fact commits just before the worker records the question
+    async with asyncio.timeout(30):
+        while not (pending := await b.approvals(sid)):  # noqa: ASYNC110 - a worker writes it
+            await asyncio.sleep(0.05)
+    assert [(p["call_id"], p["tool"], p["status"]) for p in pending] == [
+        (call_id, "deploy", "pending")
+    ]
+    assert [p["call_id"] for p in await a.approvals()] == [call_id]
+    assert "lodger_host_pending_approvals 1" in await a.metrics()
+    # the worker is waiting (its lease held): a decision from the host is refused
+    with pytest.raises(HostConflictError) as busy:
+        await a.decide(sid, call_id, "not_applied")
+    assert busy.value.code == "session_busy"
+
+    results = await asyncio.gather(
+        a.answer(sid, call_id, allow=True),
+        b.answer(sid, call_id, allow=False),
+        return_exceptions=True,
+    )
+    won = [r for r in results if isinstance(r, dict)]
+    lost = [r for r in results if isinstance(r, HostConflictError)]
+    assert len(won) == 1 and len(lost) == 1, results
+    assert lost[0].code == "already_answered"
+    allowed = won[0]["status"] == "allow"
+
+    await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+    done = await a.wait_message(sid, sent["message"]["id"], within=30)
+    assert done["status"] == "done"
+    facts = await a.events(sid)
+    decided = [f for f in facts if f.kind == "permission_decided"]
+    assert [(d.data["body"]["decision"], d.data["body"]["by"]) for d in decided] == [
+        ("allow" if allowed else "deny", "user")
+    ]
+    responded = [f for f in facts if f.kind == "tool_responded"]
+    if allowed:
+        assert [r.data["body"]["content"] for r in responded] == ["deployed prod"]
+    else:
+        assert responded == []
+    assert await a.approvals() == []
+    with pytest.raises(HostConflictError):
+        await b.answer(sid, call_id, allow=True)

@@ -1,7 +1,7 @@
 """Approvals in the control plane (schema version 3), on SQLite and PostgreSQL: one
-answer wins, a deadline expires an unanswered question, an answer given while the
-asking worker was gone stands when the call is asked again, and a worker-side waiter
-gets the answer (or a denial at its deadline)."""
+answer wins, a deadline expires an unanswered question, the question of a worker that
+lost the session's lease is answered by nobody, and a worker-side waiter gets the
+answer (or a denial at its deadline)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,17 @@ async def plane(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def _ask(plane: SqlControlPlane, call: str = "c1", wait_s: float = 60.0) -> None:
+    await _hold(plane)
     await plane.ask_approval(
         session_id="s1", call_id=call, tool="deploy", summary='{"target": "prod"}',
         holder="worker-a", wait_s=wait_s,
     )  # fmt: skip
+
+
+async def _hold(plane: SqlControlPlane, holder: str = "worker-a", ttl_s: float = 60) -> None:
+    """``holder`` takes the session's lease (a worker asks while it runs the session)."""
+    if await plane.acquire_session(session_id="s1", holder=holder, ttl_s=ttl_s) is None:
+        return  # held already (by this holder, in these tests)
 
 
 async def test_concurrent_answers_one_wins(plane: SqlControlPlane) -> None:
@@ -87,15 +94,30 @@ async def test_deadline_expires_and_refuses_a_late_answer(plane: SqlControlPlane
     assert won and row is not None and row.status == "allow"
 
 
-async def test_an_answer_given_while_the_worker_was_gone_stands(plane: SqlControlPlane) -> None:
-    await _ask(plane)
-    await plane.answer_approval(session_id="s1", call_id="c1", allow=False, by="op")
-    await _ask(plane)  # the resumed call asks again
-    polled = await plane.poll_approval(session_id="s1", call_id="c1")
-    assert polled is not None and (polled.status, polled.answered_by) == ("deny", "op")
+async def test_a_dead_workers_question_is_answered_by_nobody(plane: SqlControlPlane) -> None:
+    lease = await plane.acquire_session(session_id="s1", holder="worker-a", ttl_s=0.3)
+    assert lease is not None
+    await plane.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="worker-a", wait_s=60
+    )
+    assert [a.call_id for a in await plane.list_approvals()] == ["c1"]
+    await asyncio.sleep(0.5)  # worker-a stopped renewing (SIGKILL): its lease expires
+    assert await plane.list_approvals() == []
+    row, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
+    assert not won and row is not None and row.status == "expired"
+    # another worker takes the session and asks about the call: pending again, answerable
+    assert await plane.acquire_session(session_id="s1", holder="worker-b", ttl_s=60)
+    await plane.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="worker-b", wait_s=60
+    )
+    (pending,) = await plane.list_approvals()
+    assert (pending.status, pending.asked_by) == ("pending", "worker-b")
+    row, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=False, by="op")
+    assert won and row is not None and (row.status, row.answered_by) == ("deny", "op")
 
 
 async def test_the_worker_waits_for_an_answer(plane: SqlControlPlane) -> None:
+    await _hold(plane)
     approvals = ControlApprovals(plane, holder="worker-a", wait_s=30, poll_s=0.02)
     waiting = asyncio.create_task(approvals.wait("s1", "c1", tool="deploy", summary="{}"))
     while not await plane.list_approvals():

@@ -96,6 +96,7 @@ async def test_from_version_2(make: Make) -> None:
     assert [w.id for w in await new.pending_wakes()] == [wake]
     assert [s.id for s in await new.list_schedules()] == [schedule.id]
     assert await new.send(session_id="s1", message="kept", idempotency_key="k2") is None
+    assert await new.acquire_session(session_id="s1", holder="w", ttl_s=60)
     await new.ask_approval(
         session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
     )

@@ -74,6 +74,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 LATEST_VERSION = max(MIGRATIONS)
 
 _WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
+# An approval is live while the worker that asked still holds the session's lease (its
+# heartbeat renews it while it waits): a dead worker's question is answered by nobody.
+_ASKER_HOLDS = (
+    "EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = approvals.session_id "
+    "AND l.holder = approvals.asked_by AND l.expires_at > %s)"
+)
 _APPROVAL_COLUMNS = (
     "session_id, call_id, tool, summary, status, asked_by, answered_by, asked_at, expires_at"
 )
@@ -510,8 +516,8 @@ class SqlControlPlane:
                     "UPDATE approvals SET status = 'pending', asked_by = %s, asked_at = %s, "
                     "expires_at = %s, answered_by = NULL, answered_at = NULL "
                     "WHERE session_id = %s AND call_id = %s AND (status = 'expired' OR "
-                    "(status = 'pending' AND expires_at <= %s))",
-                    (holder, tx.now, expires, session_id, call_id, tx.now),
+                    "(status = 'pending' AND (expires_at <= %s OR asked_by <> %s)))",
+                    (holder, tx.now, expires, session_id, call_id, tx.now, holder),
                 )
             return await self._approval_of(tx, session_id, call_id)
 
@@ -543,9 +549,15 @@ class SqlControlPlane:
             won = await tx.change(
                 "UPDATE approvals SET status = %s, answered_by = %s, answered_at = %s "
                 "WHERE session_id = %s AND call_id = %s AND status = 'pending' "
-                "AND expires_at > %s",
-                ("allow" if allow else "deny", by, tx.now, session_id, call_id, tx.now),
+                f"AND expires_at > %s AND {_ASKER_HOLDS}",
+                ("allow" if allow else "deny", by, tx.now, session_id, call_id, tx.now, tx.now),
             )
+            if not won:  # past its deadline, or its worker is gone: nobody waits any more
+                await tx.change(
+                    "UPDATE approvals SET status = 'expired', answered_at = %s "
+                    "WHERE session_id = %s AND call_id = %s AND status = 'pending'",
+                    (tx.now, session_id, call_id),
+                )
             rows = await tx.rows(
                 f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE session_id = %s AND call_id = %s",
                 (session_id, call_id),
@@ -564,9 +576,9 @@ class SqlControlPlane:
             if status is not None:
                 sql += " AND status = %s"
                 params.append(status)
-            if status == "pending":
-                sql += " AND expires_at > %s"  # nobody waits for an answer any more
-                params.append(tx.now)
+            if status == "pending":  # only those a worker still waits for
+                sql += f" AND expires_at > %s AND {_ASKER_HOLDS}"
+                params.extend((tx.now, tx.now))
             rows = await tx.rows(sql + " ORDER BY asked_at, session_id, call_id", params)
             return [_approval(row) for row in rows]
 

@@ -71,7 +71,9 @@ class ApprovalRequest:
     """A call of a worker-run turn waiting for a person's answer (schema version 3).
 
     ``status`` is ``pending`` until one answer wins (``allow``/``deny``) or the asking
-    worker's deadline passes (``expired``: the call is denied)."""
+    worker's deadline passes (``expired``: the call is denied). A pending approval is
+    live (listed, answerable) only while ``asked_by`` holds the session's lease: the
+    question of a worker that died is answered by nobody."""
 
     session_id: str
     call_id: str

@@ -15,8 +15,10 @@ Messages are wakes: a message id is the wake id and its status is the wake's
 stored in the control plane as ``host:<session>:<key>``. The host's own SQLite index
 still holds tokens, webhook deliveries and the model a session was created with.
 
-Decisions, abandons (which append facts outside a turn) take the session lease first, so
-they never write while a worker runs the session (409 ``session_busy`` then).
+Decisions and abandons (which append facts outside a turn) take the session lease first,
+so they never write while a worker runs the session (409 ``session_busy`` then).
+Approvals are live only while the asking worker holds the session's lease: a worker that
+died leaves a question nobody can answer (409), and the resumed turn asks anew.
 """
 
 from __future__ import annotations
@@ -121,6 +123,18 @@ class ControlPlaneHub(Hub):
         self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
     ) -> tuple[Message, bool]:
         await self.require(session_id)
+        if await self.plane.get_session(session_id=session_id) is None:
+            # bound here only (a webhook's session): tell the workers its model
+            spec = await self.control.session_model(session_id)
+            if spec is not None:
+                await self.plane.record_session(
+                    row=SessionRow(
+                        session_id=session_id,
+                        status="created",
+                        last_activity=await self.plane.now(),
+                        model=spec,
+                    )
+                )
         body = text if kind == "message" else None  # a plain wake resumes what is open
         wake_id = await self.plane.send(
             session_id=session_id, message=body, idempotency_key=host_key(session_id, key)

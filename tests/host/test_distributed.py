@@ -73,7 +73,9 @@ def setup(tmp_path: Path, postgres: PostgresServer) -> Setup:
 
 
 @contextmanager
-def worker(s: Setup) -> Iterator[subprocess.Popen[bytes]]:
+def worker(
+    s: Setup, *, approval_wait: float = 60, lease_ttl: float = 5
+) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``lodger worker`` that lets approvals wait; SIGKILLed at the end."""
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
@@ -82,7 +84,8 @@ def worker(s: Setup) -> Iterator[subprocess.Popen[bytes]]:
         proc = subprocess.Popen(
             [*LODGER, "worker", "--store", s.store, "--control", s.dsn,
              "--tools", str(HOST_TOOLS), "--poll", "0.05",
-             "--lease-ttl", "5", "--approval-wait", "60", "--workdir", str(s.dir)],
+             "--lease-ttl", str(lease_ttl), "--approval-wait", str(approval_wait),
+             "--workdir", str(s.dir)],
             env=env, stdout=log, stderr=log,
         )  # fmt: skip
     try:
@@ -242,3 +245,65 @@ async def _approve_twice(host: Host, a: HostClient, b: HostClient) -> None:
     assert await a.approvals() == []
     with pytest.raises(HostConflictError):
         await b.answer(sid, call_id, allow=True)
+
+
+DEPLOY = [{"calls": [{"name": "deploy", "args": {"target": "prod"}}]}, {"text": "over"}]
+
+
+async def _pending(client: HostClient, sid: str) -> list[dict[str, Any]]:
+    async with asyncio.timeout(30):
+        while not (found := await client.approvals(sid)):  # noqa: ASYNC110 - a worker writes it
+            await asyncio.sleep(0.05)
+    return found
+
+
+async def test_an_unanswered_approval_expires_and_the_call_is_denied(setup: Setup) -> None:
+    setup.script(DEPLOY)
+    with worker(setup, approval_wait=1.0):
+        async with distributed_host(setup) as host, host.client() as a:
+            sid = await a.create_session(session_id="d3")
+            sent = await a.send(sid, "ship it", key="1")
+            (pending,) = await _pending(a, sid)
+            seen: list[StreamedFact] = []
+            await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+            assert (await a.wait_message(sid, sent["message"]["id"], within=30))["status"] == "done"
+            decided = [f.data["body"] for f in seen if f.kind == "permission_decided"]
+            assert [(d["decision"], d["by"]) for d in decided] == [("deny", "user")]
+            assert [f for f in seen if f.kind == "tool_responded"] == []
+            rejected = [f.data["body"]["reason"] for f in seen if f.kind == "call_rejected"]
+            assert rejected == ["denied"]
+            assert await a.approvals() == []
+            with pytest.raises(HostConflictError) as late:
+                await a.answer(sid, pending["call_id"], allow=True)
+            assert late.value.code == "already_answered"
+            (expired,) = await host.plane.list_approvals(status="expired")
+            assert expired.call_id == pending["call_id"]
+
+
+async def test_a_killed_workers_question_is_answered_by_nobody(setup: Setup) -> None:
+    setup.script(DEPLOY)
+    async with distributed_host(setup) as host, host.client() as a:
+        sid = await a.create_session(session_id="d4")
+        sent = await a.send(sid, "ship it", key="1")
+        with worker(setup, lease_ttl=1.0) as first:
+            (pending,) = await _pending(a, sid)
+            os.kill(first.pid, signal.SIGKILL)  # while it waits for the answer
+            first.wait(timeout=30)
+        # its lease lapses: nobody waits for that question any more
+        async with asyncio.timeout(30):
+            while await a.approvals(sid):  # noqa: ASYNC110 - the lease expires in PostgreSQL
+                await asyncio.sleep(0.05)
+        with pytest.raises(HostConflictError) as refused:
+            await a.answer(sid, pending["call_id"], allow=True)
+        assert refused.value.code == "already_answered"
+        with worker(setup, approval_wait=1.0):  # another worker recovers the turn
+            seen: list[StreamedFact] = []
+            await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+            done = await a.wait_message(sid, sent["message"]["id"], within=30)
+        assert done["status"] == "done"
+        facts = await a.events(sid)
+        assert [f for f in facts if f.kind == "tool_responded"] == []  # never deployed
+        # the resumed turn recorded that the asked call never ran
+        observed = [f.data["call_id"] for f in facts if f.kind == "recovery_observed"]
+        assert observed == [pending["call_id"]]
+        assert [f.data["body"]["input"] for f in facts if f.kind == "turn_started"] == ["ship it"]

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import uvicorn
 
 from lodger.client import HostClient, StreamedFact
 from lodger.control import ControlPlane, open_control
 from lodger.errors import HostConflictError
-from lodger.host import HostConfig, SqliteHostControl, create_app
+from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
+from lodger.host.webhooks import sign
 from lodger.sessions import Sessions
 from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
@@ -107,7 +109,9 @@ class Host:
 
 
 @asynccontextmanager
-async def distributed_host(s: Setup) -> AsyncIterator[Host]:
+async def distributed_host(
+    s: Setup, hooks: dict[str, HookConfig] | None = None
+) -> AsyncIterator[Host]:
     """The app ``lodger serve --store URL --control DSN`` serves, on a loopback port."""
     storage = Storage.from_url(s.store)
     control = SqliteHostControl(s.dir / "host.sqlite3")
@@ -116,7 +120,9 @@ async def distributed_host(s: Setup) -> AsyncIterator[Host]:
     sessions = Sessions(storage)
     token = new_token()
     await control.add_token(token, scope="admin", session_id=None, label="test-admin")
-    app = create_app(sessions, control, HostConfig(models=(s.model,)), plane=plane, poll_s=0.1)
+    app = create_app(
+        sessions, control, HostConfig(models=(s.model,)), plane=plane, poll_s=0.1, hooks=hooks
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -307,3 +313,28 @@ async def test_a_killed_workers_question_is_answered_by_nobody(setup: Setup) -> 
         observed = [f.data["call_id"] for f in facts if f.kind == "recovery_observed"]
         assert observed == [pending["call_id"]]
         assert [f.data["body"]["input"] for f in facts if f.kind == "turn_started"] == ["ship it"]
+
+
+async def test_a_webhook_delivery_becomes_one_wake_with_the_hosts_model(setup: Setup) -> None:
+    setup.script(DEPLOY)
+    secret = b"distributed hook secret"
+    hooks = {"gh": HookConfig(name="gh", secret=secret, session="triage")}
+    body = b'{"action": "opened"}'
+    headers = {"X-Hub-Signature-256": sign(secret, body), "X-GitHub-Delivery": "dlv-1",
+               "Content-Type": "application/json"}  # fmt: skip
+    async with distributed_host(setup, hooks) as host, host.client() as a:
+        async with httpx2.AsyncClient(base_url=host.url) as raw:
+            first = await raw.post("/hooks/gh", content=body, headers=headers)
+            replay = await raw.post("/hooks/gh", content=body, headers=headers)
+        assert first.status_code == replay.status_code == 202, first.text
+        assert first.json()["created"] is True and replay.json()["created"] is False
+        message = first.json()["message"]
+        assert replay.json()["message"]["id"] == message["id"]
+        assert message["idempotency_key"] == "hook:gh:dlv-1"
+        shown = await a.message("triage", message["id"])
+        assert (shown["idempotency_key"], shown["status"]) == ("hook:gh:dlv-1", "queued")
+        (wake,) = await host.plane.pending_wakes(session_id="triage")
+        assert wake.id == message["id"] and "delivery dlv-1" in (wake.message or "")
+        row = await host.plane.get_session(session_id="triage")
+        assert row is not None and row.model == setup.model  # what a worker will run
+        assert "triage" in await a.list_sessions()

@@ -69,6 +69,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "asked_by TEXT NOT NULL, answered_by TEXT, asked_at {real} NOT NULL, "
         "expires_at {real} NOT NULL, answered_at {real}, PRIMARY KEY (session_id, call_id))",
         "CREATE INDEX approvals_status ON approvals (status, asked_at)",
+        # a host shows a message (a wake) with the key it was sent with
+        "CREATE INDEX idempotency_keys_wake ON idempotency_keys (wake_id)",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -389,7 +391,10 @@ class SqlControlPlane:
             status = "running"
         else:
             status = "queued"
-        return WakeInfo(wake=_wake(row[:6]), status=status)
+        keys = await tx.rows("SELECT key FROM idempotency_keys WHERE wake_id = %s", (wake_id,))
+        return WakeInfo(
+            wake=_wake(row[:6]), status=status, idempotency_key=keys[0][0] if keys else None
+        )
 
     async def add_schedule(
         self, *, session_id: str, cron: str, message: str, start: float | None = None

@@ -64,6 +64,8 @@ class WakeInfo:
 
     wake: Wake
     status: str
+    #: the idempotency key it was sent with, if any
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

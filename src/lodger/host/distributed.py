@@ -142,7 +142,7 @@ class ControlPlaneHub(Hub):
         if wake_id is not None:
             info = await self.plane.get_wake(wake_id=wake_id)
             assert info is not None
-            return _message(info, key), True
+            return _message(info), True
         first = await self.plane.wake_for_key(idempotency_key=host_key(session_id, key))
         if first is None or first.wake.message != body:
             raise HostConflictError(
@@ -151,7 +151,7 @@ class ControlPlaneHub(Hub):
                 code="idempotency_conflict",
                 session_id=session_id,
             )
-        return _message(first, key), False
+        return _message(first), False
 
     def wake(self, session_id: str) -> None:
         raise UsageError("a distributed host runs no turns; workers do", code="usage")
@@ -160,7 +160,7 @@ class ControlPlaneHub(Hub):
         info = await self.plane.get_wake(wake_id=message_id)
         if info is None or info.wake.session_id != session_id:
             return None
-        return _message(info, None)
+        return _message(info)
 
     # ------------------------------------------------------------ writes outside turns
 
@@ -219,13 +219,16 @@ class ControlPlaneHub(Hub):
         return _approval(found)
 
 
-def _message(info: WakeInfo, key: str | None) -> Message:
+def _message(info: WakeInfo) -> Message:
     wake = info.wake
+    prefix = host_key(wake.session_id, "")
+    key = info.idempotency_key or ""
+    key = key.removeprefix(prefix) if key.startswith(prefix) else key
     status = info.status if info.status in ("queued", "running", "done") else "queued"
     return Message(
         id=wake.id,
         session_id=wake.session_id,
-        key=key or "",
+        key=key,
         kind="message" if wake.message is not None else "resume",
         text=wake.message or "",
         status=cast(MessageStatus, status),

@@ -338,3 +338,44 @@ async def test_a_webhook_delivery_becomes_one_wake_with_the_hosts_model(setup: S
         row = await host.plane.get_session(session_id="triage")
         assert row is not None and row.model == setup.model  # what a worker will run
         assert "triage" in await a.list_sessions()
+
+
+async def test_a_parked_turn_is_decided_over_the_host_and_resumed_by_a_worker(
+    setup: Setup, gates: Path
+) -> None:
+    setup.script([{"calls": [{"name": "charge", "args": {"name": "c1"}}]}, {"text": "billed"}])
+    async with distributed_host(setup) as host, host.client() as a:
+        sid = await a.create_session(session_id="d5")
+        await a.send(sid, "bill them", key="1")
+        starts = gates / "c1.starts"
+        with worker(setup, lease_ttl=1.0) as first:
+            async with asyncio.timeout(30):
+                while not starts.exists():  # noqa: ASYNC110 - the worker's tool writes it
+                    await asyncio.sleep(0.02)
+            os.kill(first.pid, signal.SIGKILL)  # inside a call that is never retried
+            first.wait(timeout=30)
+        with worker(setup, lease_ttl=1.0):
+            # another worker resumes, finds the outcome unknown, and parks the turn
+            async with asyncio.timeout(30):
+                while not (await a.recovery(sid))["blocked"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            plan = await a.recovery(sid)
+            (call_id,) = [c["call_id"] for c in plan["calls"] if c["tool"] == "charge"]
+            async with asyncio.timeout(30):  # the parked worker hands the session back
+                while True:
+                    try:
+                        offsets = await a.decide(sid, call_id, "completed", result="charged c1")
+                        break
+                    except HostConflictError as busy:  # the worker still holds the lease
+                        if busy.code != "session_busy":
+                            raise
+                        await asyncio.sleep(0.05)
+            assert offsets
+            await a.resume(sid, key="after-decision")
+            seen: list[StreamedFact] = []
+            await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+        assert starts.read_text().splitlines() == ["start"]  # charged once, never retried
+        facts = await a.events(sid)
+        assert [f.kind for f in facts if f.offset in offsets] == ["operator_decision"]
+        ended = [f for f in facts if f.kind == "turn_ended"]
+        assert ended[-1].data["body"]["status"] == "completed"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lodger.client import HostClient, StreamedFact
+from lodger.control import open_control
 
 from . import host_tools
 
@@ -84,7 +85,14 @@ async def test_serve_and_a_worker_over_s3(tmp_path: Path, s3: str) -> None:
             sent = await client.send(sid, "go", key="once")
             assert (await client.send(sid, "go", key="once"))["created"] is False
             assert (await client.message(sid, sent["message"]["id"]))["status"] == "queued"
-            assert await client.events(sid) == []  # the host itself runs nothing
+            # the host enqueued a wake in the control plane the worker will share
+            plane = open_control(control)
+            await plane.start()
+            try:
+                (wake,) = await plane.pending_wakes(session_id=sid)
+            finally:
+                await plane.close()
+            assert (wake.id, wake.message) == (sent["message"]["id"], "go")
             worker = _spawn(["worker", *common, "--poll", "0.05", "--lease-ttl", "5",
                              "--workdir", str(tmp_path)], tmp_path / "worker.out", env)  # fmt: skip
             seen: list[StreamedFact] = []

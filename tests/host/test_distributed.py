@@ -26,7 +26,8 @@ import uvicorn
 
 from lodger.client import HostClient, StreamedFact
 from lodger.control import ControlPlane, open_control
-from lodger.errors import HostConflictError
+from lodger.control.interface import SessionRow
+from lodger.errors import HostConflictError, UsageError
 from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
 from lodger.host.webhooks import sign
@@ -219,6 +220,19 @@ async def _approve_twice(host: Host, a: HostClient, b: HostClient) -> None:
     ]
     assert [p["call_id"] for p in await a.approvals()] == [call_id]
     assert "lodger_host_pending_approvals 1" in await a.metrics()
+    with pytest.raises(UsageError) as unknown:
+        await a.answer(sid, "call-that-never-asked", allow=True)
+    assert unknown.value.code == "no_such_call"
+    other = await a.create_session(session_id="d2-other")
+    with pytest.raises(UsageError) as elsewhere:  # the call id of another session
+        await a.answer(other, call_id, allow=True)
+    assert elsewhere.value.code == "no_such_call"
+    # an id the workers already know (lodger send made it) cannot be created again
+    await host.plane.record_session(row=SessionRow(session_id="sent", status="completed",
+                                                   last_activity=1.0))  # fmt: skip
+    with pytest.raises(HostConflictError) as exists:
+        await a.create_session(session_id="sent")
+    assert exists.value.code == "session_exists"
     # the worker is waiting (its lease held): a decision from the host is refused
     with pytest.raises(HostConflictError) as busy:
         await a.decide(sid, call_id, "not_applied")

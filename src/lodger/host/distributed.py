@@ -82,14 +82,17 @@ class ControlPlaneHub(Hub):
     # ------------------------------------------------------------ sessions
 
     async def create(self, *, session_id: str | None, model: str | None) -> str:
+        if session_id is not None:
+            check_session_id(session_id)
+            if await self.plane.get_session(session_id=session_id) is not None:
+                # known to the workers (lodger send made it): bind nothing here
+                raise HostConflictError(
+                    f"session {session_id!r} exists already",
+                    hint="pick another id, or leave it out to get a fresh one",
+                    code="session_exists",
+                    session_id=session_id,
+                )
         sid = await super().create(session_id=session_id, model=model)
-        if await self.plane.get_session(session_id=sid) is not None:
-            raise HostConflictError(
-                f"session {sid!r} exists already",
-                hint="pick another id, or leave it out to get a fresh one",
-                code="session_exists",
-                session_id=sid,
-            )
         spec = await self.control.session_model(sid)
         await self.plane.record_session(
             row=SessionRow(

@@ -43,9 +43,13 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 2
-    # what version 2 added works
+    assert await control.schema_version() == LATEST_VERSION == 3
+    # what versions 2 and 3 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
+    asked = await control.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
+    )
+    assert asked.status == "pending"
 
 
 async def test_from_the_previous_version(make: Make) -> None:
@@ -62,13 +66,41 @@ async def test_from_the_previous_version(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == 2
+    assert await new.schema_version() == LATEST_VERSION
     (row,) = await new.list_sessions()
     assert (row.session_id, row.events) == ("s1", 3)
     assert [w.id for w in await new.pending_wakes()] == [wake]
     assert await new.send(session_id="s1", message="kept", idempotency_key="k") is None
     schedule = await new.add_schedule(session_id="s1", cron="*/5 * * * *", message="m")
     assert [s.id for s in await new.list_schedules()] == [schedule.id]
+
+
+async def test_from_version_2(make: Make) -> None:
+    old = make()
+    await old.start(version=2)
+    assert await old.schema_version() == 2
+    await old.record_session(
+        row=SessionRow(session_id="s1", status="parked", last_activity=5.0, events=7)
+    )
+    wake = await old.send(session_id="s1", message="kept", idempotency_key="k2")
+    schedule = await old.add_schedule(session_id="s1", cron="*/5 * * * *", message="m")
+    with pytest.raises(ControlPlaneError):  # version 2 has no approvals table
+        await old.list_approvals()
+    await old.close()
+
+    new = make()
+    await new.start()
+    assert await new.schema_version() == 3
+    (row,) = await new.list_sessions()
+    assert (row.session_id, row.status, row.events) == ("s1", "parked", 7)
+    assert [w.id for w in await new.pending_wakes()] == [wake]
+    assert [s.id for s in await new.list_schedules()] == [schedule.id]
+    assert await new.send(session_id="s1", message="kept", idempotency_key="k2") is None
+    assert await new.acquire_session(session_id="s1", holder="w", ttl_s=60)
+    await new.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
+    )
+    assert [a.call_id for a in await new.list_approvals(session_id="s1")] == ["c1"]
 
 
 async def test_a_newer_schema_is_refused(make: Make) -> None:

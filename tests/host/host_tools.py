@@ -31,3 +31,14 @@ async def gate(name: str) -> str:
     while not (root / name).exists():  # noqa: ASYNC110 - another process makes the file
         await asyncio.sleep(0.02)
     return f"gate {name} open"
+
+
+@tool(recovery="never_retry", timeout=60)
+async def charge(name: str) -> str:
+    """Like ``gate``, but never retried: a crash inside it parks the turn for an operator."""
+    root = Path(os.environ["HOST_TEST_GATES"])
+    with (root / f"{name}.starts").open("a") as f:
+        f.write("start\n")
+    while not (root / name).exists():  # noqa: ASYNC110 - another process makes the file
+        await asyncio.sleep(0.02)
+    return f"charged {name}"

@@ -23,6 +23,7 @@ from rich.table import Table
 from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
 from lodger.cli._run import MODEL_ENVVAR, load_tools_file, subagent_policy, subagents_option
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
+from lodger.control.approvals import ControlApprovals
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError
@@ -218,6 +219,15 @@ def schedule(
     metavar="SPEC",
     help="Model for subagents (default: the model of the session that delegates).",
 )
+@click.option(
+    "--approval-wait",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds a call that needs approval waits for an answer through the control "
+    "plane (lodger serve --control answers it); the worker stays up meanwhile, and the "
+    "call is denied when nobody answers. 0: deny such calls at once.",
+)
 def worker(
     state: str,
     control: str | None,
@@ -231,6 +241,7 @@ def worker(
     workdir: str | None,
     subagent_depth: int | None,
     subagent_spec: str | None,
+    approval_wait: float,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -253,6 +264,7 @@ def worker(
     policy = subagent_policy(subagent_depth)
     if policy is not None and subagent_spec:
         policy = dataclasses.replace(policy, model=make_model(subagent_spec))
+    asking: list[ControlApprovals] = []  # set once the control plane is open
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         spec = recorded or model_spec
@@ -263,11 +275,14 @@ def worker(
                 code="worker_model",
                 session_id=session_id,
             )
+        approvals = asking[0] if asking else None
         return Binding(
             model=make_model(spec),
             tools=[*workspace_tools(), *extra],
             workspace=workspace,
             subagents=policy,
+            approver=approvals.approver(session_id) if approvals else None,
+            on_event=approvals.observer() if approvals else None,
         )
 
     config = WorkerConfig(
@@ -288,13 +303,16 @@ def worker(
             loop.add_signal_handler(signum, stop.set)
         try:
             await plane.start()
-            await Worker(
+            made = Worker(
                 control=plane,
                 storage=storage,
                 bind=bind,
                 config=config,
                 workdir=Path(workdir) if workdir else None,
-            ).run(stop)
+            )
+            if approval_wait > 0:
+                asking.append(ControlApprovals(plane, holder=made.holder, wait_s=approval_wait))
+            await made.run(stop)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(ValueError):

@@ -1,4 +1,9 @@
-"""``lodger serve``: the HTTP host over a state directory or an object store."""
+"""``lodger serve``: the HTTP host over a state directory or an object store.
+
+Embedded (``--state DIR`` or ``--store URL`` alone): the host runs the turns itself.
+Distributed (``--store URL --control DSN``): the host runs none; sends become wakes in the
+control plane that ``lodger worker`` processes run (``lodger.host.distributed``).
+"""
 
 from __future__ import annotations
 
@@ -36,11 +41,27 @@ __all__ = ["COMMANDS", "serve"]
 )
 @click.option(
     "--control",
+    "control_dsn",
+    metavar="DSN",
+    default=None,
+    help="Distributed mode: the control plane workers share (postgresql://... or a SQLite "
+    "file, as lodger worker takes it). The host then runs no turns: lodger worker "
+    "processes run them (start them with --approval-wait to let calls wait for answers).",
+)
+@click.option(
+    "--host-index",
     "control_path",
     metavar="PATH",
     default=None,
-    help="The host's index (tokens, messages, approvals): a SQLite file "
-    "(default: <state>/host.sqlite3).",
+    help="The host's own index (tokens, webhook deliveries; in embedded mode also "
+    "messages and approvals): a SQLite file (default: <state>/host.sqlite3).",
+)
+@click.option(
+    "--poll",
+    default=None,
+    type=click.FloatRange(0.01),
+    help="Seconds between looks at the log for facts committed by other processes "
+    "(default: 1 embedded, 0.25 distributed).",
 )
 @click.option(
     "--hooks",
@@ -59,7 +80,9 @@ def serve(
     models: tuple[str, ...],
     tools_files: tuple[str, ...],
     workspaces: Path | None,
+    control_dsn: str | None,
     control_path: str | None,
+    poll: float | None,
     hooks_file: str | None,
     max_steps: int,
     access_log: bool,
@@ -76,6 +99,7 @@ def serve(
     Example:
       lodger serve --state .lodger --model script:steps.json --port 8470
       curl -H "Authorization: Bearer $TOKEN" localhost:8470/v1/sessions
+      lodger serve --store s3://bucket/lodger --control postgresql://lodger@db/lodger
     """
     from lodger.host.hub import HostConfig
     from lodger.host.server import serve as run_server
@@ -101,6 +125,8 @@ def serve(
             state=state,
             store=store_url(),
             control_path=control_path,
+            control_dsn=control_dsn,
+            poll_s=poll,
             host=host,
             port=port,
             config=config,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from lodger.control.interface import (
+    ApprovalRequest,
     ControlPlane,
     NamedLease,
     ParkedCall,
@@ -23,6 +24,7 @@ from lodger.errors import UsageError
 
 __all__ = [
     "CONTROL_ENVVAR",
+    "ApprovalRequest",
     "ControlPlane",
     "NamedLease",
     "ParkedCall",

@@ -14,12 +14,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from lodger.control.interface import (
+    ApprovalRequest,
     NamedLease,
     ParkedCall,
     Schedule,
     SessionLease,
     SessionRow,
     Wake,
+    WakeInfo,
 )
 from lodger.control.schedule import next_fire
 from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError
@@ -28,7 +30,9 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
 
 # Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
 # the session and parked indexes). Version 2: what spans sessions (cron schedules and the
-# global authorities). A database at version 1 is brought to 2 at start; nothing is lost.
+# global authorities). Version 3: approvals asked by worker-run calls and answered from
+# any host. A database at an older version is brought to the newest at start; nothing is
+# lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, status TEXT NOT NULL, "
@@ -59,10 +63,28 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE quota_events (name TEXT NOT NULL, at {real} NOT NULL)",
         "CREATE INDEX quota_events_name ON quota_events (name, at)",
     ),
+    3: (
+        "CREATE TABLE approvals (session_id TEXT NOT NULL, call_id TEXT NOT NULL, "
+        "tool TEXT NOT NULL, summary TEXT NOT NULL, status TEXT NOT NULL, "
+        "asked_by TEXT NOT NULL, answered_by TEXT, asked_at {real} NOT NULL, "
+        "expires_at {real} NOT NULL, answered_at {real}, PRIMARY KEY (session_id, call_id))",
+        "CREATE INDEX approvals_status ON approvals (status, asked_at)",
+        # a host shows a message (a wake) with the key it was sent with
+        "CREATE INDEX idempotency_keys_wake ON idempotency_keys (wake_id)",
+    ),
 }
 LATEST_VERSION = max(MIGRATIONS)
 
 _WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
+# An approval is live while the worker that asked still holds the session's lease (its
+# heartbeat renews it while it waits): a dead worker's question is answered by nobody.
+_ASKER_HOLDS = (
+    "EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = approvals.session_id "
+    "AND l.holder = approvals.asked_by AND l.expires_at > %s)"
+)
+_APPROVAL_COLUMNS = (
+    "session_id, call_id, tool, summary, status, asked_by, answered_by, asked_at, expires_at"
+)
 
 
 class _Tx(Protocol):
@@ -94,6 +116,20 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
         events=int(row[3]),
         snapshot=row[4],
         model=row[5],
+    )
+
+
+def _approval(row: tuple[Any, ...]) -> ApprovalRequest:
+    return ApprovalRequest(
+        session_id=row[0],
+        call_id=row[1],
+        tool=row[2],
+        summary=row[3],
+        status=row[4],
+        asked_by=row[5],
+        answered_by=row[6],
+        asked_at=float(row[7]),
+        expires_at=float(row[8]),
     )
 
 
@@ -327,6 +363,39 @@ class SqlControlPlane:
                 )
             return [_wake(row) for row in rows]
 
+    async def get_wake(self, *, wake_id: int) -> WakeInfo | None:
+        async with self._tx() as tx:
+            return await self._wake_info(tx, wake_id)
+
+    async def wake_for_key(self, *, idempotency_key: str) -> WakeInfo | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT wake_id FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+            )
+            if not rows or rows[0][0] is None:
+                return None
+            return await self._wake_info(tx, int(rows[0][0]))
+
+    async def _wake_info(self, tx: _Tx, wake_id: int) -> WakeInfo | None:
+        rows = await tx.rows(
+            f"SELECT {_WAKE_COLUMNS}, claimed_by, claim_expires_at, done_at FROM wakes "
+            "WHERE id = %s",
+            (wake_id,),
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        if row[8] is not None:
+            status = "done"
+        elif row[6] is not None and row[7] is not None and float(row[7]) > tx.now:
+            status = "running"
+        else:
+            status = "queued"
+        keys = await tx.rows("SELECT key FROM idempotency_keys WHERE wake_id = %s", (wake_id,))
+        return WakeInfo(
+            wake=_wake(row[:6]), status=status, idempotency_key=keys[0][0] if keys else None
+        )
+
     async def add_schedule(
         self, *, session_id: str, cron: str, message: str, start: float | None = None
     ) -> Schedule:
@@ -424,6 +493,99 @@ class SqlControlPlane:
                 ParkedCall(session_id=r[0], call_id=r[1], tool=r[2], reason=r[3], since=r[4])
                 for r in rows
             ]
+
+    # ----------------------------------------------------------- approvals
+
+    async def ask_approval(
+        self,
+        *,
+        session_id: str,
+        call_id: str,
+        tool: str,
+        summary: str,
+        holder: str,
+        wait_s: float,
+    ) -> ApprovalRequest:
+        async with self._tx() as tx:
+            expires = tx.now + wait_s
+            inserted = await tx.change(
+                "INSERT INTO approvals (session_id, call_id, tool, summary, status, asked_by, "
+                "asked_at, expires_at) VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s) "
+                "ON CONFLICT (session_id, call_id) DO NOTHING",
+                (session_id, call_id, tool, summary, holder, tx.now, expires),
+            )
+            if not inserted:
+                # Asked again (a resume after a crash): an answer given meanwhile stands;
+                # an expired or abandoned question is asked afresh.
+                await tx.change(
+                    "UPDATE approvals SET status = 'pending', asked_by = %s, asked_at = %s, "
+                    "expires_at = %s, answered_by = NULL, answered_at = NULL "
+                    "WHERE session_id = %s AND call_id = %s AND (status = 'expired' OR "
+                    "(status = 'pending' AND (expires_at <= %s OR asked_by <> %s)))",
+                    (holder, tx.now, expires, session_id, call_id, tx.now, holder),
+                )
+            return await self._approval_of(tx, session_id, call_id)
+
+    async def _approval_of(self, tx: _Tx, session_id: str, call_id: str) -> ApprovalRequest:
+        rows = await tx.rows(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE session_id = %s AND call_id = %s",
+            (session_id, call_id),
+        )
+        return _approval(rows[0])
+
+    async def poll_approval(self, *, session_id: str, call_id: str) -> ApprovalRequest | None:
+        async with self._tx() as tx:
+            # the deadline and an answer race through conditional updates: one wins
+            await tx.change(
+                "UPDATE approvals SET status = 'expired', answered_at = %s WHERE "
+                "session_id = %s AND call_id = %s AND status = 'pending' AND expires_at <= %s",
+                (tx.now, session_id, call_id, tx.now),
+            )
+            rows = await tx.rows(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE session_id = %s AND call_id = %s",
+                (session_id, call_id),
+            )
+            return _approval(rows[0]) if rows else None
+
+    async def answer_approval(
+        self, *, session_id: str, call_id: str, allow: bool, by: str
+    ) -> tuple[ApprovalRequest | None, bool]:
+        async with self._tx() as tx:
+            won = await tx.change(
+                "UPDATE approvals SET status = %s, answered_by = %s, answered_at = %s "
+                "WHERE session_id = %s AND call_id = %s AND status = 'pending' "
+                f"AND expires_at > %s AND {_ASKER_HOLDS}",
+                ("allow" if allow else "deny", by, tx.now, session_id, call_id, tx.now, tx.now),
+            )
+            if not won:  # past its deadline, or its worker is gone: nobody waits any more
+                await tx.change(
+                    "UPDATE approvals SET status = 'expired', answered_at = %s "
+                    "WHERE session_id = %s AND call_id = %s AND status = 'pending'",
+                    (tx.now, session_id, call_id),
+                )
+            rows = await tx.rows(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE session_id = %s AND call_id = %s",
+                (session_id, call_id),
+            )
+            return (_approval(rows[0]) if rows else None), bool(won)
+
+    async def list_approvals(
+        self, *, session_id: str | None = None, status: str | None = "pending"
+    ) -> list[ApprovalRequest]:
+        async with self._tx() as tx:
+            sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE 1 = 1"
+            params: list[Any] = []
+            if session_id is not None:
+                sql += " AND session_id = %s"
+                params.append(session_id)
+            if status is not None:
+                sql += " AND status = %s"
+                params.append(status)
+            if status == "pending":  # only those a worker still waits for
+                sql += f" AND expires_at > %s AND {_ASKER_HOLDS}"
+                params.extend((tx.now, tx.now))
+            rows = await tx.rows(sql + " ORDER BY asked_at, session_id, call_id", params)
+            return [_approval(row) for row in rows]
 
     # ----------------------------------------------------------- global authorities
 

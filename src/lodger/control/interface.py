@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "ApprovalRequest",
     "ControlPlane",
     "NamedLease",
     "ParkedCall",
@@ -26,6 +27,7 @@ __all__ = [
     "SessionLease",
     "SessionRow",
     "Wake",
+    "WakeInfo",
 ]
 
 
@@ -53,6 +55,37 @@ class Wake:
     due_at: float
     attempts: int
     started_offset: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WakeInfo:
+    """A wake and where it is: ``queued`` (waiting to be due or claimed), ``running``
+    (claimed by a live worker) or ``done``."""
+
+    wake: Wake
+    status: str
+    #: the idempotency key it was sent with, if any
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRequest:
+    """A call of a worker-run turn waiting for a person's answer (schema version 3).
+
+    ``status`` is ``pending`` until one answer wins (``allow``/``deny``) or the asking
+    worker's deadline passes (``expired``: the call is denied). A pending approval is
+    live (listed, answerable) only while ``asked_by`` holds the session's lease: the
+    question of a worker that died is answered by nobody."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    summary: str
+    status: str
+    asked_by: str
+    answered_by: str | None
+    asked_at: float
+    expires_at: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +196,12 @@ class ControlPlane(Protocol):
         """Wakes not finished yet, due or not."""
         ...
 
+    async def get_wake(self, *, wake_id: int) -> WakeInfo | None: ...
+
+    async def wake_for_key(self, *, idempotency_key: str) -> WakeInfo | None:
+        """The wake the first ``send`` with ``idempotency_key`` enqueued."""
+        ...
+
     async def add_schedule(
         self, *, session_id: str, cron: str, message: str, start: float | None = None
     ) -> Schedule:
@@ -190,6 +229,40 @@ class ControlPlane(Protocol):
         ...
 
     async def list_parked(self, *, session_id: str | None = None) -> list[ParkedCall]: ...
+
+    # ----------------------------------------------------------- approvals
+
+    async def ask_approval(
+        self,
+        *,
+        session_id: str,
+        call_id: str,
+        tool: str,
+        summary: str,
+        holder: str,
+        wait_s: float,
+    ) -> ApprovalRequest:
+        """Record that ``holder`` waits up to ``wait_s`` for an answer about the call. A
+        call asked again keeps an answer given meanwhile; an expired one is asked anew."""
+        ...
+
+    async def poll_approval(self, *, session_id: str, call_id: str) -> ApprovalRequest | None:
+        """The approval now; a pending one whose deadline passed becomes ``expired``."""
+        ...
+
+    async def answer_approval(
+        self, *, session_id: str, call_id: str, allow: bool, by: str
+    ) -> tuple[ApprovalRequest | None, bool]:
+        """Answer a pending approval: ``(approval, True)`` for the one answer that wins;
+        ``(approval, False)`` when it was answered or expired before; ``(None, False)``
+        when no such call was asked."""
+        ...
+
+    async def list_approvals(
+        self, *, session_id: str | None = None, status: str | None = "pending"
+    ) -> list[ApprovalRequest]:
+        """Approvals by status (``pending``: only those someone still waits for)."""
+        ...
 
     # ----------------------------------------------------------- global authorities
 

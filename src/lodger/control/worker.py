@@ -240,9 +240,9 @@ class Worker:
         try:
             if row is not None and row.snapshot is not None:
                 await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
-            binding = self._with_children(
-                self.bind(sid, state.last_model if state else None, workspace)
-            )
+            # a session made by the host has no log yet; the index holds its model
+            recorded = state.last_model if state else (row.model if row else None)
+            binding = self._with_children(self.bind(sid, recorded, workspace))
             delay: float | None = None
             waiting = False  # the turn ended its run with calls suspended (subagents)
             link = link_of(state.events[0]) if state is not None and state.events else None

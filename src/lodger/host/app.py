@@ -29,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lodger.control.interface import ControlPlane
 from lodger.errors import LodgerError, UsageError
 from lodger.events import ArtifactStored, Event, ToolResponded
 from lodger.host.auth import COOKIE, Authenticator, bearer, require_admin, require_session
@@ -248,16 +249,28 @@ def create_app(
     poll_s: float = 1.0,
     heartbeat_s: float = 15.0,
     on_started: Callable[[Hub], Awaitable[None]] | None = None,
+    plane: ControlPlane | None = None,
 ) -> FastAPI:
     """The host's ASGI app over ``sessions`` (its storage) and ``control`` (its index).
 
-    The app owns neither: the caller closes them after the app has stopped.
+    With ``plane`` (a started control plane) the host is distributed: it runs no turns,
+    sends become wakes that ``lodger worker`` processes run, and approvals are answered
+    in the control plane. The app owns none of them: the caller closes them after the
+    app has stopped.
     """
     config = config or HostConfig()
     hooks = hooks or {}
     metrics = HostMetrics()
     feeds = Feeds(sessions.storage.log, poll_s=poll_s)
-    hub = Hub(sessions, control, config, feeds=feeds, observers=(metrics.observe, *observers))
+    hub: Hub
+    if plane is None:
+        hub = Hub(sessions, control, config, feeds=feeds, observers=(metrics.observe, *observers))
+    else:  # distributed: workers run the turns (lodger.host.distributed)
+        from lodger.host.distributed import ControlPlaneHub
+
+        hub = ControlPlaneHub(
+            sessions, control, plane, config, feeds=feeds, observers=(metrics.observe, *observers)
+        )
     auth = Authenticator(control)
 
     @asynccontextmanager
@@ -402,7 +415,7 @@ def create_app(
             if await sessions.storage.log.exists(session_id)
             else None
         )
-        pending = await control.approvals(session_id=session_id)
+        pending = await hub.approvals(session_id=session_id)
         return SessionOut(
             session_id=session_id,
             model=await control.session_model(session_id) or (state.last_model if state else None),
@@ -411,7 +424,7 @@ def create_app(
             open_turn=state.open_turn if state else None,
             last_turn_status=state.last_turn_status if state else None,
             workspace=state.workspace if state else None,
-            running=hub.running(session_id),
+            running=await hub.busy(session_id),
             pending_approvals=len(pending),
         )
 
@@ -500,7 +513,7 @@ def create_app(
     async def show_message(
         session_id: Session, message_id: Annotated[int, Path(ge=0, le=2**62)]
     ) -> MessageOut:
-        found = await control.message(session_id, message_id)
+        found = await hub.message(session_id, message_id)
         if found is None:
             raise UsageError(
                 f"session {session_id!r} has no message {message_id}",
@@ -514,14 +527,14 @@ def create_app(
     @app.get("/v1/approvals", tags=["approvals"])
     async def all_approvals(who: Grant) -> ApprovalList:
         """Pending approvals of every session this token can see."""
-        found = await control.approvals()
+        found = await hub.approvals()
         return ApprovalList(
             approvals=[ApprovalOut(**a.to_dict()) for a in found if who.allows(a.session_id)]
         )
 
     @app.get("/v1/sessions/{session_id}/approvals", tags=["approvals"])
     async def approvals(session_id: Session) -> ApprovalList:
-        found = await control.approvals(session_id=session_id)
+        found = await hub.approvals(session_id=session_id)
         return ApprovalList(approvals=[ApprovalOut(**a.to_dict()) for a in found])
 
     @app.post("/v1/sessions/{session_id}/approvals/{call_id}", tags=["approvals"])
@@ -549,13 +562,17 @@ def create_app(
     @app.post("/v1/sessions/{session_id}/decide", tags=["recovery"])
     async def decide(session_id: Session, body: DecideCall) -> Facts:
         """An operator decision on a parked call, appended as a fact."""
-        made = await sessions.decide(session_id, body.call_id, body.decision, result=body.result)
+        async with hub.exclusive(session_id):
+            made = await sessions.decide(
+                session_id, body.call_id, body.decision, result=body.result
+            )
         hub.publish(session_id, made)
         return Facts(offsets=[e.offset for e in made])
 
     @app.post("/v1/sessions/{session_id}/abandon", tags=["recovery"])
     async def abandon(session_id: Session, body: AbandonTurn) -> Facts:
-        made = await sessions.abandon(session_id, reason=body.reason)
+        async with hub.exclusive(session_id):
+            made = await sessions.abandon(session_id, reason=body.reason)
         hub.publish(session_id, made)
         return Facts(offsets=[e.offset for e in made])
 
@@ -660,7 +677,7 @@ def create_app(
     async def metrics_text(who: Grant) -> PlainTextResponse:
         """Prometheus text format (admin only)."""
         require_admin(who)
-        text = metrics.render(pending_approvals=hub.waiting(), turns=hub.turns_run)
+        text = metrics.render(pending_approvals=await hub.pending_count(), turns=hub.turns_run)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/timeline/{session_id}", response_class=HTMLResponse, tags=["timeline"])

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,19 @@ class Hub:
     def running(self, session_id: str) -> bool:
         return session_id in self._runners
 
+    async def busy(self, session_id: str) -> bool:
+        """Whether a turn of the session is running (or queued to run) now."""
+        return self.running(session_id)
+
+    async def message(self, session_id: str, message_id: int) -> Message | None:
+        return await self.control.message(session_id, message_id)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, session_id: str) -> AsyncIterator[None]:
+        """Held while the host appends facts outside a turn (decide, abandon). Here the
+        log's own writer lock suffices; the distributed hub takes the session lease."""
+        yield
+
     # ------------------------------------------------------------ sending
 
     async def send(
@@ -347,6 +360,13 @@ class Hub:
     def waiting(self) -> int:
         """Calls waiting for an approval in this process."""
         return len(self._asked)
+
+    async def approvals(self, *, session_id: str | None = None) -> list[Approval]:
+        """Pending approvals (of one session, or of all)."""
+        return await self.control.approvals(session_id=session_id)
+
+    async def pending_count(self) -> int:
+        return self.waiting()
 
     async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
         """Decide a parked call once: the first answer wins, any later one is a conflict."""

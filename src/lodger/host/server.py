@@ -1,5 +1,8 @@
 """Running the host: storage, the control index, an admin token and uvicorn.
 
+With ``control_dsn`` the host is distributed: it opens the control plane workers share
+and runs no turns (``lodger.host.distributed``).
+
 ``serve(...)`` is what ``lodger serve`` calls. The admin token comes from
 ``$LODGER_HOST_TOKEN`` (stored hashed) or is made afresh and printed once on stdout,
 never to a log.
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import uvicorn
 
+from lodger.control import ControlPlane, open_control
 from lodger.events import Event
 from lodger.host.app import create_app
 from lodger.host.auth import TOKEN_ENVVAR, new_token
@@ -34,18 +38,25 @@ async def serve(
     store: str | None,
     control_path: str | None,
     host: str,
+    control_dsn: str | None = None,
+    poll_s: float | None = None,
     port: int,
     config: HostConfig,
     hooks: dict[str, HookConfig],
     access_log: bool = False,
     say: Callable[[str], None] = print,
 ) -> None:
+    plane: ControlPlane | None = None
+    if control_dsn is not None:
+        plane = open_control(control_dsn)  # a bad DSN is refused before anything opens
     storage = Storage.open(state, store=store)
     control = SqliteHostControl(
         Path(control_path) if control_path else Path(state) / "host.sqlite3"
     )
     sessions = Sessions(storage)
     try:
+        if plane is not None:
+            await plane.start()
         token = os.environ.get(TOKEN_ENVVAR) or None
         if token is None:
             token = new_token()
@@ -64,7 +75,14 @@ async def serve(
             sys.stdout.flush()
 
         app = create_app(
-            sessions, control, config, hooks=hooks, observers=observers, on_started=started
+            sessions,
+            control,
+            config,
+            hooks=hooks,
+            observers=observers,
+            on_started=started,
+            plane=plane,
+            poll_s=poll_s if poll_s is not None else (1.0 if plane is None else 0.25),
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -83,4 +101,6 @@ async def serve(
     finally:
         await sessions.close()
         await control.close()
+        if plane is not None:
+            await plane.close()
         await asyncio.sleep(0)

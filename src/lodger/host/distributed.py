@@ -1,0 +1,253 @@
+"""The host in distributed mode: a front door to the control plane; workers run turns.
+
+``ControlPlaneHub`` is the second implementation of the hub the app talks to. It runs
+no turn: a send enqueues a wake in the control plane (``ControlPlane.send``) under the
+client's idempotency key, so a key seen before returns the first message and wakes
+nothing, whichever host got it first; a ``lodger worker`` claims the wake, runs the turn
+and commits to the shared object store. Streams follow that store's log (the feed falls
+back to reading the log every ``poll_s``, since nothing is committed in this process).
+Sessions are listed from the control plane's session index plus the log; approvals
+asked by worker-run calls (``lodger.control.approvals``) are listed and answered in the
+control plane, where a conditional update lets exactly one answer win.
+
+Messages are wakes: a message id is the wake id and its status is the wake's
+(``queued``, ``running``, ``done``). Idempotency keys are per session on the API and
+stored in the control plane as ``host:<session>:<key>``. The host's own SQLite index
+still holds tokens, webhook deliveries and the model a session was created with.
+
+Decisions and abandons (which append facts outside a turn) take the session lease first,
+so they never write while a worker runs the session (409 ``session_busy`` then).
+Approvals are live only while the asking worker holds the session's lease: a worker that
+died leaves a question nobody can answer (409), and the resumed turn asks anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import cast
+
+from lodger.control.interface import ApprovalRequest, ControlPlane, SessionRow, WakeInfo
+from lodger.errors import HostConflictError, UsageError
+from lodger.host.control import (
+    Approval,
+    ApprovalStatus,
+    HostControl,
+    Message,
+    MessageKind,
+    MessageStatus,
+)
+from lodger.host.feed import Feeds
+from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.sessions import Sessions
+from lodger.storage import check_session_id
+
+__all__ = ["ControlPlaneHub", "host_key"]
+
+#: how long the host holds a session's lease while it appends a decision
+_LEASE_TTL_S = 30.0
+
+
+def host_key(session_id: str, key: str) -> str:
+    """The control plane's idempotency key for a session's API key."""
+    return f"host:{session_id}:{key}"
+
+
+class ControlPlaneHub(Hub):
+    def __init__(
+        self,
+        sessions: Sessions,
+        control: HostControl,
+        plane: ControlPlane,
+        config: HostConfig,
+        *,
+        feeds: Feeds | None = None,
+        observers: Sequence[EventObserver] = (),
+    ) -> None:
+        super().__init__(sessions, control, config, feeds=feeds, observers=observers)
+        self.plane = plane
+        self.holder = f"host:{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
+        self._pending = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, group: asyncio.TaskGroup) -> None:
+        self._group = group  # nothing to adopt: turns run in workers
+
+    async def stop(self) -> None:
+        self._group = None
+
+    # ------------------------------------------------------------ sessions
+
+    async def create(self, *, session_id: str | None, model: str | None) -> str:
+        if session_id is not None:
+            check_session_id(session_id)
+            if await self.plane.get_session(session_id=session_id) is not None:
+                # known to the workers (lodger send made it): bind nothing here
+                raise HostConflictError(
+                    f"session {session_id!r} exists already",
+                    hint="pick another id, or leave it out to get a fresh one",
+                    code="session_exists",
+                    session_id=session_id,
+                )
+        sid = await super().create(session_id=session_id, model=model)
+        spec = await self.control.session_model(sid)
+        await self.plane.record_session(
+            row=SessionRow(
+                session_id=sid, status="created", last_activity=await self.plane.now(), model=spec
+            )
+        )
+        return sid
+
+    async def known(self, session_id: str) -> bool:
+        check_session_id(session_id)
+        if await self.plane.get_session(session_id=session_id) is not None:
+            return True
+        return await super().known(session_id)
+
+    async def list_sessions(self) -> list[str]:
+        found = set(await super().list_sessions())
+        found.update(row.session_id for row in await self.plane.list_sessions())
+        return sorted(found)
+
+    async def busy(self, session_id: str) -> bool:
+        """Work is queued or running for the session (a due or claimed wake)."""
+        now = await self.plane.now()
+        return any(w.due_at <= now for w in await self.plane.pending_wakes(session_id=session_id))
+
+    def running(self, session_id: str) -> bool:
+        return False  # this process runs nothing; see ``busy``
+
+    # ------------------------------------------------------------ sending
+
+    async def send(
+        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+    ) -> tuple[Message, bool]:
+        await self.require(session_id)
+        if await self.plane.get_session(session_id=session_id) is None:
+            # bound here only (a webhook's session): tell the workers its model
+            spec = await self.control.session_model(session_id)
+            if spec is not None:
+                await self.plane.record_session(
+                    row=SessionRow(
+                        session_id=session_id,
+                        status="created",
+                        last_activity=await self.plane.now(),
+                        model=spec,
+                    )
+                )
+        body = text if kind == "message" else None  # a plain wake resumes what is open
+        wake_id = await self.plane.send(
+            session_id=session_id, message=body, idempotency_key=host_key(session_id, key)
+        )
+        if wake_id is not None:
+            info = await self.plane.get_wake(wake_id=wake_id)
+            assert info is not None
+            return _message(info), True
+        first = await self.plane.wake_for_key(idempotency_key=host_key(session_id, key))
+        if first is None or first.wake.message != body:
+            raise HostConflictError(
+                f"idempotency key {key!r} of session {session_id!r} was used for another request",
+                hint="use a new key for a new message",
+                code="idempotency_conflict",
+                session_id=session_id,
+            )
+        return _message(first), False
+
+    def wake(self, session_id: str) -> None:
+        raise UsageError("a distributed host runs no turns; workers do", code="usage")
+
+    async def message(self, session_id: str, message_id: int) -> Message | None:
+        info = await self.plane.get_wake(wake_id=message_id)
+        if info is None or info.wake.session_id != session_id:
+            return None
+        return _message(info)
+
+    # ------------------------------------------------------------ writes outside turns
+
+    @asynccontextmanager
+    async def exclusive(self, session_id: str) -> AsyncIterator[None]:
+        lease = await self.plane.acquire_session(
+            session_id=session_id, holder=self.holder, ttl_s=_LEASE_TTL_S
+        )
+        if lease is None:
+            raise HostConflictError(
+                f"session {session_id!r} is running in a worker",
+                hint="wait until its turn settles (follow the stream), then try again",
+                code="session_busy",
+                session_id=session_id,
+            )
+        try:
+            yield
+        finally:
+            await self.plane.release_session(lease=lease)
+
+    # ------------------------------------------------------------ approvals
+
+    async def approvals(self, *, session_id: str | None = None) -> list[Approval]:
+        found = [_approval(a) for a in await self.plane.list_approvals(session_id=session_id)]
+        if session_id is None:
+            self._pending = len(found)
+        return found
+
+    async def pending_count(self) -> int:
+        return len(await self.approvals())
+
+    def waiting(self) -> int:
+        return self._pending
+
+    async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
+        found, won = await self.plane.answer_approval(
+            session_id=session_id, call_id=call_id, allow=allow, by=by
+        )
+        if found is None:
+            raise UsageError(
+                f"session {session_id!r} has no approval for call {call_id!r}",
+                hint="list the session's pending approvals",
+                code="no_such_call",
+                session_id=session_id,
+                call_id=call_id,
+            )
+        if not won:
+            raise HostConflictError(
+                f"the approval of call {call_id!r} is already {found.status}",
+                hint="someone answered it first (or its worker stopped waiting); the "
+                "stream shows the decision",
+                code="already_answered",
+                session_id=session_id,
+                call_id=call_id,
+            )
+        return _approval(found)
+
+
+def _message(info: WakeInfo) -> Message:
+    wake = info.wake
+    prefix = host_key(wake.session_id, "")
+    key = info.idempotency_key or ""
+    key = key.removeprefix(prefix) if key.startswith(prefix) else key
+    status = info.status if info.status in ("queued", "running", "done") else "queued"
+    return Message(
+        id=wake.id,
+        session_id=wake.session_id,
+        key=key,
+        kind="message" if wake.message is not None else "resume",
+        text=wake.message or "",
+        status=cast(MessageStatus, status),
+        start_offset=wake.started_offset,
+        result=None,
+    )
+
+
+def _approval(found: ApprovalRequest) -> Approval:
+    status = found.status if found.status in ("pending", "allow", "deny", "expired") else "expired"
+    return Approval(
+        session_id=found.session_id,
+        call_id=found.call_id,
+        tool=found.tool,
+        summary=found.summary,
+        status=cast(ApprovalStatus, status),
+        answered_by=found.answered_by,
+        created_us=int(found.asked_at * 1_000_000),
+    )

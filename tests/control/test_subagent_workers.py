@@ -234,6 +234,10 @@ class _LostWakes:
     async def settled(self, *, child: SubagentLink) -> None:
         raise AssertionError("no child settles here")
 
+    @contextlib.asynccontextmanager
+    async def reserving(self, root: str) -> AsyncIterator[None]:
+        yield
+
 
 def test_a_child_whose_wake_was_lost_is_started_by_the_parents_recovery(
     tmp_path: Path, postgres: PostgresServer

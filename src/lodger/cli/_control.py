@@ -218,6 +218,15 @@ def schedule(
     metavar="SPEC",
     help="Model for subagents (default: the model of the session that delegates).",
 )
+@click.option(
+    "--subagent-tree-steps",
+    "tree_steps",
+    default=None,
+    type=click.IntRange(0),
+    metavar="N",
+    help="Model steps every subagent of one root session may spend together "
+    "(default: 200); read from the logs, so it holds across workers and restarts.",
+)
 def worker(
     state: str,
     control: str | None,
@@ -231,6 +240,7 @@ def worker(
     workdir: str | None,
     subagent_depth: int | None,
     subagent_spec: str | None,
+    tree_steps: int | None,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -253,6 +263,8 @@ def worker(
     policy = subagent_policy(subagent_depth)
     if policy is not None and subagent_spec:
         policy = dataclasses.replace(policy, model=make_model(subagent_spec))
+    if policy is not None and tree_steps is not None:
+        policy = dataclasses.replace(policy, tree_steps=tree_steps)
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         spec = recorded or model_spec

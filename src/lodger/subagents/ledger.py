@@ -158,10 +158,13 @@ def _delegations(
 
 def _asked(dispatched: ToolDispatched, policy: SubagentPolicy) -> Budget:
     """An older child records no grant: what its T1 asked, capped by the policy."""
-    from lodger.subagents.tool import Delegation  # the tool module imports this one
-
-    arguments: dict[str, Any] = dict(dispatched.arguments)
+    raw = dispatched.arguments.get("budget")
+    asked: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    default = policy.default_budget
     try:
-        return Delegation.parse(arguments, policy).budget
-    except (KeyError, ValueError, TypeError):
+        steps = int(asked.get("steps", default.steps))
+        tokens = asked.get("tokens", default.tokens)
+        tokens = None if tokens is None else int(tokens)
+    except (ValueError, TypeError):
         return policy.max_budget
+    return Budget(steps=steps, tokens=tokens).capped(policy.max_budget)

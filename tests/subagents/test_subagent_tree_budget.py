@@ -16,8 +16,9 @@ from subagent_world import routed
 from tree_budget_world import TREE_STEPS, budget_agent
 
 from lodger import Agent, tool
-from lodger.events import Event, SessionStarted, ToolDispatched, ToolResponded
-from lodger.subagents import SubagentPolicy, child_session_id
+from lodger.events import Event, EventDraft, SessionStarted, ToolDispatched, ToolResponded
+from lodger.storage import open_log
+from lodger.subagents import SubagentLink, SubagentPolicy, child_session_id
 from lodger.subagents.ledger import budget_from_metadata, tree_spend
 
 WORLD = Path(__file__).with_name("tree_budget_world.py")
@@ -151,3 +152,69 @@ async def test_a_forked_child_and_an_empty_one_each_count_once(tmp_path: Path) -
         assert first != forked
         spend = await tree_spend(a.log, "p", policy=policy)
         assert (spend.children, spend.steps, spend.open_children) == (2, 2, 0)
+
+
+async def _write(log: Any, session: str, bodies: list[tuple[Any, str | None]]) -> None:
+    async with await log.open_writer(session) as writer:
+        drafts = [
+            EventDraft(id=f"{session}-{n}", ts=n, body=body, call_id=call)
+            for n, (body, call) in enumerate(bodies)
+        ]
+        await writer.append(drafts, expected_offset=0)
+
+
+def _link(session: str, parent: str) -> dict[str, str]:
+    return SubagentLink(
+        session_id=session,
+        parent_session=parent,
+        parent_call="c",
+        parent_offset=1,
+        parent_digest="0" * 64,
+        depth=1,
+        root=parent,
+        history="empty",
+    ).to_metadata()
+
+
+def _t1(child: str, steps: int) -> ToolDispatched:
+    return ToolDispatched(
+        operation_id=f"op-{child}",
+        tool="delegate",
+        arguments={"task": "t", "budget": {"steps": steps}},
+        resources=(f"actor:subagent:{child}",),
+    )
+
+
+async def test_damaged_or_foreign_child_records_are_counted_conservatively_or_not_at_all(
+    tmp_path: Path,
+) -> None:
+    log = open_log(tmp_path / "s")
+    try:
+        await _write(
+            log,
+            "r",
+            [
+                (SessionStarted(), None),
+                (_t1("kid-garbled", 4), "c1"),  # its grant record is not JSON
+                (_t1("kid-negative", 6), "c2"),  # its grant record is negative
+                (_t1("kid-old", 7), "c3"),  # written before grants were recorded
+                (_t1("kid-foreign", 9), "c4"),  # its link names another parent
+                (_t1("kid-missing", 9), "c5"),  # never wrote its first event
+                (_t1("r", 9), "c6"),  # names the root itself: no link, no count
+            ],
+        )
+        garbled = _link("kid-garbled", "r") | {"subagent.budget": "{not json"}
+        negative = _link("kid-negative", "r") | {"subagent.budget": '{"steps": -5}'}
+        await _write(log, "kid-garbled", [(SessionStarted(metadata=garbled), None)])
+        await _write(log, "kid-negative", [(SessionStarted(metadata=negative), None)])
+        await _write(log, "kid-old", [(SessionStarted(metadata=_link("kid-old", "r")), None)])
+        foreign = _link("kid-foreign", "elsewhere")
+        await _write(log, "kid-foreign", [(SessionStarted(metadata=foreign), None)])
+        first = (await log.read("kid-negative", end=1))[0]
+        assert budget_from_metadata(first) is None
+        spend = await tree_spend(log, "r", policy=SubagentPolicy())
+        # open children count what their T1s asked (capped by max_budget: 50 steps)
+        assert (spend.children, spend.open_children, spend.steps) == (3, 3, 4 + 6 + 7)
+        assert spend.settled_steps == 0
+    finally:
+        await log.close()

@@ -36,6 +36,9 @@ from lodger.subagents.link import SubagentLink
 __all__ = ["ControlPlaneChildren", "parent_key", "start_key"]
 
 _RESERVE_WAIT = 30.0  # seconds a delegation waits for another worker's reservation
+#: the tree lease is not renewed: it outlives a slow walk of the tree's logs (a holder
+#: that dies holds up the tree's delegations this long at most)
+_RESERVE_TTL = 10.0
 
 
 def start_key(child: SubagentLink) -> str:
@@ -119,7 +122,7 @@ class ControlPlaneChildren:
         deadline = loop.time() + _RESERVE_WAIT
         while True:
             lease = await self.control.acquire_named(
-                name=name, holder=self.holder, ttl_s=self.ttl_s
+                name=name, holder=self.holder, ttl_s=max(self.ttl_s, _RESERVE_TTL)
             )
             if lease is not None:
                 break

@@ -436,6 +436,7 @@ ErrorCode = Literal[
     "subagent_exists",
     "subagent_schema",
     "subagent_arguments",
+    "subagent_busy",
     # the world
     "sandbox_unavailable",
     "resume_blocked",

@@ -234,6 +234,10 @@ class _LostWakes:
     async def settled(self, *, child: SubagentLink) -> None:
         raise AssertionError("no child settles here")
 
+    @contextlib.asynccontextmanager
+    async def reserving(self, root: str) -> AsyncIterator[None]:
+        yield
+
 
 def test_a_child_whose_wake_was_lost_is_started_by_the_parents_recovery(
     tmp_path: Path, postgres: PostgresServer
@@ -272,3 +276,41 @@ def test_a_child_whose_wake_was_lost_is_started_by_the_parents_recovery(
     # woken again by the child, completed
     assert [r["status"] for r in runs] == ["interrupted", "interrupted", "completed"]
     assert _answers(workers.events("p1"))["call-0-1"]["answer"] == "child finished"
+
+
+def test_two_detached_children_on_two_workers_never_spend_more_than_the_tree_budget(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    workers = _world(tmp_path, postgres, [])
+    ask = {"steps": 4}
+    parent = [{"calls": [{"name": "delegate", "args": {"task": t, "budget": ask}}
+                         for t in ("left", "right")]},
+              {"text": "both answered"}]  # fmt: skip
+    busy = [{"calls": [{"name": "child_effect", "args": {"tag": "x"}}]}] * 3 + [{"text": "did 3"}]
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    (tmp_path / "child.json").write_text(json.dumps(busy))
+    (tmp_path / "gate-x").touch()  # the children's effects do not wait
+    kids = [child_session_id("p1", f"call-0-{n}") for n in (1, 2)]
+    try:
+        for _ in range(2):
+            workers.start("--tools", str(TOOLS), "--subagents", "--subagent-tree-steps", "5",
+                          "--subagent-model", f"script:{tmp_path / 'child.json'}")  # fmt: skip
+        assert workers.send("p1", "split it").returncode == 0
+        wait_for("the parent completed", lambda: _status(workers.control, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    answers = _answers(workers.events("p1"))
+    grants, spent = [], 0
+    for n, kid in enumerate(kids, start=1):
+        child = workers.events(kid)
+        grants.append(json.loads(child[0]["body"]["metadata"]["subagent.budget"])["steps"])
+        steps = len([e for e in _kinds(child, "model_output") if e["origin"] == "provider"])
+        assert answers[f"call-0-{n}"]["steps"] == steps
+        spent += steps
+    # both asked 4 of a tree of 5: one got 4, the other what was left
+    assert sorted(grants) == [1, 4]
+    assert spent == 5
+    assert sorted(a["status"] for a in answers.values()) == ["completed", "step_limit"]
+    effects = (tmp_path / "child-effects").read_text().splitlines()
+    assert sorted(effects) == sorted([f"x {kids[grants.index(4)]}"] * 3
+                                     + [f"x {kids[grants.index(1)]}"])  # fmt: skip

@@ -228,6 +228,15 @@ def schedule(
     "plane (lodger serve --control answers it); the worker stays up meanwhile, and the "
     "call is denied when nobody answers. 0: deny such calls at once.",
 )
+@click.option(
+    "--subagent-tree-steps",
+    "tree_steps",
+    default=None,
+    type=click.IntRange(0),
+    metavar="N",
+    help="Model steps every subagent of one root session may spend together "
+    "(default: 200); read from the logs, so it holds across workers and restarts.",
+)
 def worker(
     state: str,
     control: str | None,
@@ -242,6 +251,7 @@ def worker(
     subagent_depth: int | None,
     subagent_spec: str | None,
     approval_wait: float,
+    tree_steps: int | None,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -264,6 +274,8 @@ def worker(
     policy = subagent_policy(subagent_depth)
     if policy is not None and subagent_spec:
         policy = dataclasses.replace(policy, model=make_model(subagent_spec))
+    if policy is not None and tree_steps is not None:
+        policy = dataclasses.replace(policy, tree_steps=tree_steps)
     asking: list[ControlApprovals] = []  # set once the control plane is open
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:

@@ -21,6 +21,7 @@ for an open child: a wake lost to a crash between the child's first event and it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +34,11 @@ from lodger.storage.snapshots import snapshot_workspace
 from lodger.subagents.link import SubagentLink
 
 __all__ = ["ControlPlaneChildren", "parent_key", "start_key"]
+
+_RESERVE_WAIT = 30.0  # seconds a delegation waits for another worker's reservation
+#: the tree lease is not renewed: it outlives a slow walk of the tree's logs (a holder
+#: that dies holds up the tree's delegations this long at most)
+_RESERVE_TTL = 10.0
 
 
 def start_key(child: SubagentLink) -> str:
@@ -105,6 +111,32 @@ class ControlPlaneChildren:
         await self.control.send(
             session_id=child.session_id, message=None, idempotency_key=start_key(child)
         )
+
+    @contextlib.asynccontextmanager
+    async def reserving(self, root: str) -> AsyncIterator[None]:
+        """The named lease ``subagent-tree:<root>``: delegations of one tree on different
+        workers read its spending and write their children's first events one at a time.
+        Held for a few reads and one append; a holder that dies frees it at its expiry."""
+        name = f"subagent-tree:{root}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _RESERVE_WAIT
+        while True:
+            lease = await self.control.acquire_named(
+                name=name, holder=self.holder, ttl_s=max(self.ttl_s, _RESERVE_TTL)
+            )
+            if lease is not None:
+                break
+            if loop.time() > deadline:
+                raise ToolCallError(
+                    f"the budget of session tree {root!r} is busy (another worker is "
+                    "delegating); delegate again",
+                    code="subagent_busy",
+                )
+            await asyncio.sleep(0.02)
+        try:
+            yield
+        finally:
+            await self.control.release_named(lease=lease)
 
     async def settled(self, *, child: SubagentLink) -> None:
         await self.control.send(

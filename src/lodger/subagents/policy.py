@@ -2,8 +2,10 @@
 
 ``SubagentPolicy`` is given to ``Agent(subagents=...)`` (or ``lodger run --subagents``).
 A child gets the budget its delegation asks for, capped by ``max_budget``; every child
-of a tree (a root session and all its descendants) draws its steps and tokens from one
-``TreeBudget``, so a child cannot give its own children more than the tree has left.
+of a tree (a root session and all its descendants) draws its steps and tokens from the
+tree's budget, so a child cannot give its own children more than the tree has left. The
+tree's budget is read from its logs at each delegation (``lodger.subagents.ledger``), so
+it holds after a crash and resume, and across workers.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class ChildLauncher(Protocol):
 
     async def settled(self, *, child: SubagentLink) -> None:
         """The child's turn settled: wake its parent (idempotent per child)."""
+        ...
+
+    def reserving(self, root: str) -> AbstractAsyncContextManager[None]:
+        """While open, no other process reserves from the budget of ``root``'s tree (held
+        from reading the tree's spending to writing the new child's first event)."""
         ...
 
 
@@ -98,10 +105,11 @@ class SubagentPolicy:
 
 
 class TreeBudget:
-    """The steps and tokens left for every child of one root session, in this process.
+    """The steps and tokens left for every child of one root session.
 
-    A delegation reserves what its child may spend before the child starts and gives back
-    what the child did not use when it settles.
+    Built from what the tree's logs say it spent (``lodger.subagents.ledger.tree_budget``);
+    a delegation reserves what its child may spend before the child starts (the grant is
+    recorded in the child's first event, so the next reading counts it).
     """
 
     def __init__(self, *, steps: int, tokens: int | None) -> None:

@@ -24,8 +24,10 @@ a child that never wrote its first event did not happen, and the model is told s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
@@ -46,6 +48,14 @@ from lodger.events import (
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
 from lodger.storage import EventLog
 from lodger.storage.forks import fork_session
+from lodger.subagents.ledger import (
+    TreeSpend,
+    budget_from_metadata,
+    budget_metadata,
+    settled_floor,
+    tree_budget,
+    tree_spend,
+)
 from lodger.subagents.link import (
     _ASKING,
     ChildOutcome,
@@ -57,7 +67,7 @@ from lodger.subagents.link import (
     link_of,
     session_from_resources,
 )
-from lodger.subagents.policy import Budget, SubagentPolicy, TreeBudget
+from lodger.subagents.policy import Budget, SubagentPolicy
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import TOOL_SEARCH, attach_tool_search
 from lodger.tools.spec import ProbeResult, Suspended, Tool, ToolContext, ToolOutput
@@ -215,6 +225,27 @@ class _BudgetedModel:
         return response
 
 
+class _Trees:
+    """What the delegators of one agent share about its trees: a lock per root (reading
+    the tree's spending and writing a child's first event happen under it) and the most
+    each root's settled children were seen to have spent (only grows: an early refusal
+    from it, before T1, is never wrong)."""
+
+    def __init__(self) -> None:
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.settled: dict[str, tuple[int, int]] = {}
+
+    def lock(self, root: str) -> asyncio.Lock:
+        return self.locks.setdefault(root, asyncio.Lock())
+
+    def remember(self, spend: TreeSpend) -> None:
+        steps, tokens = self.settled.get(spend.root, (0, 0))
+        self.settled[spend.root] = (
+            max(steps, spend.settled_steps),
+            max(tokens, spend.settled_tokens),
+        )
+
+
 class _Delegator:
     """The ``delegate`` tool of one depth of a tree; the root's is bound by the agent."""
 
@@ -225,13 +256,13 @@ class _Delegator:
         *,
         depth: int = 0,
         root: str | None = None,
-        trees: dict[str, TreeBudget] | None = None,
+        trees: _Trees | None = None,
     ) -> None:
         self.agent = agent
         self.policy = policy
         self.depth = depth  # the depth of the sessions that call this tool (root: 0)
         self.root = root
-        self.trees: dict[str, TreeBudget] = {} if trees is None else trees
+        self.trees = _Trees() if trees is None else trees
 
     # ------------------------------------------------------------ the declaration
 
@@ -255,13 +286,31 @@ class _Delegator:
             timeout=None if cap is None else cap + _GRACE,
         )
 
-    def _tree(self, session_id: str) -> TreeBudget:
+    def _check_settled(self, session_id: str) -> None:
+        """Refuse before T1 when the tree's settled children alone spent its budget (as
+        last read in this process; the full check reads the logs in the handler)."""
         root = self.root or session_id
-        tree = self.trees.get(root)
-        if tree is None:
-            tree = TreeBudget(steps=self.policy.tree_steps, tokens=self.policy.tree_tokens)
-            self.trees[root] = tree
-        return tree
+        seen = self.trees.settled.get(root)
+        if seen is not None:
+            steps, tokens = seen
+            spend = TreeSpend(root=root, settled_steps=steps, settled_tokens=tokens)
+            settled_floor(spend, self.policy).check()
+
+    @contextlib.asynccontextmanager
+    async def _reserving(self, root: str) -> AsyncIterator[None]:
+        """Held from reading the tree's spending to writing the child's first event: in
+        this process, and across workers through the launcher."""
+        async with self.trees.lock(root):
+            if self.policy.children is None:
+                yield
+                return
+            async with self.policy.children.reserving(root):
+                yield
+
+    async def _spend(self, root: str) -> TreeSpend:
+        spend = await tree_spend(self.agent.storage.log, root, policy=self.policy)
+        self.trees.remember(spend)
+        return spend
 
     def _claims(self, arguments: dict[str, Any], ctx: ToolContext) -> list[ResourceClaim]:
         """Refusals before dispatch (nothing runs, no child exists), then the claim that
@@ -285,7 +334,7 @@ class _Delegator:
                     code="subagent_tools",
                 )
         _check_schema(arguments.get("output_schema"))
-        self._tree(ctx.session_id).check()
+        self._check_settled(ctx.session_id)
         return [ResourceClaim.actor(child_resource(child_session_id(ctx.session_id, ctx.call_id)))]
 
     # ------------------------------------------------------------ a delegation
@@ -298,25 +347,28 @@ class _Delegator:
     async def _handle(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput | Suspended:
         delegation = Delegation.parse(arguments, self.policy)
         child_id = child_session_id(ctx.session_id, ctx.call_id)
-        if self._detached(ctx):
+        root = self.root or ctx.session_id
+        detached = self._detached(ctx)
+        async with self._reserving(root):
+            # the tree's budget from its logs (it holds after a crash, across workers);
+            # a ToolCallError the model can fix when nothing is left
+            granted = tree_budget(await self._spend(root), self.policy).reserve(delegation.budget)
+            # T1 is committed: the child's first event records the link and the grant
+            link = await self._start_child(
+                child_id,
+                delegation,
+                ctx,
+                granted=granted,
+                arguments=arguments if detached else None,
+            )
+        if detached:
             assert self.policy.children is not None
-            # T1 is committed: the child's first event (link, task), then its wake; the
-            # call suspends and the parent's run ends waiting once the batch settles.
-            link = await self._start_child(child_id, delegation, ctx, arguments=arguments)
+            # its wake; the call suspends and the parent's run ends waiting once the
+            # batch settles
             await self.policy.children.start(child=link, workspace=ctx.workspace)
             return Suspended(reason=f"the subagent session {child_id!r} runs on a worker")
-        tree = self._tree(ctx.session_id)
-        granted = tree.reserve(delegation.budget)  # a ToolCallError when spent meanwhile
-        outcome: ChildOutcome | None = None
-        try:
-            link = await self._start_child(child_id, delegation, ctx)
-            outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=ctx)
-        finally:
-            tree.settle(
-                granted,
-                steps=outcome.steps if outcome else granted.steps,
-                tokens=outcome.tokens if outcome else (granted.tokens or 0),
-            )
+        outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=ctx)
+        await self._spend(root)  # what settled, for the early refusal of the next call
         return ToolOutput(content=outcome.render(), is_error=not outcome.completed)
 
     async def _start_child(
@@ -325,6 +377,7 @@ class _Delegator:
         delegation: Delegation,
         ctx: ToolContext,
         *,
+        granted: Budget,
         arguments: dict[str, Any] | None = None,
     ) -> SubagentLink:
         """Write the child's first event: the parent link (and, for a fork, the shared
@@ -343,7 +396,7 @@ class _Delegator:
             root=self.root or ctx.session_id,
             history=delegation.history,
         )
-        metadata = link.to_metadata()
+        metadata = link.to_metadata() | budget_metadata(granted)
         if arguments is None:
             await self._write_first(link, delegation, ctx, metadata)
             return link
@@ -523,7 +576,7 @@ class _Delegator:
                 content=settled.render(),
             )
         delegation = Delegation.parse(dict(dispatched.arguments), self.policy)
-        granted = delegation.budget
+        granted = budget_from_metadata(events[0]) or delegation.budget
         try:
             outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=None)
         except ResumeBlockedError as exc:
@@ -568,7 +621,7 @@ async def drive_detached_child(agent: Agent, session_id: str) -> ChildOutcome | 
     return await delegator._drive(
         link,
         delegation,
-        delegation.budget,
+        budget_from_metadata(first[0]) or delegation.budget,
         deps=agent.engine.deps,
         source=None,
         relocate=True,

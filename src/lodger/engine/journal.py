@@ -18,8 +18,10 @@ goes at once. A group is atomic as a whole, and a failed group fails every calle
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from lodger.engine.context import Envelope
 from lodger.engine.state import SessionState
@@ -29,6 +31,8 @@ from lodger.ids import Clock, IdFactory
 from lodger.storage import SessionWriter
 
 __all__ = ["Journal"]
+
+T = TypeVar("T")
 
 _NO_ENVELOPE = Envelope()
 
@@ -171,15 +175,26 @@ class Journal:
             return
         deferred, self._deferred = self._deferred, []
         drafts = [*deferred, *(d for t in group for d in t.drafts)]
-        task = asyncio.ensure_future(self.writer.append(drafts, expected_offset=len(self.events)))
         cancelled = False
+        task: asyncio.Future[list[Event]] | None = None
         try:
-            events = await _settle(task)
+            # The append starts here, in the caller's task: a store that answers without
+            # suspending (the memory twin) costs no task and no shield. One that suspends
+            # (a thread, a socket) finishes in a task of its own, awaited through any
+            # cancellation (``_settle``), as if it had been a task from the start.
+            coro = self.writer.append(drafts, expected_offset=len(self.events))
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                events = stop.value
+            else:
+                task = asyncio.ensure_future(_resume(coro, first))
+                events = await _settle(task)
         except asyncio.CancelledError:
             # Cancelled while the append ran: if it committed, memory must still match
             # the log (the next append names the offset after it), and the callers can
             # tell their facts are durable.
-            if not task.done() or task.cancelled():
+            if task is None or not task.done() or task.cancelled():
                 raise
             cancelled = True
             error = task.exception()
@@ -243,6 +258,29 @@ async def _wait_out(outcome: asyncio.Future[list[Event]]) -> None:
             await asyncio.wait([outcome])
         except asyncio.CancelledError:
             continue
+
+
+@types.coroutine
+def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
+    """Drive the rest of ``coro``, started by hand and suspended at ``yielded``: what it
+    yields goes to the task running this, what the task sends or throws goes back in."""
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: handed on
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return cast(T, stop.value)
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return cast(T, stop.value)
+
+
+async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
+    return await _finish(coro, yielded)
 
 
 async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:

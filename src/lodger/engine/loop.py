@@ -277,7 +277,7 @@ class Engine:
                             finish_reason=response.finish_reason,
                             provider_state=response.provider_state,
                         ),
-                        dataclasses.replace(env, origin="provider"),
+                        env.with_origin("provider"),
                     )
                 )
                 if not calls:

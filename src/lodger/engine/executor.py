@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lodger.engine.eager import start_eagerly
 from lodger.errors import ToolCallError
 from lodger.events import ResultStatus
 from lodger.tools.spec import Suspended, Tool, ToolContext, ToolOutput, WorkerAbandoned
@@ -61,7 +62,9 @@ class InProcessExecutor:
     async def execute(
         self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
     ) -> Execution:
-        task = asyncio.ensure_future(_guarded(t, arguments, ctx))
+        # Started at once, in a context of its own: a handler that finishes without
+        # waiting (most async tools) needs no task and no trip through the event loop.
+        task = start_eagerly(_guarded(t, arguments, ctx))
         stopped_by: str | None = None
         try:
             if not await _done_within(task, time_limit):

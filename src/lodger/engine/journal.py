@@ -18,12 +18,11 @@ goes at once. A group is atomic as a whole, and a failed group fails every calle
 from __future__ import annotations
 
 import asyncio
-import types
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
 
 from lodger.engine.context import Envelope
+from lodger.engine.eager import continue_in_task
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, LodgerError, StorageError
 from lodger.events import Body, Event, EventDraft, new_draft
@@ -31,8 +30,6 @@ from lodger.ids import Clock, IdFactory
 from lodger.storage import SessionWriter
 
 __all__ = ["Journal"]
-
-T = TypeVar("T")
 
 _NO_ENVELOPE = Envelope()
 
@@ -188,7 +185,7 @@ class Journal:
             except StopIteration as stop:
                 events = stop.value
             else:
-                task = asyncio.ensure_future(_resume(coro, first))
+                task = continue_in_task(coro, first)
                 events = await _settle(task)
         except asyncio.CancelledError:
             # Cancelled while the append ran: if it committed, memory must still match
@@ -258,29 +255,6 @@ async def _wait_out(outcome: asyncio.Future[list[Event]]) -> None:
             await asyncio.wait([outcome])
         except asyncio.CancelledError:
             continue
-
-
-@types.coroutine
-def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
-    """Drive the rest of ``coro``, started by hand and suspended at ``yielded``: what it
-    yields goes to the task running this, what the task sends or throws goes back in."""
-    while True:
-        try:
-            sent = yield yielded
-        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: handed on
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return cast(T, stop.value)
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as stop:
-                return cast(T, stop.value)
-
-
-async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
-    return await _finish(coro, yielded)
 
 
 async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:

@@ -60,6 +60,7 @@ def test_factory_is_monotonic_within_one_millisecond() -> None:
     for value in ids:
         parsed = uuid.UUID(value)
         assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+        assert str(parsed) == value  # the canonical lowercase, dashed form
 
 
 def test_factory_borrows_the_next_millisecond_when_the_counter_runs_out() -> None:

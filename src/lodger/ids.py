@@ -55,6 +55,10 @@ class ManualClock:
         self._now += us
 
 
+_MS_MASK = (1 << 48) - 1
+_RAND_B_MASK = (1 << 62) - 1
+
+
 def uuid7(unix_ms: int, rand: bytes) -> uuid.UUID:
     """Build a UUIDv7 (RFC 9562) from a millisecond timestamp and 10 random bytes."""
     if len(rand) != 10:
@@ -93,10 +97,18 @@ class Uuid7Factory:
             else:
                 self._counter = 0
             self._last_ms = ms
-            rand = bytearray(os.urandom(10))
-            rand[0] = (self._counter >> 8) & 0x0F
-            rand[1] = self._counter & 0xFF
-            return str(uuid7(ms, bytes(rand)))
+            counter = self._counter
+        # The layout of ``uuid7`` (48-bit ms, version 7, the 12-bit counter as rand_a,
+        # variant 0b10, 62 random bits), formatted directly: no UUID object on the hot path.
+        value = (
+            ((ms & _MS_MASK) << 80)
+            | (0x7 << 76)
+            | (counter << 64)
+            | (0x2 << 62)
+            | (int.from_bytes(os.urandom(8), "big") & _RAND_B_MASK)
+        )
+        h = f"{value:032x}"
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class SequentialIds:

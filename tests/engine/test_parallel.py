@@ -477,9 +477,12 @@ async def test_a_t2_failure_stops_queued_calls_from_dispatching(tmp_path: Path) 
         ]
     )
     agent = make_agent(tmp_path, model, gates.tools(), store)
-    gates.open["first"].set()
     turn = asyncio.create_task(agent.run("go", session="s1"))
+    # "first" ends (and its T2 fails) only once "running" is past its T1: a tool that
+    # finishes without waiting may otherwise reach its T2 before the others' T1s
+    await gates.seen("start:first")
     await gates.seen("start:running")
+    gates.open["first"].set()
     await gates.seen("end:first")
     await first_t2.wait()
     gates.open["running"].set()

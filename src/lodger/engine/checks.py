@@ -14,6 +14,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from lodger.engine.fastschema import quick_check
 from lodger.events import ProposedCall, RejectionReason, canonical_json
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
@@ -140,6 +141,9 @@ def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
         return [f"the tool's own schema is invalid ({exc.message}); report this"]
     except (ValueError, TypeError) as exc:
         return [f"the tool's own schema cannot be used ({exc}); report this"]
+    quick = quick_check(t.parameters_json)
+    if quick is not None and quick(arguments):
+        return []  # surely valid (see ``fastschema``): the full walk would find nothing
     problems = []
     try:
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lodger.engine.eager import start_eagerly
 from lodger.errors import ToolCallError
 from lodger.events import ResultStatus
 from lodger.tools.spec import Suspended, Tool, ToolContext, ToolOutput, WorkerAbandoned
@@ -61,15 +62,15 @@ class InProcessExecutor:
     async def execute(
         self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
     ) -> Execution:
-        task = asyncio.ensure_future(_guarded(t, arguments, ctx))
+        # Started at once, in a context of its own: a handler that finishes without
+        # waiting (most async tools) needs no task and no trip through the event loop.
+        task = start_eagerly(_guarded(t, arguments, ctx))
         stopped_by: str | None = None
         try:
-            done, _ = await asyncio.wait({task}, timeout=time_limit)
-            if not done:
+            if not await _done_within(task, time_limit):
                 stopped_by = "time_limit"
                 task.cancel()
-                done, _ = await asyncio.wait({task}, timeout=self.grace)
-                if not done:
+                if not await _done_within(task, self.grace):
                     task.cancel()  # a second stop: a worker thread is abandoned
                     await asyncio.wait({task})
         except asyncio.CancelledError:
@@ -84,6 +85,30 @@ class InProcessExecutor:
                 except BaseException:  # noqa: BLE001 - read from the task below
                     break
         return _outcome(t, task, stopped_by, time_limit)
+
+
+async def _done_within(task: asyncio.Future[Any], seconds: float) -> bool:
+    """Wait until ``task`` is done or ``seconds`` passed; whether it is done.
+
+    What ``asyncio.wait({task}, timeout=...)`` does for one task, without its sets and
+    extra callbacks (this wait is on every call's path)."""
+    if task.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    timer = loop.call_later(seconds, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
 
 
 class _ToolExited(Exception):

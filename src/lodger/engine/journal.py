@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lodger.engine.context import Envelope
+from lodger.engine.eager import continue_in_task
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, LodgerError, StorageError
 from lodger.events import Body, Event, EventDraft, new_draft
@@ -171,15 +172,26 @@ class Journal:
             return
         deferred, self._deferred = self._deferred, []
         drafts = [*deferred, *(d for t in group for d in t.drafts)]
-        task = asyncio.ensure_future(self.writer.append(drafts, expected_offset=len(self.events)))
         cancelled = False
+        task: asyncio.Future[list[Event]] | None = None
         try:
-            events = await _settle(task)
+            # The append starts here, in the caller's task: a store that answers without
+            # suspending (the memory twin) costs no task and no shield. One that suspends
+            # (a thread, a socket) finishes in a task of its own, awaited through any
+            # cancellation (``_settle``), as if it had been a task from the start.
+            coro = self.writer.append(drafts, expected_offset=len(self.events))
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                events = stop.value
+            else:
+                task = continue_in_task(coro, first)
+                events = await _settle(task)
         except asyncio.CancelledError:
             # Cancelled while the append ran: if it committed, memory must still match
             # the log (the next append names the offset after it), and the callers can
             # tell their facts are durable.
-            if not task.done() or task.cancelled():
+            if task is None or not task.done() or task.cancelled():
                 raise
             cancelled = True
             error = task.exception()

@@ -246,6 +246,9 @@ class Engine:
                     return await self._end(
                         ctx, "step_limit", error=f"stopped after {self.max_steps} steps"
                     )
+                # Other tasks get the loop once per step: with a store and a model that
+                # answer without waiting (memory, scripted), nothing else here suspends.
+                await asyncio.sleep(0)
                 visible = self.registry.visible(state.turn_activated)
                 step_id = self.ids.new_id()
                 env = run_env.at_step(step_id)
@@ -277,7 +280,7 @@ class Engine:
                             finish_reason=response.finish_reason,
                             provider_state=response.provider_state,
                         ),
-                        dataclasses.replace(env, origin="provider"),
+                        env.with_origin("provider"),
                     )
                 )
                 if not calls:

@@ -28,7 +28,7 @@ from lodger.engine.batch import Batch, Slot
 from lodger.engine.bounding import ResultBounder
 from lodger.engine.checks import Rejection, check_call, schema_problems
 from lodger.engine.context import Envelope, RunContext
-from lodger.engine.executor import DEFAULT_TIMEOUT, Executor, InProcessExecutor
+from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor, InProcessExecutor
 from lodger.engine.hooks import (
     AfterCall,
     BeforeCall,
@@ -540,19 +540,20 @@ class CallPipeline:
             )
             raise
         timeout = t.timeout if t.timeout is not None else self.default_timeout
-        execution = asyncio.ensure_future(
-            self.executor.execute(t, arguments, tctx, time_limit=timeout)
-        )
-        cancelled = False
-        while not execution.done():
-            try:
-                await asyncio.shield(execution)
-            except asyncio.CancelledError:
-                # Settle, never abandon: the tool is told to stop, and what it did is
-                # recorded before the cancellation goes on.
-                cancelled = True
-                execution.cancel()
-        if not execution.cancelled() and execution.result().suspended:
+        # The executor is awaited in this task (no task and shield of its own): it settles
+        # on cancellation by contract and says how the call ended. Whether this task was
+        # cancelled meanwhile is read from its cancellation count, and the cancellation
+        # goes on after T2 records the outcome.
+        task = asyncio.current_task()
+        assert task is not None
+        cancels = task.cancelling()
+        execution: Execution | None
+        try:
+            execution = await self.executor.execute(t, arguments, tctx, time_limit=timeout)
+        except asyncio.CancelledError:
+            execution = None  # an executor that did not settle: recorded as cancelled
+        cancelled = execution is None or task.cancelling() > cancels
+        if execution is not None and execution.suspended:
             # Suspended: T1 stays without a T2. The call's work runs elsewhere; the run
             # ends waiting and resume's probe of the call settles it when woken.
             if cancelled:
@@ -561,15 +562,15 @@ class CallPipeline:
                 call_id=tctx.call_id,
                 name=t.name,
                 status=None,
-                content=execution.result().content,
+                content=execution.content,
                 dispatched=True,
                 suspended=True,
             )
-        if execution.cancelled():
+        if execution is None:
             status: ResultStatus = "cancelled"
             content = f"{t.name} was cancelled while running; its effect may be partial"
         else:
-            status, content = execution.result().status, execution.result().content
+            status, content = execution.status, execution.content
             if self.after_call:
                 status, content = await self._after(t, arguments, tctx, env, status, content)
         bounded = await self.bounder.bound(content)

@@ -1,0 +1,77 @@
+"""Start a coroutine at once, in the caller's task, and give it a task only if it waits.
+
+Most calls on the hot path finish without ever suspending (a no-op tool, an append to
+the memory store). A task for them costs its creation, a trip through the event loop to
+start and another to report back. ``first_step`` runs the coroutine's first step now;
+when it suspends, ``continue_in_task`` hands the rest to a task, which then behaves as
+if it had run the coroutine from the start (what it yields goes to the task, what the
+task sends or throws in, a cancellation included, goes back to the coroutine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import types
+from collections.abc import Coroutine, Generator
+from typing import Any, TypeVar, cast
+
+__all__ = ["continue_in_task", "start_eagerly"]
+
+T = TypeVar("T")
+
+
+def start_eagerly(
+    coro: Coroutine[Any, Any, T], *, context: contextvars.Context | None = None
+) -> asyncio.Future[T]:
+    """A future of ``coro``'s outcome: already done when its first step finished it, else
+    the task running the rest. ``context`` (a fresh copy when None) is the one the first
+    step and the task run in, as a task's would be."""
+    loop = asyncio.get_running_loop()
+    ctx = context if context is not None else contextvars.copy_context()
+    try:
+        yielded = ctx.run(coro.send, None)
+    except StopIteration as stop:
+        done: asyncio.Future[T] = loop.create_future()
+        done.set_result(cast(T, stop.value))
+        return done
+    except asyncio.CancelledError:
+        done = loop.create_future()
+        done.cancel()
+        return done
+    except (KeyboardInterrupt, SystemExit):
+        raise  # as a task would: these stop the loop
+    except BaseException as exc:  # noqa: BLE001 - the outcome, as a task would keep it
+        done = loop.create_future()
+        done.set_exception(exc)
+        return done
+    return continue_in_task(coro, yielded, context=ctx)
+
+
+def continue_in_task(
+    coro: Coroutine[Any, Any, T], yielded: Any, *, context: contextvars.Context | None = None
+) -> asyncio.Task[T]:
+    """The task that drives the rest of ``coro``, started by hand and suspended at
+    ``yielded``."""
+    return asyncio.get_running_loop().create_task(_resume(coro, yielded), context=context)
+
+
+async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
+    return await _finish(coro, yielded)
+
+
+@types.coroutine
+def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: handed on
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return cast(T, stop.value)
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return cast(T, stop.value)

@@ -1,0 +1,104 @@
+"""The quick schema check never accepts what the full validator refuses, and accepts
+the common flat shapes it is meant for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from lodger.engine.fastschema import quick_check
+
+TYPES = ["string", "integer", "number", "boolean", "null", "array", "object"]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+names = st.sampled_from(["a", "b", "c", "d"])
+
+
+@st.composite
+def schemas(draw: st.DrawFn) -> dict[str, Any]:
+    props = draw(
+        st.dictionaries(
+            names,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "type": st.sampled_from([*TYPES, "integer"]),
+                    "title": st.text(max_size=3),
+                    # not understood by the quick check: it must then say None
+                    "minLength": st.integers(0, 3),
+                },
+            ),
+        )
+    )
+    schema: dict[str, Any] = {"type": "object", "properties": props}
+    if draw(st.booleans()):
+        schema["required"] = draw(st.lists(names, unique=True, max_size=4))
+    if draw(st.booleans()):
+        schema["additionalProperties"] = draw(st.booleans())
+    return schema
+
+
+@settings(max_examples=400, deadline=None)
+@given(schemas(), st.dictionaries(names, json_values, max_size=4))
+def test_quick_accept_means_the_full_validator_accepts(
+    schema: dict[str, Any], arguments: dict[str, Any]
+) -> None:
+    check = quick_check(json.dumps(schema))
+    full_ok = not list(Draft202012Validator(schema).iter_errors(arguments))
+    if check is None:
+        assert any("minLength" in p for p in schema["properties"].values())
+        return
+    if check(arguments):
+        assert full_ok, (schema, arguments)
+    elif full_ok:
+        # the only "not sure" on valid arguments: a whole float given for an integer
+        assert any(
+            schema["properties"].get(k, {}).get("type") == "integer" and isinstance(v, float)
+            for k, v in arguments.items()
+        ), (schema, arguments)
+
+
+def test_common_shapes_are_quick_and_strict() -> None:
+    check = quick_check(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "title": "Path"},
+                    "n": {"type": "integer"},
+                },
+                "required": ["path"],
+                "additionalProperties": False,
+            }
+        )
+    )
+    assert check is not None
+    assert check({"path": "a", "n": 3})
+    assert not check({"n": 3})  # missing required
+    assert not check({"path": 1})  # wrong type
+    assert not check({"path": "a", "n": True})  # a bool is not an integer
+    assert not check({"path": "a", "x": 1})  # extra property refused
+
+
+def test_other_shapes_are_left_to_the_full_validator() -> None:
+    for schema in (
+        {"type": "object", "properties": {"a": {"type": "string", "enum": ["x"]}}},
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {}}},
+        {"type": "array"},
+        {"type": "object", "required": ["a", "a"]},
+        {"type": "object", "properties": {"a": {"type": ["string", "null"]}}},
+    ):
+        assert quick_check(json.dumps(schema)) is None, schema
+    assert quick_check("not json") is None

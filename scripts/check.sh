@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every check: lint, format, strict types, and the whole test suite.
-# --fast skips the tests marked slow (a quick lane for development; CI runs everything).
+# --fast skips the tests marked slow and spreads the rest over two processes (pytest-xdist):
+# a quick lane for development. CI runs everything, in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
 fast=()
 if [[ "${1:-}" == "--fast" ]]; then
     shift
-    fast=(-m "not slow")
+    fast=(-m "not slow" -n 2)
     export LODGER_FAST_LANE=1  # fewer hypothesis examples (tests/conftest.py)
 fi
 echo "== ruff check";   "$bin/ruff" check src tests bench examples

@@ -404,21 +404,9 @@ class SqliteHostControl:
             )
             found = _approval_of(db, session_id, call_id)
             if found is None:
-                raise UsageError(
-                    f"session {session_id!r} has no approval for call {call_id!r}",
-                    hint="list the session's pending approvals",
-                    code="no_such_call",
-                    session_id=session_id,
-                    call_id=call_id,
-                )
+                raise no_such_approval(session_id, call_id)
             if cur.rowcount != 1:
-                raise HostConflictError(
-                    f"the approval of call {call_id!r} is already {found.status}",
-                    hint="someone answered it first; the stream shows the decision",
-                    code="already_answered",
-                    session_id=session_id,
-                    call_id=call_id,
-                )
+                raise answered_already(session_id, call_id, found.status)
             return found
 
         return await self._run(work)
@@ -538,3 +526,25 @@ def _approval_of(db: sqlite3.Connection, session_id: str, call_id: str) -> Appro
         (session_id, call_id),
     ).fetchone()
     return None if row is None else _approval(row)
+
+
+def no_such_approval(session_id: str, call_id: str) -> UsageError:
+    return UsageError(
+        f"session {session_id!r} has no approval for call {call_id!r}",
+        hint="list the session's pending approvals",
+        code="no_such_call",
+        session_id=session_id,
+        call_id=call_id,
+    )
+
+
+def answered_already(session_id: str, call_id: str, status: str) -> HostConflictError:
+    """A second answer to one approval: the first won (or nobody waits for it any more)."""
+    return HostConflictError(
+        f"the approval of call {call_id!r} is already {status}",
+        hint="someone answered it first (or whoever asked stopped waiting); the stream "
+        "shows the decision",
+        code="already_answered",
+        session_id=session_id,
+        call_id=call_id,
+    )

@@ -38,6 +38,8 @@ from lodger.host.control import (
     Message,
     MessageKind,
     MessageStatus,
+    answered_already,
+    no_such_approval,
 )
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
@@ -203,22 +205,9 @@ class ControlPlaneHub(Hub):
             session_id=session_id, call_id=call_id, allow=allow, by=by
         )
         if found is None:
-            raise UsageError(
-                f"session {session_id!r} has no approval for call {call_id!r}",
-                hint="list the session's pending approvals",
-                code="no_such_call",
-                session_id=session_id,
-                call_id=call_id,
-            )
+            raise no_such_approval(session_id, call_id)
         if not won:
-            raise HostConflictError(
-                f"the approval of call {call_id!r} is already {found.status}",
-                hint="someone answered it first (or its worker stopped waiting); the "
-                "stream shows the decision",
-                code="already_answered",
-                session_id=session_id,
-                call_id=call_id,
-            )
+            raise answered_already(session_id, call_id, found.status)
         return _approval(found)
 
 

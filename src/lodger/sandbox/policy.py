@@ -46,6 +46,7 @@ __all__ = [
     "Limits",
     "NetworkPolicy",
     "SandboxPolicy",
+    "expand_variables",
     "looks_like_credential",
     "policy_from_config",
 ]
@@ -223,7 +224,10 @@ class SandboxPolicy:
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _expand(value: str, where: str) -> str:
+def expand_variables(value: str, where: str) -> str:
+    """``value`` with each ``${NAME}`` replaced from the environment; an unset name is a
+    ``ConfigError`` naming ``where``."""
+
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in os.environ:
@@ -297,7 +301,7 @@ def policy_from_config(
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise ConfigError(f"{where} network.credentials.{domain} must be a table of strings")
         credentials[domain] = {
-            name: _expand(value, f"{where} network.credentials.{domain}.{name}")
+            name: expand_variables(value, f"{where} network.credentials.{domain}.{name}")
             for name, value in headers.items()
         }
     secrets_file = table.get("secrets_file", os.environ.get(SECRETS_VARIABLE))

@@ -32,8 +32,6 @@ file entry of the same name. Stdio servers start in the workspace unless ``cwd``
 from __future__ import annotations
 
 import json
-import os
-import re
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -44,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lodger.engine.permissions import Decision, Rule
 from lodger.errors import ConfigError
-from lodger.sandbox.policy import SandboxPolicy, policy_from_config
+from lodger.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
 from lodger.tools.spec import Tool
 
@@ -74,20 +72,6 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "timeout_s": (int, float),
     "connect_timeout_s": (int, float),
 }
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand(value: str, where: str) -> str:
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in os.environ:
-            raise ConfigError(
-                f"{where} uses ${{{name}}}, which is not set in the environment",
-                hint=f"export {name}=... before running lodger",
-            )
-        return os.environ[name]
-
-    return _VARIABLE.sub(one, value)
 
 
 def _strings(value: Any, where: str, *, expand: bool = False) -> dict[str, str] | list[str]:
@@ -97,7 +81,7 @@ def _strings(value: Any, where: str, *, expand: bool = False) -> dict[str, str] 
         return list(value)
     if not all(isinstance(v, str) for v in value.values()):
         raise ConfigError(f"{where} must be a table of strings")
-    return {k: _expand(v, f"{where}.{k}") if expand else v for k, v in value.items()}
+    return {k: expand_variables(v, f"{where}.{k}") if expand else v for k, v in value.items()}
 
 
 def server_from_table(

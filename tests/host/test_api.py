@@ -3,6 +3,9 @@ scopes, and machine-readable refusals."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2
@@ -155,6 +158,35 @@ async def test_recover_decide_resume_and_fork(tmp_path: Path) -> None:
         assert result["status"] == "done", result
 
 
+async def _chunked_post(url: str, token: str, sid: str, size: int) -> tuple[int, bytes]:
+    """POST ``size`` bytes of chunked body (no Content-Length, no closing chunk: the server
+    must answer once it has seen too much) through a raw socket; the status and body."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        sent = 0
+        while sent < size:
+            piece = min(65536, size - sent)
+            writer.write(b"%x\r\n%s\r\n" % (piece, b"x" * piece))
+            sent += piece
+            await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        status = int(head.split(b" ", 2)[1])
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        return status, await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
+
+
 async def test_hostile_requests_are_refused_cleanly(tmp_path: Path) -> None:
     async with running_host(tmp_path / "state") as host, host.client() as c:
         sid = await c.create_session()
@@ -164,6 +196,24 @@ async def test_hostile_requests_are_refused_cleanly(tmp_path: Path) -> None:
             huge = await raw.post(f"/v1/sessions/{sid}/messages", content=b"x" * (2 * 1024 * 1024))
             assert huge.status_code == 413
             assert huge.json()["error"]["code"] == "payload_too_large"
+
+            # chunked: no Content-Length to refuse up front; read bounded, still 413
+            status, body = await _chunked_post(host.url, host.token, sid, 1024 * 1024 + 10)
+            assert status == 413
+            assert json.loads(body)["error"]["code"] == "payload_too_large"
+
+            async def small() -> AsyncIterator[bytes]:
+                yield b'{"text": "chunked '
+                yield b'hello", "idempotency_key": "chunked"}'
+
+            other = await c.create_session()  # a body that fits still arrives whole
+            fits = await raw.post(
+                f"/v1/sessions/{other}/messages",
+                content=small(),
+                headers={"Content-Type": "application/json"},
+            )
+            assert fits.status_code in (200, 201, 202), fits.text
+            assert fits.json()["message"]["idempotency_key"] == "chunked", fits.json()
             bad_id = await raw.get(
                 f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": "12; DROP"}
             )

@@ -137,6 +137,10 @@ class Worker:
             except ControlPlaneError as exc:
                 # the wake's claim and the lease expire on their own; another worker retries
                 log.warning("control plane during wake %s: %s", wakes[0].id, exc.message)
+            except Exception:  # the other slots and the next wakes go on
+                log.exception("wake %s: unexpected error", wakes[0].id)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.poll_s)
 
     async def _process(self, wake: Wake, stop: asyncio.Event) -> None:
         ttl = self.config.lease_ttl_s
@@ -164,8 +168,11 @@ class Worker:
                 log.warning("session %s: %s", wake.session_id, exc.message)
                 self.stats.fenced += 1
                 delay = self.config.retry_delay_s
-            except LodgerError as exc:
-                log.warning("session %s: %s", wake.session_id, exc)
+            except Exception as exc:  # one turn's failure never stops the worker
+                if isinstance(exc, LodgerError):
+                    log.warning("session %s: %s", wake.session_id, exc)
+                else:  # a bug in a model adapter, a tool binding or lodger: keep the trace
+                    log.exception("session %s: unexpected error in its turn", wake.session_id)
                 self.stats.failed += 1
                 delay = self.config.retry_delay_s
                 if wake.attempts >= self.config.max_attempts:
@@ -311,16 +318,17 @@ class Worker:
             binding, subagents=dataclasses.replace(policy, children=children)
         )
 
-    async def _give_up(self, wake: Wake, exc: LodgerError) -> None:
+    async def _give_up(self, wake: Wake, exc: Exception) -> None:
+        code = exc.code if isinstance(exc, LodgerError) else "internal_error"
         row = await self.control.get_session(session_id=wake.session_id)
         log.warning(
             "dropping wake %s of session %s after %s attempts: %s",
-            wake.id, wake.session_id, wake.attempts, exc.code,
+            wake.id, wake.session_id, wake.attempts, code,
         )  # fmt: skip
         await self.control.record_session(
             row=SessionRow(
                 session_id=wake.session_id,
-                status=f"error:{exc.code}",
+                status=f"error:{code}",
                 last_activity=await self.control.now(),
                 events=row.events if row else 0,
             )

@@ -37,6 +37,7 @@ from lodger.host.control import HostControl, Message, TokenGrant
 from lodger.host.errors import ErrorBody, error_body, status_for
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.host.limits import BodyLimit
 from lodger.host.metrics import HostMetrics
 from lodger.host.webhooks import MAX_BODY, HookConfig, check_signature, delivery_id
 from lodger.sessions import Sessions
@@ -293,6 +294,8 @@ def create_app(
         responses=_ERRORS,
     )
     app.state.hub = hub
+    # a body without a Content-Length is read here, bounded, before any route sees it
+    app.add_middleware(BodyLimit, limit=MAX_REQUEST)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -359,6 +359,7 @@ ErrorCode = Literal[
     "usage",
     "session_not_found",
     "config",
+    "tracing_unavailable",
     "secrets_file_unsafe",
     "authority_misuse",
     "invalid_session_id",

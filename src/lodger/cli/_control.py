@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.table import Table
@@ -27,11 +28,15 @@ from lodger.control.approvals import ControlApprovals
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError
+from lodger.events import Event
 from lodger.providers import make_model
 from lodger.sessions import Binding
 from lodger.storage import Storage, check_session_id
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.spec import Tool
+
+if TYPE_CHECKING:
+    from lodger.host.telemetry import SpanBuilder
 
 __all__ = ["COMMANDS", "control_dsn", "list_indexed_sessions", "render_indexed"]
 
@@ -277,6 +282,7 @@ def worker(
     if policy is not None and tree_steps is not None:
         policy = dataclasses.replace(policy, tree_steps=tree_steps)
     asking: list[ControlApprovals] = []  # set once the control plane is open
+    spans = worker_spans()
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         spec = recorded or model_spec
@@ -288,13 +294,16 @@ def worker(
                 session_id=session_id,
             )
         approvals = asking[0] if asking else None
+        observers = [approvals.observer()] if approvals else []
+        if spans is not None:
+            observers.append(spans.observe)
         return Binding(
             model=make_model(spec),
             tools=[*workspace_tools(), *extra],
             workspace=workspace,
             subagents=policy,
             approver=approvals.approver(session_id) if approvals else None,
-            on_event=approvals.observer() if approvals else None,
+            on_event=_fan_out(observers),
         )
 
     config = WorkerConfig(
@@ -331,8 +340,39 @@ def worker(
                     loop.remove_signal_handler(signum)
             await storage.close()
             await plane.close()
+            if spans is not None:
+                spans.shutdown()  # exports what is still buffered
 
     asyncio.run(main())
+
+
+def worker_spans() -> SpanBuilder | None:
+    """Spans of the turns this worker runs, when ``OTEL_TRACES_EXPORTER`` asks for them
+    (the same builder ``lodger serve`` uses, fed the facts the worker commits)."""
+    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() in ("", "none"):
+        return None
+    try:
+        from lodger.host.telemetry import tracer_from_env
+    except ImportError as exc:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER is set but OpenTelemetry is not installed ({exc})",
+            hint="pip install 'lodger[host]', or unset OTEL_TRACES_EXPORTER",
+            code="tracing_unavailable",
+        ) from None
+    return tracer_from_env()
+
+
+def _fan_out(observers: list[Callable[[Event], None]]) -> Callable[[Event], None] | None:
+    if not observers:
+        return None
+    if len(observers) == 1:
+        return observers[0]
+
+    def observe(event: Event) -> None:
+        for observer in observers:
+            observer(event)
+
+    return observe
 
 
 # ---------------------------------------------------------------- lodger sessions --control

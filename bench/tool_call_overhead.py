@@ -16,12 +16,19 @@ history (after ``--history`` prior calls in the same session).
 
 Targets (issue 9): lodger <= 1.3x two WAL commits; in-memory <= 0.15 ms per call; flat
 within 10% from 100 to 10,000 prior calls. The last line is JSON.
+
+``--breakdown`` also times where one SQLite call's wall time goes, per commit: the wait
+for the I/O thread to wake and take the job, the store's own work on that thread, the
+wait for the event loop to wake with the answer, the journal's await chain back to the
+caller, and the event loop's own work between the commits (the tool, the model, sealing,
+folding). The same hops are timed for the lean reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -35,7 +42,7 @@ from pathlib import Path
 from lodger import Agent, FunctionModel, tool
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore
+from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore, _worker
 from lodger.storage._worker import IoThread
 from lodger.storage.artifacts import MemoryArtifactStore
 
@@ -176,12 +183,100 @@ async def lodger_calls(
     return elapsed
 
 
+@contextlib.contextmanager
+def _timed_io_thread(rows: list[list[float]]):  # type: ignore[no-untyped-def]
+    """Record ``[submitted, started, finished, answered, resumed]`` per I/O-thread job."""
+    clock = time.perf_counter
+    plain_main, plain_run = IoThread._main, IoThread.run
+
+    def timed_main(self: IoThread) -> None:
+        while (job := self._queue.get()) is not None:
+            loop, future, fn = job
+            started = clock()
+            result: object = None
+            error: BaseException | None = None
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                error = exc
+            row = [started, clock()]
+            rows.append(row)
+
+            def answer(f=future, r=result, e=error, row=row) -> None:  # type: ignore[no-untyped-def]
+                row.append(clock())
+                _worker._resolve(f, r, e)
+
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(answer)
+
+    async def timed_run(self: IoThread, fn):  # type: ignore[no-untyped-def]
+        submitted = clock()
+        count = len(rows)
+        result = await plain_run(self, fn)
+        if len(rows) > count:
+            rows[count][:0] = [submitted]
+            rows[count].append(clock())
+        return result
+
+    IoThread._main, IoThread.run = timed_main, timed_run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        IoThread._main, IoThread.run = plain_main, plain_run  # type: ignore[method-assign]
+
+
+def _segments(rows: list[list[float]]) -> dict[str, float]:
+    done = [r for r in rows if len(r) == 5]
+    med = {
+        name: statistics.median((r[j] - r[i]) * 1e6 for r in done)
+        for name, (i, j) in {
+            "thread_wake": (0, 1),
+            "store_work": (1, 2),
+            "loop_wake": (2, 3),
+            "await_chain": (3, 4),
+        }.items()
+    }
+    gaps = [(done[k + 1][0] - done[k][4]) * 1e6 for k in range(len(done) - 1)]
+    med["loop_between"] = statistics.median(gaps) if gaps else 0.0
+    return med
+
+
+def breakdown(directory: Path, n: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, run in (
+        ("lean", lambda: lean_pairs(directory / "lean", n)),
+        ("lodger", lambda: lodger_calls(directory / "lodger", n)),
+    ):
+        (directory / name).mkdir()
+        rows: list[list[float]] = []
+        with _timed_io_thread(rows):
+            asyncio.run(run())
+        seg = _segments(rows)
+        commits = len([r for r in rows if len(r) == 5]) / n
+        # the loop's own time per call: the time between one commit's answer and the
+        # next commit's submission, summed over the commits of a call
+        seg["commits_per_call"] = commits
+        seg["loop_per_call"] = (
+            statistics.mean(
+                (rows[k + 1][0] - rows[k][4]) * 1e6
+                for k in range(len(rows) - 1)
+                if len(rows[k]) == 5
+            )
+            * commits
+        )
+        out[name] = seg
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--calls", type=int, default=None, help="calls per round")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--history", type=int, default=None, help="prior calls for flatness")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="time the parts of one call's wall time"
+    )
     args = parser.parse_args()
     n = args.calls or (100 if args.quick else 500)
     rounds = args.rounds or (3 if args.quick else 5)
@@ -218,6 +313,19 @@ def main() -> None:
             f"calls 100+ / {history}- of one turn  {early:.1f} / {late:.1f} us per call "
             f"({late / early:.2f}x, target <= 1.10)"
         )
+        parts: dict[str, dict[str, float]] = {}
+        if args.breakdown:
+            (base / "parts").mkdir()
+            parts = breakdown(base / "parts", n)
+            print("where the time goes (medians, us per commit; loop = per call):")
+            print(f"{'':<8}{'thread wake':>12}{'store work':>12}{'loop wake':>11}"
+                  f"{'await chain':>12}{'loop/call':>11}")  # fmt: skip
+            for name, seg in parts.items():
+                print(
+                    f"{name:<8}{seg['thread_wake']:12.1f}{seg['store_work']:12.1f}"
+                    f"{seg['loop_wake']:11.1f}{seg['await_chain']:12.1f}"
+                    f"{seg['loop_per_call']:11.1f}"
+                )
         print(
             json.dumps(
                 {
@@ -237,6 +345,9 @@ def main() -> None:
                     "per_call_after_history_us": round(late, 1),
                     "flatness_ratio": round(late / early, 3),
                     "target_ratio": 1.3,
+                    "breakdown_us": {
+                        k: {m: round(v, 1) for m, v in seg.items()} for k, seg in parts.items()
+                    },
                     "python": sys.version.split()[0],
                 }
             )

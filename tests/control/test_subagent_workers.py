@@ -21,6 +21,7 @@ from lodger import Agent
 from lodger.control import open_control
 from lodger.providers.scripted import ScriptedModel
 from lodger.storage import Storage
+from lodger.storage.snapshots import restore_snapshot
 from lodger.subagents import SubagentLink, SubagentPolicy, child_session_id
 from lodger.testing.postgres import PostgresServer
 
@@ -228,8 +229,11 @@ class _LostWakes:
     async def writing(self, session_id: str) -> AsyncIterator[None]:
         yield
 
-    async def start(self, *, child: SubagentLink, workspace: Path | None) -> None:
+    async def start(self, *, child: SubagentLink, snapshot: str | None) -> None:
         self.started.append(child.session_id)
+
+    async def final_snapshot(self, *, child: SubagentLink) -> str | None:
+        raise AssertionError("no child settles here")
 
     async def settled(self, *, child: SubagentLink) -> None:
         raise AssertionError("no child settles here")
@@ -314,3 +318,55 @@ def test_two_detached_children_on_two_workers_never_spend_more_than_the_tree_bud
     effects = (tmp_path / "child-effects").read_text().splitlines()
     assert sorted(effects) == sorted([f"x {kids[grants.index(4)]}"] * 3
                                      + [f"x {kids[grants.index(1)]}"])  # fmt: skip
+
+
+def test_a_detached_childs_edits_reach_the_parents_workspace(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """The child starts from a snapshot of the parent's workspace on another worker; when
+    the parent wakes, the child's edits are applied to the parent's workspace (three-way
+    against that snapshot) and the delegate result says which paths arrived."""
+    workers = _world(tmp_path, postgres, [])
+    write = "write_file"
+    parent = [
+        {"calls": [{"name": write, "args": {"path": "notes.txt", "content": "parent's notes"}},
+                   {"name": write, "args": {"path": "shared.txt", "content": "v1"}}]},
+        {"calls": [{"name": "delegate", "args": {"task": "improve shared.txt"}}]},
+        {"text": "merged"},
+    ]  # fmt: skip
+    child = [
+        {"calls": [{"name": write, "args": {"path": "shared.txt", "content": "child's v2"}},
+                   {"name": write, "args": {"path": "src/new.py", "content": "print(2)"}}]},
+        {"text": "child finished"},
+    ]  # fmt: skip
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    (tmp_path / "child.json").write_text(json.dumps(child))
+    kid = child_session_id("p1", "call-1-1")
+    try:
+        _start(workers)
+        assert workers.send("p1", "delegate an edit").returncode == 0
+        wait_for("the parent completed", lambda: _status(workers.control, "p1") == "completed")
+    finally:
+        workers.stop_all()
+    answer = _answers(workers.events("p1"))["call-1-1"]
+    assert answer["session"] == kid and answer["answer"] == "child finished"
+    assert answer["workspace"] == {"applied": ["shared.txt", "src", "src/new.py"],
+                                   "conflicts": []}  # fmt: skip
+    row = _row(workers.control, "SELECT snapshot FROM sessions WHERE session_id = %s", "p1")
+    assert row is not None
+
+    async def restored() -> dict[str, str]:
+        storage = Storage.from_url(workers.store)
+        try:
+            await restore_snapshot(str(row[0]), storage.artifacts, tmp_path / "after")
+        finally:
+            await storage.close()
+        root = tmp_path / "after"
+        return {p.relative_to(root).as_posix(): p.read_text()
+                for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+
+    assert asyncio.run(restored()) == {
+        "notes.txt": "parent's notes",
+        "shared.txt": "child's v2",
+        "src/new.py": "print(2)",
+    }

@@ -44,7 +44,7 @@ from lodger.storage import Storage
 from lodger.storage.eventlog import EventLog
 from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 from lodger.subagents.detached import ControlPlaneChildren
-from lodger.subagents.link import link_of
+from lodger.subagents.link import SubagentLink, link_of
 
 __all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -252,6 +252,7 @@ class Worker:
             binding = self._with_children(self.bind(sid, recorded, workspace))
             delay: float | None = None
             waiting = False  # the turn ended its run with calls suspended (subagents)
+            wake_parent: SubagentLink | None = None  # a child that settled in this turn
             link = link_of(state.events[0]) if state is not None and state.events else None
             if link is not None and binding.subagents is not None and wake.message is None:
                 # a child handed off by its parent: its one turn, then wake the parent
@@ -270,8 +271,9 @@ class Worker:
                     waiting = True  # it delegated in turn: its own children wake it
                 else:
                     self.stats.settled.append(outcome.status)
-                    assert binding.subagents.children is not None
-                    await binding.subagents.children.settled(child=link)
+                    # its parent is woken once the child's final snapshot is indexed:
+                    # the parent brings the child's edits into its own workspace from it
+                    wake_parent = link
                 state = await sessions.state(sid)
             elif state is not None and state.open_turn is not None:
                 self.stats.resumed += 1
@@ -298,6 +300,9 @@ class Worker:
                 state = await sessions.state(sid)
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
             await self._index(sid, state, snapshot.ref, waiting=waiting)
+            if wake_parent is not None:
+                assert binding.subagents is not None and binding.subagents.children is not None
+                await binding.subagents.children.settled(child=wake_parent)
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)

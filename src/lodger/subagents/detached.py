@@ -10,8 +10,10 @@ does not run its child inline:
     any worker        the child's wake: run (or resume) its one turn from its own log
                       -> when it settles, wake the parent (key ``subagent-settled:<child>``)
     any worker        the parent's wake: resume; each ``delegate`` call's probe reads its
-                      child: settled -> its answer is the result (nothing runs again);
-                      still open -> ``pending``, and the run ends waiting again
+                      child: settled -> its answer is the result (nothing runs again)
+                      and its workspace edits are applied to the parent's (three-way,
+                      from the snapshot it started from); still open -> ``pending``,
+                      and the run ends waiting again
 
 Both wakes carry idempotency keys, so a worker that dies after sending one, and the one
 that takes over and sends it again, wake once. The parent's probe calls ``start`` again
@@ -24,13 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from lodger.control.fencing import LeaseGuard
 from lodger.control.interface import ControlPlane, SessionRow
 from lodger.errors import ToolCallError
 from lodger.storage.artifacts import ArtifactStore
-from lodger.storage.snapshots import snapshot_workspace
 from lodger.subagents.link import SubagentLink
 
 __all__ = ["ControlPlaneChildren", "parent_key", "start_key"]
@@ -89,23 +89,22 @@ class ControlPlaneChildren:
             self.guard.drop(session_id)
             await self.control.release_session(lease=current)
 
-    async def start(self, *, child: SubagentLink, workspace: Path | None) -> None:
-        """Enqueue the child's wake. With the parent's ``workspace`` (a first start), the
-        child's index row gets a snapshot of it first, so the worker that runs the child
-        restores the parent's files as they are now (a copy: the child's edits stay in
-        the child's own snapshots)."""
+    async def start(self, *, child: SubagentLink, snapshot: str | None) -> None:
+        """Enqueue the child's wake. With a ``snapshot`` of the parent's workspace (a
+        first start), the child's index row names it first, so the worker that runs the
+        child restores the parent's files as they were when it delegated (a copy: the
+        child's edits come back to the parent when it wakes, ``lodger.storage.merge``)."""
         if (
-            workspace is not None
+            snapshot is not None
             and await self.control.get_session(session_id=child.session_id) is None
         ):
-            taken = await snapshot_workspace(workspace, self.artifacts)
             await self.control.record_session(
                 row=SessionRow(
                     session_id=child.session_id,
                     status="started",
                     last_activity=await self.control.now(),
                     events=1,
-                    snapshot=taken.ref,
+                    snapshot=snapshot,
                 )
             )
         await self.control.send(
@@ -137,6 +136,11 @@ class ControlPlaneChildren:
             yield
         finally:
             await self.control.release_named(lease=lease)
+
+    async def final_snapshot(self, *, child: SubagentLink) -> str | None:
+        """The snapshot the child's worker indexed when its turn settled."""
+        row = await self.control.get_session(session_id=child.session_id)
+        return row.snapshot if row is not None else None
 
     async def settled(self, *, child: SubagentLink) -> None:
         await self.control.send(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from lodger.errors import ToolCallError
@@ -33,9 +32,14 @@ class ChildLauncher(Protocol):
         writes are fenced by session leases: this holds the child's)."""
         ...
 
-    async def start(self, *, child: SubagentLink, workspace: Path | None) -> None:
-        """Make sure the child (its first event is written) gets run somewhere; called
-        again by the parent's recovery probe, so it must be idempotent."""
+    async def start(self, *, child: SubagentLink, snapshot: str | None) -> None:
+        """Make sure the child (its first event is written) gets run somewhere, in a copy
+        of ``snapshot`` (the parent's workspace when it delegated; None when called
+        again by the parent's recovery probe, so it must be idempotent)."""
+        ...
+
+    async def final_snapshot(self, *, child: SubagentLink) -> str | None:
+        """The snapshot of the child's workspace when its turn settled (None: unknown)."""
         ...
 
     async def settled(self, *, child: SubagentLink) -> None:

@@ -48,6 +48,8 @@ from lodger.events import (
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
 from lodger.storage import EventLog
 from lodger.storage.forks import fork_session
+from lodger.storage.merge import apply_snapshot_changes
+from lodger.storage.snapshots import snapshot_workspace
 from lodger.subagents.ledger import (
     TreeSpend,
     budget_from_metadata,
@@ -82,6 +84,8 @@ _GRACE = 30.0  # the call's own time limit sits past the child's wall time
 #: the delegation's arguments, in a detached child's first event (a worker runs it from
 #: its own log, without the parent's)
 _ARGUMENTS = "subagent.arguments"
+#: the snapshot of the parent's workspace a detached child starts from
+_BASE_SNAPSHOT = "subagent.base_snapshot"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -349,6 +353,11 @@ class _Delegator:
         child_id = child_session_id(ctx.session_id, ctx.call_id)
         root = self.root or ctx.session_id
         detached = self._detached(ctx)
+        base: str | None = None
+        if detached and ctx.workspace is not None:
+            # what the child starts from, and what its edits are applied against when
+            # the parent wakes (``lodger.storage.merge``)
+            base = (await snapshot_workspace(ctx.workspace, self.agent.storage.artifacts)).ref
         async with self._reserving(root):
             # the tree's budget from its logs (it holds after a crash, across workers);
             # a ToolCallError the model can fix when nothing is left
@@ -360,12 +369,13 @@ class _Delegator:
                 ctx,
                 granted=granted,
                 arguments=arguments if detached else None,
+                base_snapshot=base,
             )
         if detached:
             assert self.policy.children is not None
             # its wake; the call suspends and the parent's run ends waiting once the
             # batch settles
-            await self.policy.children.start(child=link, workspace=ctx.workspace)
+            await self.policy.children.start(child=link, snapshot=base)
             return Suspended(reason=f"the subagent session {child_id!r} runs on a worker")
         outcome = await self._drive(link, delegation, granted, deps=ctx.deps, source=ctx)
         await self._spend(root)  # what settled, for the early refusal of the next call
@@ -379,6 +389,7 @@ class _Delegator:
         *,
         granted: Budget,
         arguments: dict[str, Any] | None = None,
+        base_snapshot: str | None = None,
     ) -> SubagentLink:
         """Write the child's first event: the parent link (and, for a fork, the shared
         prefix: the parent's log up to the model output that proposed this call). With
@@ -401,6 +412,8 @@ class _Delegator:
             await self._write_first(link, delegation, ctx, metadata)
             return link
         metadata[_ARGUMENTS] = canonical_json(arguments).decode()
+        if base_snapshot is not None:
+            metadata[_BASE_SNAPSHOT] = base_snapshot
         assert self.policy.children is not None
         async with self.policy.children.writing(child_id):
             await self._write_first(link, delegation, ctx, metadata)
@@ -564,16 +577,32 @@ class _Delegator:
             if settled.status is None:
                 # still running on a worker (or its wake was lost in a crash: start()
                 # is idempotent and enqueues it again); the parent waits again
-                await self.policy.children.start(child=link, workspace=None)
+                await self.policy.children.start(child=link, snapshot=None)
                 return ProbeResult(
                     applied=None,
                     pending=True,
                     observation=f"the subagent session {child_id!r} is still running",
                 )
+            content = settled.render()
+            first = events[0].body
+            base = first.metadata.get(_BASE_SNAPSHOT) if isinstance(first, SessionStarted) else None
+            if base and ctx.workspace is not None:
+                final = await self.policy.children.final_snapshot(child=link)
+                if final is not None and final != base:
+                    # the child's edits, into the parent's workspace as it is now (again
+                    # after a crash: what is applied already counts as applied)
+                    merged = await apply_snapshot_changes(
+                        base, final, self.agent.storage.artifacts, ctx.workspace
+                    )
+                    if merged.applied or merged.conflicts:
+                        content = json.dumps(
+                            {**json.loads(content), "workspace": merged.to_dict()},
+                            ensure_ascii=False,
+                        )
             return ProbeResult(
                 applied=True,
                 observation=f"the subagent session {child_id!r} settled {settled.status}",
-                content=settled.render(),
+                content=content,
             )
         delegation = Delegation.parse(dict(dispatched.arguments), self.policy)
         granted = budget_from_metadata(events[0]) or delegation.budget

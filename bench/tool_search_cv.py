@@ -10,7 +10,7 @@ objective (recall@5 + MRR/2) on the other fold is chosen, and the fold is scored
 Each request is so scored by a setting chosen without it; the figures are averaged over
 the repeats. An idea with no parameter is scored on the whole dev half.
 
-    python bench/tool_search_cv.py [--repeats 10] [--only lexical|hybrid]
+    python bench/tool_search_cv.py [--repeats 10] [--folds 2] [--only IDEA]
 
 Printed: one row per idea (dev recall@1 / recall@5 / MRR, CV or whole-dev), the settings
 CV chose, and a last line of JSON with every figure and the ratio to the shipped ranker.
@@ -60,11 +60,15 @@ def objective(rows: np.ndarray) -> float:
     return float(rows[:, 1].mean() + 0.5 * rows[:, 2].mean())
 
 
+FOLDS = 2
+
+
 def cross_validate(
-    candidates: dict[str, np.ndarray], repeats: int, folds: int = 2
+    candidates: dict[str, np.ndarray], repeats: int, folds: int | None = None
 ) -> tuple[np.ndarray, dict[str, int]]:
     """Mean (recall@1, recall@5, MRR) over repeats of k-fold CV selecting among
     ``candidates`` (setting -> per-request rows), and how often each setting was chosen."""
+    folds = folds or FOLDS
     labels = list(candidates)
     stack = np.stack([candidates[k] for k in labels])  # settings x requests x 3
     n = stack.shape[1]
@@ -843,32 +847,139 @@ def proximity_ideas(catalog: Any, dev: Sequence[dict[str, Any]], repeats: int) -
     return out
 
 
+def reweighted(index: ToolIndex, delta: float, power: float) -> ToolIndex:
+    """A copy of ``index`` whose (term, tool) contributions are BM25+ (``delta`` times the
+    term's idf added to every match: a long description no longer buries a match) and
+    whose idf counts ``power`` times (``power`` 1: as shipped)."""
+    import copy
+
+    out = copy.copy(index)
+    n = len(index.tools)
+    k1 = index.weights.k1
+    postings: dict[str, list[tuple[int, float]]] = {}
+    for term, docs in index._postings.items():
+        df = len(docs)
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        new = []
+        for doc, c in docs:
+            saturated = c / idf if idf > 0 else 0.0  # w / (k1 + w)
+            new.append((doc, idf**power * (saturated + delta)))
+        postings[term] = new
+    del k1
+    out._postings = postings
+    return out
+
+
+def bm25_variant_ideas(catalog: Any, dev: Sequence[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for related in (0.0, FITTED.related):
+        tag = "hand lists" if related else "no hand lists"
+        index = ToolIndex(catalog, weights=replace(FITTED, related=related))
+        base = evaluate(lambda q: ranked(index, index.scores(q), q), dev)
+        out[f"[{tag}] lexical"] = {"dev": base.mean(axis=0), "cv": None}
+        for label, grid in (
+            ("BM25+ delta", [(d, 1.0) for d in (0.1, 0.25, 0.5, 1.0)]),
+            ("idf power", [(0.0, p) for p in (0.5, 0.75, 1.5, 2.0)]),
+        ):
+            cands = {"shipped": base}
+            for delta, power in grid:
+                idx = reweighted(index, delta, power)
+                cands[f"delta={delta} power={power}"] = evaluate(
+                    lambda q, i=idx: ranked(i, i.scores(q), q), dev
+                )
+            cv, chosen = cross_validate(cands, repeats)
+            best = max(cands, key=lambda k: objective(cands[k]))
+            out[f"[{tag}] {label}, CV"] = {
+                "cv": cv,
+                "chosen": chosen,
+                "best_on_all_dev": (best, cands[best].mean(axis=0)),
+            }
+    return out
+
+
+def light_stem(word: str) -> str:
+    """The stemmer before this pass (plurals, -ing, -ed, -e, -ion), for comparison."""
+    if len(word) <= 3 or word.isdigit():
+        return word
+    if word.endswith(("ions", "ion")) and len(word) - 3 - word.endswith("s") >= 5:
+        word = word[: word.rindex("ion")]
+    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)] + keep
+            break
+    else:
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            word = word[:-1]
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
+    return word
+
+
+def use_stemmer(stem: Callable[[str], str]) -> None:
+    """Swap ``lodger.tools.ranking``'s stemmer (and what it stemmed at import)."""
+    from functools import lru_cache
+
+    import lodger.tools.ranking as ranking
+
+    ranking._stem = lru_cache(maxsize=65_536)(stem)  # type: ignore[assignment]
+    ranking._EXPANSIONS = ranking._expansions()
+    ranking._ACTIONS = {
+        ranking._stem(w): a for a, ws in ranking._ACTION_WORDS.items() for w in ws.split()
+    }
+
+
+def stemmer_ideas(catalog: Any, dev: Sequence[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """The light stemmer against Snowball English (Porter2); no parameter: whole dev."""
+    import lodger.tools.ranking as ranking
+
+    embedder = load_embedder()
+    assert embedder is not None
+    shipped = ranking._stem
+    out: dict[str, Any] = {}
+    try:
+        for label, stem in (("light stemmer (before)", light_stem), ("Snowball English", None)):
+            if stem is None:
+                ranking._stem = shipped
+                ranking._EXPANSIONS = ranking._expansions()
+                ranking._ACTIONS = {
+                    shipped(w): a for a, ws in ranking._ACTION_WORDS.items() for w in ws.split()
+                }
+            else:
+                use_stemmer(stem)
+            for related in (0.0, FITTED.related):
+                tag = "hand lists" if related else "no hand lists"
+                weights = replace(FITTED, related=related)
+                lexical = ToolIndex(catalog, weights=weights)
+                hybrid = HybridIndex(catalog, embedder=embedder, weights=weights)
+                for kind, index in (("lexical", lexical), ("hybrid", hybrid)):
+                    rows = evaluate(lambda q, i=index: [h.name for h in i.search(q, limit=10)], dev)
+                    out[f"[{tag}] {kind}, {label}"] = {"dev": rows.mean(axis=0), "cv": None}
+    finally:
+        ranking._stem = shipped
+        ranking._EXPANSIONS = ranking._expansions()
+        ranking._ACTIONS = {
+            shipped(w): a for a, ws in ranking._ACTION_WORDS.items() for w in ws.split()
+        }
+    return out
+
+
+IDEAS: dict[str, Callable[[Any, Sequence[dict[str, Any]], int], dict[str, Any]]] = {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument(
-        "--only",
-        choices=("lexical", "hybrid", "expansion", "proxy", "softmatch", "proximity", "rocchio"),
-        default=None,
-    )
+    parser.add_argument("--only", choices=tuple(IDEAS), default=None)
+    parser.add_argument("--folds", type=int, default=2)
     args = parser.parse_args()
+    global FOLDS
+    FOLDS = args.folds
     catalog = load_catalog(HELD_OUT / "mcp_catalog_real.json")
     dev = dev_requests()
     results: dict[str, Any] = {}
-    if args.only in (None, "lexical"):
-        results.update(lexical_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "expansion"):
-        results.update(expansion_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "proxy"):
-        results.update(proxy_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "softmatch"):
-        results.update(softmatch_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "proximity"):
-        results.update(proximity_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "rocchio"):
-        results.update(rocchio_ideas(catalog, dev, args.repeats))
-    if args.only in (None, "hybrid"):
-        results.update(hybrid_ideas(catalog, dev, args.repeats))
+    for name, ideas in IDEAS.items():
+        if args.only in (None, name):
+            results.update(ideas(catalog, dev, args.repeats))
     print(f"dev half only: {len(dev)} requests; CV = {args.repeats} x 2-fold inside dev")
     print(f"{'idea':<58} {'r@1':>6} {'r@5':>6} {'MRR':>6}  how")
     table = {}
@@ -901,6 +1012,21 @@ def main() -> None:
             }
         )
     )
+
+
+IDEAS.update(
+    {
+        "stemmer": stemmer_ideas,
+        "lexical": lexical_ideas,
+        "bm25": bm25_variant_ideas,
+        "proximity": proximity_ideas,
+        "proxy": proxy_ideas,
+        "expansion": expansion_ideas,
+        "softmatch": softmatch_ideas,
+        "rocchio": rocchio_ideas,
+        "hybrid": hybrid_ideas,
+    }
+)
 
 
 if __name__ == "__main__":

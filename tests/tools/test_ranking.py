@@ -123,11 +123,13 @@ def test_the_first_sentence_is_read_as_a_field_of_its_own() -> None:
     assert names(ToolIndex(tools), "summarize")[0] == "a_tool"
 
 
-def test_function_words_are_dropped_and_ion_words_stem_like_their_verbs() -> None:
+def test_function_words_are_dropped_and_inflections_stem_alike() -> None:
     assert tokenize("what is all this about, and would you just") == []
-    assert tokenize("creation of associations") == tokenize("create associate")
-    assert tokenize("deletions") == tokenize("delete")
-    assert tokenize("action region") == ["action", "region"]  # too short to strip
+    # Snowball English: a doubled consonant undone, -ied as -y, -ions as the verb.
+    assert tokenize("running mapped copied") == tokenize("runs maps copy") == ["run", "map", "copi"]
+    assert tokenize("deletions associations") == tokenize("delete associate")
+    assert tokenize("action region") == ["action", "region"]
+    assert tokenize("PR 77 v2") == ["pr", "77", "v2"]  # short words and numbers as they are
 
 
 def test_a_group_named_in_the_query_raises_its_tools() -> None:

@@ -8,7 +8,7 @@ Each tool is six fields: its name (without the ``<group>__`` prefix, weighed mos
 group, its description, the description's first sentence again (what the tool does,
 before usage notes), its parameter names, and its parameter descriptions and enum values,
 tokenized with camelCase, snake_case and kebab-case split, common English function words
-dropped, and a light English stemmer (plurals, -ing, -ed, -ion). A query word also
+dropped, and stemmed by Snowball's English (Porter2) stemmer. A query word also
 searches for the words definitions use for it (``land`` -> ``merge``), and a query that
 names a group ("in linear") raises that group's tools. BM25F combines the
 length-normalized, weighted term counts of the fields before saturating them, and every
@@ -27,11 +27,14 @@ from __future__ import annotations
 import heapq
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
+
+import snowballstemmer
 
 from lodger.tools.spec import Tool
 
@@ -66,23 +69,20 @@ _STOP = frozenset((
 # fmt: on
 
 
+_SNOWBALL = threading.local()  # a Snowball stemmer keeps state while it works: one per thread
+
+
 @lru_cache(maxsize=65_536)
 def _stem(word: str) -> str:
-    """A light suffix stripper: plurals, -ing, -ed, -e (``creating``/``created`` -> ``creat``)."""
+    """The Snowball English (Porter2) stem of ``word`` (``running`` -> ``run``,
+    ``deletions``/``delete`` -> ``delet``); short words and numbers as they are."""
     if len(word) <= 3 or word.isdigit():
         return word
-    if word.endswith(("ions", "ion")) and len(word) - 3 - word.endswith("s") >= 5:
-        word = word[: word.rindex("ion")]  # creation, creations -> creat (as create)
-    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)] + keep
-            break
-    else:
-        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-            word = word[:-1]
-    if len(word) > 3 and word.endswith("e"):
-        word = word[:-1]
-    return word
+    stemmer = getattr(_SNOWBALL, "english", None)
+    if stemmer is None:
+        stemmer = _SNOWBALL.english = snowballstemmer.stemmer("english")
+    stem: str = stemmer.stemWord(word)
+    return stem
 
 
 def tokenize(text: str) -> list[str]:

@@ -963,6 +963,42 @@ def stemmer_ideas(catalog: Any, dev: Sequence[dict[str, Any]], repeats: int) -> 
     return out
 
 
+def idf_power_ideas(catalog: Any, dev: Sequence[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """``FieldWeights.idf_power`` by CV, in the lexical ranker and (jointly with the
+    fusion weight) in the hybrid one, against CV over the fusion weight alone."""
+    embedder = load_embedder()
+    assert embedder is not None
+    out: dict[str, Any] = {}
+    powers = (1.0, 0.5, 0.75, 1.25)
+    ws = (0.3, 0.4, 0.5, 0.7)
+    for related in (0.0, FITTED.related):
+        tag = "hand lists" if related else "no hand lists"
+        lexical: dict[str, np.ndarray] = {}
+        hybrid: dict[str, np.ndarray] = {}
+        for power in powers:
+            weights = replace(FITTED, related=related, idf_power=power)
+            index = ToolIndex(catalog, weights=weights)
+            lexical[f"power={power}"] = evaluate(
+                lambda q, i=index: [h.name for h in i.search(q, limit=10)], dev
+            )
+            for w in ws:
+                hy = HybridIndex(catalog, embedder=embedder, weights=weights, semantic_weight=w)
+                hybrid[f"power={power} w={w}"] = evaluate(
+                    lambda q, i=hy: [h.name for h in i.search(q, limit=10)], dev
+                )
+        out[f"[{tag}] lexical, idf power 1 (shipped)"] = {
+            "dev": lexical["power=1.0"].mean(axis=0),
+            "cv": None,
+        }
+        cv, chosen = cross_validate(lexical, repeats)
+        out[f"[{tag}] lexical, idf power by CV"] = {"cv": cv, "chosen": chosen}
+        cv, chosen = cross_validate({k: v for k, v in hybrid.items() if "power=1.0" in k}, repeats)
+        out[f"[{tag}] hybrid, idf power 1, fusion weight by CV"] = {"cv": cv, "chosen": chosen}
+        cv, chosen = cross_validate(hybrid, repeats)
+        out[f"[{tag}] hybrid, idf power and fusion weight by CV"] = {"cv": cv, "chosen": chosen}
+    return out
+
+
 IDEAS: dict[str, Callable[[Any, Sequence[dict[str, Any]], int], dict[str, Any]]] = {}
 
 
@@ -1019,6 +1055,7 @@ IDEAS.update(
         "stemmer": stemmer_ideas,
         "lexical": lexical_ideas,
         "bm25": bm25_variant_ideas,
+        "idf": idf_power_ideas,
         "proximity": proximity_ideas,
         "proxy": proxy_ideas,
         "expansion": expansion_ideas,

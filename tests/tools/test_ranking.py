@@ -7,6 +7,7 @@ dev extra), loaded from the installed wheel with downloads disabled.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -130,6 +131,21 @@ def test_function_words_are_dropped_and_inflections_stem_alike() -> None:
     assert tokenize("deletions associations") == tokenize("delete associate")
     assert tokenize("action region") == ["action", "region"]
     assert tokenize("PR 77 v2") == ["pr", "77", "v2"]  # short words and numbers as they are
+
+
+def test_idf_counts_to_its_power() -> None:
+    # "squash" is in one tool of five: its idf is log(1 + 4.5 / 1.5).
+    idf = math.log(1 + 4.5 / 1.5)
+    scores = {
+        power: ToolIndex(REPO_TOOLS, weights=replace(FITTED, idf_power=power)).scores("squash")
+        for power in (1.0, 0.5, FITTED.idf_power)
+    }
+    merge = ToolIndex(REPO_TOOLS).doc("merge_pull_request")
+    assert list(scores[1.0]) == [merge]  # only it has squash (in its merge_method enum)
+    for power in (0.5, FITTED.idf_power):
+        assert scores[power][merge] == pytest.approx(scores[1.0][merge] * idf ** (power - 1))
+    # Below 1, a rare term's lead over a common one shrinks (its idf counts less).
+    assert FITTED.idf_power < 1
 
 
 def test_a_group_named_in_the_query_raises_its_tools() -> None:

@@ -264,7 +264,9 @@ class FieldWeights:
     were read); ``FITTED`` (the default) also reads parameter names, their descriptions
     and enum values, the first sentence again, and boosts a group the query names, with
     weights fitted on the dev half of ``bench/data`` (a random local search over these
-    numbers, scored by recall@5 plus half the MRR of the dev requests).
+    numbers, scored by recall@5 plus half the MRR of the dev requests). ``idf_power``
+    was chosen by cross-validation inside the dev half (``bench/tool_search_cv.py``):
+    at 0.75, a term shared by many tools ("issue", "list") is not drowned by a rare one.
     """
 
     name: float
@@ -280,6 +282,7 @@ class FieldWeights:
     related: float = RELATED_WEIGHT  # weight of a query word's related words (0: none)
     group_boost: float = 0.0  # scores of a group the query names are raised by this part
     action_boost: float = 0.0  # and of a tool whose name's verb is the request's kind
+    idf_power: float = 1.0  # a term's idf counts to this power (below 1: rare terms count less)
 
     def fields(self) -> tuple[_Field, ...]:
         return (
@@ -304,6 +307,7 @@ FITTED = FieldWeights(
     k1=2.0,
     group_boost=1.0,
     action_boost=0.1,
+    idf_power=0.75,
 )
 
 
@@ -409,6 +413,7 @@ class ToolIndex:
         for doc, weighted in enumerate(pseudo):
             for term, weight in weighted.items():
                 idf = math.log(1 + (len(docs) - df[term] + 0.5) / (df[term] + 0.5))
+                idf **= weights.idf_power
                 self._postings.setdefault(term, []).append((doc, idf * weight / (k1 + weight)))
         # The kind of action each tool's name says (its first verb), for the action boost.
         self._actions = [action(tokenize(_name_words(t))) for t in self.tools]

@@ -8,7 +8,7 @@ Each tool is six fields: its name (without the ``<group>__`` prefix, weighed mos
 group, its description, the description's first sentence again (what the tool does,
 before usage notes), its parameter names, and its parameter descriptions and enum values,
 tokenized with camelCase, snake_case and kebab-case split, common English function words
-dropped, and a light English stemmer (plurals, -ing, -ed, -ion). A query word also
+dropped, and stemmed by Snowball's English (Porter2) stemmer. A query word also
 searches for the words definitions use for it (``land`` -> ``merge``), and a query that
 names a group ("in linear") raises that group's tools. BM25F combines the
 length-normalized, weighted term counts of the fields before saturating them, and every
@@ -27,11 +27,14 @@ from __future__ import annotations
 import heapq
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
+
+import snowballstemmer
 
 from lodger.tools.spec import Tool
 
@@ -66,23 +69,20 @@ _STOP = frozenset((
 # fmt: on
 
 
+_SNOWBALL = threading.local()  # a Snowball stemmer keeps state while it works: one per thread
+
+
 @lru_cache(maxsize=65_536)
 def _stem(word: str) -> str:
-    """A light suffix stripper: plurals, -ing, -ed, -e (``creating``/``created`` -> ``creat``)."""
+    """The Snowball English (Porter2) stem of ``word`` (``running`` -> ``run``,
+    ``deletions``/``delete`` -> ``delet``); short words and numbers as they are."""
     if len(word) <= 3 or word.isdigit():
         return word
-    if word.endswith(("ions", "ion")) and len(word) - 3 - word.endswith("s") >= 5:
-        word = word[: word.rindex("ion")]  # creation, creations -> creat (as create)
-    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)] + keep
-            break
-    else:
-        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-            word = word[:-1]
-    if len(word) > 3 and word.endswith("e"):
-        word = word[:-1]
-    return word
+    stemmer = getattr(_SNOWBALL, "english", None)
+    if stemmer is None:
+        stemmer = _SNOWBALL.english = snowballstemmer.stemmer("english")
+    stem: str = stemmer.stemWord(word)
+    return stem
 
 
 def tokenize(text: str) -> list[str]:
@@ -264,7 +264,9 @@ class FieldWeights:
     were read); ``FITTED`` (the default) also reads parameter names, their descriptions
     and enum values, the first sentence again, and boosts a group the query names, with
     weights fitted on the dev half of ``bench/data`` (a random local search over these
-    numbers, scored by recall@5 plus half the MRR of the dev requests).
+    numbers, scored by recall@5 plus half the MRR of the dev requests). ``idf_power``
+    was chosen by cross-validation inside the dev half (``bench/tool_search_cv.py``):
+    at 0.75, a term shared by many tools ("issue", "list") is not drowned by a rare one.
     """
 
     name: float
@@ -280,6 +282,7 @@ class FieldWeights:
     related: float = RELATED_WEIGHT  # weight of a query word's related words (0: none)
     group_boost: float = 0.0  # scores of a group the query names are raised by this part
     action_boost: float = 0.0  # and of a tool whose name's verb is the request's kind
+    idf_power: float = 1.0  # a term's idf counts to this power (below 1: rare terms count less)
 
     def fields(self) -> tuple[_Field, ...]:
         return (
@@ -304,6 +307,7 @@ FITTED = FieldWeights(
     k1=2.0,
     group_boost=1.0,
     action_boost=0.1,
+    idf_power=0.75,
 )
 
 
@@ -409,6 +413,7 @@ class ToolIndex:
         for doc, weighted in enumerate(pseudo):
             for term, weight in weighted.items():
                 idf = math.log(1 + (len(docs) - df[term] + 0.5) / (df[term] + 0.5))
+                idf **= weights.idf_power
                 self._postings.setdefault(term, []).append((doc, idf * weight / (k1 + weight)))
         # The kind of action each tool's name says (its first verb), for the action boost.
         self._actions = [action(tokenize(_name_words(t))) for t in self.tools]

@@ -3,10 +3,11 @@
 A token is ``lgr_`` and 43 characters of URL-safe base64 (256 random bits). Only its
 SHA-256 is stored (in the host's index, or in the control plane when several hosts share
 one: ``lodger.host.shared_control``); the plain token is shown once, when it is made. An
-``admin`` token may do everything; a ``session`` token only what concerns its one session. A request carries
-it as ``Authorization: Bearer <token>``; the timeline page, whose EventSource cannot set a
-header, trades it once for an HttpOnly, SameSite=Strict cookie. Tokens never appear in a
-log, an event or a trace: nothing here logs, and errors name the scope, never the token.
+``admin`` token may do everything; a ``session`` token only what concerns its one session.
+A request carries it as ``Authorization: Bearer <token>``; the timeline page, whose
+EventSource cannot set a header, trades it once for an HttpOnly, SameSite=Strict cookie.
+Tokens never appear in a log, an event or a trace: nothing here logs, and errors name the
+scope, never the token.
 """
 
 from __future__ import annotations

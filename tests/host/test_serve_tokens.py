@@ -116,3 +116,32 @@ async def test_distributed_hosts_each_print_a_token_that_opens_both(tmp_path: Pa
         # its hash is in the control plane's file, not in a host's own index
         holders = {Path(p).name for p in _files_holding(tmp_path, hash_token(token).encode())}
         assert holders and holders <= {control.name, control.name + "-wal"}, holders
+
+
+async def test_a_revoked_token_in_the_environment_is_refused_at_start(tmp_path: Path) -> None:
+    from lodger.control import open_control
+
+    control = tmp_path / "control.sqlite3"
+    common = ["--store", f"file://{tmp_path / 'objects'}", "--control", str(control),
+              "--model", "test"]  # fmt: skip
+    with _serve([*common, "--state", str(tmp_path / "a")], tmp_path / "a.out") as (proc, port):
+        token = await _printed_token(proc, tmp_path / "a.out")
+        plane = open_control(str(control))
+        await plane.start()
+        try:
+            assert await plane.revoke_token(token_hash=hash_token(token))
+        finally:
+            await plane.close()
+        async with asyncio.timeout(30):  # the host's grant cache forgets it within 5 s
+            while await _status(port, token) != 401:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+    env = {**_env(), "LODGER_HOST_TOKEN": token}
+    started = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "lodger", "serve", "--port", str(_free_port()), *common,
+         "--state", str(tmp_path / "b")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert started.returncode != 0, started.stdout + started.stderr
+    assert "revoked" in started.stderr and "lodger host on" not in started.stdout
+    assert token not in started.stdout + started.stderr

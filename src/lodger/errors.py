@@ -407,6 +407,9 @@ ErrorCode = Literal[
     "unknown_hook",
     "model_not_allowed",
     "payload_too_large",
+    "invalid_token_hash",
+    "token_revoked",
+    "token_conflict",
     # the model's bad call (rejection reasons travel as ``call_rejected.reason``)
     "tool_call",
     "stale_revision",

@@ -43,13 +43,16 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 3
-    # what versions 2 and 3 added works
+    assert await control.schema_version() == LATEST_VERSION == 4
+    # what versions 2, 3 and 4 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
         session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
     )
     assert asked.status == "pending"
+    made = await control.add_token(token_hash="ab" * 32, scope="admin", session_id=None, label="")
+    assert await control.get_token(token_hash="ab" * 32) == made
+    assert await control.claim_delivery(hook="gh", delivery="d", session_id="s9") == "s9"
 
 
 async def test_from_the_previous_version(make: Make) -> None:
@@ -90,7 +93,7 @@ async def test_from_version_2(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == 3
+    assert await new.schema_version() == LATEST_VERSION
     (row,) = await new.list_sessions()
     assert (row.session_id, row.status, row.events) == ("s1", "parked", 7)
     assert [w.id for w in await new.pending_wakes()] == [wake]
@@ -101,6 +104,39 @@ async def test_from_version_2(make: Make) -> None:
         session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
     )
     assert [a.call_id for a in await new.list_approvals(session_id="s1")] == ["c1"]
+
+
+async def test_from_version_3(make: Make) -> None:
+    old = make()
+    await old.start(version=3)
+    assert await old.schema_version() == 3
+    await old.record_session(
+        row=SessionRow(session_id="s1", status="completed", last_activity=5.0, model="m")
+    )
+    wake = await old.send(session_id="s1", message="kept", idempotency_key="host:s1:k")
+    assert await old.acquire_session(session_id="s1", holder="w", ttl_s=60)
+    await old.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
+    )
+    with pytest.raises(ControlPlaneError):  # version 3 has no host tokens table
+        await old.get_token(token_hash="cd" * 32)
+    with pytest.raises(ControlPlaneError):  # nor webhook deliveries
+        await old.claim_delivery(hook="gh", delivery="d", session_id="s1")
+    await old.close()
+
+    new = make()
+    await new.start()
+    assert await new.schema_version() == LATEST_VERSION == 4
+    (row,) = await new.list_sessions()
+    assert (row.session_id, row.model) == ("s1", "m")
+    assert [w.id for w in await new.pending_wakes()] == [wake]
+    info = await new.wake_for_key(idempotency_key="host:s1:k")
+    assert info is not None and info.wake.id == wake
+    assert [a.call_id for a in await new.list_approvals(session_id="s1")] == ["c1"]
+    made = await new.add_token(token_hash="cd" * 32, scope="session", session_id="s1", label="l")
+    assert await new.get_token(token_hash="cd" * 32) == made
+    assert await new.claim_delivery(hook="gh", delivery="d", session_id="s1") == "s1"
+    assert await new.claim_delivery(hook="gh", delivery="d", session_id="s2") == "s1"
 
 
 async def test_a_newer_schema_is_refused(make: Make) -> None:

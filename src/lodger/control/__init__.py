@@ -12,6 +12,7 @@ import os
 from lodger.control.interface import (
     ApprovalRequest,
     ControlPlane,
+    HostToken,
     NamedLease,
     ParkedCall,
     Schedule,
@@ -26,6 +27,7 @@ __all__ = [
     "CONTROL_ENVVAR",
     "ApprovalRequest",
     "ControlPlane",
+    "HostToken",
     "NamedLease",
     "ParkedCall",
     "Schedule",

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from lodger.control.interface import (
     ApprovalRequest,
+    HostToken,
     NamedLease,
     ParkedCall,
     Schedule,
@@ -24,15 +25,16 @@ from lodger.control.interface import (
     WakeInfo,
 )
 from lodger.control.schedule import next_fire
-from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError
+from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError, UsageError
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
 
 # Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
 # the session and parked indexes). Version 2: what spans sessions (cron schedules and the
 # global authorities). Version 3: approvals asked by worker-run calls and answered from
-# any host. A database at an older version is brought to the newest at start; nothing is
-# lost.
+# any host. Version 4: what the HTTP hosts in front of one control plane share (their
+# bearer tokens, as SHA-256 hashes only, and the webhook deliveries that made a session).
+# A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, status TEXT NOT NULL, "
@@ -72,6 +74,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # a host shows a message (a wake) with the key it was sent with
         "CREATE INDEX idempotency_keys_wake ON idempotency_keys (wake_id)",
     ),
+    4: (
+        "CREATE TABLE host_tokens (token_hash TEXT PRIMARY KEY, scope TEXT NOT NULL "
+        "CHECK (scope IN ('admin', 'session')), session_id TEXT, label TEXT NOT NULL, "
+        "created_at {real} NOT NULL, revoked_at {real}, "
+        "CHECK ((scope = 'admin') = (session_id IS NULL)))",
+        "CREATE TABLE webhook_deliveries (hook TEXT NOT NULL, delivery TEXT NOT NULL, "
+        "session_id TEXT NOT NULL, received_at {real} NOT NULL, PRIMARY KEY (hook, delivery))",
+    ),
 }
 LATEST_VERSION = max(MIGRATIONS)
 
@@ -85,6 +95,8 @@ _ASKER_HOLDS = (
 _APPROVAL_COLUMNS = (
     "session_id, call_id, tool, summary, status, asked_by, answered_by, asked_at, expires_at"
 )
+_TOKEN_COLUMNS = "token_hash, scope, session_id, label, created_at, revoked_at"
+_HEX = frozenset("0123456789abcdef")
 
 
 class _Tx(Protocol):
@@ -117,6 +129,28 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
         snapshot=row[4],
         model=row[5],
     )
+
+
+def _host_token(row: tuple[Any, ...]) -> HostToken:
+    return HostToken(
+        token_hash=row[0],
+        scope=row[1],
+        session_id=row[2],
+        label=row[3],
+        created_at=float(row[4]),
+        revoked_at=None if row[5] is None else float(row[5]),
+    )
+
+
+def _check_hash(token_hash: str) -> None:
+    """Only a SHA-256 hex digest is kept: anything else may be a plain token passed by
+    mistake, which must never reach the database (or its logs)."""
+    if len(token_hash) != 64 or not set(token_hash) <= _HEX:
+        raise UsageError(
+            "a host token is kept as its SHA-256 (64 lowercase hex digits), never as itself",
+            hint="pass lodger.host.control.hash_token(token)",
+            code="invalid_token_hash",
+        )
 
 
 def _approval(row: tuple[Any, ...]) -> ApprovalRequest:
@@ -586,6 +620,62 @@ class SqlControlPlane:
                 params.extend((tx.now, tx.now))
             rows = await tx.rows(sql + " ORDER BY asked_at, session_id, call_id", params)
             return [_approval(row) for row in rows]
+
+    # ----------------------------------------------------------- host tokens, deliveries
+
+    async def add_token(
+        self, *, token_hash: str, scope: str, session_id: str | None, label: str
+    ) -> HostToken:
+        _check_hash(token_hash)
+        if scope not in ("admin", "session") or (scope == "session") != (session_id is not None):
+            raise UsageError(
+                f"a host token's scope is 'admin' (no session) or 'session' (with one), "
+                f"not {scope!r} with session {session_id!r}",
+                hint="name a session for a session token, none for an admin token",
+                code="invalid_request",
+            )
+        async with self._tx() as tx:
+            await tx.change(
+                f"INSERT INTO host_tokens ({_TOKEN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, NULL) "
+                "ON CONFLICT (token_hash) DO NOTHING",
+                (token_hash, scope, session_id, label, tx.now),
+            )
+            rows = await tx.rows(
+                f"SELECT {_TOKEN_COLUMNS} FROM host_tokens WHERE token_hash = %s", (token_hash,)
+            )
+            return _host_token(rows[0])
+
+    async def get_token(self, *, token_hash: str) -> HostToken | None:
+        _check_hash(token_hash)
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_TOKEN_COLUMNS} FROM host_tokens WHERE token_hash = %s", (token_hash,)
+            )
+            return _host_token(rows[0]) if rows else None
+
+    async def revoke_token(self, *, token_hash: str) -> bool:
+        _check_hash(token_hash)
+        async with self._tx() as tx:
+            changed = await tx.change(
+                "UPDATE host_tokens SET revoked_at = %s WHERE token_hash = %s "
+                "AND revoked_at IS NULL",
+                (tx.now, token_hash),
+            )
+            return bool(changed)
+
+    async def claim_delivery(self, *, hook: str, delivery: str, session_id: str) -> str:
+        async with self._tx() as tx:
+            # a concurrent claim of the same delivery waits on the key, then finds the row
+            await tx.change(
+                "INSERT INTO webhook_deliveries (hook, delivery, session_id, received_at) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (hook, delivery) DO NOTHING",
+                (hook, delivery, session_id, tx.now),
+            )
+            rows = await tx.rows(
+                "SELECT session_id FROM webhook_deliveries WHERE hook = %s AND delivery = %s",
+                (hook, delivery),
+            )
+            return str(rows[0][0])
 
     # ----------------------------------------------------------- global authorities
 

@@ -21,6 +21,7 @@ from typing import Protocol
 __all__ = [
     "ApprovalRequest",
     "ControlPlane",
+    "HostToken",
     "NamedLease",
     "ParkedCall",
     "Schedule",
@@ -86,6 +87,23 @@ class ApprovalRequest:
     answered_by: str | None
     asked_at: float
     expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostToken:
+    """A bearer token of the HTTP hosts that share this control plane (schema version 4).
+
+    Only the token's SHA-256 is kept (``token_hash``, 64 hex digits); the plain token is
+    never handed to the control plane. ``scope`` is ``admin`` (``session_id`` None) or
+    ``session`` (one session). A revoked token (``revoked_at`` set) stays revoked: adding
+    the same token again does not bring it back."""
+
+    token_hash: str
+    scope: str
+    session_id: str | None
+    label: str
+    created_at: float
+    revoked_at: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +280,27 @@ class ControlPlane(Protocol):
         self, *, session_id: str | None = None, status: str | None = "pending"
     ) -> list[ApprovalRequest]:
         """Approvals by status (``pending``: only those someone still waits for)."""
+        ...
+
+    # ----------------------------------------------------------- host tokens, deliveries
+
+    async def add_token(
+        self, *, token_hash: str, scope: str, session_id: str | None, label: str
+    ) -> HostToken:
+        """Record a host token by its SHA-256 hex digest (anything else is refused with
+        ``invalid_token_hash``). A hash recorded before keeps its first row, revoked or
+        not, and that row is returned: compare it to what was asked."""
+        ...
+
+    async def get_token(self, *, token_hash: str) -> HostToken | None: ...
+
+    async def revoke_token(self, *, token_hash: str) -> bool:
+        """Revoke a token for every host; True when this call revoked it."""
+        ...
+
+    async def claim_delivery(self, *, hook: str, delivery: str, session_id: str) -> str:
+        """The session a webhook delivery goes to: ``session_id`` the first time, the
+        first claim's session on every later one, whichever host receives it."""
         ...
 
     # ----------------------------------------------------------- global authorities

@@ -1,16 +1,19 @@
 """Bearer tokens: minted here, kept as hashes in the control index, checked per request.
 
 A token is ``lgr_`` and 43 characters of URL-safe base64 (256 random bits). Only its
-SHA-256 is stored; the plain token is shown once, when it is made. An ``admin`` token may
-do everything; a ``session`` token only what concerns its one session. A request carries
-it as ``Authorization: Bearer <token>``; the timeline page, whose EventSource cannot set a
-header, trades it once for an HttpOnly, SameSite=Strict cookie. Tokens never appear in a
-log, an event or a trace: nothing here logs, and errors name the scope, never the token.
+SHA-256 is stored (in the host's index, or in the control plane when several hosts share
+one: ``lodger.host.shared_control``); the plain token is shown once, when it is made. An
+``admin`` token may do everything; a ``session`` token only what concerns its one session.
+A request carries it as ``Authorization: Bearer <token>``; the timeline page, whose
+EventSource cannot set a header, trades it once for an HttpOnly, SameSite=Strict cookie.
+Tokens never appear in a log, an event or a trace: nothing here logs, and errors name the
+scope, never the token.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -21,6 +24,7 @@ from lodger.host.control import HostControl, TokenGrant, hash_token
 __all__ = ["COOKIE", "TOKEN_ENVVAR", "Authenticator", "bearer", "new_token"]
 
 TOKEN_ENVVAR = "LODGER_HOST_TOKEN"
+_CACHE_LIMIT = 10_000
 COOKIE = "lodger_token"
 
 bearer = HTTPBearer(
@@ -33,11 +37,13 @@ def new_token() -> str:
 
 
 class Authenticator:
-    """Resolves a request's token to its grant (cached: grants never change)."""
+    """Resolves a request's token to its grant. A grant never widens, but a shared one can
+    be revoked on another host, so a grant is cached for ``ttl_s`` seconds only."""
 
-    def __init__(self, control: HostControl) -> None:
+    def __init__(self, control: HostControl, *, ttl_s: float = 5.0) -> None:
         self.control = control
-        self._cache: dict[str, TokenGrant] = {}
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, TokenGrant]] = {}
 
     async def grant(
         self, request: Request, credentials: HTTPAuthorizationCredentials | None
@@ -51,15 +57,21 @@ class Authenticator:
                 hint="send Authorization: Bearer <token>; `lodger serve` prints an admin token",
             )
         digest = hash_token(token)
-        grant = self._cache.get(digest)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        grant = await self.control.grant(token)
         if grant is None:
-            grant = await self.control.grant(token)
-            if grant is None:
-                raise HostAuthError(
-                    "the bearer token is not known to this host",
-                    hint="use a token this host made (they are kept per state directory)",
-                )
-            self._cache[digest] = grant
+            self._cache.pop(digest, None)
+            raise HostAuthError(
+                "the bearer token is not known to this host",
+                hint="use a token made by `lodger serve` or POST /v1/tokens (embedded: on "
+                "this host's state directory; distributed: on any host of its control plane)",
+            )
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()  # bounded: a flood of distinct tokens cannot grow it
+        self._cache[digest] = (now + self.ttl_s, grant)
         return grant
 
 

@@ -10,9 +10,10 @@ things a log cannot hold (or holds only after the fact):
 - **tokens**: bearer tokens, stored as SHA-256 hashes only, scoped to one session or admin;
 - **deliveries**: webhook delivery ids that made a new session.
 
-``HostControl`` is the narrow interface (what the control plane of DESIGN.md section 9
-will implement); ``SqliteHostControl`` keeps it in one SQLite file in the state directory
-(WAL, ``synchronous=FULL``). Every method is async; SQLite work runs on a thread.
+``HostControl`` is the narrow interface; ``SqliteHostControl`` keeps it in one SQLite file
+in the state directory (WAL, ``synchronous=FULL``). Every method is async; SQLite work
+runs on a thread. In distributed mode ``lodger.host.shared_control.SharedHostControl``
+keeps tokens and deliveries in the control plane instead, so several hosts share them.
 """
 
 from __future__ import annotations

@@ -12,8 +12,10 @@ control plane, where a conditional update lets exactly one answer win.
 
 Messages are wakes: a message id is the wake id and its status is the wake's
 (``queued``, ``running``, ``done``). Idempotency keys are per session on the API and
-stored in the control plane as ``host:<session>:<key>``. The host's own SQLite index
-still holds tokens, webhook deliveries and the model a session was created with.
+stored in the control plane as ``host:<session>:<key>``. Tokens and webhook deliveries
+are in the control plane too (``lodger.host.shared_control``, which ``lodger serve``
+uses), so several hosts share them; the host's own SQLite index keeps the model a session
+was created with on it.
 
 Decisions and abandons (which append facts outside a turn) take the session lease first,
 so they never write while a worker runs the session (409 ``session_busy`` then).

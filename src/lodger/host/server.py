@@ -5,7 +5,8 @@ and runs no turns (``lodger.host.distributed``).
 
 ``serve(...)`` is what ``lodger serve`` calls. The admin token comes from
 ``$LODGER_HOST_TOKEN`` (stored hashed) or is made afresh and printed once on stdout,
-never to a log.
+never to a log. In distributed mode tokens are kept (hashed) in the control plane, so a
+token any host made or was started with opens every host in front of it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lodger.host.app import create_app
 from lodger.host.auth import TOKEN_ENVVAR, new_token
 from lodger.host.control import SqliteHostControl
 from lodger.host.hub import HostConfig, Hub
+from lodger.host.shared_control import SharedHostControl
 from lodger.host.telemetry import tracer_from_env
 from lodger.host.webhooks import HookConfig
 from lodger.sessions import Sessions
@@ -50,9 +52,10 @@ async def serve(
     if control_dsn is not None:
         plane = open_control(control_dsn)  # a bad DSN is refused before anything opens
     storage = Storage.open(state, store=store)
-    control = SqliteHostControl(
-        Path(control_path) if control_path else Path(state) / "host.sqlite3"
-    )
+    index = Path(control_path) if control_path else Path(state) / "host.sqlite3"
+    # distributed: tokens and webhook deliveries live in the control plane, so every host
+    # in front of it accepts the same tokens and maps a delivery to one session
+    control = SqliteHostControl(index) if plane is None else SharedHostControl(index, plane)
     sessions = Sessions(storage)
     try:
         if plane is not None:

@@ -28,13 +28,14 @@ sleep.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 
 import pytest
 
 from lodger.control._sql import LATEST_VERSION
 from lodger.control.interface import ControlPlane, ParkedCall, SessionRow
-from lodger.errors import LeaseLostError, StaleTokenError
+from lodger.errors import LeaseLostError, StaleTokenError, UsageError
 
 __all__ = ["ControlConformance", "MakeControl"]
 
@@ -295,3 +296,71 @@ class ControlConformance:
         assert await control.take_quota(name="other", per_minute=3, per_hour=10) == 0.0
         wait_hour = await control.take_quota(name="api", per_minute=100, per_hour=3)
         assert 60 < wait_hour <= 3600  # the hour's limit, not the minute's, decides
+
+    # ----------------------------------------------------------- host tokens, deliveries
+
+    async def test_host_tokens_are_shared_by_hash_and_revoked_for_good(
+        self, make_control: MakeControl
+    ) -> None:
+        a, b = await make_control(), await make_control()
+        digest = _sha256("lgr_conformance-token")
+        made = await a.add_token(token_hash=digest, scope="session", session_id="s1", label="ci")
+        assert (made.token_hash, made.scope, made.session_id, made.label) == (
+            digest, "session", "s1", "ci",
+        )  # fmt: skip
+        assert made.revoked_at is None and made.created_at > 0
+        assert await b.get_token(token_hash=digest) == made  # another connection sees it
+        assert await b.get_token(token_hash=_sha256("lgr_never-made")) is None
+        # adding the hash again keeps (and returns) the first row: no widening by re-adding
+        assert (
+            await b.add_token(token_hash=digest, scope="admin", session_id=None, label="x") == made
+        )
+        admin = _sha256("lgr_admin")
+        assert (await b.add_token(token_hash=admin, scope="admin", session_id=None,
+                                  label="")).scope == "admin"  # fmt: skip
+        assert await b.revoke_token(token_hash=digest) is True
+        assert await a.revoke_token(token_hash=digest) is False  # revoked once
+        revoked = await a.get_token(token_hash=digest)
+        assert revoked is not None and revoked.revoked_at is not None
+        again = await a.add_token(token_hash=digest, scope="session", session_id="s1", label="ci")
+        assert again.revoked_at == revoked.revoked_at  # re-adding does not revive it
+        still = await a.get_token(token_hash=admin)
+        assert still is not None and still.revoked_at is None  # only that token
+
+    async def test_a_plain_token_or_a_wrong_scope_is_refused(self, control: ControlPlane) -> None:
+        for bad in ("lgr_" + "a" * 43, "A" * 64, "g" * 64, "", "a" * 63, "a" * 65):
+            with pytest.raises(UsageError) as caught:
+                await control.add_token(token_hash=bad, scope="admin", session_id=None, label="")
+            assert caught.value.code == "invalid_token_hash"
+            with pytest.raises(UsageError):
+                await control.get_token(token_hash=bad)
+            with pytest.raises(UsageError):
+                await control.revoke_token(token_hash=bad)
+        digest = _sha256("lgr_scoped")
+        for scope, session in (("session", None), ("admin", "s1"), ("root", None)):
+            with pytest.raises(UsageError) as caught:
+                await control.add_token(
+                    token_hash=digest, scope=scope, session_id=session, label=""
+                )
+            assert caught.value.code == "invalid_request"
+        assert await control.get_token(token_hash=digest) is None  # nothing was kept
+
+    async def test_a_webhook_delivery_claims_one_session(self, make_control: MakeControl) -> None:
+        a, b = await make_control(), await make_control()
+        assert await a.claim_delivery(hook="gh", delivery="d1", session_id="s-a") == "s-a"
+        assert await b.claim_delivery(hook="gh", delivery="d1", session_id="s-b") == "s-a"
+        # deliveries are per hook: another hook's delivery with the same id is its own
+        assert await b.claim_delivery(hook="stripe", delivery="d1", session_id="s-b") == "s-b"
+        hosts = [await make_control() for _ in range(4)]
+        got = await asyncio.gather(
+            *(
+                h.claim_delivery(hook="gh", delivery="d2", session_id=f"s{i}")
+                for i, h in enumerate(hosts)
+            )
+        )
+        assert len(set(got)) == 1 and got[0] in {f"s{i}" for i in range(4)}
+        assert await a.claim_delivery(hook="gh", delivery="d2", session_id="late") == got[0]
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -62,7 +62,7 @@ from lodger.tools.builtin import workspace_tools
 from lodger.tools.workspace import workspace_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_scale import session_drafts  # noqa: E402  (a sibling benchmark's session shapes)
+from cli_scale import session_drafts  # a sibling benchmark's session shapes
 
 SESSION = "s-long"
 RESUME_TARGET_S = 1.0
@@ -81,11 +81,10 @@ def history(
     cut at the end of a turn, then, when ``interrupted``, a last turn left open between T1
     and T2 of an idempotent ``read_file`` call."""
     tail = 5 if interrupted else 0
-    emitted = 0
     n = 0
     last: EventDraft | None = None
-    for draft in session_drafts(10**9, 8):
-        if emitted == 0:
+    for n, draft in enumerate(session_drafts(10**9, 8), start=1):
+        if n == 1:
             body = SessionStarted(
                 workspace=str(workspace),
                 workspace_id=workspace_id(workspace),
@@ -94,9 +93,7 @@ def history(
             draft = draft.model_copy(update={"body": body})
         yield draft
         last = draft
-        emitted += 1
-        n = emitted
-        if emitted >= total - tail and isinstance(draft.body, TurnEnded):
+        if n >= total - tail and isinstance(draft.body, TurnEnded):
             break
     if not interrupted or last is None:
         return
@@ -233,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         envs["before_"] = {**env, "PYTHONPATH": str(args.before_src.resolve())}
     try:
         t0 = time.perf_counter()
-        events = asyncio.run(
+        asyncio.run(
             build(
                 golden,
                 SESSION,

@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from lodger.engine.state import SessionState
 from lodger.events import (
     EventDraft,
     ModelOutput,
@@ -186,6 +187,39 @@ def resumed_ok(state: Path) -> bool:
     return kinds[0] == "turn_ended" and "tool_responded" in kinds
 
 
+async def phases(state: Path) -> dict[str, float]:
+    """Where opening the session goes, stage by stage, in this process (seconds): the
+    stored records, the chain over their bytes, decoding every event (pydantic, chain
+    checked again), folding them (``SessionState``: turns, calls, plan) and projecting
+    the model's conversation (what the first resumed model request needs)."""
+    log = EventLog(SqliteLogStore(state))
+    try:
+        out: dict[str, float] = {}
+        t0 = time.perf_counter()
+        records = await log.store.read_records(session_id=SESSION, start=0, end=None)
+        out["read_records"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        verified = await log.read_verified(SESSION)
+        out["read_and_chain_bytes"] = time.perf_counter() - t0
+        del records
+        t0 = time.perf_counter()
+        events = await asyncio.to_thread(verified.decode)
+        out["decode_all"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        folded = SessionState(SESSION, events)
+        out["fold"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        projection = folded.projector.project()
+        out["project"] = time.perf_counter() - t0
+        assert len(projection.messages) > 0 and folded.open_turn == "t-last"
+        t0 = time.perf_counter()
+        await log.read_all(SESSION)
+        out["read_all"] = time.perf_counter() - t0
+        return out
+    finally:
+        await log.close()
+
+
 async def turns_in_process(state: Path, session: str, workspace: Path) -> tuple[float, float]:
     """Seconds of a first turn on a fresh ``Sessions`` (cold) and of a second one (warm)."""
     binding = Binding(
@@ -270,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                         return 1
                     runs[prefix + name].append(elapsed)
         cold_s, warm_s = asyncio.run(turns_in_process(turn_state, "s-turns", workspace))
+        stages = asyncio.run(phases(golden))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -313,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
             if prefix and name != "startup":
                 result[f"{name}_speedup_over_before"] = round(med[key] / med[name], 2)
     print()
+    print(f"{'in-process stages of opening it':<44}{'s':>9}")
+    for name, seconds in stages.items():
+        print(f"{'  ' + name:<44}{seconds:>9.3f}")
+    print()
     print(f"in-process, {turn_events} events: first turn on a fresh Sessions {cold_s * 1e3:.1f} ms")
     print(
         f"in-process, {turn_events} events: next turn on the open session  {warm_s * 1e3:.1f} ms"
@@ -323,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'ok' if med['resume'] < RESUME_TARGET_S else 'MISSED'})"
     )
     result.update(
+        stages_s={name: round(seconds, 4) for name, seconds in stages.items()},
         turn_events=turn_events,
         cold_turn_s=round(cold_s, 4),
         warm_turn_s=round(warm_s, 4),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -122,8 +123,6 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def copy(golden: Path, tmp_path: Path) -> Path:
-    import shutil
-
     shutil.copytree(golden / "state", tmp_path / "state")
     return tmp_path / "state"
 
@@ -189,7 +188,7 @@ def test_an_edited_byte_in_the_middle_fails_closed(golden: Path, copy: Path) -> 
 
     assert result.exit_code != 0
     assert f"offset {middle}" in result.output
-    assert "digest" in result.output
+    assert "digest does not match its bytes" in result.output
     assert rows(copy) == edited  # nothing appended
 
 

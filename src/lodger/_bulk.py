@@ -5,6 +5,16 @@ acyclic objects while the events already decoded stay alive. Each automatic coll
 then rescans the whole growing heap, which makes the work superlinear (measured on 100k
 events: three quarters of a read, and most of a recovery plan). Refcounting still frees
 everything as usual; only the cycle detector waits until the work is done.
+
+When the work is done, what it left alive is moved straight to the oldest generation
+(``gc.freeze()`` then ``gc.unfreeze()``: two list splices, no traversal). Otherwise the
+first young collections after the pause traverse every object made during it, once as
+generation 0 and again as generation 1: measured on `lodger resume` of a 100k-event
+session, 1.2 s of a 3.5 s run. Nothing is kept from collection: the objects are
+ordinary old objects, and a later full collection still finds any cycle among them. That
+full collection may come later than it would have (CPython schedules one by the objects
+young collections promoted, and these were not promoted that way); what the fold keeps
+holds no cycle, so a dropped fold is freed by refcounting at once.
 """
 
 from __future__ import annotations
@@ -26,4 +36,16 @@ def cycle_collector_paused(count: int, *, threshold: int = 2_000) -> Iterator[No
     try:
         yield
     finally:
+        _age_young_objects()
         gc.enable()
+
+
+def _age_young_objects() -> None:
+    """Move every tracked object to the oldest generation without traversing any.
+
+    Skipped when the program froze objects itself (``gc.freeze`` before a fork, say):
+    unfreezing would hand its frozen objects back to the collector.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()

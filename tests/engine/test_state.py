@@ -197,3 +197,25 @@ def test_folding_a_long_log_runs_no_cycle_collection() -> None:
     assert gc.isenabled()
     assert state.turns == 1
     assert len(state.calls) == 800
+
+
+def test_a_dropped_fold_is_freed_without_the_cycle_collector() -> None:
+    """A service drops folds it no longer caches: with no reference cycle inside, the
+    fold and the events only it holds go at once, not at the next full collection (which
+    can be far off when a long log's events were moved to the oldest generation)."""
+    import gc
+    import weakref
+
+    events = [e.model_copy() for e in LOG]  # held by the fold alone once the list goes
+    state = SessionState("s1", events)
+    assert state.plan().prefix.high_water == len(LOG)  # the classifier was used
+    fold, first_event = weakref.ref(state), weakref.ref(events[0])
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del state, events
+        assert fold() is None
+        assert first_event() is None
+    finally:
+        if was:
+            gc.enable()

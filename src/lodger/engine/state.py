@@ -72,7 +72,10 @@ class SessionState:
         self.parent: ForkParent | None = None
         #: the ancestors' shared events, oldest first, once ``inherit`` gave them
         self.inherited: tuple[Event, ...] | None = None
-        self._calls = CallClassifier(session_id, self._digest_at)
+        # a closure over the list, not a bound method: the fold holds no reference cycle,
+        # so a fold a service drops is freed at once, without waiting for a full collection
+        folded = self.events
+        self._calls = CallClassifier(session_id, lambda offset: folded[offset].digest)
         self.projector = Projector(self.events)
         self.feed(events)
 
@@ -89,9 +92,6 @@ class SessionState:
             if isinstance(e.body, ModelOutput):
                 self.call_ids.update(c.call_id for c in e.body.calls)
         self.projector = Projector(self.events, prefix=self.inherited)
-
-    def _digest_at(self, offset: int) -> str:
-        return self.events[offset].digest
 
     @property
     def head(self) -> Prefix:

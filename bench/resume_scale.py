@@ -1,0 +1,390 @@
+"""Opening and resuming a long session: ``lodger resume`` at 100k events, a new turn at 40k.
+
+Builds a real SQLite state directory holding one long session (100k events: turns of runs
+and steps whose model outputs propose calls, T1/T2 pairs, rejections and permission
+dialogues, the shapes of ``bench/cli_scale.py``) whose LAST turn is interrupted between
+T1 and T2 of an idempotent ``read_file`` call, so resume does real work: it re-dispatches
+the call under a linked T1, records T2, asks the scripted model for its next step and ends
+the turn. Every resume runs on a fresh copy of the state directory, as a subprocess
+(``python -m lodger resume SESSION --model script:FILE --workspace DIR --state STATE``).
+
+Baselines measured in the same run:
+
+- ``startup``: ``python -m lodger --version`` (the interpreter and the CLI's root);
+- ``imports``: ``python -m lodger resume --help`` (plus every module resume imports);
+- ``raw``: reading every record of the session from SQLite and chaining sha256 over its
+  bytes, in this process (the least any verifying reader must do).
+
+Also measured in-process, on a 40k-event session whose last turn ended: opening it with
+``Sessions`` and running one turn (``cold``: the whole log is read, verified and folded),
+then five more turns on the same ``Sessions`` (``warm``, the median: only the new tail is
+read; the target is <= 20 ms at 40k events, O(new events)).
+
+    python bench/resume_scale.py [--quick] [--before-src OTHER/src]
+
+Numbers come from a shared, loaded 2-core machine: compare ratios within one run. The
+last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from lodger.engine.state import SessionState
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    ProposedCall,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
+    ToolRef,
+    TurnEnded,
+    TurnStarted,
+    chain_digest,
+)
+from lodger.providers.scripted import ScriptedModel
+from lodger.sessions import Binding, Sessions
+from lodger.storage import EventLog, SqliteLogStore
+from lodger.tools.builtin import workspace_tools
+from lodger.tools.workspace import workspace_id
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_scale import session_drafts  # a sibling benchmark's session shapes
+
+SESSION = "s-long"
+RESUME_TARGET_S = 1.0
+WARM_TURN_TARGET_S = 0.020
+BATCH = 4_000
+SCRIPT = [
+    {"calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]},
+    {"text": "done"},
+]
+
+
+def history(
+    total: int, workspace: Path, *, interrupted: bool, model: str = "script:bench"
+) -> Iterator[EventDraft]:
+    """About ``total`` drafts: the cli_scale session (with a real workspace at offset 0)
+    cut at the end of a turn, then, when ``interrupted``, a last turn left open between T1
+    and T2 of an idempotent ``read_file`` call."""
+    tail = 5 if interrupted else 0
+    n = 0
+    last: EventDraft | None = None
+    for n, draft in enumerate(session_drafts(10**9, 8), start=1):
+        if n == 1:
+            body = SessionStarted(
+                workspace=str(workspace),
+                workspace_id=workspace_id(workspace),
+                metadata={"bench": "resume_scale"},
+            )
+            draft = draft.model_copy(update={"body": body})
+        yield draft
+        last = draft
+        if n >= total - tail and isinstance(draft.body, TurnEnded):
+            break
+    if not interrupted or last is None:
+        return
+    ts = last.ts
+    tid, rid, sid = "t-last", "r-last", "r-last-s0"
+
+    def draft_of(body: object, **env: str) -> EventDraft:
+        nonlocal n, ts
+        n += 1
+        ts += 1_000
+        return EventDraft(id=f"e{n:08d}", ts=ts, body=body, **env)  # type: ignore[arg-type]
+
+    call = ProposedCall(call_id="call-0-1", name="read_file", arguments='{"path": "notes.txt"}')
+    yield draft_of(TurnStarted(input="read the notes"), turn_id=tid)
+    yield draft_of(RunStarted(model=model), turn_id=tid, run_id=rid)
+    yield draft_of(
+        StepStarted(
+            index=0,
+            model="script:bench",
+            tools=(ToolRef(name="read_file", schema_digest="sha256-read_file"),),
+        ),
+        turn_id=tid,
+        run_id=rid,
+        step_id=sid,
+    )
+    yield draft_of(ModelOutput(calls=(call,)), turn_id=tid, run_id=rid, step_id=sid)
+    yield draft_of(
+        ToolDispatched(
+            operation_id="op-last",
+            tool="read_file",
+            arguments={"path": "notes.txt"},
+            recovery="idempotent",
+        ),
+        turn_id=tid,
+        run_id=rid,
+        step_id=sid,
+        call_id=call.call_id,
+    )
+
+
+async def build(state: Path, session: str, drafts: Iterator[EventDraft]) -> int:
+    log = EventLog(SqliteLogStore(state))
+    try:
+        async with await log.open_writer(session) as writer:
+            batch: list[EventDraft] = []
+            for d in drafts:
+                batch.append(d)
+                if len(batch) == BATCH:
+                    await writer.append(batch, expected_offset=writer.head.high_water)
+                    batch = []
+            if batch:
+                await writer.append(batch, expected_offset=writer.head.high_water)
+            return writer.head.high_water
+    finally:
+        await log.close()
+
+
+def raw_read_and_chain(state: Path) -> tuple[float, float, int]:
+    with contextlib.closing(sqlite3.connect(state / "log.sqlite3")) as conn:
+        t0 = time.perf_counter()
+        rows = conn.execute(
+            'SELECT "offset", data, digest FROM events WHERE session_id = ? ORDER BY "offset"',
+            (SESSION,),
+        ).fetchall()
+        t1 = time.perf_counter()
+    prev = ""
+    for _, data, digest in rows:
+        prev = chain_digest(prev, data)
+        assert prev == digest
+    return t1 - t0, time.perf_counter() - t1, len(rows)
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "lodger", *args], env=env, capture_output=True, check=False
+    )
+    elapsed = time.perf_counter() - t0
+    return elapsed, done.returncode, done.stderr.decode(errors="replace")[-2000:]
+
+
+def resumed_ok(state: Path) -> bool:
+    """The copy's log now ends the interrupted turn: a T2 for the re-dispatch, then done."""
+    with contextlib.closing(sqlite3.connect(state / "log.sqlite3")) as conn:
+        rows = conn.execute(
+            'SELECT data FROM events WHERE session_id = ? ORDER BY "offset" DESC LIMIT 12',
+            (SESSION,),
+        ).fetchall()
+    kinds = [json.loads(r[0])["body"]["kind"] for r in rows]
+    return kinds[0] == "turn_ended" and "tool_responded" in kinds
+
+
+async def phases(state: Path) -> dict[str, float]:
+    """Where opening the session goes, stage by stage, in this process (seconds): the
+    stored records, the chain over their bytes, decoding every event (pydantic, chain
+    checked again), folding them (``SessionState``: turns, calls, plan) and projecting
+    the model's conversation (what the first resumed model request needs)."""
+    log = EventLog(SqliteLogStore(state))
+    try:
+        out: dict[str, float] = {}
+        t0 = time.perf_counter()
+        records = await log.store.read_records(session_id=SESSION, start=0, end=None)
+        out["read_records"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        verified = await log.read_verified(SESSION)
+        out["read_and_chain_bytes"] = time.perf_counter() - t0
+        del records
+        t0 = time.perf_counter()
+        events = await asyncio.to_thread(verified.decode)
+        out["decode_all"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        folded = SessionState(SESSION, events)
+        out["fold"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        projection = folded.projector.project()
+        out["project"] = time.perf_counter() - t0
+        assert len(projection.messages) > 0 and folded.open_turn == "t-last"
+        t0 = time.perf_counter()
+        await log.read_all(SESSION)
+        out["read_all"] = time.perf_counter() - t0
+        return out
+    finally:
+        await log.close()
+
+
+async def turns_in_process(
+    state: Path, session: str, workspace: Path, warm_turns: int
+) -> tuple[float, float]:
+    """Seconds of a first turn on a fresh ``Sessions`` (cold) and the median of the next
+    ``warm_turns`` turns on the same ``Sessions`` (warm: only the new tail is read)."""
+    binding = Binding(
+        model=ScriptedModel([{"text": "ok"}]), tools=workspace_tools(), workspace=workspace
+    )
+    async with Sessions.local(state) as sessions:
+        t0 = time.perf_counter()
+        await sessions.run("first", binding=binding, session=session)
+        cold = time.perf_counter() - t0
+        warm: list[float] = []
+        for n in range(warm_turns):
+            t0 = time.perf_counter()
+            await sessions.run(f"turn {n}", binding=binding, session=session)
+            warm.append(time.perf_counter() - t0)
+    return cold, statistics.median(warm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--turn-events", type=int, default=40_000)
+    parser.add_argument("--repeat", type=int, default=5, help="runs per command (median)")
+    parser.add_argument("--quick", action="store_true", help="2 runs per command")
+    parser.add_argument("--dir", type=Path, default=Path.cwd(), help="parent of the temp dir")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--before-src", type=Path, help="also run with this src on PYTHONPATH")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeat = 2
+
+    workdir = Path(tempfile.mkdtemp(prefix=".bench-resume-", dir=args.dir))
+    golden = workdir / "golden"
+    workspace = workdir / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("remember the milk\n")
+    script = workdir / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    for name in ("LODGER_STATE", "LODGER_DEBUG", "LODGER_LOG_KEY", "LODGER_LOG_KEY_FILE"):
+        env.pop(name, None)
+    envs = {"": env}
+    if args.before_src is not None:
+        envs["before_"] = {**env, "PYTHONPATH": str(args.before_src.resolve())}
+    try:
+        t0 = time.perf_counter()
+        asyncio.run(
+            build(
+                golden,
+                SESSION,
+                history(args.events, workspace, interrupted=True, model=f"script:{script}"),
+            )
+        )
+        turn_state = workdir / "turns"
+        turn_events = asyncio.run(
+            build(turn_state, "s-turns", history(args.turn_events, workspace, interrupted=False))
+        )
+        build_s = time.perf_counter() - t0
+        resume_args = ["--model", f"script:{script}", "--workspace", str(workspace)]
+        commands: dict[str, list[str]] = {
+            "startup": ["--version"],
+            "imports": ["resume", "--help"],  # the command's imports, no log read
+            "resume": ["resume", SESSION, *resume_args],
+            "resume_defaults": ["resume", SESSION],
+            "recover": ["recover", SESSION],
+            "verify": ["log", "verify", SESSION],
+        }
+        runs: dict[str, list[float]] = {p + c: [] for p in envs for c in commands}
+        raw_read: list[float] = []
+        raw_chain: list[float] = []
+        records = 0
+        for _ in range(args.repeat):  # interleaved, so drift hits every series alike
+            read_s, chain_s, records = raw_read_and_chain(golden)
+            raw_read.append(read_s)
+            raw_chain.append(chain_s)
+            for name, cli_args in commands.items():
+                for prefix, run_env in envs.items():
+                    state = workdir / "run"
+                    shutil.rmtree(state, ignore_errors=True)
+                    shutil.copytree(golden, state)
+                    full = cli_args if name == "startup" else [*cli_args, "--state", str(state)]
+                    elapsed, code, err = run_cli(full, run_env)
+                    if code != 0 or (name.startswith("resume") and not resumed_ok(state)):
+                        print(f"error: `lodger {' '.join(full)}` exited {code}\n{err}")
+                        return 1
+                    runs[prefix + name].append(elapsed)
+        cold_s, warm_s = asyncio.run(
+            turns_in_process(turn_state, "s-turns", workspace, warm_turns=5)
+        )
+        stages = asyncio.run(phases(golden))
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    med = {name: statistics.median(samples) for name, samples in runs.items()}
+    raw = statistics.median(raw_read) + statistics.median(raw_chain)
+    startup = med["startup"]
+    print(f"session     {records} events (last turn interrupted); built in {build_s:.1f} s")
+    print(f"runs        {args.repeat} per command, subprocess `python -m lodger ...`, median")
+    print("machine     shared and loaded (2 cores): compare ratios within this run")
+    print()
+    print(f"{'baseline':<44}{'s':>9}")
+    print(f"{'  python -m lodger --version':<44}{startup:>9.3f}")
+    print(f"{'  raw SQLite read of every record':<44}{statistics.median(raw_read):>9.3f}")
+    print(f"{'  sha256 chain over their bytes':<44}{statistics.median(raw_chain):>9.3f}")
+    print()
+    header = f"{'command':<44}{'s':>9}{'(s - startup) / raw':>22}"
+    print(header)
+    print("-" * len(header))
+    result: dict[str, object] = {
+        "bench": "resume_scale",
+        "events": records,
+        "repeat": args.repeat,
+        "startup_s": round(startup, 4),
+        "raw_s": round(raw, 4),
+    }
+    for prefix in envs:
+        for name, cli_args in commands.items():
+            key = prefix + name
+            if name == "startup" and not prefix:
+                continue
+            ratio = (med[key] - startup) / raw
+            label = "lodger " + " ".join(
+                "script:FILE" if a.startswith("script:") else "DIR" if a == str(workspace) else a
+                for a in cli_args
+            )
+            label = f"{label} (before)" if prefix else label
+            print(f"{label[:43]:<44}{med[key]:>9.3f}{ratio:>22.2f}")
+            result[f"{key}_s"] = round(med[key], 4)
+            result[f"{key}_over_raw"] = round(ratio, 2)
+            if prefix and name != "startup":
+                result[f"{name}_speedup_over_before"] = round(med[key] / med[name], 2)
+    print()
+    print(f"{'in-process stages of opening it':<44}{'s':>9}")
+    for name, seconds in stages.items():
+        print(f"{'  ' + name:<44}{seconds:>9.3f}")
+    print()
+    print(f"in-process, {turn_events} events: first turn on a fresh Sessions {cold_s * 1e3:.1f} ms")
+    print(
+        f"in-process, {turn_events} events: next turn on the open session  {warm_s * 1e3:.1f} ms"
+        " (median of 5)"
+        f" (target <= {WARM_TURN_TARGET_S * 1e3:.0f} ms)"
+    )
+    print(
+        f"lodger resume {med['resume']:.2f} s (target < {RESUME_TARGET_S} s at 100k events: "
+        f"{'ok' if med['resume'] < RESUME_TARGET_S else 'MISSED'})"
+    )
+    result.update(
+        stages_s={name: round(seconds, 4) for name, seconds in stages.items()},
+        turn_events=turn_events,
+        cold_turn_s=round(cold_s, 4),
+        warm_turn_s=round(warm_s, 4),
+        warm_over_cold=round(warm_s / cold_s, 4),
+        resume_target_s=RESUME_TARGET_S,
+        resume_meets_target=med["resume"] < RESUME_TARGET_S,
+        warm_turn_meets_target=warm_s <= WARM_TURN_TARGET_S,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

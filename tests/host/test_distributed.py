@@ -393,3 +393,36 @@ async def test_a_parked_turn_is_decided_over_the_host_and_resumed_by_a_worker(
         assert [f.kind for f in facts if f.offset in offsets] == ["operator_decision"]
         ended = [f for f in facts if f.kind == "turn_ended"]
         assert ended[-1].data["body"]["status"] == "completed"
+
+
+async def test_a_fork_over_the_host_is_indexed_at_once_and_wakes_in_the_parents_files(
+    setup: Setup,
+) -> None:
+    setup.script([{"calls": [{"name": "write_file",
+                              "args": {"path": "notes.txt", "content": "from the parent"}}]},
+                  {"text": "written"}])  # fmt: skip
+    async with distributed_host(setup) as host, host.client() as c:
+        sid = await c.create_session(session_id="f1")
+        sent = await c.send(sid, "write it", key="k1")
+        with worker(setup):
+            done = await c.wait_message(sid, sent["message"]["id"], within=60)
+            assert done["status"] == "done"
+            parent = await host.plane.get_session(session_id=sid)
+            assert parent is not None and parent.snapshot is not None
+            child = await c.fork(sid, new_id="f1-fork")
+            # indexed by the fork itself, before any message: its model and the parent's
+            # workspace snapshot, for whichever worker wakes it
+            row = await host.plane.get_session(session_id=child)
+            assert row is not None
+            assert (row.status, row.model, row.snapshot) == ("created", setup.model,
+                                                             parent.snapshot)  # fmt: skip
+            setup.script([{"calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]},
+                          {"text": "read"}])  # fmt: skip
+            again = await c.send(child, "read it", key="k2")
+            done = await c.wait_message(child, again["message"]["id"], within=60)
+            assert done["status"] == "done"
+        facts = await c.events(child)
+        read = [f.data["body"]["content"] for f in facts if f.kind == "tool_responded"]
+        assert any("from the parent" in str(content) for content in read), [
+            (f.kind, f.data["body"]) for f in facts
+        ]

@@ -248,7 +248,7 @@ class Worker:
             if row is not None and row.snapshot is not None:
                 await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
             # a session made by the host has no log yet; the index holds its model
-            recorded = state.last_model if state else (row.model if row else None)
+            recorded = (state.last_model if state else None) or (row.model if row else None)
             binding = self._with_children(self.bind(sid, recorded, workspace))
             delay: float | None = None
             waiting = False  # the turn ended its run with calls suspended (subagents)

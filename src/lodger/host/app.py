@@ -595,6 +595,7 @@ def create_app(
         made = await sessions.fork(session_id, at=body.at, session=body.session_id)
         model = await control.session_model(session_id) or hub.resolve_model(None)
         await control.bind_session(made.session_id, model=model, created_us=sessions.clock.now_us())
+        await hub.forked(parent=session_id, child=made.session_id, model=model)
         hub.publish(made.session_id, (made.started,))
         return Forked(
             session_id=made.session_id, parent=session_id, high_water=made.parent.high_water

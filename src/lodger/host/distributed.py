@@ -105,6 +105,21 @@ class ControlPlaneHub(Hub):
         )
         return sid
 
+    async def forked(self, *, parent: str, child: str, model: str) -> None:
+        """Index the fork now, not with its first message: every host and worker knows
+        it and its model, and a worker wakes it in a copy of the parent's workspace (the
+        parent's last snapshot)."""
+        row = await self.plane.get_session(session_id=parent)
+        await self.plane.record_session(
+            row=SessionRow(
+                session_id=child,
+                status="created",
+                last_activity=await self.plane.now(),
+                model=model,
+                snapshot=row.snapshot if row is not None else None,
+            )
+        )
+
     async def known(self, session_id: str) -> bool:
         check_session_id(session_id)
         if await self.plane.get_session(session_id=session_id) is not None:

@@ -158,6 +158,10 @@ class Hub:
             )
         return spec
 
+    async def forked(self, *, parent: str, child: str, model: str) -> None:
+        """A fork of ``parent`` was made over the API (nothing more to do here: the fork's
+        log is its whole state)."""
+
     async def create(self, *, session_id: str | None, model: str | None) -> str:
         spec = self.resolve_model(model)
         sid = session_id or self.sessions.ids.new_id()

@@ -43,8 +43,8 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 4
-    # what versions 2, 3 and 4 added works
+    assert await control.schema_version() == LATEST_VERSION == 5
+    # what versions 2, 3, 4 and 5 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
         session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
@@ -53,6 +53,11 @@ async def test_from_an_empty_database(make: Make) -> None:
     made = await control.add_token(token_hash="ab" * 32, scope="admin", session_id=None, label="")
     assert await control.get_token(token_hash="ab" * 32) == made
     assert await control.claim_delivery(hook="gh", delivery="d", session_id="s9") == "s9"
+    failed = await control.send(session_id="s9", message="m")
+    assert failed is not None
+    await control.finish_wake(wake_id=failed, error="internal_error: boom")
+    info = await control.get_wake(wake_id=failed)
+    assert info is not None and info.status == "failed"
 
 
 async def test_from_the_previous_version(make: Make) -> None:
@@ -126,12 +131,13 @@ async def test_from_version_3(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 4
+    assert await new.schema_version() == LATEST_VERSION == 5
     (row,) = await new.list_sessions()
     assert (row.session_id, row.model) == ("s1", "m")
     assert [w.id for w in await new.pending_wakes()] == [wake]
     info = await new.wake_for_key(idempotency_key="host:s1:k")
     assert info is not None and info.wake.id == wake
+    assert (info.status, info.error) == ("queued", None)
     assert [a.call_id for a in await new.list_approvals(session_id="s1")] == ["c1"]
     made = await new.add_token(token_hash="cd" * 32, scope="session", session_id="s1", label="l")
     assert await new.get_token(token_hash="cd" * 32) == made

@@ -26,6 +26,7 @@ async def _serve(
     await control.start()
     storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
     calls: list[str] = []
+    wakes: dict[str, tuple[str, str | None]] = {}
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         def answer(request: ModelRequest) -> ModelResponse:
@@ -42,7 +43,7 @@ async def _serve(
     stop = asyncio.Event()
     try:
         for sid in ("broken", "fine"):
-            await control.send(session_id=sid, message=f"hello {sid}")
+            await control.send(session_id=sid, message=f"hello {sid}", idempotency_key=sid)
         running = asyncio.ensure_future(worker.run(stop))
         statuses: dict[str, str] = {}
         for _ in range(500):
@@ -56,10 +57,19 @@ async def _serve(
         assert not running.done(), running.exception()
         stop.set()
         await asyncio.wait_for(running, 10)
+        for sid in ("broken", "fine"):
+            info = await control.wake_for_key(idempotency_key=sid)
+            assert info is not None
+            wakes[sid] = (info.status, info.error)
     finally:
         await storage.close()
         await control.close()
     assert calls.count("broken") == attempts
+    # the given-up wake reads failed, with why; the other one done
+    assert wakes == {
+        "broken": ("failed", "internal_error: AdapterBug: the adapter broke"),
+        "fine": ("done", None),
+    }
     return worker, statuses
 
 

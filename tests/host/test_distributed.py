@@ -77,7 +77,7 @@ def setup(tmp_path: Path, postgres: PostgresServer) -> Setup:
 
 @contextmanager
 def worker(
-    s: Setup, *, approval_wait: float = 60, lease_ttl: float = 5
+    s: Setup, *extra: str, approval_wait: float = 60, lease_ttl: float = 5
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``lodger worker`` that lets approvals wait; SIGKILLed at the end."""
     env = dict(os.environ)
@@ -88,7 +88,7 @@ def worker(
             [*LODGER, "worker", "--store", s.store, "--control", s.dsn,
              "--tools", str(HOST_TOOLS), "--poll", "0.05",
              "--lease-ttl", str(lease_ttl), "--approval-wait", str(approval_wait),
-             "--workdir", str(s.dir)],
+             "--workdir", str(s.dir), *extra],
             env=env, stdout=log, stderr=log,
         )  # fmt: skip
     try:
@@ -426,3 +426,21 @@ async def test_a_fork_over_the_host_is_indexed_at_once_and_wakes_in_the_parents_
         assert any("from the parent" in str(content) for content in read), [
             (f.kind, f.data["body"]) for f in facts
         ]
+
+
+async def test_a_message_a_worker_gives_up_on_reads_failed_with_why(setup: Setup) -> None:
+    async with distributed_host(setup) as host, host.client() as c:
+        sid = await c.create_session(session_id="g1")
+        (setup.dir / "script.json").write_text("not a script")  # the model cannot be made
+        sent = await c.send(sid, "try", key="k1")
+        with worker(setup, "--max-attempts", "2"):
+            for _ in range(600):
+                message = await c.message(sid, sent["message"]["id"])
+                if message["status"] not in ("queued", "running"):
+                    break
+                await asyncio.sleep(0.05)
+        assert message["status"] == "failed", message
+        error = message["result"]["error"]
+        assert error["code"] == "script" and "script" in error["message"], message
+        row = await host.plane.get_session(session_id=sid)
+        assert row is not None and row.status == "error:script"

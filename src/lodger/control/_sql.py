@@ -34,6 +34,7 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
 # global authorities). Version 3: approvals asked by worker-run calls and answered from
 # any host. Version 4: what the HTTP hosts in front of one control plane share (their
 # bearer tokens, as SHA-256 hashes only, and the webhook deliveries that made a session).
+# Version 5: why a wake failed for good (a worker gave up on it), so it does not read done.
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -81,6 +82,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CHECK ((scope = 'admin') = (session_id IS NULL)))",
         "CREATE TABLE webhook_deliveries (hook TEXT NOT NULL, delivery TEXT NOT NULL, "
         "session_id TEXT NOT NULL, received_at {real} NOT NULL, PRIMARY KEY (hook, delivery))",
+    ),
+    5: (
+        # a wake a worker gave up on (``max_attempts``) ends with why, not as done
+        "ALTER TABLE wakes ADD COLUMN error TEXT",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -370,9 +375,11 @@ class SqlControlPlane:
         async with self._tx() as tx:
             await tx.change("UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id))
 
-    async def finish_wake(self, *, wake_id: int) -> None:
+    async def finish_wake(self, *, wake_id: int, error: str | None = None) -> None:
         async with self._tx() as tx:
-            await tx.change("UPDATE wakes SET done_at = %s WHERE id = %s", (tx.now, wake_id))
+            await tx.change(
+                "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s", (tx.now, error, wake_id)
+            )
 
     async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
         async with self._tx() as tx:
@@ -412,7 +419,7 @@ class SqlControlPlane:
 
     async def _wake_info(self, tx: _Tx, wake_id: int) -> WakeInfo | None:
         rows = await tx.rows(
-            f"SELECT {_WAKE_COLUMNS}, claimed_by, claim_expires_at, done_at FROM wakes "
+            f"SELECT {_WAKE_COLUMNS}, claimed_by, claim_expires_at, done_at, error FROM wakes "
             "WHERE id = %s",
             (wake_id,),
         )
@@ -420,14 +427,17 @@ class SqlControlPlane:
             return None
         row = rows[0]
         if row[8] is not None:
-            status = "done"
+            status = "done" if row[9] is None else "failed"
         elif row[6] is not None and row[7] is not None and float(row[7]) > tx.now:
             status = "running"
         else:
             status = "queued"
         keys = await tx.rows("SELECT key FROM idempotency_keys WHERE wake_id = %s", (wake_id,))
         return WakeInfo(
-            wake=_wake(row[:6]), status=status, idempotency_key=keys[0][0] if keys else None
+            wake=_wake(row[:6]),
+            status=status,
+            idempotency_key=keys[0][0] if keys else None,
+            error=None if row[9] is None else str(row[9]),
         )
 
     async def add_schedule(

@@ -61,12 +61,14 @@ class Wake:
 @dataclass(frozen=True, kw_only=True)
 class WakeInfo:
     """A wake and where it is: ``queued`` (waiting to be due or claimed), ``running``
-    (claimed by a live worker) or ``done``."""
+    (claimed by a live worker), ``done``, or ``failed`` (a worker gave up on it after its
+    last attempt; ``error`` says why)."""
 
     wake: Wake
     status: str
     #: the idempotency key it was sent with, if any
     idempotency_key: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +206,9 @@ class ControlPlane(Protocol):
 
     async def mark_wake_started(self, *, wake_id: int, offset: int) -> None: ...
 
-    async def finish_wake(self, *, wake_id: int) -> None: ...
+    async def finish_wake(self, *, wake_id: int, error: str | None = None) -> None:
+        """The wake is over: done, or failed for good with ``error`` (schema version 5)."""
+        ...
 
     async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
         """Unclaim a wake so another worker (or this one, after ``delay_s``) takes it."""

@@ -153,6 +153,7 @@ class Worker:
             return
         self.guard.hold(lease)
         delay: float | None = None  # None: the wake is done; else hand it back after delay
+        failure: str | None = None  # why the wake is given up on, when it is
         try:
             turn = asyncio.ensure_future(self._turn(wake))
             watch = asyncio.ensure_future(self._watch(wake, turn, stop))
@@ -179,13 +180,13 @@ class Worker:
                     # a wake that keeps failing (no model, a corrupt log) is dropped, and
                     # the index says why, instead of retrying for ever
                     delay = None
-                    await self._give_up(wake, exc)
+                    failure = await self._give_up(wake, exc)
             finally:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
             if delay is None:
-                await self.control.finish_wake(wake_id=wake.id)
+                await self.control.finish_wake(wake_id=wake.id, error=failure)
             else:
                 await self.control.hand_back_wake(wake_id=wake.id, delay_s=delay)
         finally:
@@ -323,21 +324,23 @@ class Worker:
             binding, subagents=dataclasses.replace(policy, children=children)
         )
 
-    async def _give_up(self, wake: Wake, exc: Exception) -> None:
+    async def _give_up(self, wake: Wake, exc: Exception) -> str:
+        """Index the session as failed; what the wake ends with (``code: message``)."""
         code = exc.code if isinstance(exc, LodgerError) else "internal_error"
         row = await self.control.get_session(session_id=wake.session_id)
         log.warning(
             "dropping wake %s of session %s after %s attempts: %s",
             wake.id, wake.session_id, wake.attempts, code,
         )  # fmt: skip
+        now = await self.control.now()
         await self.control.record_session(
-            row=SessionRow(
-                session_id=wake.session_id,
-                status=f"error:{code}",
-                last_activity=await self.control.now(),
-                events=row.events if row else 0,
-            )
+            # the rest of the row (its model, its workspace snapshot) stays as it was
+            row=dataclasses.replace(row, status=f"error:{code}", last_activity=now)
+            if row is not None
+            else SessionRow(session_id=wake.session_id, status=f"error:{code}", last_activity=now)
         )
+        message = exc.message if isinstance(exc, LodgerError) else f"{type(exc).__name__}: {exc}"
+        return f"{code}: {message}"
 
     async def _settle_index(self, sid: str, workspace: Path) -> None:
         """Snapshot and index a session whose turn was stopped; best effort (the next

@@ -233,7 +233,11 @@ def _message(info: WakeInfo) -> Message:
     prefix = host_key(wake.session_id, "")
     key = info.idempotency_key or ""
     key = key.removeprefix(prefix) if key.startswith(prefix) else key
-    status = info.status if info.status in ("queued", "running", "done") else "queued"
+    status = info.status if info.status in ("queued", "running", "done", "failed") else "queued"
+    result = None
+    if info.error is not None:  # a worker gave up on it: say why, as the embedded host does
+        code, _, text = info.error.partition(": ")
+        result = {"error": {"code": code, "message": text or code}}
     return Message(
         id=wake.id,
         session_id=wake.session_id,
@@ -242,7 +246,7 @@ def _message(info: WakeInfo) -> Message:
         text=wake.message or "",
         status=cast(MessageStatus, status),
         start_offset=wake.started_offset,
-        result=None,
+        result=result,
     )
 
 

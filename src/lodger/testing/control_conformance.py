@@ -120,6 +120,18 @@ class ControlConformance:
         assert [w.started_offset for w in await two.pending_wakes(session_id="s1")] == [7]
         await one.finish_wake(wake_id=wake_id)
         assert await two.pending_wakes() == []
+        done = await two.get_wake(wake_id=wake_id)
+        assert done is not None and (done.status, done.error) == ("done", None)
+
+    async def test_a_wake_given_up_on_reads_failed_with_why(self, control: ControlPlane) -> None:
+        wake_id = await control.send(session_id="s1", message="hello", idempotency_key="k-f")
+        assert wake_id is not None
+        await control.claim_wakes(holder="w", limit=1, ttl_s=_LONG)
+        await control.finish_wake(wake_id=wake_id, error="worker_model: no model")
+        assert await control.pending_wakes() == []
+        info = await control.wake_for_key(idempotency_key="k-f")
+        assert info is not None
+        assert (info.status, info.error) == ("failed", "worker_model: no model")
 
     async def test_an_idempotency_key_enqueues_once(self, control: ControlPlane) -> None:
         first = await control.send(session_id="s1", message="pay", idempotency_key="k-1")

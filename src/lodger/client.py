@@ -285,6 +285,12 @@ class HostClient:
             body["session_id"] = session_id
         return str((await self._call("POST", "/v1/tokens", json=body))["token"])
 
+    async def revoke_token(self, token: str) -> bool:
+        """Revoke ``token`` for good (admin: any token; any token: itself)."""
+        return bool(
+            (await self._call("POST", "/v1/tokens/revoke", json={"token": token}))["revoked"]
+        )
+
     async def metrics(self) -> str:
         data = await self._call("GET", "/metrics")
         return data.decode() if isinstance(data, bytes) else str(data)

@@ -100,6 +100,32 @@ async def test_session_tokens_reach_only_their_session(tmp_path: Path) -> None:
         assert token.encode() not in (host.state / "host.sqlite3").read_bytes()
 
 
+async def test_a_revoked_token_is_refused_for_good(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as admin:
+        sid = await admin.create_session()
+        first = await admin.make_token(session_id=sid)
+        second = await admin.make_token(session_id=sid)
+        async with host.client(first) as a, host.client(second) as b:
+            assert (await a.show(sid))["session_id"] == sid  # cached now
+            with pytest.raises(HostAuthError) as caught:  # a session token: only itself
+                await a.revoke_token(second)
+            assert caught.value.code == "forbidden"
+            assert await a.revoke_token(first) is True  # itself
+            with pytest.raises(HostAuthError):  # at once, despite the cache
+                await a.show(sid)
+            assert await admin.revoke_token(second) is True  # an admin: any token
+            assert await admin.revoke_token(second) is False  # already
+            assert await admin.revoke_token("lgr_unknown") is False
+            with pytest.raises(HostAuthError):
+                await b.show(sid)
+        # never revived by adding it again (a restart with $LODGER_HOST_TOKEN, say)
+        with pytest.raises(HostAuthError) as revived:
+            await host.control.add_token(first, scope="admin", session_id=None, label="again")
+        assert revived.value.code == "token_revoked"
+        assert await host.control.grant(first) is None
+        assert (await admin.show(sid))["session_id"] == sid  # the admin token still works
+
+
 @pytest.mark.slow
 async def test_bad_input_is_a_4xx_with_the_engines_code(tmp_path: Path) -> None:
     async with running_host(tmp_path / "state") as host, host.client() as c:

@@ -176,7 +176,10 @@ async def test_a_token_made_through_one_host_opens_the_other(
         # a revocation through one host reaches the other (after its grant cache's TTL)
         async with a.raw(session_token) as scoped_a, b.raw(session_token) as scoped_b:
             assert (await scoped_a.get("/v1/sessions/t1")).status_code == 200
-            assert await b.control.revoke(session_token) is True
+            # over HTTP, through host B, by the token itself
+            revoked = await scoped_b.post("/v1/tokens/revoke", json={"token": session_token})
+            assert (revoked.status_code, revoked.json()) == (200, {"revoked": True})
+            assert await b.control.revoke(session_token) is False  # already
             async with asyncio.timeout(30):
                 while (await scoped_a.get("/v1/sessions/t1")).status_code != 401:  # noqa: ASYNC110
                     await asyncio.sleep(0.05)

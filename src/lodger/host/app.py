@@ -33,7 +33,7 @@ from lodger.control.interface import ControlPlane
 from lodger.errors import LodgerError, UsageError
 from lodger.events import ArtifactStored, Event, ToolResponded
 from lodger.host.auth import COOKIE, Authenticator, bearer, require_admin, require_session
-from lodger.host.control import HostControl, Message, TokenGrant
+from lodger.host.control import HostControl, Message, TokenGrant, hash_token
 from lodger.host.errors import ErrorBody, error_body, status_for
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
@@ -188,6 +188,14 @@ class Forked(BaseModel):
     session_id: str
     parent: str
     high_water: int
+
+
+class RevokeToken(_In):
+    token: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+
+
+class TokenRevoked(BaseModel):
+    revoked: bool
 
 
 class TokenOut(BaseModel):
@@ -375,6 +383,17 @@ def create_app(
         scope: Literal["admin", "session"] = "session" if body.session_id else "admin"
         await control.add_token(token, scope=scope, session_id=body.session_id, label=body.label)
         return TokenOut(token=token, scope=scope, session_id=body.session_id)
+
+    @app.post("/v1/tokens/revoke", tags=["auth"])
+    async def revoke_token(body: RevokeToken, request: Request, who: Grant) -> TokenRevoked:
+        """Revoke a token for good (every host of a shared control plane refuses it within
+        seconds). An admin token may revoke any token; any token may revoke itself.
+        ``revoked`` is false when the token was unknown or revoked already."""
+        if who.scope != "admin" and hash_token(body.token) != auth.presented(request):
+            require_admin(who)  # raises: a session token revokes only itself
+        revoked = await control.revoke(body.token)
+        auth.forget(body.token)
+        return TokenRevoked(revoked=revoked)
 
     @app.post("/v1/auth/cookie", status_code=204, tags=["auth"])
     async def cookie(request: Request, who: Grant) -> Response:

@@ -74,6 +74,18 @@ class Authenticator:
         self._cache[digest] = (now + self.ttl_s, grant)
         return grant
 
+    @staticmethod
+    def presented(request: Request) -> str | None:
+        """The hash of the token ``request`` carries (bearer header, else cookie)."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        token = value.strip() if scheme.lower() == "bearer" else ""
+        token = token or request.cookies.get(COOKIE, "")
+        return hash_token(token) if token else None
+
+    def forget(self, token: str) -> None:
+        """Drop ``token``'s cached grant (it was revoked here: refuse it from now on)."""
+        self._cache.pop(hash_token(token), None)
+
 
 def require_session(grant: TokenGrant, session_id: str) -> None:
     if not grant.allows(session_id):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
-from lodger.errors import HostConflictError, StorageError, UsageError
+from lodger.errors import HostAuthError, HostConflictError, StorageError, UsageError
 
 __all__ = [
     "Approval",
@@ -155,6 +155,9 @@ class HostControl(Protocol):
         self, token: str, *, scope: Literal["admin", "session"], session_id: str | None, label: str
     ) -> None: ...
     async def grant(self, token: str) -> TokenGrant | None: ...
+    async def revoke(self, token: str) -> bool:
+        """Revoke ``token`` for good; True when this call revoked it."""
+        ...
 
     # webhook deliveries that start a new session
     async def delivery_session(self, hook: str, delivery: str, *, new_session: str) -> str: ...
@@ -195,6 +198,9 @@ CREATE TABLE IF NOT EXISTS tokens (
     scope TEXT NOT NULL,
     session_id TEXT,
     label TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS revoked_tokens (
+    hash TEXT PRIMARY KEY
 );
 CREATE TABLE IF NOT EXISTS deliveries (
     hook TEXT NOT NULL,
@@ -440,21 +446,48 @@ class SqliteHostControl:
     async def add_token(
         self, token: str, *, scope: Literal["admin", "session"], session_id: str | None, label: str
     ) -> None:
-        await self._run(
-            lambda db: db.execute(
+        """Record ``token`` (its hash); a revoked token is refused, never revived."""
+        digest = hash_token(token)
+
+        def work(db: sqlite3.Connection) -> bool:
+            if db.execute("SELECT 1 FROM revoked_tokens WHERE hash = ?", (digest,)).fetchone():
+                return False
+            db.execute(
                 "INSERT OR IGNORE INTO tokens VALUES (?, ?, ?, ?)",
-                (hash_token(token), scope, session_id, label),
+                (digest, scope, session_id, label),
             )
-        )
+            return True
+
+        if not await self._run(work):
+            raise HostAuthError(
+                "this token was revoked; it is not accepted any more",
+                hint="make a new token (unset $LODGER_HOST_TOKEN to have one printed)",
+                code="token_revoked",
+            )
 
     async def grant(self, token: str) -> TokenGrant | None:
         def work(db: sqlite3.Connection) -> TokenGrant | None:
             row = db.execute(
-                "SELECT scope, session_id, label FROM tokens WHERE hash = ?", (hash_token(token),)
+                "SELECT scope, session_id, label FROM tokens WHERE hash = ? AND hash NOT IN "
+                "(SELECT hash FROM revoked_tokens)",
+                (hash_token(token),),
             ).fetchone()
             if row is None:
                 return None
             return TokenGrant(scope=row[0], session_id=row[1], label=row[2])
+
+        return await self._run(work)
+
+    async def revoke(self, token: str) -> bool:
+        digest = hash_token(token)
+
+        def work(db: sqlite3.Connection) -> bool:
+            if not db.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)).fetchone():
+                return False
+            return (
+                db.execute("INSERT OR IGNORE INTO revoked_tokens VALUES (?)", (digest,)).rowcount
+                == 1
+            )
 
         return await self._run(work)
 

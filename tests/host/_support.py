@@ -84,3 +84,21 @@ async def running_host(
         sock.close()
         await sessions.close()
         await control.close()
+
+
+@dataclass
+class Setup:
+    """Where a distributed-mode test keeps things: an object store URL, a control-plane
+    DSN, and a directory holding the script the host offers as its model."""
+
+    store: str
+    dsn: str
+    dir: Path
+
+    @property
+    def model(self) -> str:
+        """The script the host offers as its model; workers run with it."""
+        return f"script:{self.dir / 'script.json'}"
+
+    def script(self, steps: list[dict[str, Any]]) -> None:
+        (self.dir / "script.json").write_text(json.dumps(steps))

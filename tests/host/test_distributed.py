@@ -8,7 +8,6 @@ one wins) and the turn completes."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -36,6 +35,7 @@ from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
 
 from . import host_tools
+from ._support import Setup
 
 pytestmark = pytest.mark.slow
 
@@ -43,31 +43,6 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 HOST_TOOLS = Path(host_tools.__file__)
 LODGER = [sys.executable, "-c",
           "import sys; from lodger.cli import main; sys.argv[0] = 'lodger'; main()"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.init()
-        yield server
-    finally:
-        server.destroy()
-
-
-@dataclass
-class Setup:
-    store: str
-    dsn: str
-    dir: Path
-
-    @property
-    def model(self) -> str:
-        """The script the host offers as its model; workers run with it."""
-        return f"script:{self.dir / 'script.json'}"
-
-    def script(self, steps: list[dict[str, Any]]) -> None:
-        (self.dir / "script.json").write_text(json.dumps(steps))
 
 
 @pytest.fixture

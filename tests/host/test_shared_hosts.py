@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
 
 from . import host_tools
+from ._support import Setup
 
 pytestmark = pytest.mark.slow
 
@@ -46,27 +47,6 @@ HOOKS = {
     "issues": HookConfig(name="issues", secret=SECRET),  # a new session per delivery
     "triage": HookConfig(name="triage", secret=SECRET, session="triage"),
 }
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.init()
-        yield server
-    finally:
-        server.destroy()
-
-
-@dataclass
-class Setup:
-    store: str
-    dsn: str
-    dir: Path
-
-    @property
-    def model(self) -> str:
-        return f"script:{self.dir / 'script.json'}"
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import math
 import os
 import resource
 import signal
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,15 +45,12 @@ async def run_confined(
     connections: list[Connection] | None = None,
     rlimit_cpu: bool = True,
     cgroup_root: Path | None = None,
-    stdout_socket: bool = False,
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
     ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
     128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
     the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
-    ``stdout_socket``: the command's output goes through a socket pair rather than a
-    pipe (see ``lodger.sandbox.runsc``).
     """
     cgroup = await asyncio.to_thread(
         Cgroup.create,
@@ -91,40 +87,19 @@ async def run_confined(
     limit: LimitName | None = None
     kept = bytearray()
     total = 0
-    output_end: asyncio.StreamWriter | None = None  # the socket's transport, when one
     try:
-        if stdout_socket:
-            ours, theirs = socket.socketpair()
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *host_argv,
-                    cwd=cwd,
-                    env=dict(env),
-                    stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                    stdout=theirs.fileno(),
-                    stderr=theirs.fileno(),
-                    start_new_session=True,
-                    preexec_fn=in_child,
-                )
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            stdout, output_end = await asyncio.open_connection(sock=ours, limit=_READ)
-        else:
-            process = await asyncio.create_subprocess_exec(
-                *host_argv,
-                cwd=cwd,
-                env=dict(env),
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=in_child,
-            )
-            assert process.stdout is not None  # stdout=PIPE
-            stdout = process.stdout
+        process = await asyncio.create_subprocess_exec(
+            *host_argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=in_child,
+        )
+        stdout = process.stdout
+        assert stdout is not None  # stdout=PIPE
 
         async def feed() -> None:
             if process.stdin is None:
@@ -178,7 +153,7 @@ async def run_confined(
                     await watcher
             # Whatever happened (return, limit, cancellation): nothing it started survives.
             _kill(process, cgroup)
-            await asyncio.shield(_reap(process, stdout, output_end))
+            await asyncio.shield(_reap(process, stdout))
         returncode = process.returncode
         assert returncode is not None
         usage = cgroup.usage()
@@ -212,11 +187,7 @@ async def run_confined(
     )
 
 
-async def _reap(
-    process: asyncio.subprocess.Process,
-    stdout: asyncio.StreamReader,
-    output_end: asyncio.StreamWriter | None,
-) -> None:
+async def _reap(process: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> None:
     # The process transport finishes (and wait() returns) only once its pipes have
     # closed, and a pipe nobody reads stays paused: read the rest and drop it.
     try:
@@ -228,9 +199,6 @@ async def _reap(
         # with no cgroup): stop listening to it rather than wait for it forever.
         transport = process._transport  # type: ignore[attr-defined]
         transport.close()
-    finally:
-        if output_end is not None:
-            output_end.close()
     await process.wait()
 
 

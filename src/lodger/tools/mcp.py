@@ -302,6 +302,7 @@ class _Connection:
         )
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+        import anyio
         import mcp_types
         from mcp.shared.exceptions import MCPError
 
@@ -329,7 +330,7 @@ class _Connection:
                 raise self._unavailable()
             raise self._timed_out(tool)
         try:
-            return result_output(work.result())
+            answer = work.result()
         except MCPError as exc:
             if exc.code == mcp_types.REQUEST_TIMEOUT:
                 raise self._timed_out(tool) from None
@@ -340,10 +341,27 @@ class _Connection:
                 f"MCP server {self.config.name!r} refused the call to {tool}: {exc.message}"
             ) from None
         except ValidationError as exc:
-            raise ToolCallError(
-                f"MCP server {self.config.name!r} answered {tool} with an invalid result "
-                f"({exc.error_count()} problems)"
-            ) from None
+            raise self._invalid(tool, exc) from None
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            # the transport broke under the call: a server that had just exited
+            self.failure = await self._explain("its connection broke (did it exit?)")
+            raise self._unavailable() from None
+        except ValueError as exc:
+            if "closed file" not in str(exc):
+                raise
+            # the request went to the pipe of a server that had just exited
+            self.failure = await self._explain("its connection closed (did it exit?)")
+            raise self._unavailable() from None
+        try:
+            return result_output(answer)
+        except ValidationError as exc:
+            raise self._invalid(tool, exc) from None
+
+    def _invalid(self, tool: str, exc: ValidationError) -> ToolCallError:
+        return ToolCallError(
+            f"MCP server {self.config.name!r} answered {tool} with an invalid result "
+            f"({exc.error_count()} problems)"
+        )
 
     def _timed_out(self, tool: str) -> ToolCallError:
         return ToolCallError(

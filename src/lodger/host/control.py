@@ -55,6 +55,15 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def token_revoked(where: str = "") -> HostAuthError:
+    """Adding a token that was revoked: refused, never revived."""
+    return HostAuthError(
+        f"this token was revoked; it is not accepted{where} any more",
+        hint="make a new token (unset $LODGER_HOST_TOKEN to have one printed)",
+        code="token_revoked",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Message:
     """One thing a client asked a session to do: run a turn of ``text`` or resume."""
@@ -459,11 +468,7 @@ class SqliteHostControl:
             return True
 
         if not await self._run(work):
-            raise HostAuthError(
-                "this token was revoked; it is not accepted any more",
-                hint="make a new token (unset $LODGER_HOST_TOKEN to have one printed)",
-                code="token_revoked",
-            )
+            raise token_revoked()
 
     async def grant(self, token: str) -> TokenGrant | None:
         def work(db: sqlite3.Connection) -> TokenGrant | None:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from lodger.control.interface import ControlPlane
-from lodger.errors import HostAuthError, HostConflictError
-from lodger.host.control import SqliteHostControl, TokenGrant, hash_token
+from lodger.errors import HostConflictError
+from lodger.host.control import SqliteHostControl, TokenGrant, hash_token, token_revoked
 
 __all__ = ["SharedHostControl"]
 
@@ -50,11 +50,7 @@ class SharedHostControl(SqliteHostControl):
             token_hash=hash_token(token), scope=scope, session_id=session_id, label=label
         )
         if row.revoked_at is not None:
-            raise HostAuthError(
-                "this token was revoked; it is not accepted by any host any more",
-                hint="make a new token (unset $LODGER_HOST_TOKEN to have one printed)",
-                code="token_revoked",
-            )
+            raise token_revoked(" by any host")
         if (row.scope, row.session_id) != (scope, session_id):
             # name the grants, never the token
             raise HostConflictError(

@@ -285,11 +285,15 @@ class HostClient:
             body["session_id"] = session_id
         return str((await self._call("POST", "/v1/tokens", json=body))["token"])
 
-    async def revoke_token(self, token: str) -> bool:
-        """Revoke ``token`` for good (admin: any token; any token: itself)."""
-        return bool(
-            (await self._call("POST", "/v1/tokens/revoke", json={"token": token}))["revoked"]
-        )
+    async def revoke_token(self, token: str | None = None, *, id: str | None = None) -> bool:
+        """Revoke a token for good: ``token`` itself (admin: any token; any token: itself)
+        or, with an admin token, its ``id`` from ``list_tokens``."""
+        body = {key: value for key, value in (("token", token), ("id", id)) if value is not None}
+        return bool((await self._call("POST", "/v1/tokens/revoke", json=body))["revoked"])
+
+    async def list_tokens(self) -> list[dict[str, Any]]:
+        """Every token the host records (admin only), each by its public ``id``."""
+        return list((await self._call("GET", "/v1/tokens"))["tokens"])
 
     async def metrics(self) -> str:
         data = await self._call("GET", "/metrics")

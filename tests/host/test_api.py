@@ -12,6 +12,7 @@ import httpx2
 import pytest
 
 from lodger.errors import HostAuthError, HostConflictError, SessionNotFoundError, UsageError
+from lodger.host.control import hash_token, token_id
 
 from ._support import running_host, write_script
 
@@ -124,6 +125,50 @@ async def test_a_revoked_token_is_refused_for_good(tmp_path: Path) -> None:
         assert revived.value.code == "token_revoked"
         assert await host.control.grant(first) is None
         assert (await admin.show(sid))["session_id"] == sid  # the admin token still works
+
+
+async def test_an_admin_lists_tokens_by_id_and_revokes_one_by_its_id(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as admin:
+        sid = await admin.create_session()
+        lost = await admin.make_token(session_id=sid, label="laptop")
+        kept = await admin.make_token(session_id=sid, label="ci")
+        listed = await admin.list_tokens()
+        by_label = {row["label"]: row for row in listed}
+        assert set(by_label) >= {"laptop", "ci"}
+        for row in listed:  # an id, never the token or its whole hash
+            assert row["id"].startswith("tok_") and len(row["id"]) == 20
+            assert lost not in str(row) and hash_token(lost) not in str(row)
+        assert by_label["laptop"]["id"] == token_id(hash_token(lost))
+        assert by_label["laptop"]["scope"] == "session" and by_label["laptop"]["session_id"] == sid
+        async with host.client(lost) as a, host.client(kept) as b:
+            assert (await a.show(sid))["session_id"] == sid  # its grant is cached now
+            with pytest.raises(HostAuthError) as listing:
+                await b.list_tokens()
+            assert listing.value.code == "forbidden"
+            with pytest.raises(HostAuthError) as by_id:  # by id: admin only, even itself
+                await b.revoke_token(id=by_label["ci"]["id"])
+            assert by_id.value.code == "forbidden"
+            # the admin revokes the lost token without having it
+            assert await admin.revoke_token(id=by_label["laptop"]["id"]) is True
+            assert await admin.revoke_token(id=by_label["laptop"]["id"]) is False
+            assert await admin.revoke_token(id="tok_" + "0" * 16) is False  # unknown
+            with pytest.raises(HostAuthError):  # at once, despite the cache
+                await a.show(sid)
+            assert (await b.show(sid))["session_id"] == sid  # only that one
+        after = {row["label"]: row["revoked"] for row in await admin.list_tokens()}
+        assert after["laptop"] is True and after["ci"] is False
+        async with httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}
+        ) as raw:
+            for body in (
+                {},
+                {"token": kept, "id": by_label["ci"]["id"]},
+                {"id": "tok_XYZ"},
+                {"id": by_label["ci"]["id"][:-1]},
+            ):
+                refused = await raw.post("/v1/tokens/revoke", json=body)
+                assert refused.status_code == 422, (body, refused.text)
+        assert await host.control.grant(kept) is not None  # none of those revoked it
 
 
 @pytest.mark.slow

@@ -164,6 +164,26 @@ async def test_a_token_made_through_one_host_opens_the_other(
                 while (await scoped_a.get("/v1/sessions/t1")).status_code != 401:  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
             assert (await scoped_b.get("/v1/sessions/t1")).status_code == 401
+        # an admin on B lists tokens made through A (by id, never the token) and revokes one
+        # by its id: host A refuses it too
+        spare = (await on_a.post("/v1/tokens", json={"label": "spare"})).json()
+        listed_b = (await on_b.get("/v1/tokens")).json()["tokens"]
+        row = next(item for item in listed_b if item["label"] == "spare")
+        assert row["id"] == spare["id"] and row["revoked"] is False and row["created_at"] > 0
+        assert spare["token"] not in json.dumps(listed_b)
+        assert hash_token(spare["token"]) not in json.dumps(listed_b)
+        assert {"ops", "t1 only"} <= {item["label"] for item in listed_b}
+        async with a.raw(spare["token"]) as spare_a:
+            assert (await spare_a.get("/v1/sessions")).status_code == 200  # cached on A
+            by_id = await on_b.post("/v1/tokens/revoke", json={"id": spare["id"]})
+            assert (by_id.status_code, by_id.json()) == (200, {"revoked": True})
+            async with asyncio.timeout(30):
+                while (await spare_a.get("/v1/sessions")).status_code != 401:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+        assert next(
+            item for item in (await on_a.get("/v1/tokens")).json()["tokens"]
+            if item["label"] == "spare"
+        )["revoked"] is True  # fmt: skip
         # ... and adding it again (a restart with it in $LODGER_HOST_TOKEN) revives nothing
         with pytest.raises(HostAuthError) as revived:
             await a.control.add_token(session_token, scope="session", session_id="t1", label="")
@@ -176,10 +196,10 @@ async def test_a_token_made_through_one_host_opens_the_other(
         # only hashes reached the control plane
         async with a.plane._tx() as tx:  # type: ignore[attr-defined]
             rows = await tx.rows("SELECT token_hash, scope, session_id FROM host_tokens")
-    tokens = (admin, second_admin, session_token)
+    tokens = (admin, second_admin, session_token, spare["token"])
     assert sorted(rows) == sorted(
         [(hash_token(admin), "admin", None), (hash_token(second_admin), "admin", None),
-         (hash_token(session_token), "session", "t1")]
+         (hash_token(session_token), "session", "t1"), (hash_token(spare["token"]), "admin", None)]
     )  # fmt: skip
     # ... and no plain token is in a byte of PostgreSQL's files or the hosts' indexes,
     # while the hashes are (so the scan reads what was written)

@@ -673,6 +673,13 @@ class SqlControlPlane:
             )
             return bool(changed)
 
+    async def list_tokens(self) -> list[HostToken]:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_TOKEN_COLUMNS} FROM host_tokens ORDER BY created_at, token_hash"
+            )
+            return [_host_token(row) for row in rows]
+
     async def claim_delivery(self, *, hook: str, delivery: str, session_id: str) -> str:
         async with self._tx() as tx:
             # a concurrent claim of the same delivery waits on the key, then finds the row

@@ -302,6 +302,10 @@ class ControlPlane(Protocol):
         """Revoke a token for every host; True when this call revoked it."""
         ...
 
+    async def list_tokens(self) -> list[HostToken]:
+        """Every host token, revoked ones included, oldest first."""
+        ...
+
     async def claim_delivery(self, *, hook: str, delivery: str, session_id: str) -> str:
         """The session a webhook delivery goes to: ``session_id`` the first time, the
         first claim's session on every later one, whichever host receives it."""

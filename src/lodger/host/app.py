@@ -26,14 +26,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lodger.control.interface import ControlPlane
-from lodger.errors import LodgerError, UsageError
+from lodger.errors import HostConflictError, LodgerError, UsageError
 from lodger.events import ArtifactStored, Event, ToolResponded
 from lodger.host.auth import COOKIE, Authenticator, bearer, require_admin, require_session
-from lodger.host.control import HostControl, Message, TokenGrant, hash_token
+from lodger.host.control import HostControl, Message, TokenGrant, hash_token, token_id
 from lodger.host.errors import ErrorBody, error_body, status_for
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
@@ -191,7 +191,16 @@ class Forked(BaseModel):
 
 
 class RevokeToken(_In):
-    token: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+    """Name the token itself, or (admin only) its ``id`` from ``GET /v1/tokens``."""
+
+    token: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+    id: str | None = Field(default=None, pattern=r"^tok_[0-9a-f]{16}$")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RevokeToken:
+        if (self.token is None) == (self.id is None):
+            raise ValueError("name exactly one of token and id")
+        return self
 
 
 class TokenRevoked(BaseModel):
@@ -200,8 +209,22 @@ class TokenRevoked(BaseModel):
 
 class TokenOut(BaseModel):
     token: str
+    id: str
     scope: str
     session_id: str | None = None
+
+
+class TokenListed(BaseModel):
+    id: str
+    scope: str
+    session_id: str | None
+    label: str
+    revoked: bool
+    created_at: float | None
+
+
+class TokenList(BaseModel):
+    tokens: list[TokenListed]
 
 
 class HookAccepted(BaseModel):
@@ -382,17 +405,40 @@ def create_app(
         token = new_token()
         scope: Literal["admin", "session"] = "session" if body.session_id else "admin"
         await control.add_token(token, scope=scope, session_id=body.session_id, label=body.label)
-        return TokenOut(token=token, scope=scope, session_id=body.session_id)
+        return TokenOut(
+            token=token, id=token_id(hash_token(token)), scope=scope, session_id=body.session_id
+        )
+
+    @app.get("/v1/tokens", tags=["auth"])
+    async def list_tokens(who: Grant) -> TokenList:
+        """Every token this host's index records (admin only), revoked ones included: each
+        by its public ``id``, never the token (only hashes are kept)."""
+        require_admin(who)
+        return TokenList(tokens=[TokenListed(**info.to_dict()) for info in await control.tokens()])
 
     @app.post("/v1/tokens/revoke", tags=["auth"])
     async def revoke_token(body: RevokeToken, request: Request, who: Grant) -> TokenRevoked:
         """Revoke a token for good (every host of a shared control plane refuses it within
         seconds). An admin token may revoke any token; any token may revoke itself.
         ``revoked`` is false when the token was unknown or revoked already."""
-        if who.scope != "admin" and hash_token(body.token) != auth.presented(request):
-            require_admin(who)  # raises: a session token revokes only itself
-        revoked = await control.revoke(body.token)
-        auth.forget(body.token)
+        if body.token is not None:
+            digest = hash_token(body.token)
+            if who.scope != "admin" and digest != auth.presented(request):
+                require_admin(who)  # raises: a session token revokes only itself
+        else:
+            require_admin(who)  # by id: admin only
+            named = [info for info in await control.tokens() if info.id == body.id]
+            if not named:
+                return TokenRevoked(revoked=False)
+            if len(named) > 1:  # two hashes share 64 bits: name the token itself
+                raise HostConflictError(
+                    f"token id {body.id} names {len(named)} tokens",
+                    hint="revoke with the token itself",
+                    code="conflict",
+                )
+            digest = named[0].token_hash
+        revoked = await control.revoke_hash(digest)
+        auth.forget_hash(digest)
         return TokenRevoked(revoked=revoked)
 
     @app.post("/v1/auth/cookie", status_code=204, tags=["auth"])

@@ -82,9 +82,9 @@ class Authenticator:
         token = token or request.cookies.get(COOKIE, "")
         return hash_token(token) if token else None
 
-    def forget(self, token: str) -> None:
-        """Drop ``token``'s cached grant (it was revoked here: refuse it from now on)."""
-        self._cache.pop(hash_token(token), None)
+    def forget_hash(self, token_hash: str) -> None:
+        """Drop a token's cached grant (it was revoked here: refuse it from now on)."""
+        self._cache.pop(token_hash, None)
 
 
 def require_session(grant: TokenGrant, session_id: str) -> None:

@@ -39,7 +39,9 @@ __all__ = [
     "MessageStatus",
     "SqliteHostControl",
     "TokenGrant",
+    "TokenInfo",
     "hash_token",
+    "token_id",
 ]
 
 T = TypeVar("T")
@@ -53,6 +55,13 @@ def hash_token(token: str) -> str:
     """How a token is kept at rest: its SHA-256 (tokens are 256-bit random, so a plain
     hash is enough; nothing reversible is stored)."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def token_id(token_hash: str) -> str:
+    """A token's public name: ``tok_`` and the first 16 hex digits of its SHA-256. It names
+    the token in listings and revocations without revealing it (a 64-bit prefix of the
+    hash of 256 random bits gives nothing back)."""
+    return "tok_" + token_hash[:16]
 
 
 def token_revoked(where: str = "") -> HostAuthError:
@@ -124,6 +133,33 @@ class TokenGrant:
         return self.scope == "admin" or (session_id is not None and session_id == self.session_id)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TokenInfo:
+    """A recorded token as an admin may list it: its public ``id`` (``token_id``), never
+    the token. ``created_at`` is known only where the index records it (the shared one)."""
+
+    token_hash: str
+    scope: Literal["admin", "session"]
+    session_id: str | None
+    label: str
+    revoked: bool
+    created_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        return token_id(self.token_hash)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "scope": self.scope,
+            "session_id": self.session_id,
+            "label": self.label,
+            "revoked": self.revoked,
+            "created_at": self.created_at,
+        }
+
+
 class HostControl(Protocol):
     """The host's control index (see the module docstring)."""
 
@@ -166,6 +202,14 @@ class HostControl(Protocol):
     async def grant(self, token: str) -> TokenGrant | None: ...
     async def revoke(self, token: str) -> bool:
         """Revoke ``token`` for good; True when this call revoked it."""
+        ...
+
+    async def revoke_hash(self, token_hash: str) -> bool:
+        """Revoke the token whose SHA-256 is ``token_hash``; True when this call did."""
+        ...
+
+    async def tokens(self) -> list[TokenInfo]:
+        """Every recorded token, revoked ones included (by hash: never the token)."""
         ...
 
     # webhook deliveries that start a new session
@@ -484,15 +528,33 @@ class SqliteHostControl:
         return await self._run(work)
 
     async def revoke(self, token: str) -> bool:
-        digest = hash_token(token)
+        return await self.revoke_hash(hash_token(token))
 
+    async def revoke_hash(self, token_hash: str) -> bool:
         def work(db: sqlite3.Connection) -> bool:
-            if not db.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)).fetchone():
+            if not db.execute("SELECT 1 FROM tokens WHERE hash = ?", (token_hash,)).fetchone():
                 return False
-            return (
-                db.execute("INSERT OR IGNORE INTO revoked_tokens VALUES (?)", (digest,)).rowcount
-                == 1
-            )
+            revoked = db.execute("INSERT OR IGNORE INTO revoked_tokens VALUES (?)", (token_hash,))
+            return revoked.rowcount == 1
+
+        return await self._run(work)
+
+    async def tokens(self) -> list[TokenInfo]:
+        def work(db: sqlite3.Connection) -> list[TokenInfo]:
+            rows = db.execute(
+                "SELECT hash, scope, session_id, label, "
+                "hash IN (SELECT hash FROM revoked_tokens) FROM tokens ORDER BY rowid"
+            ).fetchall()
+            return [
+                TokenInfo(
+                    token_hash=row[0],
+                    scope=row[1],
+                    session_id=row[2],
+                    label=row[3],
+                    revoked=bool(row[4]),
+                )
+                for row in rows
+            ]
 
         return await self._run(work)
 

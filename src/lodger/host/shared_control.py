@@ -24,7 +24,13 @@ from typing import Literal
 
 from lodger.control.interface import ControlPlane
 from lodger.errors import HostConflictError
-from lodger.host.control import SqliteHostControl, TokenGrant, hash_token, token_revoked
+from lodger.host.control import (
+    SqliteHostControl,
+    TokenGrant,
+    TokenInfo,
+    hash_token,
+    token_revoked,
+)
 
 __all__ = ["SharedHostControl"]
 
@@ -71,7 +77,23 @@ class SharedHostControl(SqliteHostControl):
 
     async def revoke(self, token: str) -> bool:
         """Revoke ``token`` on every host (each host's cache forgets it within its TTL)."""
-        return await self.plane.revoke_token(token_hash=hash_token(token))
+        return await self.revoke_hash(hash_token(token))
+
+    async def revoke_hash(self, token_hash: str) -> bool:
+        return await self.plane.revoke_token(token_hash=token_hash)
+
+    async def tokens(self) -> list[TokenInfo]:
+        return [
+            TokenInfo(
+                token_hash=row.token_hash,
+                scope="admin" if row.scope == "admin" else "session",
+                session_id=row.session_id,
+                label=row.label,
+                revoked=row.revoked_at is not None,
+                created_at=row.created_at,
+            )
+            for row in await self.plane.list_tokens()
+        ]
 
     # ------------------------------------------------------------ deliveries
 

@@ -338,6 +338,9 @@ class ControlConformance:
         assert again.revoked_at == revoked.revoked_at  # re-adding does not revive it
         still = await a.get_token(token_hash=admin)
         assert still is not None and still.revoked_at is None  # only that token
+        listed = {row.token_hash: row for row in await b.list_tokens()}
+        assert set(listed) == {digest, admin}  # revoked ones too, by hash only
+        assert listed[digest].revoked_at is not None and listed[admin].revoked_at is None
 
     async def test_a_plain_token_or_a_wrong_scope_is_refused(self, control: ControlPlane) -> None:
         for bad in ("lgr_" + "a" * 43, "A" * 64, "g" * 64, "", "a" * 63, "a" * 65):

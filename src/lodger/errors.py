@@ -501,6 +501,7 @@ ErrorCode = Literal[
     "unlinked_redispatch",
     "bad_retry_link",
     "bad_not_dispatched",
+    "bad_permission_park",
     "unknown_operation",
     "call_mismatch",
     "missing_call_id",

@@ -25,6 +25,8 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     3  tool_responded.status timed_out; session_started.chain and key_id.
     4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
     5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
+    6  permission_decided.decision park: the call waits, not dispatched, for an answer
+       given outside the run (an approval parked in the control plane).
 """
 
 from __future__ import annotations
@@ -95,13 +97,14 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
     3: "tool_responded.status timed_out; session_started.chain and key_id",
     4: "run_started.workspace and workspace_id (a relocating resume); turn_ended.reason",
     5: "output_rejected; turn_ended.output (structured output); call_rejected reason vetoed",
+    6: "permission_decided.decision park (the call waits for an answer given outside the run)",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -279,7 +282,9 @@ class PermissionRequested(_Value):
 class PermissionDecided(_Value):
     kind: Literal["permission_decided"] = "permission_decided"
     tool: str
-    decision: Literal["allow", "deny"]
+    #: ``park``: not dispatched; the call waits for an answer given outside the run (an
+    #: approval in the control plane) and a resume asks the approver again
+    decision: Literal["allow", "deny", "park"]
     by: Literal["policy", "user", "operator", "default"]
     reason: str = ""
 

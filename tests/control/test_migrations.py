@@ -43,7 +43,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 5
+    assert await control.schema_version() == LATEST_VERSION == 6
     # what versions 2, 3, 4 and 5 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
@@ -120,9 +120,7 @@ async def test_from_version_3(make: Make) -> None:
     )
     wake = await old.send(session_id="s1", message="kept", idempotency_key="host:s1:k")
     assert await old.acquire_session(session_id="s1", holder="w", ttl_s=60)
-    await old.ask_approval(
-        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="w", wait_s=60
-    )
+    await _old_approval(old)
     with pytest.raises(ControlPlaneError):  # version 3 has no host tokens table
         await old.get_token(token_hash="cd" * 32)
     with pytest.raises(ControlPlaneError):  # nor webhook deliveries
@@ -131,7 +129,7 @@ async def test_from_version_3(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 5
+    assert await new.schema_version() == LATEST_VERSION == 6
     (row,) = await new.list_sessions()
     assert (row.session_id, row.model) == ("s1", "m")
     assert [w.id for w in await new.pending_wakes()] == [wake]
@@ -143,6 +141,36 @@ async def test_from_version_3(make: Make) -> None:
     assert await new.get_token(token_hash="cd" * 32) == made
     assert await new.claim_delivery(hook="gh", delivery="d", session_id="s1") == "s1"
     assert await new.claim_delivery(hook="gh", delivery="d", session_id="s2") == "s1"
+
+
+async def _old_approval(old: SqlControlPlane) -> None:
+    """A pending approval written as a worker before version 6 wrote it (no ``mode``)."""
+    async with old._tx() as tx:
+        await tx.change(
+            "INSERT INTO approvals (session_id, call_id, tool, summary, status, asked_by, "
+            "asked_at, expires_at) VALUES ('s1', 'c1', 'deploy', '{}', 'pending', 'w', "
+            "%s, %s)",
+            (tx.now, tx.now + 60),
+        )
+
+
+async def test_from_version_5_approvals_keep_waiting_and_parked_ones_are_new(make: Make) -> None:
+    old = make()
+    await old.start(version=5)
+    assert await old.acquire_session(session_id="s1", holder="w", ttl_s=60)
+    await _old_approval(old)
+    await old.close()
+
+    new = make()
+    await new.start()
+    assert await new.schema_version() == LATEST_VERSION == 6
+    (kept,) = await new.list_approvals(session_id="s1")
+    assert (kept.call_id, kept.mode, kept.asked_by) == ("c1", "wait", "w")
+    parked = await new.park_approval(
+        session_id="s1", call_id="c2", tool="deploy", summary="{}", holder="w", expires_s=60
+    )
+    assert (parked.status, parked.mode) == ("pending", "park")
+    assert {a.call_id for a in await new.list_approvals(session_id="s1")} == {"c1", "c2"}
 
 
 async def test_a_newer_schema_is_refused(make: Make) -> None:

@@ -24,7 +24,11 @@ from rich.table import Table
 from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
 from lodger.cli._run import MODEL_ENVVAR, load_tools_file, subagent_policy, subagents_option
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
-from lodger.control.approvals import ControlApprovals
+from lodger.control.approvals import (
+    DEFAULT_APPROVAL_EXPIRY_S,
+    ControlApprovals,
+    ParkingApprovals,
+)
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError
@@ -234,6 +238,23 @@ def schedule(
     "call is denied when nobody answers. 0: deny such calls at once.",
 )
 @click.option(
+    "--approval-park",
+    is_flag=True,
+    help="A call that needs approval parks instead: it is not dispatched, the question "
+    "goes to the control plane, the worker releases the session (dormant, no process "
+    "waits) and an answer wakes it; the call then runs or is denied. Not with "
+    "--approval-wait.",
+)
+@click.option(
+    "--approval-expiry",
+    default=DEFAULT_APPROVAL_EXPIRY_S,
+    show_default=True,
+    type=click.FloatRange(1),
+    metavar="SECONDS",
+    help="With --approval-park: how long a parked question stays answerable; then the "
+    "session is woken and the call is denied.",
+)
+@click.option(
     "--subagent-tree-steps",
     "tree_steps",
     default=None,
@@ -256,6 +277,8 @@ def worker(
     subagent_depth: int | None,
     subagent_spec: str | None,
     approval_wait: float,
+    approval_park: bool,
+    approval_expiry: float,
     tree_steps: int | None,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
@@ -265,7 +288,9 @@ def worker(
     SIGTERM: take no more work; running turns get --grace seconds, then are handed back.
     The model is the one the session last ran with, else --model.
     With --subagents, a delegation's child runs on any worker while the session that
-    delegated waits dormant; the child's end wakes it.
+    delegated waits dormant; the child's end wakes it. With --approval-park, a call that
+    needs approval leaves its session dormant until the question is answered (lodger
+    serve --control answers it) or expires.
 
     \b
     Example:
@@ -273,6 +298,12 @@ def worker(
         --concurrency 4 --model openai:gpt-4.1
     """
     logging.basicConfig(level=logging.WARNING, format="worker: %(message)s")
+    if approval_park and approval_wait > 0:
+        raise click.UsageError(
+            "--approval-park and --approval-wait are two ways to ask; choose one "
+            "(--approval-park leaves the session dormant while a person decides, "
+            "--approval-wait keeps the worker waiting up to SECONDS)"
+        )
     extra: list[Tool] = []
     for path in tools_files:
         extra.extend(load_tools_file(path))
@@ -281,7 +312,7 @@ def worker(
         policy = dataclasses.replace(policy, model=make_model(subagent_spec))
     if policy is not None and tree_steps is not None:
         policy = dataclasses.replace(policy, tree_steps=tree_steps)
-    asking: list[ControlApprovals] = []  # set once the control plane is open
+    asking: list[ControlApprovals | ParkingApprovals] = []  # set once the plane is open
     spans = worker_spans()
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
@@ -294,7 +325,7 @@ def worker(
                 session_id=session_id,
             )
         approvals = asking[0] if asking else None
-        observers = [approvals.observer()] if approvals else []
+        observers = [approvals.observer()] if isinstance(approvals, ControlApprovals) else []
         if spans is not None:
             observers.append(spans.observe)
         return Binding(
@@ -312,6 +343,7 @@ def worker(
         grace_s=grace,
         poll_s=poll,
         max_attempts=max_attempts,
+        approval_expiry_s=approval_expiry,
     )
     dsn = control_dsn(control, state)
 
@@ -333,6 +365,8 @@ def worker(
             )
             if approval_wait > 0:
                 asking.append(ControlApprovals(plane, holder=made.holder, wait_s=approval_wait))
+            elif approval_park:
+                asking.append(ParkingApprovals(plane, expires_s=approval_expiry))
             await made.run(stop)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):

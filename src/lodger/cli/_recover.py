@@ -52,6 +52,7 @@ __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 _ACTIONS = {
     "none": "nothing to do",
     "tell_model": "tell the model it never ran",
+    "ask_permission": "ask for its approval again (its answer may be waiting)",
     "redispatch": "run again under a linked T1 (idempotent)",
     "probe": "probe the world (queryable)",
     "park": "park for an operator decision",

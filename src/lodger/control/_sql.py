@@ -27,7 +27,7 @@ from lodger.control.interface import (
 from lodger.control.schedule import next_fire
 from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError, UsageError
 
-__all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
+__all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane", "approval_key"]
 
 # Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
 # the session and parked indexes). Version 2: what spans sessions (cron schedules and the
@@ -35,6 +35,8 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane"]
 # any host. Version 4: what the HTTP hosts in front of one control plane share (their
 # bearer tokens, as SHA-256 hashes only, and the webhook deliveries that made a session).
 # Version 5: why a wake failed for good (a worker gave up on it), so it does not read done.
+# Version 6: approvals that park (``mode`` 'park': live until their own expiry, without a
+# lease, and answering one wakes the session).
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -87,18 +89,24 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # a wake a worker gave up on (``max_attempts``) ends with why, not as done
         "ALTER TABLE wakes ADD COLUMN error TEXT",
     ),
+    6: (
+        # 'wait': a worker holds the session and waits; 'park': the session is dormant
+        "ALTER TABLE approvals ADD COLUMN mode TEXT NOT NULL DEFAULT 'wait'",
+    ),
 }
 LATEST_VERSION = max(MIGRATIONS)
 
 _WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
-# An approval is live while the worker that asked still holds the session's lease (its
-# heartbeat renews it while it waits): a dead worker's question is answered by nobody.
+# A waiting approval is live while the worker that asked still holds the session's lease
+# (its heartbeat renews it while it waits): a dead worker's question is answered by
+# nobody. A parked one is live until its own expiry: nobody holds the dormant session.
 _ASKER_HOLDS = (
-    "EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = approvals.session_id "
-    "AND l.holder = approvals.asked_by AND l.expires_at > %s)"
+    "(approvals.mode = 'park' OR EXISTS (SELECT 1 FROM session_leases l WHERE "
+    "l.session_id = approvals.session_id AND l.holder = approvals.asked_by "
+    "AND l.expires_at > %s))"
 )
 _APPROVAL_COLUMNS = (
-    "session_id, call_id, tool, summary, status, asked_by, answered_by, asked_at, expires_at"
+    "session_id, call_id, tool, summary, status, asked_by, answered_by, asked_at, expires_at, mode"
 )
 _TOKEN_COLUMNS = "token_hash, scope, session_id, label, created_at, revoked_at"
 _HEX = frozenset("0123456789abcdef")
@@ -169,7 +177,13 @@ def _approval(row: tuple[Any, ...]) -> ApprovalRequest:
         answered_by=row[6],
         asked_at=float(row[7]),
         expires_at=float(row[8]),
+        mode=row[9],
     )
+
+
+def approval_key(session_id: str, call_id: str) -> str:
+    """The idempotency key of the wake that a parked approval's answer (or expiry) sends."""
+    return f"approval:{session_id}:{call_id}"
 
 
 class SqlControlPlane:
@@ -561,14 +575,77 @@ class SqlControlPlane:
             if not inserted:
                 # Asked again (a resume after a crash): an answer given meanwhile stands;
                 # an expired or abandoned question is asked afresh.
+                # A parked question that expired stays expired (a denial); a pending
+                # parked one is waited for here, as this worker's question.
                 await tx.change(
                     "UPDATE approvals SET status = 'pending', asked_by = %s, asked_at = %s, "
-                    "expires_at = %s, answered_by = NULL, answered_at = NULL "
-                    "WHERE session_id = %s AND call_id = %s AND (status = 'expired' OR "
-                    "(status = 'pending' AND (expires_at <= %s OR asked_by <> %s)))",
-                    (holder, tx.now, expires, session_id, call_id, tx.now, holder),
+                    "expires_at = %s, answered_by = NULL, answered_at = NULL, mode = 'wait' "
+                    "WHERE session_id = %s AND call_id = %s AND ((status = 'expired' AND "
+                    "mode = 'wait') OR (status = 'pending' AND mode = 'wait' AND "
+                    "(expires_at <= %s OR asked_by <> %s)) OR (status = 'pending' AND "
+                    "mode = 'park' AND expires_at > %s))",
+                    (holder, tx.now, expires, session_id, call_id, tx.now, holder, tx.now),
                 )
             return await self._approval_of(tx, session_id, call_id)
+
+    async def park_approval(
+        self,
+        *,
+        session_id: str,
+        call_id: str,
+        tool: str,
+        summary: str,
+        holder: str,
+        expires_s: float,
+    ) -> ApprovalRequest:
+        async with self._tx() as tx:
+            expires = tx.now + expires_s
+            await tx.change(
+                "INSERT INTO approvals (session_id, call_id, tool, summary, status, asked_by, "
+                "asked_at, expires_at, mode) VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, "
+                "'park') ON CONFLICT (session_id, call_id) DO NOTHING",
+                (session_id, call_id, tool, summary, holder, tx.now, expires),
+            )
+            # Asked before: an answer stands, a parked question keeps its expiry; a
+            # question a waiting worker left behind (it died, or gave up) parks afresh.
+            await tx.change(
+                "UPDATE approvals SET status = 'pending', mode = 'park', asked_by = %s, "
+                "asked_at = %s, expires_at = %s, answered_by = NULL, answered_at = NULL "
+                "WHERE session_id = %s AND call_id = %s AND mode = 'wait' AND "
+                "status IN ('pending', 'expired')",
+                (holder, tx.now, expires, session_id, call_id),
+            )
+            found = await self._approval_of(tx, session_id, call_id)
+            # The session is dormant: its wake is queued now, due at the expiry (the
+            # denial); an answer makes it due at once.
+            due = found.expires_at if found.status == "pending" else tx.now
+            await self._approval_wake(tx, session_id, call_id, due)
+            return found
+
+    async def _approval_wake(self, tx: _Tx, session_id: str, call_id: str, due: float) -> None:
+        """The session's approval wake (one per call, by its key), due at ``due`` at
+        the latest; a wake that was done already is queued again."""
+        key = approval_key(session_id, call_id)
+        rows = await tx.rows(
+            "SELECT w.id FROM idempotency_keys k JOIN wakes w ON w.id = k.wake_id "
+            "WHERE k.key = %s AND w.done_at IS NULL" + self._for_update,
+            (key,),
+        )
+        if rows:
+            await tx.change(
+                "UPDATE wakes SET due_at = %s WHERE id = %s AND due_at > %s",
+                (due, int(rows[0][0]), due),
+            )
+            return
+        made = await tx.rows(
+            "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, NULL, %s) RETURNING id",
+            (session_id, due),
+        )
+        await tx.change(
+            "INSERT INTO idempotency_keys (key, wake_id, created_at) VALUES (%s, %s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET wake_id = excluded.wake_id",
+            (key, int(made[0][0]), tx.now),
+        )
 
     async def _approval_of(self, tx: _Tx, session_id: str, call_id: str) -> ApprovalRequest:
         rows = await tx.rows(
@@ -611,7 +688,11 @@ class SqlControlPlane:
                 f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE session_id = %s AND call_id = %s",
                 (session_id, call_id),
             )
-            return (_approval(rows[0]) if rows else None), bool(won)
+            found = _approval(rows[0]) if rows else None
+            if won and found is not None and found.mode == "park":
+                # the dormant session is woken, in the transaction that answers
+                await self._approval_wake(tx, session_id, call_id, tx.now)
+            return found, bool(won)
 
     async def list_approvals(
         self, *, session_id: str | None = None, status: str | None = "pending"

@@ -1,15 +1,25 @@
 """Approvals of worker-run calls, asked and answered through the control plane.
 
-A worker has no terminal and no client attached: when the permission gate asks about a
-call, ``ControlApprovals`` records the question in the control plane (``ask_approval``,
-with a deadline) and polls it for an answer, which any host answers with a conditional
-update (the first answer wins). The worker process stays up while it waits (the turn is
-not dormant): its lease heartbeat keeps running, so no other worker takes the session.
-When the deadline passes first, the question becomes ``expired`` and the call is denied
-(the gate commits the denial as a fact).
+A worker has no terminal and no client attached. Two ways to ask, one per worker mode:
 
-The gate commits ``permission_requested`` just before it asks; the observer sees that
-fact in the call's own task, so a context variable carries the call id to the approver.
+- ``ControlApprovals`` (``lodger worker --approval-wait S``): when the permission gate
+  asks about a call, it records the question in the control plane (``ask_approval``,
+  with a deadline) and polls it for an answer, which any host answers with a conditional
+  update (the first answer wins). The worker process stays up while it waits (the turn
+  is not dormant): its lease heartbeat keeps running, so no other worker takes the
+  session. When the deadline passes first, the question becomes ``expired`` and the
+  call is denied (the gate commits the denial as a fact).
+- ``ParkingApprovals`` (``lodger worker --approval-park``): the approver answers
+  ``park`` unless the control plane already holds an answer for the call. The gate
+  records ``permission_decided`` ``park``, the call is not dispatched, the run ends
+  waiting and the worker releases the session, which is then dormant. Only after that
+  fact is committed does the worker record the question (``Worker`` calls
+  ``park_approval`` for each call the plan says waits for its approval), so a question
+  in the control plane always has a log that knows the call waits. The question lives
+  until its own expiry; answering it wakes the session, whose resume asks the approver
+  again: ``allow`` runs the call, ``deny`` or an expired question denies it.
+
+The gate names the call it asks about in the call's own task (``current_ask()``).
 """
 
 from __future__ import annotations
@@ -22,12 +32,15 @@ from collections.abc import Callable
 from typing import Any
 
 from lodger.control.interface import ControlPlane
-from lodger.engine.permissions import Approver
+from lodger.engine.permissions import ApprovalAnswer, Approver, current_ask
 from lodger.errors import ControlPlaneError
 from lodger.events import Event, PermissionRequested
 from lodger.tools.spec import Tool
 
-__all__ = ["ControlApprovals"]
+__all__ = ["DEFAULT_APPROVAL_EXPIRY_S", "ControlApprovals", "ParkingApprovals"]
+
+#: how long a parked approval stays answerable by default: a day
+DEFAULT_APPROVAL_EXPIRY_S = 24 * 3600.0
 
 log = logging.getLogger("lodger.worker")
 
@@ -60,7 +73,8 @@ class ControlApprovals:
 
     def approver(self, session_id: str) -> Approver:
         async def approve(tool: Tool, arguments: dict[str, Any]) -> bool:
-            asking = _ASKING.get()
+            ask = current_ask()  # set by the gate in this call's own task
+            asking = (ask.call_id, ask.summary) if ask and ask.call_id else _ASKING.get()
             if asking is None:  # the gate asked without a fact: never allow blindly
                 return False
             call_id, summary = asking
@@ -95,3 +109,45 @@ class ControlApprovals:
         if status == "expired":
             log.warning("approval of call %s in session %s expired: denied", call_id, session_id)
         return status == "allow"
+
+
+class ParkingApprovals:
+    """Approvers for a worker whose sessions go dormant while a person decides.
+
+    The approver reads the control plane: an answer given (``allow``, ``deny``) is the
+    decision, an expired question is a denial, and anything else parks the call (the
+    worker records the question once the run has ended waiting). A call that cannot
+    park (inside a code cell) is denied at once, with the reason in the log."""
+
+    def __init__(self, control: ControlPlane, *, expires_s: float = DEFAULT_APPROVAL_EXPIRY_S):
+        self.control = control
+        self.expires_s = expires_s
+
+    def approver(self, session_id: str) -> Approver:
+        async def approve(tool: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
+            ask = current_ask()
+            if ask is None or ask.call_id is None:  # no call to ask about: never allow
+                return "deny"
+            if not ask.may_park:
+                log.warning(
+                    "call %s in session %s cannot wait for an approval here: denied",
+                    ask.call_id, session_id,
+                )  # fmt: skip
+                return "park"  # the gate turns it into a denial that says why
+            try:
+                found = await self.control.poll_approval(session_id=session_id, call_id=ask.call_id)
+            except ControlPlaneError as exc:
+                # nothing runs without an answer: park, and the next wake asks again
+                log.warning("reading the approval of %s: %s", ask.call_id, exc.message)
+                return "park"
+            if found is None or found.status == "pending":
+                return "park"
+            if found.status == "allow":
+                return "once"
+            if found.status == "expired":
+                log.warning(
+                    "approval of call %s in session %s expired: denied", ask.call_id, session_id
+                )
+            return "deny"
+
+        return approve

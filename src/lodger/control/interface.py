@@ -76,9 +76,11 @@ class ApprovalRequest:
     """A call of a worker-run turn waiting for a person's answer (schema version 3).
 
     ``status`` is ``pending`` until one answer wins (``allow``/``deny``) or the asking
-    worker's deadline passes (``expired``: the call is denied). A pending approval is
-    live (listed, answerable) only while ``asked_by`` holds the session's lease: the
-    question of a worker that died is answered by nobody."""
+    worker's deadline passes (``expired``: the call is denied). In ``mode`` ``wait`` a
+    pending approval is live (listed, answerable) only while ``asked_by`` holds the
+    session's lease: the question of a worker that died is answered by nobody. In
+    ``mode`` ``park`` (schema version 6) the session is dormant and the approval is live
+    until ``expires_at``; answering it wakes the session (``approval_key``)."""
 
     session_id: str
     call_id: str
@@ -89,6 +91,7 @@ class ApprovalRequest:
     answered_by: str | None
     asked_at: float
     expires_at: float
+    mode: str = "wait"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +269,22 @@ class ControlPlane(Protocol):
     ) -> ApprovalRequest:
         """Record that ``holder`` waits up to ``wait_s`` for an answer about the call. A
         call asked again keeps an answer given meanwhile; an expired one is asked anew."""
+        ...
+
+    async def park_approval(
+        self,
+        *,
+        session_id: str,
+        call_id: str,
+        tool: str,
+        summary: str,
+        holder: str,
+        expires_s: float,
+    ) -> ApprovalRequest:
+        """Record that the call waits, its session dormant, up to ``expires_s`` for an
+        answer, and queue the session's wake (key ``approval:<session>:<call_id>``) due at
+        the expiry, in one transaction; an answer makes the wake due at once. A call
+        parked again keeps its question (and any answer given meanwhile)."""
         ...
 
     async def poll_approval(self, *, session_id: str, call_id: str) -> ApprovalRequest | None:

@@ -7,6 +7,12 @@ turn unless it already reached the log, snapshots the workspace, updates the ses
 parked indexes, finishes the wake and releases the lease. Every commit is guarded by the
 lease (``lodger.control.fencing``), which a heartbeat renews while the turn runs.
 
+A call whose approval was parked (``lodger.control.approvals.ParkingApprovals``) ends
+the run waiting: once that is committed the worker records the call's question in the
+control plane (``park_approval``, which queues the session's wake due at the question's
+expiry), indexes the session ``waiting`` and releases it; the session is then dormant
+until the question is answered or expires.
+
 Stopping: ``stop`` set (SIGTERM) means take no more work; a running turn gets
 ``grace_s`` to settle, then it is cancelled (the engine settles running calls and ends
 the run ``interrupted``) and its wake is handed back for another worker. A worker killed
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.control.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.control.fencing import FencedLogStore, LeaseGuard
 from lodger.control.interface import ControlPlane, ParkedCall, SessionRow, Wake
 from lodger.engine.state import SessionState
@@ -39,6 +46,7 @@ from lodger.errors import (
     LodgerError,
     ResumeBlockedError,
 )
+from lodger.events import PermissionRequested
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.storage.eventlog import EventLog
@@ -68,6 +76,8 @@ class WorkerConfig:
     schedules_every_s: float = 1.0
     #: attempts of a wake whose turn keeps failing with an error before it is dropped
     max_attempts: int = 5
+    #: how long a parked approval stays answerable (then the call is denied)
+    approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
 
 
 @dataclass
@@ -283,6 +293,10 @@ class Worker:
                     waiting = result.status == "waiting"
                     if result.status not in ("completed", "waiting"):
                         delay = self.config.parked_delay_s
+                    elif waiting and wake.message is not None:
+                        # still open: the message would only resume it again and be
+                        # lost; it is delivered once the turn has settled
+                        delay = self.config.parked_delay_s
                 except ResumeBlockedError:
                     delay = self.config.parked_delay_s
                 state = await sessions.state(sid)
@@ -299,6 +313,8 @@ class Worker:
                 self.stats.settled.append(result.status)
                 waiting = result.status == "waiting"
                 state = await sessions.state(sid)
+            if waiting and state is not None:
+                await self._park_approvals(sid, state)
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
             await self._index(sid, state, snapshot.ref, waiting=waiting)
             if wake_parent is not None:
@@ -307,6 +323,30 @@ class Worker:
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _park_approvals(self, sid: str, state: SessionState) -> None:
+        """Record the question of every call whose approval the log says was parked
+        (after that fact, so a question never outlives a log that forgot it)."""
+        calls = [c for c in state.plan().calls if c.action == "ask_permission"]
+        if not calls:
+            return
+        summaries: dict[str, str] = {}
+        for event in state.events[state.open_turn_offset or 0 :]:
+            if isinstance(event.body, PermissionRequested) and event.call_id is not None:
+                summaries[event.call_id] = event.body.summary
+        for call in calls:
+            asked = await self.control.park_approval(
+                session_id=sid,
+                call_id=call.call_id,
+                tool=call.tool,
+                summary=summaries.get(call.call_id, ""),
+                holder=self.holder,
+                expires_s=self.config.approval_expiry_s,
+            )
+            log.info(
+                "session %s: call %s waits for approval (%s) until %s",
+                sid, call.call_id, asked.status, asked.expires_at,
+            )  # fmt: skip
 
     def _with_children(self, binding: Binding) -> Binding:
         """A binding that delegates runs its children on this control plane's workers."""

@@ -12,11 +12,22 @@ An approver may answer ``"always"``: the call is allowed, and the fact that says
 ask for the same tool in the same session allowed without asking, in this run, a later
 turn, or a resumed run (the gate reads the session's log). "Always" never overrides a
 ``deny`` rule: only calls the policy would ask about are affected.
+
+An approver may also answer ``"park"``: nobody answers now, the answer will come from
+outside the run (a worker's approval in the control plane). The gate records
+``permission_decided`` with the decision ``park`` and raises ``ApprovalParked``; the call
+is not dispatched, the batch settles its other calls and the run ends waiting. A resume
+asks the approver again (the recovery plan's ``ask_permission``). A call inside a code
+cell, or a re-dispatch by recovery, cannot wait like that: there ``park`` is a denial.
+
+While the approver runs, ``current_ask()`` names the call it is asked about (set in the
+call's own task, so parallel calls never see each other's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import fnmatch
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,23 +45,59 @@ if TYPE_CHECKING:
 __all__ = [
     "ALWAYS_REASON",
     "ApprovalAnswer",
+    "ApprovalParked",
     "Approver",
+    "Asking",
     "Decision",
     "PermissionGate",
     "PermissionPolicy",
     "Rule",
     "always_allowed_at",
+    "current_ask",
 ]
 
 Decision = Literal["allow", "deny", "ask"]
 
-ApprovalAnswer = Literal["once", "always", "deny"]
+ApprovalAnswer = Literal["once", "always", "deny", "park"]
 
 Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool | ApprovalAnswer]]
 """The approval dialogue: asked for a decision on one call, returns ``"once"`` (or
 True) to allow it, ``"always"`` to allow this tool for the rest of the session,
-``"deny"`` (or False) to refuse it. The CLI asks at the terminal; a host asks its
-clients."""
+``"deny"`` (or False) to refuse it, ``"park"`` to leave the call undispatched until the
+answer comes from outside the run (the run ends waiting; a resume asks again). The CLI
+asks at the terminal; a host asks its clients; a parking worker asks the control plane."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asking:
+    """The call an approver is asked about (``current_ask()``)."""
+
+    call_id: str | None
+    #: the call's arguments as the ``permission_requested`` fact summarizes them
+    summary: str
+    #: the code cell a nested call belongs to (None: a call the model proposed)
+    parent_call_id: str | None = None
+    #: whether ``"park"`` is an answer here (not inside a code cell, not a re-dispatch)
+    may_park: bool = True
+
+
+_ASKING: contextvars.ContextVar[Asking | None] = contextvars.ContextVar(
+    "lodger_asking", default=None
+)
+
+
+def current_ask() -> Asking | None:
+    """The call the permission gate is asking the approver about, in the approver."""
+    return _ASKING.get()
+
+
+class ApprovalParked(Exception):
+    """Raised by the gate when the approver parked the call: it is not dispatched and
+    the run ends waiting for the answer (``message`` says so to whoever reads it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def always_allowed_at(events: Sequence[Event], tool: str) -> int | None:
@@ -128,9 +175,17 @@ class PermissionGate:
         self._lock = asyncio.Lock()
 
     async def permit(
-        self, journal: Journal, t: Tool, arguments: dict[str, Any], env: Envelope
+        self,
+        journal: Journal,
+        t: Tool,
+        arguments: dict[str, Any],
+        env: Envelope,
+        *,
+        may_park: bool = True,
     ) -> None:
-        """Return when the call may go on; raise ``Rejection("denied", ...)`` otherwise."""
+        """Return when the call may go on; raise ``Rejection("denied", ...)`` otherwise,
+        or ``ApprovalParked`` when the approver parked it (``may_park``, and only for a
+        call the model proposed: inside a code cell a parked answer is a denial)."""
         decision, why = self.policy.decide(t, arguments)
         if decision == "allow":
             if why != "default":
@@ -168,16 +223,50 @@ class PermissionGate:
                 "the operator can approve it, or allow it in the project configuration "
                 f'([permissions] allow = ["{t.name}"] in lodger.toml)',
             )
-        await journal.fact(PermissionRequested(tool=t.name, summary=_summarize(arguments)), env)
+        summary = _summarize(arguments)
+        await journal.fact(PermissionRequested(tool=t.name, summary=summary), env)
+        may_park = may_park and env.parent_call_id is None
+        asking = Asking(
+            call_id=env.call_id,
+            summary=summary,
+            parent_call_id=env.parent_call_id,
+            may_park=may_park,
+        )
         async with self._lock:  # one question at a time, and its answer logged before the next
             # A parallel call of the same tool may have been allowed always meanwhile.
             granted = journal.state.always_allowed.get(t.name)
-            answer: bool | ApprovalAnswer = (
-                "once" if granted is not None else await self.approver(t, arguments)
-            )
+            answer: bool | ApprovalAnswer
+            if granted is not None:
+                answer = "once"
+            else:
+                token = _ASKING.set(asking)
+                try:
+                    answer = await self.approver(t, arguments)
+                finally:
+                    _ASKING.reset(token)
+            if answer == "park" and may_park:
+                await journal.fact(
+                    PermissionDecided(
+                        tool=t.name,
+                        decision="park",
+                        by="user",
+                        reason="waiting for an answer given outside this run",
+                    ),
+                    env,
+                )
+                raise ApprovalParked(
+                    f"calling {t.name} waits for approval; it was not dispatched, and the "
+                    "turn goes on once the approval is answered"
+                )
             allowed = answer in (True, "once", "always")
             if granted is not None:
                 reason = f"allowed always for this session (offset {granted})"
+            elif answer == "park":  # the approver parked a call that cannot wait
+                reason = (
+                    "the approval cannot wait inside a code cell"
+                    if env.parent_call_id is not None
+                    else "the approval cannot wait in a re-dispatch by recovery"
+                )
             else:
                 reason = ALWAYS_REASON if answer == "always" else ""
             await journal.fact(
@@ -187,6 +276,8 @@ class PermissionGate:
                 env,
             )
         if not allowed:
+            if answer == "park":
+                raise Rejection("denied", f"calling {t.name} needs approval, but {reason}: denied")
             raise Rejection("denied", f"the user denied this call to {t.name}")
 
 

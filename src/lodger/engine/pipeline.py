@@ -39,7 +39,7 @@ from lodger.engine.hooks import (
     call_after,
     call_before,
 )
-from lodger.engine.permissions import PermissionGate
+from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     CallRejected,
@@ -158,8 +158,10 @@ class CallOutcome:
     status: ResultStatus | None  # None: rejected before dispatch, or suspended
     content: str
     dispatched: bool
-    #: dispatched and handed off (``Suspended``): no T2; the run ends waiting for it
+    #: dispatched and handed off (``Suspended``), or not dispatched and waiting for an
+    #: approval (``awaiting_approval``): no T2; the run ends waiting for it
     suspended: bool = False
+    awaiting_approval: bool = False
 
     @property
     def is_error(self) -> bool:
@@ -273,6 +275,13 @@ class CallPipeline:
             call.call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
         )
         return await self._run_prepared(await self._prepare(call, scope, env), halt=halt)
+
+    async def ask_again(self, call: ProposedCall, *, scope: StepScope) -> CallOutcome:
+        """Recovery of a call that waited for an approval (the plan's ``ask_permission``):
+        the whole path again, checks and permission first, as a call of this run. The
+        log proves what was asked, never that it may run (DESIGN L10)."""
+        env = self.ctx.envelope.for_call(call.call_id, origin="provider", visibility="model")
+        return await self._run_prepared(await self._prepare(call, scope, env))
 
     def _tool_context(
         self, call_id: str, parent_call_id: str | None, step: _CallStep | None
@@ -406,6 +415,17 @@ class CallPipeline:
                     expectations = await _expectations(t, arguments, tctx)
                 except Rejection as exc:
                     rejection = exc
+                except ApprovalParked as parked:
+                    # not dispatched, nothing reserved is held: the run ends waiting
+                    return CallOutcome(
+                        call_id=call.call_id,
+                        name=call.name,
+                        status=None,
+                        content=parked.message,
+                        dispatched=False,
+                        suspended=True,
+                        awaiting_approval=True,
+                    )
                 else:
                     self._stop_if_halted(call, halt)
                     if slot is not None:
@@ -474,7 +494,7 @@ class CallPipeline:
                     + "; ".join(problems),
                 )
             claims = _claims(t, arguments, tctx)
-            await self.permissions.permit(self.ctx.journal, t, arguments, env)
+            await self.permissions.permit(self.ctx.journal, t, arguments, env, may_park=False)
         except Rejection as rejection:
             # Not run again: the call stays as it was (indeterminate) and recovery parks it.
             raise ToolCallError(rejection.message, code=rejection.reason) from None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.journal import Journal
-from lodger.engine.pipeline import CallPipeline
+from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.relocation import Relocation, expected_files, find_mismatches
 from lodger.errors import (
     AppendConflictError,
@@ -38,12 +38,16 @@ from lodger.errors import (
 from lodger.events import (
     Event,
     EventDraft,
+    ModelOutput,
     OperatorDecision,
+    ProposedCall,
     RecoveryDecided,
     RecoveryObserved,
     RunEnded,
     RunStarted,
+    StepStarted,
     ToolResponded,
+    ToolsActivated,
     TurnEnded,
 )
 from lodger.ids import Clock, IdFactory
@@ -325,6 +329,12 @@ async def _apply(
         return "settled"
     if planned.action == "wait_operator":
         return "parked"
+    if planned.action == "ask_permission":
+        # its approval was parked: the whole path again; the approver finds the answer
+        # (the call runs or is denied) or parks it again (the run waits once more)
+        call, scope = _proposed(journal.state.events, state)
+        outcome = await pipeline.ask_again(call, scope=scope)
+        return "pending" if outcome.awaiting_approval else "settled"
     if planned.action == "tell_model":
         await journal.fact(
             RecoveryObserved(
@@ -390,6 +400,26 @@ async def _apply(
         RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
     )
     return "parked"
+
+
+def _proposed(events: Sequence[Event], state: CallState) -> tuple[ProposedCall, StepScope]:
+    """The call as the model proposed it, and what its step showed (its recorded tool
+    set and what that step activated): a pure reading of the log."""
+    proposing = events[state.offset]
+    body = proposing.body
+    assert isinstance(body, ModelOutput)  # a top-level call's offset is its model output
+    call = next(c for c in body.calls if c.call_id == state.call_id)
+    step_id = proposing.step_id or ""
+    visible: set[str] = set()
+    activated: set[str] = set()
+    for e in events:
+        if e.step_id != step_id:
+            continue
+        if isinstance(e.body, StepStarted):
+            visible.update(ref.name for ref in e.body.tools)
+        elif isinstance(e.body, ToolsActivated):
+            activated.update(e.body.names)
+    return call, StepScope(step_id=step_id, visible=frozenset(visible), activated_here=activated)
 
 
 async def _settle_cell(ctx: RunContext, cell: CallState, env: Envelope) -> bool:

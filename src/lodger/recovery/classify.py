@@ -4,7 +4,9 @@ One pass over the events builds, per call, the chain of operations (T1 attempts)
 what became of each: a response (T2), an observation by recovery, a decision by recovery
 or by the operator. From that each call gets one status and a stable reason code:
 
-    not_dispatched   proposed, never dispatched (no T1): it never ran
+    not_dispatched   proposed, never dispatched (no T1): it never ran (reason
+                     ``awaiting_approval`` when its approval was parked: a resume asks
+                     for the answer again)
     rejected         refused before dispatch (validation, permission ...)
     completed        T1 and T2, or recovery/operator proved the outcome
     not_applied      recovery or the operator proved the effect did not happen
@@ -33,6 +35,7 @@ from lodger.events import (
     ModelOutput,
     OperatorDecision,
     Origin,
+    PermissionDecided,
     Prefix,
     RecoveryDecided,
     RecoveryObserved,
@@ -85,6 +88,9 @@ class CallState:
     origin: Origin = "provider"
     rejected: bool = False
     noted_not_dispatched: bool = False
+    #: its approval was parked (``permission_decided`` ``park``): it waits, undispatched,
+    #: for an answer given outside the run
+    awaiting_approval: bool = False
     operations: list[OperationRecord] = field(default_factory=list)
 
     @property
@@ -101,7 +107,7 @@ class CallState:
             return "rejected", "rejected_before_dispatch"
         op = self.latest
         if op is None:
-            return "not_dispatched", "no_t1"
+            return "not_dispatched", "awaiting_approval" if self.awaiting_approval else "no_t1"
         if op.decision is not None:
             kind = op.decision.decision
             if kind == "completed":
@@ -259,6 +265,19 @@ class CallClassifier:
                 record.parked = body.action == "park"
             else:
                 record.decision = body
+        elif isinstance(body, PermissionDecided):
+            if body.decision == "park":
+                # a nested call is not known before its T1 or rejection (and never parks)
+                parked = calls.get(e.call_id or "")
+                if parked is None or parked.operations or parked.rejected:
+                    raise _corrupt(
+                        self.session_id,
+                        e.offset,
+                        "bad_permission_park",
+                        f"call {e.call_id!r} waits for an approval, but it does not exist "
+                        "or was dispatched or rejected already",
+                    )
+                parked.awaiting_approval = True
         elif isinstance(body, RunStarted) and body.resumed_from is not None:
             _check_resume_prefix(self._digest_at, e, body.resumed_from, self.session_id)
 

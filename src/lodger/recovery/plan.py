@@ -5,6 +5,8 @@ prefix it gives the same plan. Actions per call of the open turn:
 
     none            settled: completed, rejected, not applied, or already told
     tell_model      never dispatched: record that it never ran, so the model knows
+    ask_permission  never dispatched, its approval parked: run the call's path again
+                    from its checks; the approver finds the answer (or parks it again)
     redispatch      idempotent and indeterminate: run again under a new, linked T1
     probe           queryable and indeterminate: observe the world, record what was seen
     park            never_retry and indeterminate: wait for an operator decision
@@ -33,7 +35,16 @@ __all__ = [
     "plan_recovery",
 ]
 
-Action = Literal["none", "tell_model", "redispatch", "probe", "park", "wait_operator", "report"]
+Action = Literal[
+    "none",
+    "tell_model",
+    "ask_permission",
+    "redispatch",
+    "probe",
+    "park",
+    "wait_operator",
+    "report",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +92,8 @@ class RecoveryPlan:
 
 def _action(state: CallState, status: CallStatus) -> Action:
     if status == "not_dispatched":
+        if state.awaiting_approval:
+            return "ask_permission"
         return "none" if state.noted_not_dispatched else "tell_model"
     if status == "indeterminate":
         policy = state.recovery

@@ -1,0 +1,170 @@
+"""Parked approvals in the control plane (schema version 6), on SQLite and PostgreSQL:
+a parked question is live without any lease, until its own expiry; parking queues the
+session's one wake (key ``approval:<session>:<call>``) due at the expiry; the answer
+that wins makes that wake due at once, in the same transaction; a second answer loses;
+an expired question is refused and stays expired (a denial), even for a worker that
+asks in the waiting mode; the parking approver reads the answer back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lodger.control import SqliteControlPlane
+from lodger.control._sql import SqlControlPlane, approval_key
+from lodger.control.approvals import ParkingApprovals
+from lodger.control.postgres import PostgresControlPlane
+from lodger.engine.permissions import _ASKING, Asking
+from lodger.testing.postgres import PostgresServer
+from lodger.tools.spec import Tool
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def plane(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlControlPlane]:
+    control: SqlControlPlane
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        control = PostgresControlPlane(server.new_database())
+    else:
+        control = SqliteControlPlane(tmp_path / "control.sqlite3")
+    await control.start()
+    try:
+        yield control
+    finally:
+        await control.close()
+
+
+async def _park(plane: SqlControlPlane, call: str = "c1", expires_s: float = 3600.0) -> Any:
+    return await plane.park_approval(
+        session_id="s1", call_id=call, tool="deploy", summary='{"target": "prod"}',
+        holder="worker-a", expires_s=expires_s,
+    )  # fmt: skip
+
+
+async def _due_wakes(plane: SqlControlPlane) -> list[int]:
+    """The wakes a worker could claim now (claimed here, then handed back untouched)."""
+    claimed = await plane.claim_wakes(holder="probe", limit=10, ttl_s=60)
+    for wake in claimed:
+        async with plane._tx() as tx:  # undo the claim: the test only looks
+            await tx.change(
+                "UPDATE wakes SET claimed_by = NULL, claim_expires_at = NULL, "
+                "attempts = attempts - 1 WHERE id = %s",
+                (wake.id,),
+            )
+    return [w.id for w in claimed]
+
+
+async def test_a_parked_question_lives_without_a_lease_and_its_answer_wakes(
+    plane: SqlControlPlane,
+) -> None:
+    asked = await _park(plane)
+    assert (asked.status, asked.mode, asked.asked_by) == ("pending", "park", "worker-a")
+    assert asked.expires_at - asked.asked_at == pytest.approx(3600.0)
+    # nobody holds the session (there is no lease row at all): still listed, answerable
+    assert await plane.acquire_session(session_id="s1", holder="probe", ttl_s=60) is not None
+    async with plane._tx() as tx:
+        await tx.change("DELETE FROM session_leases")
+    assert [a.call_id for a in await plane.list_approvals()] == ["c1"]
+    (wake,) = await plane.pending_wakes(session_id="s1")
+    assert wake.message is None and wake.due_at == pytest.approx(asked.expires_at)
+    info = await plane.wake_for_key(idempotency_key=approval_key("s1", "c1"))
+    assert info is not None and info.wake.id == wake.id
+    assert await _due_wakes(plane) == []  # not before the answer (or the expiry)
+    # parked again (a resume that found no answer yet): the same question, the same wake
+    again = await _park(plane, expires_s=10.0)
+    assert (again.status, again.expires_at) == ("pending", asked.expires_at)
+    assert [w.id for w in await plane.pending_wakes(session_id="s1")] == [wake.id]
+
+    answers = await asyncio.gather(
+        *(
+            plane.answer_approval(session_id="s1", call_id="c1", allow=i % 2 == 0, by=f"p{i}")
+            for i in range(6)
+        )
+    )
+    winners = [row for row, won in answers if won]
+    assert len(winners) == 1 and winners[0] is not None
+    assert all(row is not None and row.status == winners[0].status for row, _ in answers)
+    # one wake, due now
+    assert await _due_wakes(plane) == [wake.id]
+    assert [w.id for w in await plane.pending_wakes(session_id="s1")] == [wake.id]
+    late, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="x")
+    assert not won and late is not None and late.status == winners[0].status
+    assert await plane.list_approvals() == []
+    # parked once more after the answer (a crash before the call's T1): the answer stands
+    kept = await _park(plane)
+    assert kept.status == winners[0].status
+
+
+async def test_an_expired_parked_question_is_a_denial_and_wakes_its_session(
+    plane: SqlControlPlane,
+) -> None:
+    await _park(plane, expires_s=0.3)
+    (wake,) = await plane.pending_wakes(session_id="s1")
+    async with asyncio.timeout(30):
+        while not await _due_wakes(plane):  # noqa: ASYNC110 - the control plane's clock
+            await asyncio.sleep(0.05)
+    assert await _due_wakes(plane) == [wake.id]
+    assert await plane.list_approvals() == []
+    row, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
+    assert not won and row is not None and row.status == "expired"
+    # neither a waiting worker nor a parking one asks it afresh: it stays a denial
+    assert await plane.acquire_session(session_id="s1", holder="worker-b", ttl_s=60)
+    waited = await plane.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="worker-b", wait_s=60
+    )
+    assert waited.status == "expired"
+    assert (await _park(plane)).status == "expired"
+
+
+async def test_a_waiting_workers_abandoned_question_parks_afresh(plane: SqlControlPlane) -> None:
+    lease = await plane.acquire_session(session_id="s1", holder="worker-a", ttl_s=0.2)
+    assert lease is not None
+    await plane.ask_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="worker-a", wait_s=60
+    )
+    await asyncio.sleep(0.4)  # worker-a died: its waiting question is answered by nobody
+    assert await plane.list_approvals() == []
+    parked = await plane.park_approval(
+        session_id="s1", call_id="c1", tool="deploy", summary="{}", holder="worker-b",
+        expires_s=60,
+    )  # fmt: skip
+    assert (parked.status, parked.mode, parked.asked_by) == ("pending", "park", "worker-b")
+    row, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
+    assert won and row is not None and row.status == "allow"
+
+
+async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> None:
+    approvals = ParkingApprovals(plane, expires_s=60)
+    approve = approvals.approver("s1")
+    t = Tool(name="deploy", description="", parameters={"type": "object"}, handler=_noop)
+
+    async def answer_for(call: str, *, may_park: bool = True) -> Any:
+        token = _ASKING.set(Asking(call_id=call, summary="{}", may_park=may_park))
+        try:
+            return await approve(t, {})
+        finally:
+            _ASKING.reset(token)
+
+    assert await approve(t, {}) == "deny"  # asked about no call: never allowed
+    assert await answer_for("c1") == "park"  # nothing asked yet
+    await _park(plane, "c1")
+    assert await answer_for("c1") == "park"  # asked, not answered
+    await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
+    assert await answer_for("c1") == "once"
+    await _park(plane, "c2")
+    await plane.answer_approval(session_id="s1", call_id="c2", allow=False, by="op")
+    assert await answer_for("c2") == "deny"
+    await _park(plane, "c3", expires_s=0.2)
+    await asyncio.sleep(0.4)
+    assert await answer_for("c3") == "deny"  # expired
+    # where a call cannot wait (a code cell), park goes back to the gate, which denies
+    assert await answer_for("c4", may_park=False) == "park"
+    assert await plane.poll_approval(session_id="s1", call_id="c4") is None
+
+
+async def _noop(arguments: dict[str, Any], ctx: Any) -> str:
+    return ""

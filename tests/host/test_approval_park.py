@@ -1,0 +1,82 @@
+"""Parked approvals over the distributed host: a real ``lodger worker --approval-park``
+(real PostgreSQL, ``file://`` store, the host on loopback). The host lists the parked
+question while no worker runs at all; ``POST .../approvals/CALL`` answers it and wakes
+the session, a second answer is 409 ``already_answered``; a denial never runs the tool
+and the model is shown the denial on its next step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from lodger.client import StreamedFact
+from lodger.errors import HostConflictError
+from lodger.sessions import Sessions
+from lodger.storage import Storage
+from lodger.testing.postgres import PostgresServer
+
+from ._support import Setup
+from .test_distributed import _pending, _until, distributed_host, worker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def setup(tmp_path: Path, postgres: PostgresServer) -> Setup:
+    return Setup(f"file://{tmp_path / 'objects'}", postgres.new_database(), tmp_path)
+
+
+DEPLOY = [{"calls": [{"name": "deploy", "args": {"target": "prod"}}]}, {"text": "over"}]
+
+
+async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session(
+    setup: Setup,
+) -> None:
+    setup.script(DEPLOY)
+    async with distributed_host(setup) as host, host.client() as a, host.client() as b:
+        sid = await a.create_session(session_id="p1")
+        sent = await a.send(sid, "ship it", key="1")
+        with worker(setup, "--approval-park", approval_wait=0) as first:
+            (pending,) = await _pending(a, sid)
+            async with asyncio.timeout(60):  # the worker lets the session go dormant
+                while (row := await host.plane.get_session(session_id=sid)) is None or (  # noqa: ASYNC110 - a worker writes it
+                    row.status != "waiting"
+                ):
+                    await asyncio.sleep(0.05)
+            os.kill(first.pid, signal.SIGKILL)
+        # no worker runs: the host still lists the question, and answers it
+        assert [p["call_id"] for p in await b.approvals()] == [pending["call_id"]]
+        answered = await a.answer(sid, pending["call_id"], allow=False)
+        assert answered["status"] == "deny"
+        with pytest.raises(HostConflictError) as again:
+            await b.answer(sid, pending["call_id"], allow=True)
+        assert again.value.code == "already_answered"
+        assert await a.approvals() == []
+        (wake,) = await host.plane.pending_wakes(session_id=sid)  # the answer's wake
+        assert wake.message is None
+        seen: list[StreamedFact] = []
+        with worker(setup, "--approval-park", approval_wait=0):
+            await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+            done = await a.wait_message(sid, sent["message"]["id"], within=30)
+        assert done["status"] == "done"
+        facts = await a.events(sid)
+        decided = [f.data["body"]["decision"] for f in facts if f.kind == "permission_decided"]
+        assert decided == ["park", "deny"]
+        assert [f for f in facts if f.kind in ("tool_dispatched", "tool_responded")] == []
+        rejected = [f.data["body"]["reason"] for f in facts if f.kind == "call_rejected"]
+        assert rejected == ["denied"]
+        # the model took one more step after the denial, with the denial in its context
+        assert len([f for f in facts if f.kind == "step_started"]) == 2
+        storage = Storage.from_url(setup.store)
+        try:
+            state = await Sessions(storage).state(sid)
+        finally:
+            await storage.close()
+        results = [m for m in state.projector.project().messages if hasattr(m, "call_id")]
+        assert [(m.call_id, m.is_error) for m in results] == [(pending["call_id"], True)]
+        assert "denied" in results[0].content
+        assert await host.plane.pending_wakes(session_id=sid) == []

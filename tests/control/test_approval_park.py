@@ -14,11 +14,17 @@ from typing import Any
 
 import pytest
 
+from lodger import tool
 from lodger.control import SqliteControlPlane
 from lodger.control._sql import SqlControlPlane, approval_key
 from lodger.control.approvals import ParkingApprovals
 from lodger.control.postgres import PostgresControlPlane
+from lodger.control.worker import Worker, WorkerConfig
 from lodger.engine.permissions import _ASKING, Asking
+from lodger.events import TurnEnded, TurnStarted
+from lodger.providers.scripted import ScriptedModel
+from lodger.sessions import Binding
+from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
 from lodger.tools.spec import Tool
 
@@ -168,3 +174,93 @@ async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> 
 
 async def _noop(arguments: dict[str, Any], ctx: Any) -> str:
     return ""
+
+
+async def test_a_message_sent_while_parked_waits_without_touching_the_log(
+    tmp_path: Path,
+) -> None:
+    """An in-process worker (SQLite control plane, ``file://`` store): a message sent to
+    a session whose approval is unanswered is looked at and handed back without resuming
+    the turn (its log does not grow), and is delivered as the next turn once the answer
+    has let the waiting turn finish."""
+    ran: list[str] = []
+
+    @tool(approval=True)
+    def ship(target: str) -> str:
+        """Ship (needs approval)."""
+        ran.append(target)
+        return f"shipped {target}"
+
+    control = SqliteControlPlane(tmp_path / "control.sqlite3")
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    approvals = ParkingApprovals(control, expires_s=600)
+    turns = [[{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
+             [{"text": "second answered"}]]  # fmt: skip
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        return Binding(
+            model=ScriptedModel(turns=turns),
+            tools=[ship],
+            workspace=workspace,
+            approver=approvals.approver(session_id),
+        )
+
+    worker = Worker(
+        control=control,
+        storage=storage,
+        bind=bind,
+        config=WorkerConfig(poll_s=0.02, parked_delay_s=0.2, lease_ttl_s=5),
+        workdir=tmp_path,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+
+    async def until(what: str, check: Any) -> None:
+        async with asyncio.timeout(60):
+            while not await check():
+                assert not running.done(), what
+                await asyncio.sleep(0.02)
+
+    async def status() -> str | None:
+        row = await control.get_session(session_id="s1")
+        return row.status if row else None
+
+    try:
+        await control.send(session_id="s1", message="ship it")
+        await until("parked", lambda: _is(status, "waiting"))
+        (pending,) = await control.list_approvals(session_id="s1")
+        dormant = len(await storage.log.read_all("s1"))
+        message = await control.send(session_id="s1", message="second")
+        assert message is not None
+
+        async def looked_at_twice() -> bool:
+            info = await control.get_wake(wake_id=message)
+            return info is not None and info.wake.attempts >= 2
+
+        await until("the message looked at and handed back twice", looked_at_twice)
+        assert len(await storage.log.read_all("s1")) == dormant  # no resume, no new fact
+        assert ran == []
+        await control.answer_approval(session_id="s1", call_id=pending.call_id, allow=True,
+                                      by="op")  # fmt: skip
+
+        async def second_done() -> bool:
+            events = await storage.log.read_all("s1")
+            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
+                "completed", "completed",
+            ]  # fmt: skip
+
+        await until("both turns completed", second_done)
+    finally:
+        stop.set()
+        await running
+        await storage.close()
+        await control.close()
+    assert ran == ["prod"]
+    events = await Storage.from_url(f"file://{tmp_path / 'objects'}").log.read_all("s1")
+    inputs = [e.body.input for e in events if isinstance(e.body, TurnStarted)]
+    assert inputs == ["ship it", "second"]
+
+
+async def _is(read: Any, expected: str) -> bool:
+    return bool(await read() == expected)

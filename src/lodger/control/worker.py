@@ -286,6 +286,16 @@ class Worker:
                     # the parent brings the child's edits into its own workspace from it
                     wake_parent = link
                 state = await sessions.state(sid)
+            elif (
+                state is not None
+                and state.open_turn is not None
+                and wake.message is not None
+                and await self._approvals_unanswered(sid, state)
+            ):
+                # a message for a session whose approvals nobody answered yet: resuming
+                # would only park them again; the message waits for the turn to settle
+                delay = self.config.parked_delay_s
+                waiting = True
             elif state is not None and state.open_turn is not None:
                 self.stats.resumed += 1
                 try:
@@ -323,6 +333,17 @@ class Worker:
             return delay
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _approvals_unanswered(self, sid: str, state: SessionState) -> bool:
+        """Whether the open turn waits for approvals that are all still pending."""
+        calls = [c for c in state.plan().calls if c.action == "ask_permission"]
+        if not calls:
+            return False
+        for call in calls:
+            found = await self.control.poll_approval(session_id=sid, call_id=call.call_id)
+            if found is None or found.status != "pending":
+                return False  # answered, expired or never recorded: resume
+        return True
 
     async def _park_approvals(self, sid: str, state: SessionState) -> None:
         """Record the question of every call whose approval the log says was parked

@@ -296,7 +296,7 @@ class _TimelineView:
                 clip(body.summary, self.limit(_TEXT)),
             ]
         if isinstance(body, PermissionDecided):
-            style = "green" if body.decision == "allow" else "red"
+            style = {"allow": "green", "park": "yellow"}.get(body.decision, "red")
             reason = f" ({body.reason})" if body.reason else ""
             return [("permission ", "bold"), (body.decision, style), f" by {body.by}{reason}"]
         if isinstance(body, ToolsActivated):

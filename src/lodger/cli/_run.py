@@ -150,6 +150,8 @@ class LiveView(TurnWatcher):
             )
         elif isinstance(body, PermissionDecided) and body.decision == "deny":
             out.print(Text(f"  !  {body.tool} denied by {body.by}", style="red"))
+        elif isinstance(body, PermissionDecided) and body.decision == "park":
+            out.print(Text(f"  ?  {body.tool} waits for approval", style="yellow"))
         elif isinstance(body, PermissionDecided) and body.by == "user":
             out.print(Text(f"  +  {body.tool} allowed", style="green") + _reason(body.reason))
         elif isinstance(body, ProviderRetried):

@@ -144,7 +144,7 @@ async def test_a_waiting_workers_abandoned_question_parks_afresh(plane: SqlContr
 
 
 async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> None:
-    approvals = ParkingApprovals(plane, expires_s=60)
+    approvals = ParkingApprovals(plane)
     approve = approvals.approver("s1")
     t = Tool(name="deploy", description="", parameters={"type": "object"}, handler=_noop)
 
@@ -170,6 +170,8 @@ async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> 
     # where a call cannot wait (a code cell), park goes back to the gate, which denies
     assert await answer_for("c4", may_park=False) == "park"
     assert await plane.poll_approval(session_id="s1", call_id="c4") is None
+    # ... but an answer given already stands there too (a re-dispatch after a crash)
+    assert await answer_for("c1", may_park=False) == "once"
 
 
 async def _noop(arguments: dict[str, Any], ctx: Any) -> str:
@@ -194,7 +196,7 @@ async def test_a_message_sent_while_parked_waits_without_touching_the_log(
     control = SqliteControlPlane(tmp_path / "control.sqlite3")
     await control.start()
     storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
-    approvals = ParkingApprovals(control, expires_s=600)
+    approvals = ParkingApprovals(control)
     turns = [[{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
              [{"text": "second answered"}]]  # fmt: skip
 

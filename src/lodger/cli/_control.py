@@ -366,7 +366,7 @@ def worker(
             if approval_wait > 0:
                 asking.append(ControlApprovals(plane, holder=made.holder, wait_s=approval_wait))
             elif approval_park:
-                asking.append(ParkingApprovals(plane, expires_s=approval_expiry))
+                asking.append(ParkingApprovals(plane))
             await made.run(stop)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):

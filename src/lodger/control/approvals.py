@@ -117,30 +117,31 @@ class ParkingApprovals:
     The approver reads the control plane: an answer given (``allow``, ``deny``) is the
     decision, an expired question is a denial, and anything else parks the call (the
     worker records the question once the run has ended waiting). A call that cannot
-    park (inside a code cell) is denied at once, with the reason in the log."""
+    park (inside a code cell, or re-dispatched by recovery) and has no answer yet is
+    denied at once, with the reason in the log."""
 
-    def __init__(self, control: ControlPlane, *, expires_s: float = DEFAULT_APPROVAL_EXPIRY_S):
+    def __init__(self, control: ControlPlane) -> None:
         self.control = control
-        self.expires_s = expires_s
 
     def approver(self, session_id: str) -> Approver:
         async def approve(tool: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
             ask = current_ask()
             if ask is None or ask.call_id is None:  # no call to ask about: never allow
                 return "deny"
-            if not ask.may_park:
-                log.warning(
-                    "call %s in session %s cannot wait for an approval here: denied",
-                    ask.call_id, session_id,
-                )  # fmt: skip
-                return "park"  # the gate turns it into a denial that says why
             try:
                 found = await self.control.poll_approval(session_id=session_id, call_id=ask.call_id)
             except ControlPlaneError as exc:
                 # nothing runs without an answer: park, and the next wake asks again
                 log.warning("reading the approval of %s: %s", ask.call_id, exc.message)
-                return "park"
+                found = None
             if found is None or found.status == "pending":
+                if not ask.may_park:
+                    log.warning(
+                        "call %s in session %s cannot wait for an approval here: denied",
+                        ask.call_id, session_id,
+                    )  # fmt: skip
+                # the gate records the park or, where the call cannot wait (a code cell,
+                # a re-dispatch by recovery), a denial that says why
                 return "park"
             if found.status == "allow":
                 return "once"

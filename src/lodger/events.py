@@ -25,8 +25,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     3  tool_responded.status timed_out; session_started.chain and key_id.
     4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
     5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
-    6  permission_decided.decision park: the call waits, not dispatched, for an answer
-       given outside the run (an approval parked in the control plane).
+    6  permission_decided.decision park (the call waits for an answer given outside the run).
 """
 
 from __future__ import annotations

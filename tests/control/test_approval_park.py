@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from lodger import tool
+from lodger.cli import main
 from lodger.control import SqliteControlPlane
 from lodger.control._sql import SqlControlPlane, approval_key
 from lodger.control.approvals import ParkingApprovals
@@ -266,3 +268,18 @@ async def test_a_message_sent_while_parked_waits_without_touching_the_log(
 
 async def _is(read: Any, expected: str) -> bool:
     return bool(await read() == expected)
+
+
+def test_the_worker_refuses_to_both_wait_and_park(tmp_path: Path) -> None:
+    runner = CliRunner(env={"LODGER_STORE": None, "LODGER_CONTROL": None, "COLUMNS": "200"})
+    out = runner.invoke(
+        main,
+        ["worker", "--approval-park", "--approval-wait", "30",
+         "--control", str(tmp_path / "c.sqlite3"), "--state", str(tmp_path / "state")],
+    )  # fmt: skip
+    assert out.exit_code == 2, out.output
+    assert "--approval-park and --approval-wait" in out.output
+    assert "Traceback" not in out.output
+    assert not (tmp_path / "c.sqlite3").exists()  # refused before anything was opened
+    shown = runner.invoke(main, ["worker", "--help"])
+    assert "--approval-park" in shown.output and "--approval-expiry" in shown.output

@@ -15,6 +15,7 @@ import pytest
 
 from lodger import Agent, tool
 from lodger.engine.permissions import Asking, current_ask
+from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError
 from lodger.events import (
     CallRejected,
@@ -202,3 +203,21 @@ async def test_a_park_fact_for_a_dispatched_call_fails_closed(tmp_path: Path) ->
         plan_recovery([*log[: responded.offset], forged])
     assert refused.value.code == "bad_permission_park"
     assert refused.value.offset == responded.offset
+
+
+async def test_every_prefix_of_a_parked_log_folds_and_plans_alike(tmp_path: Path) -> None:
+    """The fold fed one event at a time equals the fold of the whole prefix, and every
+    prefix plans without error, through the park, the resume and the allowed run."""
+    model = Model(tool_call("deploy", target="prod"), tool_call("note", text="hi"))
+    await park_first(tmp_path, model)
+    async with agent(tmp_path, model, Approver("once")) as a:
+        assert (await a.resume("s1")).status == "completed"
+        log = await events(a, "s1")
+    incremental = SessionState("s1")
+    actions: list[str] = []
+    for cut in range(1, len(log) + 1):
+        incremental.feed(log[cut - 1 : cut])
+        whole = SessionState("s1", log[:cut])
+        assert incremental.snapshot() == whole.snapshot(), cut
+        actions += [c.action for c in whole.plan().calls if c.tool == "deploy"]
+    assert "ask_permission" in actions and actions[-1:] != ["ask_permission"]

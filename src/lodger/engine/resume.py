@@ -332,7 +332,7 @@ async def _apply(
     if planned.action == "ask_permission":
         # its approval was parked: the whole path again; the approver finds the answer
         # (the call runs or is denied) or parks it again (the run waits once more)
-        call, scope = _proposed(journal.state.events, state)
+        call, scope = _proposed(journal.state.events, state, journal.state.open_turn_offset)
         outcome = await pipeline.ask_again(call, scope=scope)
         return "pending" if outcome.awaiting_approval else "settled"
     if planned.action == "tell_model":
@@ -402,9 +402,11 @@ async def _apply(
     return "parked"
 
 
-def _proposed(events: Sequence[Event], state: CallState) -> tuple[ProposedCall, StepScope]:
+def _proposed(
+    events: Sequence[Event], state: CallState, turn_offset: int | None
+) -> tuple[ProposedCall, StepScope]:
     """The call as the model proposed it, and what its step showed (its recorded tool
-    set and what that step activated): a pure reading of the log."""
+    set and what that step activated): a pure reading of the open turn's events."""
     proposing = events[state.offset]
     body = proposing.body
     assert isinstance(body, ModelOutput)  # a top-level call's offset is its model output
@@ -412,7 +414,7 @@ def _proposed(events: Sequence[Event], state: CallState) -> tuple[ProposedCall, 
     step_id = proposing.step_id or ""
     visible: set[str] = set()
     activated: set[str] = set()
-    for e in events:
+    for e in events[turn_offset or 0 :]:
         if e.step_id != step_id:
             continue
         if isinstance(e.body, StepStarted):

@@ -281,5 +281,13 @@ def test_the_worker_refuses_to_both_wait_and_park(tmp_path: Path) -> None:
     assert "--approval-park and --approval-wait" in out.output
     assert "Traceback" not in out.output
     assert not (tmp_path / "c.sqlite3").exists()  # refused before anything was opened
+    for bad in ("0", "inf", "nan", "soon"):  # a question lives one second to a year
+        refused = runner.invoke(
+            main,
+            ["worker", "--approval-park", "--approval-expiry", bad,
+             "--control", str(tmp_path / "c.sqlite3"), "--state", str(tmp_path / "state")],
+        )  # fmt: skip
+        assert refused.exit_code == 2 and "--approval-expiry" in refused.output, bad
+        assert not (tmp_path / "c.sqlite3").exists()
     shown = runner.invoke(main, ["worker", "--help"])
     assert "--approval-park" in shown.output and "--approval-expiry" in shown.output

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -249,7 +250,7 @@ def schedule(
     "--approval-expiry",
     default=DEFAULT_APPROVAL_EXPIRY_S,
     show_default=True,
-    type=click.FloatRange(1),
+    type=click.FloatRange(1, 366 * 24 * 3600),
     metavar="SECONDS",
     help="With --approval-park: how long a parked question stays answerable; then the "
     "session is woken and the call is denied.",
@@ -298,6 +299,8 @@ def worker(
         --concurrency 4 --model openai:gpt-4.1
     """
     logging.basicConfig(level=logging.WARNING, format="worker: %(message)s")
+    if not math.isfinite(approval_expiry):  # FloatRange lets nan through
+        raise click.BadParameter("must be a number of seconds", param_hint="--approval-expiry")
     if approval_park and approval_wait > 0:
         raise click.UsageError(
             "--approval-park and --approval-wait are two ways to ask; choose one "

@@ -221,3 +221,18 @@ async def test_every_prefix_of_a_parked_log_folds_and_plans_alike(tmp_path: Path
         assert incremental.snapshot() == whole.snapshot(), cut
         actions += [c.action for c in whole.plan().calls if c.tool == "deploy"]
     assert "ask_permission" in actions and actions[-1:] != ["ask_permission"]
+
+
+async def test_a_crash_between_the_allow_and_t1_asks_again(tmp_path: Path) -> None:
+    """Cut the golden v6 log (park, resume, allow, T1, T2) after the allow and before
+    T1: the call never ran, so it is asked for again (and its answer stands in the
+    control plane); cut after T1 it is an ordinary dispatched call, never asked again."""
+    from tests.storage.test_golden import GOLDEN_DIR, replay
+
+    _, _, log, _ = await replay(GOLDEN_DIR / "v6_parked_approval.jsonl")
+    t1 = next(e.offset for e in log if isinstance(e.body, ToolDispatched))
+    assert isinstance(log[t1 - 1].body, PermissionDecided) and log[t1 - 1].body.decision == "allow"
+    (before,) = plan_recovery(log[:t1]).calls
+    assert (before.status, before.action) == ("not_dispatched", "ask_permission")
+    (after,) = plan_recovery(log[: t1 + 1]).calls
+    assert (after.status, after.action) == ("indeterminate", "park")

@@ -11,9 +11,9 @@ To fit a token budget, the oldest tool results are elided (the log keeps them wh
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 from lodger.events import (
     CallRejected,
@@ -21,6 +21,7 @@ from lodger.events import (
     ModelOutput,
     OperatorDecision,
     OutputRejected,
+    ProposedCall,
     RecoveryObserved,
     ToolResponded,
     TurnStarted,
@@ -251,6 +252,7 @@ class Projector:
         self._closed_chars = 0  # kept as messages close, so an estimate costs O(new events)
         self._outputs: list[tuple[int, int]] = []
         self._open: ModelOutput | None = None
+        self._open_offset = -1  # the offset of the open output among the session's own events
         self._open_results: dict[str, ToolResultMessage] = {}
         self._names: dict[str, str] = {}
         self._closed_calls: set[str] = set()
@@ -295,7 +297,7 @@ class Projector:
             self._closed_chars += len(body.message)
         elif isinstance(body, ModelOutput):
             self._close_open()
-            self._open = body
+            self._open, self._open_offset = body, e.offset
         elif e.call_id is not None:
             result = _result_of(e, self._names.get(e.call_id, ""))
             if result is None:
@@ -348,3 +350,108 @@ class Projector:
             keep_recent=keep_recent,
             chars=chars,
         )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def export(self) -> dict[str, Any] | None:
+        """This projector's state as plain values (``lodger.engine.checkpoint``), after
+        folding every event it was given; None for a fork's (its inherited prefix is
+        read again on open). The call names are not included: every proposed call's
+        name is in the call states, which ``restore`` is given."""
+        if self._prefix:
+            return None
+        self.project()  # fold what is pending
+        return {
+            "seen": self._seen,
+            "closed": [_message_plain(m) for m in self._closed],
+            "closed_chars": self._closed_chars,
+            "outputs": self._outputs,
+            "open_at": self._open_offset if self._open is not None else None,
+            "open_results": [_message_plain(m) for m in self._open_results.values()],
+            "unclosed_calls": sorted(self._names.keys() - self._closed_calls),
+            "stale": self._stale,
+        }
+
+    @classmethod
+    def restore(
+        cls, events: Sequence[Event], data: Mapping[str, Any], *, names: dict[str, str]
+    ) -> Projector:
+        """A projector over ``events`` continuing from ``export()``'s values, with
+        ``names`` the tool name of every call proposed so far; raises ``ValueError``,
+        ``TypeError`` or ``KeyError`` on values ``export`` cannot have made."""
+        projector = cls(events)
+        seen = data["seen"]
+        if type(seen) is not int or not 0 <= seen <= len(events):
+            raise ValueError("projector: bad seen offset")
+        closed = _messages_from(data["closed"])
+        results: dict[str, ToolResultMessage] = {}
+        for message in _messages_from(data["open_results"]):
+            if not isinstance(message, ToolResultMessage):
+                raise TypeError("projector: an open result is not a tool result")
+            results[message.call_id] = message
+        outputs = [(int(index), int(count)) for index, count in data["outputs"]]
+        open_at = data["open_at"]
+        if open_at is not None:
+            body = events[open_at].body
+            if not isinstance(body, ModelOutput) or open_at >= seen:
+                raise ValueError("projector: the open output is not a model output")
+            projector._open, projector._open_offset = body, open_at
+        projector._seen = seen
+        projector._closed = closed
+        projector._closed_chars = int(data["closed_chars"])
+        projector._outputs = outputs
+        projector._open_results = results
+        projector._names = names
+        projector._closed_calls = names.keys() - set(data["unclosed_calls"])
+        projector._stale = data["stale"] is True
+        return projector
+
+
+def _message_plain(m: Message) -> list[Any]:
+    if isinstance(m, UserMessage):
+        return ["u", m.text, m.source]
+    if isinstance(m, AssistantMessage):
+        calls = [[c.call_id, c.name, c.arguments] for c in m.calls]
+        return ["a", m.text, m.reasoning, calls, m.provider_state]
+    return ["r", m.call_id, m.name, m.content, m.is_error]
+
+
+def _messages_from(items: list[list[Any]]) -> list[Message]:
+    """``_message_plain``'s inverse, checking every value's type (a ``TypeError`` or
+    ``ValueError`` otherwise)."""
+    out: list[Message] = []
+    append = out.append
+    for item in items:
+        tag = item[0]
+        if tag == "r":
+            _, call_id, name, content, is_error = item
+            if type(call_id) is not str or type(name) is not str or type(content) is not str:
+                raise TypeError("projector: a tool result holds a value that is not text")
+            append(
+                ToolResultMessage(
+                    call_id=call_id, name=name, content=content, is_error=is_error is True
+                )
+            )
+        elif tag == "a":
+            _, text, reasoning, calls, provider_state = item
+            if type(text) is not str or type(reasoning) is not str:
+                raise TypeError("projector: an output holds a value that is not text")
+            if provider_state is not None and type(provider_state) is not dict:
+                raise TypeError("projector: provider state is not a mapping")
+            append(
+                AssistantMessage(
+                    text=text,
+                    reasoning=reasoning,
+                    # validated (strict): a value that is not text fails here
+                    calls=tuple(ProposedCall(call_id=i, name=n, arguments=a) for i, n, a in calls),
+                    provider_state=provider_state,
+                )
+            )
+        elif tag == "u":
+            _, text, source = item
+            if type(text) is not str or source not in ("input", "runtime"):
+                raise TypeError("projector: a user message holds a bad value")
+            append(UserMessage(text=text, source=source))
+        else:
+            raise ValueError(f"projector: unknown message tag {tag!r}")
+    return out

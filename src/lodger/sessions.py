@@ -22,6 +22,7 @@ from typing import Literal
 
 from lodger.agent import Agent
 from lodger.codemode import Language
+from lodger.engine.checkpoint import open_fold
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
@@ -170,7 +171,7 @@ class Sessions:
     async def state(self, session_id: str) -> SessionState:
         """The session's verified fold (reads and verifies the log once)."""
         check_session_id(session_id)
-        state = SessionState(session_id, await self.storage.log.read_all(session_id))
+        state = await open_fold(self.storage.log, session_id)
         self._states[session_id] = state
         return state
 

@@ -34,6 +34,7 @@ from lodger.events import (
     keyed_chain_digest,
     seal,
 )
+from lodger.storage.checkpoints import CheckpointStore, NoCheckpoints
 from lodger.storage.logkey import KEY_ENVVAR, KEY_FILE_ENVVAR, LogKey
 from lodger.storage.logstore import LogStore, Record, WriterLease, check_session_id
 
@@ -261,7 +262,12 @@ class EventLog:
     """
 
     def __init__(
-        self, store: LogStore, *, key: LogKey | None = None, require_key: bool = False
+        self,
+        store: LogStore,
+        *,
+        key: LogKey | None = None,
+        require_key: bool = False,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         if require_key and key is None:
             raise UsageError(
@@ -270,6 +276,12 @@ class EventLog:
                 code="key_required",
             )
         self.store = store
+        #: fold checkpoints (a cache, never an authority): ``checkpoints``, else the
+        #: store's own (a state directory keeps files), else none
+        found = getattr(store, "checkpoints", None)
+        self.checkpoints: CheckpointStore = checkpoints or (
+            found if isinstance(found, CheckpointStore) else NoCheckpoints()
+        )
         self.key = key
         self.require_key = require_key
         # offset 0 never changes: once verified, a session's chain is known for good

@@ -23,7 +23,9 @@ strings, numbers): loading one builds data, never runs code.
 
 Events before ``N`` are decoded on demand (``History``) when something reads them.
 
-    file = MAGIC + header JSON + "\\n" + payload JSON + "\\n" + seal (64 hex) + "\\n"
+    file = MAGIC + header JSON + "\\n" + payload JSON + "\\n"
+           + (a JSON array of up to MESSAGE_CHUNK closed messages + "\\n") * k
+           + seal (64 hex) + "\\n"
     seal = sha256(SEAL_TAG + everything before it), or HMAC-SHA256 under the log key
 """
 
@@ -66,6 +68,8 @@ MAGIC = b"lodger-fold-checkpoint\n"
 SEAL_TAG = b"lodger-fold-checkpoint\x00"
 #: below this many events a full decode is cheap: no checkpoint is written
 MIN_EVENTS = 1_000
+#: closed messages per JSON line: a request that reads the latest turn parses one or two
+MESSAGE_CHUNK = 512
 
 
 # ---------------------------------------------------------------------- the seal
@@ -126,6 +130,7 @@ def encode_checkpoint(state: SessionState, chain: SessionChain) -> bytes:
         "digest": state.events.digest_at(n - 1),
         "chain": chain.kind,
         "key_id": chain.key_id,
+        "message_chunk": MESSAGE_CHUNK,
     }
     classifier = state._calls
     payload = {
@@ -149,15 +154,19 @@ def encode_checkpoint(state: SessionState, chain: SessionChain) -> bytes:
         "dispatched_tools": sorted(classifier.dispatched_tools),
         "projector": state.projector.export() if state.inherited is None else None,
     }
-    body = b"".join(
-        (
-            MAGIC,
-            json.dumps(header, separators=(",", ":")).encode(),
-            b"\n",
-            json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
-            b"\n",
-        )
-    )
+    closed = state.projector.closed_plain() if payload["projector"] is not None else []
+    # JSON escapes every control character in strings: a newline only ever ends a line
+    parts = [
+        MAGIC,
+        json.dumps(header, separators=(",", ":")).encode(),
+        b"\n",
+        json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
+        b"\n",
+    ]
+    for begin in range(0, len(closed), MESSAGE_CHUNK):
+        chunk = closed[begin : begin + MESSAGE_CHUNK]
+        parts += (json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode(), b"\n")
+    body = b"".join(parts)
     return body + _seal(chain, body).encode() + b"\n"
 
 
@@ -237,7 +246,12 @@ def _restore_calls(history: History, items: list[Any]) -> dict[str, CallState]:
 
 
 def _restore(
-    session_id: str, verified: VerifiedRecords, n: int, payload: dict[str, Any]
+    session_id: str,
+    verified: VerifiedRecords,
+    n: int,
+    payload: dict[str, Any],
+    messages: list[bytes],
+    chunk: object,
 ) -> SessionState:
     history = History(verified, n)
     state = SessionState(session_id, history=history)
@@ -272,7 +286,14 @@ def _restore(
     state.projector = (
         Projector(history)
         if projected is None
-        else Projector.restore(history, projected, names=names)
+        else Projector.restore(
+            history,
+            projected,
+            names=names,
+            closed=messages,
+            chunk=int(chunk),  # type: ignore[call-overload]
+            session_id=session_id,
+        )
     )
     state.checkpoint_offset = n
     return state
@@ -284,6 +305,7 @@ class _Parsed:
 
     header: dict[str, Any]
     payload: dict[str, Any]
+    messages: list[bytes]  # the projection's closed messages: JSON lines, parsed when read
 
 
 def _parse(data: bytes, chain: SessionChain) -> _Parsed | str:
@@ -300,7 +322,7 @@ def _parse(data: bytes, chain: SessionChain) -> _Parsed | str:
     if not hmac.compare_digest(expected.encode(), seal):
         return "bad seal"
     try:
-        head_line, payload_line = body[len(MAGIC) : -1].split(b"\n", 1)
+        head_line, payload_line, *messages = body[len(MAGIC) : -1].split(b"\n")
         header = json.loads(head_line)
         if not isinstance(header, dict):
             return "bad header"
@@ -316,7 +338,7 @@ def _parse(data: bytes, chain: SessionChain) -> _Parsed | str:
         return f"unreadable ({type(exc).__name__})"
     if not isinstance(payload, dict):
         return "bad payload"
-    return _Parsed(header, payload)
+    return _Parsed(header, payload, messages)
 
 
 def _bind(parsed: _Parsed, verified: VerifiedRecords) -> SessionState | str:
@@ -333,7 +355,14 @@ def _bind(parsed: _Parsed, verified: VerifiedRecords) -> SessionState | str:
         return "another digest at its offset"
     try:
         with cycle_collector_paused(n):
-            return _restore(verified.session_id, verified, n, parsed.payload)
+            return _restore(
+                verified.session_id,
+                verified,
+                n,
+                parsed.payload,
+                parsed.messages,
+                header.get("message_chunk"),
+            )
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         return f"unreadable ({type(exc).__name__})"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import hmac
 from collections.abc import Sequence
 
@@ -22,13 +23,13 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import (
+    DIGEST_DOMAIN,
     EMPTY_PREFIX,
     ChainKind,
     Event,
     EventDraft,
     Prefix,
     SessionStarted,
-    chain_digest,
     claimed_chain,
     decode_event,
     keyed_chain_digest,
@@ -40,6 +41,7 @@ from lodger.storage.logstore import LogStore, Record, WriterLease, check_session
 
 __all__ = ["EMPTY_PREFIX", "EventLog", "SessionChain", "SessionWriter", "VerifiedRecords"]
 
+_DOMAIN_STATE = hashlib.sha256(DIGEST_DOMAIN)
 _DECODE_ON_LOOP = 1_000  # about 10 ms of decoding; longer reads go to a worker thread
 
 
@@ -151,11 +153,20 @@ def _check_chain(
     that breaks the chain is handed to the decoder, which names what is wrong."""
     expected = start
     prev = prev_digest
+    # ``chain_digest`` with the domain tag hashed once: a copy of that state per record
+    # (a fifth of the chain's cost over 100k records)
+    domain, fromhex = _DOMAIN_STATE, bytes.fromhex
     for record in records:
         if record.offset != expected:
             raise _order_error(session_id, expected, record.offset)
         data = record.data
-        computed = chain_digest(prev, data) if mac is None else keyed_chain_digest(mac, prev, data)
+        if mac is None:
+            h = domain.copy()
+            h.update(fromhex(prev))
+            h.update(data)
+            computed = h.hexdigest()
+        else:
+            computed = keyed_chain_digest(mac, prev, data)
         if computed != record.digest:
             decode_event(
                 data,

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lodger.context import MessageLog
 from lodger.engine import checkpoint as ckpt
 from lodger.engine.checkpoint import (
     decode_or_why,
@@ -65,6 +66,8 @@ from lodger.events import (
     TurnEnded,
     TurnStarted,
 )
+from lodger.providers.scripted import ScriptedModel
+from lodger.sessions import Binding, Sessions
 from lodger.storage import EventLog, LogKey, SqliteLogStore
 from lodger.storage.checkpoints import FileCheckpoints, MemoryCheckpoints, NoCheckpoints
 from lodger.storage.eventlog import SessionChain, VerifiedRecords
@@ -72,7 +75,7 @@ from lodger.testing.checkpoint_conformance import check_checkpoint_store
 from lodger.tools.workspace import workspace_id
 
 SESSION = "s-ckpt"
-TURNS = 70  # about 2,300 events: past MIN_EVENTS, the decode thread and the collector pause
+TURNS = 70  # about 1,400 events: past MIN_EVENTS and the decode thread
 TOOLS = (ToolRef(name="read_file", schema_digest="sha256-read_file"),)
 SCRIPT = [{"calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]}, {"text": "done"}]
 
@@ -717,3 +720,73 @@ def test_lodger_resume_fails_closed_on_a_log_edited_before_a_valid_checkpoint(
             "SELECT COUNT(*) FROM events WHERE session_id = ?", (SESSION,)
         ).fetchone()
     assert count == len(events)  # nothing appended
+
+
+# ---------------------------------------------------------------------- lazy messages, turns
+
+
+def test_checkpoint_messages_are_parsed_only_when_read(
+    full: tuple[VerifiedRecords, list[Event], SessionState], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verified, _, whole = full
+    monkeypatch.setattr(ckpt, "MESSAGE_CHUNK", 64)  # several chunks from a short log
+    restored = decode_or_why(encode_checkpoint(whole, verified.chain), verified)
+    assert not isinstance(restored, str)
+    closed = restored.projector._closed
+    assert isinstance(closed, MessageLog) and len(closed._loaded) > 2
+    assert all(chunk is None for chunk in closed._loaded)  # nothing parsed to open it
+    messages = restored.projector.project().messages
+    assert messages[-1] == whole.projector.project().messages[-1]
+    assert sum(chunk is not None for chunk in closed._loaded) <= 1  # the latest chunk only
+    assert list(messages) == list(whole.projector.project().messages)
+
+
+def test_a_sealed_checkpoint_with_unreadable_messages_fails_closed_when_read(
+    full: tuple[VerifiedRecords, list[Event], SessionState],
+) -> None:
+    """Only a file written by hand and sealed right gets this far (a plain seal is no
+    secret; a keyed one is): reading its messages fails closed, naming the way out."""
+    verified, _, whole = full
+    good = encode_checkpoint(whole, verified.chain)
+    lines = good[:-65].split(b"\n")
+    lines[3] = b'[["r", 1, 2, 3, false]]'  # the first chunk of messages
+    restored = decode_or_why(_sealed(verified.chain, b"\n".join(lines)), verified)
+    assert not isinstance(restored, str)
+    with pytest.raises(CorruptLogError) as caught:
+        list(restored.projector.project().messages)
+    assert caught.value.code == "bad_checkpoint"
+
+
+async def test_a_turn_on_a_long_session_opens_from_the_checkpoint_and_answers_the_same(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    drafts = drafts_of(workspace, "script:x")[:-5]  # ends with a completed turn
+    plain, cached = tmp_path / "plain", tmp_path / "cached"
+    await _build(plain, drafts)
+    shutil.copytree(plain, cached)
+    path = cached / "checkpoints" / f"{SESSION}.ckpt"
+    binding = Binding(model=ScriptedModel([{"text": "ok"}]), workspace=workspace)
+    async with Sessions.local(cached) as sessions:  # reads everything, writes a checkpoint
+        await sessions.run("first", binding=binding, session=SESSION)
+    assert path.exists()
+    first = path.read_bytes()
+    results = {}
+    for name, state in (("plain", plain), ("cached", cached)):
+        if name == "plain":
+            async with Sessions.local(state) as sessions:
+                await sessions.run("first", binding=binding, session=SESSION)
+            (state / "checkpoints" / f"{SESSION}.ckpt").unlink()  # force a full decode next
+        async with Sessions.local(state) as sessions:
+            folded = await sessions.state(SESSION)
+            results[name] = (
+                folded.events.undecoded_base,
+                await sessions.run("second", binding=binding, session=SESSION),
+            )
+    assert results["cached"][0] == len(drafts)  # from the checkpoint its first open wrote
+    assert results["plain"][0] == 0
+    a, b = results["plain"][1], results["cached"][1]
+    assert (a.status, a.answer) == (b.status, b.answer) == ("completed", "ok")
+    assert list(a.messages) == list(b.messages)
+    assert path.read_bytes() == first  # two short turns later it is not due again

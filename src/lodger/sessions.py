@@ -31,7 +31,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
-from lodger.storage import Storage, check_session_id
+from lodger.storage import SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.subagents import ChildOutcome, SubagentPolicy
 from lodger.subagents.tool import drive_detached_child
@@ -221,9 +221,8 @@ class Sessions:
     ) -> list[Event]:
         """Record an operator decision on a parked or indeterminate call, as a fact."""
         check_session_id(session_id)
-        writer = await self.storage.log.open_writer(session_id)
+        writer, state = await self._writer_and_fold(session_id)
         try:
-            state = SessionState(session_id, writer.initial_events)
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
@@ -234,9 +233,8 @@ class Sessions:
         """End the session's open turn as abandoned, as facts; needs no workspace, model or
         tools. A new turn on the session starts fresh afterwards."""
         check_session_id(session_id)
-        writer = await self.storage.log.open_writer(session_id)
+        writer, state = await self._writer_and_fold(session_id)
         try:
-            state = SessionState(session_id, writer.initial_events)
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         finally:
             await writer.close()
@@ -252,6 +250,22 @@ class Sessions:
             clock=self.clock,
             ids=self.ids,
         )
+
+    async def _writer_and_fold(self, session_id: str) -> tuple[SessionWriter, SessionState]:
+        """The session's writer and its verified fold (from its checkpoint when one
+        matches; the writer then reads only what was appended since)."""
+        log = self.storage.log
+        if not await log.exists(session_id):
+            writer = await log.open_writer(session_id)  # fails closed as a full read does
+            return writer, SessionState(session_id, writer.initial_events)
+        state = await open_fold(log, session_id)
+        writer = await log.open_writer(session_id, known=state.events)
+        try:
+            state.feed(writer.initial_events)
+        except BaseException:
+            await writer.close()
+            raise
+        return writer, state
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
         return Agent(

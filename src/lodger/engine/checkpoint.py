@@ -122,6 +122,13 @@ def encode_checkpoint(state: SessionState, chain: SessionChain) -> bytes:
     n = len(state.events)
     if n == 0:
         raise ValueError("an empty fold has no checkpoint")
+    # a plain value per message and call while the whole fold is alive: without the
+    # pause, collections rescan that heap again and again (measured: 1.2 s of 100k, 0.5 s)
+    with cycle_collector_paused(n):
+        return _encode(state, chain, n)
+
+
+def _encode(state: SessionState, chain: SessionChain, n: int) -> bytes:
     header = {
         "format": CHECKPOINT_VERSION,
         "schema": SCHEMA_VERSION,

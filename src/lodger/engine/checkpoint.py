@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
     SCHEMA_VERSION,
+    Event,
     ForkParent,
     OperatorDecision,
     RecoveryObserved,
@@ -417,18 +419,19 @@ async def open_fold(log: EventLog, session_id: str) -> SessionState:
     Raises ``SessionNotFoundError`` for a session without events, and what a full read
     raises for a damaged log (``CorruptLogError`` with the offset, ``LogKeyError``).
     """
-    verified = await log.read_verified(session_id)
     data = await log.checkpoints.load_checkpoint(session_id=session_id)
-    state: SessionState | str = "missing"
-    if data is not None:
+    if data is None:  # no checkpoint: one pass that chains and decodes, as a full read does
+        events: Sequence[Event] = await log.read_all(session_id)
+    else:
+        verified = await log.read_verified(session_id)
         state = await asyncio.to_thread(decode_or_why, data, verified)
-    if not isinstance(state, str):
-        n = len(state.events)
-        if n < len(verified):
-            tail = await asyncio.to_thread(verified.decode, n)
-            state.feed(tail)
-        return state
-    events = await asyncio.to_thread(verified.decode)
+        if not isinstance(state, str):
+            n = len(state.events)
+            if n < len(verified):
+                tail = await asyncio.to_thread(verified.decode, n)
+                state.feed(tail)
+            return state
+        events = await asyncio.to_thread(verified.decode)  # the checkpoint did not fit
     folded = await asyncio.to_thread(SessionState, session_id, events)
     if len(events) >= MIN_EVENTS:
         await save_checkpoint(log, folded)

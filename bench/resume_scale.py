@@ -15,6 +15,13 @@ Baselines measured in the same run:
 - ``raw``: reading every record of the session from SQLite and chaining sha256 over its
   bytes, in this process (the least any verifying reader must do).
 
+Fold checkpoints (``lodger.engine.checkpoint``): ``resume_ckpt`` and ``recover_ckpt`` run
+on a copy that holds the checkpoint the last completed turn wrote (offset N = the start of
+the interrupted turn), so the open checks the chain over every record, loads the fold of
+[0, N) and decodes only the last turn's events; ``resume`` and ``recover`` run on a copy
+without one (they decode everything, and write one for next time). The ``--before-src``
+lodger has no checkpoints: it runs on the copies without.
+
 Also measured in-process, on a 40k-event session whose last turn ended: opening it with
 ``Sessions`` and running one turn (``cold``: the whole log is read, verified and folded),
 then five more turns on the same ``Sessions`` (``warm``, the median: only the new tail is
@@ -43,6 +50,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from lodger.engine.checkpoint import decode_or_why, encode_checkpoint, open_fold
 from lodger.engine.state import SessionState
 from lodger.events import (
     EventDraft,
@@ -149,6 +157,66 @@ async def build(state: Path, session: str, drafts: Iterator[EventDraft]) -> int:
             if batch:
                 await writer.append(batch, expected_offset=writer.head.high_water)
             return writer.head.high_water
+    finally:
+        await log.close()
+
+
+async def write_turn_checkpoint(state: Path) -> int:
+    """The checkpoint the last completed turn wrote: the fold of every event before the
+    interrupted last turn. Returns its offset N."""
+    log = EventLog(SqliteLogStore(state))
+    try:
+        verified = await log.read_verified(SESSION)
+        folded = SessionState(SESSION, verified.decode())
+        assert folded.open_turn_offset is not None
+        n = folded.open_turn_offset
+        data = encode_checkpoint(SessionState(SESSION, verified.decode(0, n)), verified.chain)
+        await log.checkpoints.save_checkpoint(session_id=SESSION, data=data)
+        return n
+    finally:
+        await log.close()
+
+
+async def checkpoint_phases(state: Path) -> dict[str, float]:
+    """Opening the session from its checkpoint in this process (seconds): the verified
+    read (every record, the chain over every byte), loading and binding the checkpoint
+    (seal, JSON of the fold and the call states), decoding and folding the events after
+    it, the first projection; and ``open_fold`` whole, with and without the checkpoint
+    (without: a full decode and fold, and the checkpoint written)."""
+    log = EventLog(SqliteLogStore(state))
+    try:
+        out: dict[str, float] = {}
+        t0 = time.perf_counter()
+        verified = await log.read_verified(SESSION)
+        out["read_and_chain_bytes"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        data = await log.checkpoints.load_checkpoint(session_id=SESSION)
+        assert data is not None
+        folded = await asyncio.to_thread(decode_or_why, data, verified)
+        assert not isinstance(folded, str), folded
+        out["load_checkpoint"] = time.perf_counter() - t0
+        n = len(folded.events)
+        t0 = time.perf_counter()
+        folded.feed(await asyncio.to_thread(verified.decode, n))
+        out["decode_and_fold_tail"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        projection = folded.projector.project()
+        list(projection.messages[-8:])  # what a request that reads the latest turn touches
+        out["project_latest"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert len(list(projection.messages)) > 0  # a provider that sends everything
+        out["materialize_all_messages"] = time.perf_counter() - t0
+        del folded, projection
+        t0 = time.perf_counter()
+        await open_fold(log, SESSION)
+        out["open_fold_with_checkpoint"] = time.perf_counter() - t0
+        await log.checkpoints.discard_checkpoint(session_id=SESSION)
+        t0 = time.perf_counter()
+        await open_fold(log, SESSION)
+        out["open_fold_without_(writes_one)"] = time.perf_counter() - t0
+        out["checkpoint_bytes"] = float(len(data))
+        out["checkpoint_offset"] = float(n)
+        return out
     finally:
         await log.close()
 
@@ -278,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
                 history(args.events, workspace, interrupted=True, model=f"script:{script}"),
             )
         )
+        golden_ckpt = workdir / "golden-ckpt"
+        shutil.copytree(golden, golden_ckpt)
+        ckpt_offset = asyncio.run(write_turn_checkpoint(golden_ckpt))
         turn_state = workdir / "turns"
         turn_events = asyncio.run(
             build(turn_state, "s-turns", history(args.turn_events, workspace, interrupted=False))
@@ -288,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
             "startup": ["--version"],
             "imports": ["resume", "--help"],  # the command's imports, no log read
             "resume": ["resume", SESSION, *resume_args],
+            "resume_ckpt": ["resume", SESSION, *resume_args],
             "resume_defaults": ["resume", SESSION],
+            "resume_defaults_ckpt": ["resume", SESSION],
             "recover": ["recover", SESSION],
+            "recover_ckpt": ["recover", SESSION],
             "verify": ["log", "verify", SESSION],
         }
-        runs: dict[str, list[float]] = {p + c: [] for p in envs for c in commands}
+        runs: dict[str, list[float]] = {
+            p + c: [] for p in envs for c in commands if not (p and c.endswith("_ckpt"))
+        }
         raw_read: list[float] = []
         raw_chain: list[float] = []
         records = 0
@@ -302,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
             raw_chain.append(chain_s)
             for name, cli_args in commands.items():
                 for prefix, run_env in envs.items():
+                    if prefix and name.endswith("_ckpt"):
+                        continue
                     state = workdir / "run"
                     shutil.rmtree(state, ignore_errors=True)
-                    shutil.copytree(golden, state)
+                    shutil.copytree(golden_ckpt if name.endswith("_ckpt") else golden, state)
                     full = cli_args if name == "startup" else [*cli_args, "--state", str(state)]
                     elapsed, code, err = run_cli(full, run_env)
                     if code != 0 or (name.startswith("resume") and not resumed_ok(state)):
@@ -315,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             turns_in_process(turn_state, "s-turns", workspace, warm_turns=5)
         )
         stages = asyncio.run(phases(golden))
+        ckpt_stages = asyncio.run(checkpoint_phases(golden_ckpt))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -331,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'  raw SQLite read of every record':<44}{statistics.median(raw_read):>9.3f}")
     print(f"{'  sha256 chain over their bytes':<44}{statistics.median(raw_chain):>9.3f}")
     print()
-    header = f"{'command':<44}{'s':>9}{'(s - startup) / raw':>22}"
+    header = f"{'command':<57}{'s':>9}{'(s - startup) / raw':>22}"
     print(header)
     print("-" * len(header))
     result: dict[str, object] = {
@@ -344,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     for prefix in envs:
         for name, cli_args in commands.items():
             key = prefix + name
-            if name == "startup" and not prefix:
+            if (name == "startup" and not prefix) or key not in med:
                 continue
             ratio = (med[key] - startup) / raw
             label = "lodger " + " ".join(
@@ -352,15 +431,28 @@ def main(argv: list[str] | None = None) -> int:
                 for a in cli_args
             )
             label = f"{label} (before)" if prefix else label
-            print(f"{label[:43]:<44}{med[key]:>9.3f}{ratio:>22.2f}")
+            label = f"{label} [checkpoint]" if name.endswith("_ckpt") else label
+            print(f"{label[:56]:<57}{med[key]:>9.3f}{ratio:>22.2f}")
             result[f"{key}_s"] = round(med[key], 4)
             result[f"{key}_over_raw"] = round(ratio, 2)
             if prefix and name != "startup":
                 result[f"{name}_speedup_over_before"] = round(med[key] / med[name], 2)
+                if f"{name}_ckpt" in med:
+                    result[f"{name}_ckpt_speedup_over_before"] = round(
+                        med[key] / med[f"{name}_ckpt"], 2
+                    )
     print()
     print(f"{'in-process stages of opening it':<44}{'s':>9}")
     for name, seconds in stages.items():
         print(f"{'  ' + name:<44}{seconds:>9.3f}")
+    print()
+    print(
+        f"{'opening it from the checkpoint at offset ' + str(ckpt_offset):<44}{'s':>9}"
+        f"   ({ckpt_stages['checkpoint_bytes'] / 1e6:.1f} MB)"
+    )
+    for name, seconds in ckpt_stages.items():
+        if name not in ("checkpoint_bytes", "checkpoint_offset"):
+            print(f"{'  ' + name:<44}{seconds:>9.3f}")
     print()
     print(f"in-process, {turn_events} events: first turn on a fresh Sessions {cold_s * 1e3:.1f} ms")
     print(
@@ -368,12 +460,23 @@ def main(argv: list[str] | None = None) -> int:
         " (median of 5)"
         f" (target <= {WARM_TURN_TARGET_S * 1e3:.0f} ms)"
     )
-    print(
-        f"lodger resume {med['resume']:.2f} s (target < {RESUME_TARGET_S} s at 100k events: "
-        f"{'ok' if med['resume'] < RESUME_TARGET_S else 'MISSED'})"
-    )
+    for name in ("resume", "resume_ckpt"):
+        print(
+            f"lodger resume{' after a turn that wrote a checkpoint' if 'ckpt' in name else ''}"
+            f" {med[name]:.2f} s (target < {RESUME_TARGET_S} s at 100k events: "
+            f"{'ok' if med[name] < RESUME_TARGET_S else 'MISSED'})"
+        )
     result.update(
         stages_s={name: round(seconds, 4) for name, seconds in stages.items()},
+        checkpoint_stages_s={
+            name: round(seconds, 4)
+            for name, seconds in ckpt_stages.items()
+            if name not in ("checkpoint_bytes", "checkpoint_offset")
+        },
+        checkpoint_bytes=int(ckpt_stages["checkpoint_bytes"]),
+        checkpoint_offset=ckpt_offset,
+        resume_ckpt_over_resume=round(med["resume_ckpt"] / med["resume"], 3),
+        resume_ckpt_meets_target=med["resume_ckpt"] < RESUME_TARGET_S,
         turn_events=turn_events,
         cold_turn_s=round(cold_s, 4),
         warm_turn_s=round(warm_s, 4),

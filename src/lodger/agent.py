@@ -16,12 +16,14 @@ import asyncio
 import dataclasses
 import os
 import random
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
 from lodger.codemode import CellLimits, Language, exec_tool
+from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
@@ -329,6 +331,11 @@ class Agent:
         """The session's writer and its fold; reads only events this agent has not seen."""
         cached = self._states.get(session_id)
         try:
+            if cached is None and await self.log.exists(session_id):
+                # a session this agent has not read: open its fold (from its checkpoint
+                # when one matches); the writer then reads only what was appended since
+                cached = await open_fold(self.log, session_id)
+                self._states[session_id] = cached
             writer = await self.log.open_writer(
                 session_id, known=cached.events if cached is not None else ()
             )
@@ -373,7 +380,10 @@ class Agent:
         session_id = session or self.ids.new_id()
         writer, state = await self._open(session_id)
         try:
-            return await engine.start_turn(engine.journal(writer, state), task)
+            result = await engine.start_turn(engine.journal(writer, state), task)
+            if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
+                await save_checkpoint(self.log, state)
+            return result
         except BaseException:
             # the fold may hold less than the log after a failed commit: read it again next time
             self._states.pop(session_id, None)
@@ -398,7 +408,10 @@ class Agent:
                     f"no log for session {session_id!r}", session_id=session_id
                 )
             engine = self._engine_for(deps=deps)
-            return await engine.resume(engine.journal(writer, state), relocate=relocate)
+            result = await engine.resume(engine.journal(writer, state), relocate=relocate)
+            if checkpoint_due(state):
+                await save_checkpoint(self.log, state)
+            return result
         except BaseException:
             self._states.pop(session_id, None)
             raise
@@ -448,9 +461,14 @@ def _snapshotter(
     """Snapshots at each turn's end: on by default for sessions on an object store (a
     worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
     if enabled is None:
-        from lodger.storage.objectstore import ObjectLogStore
-
-        enabled = workspace is not None and isinstance(storage.log.store, ObjectLogStore)
+        # an object store's log exists only once its module is loaded: without it (the
+        # local default) there is nothing to check, and 30 ms of imports are saved
+        objectstore = sys.modules.get("lodger.storage.objectstore")
+        enabled = (
+            workspace is not None
+            and objectstore is not None
+            and isinstance(storage.log.store, objectstore.ObjectLogStore)
+        )
     if not enabled:
         return None
     if workspace is None:

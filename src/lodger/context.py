@@ -11,16 +11,19 @@ To fit a token budget, the oldest tool results are elided (the log keeps them wh
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
+from lodger.errors import CorruptLogError
 from lodger.events import (
     CallRejected,
     Event,
     ModelOutput,
     OperatorDecision,
     OutputRejected,
+    ProposedCall,
     RecoveryObserved,
     ToolResponded,
     TurnStarted,
@@ -28,6 +31,7 @@ from lodger.events import (
 from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
 
 __all__ = [
+    "MessageLog",
     "MessageSnapshot",
     "Projection",
     "Projector",
@@ -44,7 +48,7 @@ class MessageSnapshot(Sequence[Message]):
 
     __slots__ = ("_base", "_n", "_tail")
 
-    def __init__(self, base: list[Message], n: int, tail: tuple[Message, ...] = ()) -> None:
+    def __init__(self, base: Sequence[Message], n: int, tail: tuple[Message, ...] = ()) -> None:
         self._base, self._n, self._tail = base, n, tail
 
     def __len__(self) -> int:
@@ -79,6 +83,94 @@ class MessageSnapshot(Sequence[Message]):
 
     def __repr__(self) -> str:
         return f"MessageSnapshot({list(self)!r})"
+
+
+class MessageLog(Sequence[Message]):
+    """The closed messages of a projection, in order; they only grow.
+
+    Built as events fold; a checkpoint's (``lodger.engine.checkpoint``) are kept as the
+    JSON chunks it stored, each turned into messages when one of its messages is first
+    read: opening a long session does not build the conversation nobody reads (a model
+    request that looks at the latest turn only, a turn that stops before its first
+    request). A provider that sends the whole conversation reads them all.
+    """
+
+    __slots__ = ("_chunk", "_chunks", "_list", "_loaded", "_session_id", "_stored_count")
+
+    def __init__(self) -> None:
+        self._list: list[Message] = []  # the messages after the stored ones
+        self._chunks: list[bytes] = []
+        self._loaded: list[list[Message] | None] = []
+        self._chunk = 1
+        self._stored_count = 0
+        self._session_id = ""
+
+    @classmethod
+    def stored(cls, chunks: list[bytes], *, chunk: int, count: int, session_id: str) -> MessageLog:
+        """``count`` messages stored as JSON arrays of ``chunk`` messages each (the last
+        may hold fewer)."""
+        if chunk < 1 or count < 0 or len(chunks) != -(-count // chunk):
+            raise ValueError("stored messages: the chunks do not hold the count")
+        log = cls()
+        log._chunks, log._chunk, log._stored_count = chunks, chunk, count
+        log._loaded = [None] * len(chunks)
+        log._session_id = session_id
+        return log
+
+    def _load(self, index: int) -> list[Message]:
+        loaded = self._loaded[index]
+        if loaded is not None:
+            return loaded
+        expected = min(self._chunk, self._stored_count - index * self._chunk)
+        try:
+            items = json.loads(self._chunks[index])
+            if not isinstance(items, list) or len(items) != expected:
+                raise ValueError("another number of messages")
+            loaded = _messages_from(items)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            # only a file sealed right and written wrong reaches this (by hand: a bug
+            # would be caught by the property tests): fail closed, name the way out
+            raise CorruptLogError(
+                f"session {self._session_id!r}: the messages of its fold checkpoint cannot "
+                f"be read ({exc})",
+                hint="delete the session's file in the state directory's checkpoints/ "
+                "folder; the next open decodes the whole log",
+                code="bad_checkpoint",
+                session_id=self._session_id,
+            ) from None
+        self._loaded[index] = loaded
+        return loaded
+
+    def append(self, message: Message) -> None:
+        self._list.append(message)
+
+    def extend(self, messages: Iterable[Message]) -> None:
+        self._list.extend(messages)
+
+    def __len__(self) -> int:
+        return self._stored_count + len(self._list)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if index >= self._stored_count:
+            return self._list[index - self._stored_count]
+        if index < 0:
+            raise IndexError("message index out of range")
+        return self._load(index // self._chunk)[index % self._chunk]
+
+    def __iter__(self) -> Iterator[Message]:
+        for index in range(len(self._chunks)):
+            yield from self._load(index)
+        yield from self._list
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,10 +339,11 @@ class Projector:
         # events before the session's own (a fork's inherited history), projected first
         self._prefix = tuple(prefix)
         self._seen = 0
-        self._closed: list[Message] = []
+        self._closed = MessageLog()
         self._closed_chars = 0  # kept as messages close, so an estimate costs O(new events)
         self._outputs: list[tuple[int, int]] = []
         self._open: ModelOutput | None = None
+        self._open_offset = -1  # the offset of the open output among the session's own events
         self._open_results: dict[str, ToolResultMessage] = {}
         self._names: dict[str, str] = {}
         self._closed_calls: set[str] = set()
@@ -295,7 +388,7 @@ class Projector:
             self._closed_chars += len(body.message)
         elif isinstance(body, ModelOutput):
             self._close_open()
-            self._open = body
+            self._open, self._open_offset = body, e.offset
         elif e.call_id is not None:
             result = _result_of(e, self._names.get(e.call_id, ""))
             if result is None:
@@ -348,3 +441,126 @@ class Projector:
             keep_recent=keep_recent,
             chars=chars,
         )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def export(self) -> dict[str, Any] | None:
+        """This projector's state as plain values (``lodger.engine.checkpoint``), after
+        folding every event it was given, without its closed messages (``closed_plain``);
+        None for a fork's (its inherited prefix is read again on open). The call names
+        are not included: every proposed call's name is in the call states, which
+        ``restore`` is given."""
+        if self._prefix:
+            return None
+        self.project()  # fold what is pending
+        return {
+            "seen": self._seen,
+            "closed_chars": self._closed_chars,
+            "outputs": self._outputs,
+            "closed_count": len(self._closed),
+            "open_at": self._open_offset if self._open is not None else None,
+            "open_results": [_message_plain(m) for m in self._open_results.values()],
+            "unclosed_calls": sorted(self._names.keys() - self._closed_calls),
+            "stale": self._stale,
+        }
+
+    def closed_plain(self) -> list[list[Any]]:
+        """The closed messages as plain values (``MessageLog.stored`` reads them back)."""
+        return [_message_plain(m) for m in self._closed]
+
+    @classmethod
+    def restore(
+        cls,
+        events: Sequence[Event],
+        data: Mapping[str, Any],
+        *,
+        names: dict[str, str],
+        closed: list[bytes],
+        chunk: int,
+        session_id: str,
+    ) -> Projector:
+        """A projector over ``events`` continuing from ``export()``'s values, with
+        ``names`` the tool name of every call proposed so far and ``closed`` the JSON of
+        ``closed_plain()`` in arrays of ``chunk`` messages (each parsed when one of its
+        messages is first read); raises ``ValueError``, ``TypeError`` or ``KeyError`` on
+        values ``export`` cannot have made."""
+        projector = cls(events)
+        seen = data["seen"]
+        if type(seen) is not int or not 0 <= seen <= len(events):
+            raise ValueError("projector: bad seen offset")
+        count = data["closed_count"]
+        if type(count) is not int or count < 0:
+            raise ValueError("projector: bad message count")
+        results: dict[str, ToolResultMessage] = {}
+        for message in _messages_from(data["open_results"]):
+            if not isinstance(message, ToolResultMessage):
+                raise TypeError("projector: an open result is not a tool result")
+            results[message.call_id] = message
+        outputs = [(int(index), int(count)) for index, count in data["outputs"]]
+        open_at = data["open_at"]
+        if open_at is not None:
+            body = events[open_at].body
+            if not isinstance(body, ModelOutput) or open_at >= seen:
+                raise ValueError("projector: the open output is not a model output")
+            projector._open, projector._open_offset = body, open_at
+        projector._seen = seen
+        projector._closed = MessageLog.stored(
+            closed, chunk=chunk, count=count, session_id=session_id
+        )
+        projector._closed_chars = int(data["closed_chars"])
+        projector._outputs = outputs
+        projector._open_results = results
+        projector._names = names
+        projector._closed_calls = names.keys() - set(data["unclosed_calls"])
+        projector._stale = data["stale"] is True
+        return projector
+
+
+def _message_plain(m: Message) -> list[Any]:
+    if isinstance(m, UserMessage):
+        return ["u", m.text, m.source]
+    if isinstance(m, AssistantMessage):
+        calls = [[c.call_id, c.name, c.arguments] for c in m.calls]
+        return ["a", m.text, m.reasoning, calls, m.provider_state]
+    return ["r", m.call_id, m.name, m.content, m.is_error]
+
+
+def _messages_from(items: list[list[Any]]) -> list[Message]:
+    """``_message_plain``'s inverse, checking every value's type (a ``TypeError`` or
+    ``ValueError`` otherwise)."""
+    out: list[Message] = []
+    append = out.append
+    for item in items:
+        tag = item[0]
+        if tag == "r":
+            _, call_id, name, content, is_error = item
+            if type(call_id) is not str or type(name) is not str or type(content) is not str:
+                raise TypeError("projector: a tool result holds a value that is not text")
+            append(
+                ToolResultMessage(
+                    call_id=call_id, name=name, content=content, is_error=is_error is True
+                )
+            )
+        elif tag == "a":
+            _, text, reasoning, calls, provider_state = item
+            if type(text) is not str or type(reasoning) is not str:
+                raise TypeError("projector: an output holds a value that is not text")
+            if provider_state is not None and type(provider_state) is not dict:
+                raise TypeError("projector: provider state is not a mapping")
+            append(
+                AssistantMessage(
+                    text=text,
+                    reasoning=reasoning,
+                    # validated (strict): a value that is not text fails here
+                    calls=tuple(ProposedCall(call_id=i, name=n, arguments=a) for i, n, a in calls),
+                    provider_state=provider_state,
+                )
+            )
+        elif tag == "u":
+            _, text, source = item
+            if type(text) is not str or source not in ("input", "runtime"):
+                raise TypeError("projector: a user message holds a bad value")
+            append(UserMessage(text=text, source=source))
+        else:
+            raise ValueError(f"projector: unknown message tag {tag!r}")
+    return out

@@ -475,6 +475,7 @@ ErrorCode = Literal[
     # corruption
     "corrupt",
     "truncated",
+    "bad_checkpoint",
     "artifact_corrupt",
     "head_missing",
     "forged",

@@ -22,6 +22,7 @@ from typing import Literal
 
 from lodger.agent import Agent
 from lodger.codemode import Language
+from lodger.engine.checkpoint import open_fold
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
@@ -30,7 +31,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
-from lodger.storage import Storage, check_session_id
+from lodger.storage import SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.subagents import ChildOutcome, SubagentPolicy
 from lodger.subagents.tool import drive_detached_child
@@ -170,7 +171,7 @@ class Sessions:
     async def state(self, session_id: str) -> SessionState:
         """The session's verified fold (reads and verifies the log once)."""
         check_session_id(session_id)
-        state = SessionState(session_id, await self.storage.log.read_all(session_id))
+        state = await open_fold(self.storage.log, session_id)
         self._states[session_id] = state
         return state
 
@@ -220,9 +221,8 @@ class Sessions:
     ) -> list[Event]:
         """Record an operator decision on a parked or indeterminate call, as a fact."""
         check_session_id(session_id)
-        writer = await self.storage.log.open_writer(session_id)
+        writer, state = await self._writer_and_fold(session_id)
         try:
-            state = SessionState(session_id, writer.initial_events)
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
@@ -233,9 +233,8 @@ class Sessions:
         """End the session's open turn as abandoned, as facts; needs no workspace, model or
         tools. A new turn on the session starts fresh afterwards."""
         check_session_id(session_id)
-        writer = await self.storage.log.open_writer(session_id)
+        writer, state = await self._writer_and_fold(session_id)
         try:
-            state = SessionState(session_id, writer.initial_events)
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
         finally:
             await writer.close()
@@ -251,6 +250,22 @@ class Sessions:
             clock=self.clock,
             ids=self.ids,
         )
+
+    async def _writer_and_fold(self, session_id: str) -> tuple[SessionWriter, SessionState]:
+        """The session's writer and its verified fold (from its checkpoint when one
+        matches; the writer then reads only what was appended since)."""
+        log = self.storage.log
+        if not await log.exists(session_id):
+            writer = await log.open_writer(session_id)  # fails closed as a full read does
+            return writer, SessionState(session_id, writer.initial_events)
+        state = await open_fold(log, session_id)
+        writer = await log.open_writer(session_id, known=state.events)
+        try:
+            state.feed(writer.initial_events)
+        except BaseException:
+            await writer.close()
+            raise
+        return writer, state
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
         return Agent(

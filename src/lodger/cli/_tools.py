@@ -19,7 +19,7 @@ from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.search import ToolSearch, attach_tool_search, tokenize
+from lodger.tools.search import ToolSearch, attach_tool_search
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "mcp_option", "mcp_servers_for", "tools"]
@@ -220,6 +220,8 @@ def search_tools(
         for rank, (t, score) in enumerate(hits, start=1)
     ]
     if as_json:
+        from lodger.tools.ranking import tokenize
+
         echo_json({"query": query, "terms": tokenize(query), "results": rows})
         return
     console = make_console()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from lodger.engine.context import Envelope
 from lodger.engine.eager import continue_in_task
+from lodger.engine.history import History
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, LodgerError, StorageError
 from lodger.events import Body, Event, EventDraft, new_draft
@@ -70,8 +71,8 @@ class Journal:
         self.records = 0
 
     @property
-    def events(self) -> list[Event]:
-        """Every committed event of the session (the state's list; it only grows)."""
+    def events(self) -> History:
+        """Every committed event of the session (the state's history; it only grows)."""
         return self.state.events
 
     def draft(self, body: Body, env: Envelope = _NO_ENVELOPE) -> EventDraft:

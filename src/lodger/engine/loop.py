@@ -92,7 +92,8 @@ class TurnResult:
     ``answer`` is the final text; ``output`` the value validated against the output type
     (the answer itself without one). ``usage`` counts tokens per model call and in total;
     ``commits`` is the cost of durability: how many atomic, synced appends this call made;
-    ``messages`` is the conversation as the model would see it next.
+    ``messages`` is the conversation as the model would see it next (an immutable view
+    of the projection: taking it copies nothing, however long the session).
     """
 
     session_id: str
@@ -104,7 +105,7 @@ class TurnResult:
     output: Any = None
     usage: RunUsage = dataclasses.field(default_factory=RunUsage)
     commits: int = 0
-    messages: tuple[Message, ...] = ()
+    messages: Sequence[Message] = ()
 
 
 @dataclass(kw_only=True)
@@ -230,7 +231,7 @@ class Engine:
             error=error,
             usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
             commits=ctx.journal.commits,
-            messages=tuple(state.projector.project().messages),
+            messages=state.projector.project().messages,
         )
 
     async def drive(self, ctx: RunContext) -> TurnResult:
@@ -364,7 +365,7 @@ class Engine:
             output=output,
             usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
             commits=journal.commits,
-            messages=tuple(state.projector.project().messages),
+            messages=state.projector.project().messages,
         )
 
     async def _request(

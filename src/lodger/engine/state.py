@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence, Sized
 
 from lodger._bulk import cycle_collector_paused
 from lodger.context import Projector
+from lodger.engine.history import History
 from lodger.events import (
     ALWAYS_REASON,
     EMPTY_PREFIX,
@@ -47,9 +48,15 @@ __all__ = ["SessionState"]
 class SessionState:
     """The verified events of one session and everything folded from them."""
 
-    def __init__(self, session_id: str, events: Iterable[Event] = ()) -> None:
+    def __init__(
+        self, session_id: str, events: Iterable[Event] = (), *, history: History | None = None
+    ) -> None:
         self.session_id = session_id
-        self.events: list[Event] = []
+        #: every event folded, in offset order; ``history`` (a checkpoint's) may hold
+        #: events not decoded yet, whose fold the caller restores
+        self.events = history if history is not None else History()
+        #: the offset the session's stored checkpoint covers (0: none known)
+        self.checkpoint_offset = 0
         #: where the session works: its first workspace, or the latest relocation's
         self.workspace: str | None = None
         self.workspace_id: str | None = None
@@ -75,7 +82,7 @@ class SessionState:
         # a closure over the list, not a bound method: the fold holds no reference cycle,
         # so a fold a service drops is freed at once, without waiting for a full collection
         folded = self.events
-        self._calls = CallClassifier(session_id, lambda offset: folded[offset].digest)
+        self._calls = CallClassifier(session_id, lambda offset: folded.digest_at(offset))
         self.projector = Projector(self.events)
         self.feed(events)
 
@@ -169,7 +176,7 @@ class SessionState:
 
     def used_tools(self) -> list[str]:
         """Every tool the history dispatched, sorted."""
-        return sorted({op.dispatched.tool for c in self.calls.values() for op in c.operations})
+        return sorted(self._calls.dispatched_tools)
 
     def snapshot(self) -> dict[str, object]:
         """The folded facts as plain values (what the property test compares)."""

@@ -64,9 +64,13 @@ CallStatus = Literal[
 ]
 
 
-@dataclass
+@dataclass(eq=False)
 class OperationRecord:
-    """One dispatch attempt (T1) of a call and what is known about its outcome."""
+    """One dispatch attempt (T1) of a call and what is known about its outcome.
+
+    ``dispatched`` is the body of the T1 event at ``offset``; a fold restored from a
+    checkpoint (``lodger.engine.checkpoint``) decodes it from the log when it is read.
+    """
 
     operation_id: str
     offset: int
@@ -76,6 +80,26 @@ class OperationRecord:
     observed: RecoveryObserved | None = None
     parked: bool = False
     decision: OperatorDecision | None = None
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.operation_id,
+            self.offset,
+            self.dispatched,
+            self.run_id,
+            self.responded_at,
+            self.observed,
+            self.parked,
+            self.decision,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        # by value, whichever way the record was made (folded or restored)
+        if not isinstance(other, OperationRecord):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq
 
 
 @dataclass
@@ -148,7 +172,17 @@ class CallClassifier:
         self.session_id = session_id
         self.calls: dict[str, CallState] = {}
         self._operations: dict[str, tuple[CallState, OperationRecord]] = {}
+        #: every tool name a T1 dispatched, so far
+        self.dispatched_tools: set[str] = set()
         self._digest_at = digest_at
+
+    def restore(self, calls: dict[str, CallState], dispatched_tools: set[str]) -> None:
+        """Continue from call states folded earlier (a checkpoint's), as if fed."""
+        self.calls = calls
+        self._operations = {
+            op.operation_id: (state, op) for state in calls.values() for op in state.operations
+        }
+        self.dispatched_tools = dispatched_tools
 
     def feed(self, e: Event) -> None:
         calls, operations = self.calls, self._operations
@@ -216,6 +250,7 @@ class CallClassifier:
             )
             state.operations.append(record)
             operations[body.operation_id] = (state, record)
+            self.dispatched_tools.add(body.tool)
         elif isinstance(
             body, ToolResponded | RecoveryObserved | RecoveryDecided | OperatorDecision
         ):

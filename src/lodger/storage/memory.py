@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from lodger.errors import AppendConflictError, SessionLockedError
 from lodger.storage._heads import head_missing
+from lodger.storage.checkpoints import MemoryCheckpoints
 from lodger.storage.logstore import Record
 
 __all__ = ["MemoryLogStore"]
@@ -26,6 +27,7 @@ class MemoryLogStore:
     def __init__(self) -> None:
         self.sessions: dict[str, list[Record]] = {}
         self.heads: dict[str, tuple[int, str]] = {}
+        self.checkpoints = MemoryCheckpoints()
         self._writers: dict[str, int] = {}
         self._lease_counter = 0
 

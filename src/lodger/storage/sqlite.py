@@ -47,6 +47,7 @@ from lodger.errors import (
 )
 from lodger.storage._heads import HeadFiles, head_missing
 from lodger.storage._worker import IoThread
+from lodger.storage.checkpoints import FileCheckpoints
 from lodger.storage.logstore import Record
 
 __all__ = ["SqliteLogStore"]
@@ -108,6 +109,8 @@ class SqliteLogStore:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / "log.sqlite3"
         self.heads = HeadFiles(self.state_dir)
+        #: fold checkpoints, a cache beside the log (``lodger.engine.checkpoint``)
+        self.checkpoints = FileCheckpoints(self.state_dir / "checkpoints")
         self._io = IoThread("lodger-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._prepared = False  # _conn is read-write, migrated, and its file identified

@@ -16,10 +16,12 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
-
-from pathspec import GitIgnoreSpec
+from typing import TYPE_CHECKING
 
 from lodger.tools._beneath import DIR_FLAGS, FILE_FLAGS
+
+if TYPE_CHECKING:
+    from pathspec import GitIgnoreSpec
 
 __all__ = ["IgnoreRules"]
 
@@ -30,6 +32,9 @@ _MAX_IGNORE_BYTES = 1024 * 1024
 def _compile(lines: list[str]) -> GitIgnoreSpec | None:
     if not any(line.strip() for line in lines):
         return None
+    # imported on first use: a command that never lists or greps skips 9 ms of imports
+    from pathspec import GitIgnoreSpec
+
     with contextlib.suppress(ValueError):
         return GitIgnoreSpec.from_lines(lines)
     kept: list[str] = []

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 
-import snowballstemmer
-
 from lodger.tools.spec import Tool
 
 __all__ = [
@@ -80,6 +78,8 @@ def _stem(word: str) -> str:
         return word
     stemmer = getattr(_SNOWBALL, "english", None)
     if stemmer is None:
+        import snowballstemmer
+
         stemmer = _SNOWBALL.english = snowballstemmer.stemmer("english")
     stem: str = stemmer.stemWord(word)
     return stem

@@ -14,12 +14,14 @@ and grants no permission: it only changes what the model is shown.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lodger.errors import ConfigError, ToolCallError
-from lodger.tools.ranking import SearchHit, ToolIndex, tokenize
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from lodger.tools.ranking import SearchHit, ToolIndex, tokenize
 
 __all__ = [
     "TOOL_SEARCH",
@@ -51,6 +53,8 @@ class Ranker(Protocol):
 
 def _ranker(tools: Sequence[Tool], name: RankerName) -> Ranker:
     """``auto`` is the hybrid ranker when the ``semantic`` extra is installed, else lexical."""
+    from lodger.tools.ranking import ToolIndex  # imported here: see __getattr__
+
     if name == "lexical":
         return ToolIndex(tools)
     from lodger.tools.semantic import HybridIndex, load_embedder
@@ -264,3 +268,13 @@ def attach_tool_search(registry: ToolRegistry, **options: Any) -> ToolSearch | N
     registry.run_first(TOOL_SEARCH)
     registry.add_prompt_section(search.inventory)
     return search
+
+
+def __getattr__(name: str) -> Any:
+    # The ranking (its tables and the Snowball stemmer: about 40 ms of imports) loads when
+    # a search first needs it, not with every agent that might defer tools.
+    if name in ("SearchHit", "ToolIndex", "tokenize"):
+        from lodger.tools import ranking
+
+        return getattr(ranking, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -67,6 +68,7 @@ from lodger.events import (
     TurnStarted,
 )
 from lodger.providers.scripted import ScriptedModel
+from lodger.recovery.classify import CallState
 from lodger.sessions import Binding, Sessions
 from lodger.storage import EventLog, LogKey, SqliteLogStore
 from lodger.storage.checkpoints import FileCheckpoints, MemoryCheckpoints, NoCheckpoints
@@ -114,6 +116,14 @@ def drafts_of(
         env = {"turn_id": t, "run_id": r, "step_id": s}
         c0, c1, c2, c3 = (c.call_id for c in calls)
         add(PermissionRequested(tool="read_file", summary="read a"), **env, call_id=c0)
+        if k % 4 == 2:  # its approval parked: the run waits, a new run asks again
+            park = PermissionDecided(tool="read_file", decision="park", by="user", reason="w")
+            add(park, **env, call_id=c0)
+            add(RunEnded(status="interrupted", error="waiting"), turn_id=t, run_id=r)
+            r = f"r{k}p"
+            env = {"turn_id": t, "run_id": r, "step_id": s}
+            add(RunStarted(model=model), turn_id=t, run_id=r)
+            add(PermissionRequested(tool="read_file", summary="read a"), **env, call_id=c0)
         always = ALWAYS_REASON if k == 3 else ""
         add(
             PermissionDecided(tool="read_file", decision="allow", by="user", reason=always),
@@ -317,6 +327,14 @@ def test_every_shape_is_in_the_log(full: tuple[VerifiedRecords, list[Event], Ses
     statuses = {s.status()[0] for s in whole.calls.values()}
     assert {"completed", "rejected", "not_applied", "indeterminate"} <= statuses
     assert whole.always_allowed and whole.open_turn == "t-last"
+    assert any(c.awaiting_approval for c in whole.calls.values())  # a parked approval
+
+
+def test_a_checkpoint_keeps_every_field_of_a_call() -> None:
+    """A field added to CallState and forgotten here would make a checkpointed fold differ
+    from a full one only on logs that use it: fail on the shape instead."""
+    plain = ckpt._call_plain(CallState(call_id="c", tool="t", turn_id=None, offset=0))
+    assert len(plain) == len(dataclasses.fields(CallState))
 
 
 def test_open_checkpoint_folds_later_appends_and_decodes_old_events_on_demand(

@@ -65,7 +65,7 @@ __all__ = [
     "save_checkpoint",
 ]
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: a call's awaiting_approval
 MAGIC = b"lodger-fold-checkpoint\n"
 SEAL_TAG = b"lodger-fold-checkpoint\x00"
 #: below this many events a full decode is cheap: no checkpoint is written
@@ -115,6 +115,7 @@ def _call_plain(c: CallState) -> list[Any]:
         c.origin,
         c.rejected,
         c.noted_not_dispatched,
+        c.awaiting_approval,
         [_operation_plain(op) for op in c.operations],
     ]
 
@@ -235,7 +236,7 @@ def _optional_str(value: object) -> str | None:
 def _restore_calls(history: History, items: list[Any]) -> dict[str, CallState]:
     calls: dict[str, CallState] = {}
     for item in items:
-        call_id, tool, turn_id, offset, parent, origin, rejected, noted, ops = item
+        call_id, tool, turn_id, offset, parent, origin, rejected, noted, awaiting, ops = item
         if type(call_id) is not str or type(tool) is not str or type(offset) is not int:
             raise TypeError("call: bad id, tool or offset")
         if origin not in ("provider", "code_mode", "runtime", "operator"):
@@ -249,6 +250,7 @@ def _restore_calls(history: History, items: list[Any]) -> dict[str, CallState]:
             origin=origin,
             rejected=rejected is True,
             noted_not_dispatched=noted is True,
+            awaiting_approval=awaiting is True,
             operations=[_StoredOperation(history, op) for op in ops],
         )
     return calls

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lodger.agent import Agent
-from lodger.context import Projector, estimate_tokens, project_messages
+from lodger.context import MessageSnapshot, Projector, estimate_tokens, project_messages
 from lodger.events import (
     ContextCompacted,
     Event,
@@ -180,3 +180,15 @@ def test_the_scripted_models_counter_equals_a_full_count(n: int) -> None:
     # a request that is not a continuation (another session) is counted anew
     fresh = ModelRequest(system="", messages=project_messages(EVENTS[: n // 2]).messages)
     assert counter.count(fresh) == outputs_so_far(fresh)
+
+
+def test_a_projection_view_reads_and_concatenates_like_the_tuple_it_replaced() -> None:
+    base = [UserMessage(text=f"m{i}") for i in range(5)]
+    view = MessageSnapshot(base, 3, (UserMessage(text="tail"),))
+    base.append(UserMessage(text="later"))  # appended after the view was taken
+    assert list(view) == [*base[:3], UserMessage(text="tail")]
+    assert view == tuple(view) and view[-1] == UserMessage(text="tail")
+    extra = (UserMessage(text="x"),)
+    assert view + extra == (*base[:3], UserMessage(text="tail"), *extra)
+    assert extra + view == (*extra, *base[:3], UserMessage(text="tail"))
+    assert isinstance(view + extra, tuple)

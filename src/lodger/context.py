@@ -81,6 +81,13 @@ class MessageSnapshot(Sequence[Message]):
     def __hash__(self) -> int:
         return hash(tuple(self))
 
+    def __add__(self, other: Sequence[Message]) -> tuple[Message, ...]:
+        # a tuple, as ``TurnResult.messages`` was before it became a view
+        return (*self, *other)
+
+    def __radd__(self, other: Sequence[Message]) -> tuple[Message, ...]:
+        return (*other, *self)
+
     def __repr__(self) -> str:
         return f"MessageSnapshot({list(self)!r})"
 

@@ -72,18 +72,11 @@ def _bad(value: Any) -> str:
     raise TypeError(f"unexpected {type(value).__name__} in a precompiled event encoder")
 
 
-def _int(value: Any) -> str:
-    if type(value) is int:
-        return int.__repr__(value)
-    return _bad(value)
-
-
-def _bool(value: Any) -> str:
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    return _bad(value)
+def _literal(text: str) -> str:
+    """``text`` as literal text inside a generated f-string."""
+    if "\\" in text or '"""' in text or text.endswith('"'):
+        raise TypeError(f"cannot place {text!r} in a generated encoder")
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 class _Compiler:
@@ -92,8 +85,7 @@ class _Compiler:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {
             "_S": _encode_str,
-            "_I": _int,
-            "_B": _bool,
+            "_int_repr": int.__repr__,
             "_T": tree_encoder,
             "_bad": _bad,
         }
@@ -125,10 +117,12 @@ class _Compiler:
             var = f"v{i}"
             lines.append(f"    {var} = d[{field!r}]")
             key_text = ("," if i else "{") + _encode_str(field) + ":"
-            parts.append(repr(key_text))
-            parts.append(self.value(info.annotation, var, depth=0))
-        parts.append(repr("}" if fields else "{}"))
-        lines.append("    return ''.join((" + ", ".join(parts) + ",))")
+            parts.append(_literal(key_text))
+            parts.append("{" + self.value(info.annotation, var, depth=0) + "}")
+        parts.append(_literal("}" if fields else "{}"))
+        # one f-string: its pieces are joined by the interpreter at once (the keys are
+        # identifiers and the expressions use single quotes only, so the quoting holds)
+        lines.append('    return f"""' + "".join(parts) + '"""')
         exec("\n".join(lines), self.namespace)  # our own generated source
         return name
 
@@ -139,9 +133,10 @@ class _Compiler:
         if annotation is str:
             return f"_S({var})"
         if annotation is bool:
-            return f"_B({var})"
+            return f"('true' if {var} is True else 'false' if {var} is False else _bad({var}))"
         if annotation is int:
-            return f"_I({var})"
+            # exactly int: a bool or an int subclass has another repr than its JSON
+            return f"(_int_repr({var}) if type({var}) is int else _bad({var}))"
         if origin is Literal and all(type(a) is str for a in args):
             return f"_S({var})"
         if origin is typing.Annotated:

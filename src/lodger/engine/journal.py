@@ -116,6 +116,13 @@ class Journal:
         cancelled before its group was taken writes nothing; one cancelled while its group
         is being written waits for the outcome first, so ``committed`` tells the truth.
         """
+        if not self._queue and not self._lock.locked():
+            # Nobody writes or waits: this call is a group of its own, written at once
+            # (no ticket to hand the outcome through). Taking the free lock does not
+            # suspend; if a claim holds it after all, whoever queued meanwhile goes first.
+            async with self._lock:
+                if not self._queue:
+                    return await self._write_alone(drafts)
         ticket = _Ticket(drafts)
         self._queue.append(ticket)
         try:
@@ -141,18 +148,22 @@ class Journal:
         finally:
             unsettled = [t for t in group if not t.outcome.done()]
             if unsettled:
-                # the append itself was cancelled or broke unexpectedly: whether it
-                # committed is unknown, so nothing more may follow on this journal
-                if self.failure is None:
-                    self.failure = CommitFailedError(
-                        f"commit to session {self.session_id!r} at offset "
-                        f"{len(self.events)} was interrupted; its outcome is unknown",
-                        hint="recover the session to see what is committed",
-                        session_id=self.session_id,
-                        offset=len(self.events),
-                    )
+                failure = self._interrupted()
                 for ticket in unsettled:
-                    ticket.outcome.set_exception(self.failure)
+                    ticket.outcome.set_exception(failure)
+
+    def _interrupted(self) -> CommitFailedError:
+        """The append itself was cancelled or broke unexpectedly: whether it committed is
+        unknown, so nothing more may follow on this journal."""
+        if self.failure is None:
+            self.failure = CommitFailedError(
+                f"commit to session {self.session_id!r} at offset "
+                f"{len(self.events)} was interrupted; its outcome is unknown",
+                hint="recover the session to see what is committed",
+                session_id=self.session_id,
+                offset=len(self.events),
+            )
+        return self.failure
 
     def _stopped(self) -> CommitFailedError:
         error = CommitFailedError(
@@ -163,6 +174,52 @@ class Journal:
         )
         error.__cause__ = self.failure
         return error
+
+    async def _write_alone(self, drafts: tuple[EventDraft, ...]) -> list[Event]:
+        """``_write`` of a group of one that nobody else waits for, called holding the
+        lock: each outcome ``_write`` and ``_commit_group`` would hand a lone ticket is
+        raised or returned here instead."""
+        if self.failure is not None:
+            raise self._stopped()
+        deferred, self._deferred = self._deferred, []
+        batch = [*deferred, *drafts]
+        cancelled = False
+        task: asyncio.Future[list[Event]] | None = None
+        try:
+            coro = self.writer.append(batch, expected_offset=len(self.events))
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                events: list[Event] = stop.value
+            else:
+                task = continue_in_task(coro, first)
+                events = await _settle(task)
+        except asyncio.CancelledError:
+            if task is None or not task.done() or task.cancelled():
+                self._interrupted()
+                raise
+            error = task.exception()
+            if error is not None:
+                if isinstance(error, StorageError):
+                    self.failure = self._failed(error)
+                raise
+            events = task.result()
+            cancelled = True
+        except StorageError as exc:
+            self.failure = self._failed(exc)
+            raise self.failure from None
+        except LodgerError:
+            raise  # refused before anything was written (the deferred facts with it)
+        except BaseException:
+            self._interrupted()
+            raise
+        self.commits += 1
+        self.records += 1
+        self.state.feed(events)
+        self._notify(events)
+        if cancelled:
+            raise asyncio.CancelledError
+        return events[len(deferred) :] if deferred else events
 
     async def _write(self, group: list[_Ticket]) -> None:
         """Append the drafts of ``group`` as one batch and settle each ticket's outcome."""

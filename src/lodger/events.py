@@ -575,17 +575,25 @@ def _seal_bytes_generic(draft: EventDraft, *, session_id: str, offset: int) -> b
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
 
 
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+# the slots every pydantic model instance has, set through their descriptors directly
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
 def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
     """A model from values that are already valid and complete (every field given).
 
     What ``model_construct`` does without its per-call defaults and alias handling,
     which cost more than the rest of an append's CPU work. Callers pass every field.
     """
-    obj = cls.__new__(cls)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
+    obj = _new_object(cls)
+    _set_attribute(obj, "__dict__", fields)
+    _set_fields_set(obj, set(fields))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 

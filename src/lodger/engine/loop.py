@@ -243,13 +243,14 @@ class Engine:
         )
         await ctx.journal.fact(RunEnded(status="interrupted", error=error), ctx.envelope)
         state = ctx.journal.state
+        start = state.open_turn_offset
         return TurnResult(
             session_id=ctx.session_id,
             turn_id=ctx.turn_id,
             run_id=ctx.run_id,
             status="waiting",
             error=error,
-            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=ctx.journal.commits,
             messages=tuple(state.projector.project().messages),
         )
@@ -362,6 +363,7 @@ class Engine:
                     WorkspaceSnapshot(ref=taken.ref, files=taken.files, size=taken.size), env
                 )
             )
+        start = journal.state.open_turn_offset  # forgotten once the turn has ended
         await journal.record(
             *drafts,
             journal.draft(RunEnded(status=status, error=error), env),
@@ -376,7 +378,7 @@ class Engine:
             answer=answer,
             error=error,
             output=output,
-            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=journal.commits,
             messages=tuple(state.projector.project().messages),
         )
@@ -472,11 +474,14 @@ def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:
 _NO_USAGE = Usage()
 
 
-def _turn_usage(events: Sequence[Event], turn_id: str) -> tuple[Usage, ...]:
+def _turn_usage(events: list[Event], turn_id: str, start: int | None = None) -> tuple[Usage, ...]:
+    """The usage of each model request of ``turn_id``; ``start``, the offset of its
+    ``turn_started`` when known, saves walking back to it (and the list of its events)."""
+    this = _this_turn(events, turn_id) if start is None else events[start:]
     return tuple(
         e.body.usage or _NO_USAGE
-        for e in _this_turn(events, turn_id)
-        if isinstance(e.body, ModelOutput) and e.origin == "provider"
+        for e in this
+        if e.origin == "provider" and isinstance(e.body, ModelOutput) and e.turn_id == turn_id
     )
 
 

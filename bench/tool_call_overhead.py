@@ -158,9 +158,16 @@ async def flatness(directory: Path, total: int, window: int) -> tuple[float, flo
 
 
 async def lodger_calls(
-    directory: Path | None, n: int, *, sync_tool: bool = False, history: int = 0
+    directory: Path | None,
+    n: int,
+    *,
+    sync_tool: bool = False,
+    history: int = 0,
+    cpu: list[float] | None = None,
 ) -> float:
-    """Seconds for ``n`` calls, after ``history`` earlier calls in the same session."""
+    """Seconds for ``n`` calls, after ``history`` earlier calls in the same session;
+    ``cpu`` gets the CPU seconds the event loop's thread spent on them (``thread_time``:
+    the loop's own work, not the I/O thread's, and robust to other load on the machine)."""
     log = EventLog(MemoryLogStore() if directory is None else SqliteLogStore(directory))
     tools = [sync_noop if sync_tool else noop]
     if history:
@@ -175,9 +182,11 @@ async def lodger_calls(
     agent = Agent(
         model=_model(n), tools=tools, log=log, artifacts=MemoryArtifactStore(), max_steps=n + 1
     )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     result = await agent.run("benchmark", session="bench" if history else None)
     elapsed = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append(time.thread_time() - start_cpu)
     await log.close()
     assert result.status == "completed", result
     return elapsed
@@ -285,17 +294,30 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="lodger-bench-", dir=Path.cwd()))
     try:
         rows: dict[str, list[float]] = {
-            k: [] for k in ("fsync", "wal", "lean", "lodger", "lodger_sync", "memory")
+            k: []
+            for k in (
+                "fsync",
+                "wal",
+                "lean",
+                "lodger",
+                "lodger_sync",
+                "memory",
+                "lodger_cpu",
+                "memory_cpu",
+            )
         }
+        lodger_cpu, memory_cpu = rows["lodger_cpu"], rows["memory_cpu"]
         for r in range(rounds):
             d = base / f"r{r}"
             d.mkdir()
             rows["fsync"].append(bare_fsync_pairs(d, n) / n)
             rows["wal"].append(bare_wal_pairs(d, n) / n)
             rows["lean"].append(asyncio.run(lean_pairs(d, n)) / n)
-            rows["lodger"].append(asyncio.run(lodger_calls(d / "a", n)) / n)
+            rows["lodger"].append(asyncio.run(lodger_calls(d / "a", n, cpu=lodger_cpu)) / n)
             rows["lodger_sync"].append(asyncio.run(lodger_calls(d / "s", n, sync_tool=True)) / n)
-            rows["memory"].append(asyncio.run(lodger_calls(None, n)) / n)
+            rows["memory"].append(asyncio.run(lodger_calls(None, n, cpu=memory_cpu)) / n)
+        lodger_cpu[:] = [t / n for t in lodger_cpu]
+        memory_cpu[:] = [t / n for t in memory_cpu]
         us = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
         early, late = asyncio.run(flatness(base / "flat", history, min(500, history // 4)))
         wal = us["wal"]
@@ -308,6 +330,10 @@ def main() -> None:
             f"{us['lodger_sync'] / wal:.2f}x"
         )
         print(f"lodger, in-memory store      {us['memory']:9.1f} us per call   (target <= 150)")
+        print(
+            f"CPU of the loop's thread     {us['memory_cpu']:9.1f} us per call in memory, "
+            f"{us['lodger_cpu']:.1f} with SQLite (thread_time)"
+        )
         print(f"two bare fsyncs (1 KiB)      {us['fsync']:9.1f} us per call")
         print(
             f"calls 100+ / {history}- of one turn  {early:.1f} / {late:.1f} us per call "
@@ -337,6 +363,8 @@ def main() -> None:
                     "lodger_call_us": round(us["lodger"], 1),
                     "lodger_sync_tool_call_us": round(us["lodger_sync"], 1),
                     "lodger_memory_call_us": round(us["memory"], 1),
+                    "loop_cpu_memory_us": round(us["memory_cpu"], 1),
+                    "loop_cpu_sqlite_us": round(us["lodger_cpu"], 1),
                     "two_bare_fsyncs_us": round(us["fsync"], 1),
                     "ratio_vs_two_wal_commits": round(us["lodger"] / wal, 3),
                     "ratio_vs_lean": round(us["lodger"] / us["lean"], 3),

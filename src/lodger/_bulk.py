@@ -26,12 +26,23 @@ from collections.abc import Iterator
 __all__ = ["cycle_collector_paused"]
 
 
-@contextlib.contextmanager
-def cycle_collector_paused(count: int, *, threshold: int = 2_000) -> Iterator[None]:
-    """Pause automatic collection for the block when ``count`` items will be processed."""
+def cycle_collector_paused(
+    count: int, *, threshold: int = 2_000
+) -> contextlib.AbstractContextManager[None]:
+    """Pause automatic collection for the block when ``count`` items will be processed.
+
+    Below ``threshold`` (every append of a run: the fold takes each batch) the block
+    runs as it is, through a shared no-op context: no generator per call."""
     if count < threshold or not gc.isenabled():
-        yield
-        return
+        return _AS_IS
+    return _paused()
+
+
+_AS_IS: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _paused() -> Iterator[None]:
     gc.disable()
     try:
         yield

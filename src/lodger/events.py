@@ -38,6 +38,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from lodger._event_encoding import compile_model_encoder, tree_encoder
 from lodger.errors import CorruptLogError, UsageError
 
 __all__ = [
@@ -472,27 +473,15 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def _reject(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-# The encoder of ``canonical_json``, made once: ``json.dumps`` with options builds a new
-# encoder on every call. Without its circular-reference check, so only for values that
-# cannot hold a cycle (a fresh ``model_dump``): ``seal`` uses it, four times a call.
-_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
-_c_encode_str: Any = getattr(json.encoder, "c_encode_basestring", None)
-_TREE_ENCODER: Any = (
-    _c_make_encoder(None, _reject, _c_encode_str, None, ":", ",", True, False, False)
-    if _c_make_encoder is not None and _c_encode_str is not None
-    else None
-)
-
-
 def _canonical_tree(value: dict[str, Any]) -> bytes:
-    """``canonical_json`` of a freshly dumped tree (no cycles): the same bytes."""
-    if _TREE_ENCODER is None:
-        return canonical_json(value)
-    return "".join(_TREE_ENCODER(value, 0)).encode("utf-8")
+    """``canonical_json`` of a freshly dumped tree (no cycles): the same bytes, with an
+    encoder made once (``json.dumps`` with options builds a new one on every call)."""
+    return tree_encoder(value).encode("utf-8")
+
+
+#: the canonical JSON text of an event's fields (a dict, ``digest`` left out), written
+#: once for the event set at import (see ``lodger._event_encoding``)
+_encode_event = compile_model_encoder(Event, exclude=frozenset({"digest"}), from_dict=True)
 
 
 def canonical_bytes(event: Event) -> bytes:
@@ -553,13 +542,30 @@ def seal(
 
     ``mac`` keys the digest (see ``keyed_chain_digest``); None seals a plain chain.
     """
-    # The draft is already validated: dump it once and build the event without validating
-    # again (this is the hot path of every append). A test holds the result equal to
-    # ``Event(...)`` plus ``canonical_bytes``.
+    # The draft is already validated: its fields become the event's without validating
+    # again, and the precompiled encoder of ``Event`` writes the canonical bytes straight
+    # from them (see ``lodger._event_encoding``). Anything it does not expect goes the
+    # generic way (a pydantic dump and the key-sorting encoder), which gives the same
+    # bytes or the error it always gave. Tests hold both equal to ``Event(...)`` plus
+    # ``canonical_bytes``.
+    fields = dict(draft.__dict__)
+    fields["v"] = SCHEMA_VERSION
+    fields["offset"] = offset
+    fields["session_id"] = session_id
+    try:
+        data = _encode_event(fields).encode("utf-8")
+    except Exception:  # noqa: BLE001 - the generic path decides what is wrong
+        data = _seal_bytes_generic(draft, session_id=session_id, offset=offset)
+    fields["digest"] = _digest(mac, prev_digest, data)
+    return _construct(Event, fields), data
+
+
+def _seal_bytes_generic(draft: EventDraft, *, session_id: str, offset: int) -> bytes:
+    """The canonical bytes of ``draft`` at ``offset``, the generic way (dump and encode)."""
     encoded = draft.model_dump(mode="json")
     encoded.update(v=SCHEMA_VERSION, offset=offset, session_id=session_id)
     try:
-        data = _canonical_tree(encoded)
+        return _canonical_tree(encoded)
     except (ValueError, UnicodeEncodeError) as exc:  # NaN, infinities, lone surrogates
         raise UsageError(
             f"a {draft.body.kind} event for session {session_id!r} cannot be stored: {exc}",
@@ -568,13 +574,17 @@ def seal(
             session_id=session_id,
             offset=offset,
         ) from None
-    digest = _digest(mac, prev_digest, data)
-    fields = dict(draft.__dict__)
-    fields.update(v=SCHEMA_VERSION, offset=offset, session_id=session_id, digest=digest)
-    return _construct(Event, fields), data
 
 
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+# the slots every pydantic model instance has, set through their descriptors directly
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
@@ -583,11 +593,11 @@ def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
     What ``model_construct`` does without its per-call defaults and alias handling,
     which cost more than the rest of an append's CPU work. Callers pass every field.
     """
-    obj = cls.__new__(cls)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
+    obj = _new_object(cls)
+    _set_attribute(obj, "__dict__", fields)
+    _set_fields_set(obj, set(fields))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 

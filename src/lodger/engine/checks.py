@@ -104,7 +104,12 @@ def decode_arguments(name: str, text: str) -> dict[str, Any]:
             "send a flatter JSON object",
         )
     try:
-        arguments = json.loads(text or "{}", parse_constant=_no_constants)
+        # one decoder for the process (``json.loads`` with an option builds one per call);
+        # a leading BOM goes through ``json.loads`` for its own error message
+        if text.startswith("\ufeff"):
+            arguments = json.loads(text, parse_constant=_no_constants)
+        else:
+            arguments = _DECODER.decode(text or "{}")
     except json.JSONDecodeError as exc:
         raise Rejection(
             "invalid_arguments",
@@ -166,3 +171,6 @@ def _compiled_validator(schema_json: str) -> Draft202012Validator:
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value; send a number or null")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)

@@ -9,9 +9,9 @@ journal its facts go through, and the workspace its tools work in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from lodger.events import Origin, Visibility
 from lodger.ids import Clock, IdFactory
@@ -22,9 +22,12 @@ if TYPE_CHECKING:
 __all__ = ["Envelope", "RunContext"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Envelope:
-    """Where an event sits: its turn, run, step and call, who made it, who may see it."""
+class Envelope(NamedTuple):
+    """Where an event sits: its turn, run, step and call, who made it, who may see it.
+
+    Immutable; a named tuple because several are made per call and a frozen dataclass
+    costs four times as much to build (build it by keyword: the order is not a contract).
+    """
 
     turn_id: str | None = None
     run_id: str | None = None
@@ -34,27 +37,28 @@ class Envelope:
     origin: Origin = "runtime"
     visibility: Visibility = "model"
 
+    # positional below: the field order is the class's, spelled out once here
+
     def at_step(self, step_id: str) -> Envelope:
-        # spelled out: ``dataclasses.replace`` costs twice as much, several times a call
         return Envelope(
-            turn_id=self.turn_id,
-            run_id=self.run_id,
-            step_id=step_id,
-            call_id=self.call_id,
-            parent_call_id=self.parent_call_id,
-            origin=self.origin,
-            visibility=self.visibility,
+            self.turn_id,
+            self.run_id,
+            step_id,
+            self.call_id,
+            self.parent_call_id,
+            self.origin,
+            self.visibility,
         )
 
     def with_origin(self, origin: Origin) -> Envelope:
         return Envelope(
-            turn_id=self.turn_id,
-            run_id=self.run_id,
-            step_id=self.step_id,
-            call_id=self.call_id,
-            parent_call_id=self.parent_call_id,
-            origin=origin,
-            visibility=self.visibility,
+            self.turn_id,
+            self.run_id,
+            self.step_id,
+            self.call_id,
+            self.parent_call_id,
+            origin,
+            self.visibility,
         )
 
     def for_call(
@@ -66,13 +70,13 @@ class Envelope:
         visibility: Visibility | None = None,
     ) -> Envelope:
         return Envelope(
-            turn_id=self.turn_id,
-            run_id=self.run_id,
-            step_id=self.step_id,
-            call_id=call_id,
-            parent_call_id=parent_call_id,
-            origin=origin if origin is not None else self.origin,
-            visibility=visibility if visibility is not None else self.visibility,
+            self.turn_id,
+            self.run_id,
+            self.step_id,
+            call_id,
+            parent_call_id,
+            origin if origin is not None else self.origin,
+            visibility if visibility is not None else self.visibility,
         )
 
 
@@ -88,7 +92,8 @@ class RunContext:
     journal: Journal
     workspace: Path | None = None
     hidden: tuple[Path, ...] = ()
+    #: the envelope of the run's own facts (its turn and run), made once
+    envelope: Envelope = field(init=False, repr=False, compare=False)
 
-    @property
-    def envelope(self) -> Envelope:
-        return Envelope(turn_id=self.turn_id, run_id=self.run_id)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "envelope", Envelope(turn_id=self.turn_id, run_id=self.run_id))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import types
 from collections.abc import Coroutine, Generator
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["continue_in_task", "start_eagerly"]
+__all__ = ["Finished", "continue_in_task", "finish_shielded", "start_eagerly"]
 
 T = TypeVar("T")
 
@@ -75,3 +77,67 @@ def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T
                 yielded = coro.send(sent)
             except StopIteration as stop:
                 return cast(T, stop.value)
+
+
+@dataclass(slots=True)
+class Finished(Generic[T]):
+    """How a coroutine driven by ``finish_shielded`` ended: its value or its error, and
+    whether the task driving it was cancelled meanwhile."""
+
+    value: T | None
+    error: BaseException | None
+    cancelled: bool
+
+
+def _wake(proxy: asyncio.Future[None], _: object) -> None:
+    if not proxy.done():
+        proxy.set_result(None)
+
+
+@types.coroutine
+def finish_shielded(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, Finished[T]]:
+    """Drive the rest of ``coro`` (suspended at ``yielded``) to its end in this task.
+
+    A cancellation of this task meanwhile reaches neither ``coro`` nor the future it
+    waits on: the task waits through a proxy future, which is all a cancellation
+    cancels; it is noted in the outcome and the caller raises it once it has used the
+    outcome. That is what awaiting a task through ``asyncio.shield`` until it is done
+    gives, without the task, the shield and their two extra trips through the event loop
+    per suspension. What ``coro`` raises (a ``CancelledError`` of its own included) is
+    the outcome's ``error``, never raised here.
+    """
+    loop = asyncio.get_running_loop()
+    cancelled = False
+    while True:
+        if yielded is None:  # a bare yield (``asyncio.sleep(0)``): one turn of the loop
+            try:
+                yield None
+            except asyncio.CancelledError:
+                cancelled = True
+        elif asyncio.isfuture(yielded):
+            yielded._asyncio_future_blocking = False  # waited on here, not by the task
+            while not yielded.done():
+                proxy: asyncio.Future[None] = loop.create_future()
+                wake = functools.partial(_wake, proxy)
+                yielded.add_done_callback(wake)
+                try:
+                    yield from proxy
+                except asyncio.CancelledError:
+                    cancelled = True
+                finally:
+                    yielded.remove_done_callback(wake)
+        else:
+            error = RuntimeError(f"a coroutine driven in a task yielded {yielded!r}")
+            try:
+                yielded = coro.throw(error)
+            except StopIteration as stop:
+                return Finished(cast(T, stop.value), None, cancelled)
+            except BaseException as exc:  # noqa: BLE001 - the outcome
+                return Finished(None, exc, cancelled)
+            continue
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            return Finished(cast(T, stop.value), None, cancelled)
+        except BaseException as exc:  # noqa: BLE001 - the outcome, for the caller to judge
+            return Finished(None, exc, cancelled)

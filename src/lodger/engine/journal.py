@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from lodger.engine.context import Envelope
-from lodger.engine.eager import continue_in_task
+from lodger.engine.eager import Finished, finish_shielded
 from lodger.engine.history import History
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, LodgerError, StorageError
@@ -117,6 +118,13 @@ class Journal:
         cancelled before its group was taken writes nothing; one cancelled while its group
         is being written waits for the outcome first, so ``committed`` tells the truth.
         """
+        if not self._queue and not self._lock.locked():
+            # Nobody writes or waits: this call is a group of its own, written at once
+            # (no ticket to hand the outcome through). Taking the free lock does not
+            # suspend; if a claim holds it after all, whoever queued meanwhile goes first.
+            async with self._lock:
+                if not self._queue:
+                    return await self._write_alone(drafts)
         ticket = _Ticket(drafts)
         self._queue.append(ticket)
         try:
@@ -142,18 +150,22 @@ class Journal:
         finally:
             unsettled = [t for t in group if not t.outcome.done()]
             if unsettled:
-                # the append itself was cancelled or broke unexpectedly: whether it
-                # committed is unknown, so nothing more may follow on this journal
-                if self.failure is None:
-                    self.failure = CommitFailedError(
-                        f"commit to session {self.session_id!r} at offset "
-                        f"{len(self.events)} was interrupted; its outcome is unknown",
-                        hint="recover the session to see what is committed",
-                        session_id=self.session_id,
-                        offset=len(self.events),
-                    )
+                failure = self._interrupted()
                 for ticket in unsettled:
-                    ticket.outcome.set_exception(self.failure)
+                    ticket.outcome.set_exception(failure)
+
+    def _interrupted(self) -> CommitFailedError:
+        """The append itself was cancelled or broke unexpectedly: whether it committed is
+        unknown, so nothing more may follow on this journal."""
+        if self.failure is None:
+            self.failure = CommitFailedError(
+                f"commit to session {self.session_id!r} at offset "
+                f"{len(self.events)} was interrupted; its outcome is unknown",
+                hint="recover the session to see what is committed",
+                session_id=self.session_id,
+                offset=len(self.events),
+            )
+        return self.failure
 
     def _stopped(self) -> CommitFailedError:
         error = CommitFailedError(
@@ -165,6 +177,60 @@ class Journal:
         error.__cause__ = self.failure
         return error
 
+    async def _append(self, drafts: list[EventDraft]) -> Finished[list[Event]]:
+        """Append ``drafts`` at the head, to the end whatever happens to the caller.
+
+        The append starts in the caller's task: a store that answers without suspending
+        (the memory twin) finishes right here. One that suspends (a thread, a socket) is
+        driven on in the same task through any cancellation (``finish_shielded``), so
+        memory always learns whether the log took the batch."""
+        try:
+            coro = self.writer.append(drafts, expected_offset=len(self.events))
+            first = coro.send(None)
+        except StopIteration as stop:
+            return Finished(stop.value, None, False)
+        except BaseException as exc:  # noqa: BLE001 - judged by the caller
+            return Finished(None, exc, False)
+        return await finish_shielded(coro, first)
+
+    def _judge(self, error: BaseException) -> BaseException:
+        """What an append's error means for this journal, and what to raise for it.
+
+        A storage error: the commit failed, and so does every later one. Another lodger
+        error: the batch was refused before anything was written (a draft that cannot be
+        sealed, say). Anything else, a cancellation of the append itself included: its
+        outcome is unknown, so nothing more may follow either."""
+        if isinstance(error, StorageError):
+            self.failure = self._failed(error)
+            return self.failure
+        if isinstance(error, LodgerError):
+            return error
+        self._interrupted()
+        return error
+
+    async def _write_alone(self, drafts: tuple[EventDraft, ...]) -> list[Event]:
+        """``_write`` of a group of one that nobody else waits for, called holding the
+        lock: each outcome ``_write`` would hand a lone ticket is raised or returned
+        here instead (a refused batch takes the deferred facts with it, as there)."""
+        if self.failure is not None:
+            raise self._stopped()
+        deferred, self._deferred = self._deferred, []
+        done = await self._append([*deferred, *drafts])
+        if done.error is not None:
+            raised = self._judge(done.error)
+            if done.cancelled:
+                raise asyncio.CancelledError
+            raise raised
+        events = cast(list[Event], done.value)
+        self.commits += 1
+        self.records += 1
+        self.state.feed(events)
+        self._notify(events)
+        if done.cancelled:
+            # the append completed as the caller was cancelled: memory matches the log
+            raise asyncio.CancelledError
+        return events[len(deferred) :] if deferred else events
+
     async def _write(self, group: list[_Ticket]) -> None:
         """Append the drafts of ``group`` as one batch and settle each ticket's outcome."""
         if self.failure is not None:
@@ -172,53 +238,35 @@ class Journal:
                 ticket.outcome.set_exception(self._stopped())
             return
         deferred, self._deferred = self._deferred, []
-        drafts = [*deferred, *(d for t in group for d in t.drafts)]
-        cancelled = False
-        task: asyncio.Future[list[Event]] | None = None
-        try:
-            # The append starts here, in the caller's task: a store that answers without
-            # suspending (the memory twin) costs no task and no shield. One that suspends
-            # (a thread, a socket) finishes in a task of its own, awaited through any
-            # cancellation (``_settle``), as if it had been a task from the start.
-            coro = self.writer.append(drafts, expected_offset=len(self.events))
-            try:
-                first = coro.send(None)
-            except StopIteration as stop:
-                events = stop.value
-            else:
-                task = continue_in_task(coro, first)
-                events = await _settle(task)
-        except asyncio.CancelledError:
-            # Cancelled while the append ran: if it committed, memory must still match
-            # the log (the next append names the offset after it), and the callers can
-            # tell their facts are durable.
-            if task is None or not task.done() or task.cancelled():
-                raise
-            cancelled = True
-            error = task.exception()
-            if error is not None:
-                if isinstance(error, StorageError):
-                    self.failure = self._failed(error)
+        done = await self._append([*deferred, *(d for t in group for d in t.drafts)])
+        if done.error is not None:
+            error = done.error
+            if (
+                not done.cancelled
+                and isinstance(error, LodgerError)
+                and not isinstance(error, StorageError)
+                and len(group) > 1
+            ):
+                # refused before anything was written: one bad caller must not fail the
+                # others, so each goes again on its own (the deferred facts go with the
+                # first; alone, a caller fails as before)
+                self._deferred = deferred
                 for ticket in group:
-                    ticket.outcome.set_exception(self.failure or error)
-                raise
-            events = task.result()
-        except StorageError as exc:
-            self.failure = self._failed(exc)
-            for ticket in group:
-                ticket.outcome.set_exception(self.failure)
-            return
-        except LodgerError as exc:
-            # refused before anything was written (a draft that cannot be sealed, say):
-            # one bad caller must not fail the others, so each goes again on its own
-            # (the deferred facts go with the first; alone, a caller fails as before)
-            if len(group) == 1:
-                group[0].outcome.set_exception(exc)
+                    await self._write([ticket])
                 return
-            self._deferred = deferred
+            raised = self._judge(error)
+            # an unknown outcome fails every caller as the journal's failure; the
+            # leader's own record raises the error itself (below)
+            shared = raised if isinstance(error, LodgerError) else self.failure
+            assert shared is not None
             for ticket in group:
-                await self._write([ticket])
+                ticket.outcome.set_exception(shared)
+            if done.cancelled:
+                raise asyncio.CancelledError
+            if raised is error and not isinstance(error, LodgerError):
+                raise error  # unexpected: the leader sees it as it is
             return
+        events = cast(list[Event], done.value)
         self.commits += 1
         self.records += len(group)
         self.state.feed(events)
@@ -227,7 +275,10 @@ class Journal:
             ticket.outcome.set_result(events[at : at + len(ticket.drafts)])
             at += len(ticket.drafts)
         self._notify(events)
-        if cancelled:
+        if done.cancelled:
+            # Cancelled while the append ran and it committed: memory matches the log
+            # (the next append names the offset after it), and the callers can tell
+            # their facts are durable.
             raise asyncio.CancelledError
 
     def _failed(self, exc: StorageError) -> CommitFailedError:
@@ -256,19 +307,3 @@ async def _wait_out(outcome: asyncio.Future[list[Event]]) -> None:
             await asyncio.wait([outcome])
         except asyncio.CancelledError:
             continue
-
-
-async def _settle(task: asyncio.Future[list[Event]]) -> list[Event]:
-    """Await ``task`` to the end even if we are cancelled meanwhile, then re-raise."""
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

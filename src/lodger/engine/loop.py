@@ -49,7 +49,14 @@ from lodger.events import (
     WorkspaceSnapshot,
 )
 from lodger.ids import Clock, IdFactory
-from lodger.providers.base import Message, Model, ModelRequest, ModelResponse, TextSink
+from lodger.providers.base import (
+    Message,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    TextSink,
+    ToolSchema,
+)
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
@@ -108,6 +115,16 @@ class TurnResult:
     messages: Sequence[Message] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StepTools:
+    """The visible tools of a step, and what the step records and shows of them."""
+
+    tools: tuple[Tool, ...]  # held, so the ids in the cache's key stay theirs
+    refs: tuple[ToolRef, ...]
+    names: frozenset[str]
+    schemas: tuple[ToolSchema, ...]
+
+
 @dataclass(kw_only=True)
 class Engine:
     """Everything a run needs besides its session: model, tools, policy and substrates."""
@@ -144,6 +161,10 @@ class Engine:
     after_call: tuple[AfterCall, ...] = ()
     #: takes the workspace snapshot each turn's end records (None: no snapshots)
     snapshotter: WorkspaceSnapshotter | None = None
+    #: what a step records and shows of each set of visible tools, by the tools' identity
+    _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # ------------------------------------------------------------------ composition
 
@@ -223,13 +244,14 @@ class Engine:
         )
         await ctx.journal.fact(RunEnded(status="interrupted", error=error), ctx.envelope)
         state = ctx.journal.state
+        start = state.open_turn_offset
         return TurnResult(
             session_id=ctx.session_id,
             turn_id=ctx.turn_id,
             run_id=ctx.run_id,
             status="waiting",
             error=error,
-            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=ctx.journal.commits,
             messages=state.projector.project().messages,
         )
@@ -250,19 +272,12 @@ class Engine:
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
-                visible = self.registry.visible(state.turn_activated)
+                visible = self.visible_tools(state.turn_activated)
                 step_id = self.ids.new_id()
                 env = run_env.at_step(step_id)
                 journal.defer(
                     journal.draft(
-                        StepStarted(
-                            index=steps_done,
-                            model=self.model.spec,
-                            tools=tuple(
-                                ToolRef(name=t.name, schema_digest=t.schema_digest())
-                                for t in visible
-                            ),
-                        ),
+                        StepStarted(index=steps_done, model=self.model.spec, tools=visible.refs),
                         env,
                     )
                 )
@@ -307,7 +322,7 @@ class Engine:
                     return await self._end(
                         ctx, "completed", answer=response.text, output=value, logged=dumped
                     )
-                scope = StepScope(step_id=step_id, visible=frozenset(t.name for t in visible))
+                scope = StepScope(step_id=step_id, visible=visible.names)
                 suspended: list[str] = []
                 for batch in self.registry.batches(calls):
                     outcomes = await pipeline.run_batch(batch, scope)
@@ -349,6 +364,7 @@ class Engine:
                     WorkspaceSnapshot(ref=taken.ref, files=taken.files, size=taken.size), env
                 )
             )
+        start = journal.state.open_turn_offset  # forgotten once the turn has ended
         await journal.record(
             *drafts,
             journal.draft(RunEnded(status=status, error=error), env),
@@ -363,14 +379,30 @@ class Engine:
             answer=answer,
             error=error,
             output=output,
-            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id)),
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=journal.commits,
             messages=state.projector.project().messages,
         )
 
-    async def _request(
-        self, journal: Journal, visible: Sequence[Tool], env: Envelope
-    ) -> ModelRequest:
+    def visible_tools(self, activated: Sequence[str]) -> _StepTools:
+        """The tools a step shows (``ToolRegistry.visible``) with their refs, names and
+        schemas, made once per distinct set of tool objects (a tool's schema and digest
+        never change: both are cached on the frozen tool)."""
+        tools = self.registry.visible(activated)
+        key = tuple(map(id, tools))
+        found = self._step_tools.get(key)
+        if found is None:  # (the entry holds its tools, so no other object has their ids)
+            if len(self._step_tools) >= 64:
+                self._step_tools.clear()
+            found = self._step_tools[key] = _StepTools(
+                tools=tuple(tools),
+                refs=tuple(ToolRef(name=t.name, schema_digest=t.schema_digest()) for t in tools),
+                names=frozenset(t.name for t in tools),
+                schemas=tuple(t.schema() for t in tools),
+            )
+        return found
+
+    async def _request(self, journal: Journal, visible: _StepTools, env: Envelope) -> ModelRequest:
         state = journal.state
         projection = state.projector.project(budget_tokens=self.context_budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
@@ -389,7 +421,7 @@ class Engine:
         return ModelRequest(
             system=system,
             messages=projection.messages,
-            tools=tuple(t.schema() for t in visible),
+            tools=visible.schemas,
             output_schema=self.output.schema if self.output is not None else None,
         )
 
@@ -440,11 +472,19 @@ def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:
     return found
 
 
-def _turn_usage(events: Sequence[Event], turn_id: str) -> tuple[Usage, ...]:
+_NO_USAGE = Usage()
+
+
+def _turn_usage(
+    events: Sequence[Event], turn_id: str, start: int | None = None
+) -> tuple[Usage, ...]:
+    """The usage of each model request of ``turn_id``; ``start``, the offset of its
+    ``turn_started`` when known, saves walking back to it (and the list of its events)."""
+    this = _this_turn(events, turn_id) if start is None else events[start:]
     return tuple(
-        e.body.usage or Usage()
-        for e in _this_turn(events, turn_id)
-        if isinstance(e.body, ModelOutput) and e.origin == "provider"
+        e.body.usage or _NO_USAGE
+        for e in this
+        if e.origin == "provider" and isinstance(e.body, ModelOutput) and e.turn_id == turn_id
     )
 
 
@@ -465,7 +505,9 @@ class _CallIds:
         here: set[str] = set()
         for call in calls:
             if not call.call_id or call.call_id in self._taken or call.call_id in here:
-                call = call.model_copy(update={"call_id": f"call-{ids.new_id()}"})
+                call = ProposedCall(
+                    call_id=f"call-{ids.new_id()}", name=call.name, arguments=call.arguments
+                )
             here.add(call.call_id)
             out.append(call)
         return tuple(out)
@@ -477,7 +519,12 @@ def _storable(response: ModelResponse) -> ModelResponse:
     texts = [response.text, response.reasoning]
     for c in response.calls:
         texts += (c.call_id, c.name, c.arguments)
-    if all(storable_text(t) is t for t in texts):
+    try:
+        # one encode of them all: it fails iff one of them holds a lone surrogate
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
         return response
     calls = tuple(
         c.model_copy(

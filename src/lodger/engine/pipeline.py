@@ -168,7 +168,9 @@ class CallOutcome:
         return self.status != "ok"
 
 
-@dataclass(frozen=True, kw_only=True)
+# _Rejected and _Ready are made once per call and never changed: plain slotted records
+# (a frozen dataclass sets each field through object.__setattr__, 1 us a call)
+@dataclass(slots=True, kw_only=True)
 class _Rejected:
     """A call that failed a synchronous check; its rejection is recorded when it runs."""
 
@@ -177,7 +179,7 @@ class _Rejected:
     rejection: Rejection
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class _Ready:
     """A call that passed the synchronous checks, with its claims reserved."""
 
@@ -412,7 +414,11 @@ class CallPipeline:
                     # Leases: after permission, before T1 (and before the expectations,
                     # which hash the files the leases protect).
                     await prepared.reservation.acquire()
-                    expectations = await _expectations(t, arguments, tctx)
+                    expectations = (
+                        await _expectations(t, arguments, tctx)
+                        if t.expectations is not None
+                        else ()
+                    )
                 except Rejection as exc:
                     rejection = exc
                 except ApprovalParked as parked:

@@ -8,6 +8,7 @@ closed; inside a code cell a park is a denial."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from lodger.events import (
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel, tool_call
 from lodger.recovery import plan_recovery
+from lodger.storage import EventLog, MemoryLogStore, Record
 from lodger.tools.spec import Tool
 
 RAN: list[str] = []
@@ -223,13 +225,18 @@ async def test_every_prefix_of_a_parked_log_folds_and_plans_alike(tmp_path: Path
     assert "ask_permission" in actions and actions[-1:] != ["ask_permission"]
 
 
+GOLDEN_V6 = Path(__file__).resolve().parents[1] / "data" / "golden" / "v6_parked_approval.jsonl"
+
+
 async def test_a_crash_between_the_allow_and_t1_asks_again(tmp_path: Path) -> None:
     """Cut the golden v6 log (park, resume, allow, T1, T2) after the allow and before
     T1: the call never ran, so it is asked for again (and its answer stands in the
     control plane); cut after T1 it is an ordinary dispatched call, never asked again."""
-    from tests.storage.test_golden import GOLDEN_DIR, replay
-
-    _, _, log, _ = await replay(GOLDEN_DIR / "v6_parked_approval.jsonl")
+    rows = [json.loads(line) for line in GOLDEN_V6.read_text(encoding="utf-8").splitlines()]
+    records = [Record(r["offset"], r["data"].encode("utf-8"), r["digest"]) for r in rows]
+    store = MemoryLogStore()
+    await store.append_records(session_id="golden-v6", records=records, expected_offset=0)
+    log = await EventLog(store).read("golden-v6")
     t1 = next(e.offset for e in log if isinstance(e.body, ToolDispatched))
     assert isinstance(log[t1 - 1].body, PermissionDecided) and log[t1 - 1].body.decision == "allow"
     (before,) = plan_recovery(log[:t1]).calls

@@ -291,3 +291,21 @@ def test_the_worker_refuses_to_both_wait_and_park(tmp_path: Path) -> None:
         assert not (tmp_path / "c.sqlite3").exists()
     shown = runner.invoke(main, ["worker", "--help"])
     assert "--approval-park" in shown.output and "--approval-expiry" in shown.output
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("worker", "--lease-ttl"), ("worker", "--grace"), ("worker", "--poll"),
+     ("worker", "--approval-wait"), ("serve", "--poll")],
+)  # fmt: skip
+def test_no_seconds_option_takes_nan_or_inf(tmp_path: Path, command: str, option: str) -> None:
+    runner = CliRunner(env={"LODGER_STORE": None, "LODGER_CONTROL": None, "COLUMNS": "200"})
+    for bad in ("nan", "inf", "-inf"):
+        refused = runner.invoke(
+            main,
+            [command, option, bad, "--control", str(tmp_path / "c.sqlite3"),
+             "--state", str(tmp_path / "state")],
+        )  # fmt: skip
+        assert refused.exit_code == 2, (option, bad, refused.output)
+        assert option in refused.output and "Traceback" not in refused.output
+        assert not (tmp_path / "c.sqlite3").exists()  # refused before anything was opened

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_STATE",
     "JSON_VERSION",
     "STATE_ENVVAR",
+    "Seconds",
     "document",
     "echo_json",
     "format_ts",
@@ -47,6 +49,20 @@ __all__ = [
     "state_option",
     "store_url",
 ]
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds within a range, and finite: ``FloatRange`` alone lets ``nan``
+    through (every comparison with it is false) and ``inf`` where it has no maximum."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
 
 DEFAULT_STATE = ".lodger"
 STATE_ENVVAR = "LODGER_STATE"

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -22,7 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.table import Table
 
-from lodger.cli._common import echo_json, json_option, make_console, state_option, store_url
+from lodger.cli._common import (
+    Seconds,
+    echo_json,
+    json_option,
+    make_console,
+    state_option,
+    store_url,
+)
 from lodger.cli._run import MODEL_ENVVAR, load_tools_file, subagent_policy, subagents_option
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
 from lodger.control.approvals import (
@@ -193,7 +199,7 @@ def schedule(
     "--lease-ttl",
     default=15.0,
     show_default=True,
-    type=click.FloatRange(0.5),
+    type=Seconds(0.5),
     help="Seconds a session lease lasts unless renewed (a dead worker's sessions "
     "are taken over after this).",
 )
@@ -201,14 +207,14 @@ def schedule(
     "--grace",
     default=20.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=Seconds(0),
     help="On SIGTERM, seconds a running turn may take to settle before it is handed back.",
 )
 @click.option(
     "--poll",
     default=0.5,
     show_default=True,
-    type=click.FloatRange(0.01),
+    type=Seconds(0.01),
     help="Seconds between looks at an empty queue.",
 )
 @click.option(
@@ -233,7 +239,7 @@ def schedule(
     "--approval-wait",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=Seconds(0),
     help="Seconds a call that needs approval waits for an answer through the control "
     "plane (lodger serve --control answers it); the worker stays up meanwhile, and the "
     "call is denied when nobody answers. 0: deny such calls at once.",
@@ -250,7 +256,7 @@ def schedule(
     "--approval-expiry",
     default=DEFAULT_APPROVAL_EXPIRY_S,
     show_default=True,
-    type=click.FloatRange(1, 366 * 24 * 3600),
+    type=Seconds(1, 366 * 24 * 3600),
     metavar="SECONDS",
     help="With --approval-park: how long a parked question stays answerable; then the "
     "session is woken and the call is denied.",
@@ -299,8 +305,6 @@ def worker(
         --concurrency 4 --model openai:gpt-4.1
     """
     logging.basicConfig(level=logging.WARNING, format="worker: %(message)s")
-    if not math.isfinite(approval_expiry):  # FloatRange lets nan through
-        raise click.BadParameter("must be a number of seconds", param_hint="--approval-expiry")
     if approval_park and approval_wait > 0:
         raise click.UsageError(
             "--approval-park and --approval-wait are two ways to ask; choose one "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from lodger.cli._common import state_option, store_url
+from lodger.cli._common import Seconds, state_option, store_url
 from lodger.cli._run import code_mode_option, load_tools_file
 from lodger.codemode import Language
 from lodger.tools.spec import Tool
@@ -59,7 +59,7 @@ __all__ = ["COMMANDS", "serve"]
 @click.option(
     "--poll",
     default=None,
-    type=click.FloatRange(0.01),
+    type=Seconds(0.01),
     help="Seconds between looks at the log for facts committed by other processes "
     "(default: 1 embedded, 0.25 distributed).",
 )

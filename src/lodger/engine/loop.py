@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.authority import Authorities
+from lodger.engine.bodies import model_output, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
@@ -41,7 +42,6 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
-    StepStarted,
     ToolRef,
     TurnEnded,
     TurnStarted,
@@ -277,7 +277,7 @@ class Engine:
                 env = run_env.at_step(step_id)
                 journal.defer(
                     journal.draft(
-                        StepStarted(index=steps_done, model=self.model.spec, tools=visible.refs),
+                        step_started(index=steps_done, model=self.model.spec, tools=visible.refs),
                         env,
                     )
                 )
@@ -288,7 +288,7 @@ class Engine:
                 # first T1 or rejection) or with the end of the turn, saving one sync.
                 journal.defer(
                     journal.draft(
-                        ModelOutput(
+                        model_output(
                             text=response.text,
                             reasoning=response.reasoning,
                             calls=calls,

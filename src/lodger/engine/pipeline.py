@@ -25,6 +25,7 @@ from typing import Any
 
 from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
+from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
 from lodger.engine.checks import Rejection, check_call, schema_problems
 from lodger.engine.context import Envelope, RunContext
@@ -537,7 +538,7 @@ class CallPipeline:
         """T1, execute, T2. From T1 on the call is never abandoned."""
         journal = self.ctx.journal
         t1 = journal.draft(
-            ToolDispatched(
+            tool_dispatched(
                 operation_id=tctx.operation_id,
                 tool=t.name,
                 arguments=arguments,
@@ -602,7 +603,7 @@ class CallPipeline:
         bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
         await journal.fact(
-            ToolResponded(
+            tool_responded(
                 operation_id=tctx.operation_id,
                 status=status,
                 content=bounded.content,

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from lodger._records import record
 from lodger.errors import CorruptLogError
 from lodger.events import (
     CallRejected,
@@ -202,6 +203,20 @@ def estimate_tokens(messages: Sequence[Message], *, chars: int | None = None) ->
     return chars // 4 + 4 * len(messages)
 
 
+def _assistant(body: ModelOutput, calls: tuple[ProposedCall, ...]) -> AssistantMessage:
+    """The model's output as the model reads it back, with the calls that have results."""
+    message: AssistantMessage = record(
+        AssistantMessage,
+        {
+            "text": body.text,
+            "reasoning": body.reasoning,
+            "calls": calls,
+            "provider_state": body.provider_state,
+        },
+    )
+    return message
+
+
 def _result_of(e: Event, name: str) -> ToolResultMessage | None:
     """The model-visible result a committed event gives its call, if any."""
     assert e.call_id is not None
@@ -211,9 +226,16 @@ def _result_of(e: Event, name: str) -> ToolResultMessage | None:
             call_id=e.call_id, name=body.tool, content=body.message, is_error=True
         )
     if isinstance(body, ToolResponded):
-        return ToolResultMessage(
-            call_id=e.call_id, name=name, content=body.content, is_error=body.status != "ok"
+        message: ToolResultMessage = record(
+            ToolResultMessage,
+            {
+                "call_id": e.call_id,
+                "name": name,
+                "content": body.content,
+                "is_error": body.status != "ok",
+            },
         )
+        return message
     if isinstance(body, RecoveryObserved | OperatorDecision):
         outcome = _recovered_result(body)
         if outcome is not None:
@@ -365,12 +387,7 @@ class Projector:
         kept = tuple(c for c in body.calls if c.call_id in results)
         self._outputs.append((len(self._closed), len(kept)))
         block: list[Message] = [
-            AssistantMessage(
-                text=body.text,
-                reasoning=body.reasoning,
-                calls=kept,
-                provider_state=body.provider_state,
-            ),
+            _assistant(body, kept),
             *(results[c.call_id] for c in kept),
         ]
         self._closed.extend(block)
@@ -420,15 +437,7 @@ class Projector:
         if self._open is not None:
             body, results = self._open, self._open_results
             kept = tuple(c for c in body.calls if c.call_id in results)
-            block = [
-                AssistantMessage(
-                    text=body.text,
-                    reasoning=body.reasoning,
-                    calls=kept,
-                    provider_state=body.provider_state,
-                ),
-                *(results[c.call_id] for c in kept),
-            ]
+            block = [_assistant(body, kept), *(results[c.call_id] for c in kept)]
             chars += sum(_chars(m) for m in block)
         estimate = estimate_tokens((), chars=chars) + 4 * (closed + len(block))
         if budget_tokens is None or estimate <= budget_tokens:

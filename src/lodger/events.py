@@ -615,6 +615,12 @@ def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
     return obj
 
 
+def new_prefix(high_water: int, digest: str) -> Prefix:
+    """A ``Prefix`` from values the log computed itself (an offset and a digest it made),
+    without validating them again: every append makes one."""
+    return _construct(Prefix, {"high_water": high_water, "digest": digest})
+
+
 def new_draft(
     *,
     id: str,

@@ -235,3 +235,35 @@ def test_the_common_values_take_the_fast_way() -> None:
         assert body.model_fields_set is events._ALL_FIELDS[type(body)]
     slow = bodies.tool_dispatched(**{**DISPATCH, "arguments": {"f": 1.5}})
     assert slow.model_fields_set is not events._ALL_FIELDS.get(ToolDispatched)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"call_id": "call-1", "name": "noop", "arguments": "{}"},
+        {"call_id": "", "name": "noop", "arguments": ""},
+        {"call_id": Text("c"), "name": "noop", "arguments": "{}"},
+        {"call_id": "c", "name": None, "arguments": "{}"},
+        {"call_id": "c", "name": "noop", "arguments": {"a": 1}},
+    ],
+)
+def test_proposed_call_matches_the_model(kwargs: dict[str, Any]) -> None:
+    try:
+        expected = ProposedCall(**kwargs)
+    except ValidationError as exc:
+        refused = exc.errors()
+    else:
+        assert bodies.proposed_call(**kwargs) == expected
+        return
+    with pytest.raises(ValidationError) as got:
+        bodies.proposed_call(**kwargs)
+    assert got.value.errors() == refused
+
+
+def test_new_prefix_is_the_validated_prefix() -> None:
+    from lodger.events import Prefix, new_prefix
+
+    made = new_prefix(7, "ab" * 32)
+    assert made == Prefix(high_water=7, digest="ab" * 32)
+    assert made.model_dump() == {"high_water": 7, "digest": "ab" * 32}
+    assert hash(made) == hash(Prefix(high_water=7, digest="ab" * 32))

@@ -32,7 +32,13 @@ from lodger.events import (
     _construct,
 )
 
-__all__ = ["model_output", "step_started", "tool_dispatched", "tool_responded"]
+__all__ = [
+    "model_output",
+    "proposed_call",
+    "step_started",
+    "tool_dispatched",
+    "tool_responded",
+]
 
 _RESULT_STATUSES: frozenset[object] = frozenset(typing.get_args(ResultStatus))
 #: argument values taken as they are: exact JSON scalars (floats go the validated way:
@@ -44,6 +50,12 @@ def _all_exactly(items: object, cls: type) -> bool:
     if type(items) is not tuple:
         return False
     return all(type(item) is cls for item in items)
+
+
+def proposed_call(*, call_id: str, name: str, arguments: str) -> ProposedCall:
+    if type(call_id) is str and type(name) is str and type(arguments) is str:
+        return _construct(ProposedCall, {"call_id": call_id, "name": name, "arguments": arguments})
+    return ProposedCall(call_id=call_id, name=name, arguments=arguments)
 
 
 def step_started(*, index: int, model: str, tools: tuple[ToolRef, ...]) -> StepStarted:

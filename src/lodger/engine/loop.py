@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.authority import Authorities
-from lodger.engine.bodies import model_output, step_started
+from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
@@ -505,7 +505,7 @@ class _CallIds:
         here: set[str] = set()
         for call in calls:
             if not call.call_id or call.call_id in self._taken or call.call_id in here:
-                call = ProposedCall(
+                call = proposed_call(
                     call_id=f"call-{ids.new_id()}", name=call.name, arguments=call.arguments
                 )
             here.add(call.call_id)

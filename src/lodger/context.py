@@ -19,15 +19,29 @@ from typing import Any, overload
 from lodger._records import record
 from lodger.errors import CorruptLogError
 from lodger.events import (
+    ArtifactStored,
     CallRejected,
+    ContextCompacted,
     Event,
     ModelOutput,
     OperatorDecision,
     OutputRejected,
+    PermissionDecided,
+    PermissionRequested,
     ProposedCall,
+    ProviderRetried,
+    RecoveryDecided,
     RecoveryObserved,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
     ToolResponded,
+    ToolsActivated,
+    TurnEnded,
     TurnStarted,
+    WorkspaceSnapshot,
 )
 from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
 
@@ -354,6 +368,28 @@ def _elide(
     )
 
 
+#: body classes that give the model nothing to read (exact classes: a subclass goes
+#: through the checks of ``Projector._feed`` as before)
+_UNSEEN: frozenset[type] = frozenset(
+    {
+        SessionStarted,
+        RunStarted,
+        StepStarted,
+        ProviderRetried,
+        PermissionRequested,
+        PermissionDecided,
+        ToolDispatched,
+        ToolsActivated,
+        RecoveryDecided,
+        ArtifactStored,
+        WorkspaceSnapshot,
+        ContextCompacted,
+        RunEnded,
+        TurnEnded,
+    }
+)
+
+
 class Projector:
     """``project_messages`` computed incrementally as events are committed.
 
@@ -397,6 +433,8 @@ class Projector:
 
     def _feed(self, e: Event) -> None:
         body = e.body
+        if type(body) in _UNSEEN:
+            return
         if isinstance(body, ModelOutput):
             for c in body.calls:
                 self._names[c.call_id] = c.name

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from lodger._records import record, recordable
+from lodger.context import MessageSnapshot, Projection
 from lodger.engine.pipeline import CallOutcome
 from lodger.events import ProposedCall
-from lodger.providers.base import AssistantMessage, ToolResultMessage
+from lodger.providers.base import AssistantMessage, ModelRequest, ToolResultMessage, ToolSchema
 from lodger.tools.spec import Tool, ToolContext
 
 CALL = ProposedCall(call_id="c", name="n", arguments="{}")
@@ -51,6 +52,20 @@ CASES: list[tuple[type, dict[str, Any]]] = [
     (
         AssistantMessage,
         {"text": "t", "reasoning": "r", "calls": (CALL,), "provider_state": {"p": [1]}},
+    ),
+    (
+        Projection,
+        {"messages": MessageSnapshot([], 0, ()), "elided_call_ids": (), "estimated_tokens": 4},
+    ),
+    (
+        ModelRequest,
+        {
+            "system": "s",
+            "messages": (),
+            "tools": (ToolSchema(name="n", description="d", parameters={}),),
+            "max_output_tokens": None,
+            "output_schema": {"type": "object"},
+        },
     ),
 ]
 

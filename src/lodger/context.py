@@ -413,23 +413,39 @@ class Projector:
         self._names: dict[str, str] = {}
         self._closed_calls: set[str] = set()
         self._stale = False
+        #: results written to the open output so far, and the open block ``project``
+        #: made last (the output's message and its results, and their characters): the
+        #: next output closes that same block, unless a result came since
+        self._result_writes = 0
+        self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
         for e in self._prefix:
             self._feed(e)
 
-    def _close_open(self) -> None:
-        if self._open is None:
-            return
-        body, results = self._open, self._open_results
+    def _open_block(self, body: ModelOutput) -> tuple[tuple[Message, ...], int]:
+        """The open output's messages (with the calls that have results) and their chars."""
+        made = self._block
+        if made is not None and made[0] is body and made[1] == self._result_writes:
+            return made[2], made[3]
+        results = self._open_results
         kept = tuple(c for c in body.calls if c.call_id in results)
-        self._outputs.append((len(self._closed), len(kept)))
-        block: list[Message] = [
+        block: tuple[Message, ...] = (
             _assistant(body, kept),
             *(results[c.call_id] for c in kept),
-        ]
+        )
+        chars = sum(_chars(m) for m in block)
+        self._block = (body, self._result_writes, block, chars)
+        return block, chars
+
+    def _close_open(self) -> None:
+        body = self._open
+        if body is None:
+            return
+        block, chars = self._open_block(body)
+        self._outputs.append((len(self._closed), len(block) - 1))
         self._closed.extend(block)
-        self._closed_chars += sum(_chars(m) for m in block)
+        self._closed_chars += chars
         self._closed_calls.update(c.call_id for c in body.calls)
-        self._open, self._open_results = None, {}
+        self._open, self._open_results, self._block = None, {}, None
 
     def _feed(self, e: Event) -> None:
         body = e.body
@@ -458,6 +474,7 @@ class Projector:
             if e.call_id in self._closed_calls:
                 self._stale = True
             self._open_results[e.call_id] = result
+            self._result_writes += 1
 
     def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
         events = self._events
@@ -471,20 +488,22 @@ class Projector:
             return project_messages(whole, budget_tokens=budget_tokens, keep_recent=keep_recent)
         closed = len(self._closed)
         chars = self._closed_chars
-        block: list[Message] = []
+        block: tuple[Message, ...] = ()
         if self._open is not None:
-            body, results = self._open, self._open_results
-            kept = tuple(c for c in body.calls if c.call_id in results)
-            block = [_assistant(body, kept), *(results[c.call_id] for c in kept)]
-            chars += sum(_chars(m) for m in block)
+            block, block_chars = self._open_block(self._open)
+            chars += block_chars
         estimate = estimate_tokens((), chars=chars) + 4 * (closed + len(block))
         if budget_tokens is None or estimate <= budget_tokens:
             # the common case: a view over the history, no copy of it
-            return Projection(
-                messages=MessageSnapshot(self._closed, closed, tuple(block)),
-                elided_call_ids=(),
-                estimated_tokens=estimate,
+            projection: Projection = record(
+                Projection,
+                {
+                    "messages": MessageSnapshot(self._closed, closed, block),
+                    "elided_call_ids": (),
+                    "estimated_tokens": estimate,
+                },
             )
+            return projection
         outputs = list(self._outputs)
         if self._open is not None:
             outputs.append((closed, len(block) - 1))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lodger._records import record
 from lodger.authority import Authorities
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
@@ -418,12 +419,17 @@ class Engine:
         system = self.registry.system_prompt(self.system)
         if self.output is not None:
             system = f"{system}\n\n{self.output.instructions()}"
-        return ModelRequest(
-            system=system,
-            messages=projection.messages,
-            tools=visible.schemas,
-            output_schema=self.output.schema if self.output is not None else None,
+        request: ModelRequest = record(
+            ModelRequest,
+            {
+                "system": system,
+                "messages": projection.messages,
+                "tools": visible.schemas,
+                "max_output_tokens": None,
+                "output_schema": self.output.schema if self.output is not None else None,
+            },
         )
+        return request
 
     async def _complete(
         self, journal: Journal, request: ModelRequest, env: Envelope

@@ -49,7 +49,10 @@ _SCALARS = (str, int, bool, type(None))
 def _all_exactly(items: object, cls: type) -> bool:
     if type(items) is not tuple:
         return False
-    return all(type(item) is cls for item in items)
+    for item in items:  # a loop, not all() over a generator: most tuples here hold 0-2
+        if type(item) is not cls:
+            return False
+    return True
 
 
 def proposed_call(*, call_id: str, name: str, arguments: str) -> ProposedCall:

@@ -192,3 +192,19 @@ def test_a_projection_view_reads_and_concatenates_like_the_tuple_it_replaced() -
     assert view + extra == (*base[:3], UserMessage(text="tail"), *extra)
     assert extra + view == (*extra, *base[:3], UserMessage(text="tail"))
     assert isinstance(view + extra, tuple)
+
+
+def test_every_intermediate_projection_equals_the_full_one() -> None:
+    """Projected after every event (a result arriving after the open output was
+    projected, outputs closing what was projected before): each step's projection, not
+    only the last, equals the full one, and so does the model request's message list."""
+    for budget in (None, 50, 600):
+        growing: list[Event] = []
+        projector = Projector(growing)
+        for event in EVENTS:
+            growing.append(event)
+            got = projector.project(budget_tokens=budget)
+            want = project_messages(growing, budget_tokens=budget)
+            assert got == want
+            assert list(got.messages) == list(want.messages)
+            assert got.estimated_tokens == want.estimated_tokens

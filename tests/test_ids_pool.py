@@ -54,3 +54,17 @@ def test_a_forked_child_draws_fresh_randomness() -> None:
     # the same clock and the same counter: only the random part may tell them apart
     assert child[:19] == parent[:19]
     assert child != parent
+
+
+def test_system_clock_ids_carry_the_current_millisecond() -> None:
+    """The default factory reads the system clock itself: its ids hold the time they
+    were made at, and a burst within a millisecond still counts up."""
+    import time
+
+    factory = Uuid7Factory()
+    before = time.time_ns() // 1_000_000
+    ids = [factory.new_id() for _ in range(300)]
+    after = time.time_ns() // 1_000_000
+    stamps = [uuid.UUID(value).int >> 80 for value in ids]
+    assert before <= stamps[0] <= stamps[-1] <= after + 1
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)

@@ -16,17 +16,32 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from lodger._records import record
 from lodger.errors import CorruptLogError
 from lodger.events import (
+    ArtifactStored,
     CallRejected,
+    ContextCompacted,
     Event,
     ModelOutput,
     OperatorDecision,
     OutputRejected,
+    PermissionDecided,
+    PermissionRequested,
     ProposedCall,
+    ProviderRetried,
+    RecoveryDecided,
     RecoveryObserved,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
     ToolResponded,
+    ToolsActivated,
+    TurnEnded,
     TurnStarted,
+    WorkspaceSnapshot,
 )
 from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
 
@@ -202,6 +217,20 @@ def estimate_tokens(messages: Sequence[Message], *, chars: int | None = None) ->
     return chars // 4 + 4 * len(messages)
 
 
+def _assistant(body: ModelOutput, calls: tuple[ProposedCall, ...]) -> AssistantMessage:
+    """The model's output as the model reads it back, with the calls that have results."""
+    message: AssistantMessage = record(
+        AssistantMessage,
+        {
+            "text": body.text,
+            "reasoning": body.reasoning,
+            "calls": calls,
+            "provider_state": body.provider_state,
+        },
+    )
+    return message
+
+
 def _result_of(e: Event, name: str) -> ToolResultMessage | None:
     """The model-visible result a committed event gives its call, if any."""
     assert e.call_id is not None
@@ -211,9 +240,16 @@ def _result_of(e: Event, name: str) -> ToolResultMessage | None:
             call_id=e.call_id, name=body.tool, content=body.message, is_error=True
         )
     if isinstance(body, ToolResponded):
-        return ToolResultMessage(
-            call_id=e.call_id, name=name, content=body.content, is_error=body.status != "ok"
+        message: ToolResultMessage = record(
+            ToolResultMessage,
+            {
+                "call_id": e.call_id,
+                "name": name,
+                "content": body.content,
+                "is_error": body.status != "ok",
+            },
         )
+        return message
     if isinstance(body, RecoveryObserved | OperatorDecision):
         outcome = _recovered_result(body)
         if outcome is not None:
@@ -332,6 +368,28 @@ def _elide(
     )
 
 
+#: body classes that give the model nothing to read (exact classes: a subclass goes
+#: through the checks of ``Projector._feed`` as before)
+_UNSEEN: frozenset[type] = frozenset(
+    {
+        SessionStarted,
+        RunStarted,
+        StepStarted,
+        ProviderRetried,
+        PermissionRequested,
+        PermissionDecided,
+        ToolDispatched,
+        ToolsActivated,
+        RecoveryDecided,
+        ArtifactStored,
+        WorkspaceSnapshot,
+        ContextCompacted,
+        RunEnded,
+        TurnEnded,
+    }
+)
+
+
 class Projector:
     """``project_messages`` computed incrementally as events are committed.
 
@@ -355,31 +413,44 @@ class Projector:
         self._names: dict[str, str] = {}
         self._closed_calls: set[str] = set()
         self._stale = False
+        #: results written to the open output so far, and the open block ``project``
+        #: made last (the output's message and its results, and their characters): the
+        #: next output closes that same block, unless a result came since
+        self._result_writes = 0
+        self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
         for e in self._prefix:
             self._feed(e)
 
-    def _close_open(self) -> None:
-        if self._open is None:
-            return
-        body, results = self._open, self._open_results
+    def _open_block(self, body: ModelOutput) -> tuple[tuple[Message, ...], int]:
+        """The open output's messages (with the calls that have results) and their chars."""
+        made = self._block
+        if made is not None and made[0] is body and made[1] == self._result_writes:
+            return made[2], made[3]
+        results = self._open_results
         kept = tuple(c for c in body.calls if c.call_id in results)
-        self._outputs.append((len(self._closed), len(kept)))
-        block: list[Message] = [
-            AssistantMessage(
-                text=body.text,
-                reasoning=body.reasoning,
-                calls=kept,
-                provider_state=body.provider_state,
-            ),
+        block: tuple[Message, ...] = (
+            _assistant(body, kept),
             *(results[c.call_id] for c in kept),
-        ]
+        )
+        chars = sum(_chars(m) for m in block)
+        self._block = (body, self._result_writes, block, chars)
+        return block, chars
+
+    def _close_open(self) -> None:
+        body = self._open
+        if body is None:
+            return
+        block, chars = self._open_block(body)
+        self._outputs.append((len(self._closed), len(block) - 1))
         self._closed.extend(block)
-        self._closed_chars += sum(_chars(m) for m in block)
+        self._closed_chars += chars
         self._closed_calls.update(c.call_id for c in body.calls)
-        self._open, self._open_results = None, {}
+        self._open, self._open_results, self._block = None, {}, None
 
     def _feed(self, e: Event) -> None:
         body = e.body
+        if type(body) in _UNSEEN:
+            return
         if isinstance(body, ModelOutput):
             for c in body.calls:
                 self._names[c.call_id] = c.name
@@ -403,6 +474,7 @@ class Projector:
             if e.call_id in self._closed_calls:
                 self._stale = True
             self._open_results[e.call_id] = result
+            self._result_writes += 1
 
     def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
         events = self._events
@@ -416,28 +488,22 @@ class Projector:
             return project_messages(whole, budget_tokens=budget_tokens, keep_recent=keep_recent)
         closed = len(self._closed)
         chars = self._closed_chars
-        block: list[Message] = []
+        block: tuple[Message, ...] = ()
         if self._open is not None:
-            body, results = self._open, self._open_results
-            kept = tuple(c for c in body.calls if c.call_id in results)
-            block = [
-                AssistantMessage(
-                    text=body.text,
-                    reasoning=body.reasoning,
-                    calls=kept,
-                    provider_state=body.provider_state,
-                ),
-                *(results[c.call_id] for c in kept),
-            ]
-            chars += sum(_chars(m) for m in block)
+            block, block_chars = self._open_block(self._open)
+            chars += block_chars
         estimate = estimate_tokens((), chars=chars) + 4 * (closed + len(block))
         if budget_tokens is None or estimate <= budget_tokens:
             # the common case: a view over the history, no copy of it
-            return Projection(
-                messages=MessageSnapshot(self._closed, closed, tuple(block)),
-                elided_call_ids=(),
-                estimated_tokens=estimate,
+            projection: Projection = record(
+                Projection,
+                {
+                    "messages": MessageSnapshot(self._closed, closed, block),
+                    "elided_call_ids": (),
+                    "estimated_tokens": estimate,
+                },
             )
+            return projection
         outputs = list(self._outputs)
         if self._open is not None:
             outputs.append((closed, len(block) - 1))

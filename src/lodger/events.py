@@ -587,6 +587,20 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
+#: one "fields set" per model class, shared by every instance ``_construct`` makes: they
+#: all have every field set, and a frozen model never adds to it (pydantic copies it
+#: before changing it in ``model_copy``). A set per instance was one more object per
+#: event that lives as long as the session, for the cycle collector to traverse.
+_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
+
+
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    found = _ALL_FIELDS.get(cls)
+    if found is None:
+        found = _ALL_FIELDS[cls] = set(cls.model_fields)
+    return found
+
+
 def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
     """A model from values that are already valid and complete (every field given).
 
@@ -595,10 +609,16 @@ def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
     """
     obj = _new_object(cls)
     _set_attribute(obj, "__dict__", fields)
-    _set_fields_set(obj, set(fields))
+    _set_fields_set(obj, _ALL_FIELDS.get(cls) or _all_fields(cls))
     _set_extra(obj, None)
     _set_private(obj, None)
     return obj
+
+
+def new_prefix(high_water: int, digest: str) -> Prefix:
+    """A ``Prefix`` from values the log computed itself (an offset and a digest it made),
+    without validating them again: every append makes one."""
+    return _construct(Prefix, {"high_water": high_water, "digest": digest})
 
 
 def new_draft(

@@ -87,7 +87,19 @@ def _forked() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
-_POOL_BYTES = 8 * 128
+_POOL_IDS = 128
+#: the 12-bit counter as its three hex digits
+_COUNTER_TEXT = [f"{n:03x}" for n in range(1 << 12)]
+
+
+def _random_tails(count: int) -> list[str]:
+    """``count`` id tails ``-vxxx-xxxxxxxxxxxx`` (16 random hex digits, the first kept
+    to its 2 low bits under the variant 0b10), from one ``getrandom``."""
+    hx = os.urandom(8 * count).hex()
+    return [
+        f"-{_VARIANT_DIGIT[hx[at]]}{hx[at + 1 : at + 4]}-{hx[at + 4 : at + 16]}"
+        for at in range(0, 16 * count, 16)
+    ]
 
 
 class Uuid7Factory:
@@ -98,48 +110,42 @@ class Uuid7Factory:
 
     The layout of ``uuid7`` (48-bit ms, version 7, the 12-bit counter as ``rand_a``,
     variant 0b10, 62 random bits), formatted directly: the time part's text is made once
-    per millisecond, and the random digits come from the OS in blocks of 128 ids (one
-    ``getrandom`` per id cost a fifth of an id), refilled after a fork.
+    per millisecond, and the random tails are made in blocks of 128 ids from one
+    ``getrandom`` (one per id cost a fifth of an id), drawn again after a fork.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
+        # the system clock read directly (a method call less per id)
+        self._time_ns = time.time_ns if type(self._clock) is SystemClock else None
         self._lock = threading.Lock()
         self._last_ms = -1
         self._counter = 0
-        self._prefix_ms = -1
         self._prefix = ""
-        self._hex = ""
-        self._at = 0
+        self._tails: list[str] = []
         self._generation = _fork_generation
 
     def new_id(self) -> str:
         with self._lock:
-            ms = self._clock.now_us() // 1000
-            if ms <= self._last_ms:
-                ms = self._last_ms
-                self._counter += 1
-                if self._counter >= 1 << 12:
-                    ms += 1
-                    self._counter = 0
-            else:
-                self._counter = 0
-            self._last_ms = ms
-            counter = self._counter
-            if ms != self._prefix_ms:
+            time_ns = self._time_ns
+            ms = time_ns() // 1_000_000 if time_ns is not None else self._clock.now_us() // 1000
+            if ms > self._last_ms:
+                self._last_ms, counter = ms, 0
                 h = f"{ms & _MS_MASK:012x}"
                 self._prefix = f"{h[:8]}-{h[8:]}-7"
-                self._prefix_ms = ms
-            prefix = self._prefix
-            at = self._at
-            if at >= len(self._hex) or self._generation != _fork_generation:
-                self._hex, at = os.urandom(_POOL_BYTES).hex(), 0
+            else:
+                counter = self._counter + 1
+                if counter >= 1 << 12:
+                    self._last_ms += 1
+                    counter = 0
+                    h = f"{self._last_ms & _MS_MASK:012x}"
+                    self._prefix = f"{h[:8]}-{h[8:]}-7"
+            self._counter = counter
+            tails = self._tails
+            if not tails or self._generation != _fork_generation:
+                tails = self._tails = _random_tails(_POOL_IDS)
                 self._generation = _fork_generation
-            self._at = at + 16
-            hx = self._hex
-        # 16 random hex digits: the first keeps its 2 low bits under the variant 0b10
-        variant = _VARIANT_DIGIT[hx[at]]
-        return f"{prefix}{counter:03x}-{variant}{hx[at + 1 : at + 4]}-{hx[at + 4 : at + 16]}"
+            return self._prefix + _COUNTER_TEXT[counter] + tails.pop()
 
 
 class SequentialIds:

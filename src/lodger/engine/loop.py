@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lodger._records import record
 from lodger.authority import Authorities
+from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
@@ -41,7 +43,6 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
-    StepStarted,
     ToolRef,
     TurnEnded,
     TurnStarted,
@@ -277,7 +278,7 @@ class Engine:
                 env = run_env.at_step(step_id)
                 journal.defer(
                     journal.draft(
-                        StepStarted(index=steps_done, model=self.model.spec, tools=visible.refs),
+                        step_started(index=steps_done, model=self.model.spec, tools=visible.refs),
                         env,
                     )
                 )
@@ -288,7 +289,7 @@ class Engine:
                 # first T1 or rejection) or with the end of the turn, saving one sync.
                 journal.defer(
                     journal.draft(
-                        ModelOutput(
+                        model_output(
                             text=response.text,
                             reasoning=response.reasoning,
                             calls=calls,
@@ -418,12 +419,17 @@ class Engine:
         system = self.registry.system_prompt(self.system)
         if self.output is not None:
             system = f"{system}\n\n{self.output.instructions()}"
-        return ModelRequest(
-            system=system,
-            messages=projection.messages,
-            tools=visible.schemas,
-            output_schema=self.output.schema if self.output is not None else None,
+        request: ModelRequest = record(
+            ModelRequest,
+            {
+                "system": system,
+                "messages": projection.messages,
+                "tools": visible.schemas,
+                "max_output_tokens": None,
+                "output_schema": self.output.schema if self.output is not None else None,
+            },
         )
+        return request
 
     async def _complete(
         self, journal: Journal, request: ModelRequest, env: Envelope
@@ -505,7 +511,7 @@ class _CallIds:
         here: set[str] = set()
         for call in calls:
             if not call.call_id or call.call_id in self._taken or call.call_id in here:
-                call = ProposedCall(
+                call = proposed_call(
                     call_id=f"call-{ids.new_id()}", name=call.name, arguments=call.arguments
                 )
             here.add(call.call_id)

@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lodger._records import record
 from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
+from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
 from lodger.engine.checks import Rejection, check_call, schema_problems
 from lodger.engine.context import Envelope, RunContext
@@ -289,19 +291,25 @@ class CallPipeline:
         self, call_id: str, parent_call_id: str | None, step: _CallStep | None
     ) -> ToolContext:
         ctx = self.ctx
-        return ToolContext(
-            session_id=ctx.session_id,
-            turn_id=ctx.turn_id,
-            run_id=ctx.run_id,
-            call_id=call_id,
-            operation_id=ctx.ids.new_id(),
-            workspace=ctx.workspace,
-            hidden=ctx.hidden,
-            parent_call_id=parent_call_id,
-            step=step,
-            nested=None if step is None else _CellCalls(step.scope, call_id, self),
-            deps=self.deps,
+        # every field, in declaration order (see lodger._records)
+        tool_context: ToolContext = record(
+            ToolContext,
+            {
+                "session_id": ctx.session_id,
+                "turn_id": ctx.turn_id,
+                "run_id": ctx.run_id,
+                "call_id": call_id,
+                "operation_id": ctx.ids.new_id(),
+                "workspace": ctx.workspace,
+                "parent_call_id": parent_call_id,
+                "hidden": ctx.hidden,
+                "step": step,
+                "nested": None if step is None else _CellCalls(step.scope, call_id, self),
+                "extras": {},
+                "deps": self.deps,
+            },
         )
+        return tool_context
 
     async def _prepare(
         self, call: ProposedCall, scope: StepScope, env: Envelope
@@ -537,7 +545,7 @@ class CallPipeline:
         """T1, execute, T2. From T1 on the call is never abandoned."""
         journal = self.ctx.journal
         t1 = journal.draft(
-            ToolDispatched(
+            tool_dispatched(
                 operation_id=tctx.operation_id,
                 tool=t.name,
                 arguments=arguments,
@@ -602,7 +610,7 @@ class CallPipeline:
         bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
         await journal.fact(
-            ToolResponded(
+            tool_responded(
                 operation_id=tctx.operation_id,
                 status=status,
                 content=bounded.content,
@@ -613,13 +621,19 @@ class CallPipeline:
         )
         if cancelled:
             raise asyncio.CancelledError
-        return CallOutcome(
-            call_id=tctx.call_id,
-            name=t.name,
-            status=status,
-            content=bounded.content,
-            dispatched=True,
+        outcome: CallOutcome = record(
+            CallOutcome,
+            {
+                "call_id": tctx.call_id,
+                "name": t.name,
+                "status": status,
+                "content": bounded.content,
+                "dispatched": True,
+                "suspended": False,
+                "awaiting_approval": False,
+            },
         )
+        return outcome
 
     def _owner(self, call_id: str) -> str:
         # Authorities may be shared by sessions; call ids are only unique in one session.

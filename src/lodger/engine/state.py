@@ -25,24 +25,53 @@ from lodger.engine.history import History
 from lodger.events import (
     ALWAYS_REASON,
     EMPTY_PREFIX,
+    ArtifactStored,
+    CallRejected,
     ContextCompacted,
     Event,
     ForkParent,
     ModelOutput,
+    OperatorDecision,
+    OutputRejected,
     PermissionDecided,
+    PermissionRequested,
     Prefix,
+    ProviderRetried,
+    RecoveryDecided,
+    RecoveryObserved,
     RunEnded,
     RunStarted,
     SessionStarted,
     StepStarted,
+    ToolDispatched,
+    ToolResponded,
     ToolsActivated,
     TurnEnded,
     TurnStarted,
+    WorkspaceSnapshot,
 )
 from lodger.recovery.classify import CallClassifier, CallState
 from lodger.recovery.plan import RecoveryPlan, plan_calls
 
 __all__ = ["SessionState"]
+
+#: body classes only the call states fold (exact classes: anything else, a subclass
+#: included, goes through the checks below as before)
+_CALLS_ONLY: frozenset[type] = frozenset(
+    {
+        ToolDispatched,
+        ToolResponded,
+        CallRejected,
+        PermissionRequested,
+        ProviderRetried,
+        RecoveryObserved,
+        RecoveryDecided,
+        OperatorDecision,
+        ArtifactStored,
+        WorkspaceSnapshot,
+        OutputRejected,
+    }
+)
 
 
 class SessionState:
@@ -114,7 +143,9 @@ class SessionState:
         """Fold newly committed events, in offset order."""
         # Folding a long log builds a call state per call while every event stays alive:
         # automatic cycle collections would rescan that growing heap again and again.
-        with cycle_collector_paused(len(events) if isinstance(events, Sized) else 0):
+        # (a list first: an ABC check costs more than the rest of this for one append)
+        count = len(events) if type(events) is list or isinstance(events, Sized) else 0
+        with cycle_collector_paused(count):
             self._feed(events)
 
     def _feed(self, events: Iterable[Event]) -> None:
@@ -127,6 +158,8 @@ class SessionState:
             self.events.append(e)
             self._calls.feed(e)  # fails closed on an inconsistent log, naming the offset
             body = e.body
+            if type(body) in _CALLS_ONLY:  # most of a call's events: nothing more here
+                continue
             if isinstance(body, ModelOutput):
                 self.call_ids.update(c.call_id for c in body.calls)
             elif isinstance(body, TurnStarted):

@@ -30,18 +30,30 @@ from typing import Literal
 
 from lodger.errors import CorruptLogError
 from lodger.events import (
+    ArtifactStored,
     CallRejected,
+    ContextCompacted,
     Event,
     ModelOutput,
     OperatorDecision,
     Origin,
+    OutputRejected,
     PermissionDecided,
+    PermissionRequested,
     Prefix,
+    ProviderRetried,
     RecoveryDecided,
     RecoveryObserved,
+    RunEnded,
     RunStarted,
+    SessionStarted,
+    StepStarted,
     ToolDispatched,
     ToolResponded,
+    ToolsActivated,
+    TurnEnded,
+    TurnStarted,
+    WorkspaceSnapshot,
 )
 
 __all__ = [
@@ -51,6 +63,25 @@ __all__ = [
     "OperationRecord",
     "classify_calls",
 ]
+
+#: body classes that say nothing about a call's state (exact classes: a subclass goes
+#: through the checks of ``CallClassifier.feed`` as before)
+_NO_CALL_STATE: frozenset[type] = frozenset(
+    {
+        SessionStarted,
+        TurnStarted,
+        StepStarted,
+        ProviderRetried,
+        PermissionRequested,
+        ToolsActivated,
+        ArtifactStored,
+        WorkspaceSnapshot,
+        ContextCompacted,
+        OutputRejected,
+        RunEnded,
+        TurnEnded,
+    }
+)
 
 CallStatus = Literal[
     "not_dispatched",
@@ -185,8 +216,10 @@ class CallClassifier:
         self.dispatched_tools = dispatched_tools
 
     def feed(self, e: Event) -> None:
-        calls, operations = self.calls, self._operations
         body = e.body
+        if type(body) in _NO_CALL_STATE:
+            return
+        calls, operations = self.calls, self._operations
         if isinstance(body, ModelOutput):
             for call in body.calls:
                 if call.call_id in calls:

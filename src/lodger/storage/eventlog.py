@@ -33,6 +33,7 @@ from lodger.events import (
     claimed_chain,
     decode_event,
     keyed_chain_digest,
+    new_prefix,
     seal,
 )
 from lodger.storage.checkpoints import CheckpointStore, NoCheckpoints
@@ -648,7 +649,7 @@ class SessionWriter:
         await self._log.store.append_records(
             session_id=self.session_id, records=records, expected_offset=expected_offset
         )
-        self._head = Prefix(high_water=expected_offset + len(drafts), digest=prev)
+        self._head = new_prefix(expected_offset + len(drafts), prev)
         if expected_offset == 0:
             self._log._chains[self.session_id] = chain
         return events

@@ -270,12 +270,16 @@ def _build(
     doc = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
     is_async = inspect.iscoroutinefunction(fn)
 
+    plain = _plain_fields(fields)
+
     async def handler(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        try:
-            parsed = model.model_validate(arguments)
-        except ValidationError as exc:
-            raise ToolCallError(_pydantic_message(tool_name, exc)) from None
-        kwargs = {key: getattr(parsed, key) for key in fields}
+        kwargs = _plain_kwargs(plain, arguments) if plain is not None else None
+        if kwargs is None:
+            try:
+                parsed = model.model_validate(arguments)
+            except ValidationError as exc:
+                raise ToolCallError(_pydantic_message(tool_name, exc)) from None
+            kwargs = {key: getattr(parsed, key) for key in fields}
         if context_param is not None:
             kwargs[context_param] = ctx
         try:
@@ -291,6 +295,47 @@ def _build(
         return _visible_result(value)
 
     return Tool(name=tool_name, description=doc, parameters=schema, handler=handler, **options)
+
+
+#: annotations whose values pydantic hands over unchanged when they have exactly the type
+_PLAIN_TYPES = (str, int, bool)
+_REQUIRED: Any = object()
+
+
+def _plain_fields(fields: dict[str, Any]) -> tuple[tuple[str, type, Any], ...] | None:
+    """Each argument's name, type and default (``_REQUIRED``) when every one is annotated
+    as plain ``str``, ``int`` or ``bool``; None otherwise."""
+    plain: list[tuple[str, type, Any]] = []
+    for key, (annotation, default) in fields.items():
+        if annotation not in _PLAIN_TYPES:
+            return None
+        plain.append((key, annotation, _REQUIRED if default is ... else default))
+    return tuple(plain)
+
+
+def _plain_kwargs(
+    plain: tuple[tuple[str, type, Any], ...], arguments: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The keyword arguments the tool's model would give for ``arguments`` when each
+    value has exactly its field's type (pydantic returns such a value as it is) and no
+    key is unknown; None for anything else, which the model then validates (and
+    converts, or refuses with its own message)."""
+    if type(arguments) is not dict or len(arguments) > len(plain):
+        return None
+    kwargs: dict[str, Any] = {}
+    found = 0
+    for key, kind, default in plain:
+        if key in arguments:
+            value = arguments[key]
+            if type(value) is not kind:
+                return None
+            kwargs[key] = value
+            found += 1
+        elif default is _REQUIRED:
+            return None
+        else:
+            kwargs[key] = default
+    return kwargs if found == len(arguments) else None
 
 
 class WorkerAbandoned(Exception):

@@ -49,7 +49,7 @@ _SCALARS = (str, int, bool, type(None))
 def _all_exactly(items: object, cls: type) -> bool:
     if type(items) is not tuple:
         return False
-    for item in items:  # a loop, not all() over a generator: most tuples here hold 0-2
+    for item in items:  # noqa: SIM110 (a loop, not all() over a generator: most hold 0-2)
         if type(item) is not cls:
             return False
     return True

@@ -248,6 +248,16 @@ def session_argument(fn: F) -> F:
     return click.argument("session_id", metavar="SESSION", required=False)(with_last)  # type: ignore[return-value]
 
 
+async def _names_a_session(log: EventLog, value: str) -> bool:
+    """Whether ``value`` is the id of a session with a stored event (one indexed lookup)."""
+    if not log_exists(log):
+        return False
+    try:
+        return await log.exists(value)
+    except UsageError:  # not a valid id: the listing decides, as for any other value
+        return False
+
+
 def resolve_session(state: str, value: str | None, *, last: bool = False) -> str:
     """The full session id ``value`` names (itself, or the one id it is a prefix of), or
     the latest session with ``last``. An id no session has is returned as it is: the
@@ -260,6 +270,8 @@ def resolve_session(state: str, value: str | None, *, last: bool = False) -> str
         )
 
     async def work(log: EventLog) -> str:
+        if not last and value is not None and await _names_a_session(log, value):
+            return value  # the full id: listing every session (a scan) would say the same
         sessions = await log.list_sessions() if log_exists(log) else []
         if last:
             if not sessions:

@@ -5,7 +5,8 @@ and steps whose model outputs propose calls, T1/T2 pairs, rejections and permiss
 dialogues, the shapes of ``bench/cli_scale.py``) whose LAST turn is interrupted between
 T1 and T2 of an idempotent ``read_file`` call, so resume does real work: it re-dispatches
 the call under a linked T1, records T2, asks the scripted model for its next step and ends
-the turn. Every resume runs on a fresh copy of the state directory, as a subprocess
+the turn. Every resume runs on a fresh copy of the state directory (written back to disk
+before the command starts), as a subprocess
 (``python -m lodger resume SESSION --model script:FILE --workspace DIR --state STATE``).
 
 Baselines measured in the same run:
@@ -383,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                     state = workdir / "run"
                     shutil.rmtree(state, ignore_errors=True)
                     shutil.copytree(golden_ckpt if name.endswith("_ckpt") else golden, state)
+                    # the copy's 200 MB of dirty pages are written back now, not by the
+                    # command's first fdatasync of the database (its WAL checkpoint at close
+                    # paid ~75 ms for the copy): a real session's file is not a fresh copy
+                    os.sync()
                     full = cli_args if name == "startup" else [*cli_args, "--state", str(state)]
                     elapsed, code, err = run_cli(full, run_env)
                     if code != 0 or (name.startswith("resume") and not resumed_ok(state)):

@@ -378,16 +378,6 @@ def _bind(parsed: _Parsed, verified: VerifiedRecords) -> SessionState | str:
         return f"unreadable ({type(exc).__name__})"
 
 
-async def _parse_for(log: EventLog, session_id: str, data: bytes) -> _Parsed | str:
-    """``_parse`` under the session's chain, or why not; a chain that cannot be known is
-    the verified read's to report (it reads the same first record and fails the open)."""
-    try:
-        chain = await log.chain(session_id)
-    except LodgerError:
-        return "no chain"
-    return await asyncio.to_thread(_parse, data, chain)
-
-
 def decode_or_why(data: bytes, verified: VerifiedRecords) -> SessionState | str:
     """The fold ``data`` holds for the session ``verified`` (a verified read of it), with
     no event after the checkpoint's offset folded yet; or why it was ignored."""
@@ -435,19 +425,8 @@ async def open_fold(log: EventLog, session_id: str) -> SessionState:
     if data is None:  # no checkpoint: one pass that chains and decodes, as a full read does
         events: Sequence[Event] = await log.read_all(session_id)
     else:
-        # the seal and the JSON of the fold are checked while the verified read runs (the
-        # read waits on SQLite, which lets go of the GIL); binding waits for both
-        parsing = asyncio.create_task(_parse_for(log, session_id, data))
-        try:
-            verified = await log.read_verified(session_id)
-        except BaseException:  # the read's own error, as is (a TaskGroup would wrap it)
-            parsing.cancel()
-            await asyncio.gather(parsing, return_exceptions=True)
-            raise
-        parsed = await parsing
-        state = (
-            parsed if isinstance(parsed, str) else await asyncio.to_thread(_bind, parsed, verified)
-        )
+        verified = await log.read_verified(session_id)
+        state = await asyncio.to_thread(decode_or_why, data, verified)
         if not isinstance(state, str):
             n = len(state.events)
             if n < len(verified):

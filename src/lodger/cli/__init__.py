@@ -135,6 +135,11 @@ class LodgerGroup(click.Group):
             if args is None:  # the process's own command line, not a test's runner
                 _leave_without_teardown(done.code)
             raise
+        finally:
+            if args is not None:  # a runner calls again: free what the command kept
+                common = sys.modules.get("lodger.cli._common")
+                if common is not None:
+                    common._RETAINED.clear()
 
     def invoke(self, ctx: click.Context) -> Any:
         wants_json = "--json" in ctx.args  # known before parsing, for usage errors too

@@ -41,7 +41,7 @@ from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
-from lodger.subagents import SubagentPolicy, delegate_tool
+from lodger.subagents.policy import SubagentPolicy
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -152,6 +152,8 @@ class Agent:
         # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
         self.subagents = subagents
         if subagents is not None:
+            from lodger.subagents.tool import delegate_tool  # loads the engine it drives
+
             self.registry.bind(delegate_tool(self, subagents))
         authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None

@@ -34,7 +34,6 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.subagents import ChildOutcome, SubagentPolicy
-from lodger.subagents.tool import drive_detached_child
 from lodger.tools.mcp import McpServerConfig, McpServers
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -212,6 +211,8 @@ class Sessions:
         """Run (or resume) the one turn of a child session handed off to a worker
         (``lodger.subagents.detached``); None when it is not a subagent or the binding
         has no subagent policy."""
+        from lodger.subagents.tool import drive_detached_child  # only a worker delegates
+
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await drive_detached_child(agent, session_id)

@@ -112,3 +112,29 @@ def test_resume_needs_the_same_tools(interrupted: Path) -> None:
     code, _, err = cli("resume", "s1", "--state", str(interrupted / "state"))
     assert code == 3
     assert "not bound now: charge" in err
+
+
+def test_a_runner_keeps_nothing_a_command_retained(
+    interrupted: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recover`` and ``resume`` keep their opened sessions until the process leaves
+    (``retain_until_exit``: os._exit frees nothing); a caller that runs commands in its
+    own process (a test runner, an embedding) gets them freed when each returns."""
+    import lodger.cli._recover as recover_module
+    from lodger.cli import _common
+
+    state = str(interrupted / "state")
+    seen: list[int] = []
+    keep = _common.retain_until_exit
+
+    def spy(value: object) -> None:
+        keep(value)
+        seen.append(len(_common._RETAINED))
+
+    monkeypatch.setattr(recover_module, "retain_until_exit", spy)
+    code, out, _ = cli("recover", "s1", "--state", state)
+    assert code == 0 and "call-0-1" in out
+    code, _, err = cli("resume", "s1", "--state", state)  # refused: no charge tool
+    assert code != 0, err
+    assert seen == [1, 1], seen  # each command kept its own, and it was freed after
+    assert _common._RETAINED == []

@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import os
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -86,10 +87,16 @@ def _leave_without_teardown(code: object) -> None:
     aborts (SIGABRT, exit 134) after the command's work was done and its output printed:
     measured 4-6 processes in 40 that appended to an S3 store and returned. So once a
     command is done, the exit handlers run (they flush telemetry and logs) and the process
-    leaves with ``os._exit``: 0 aborts in 60. Processes that never loaded obstore exit as
-    usual.
+    leaves with ``os._exit``: 0 aborts in 60.
+
+    The same exit serves every command when no thread is left that an ordinary exit
+    would wait for (only daemon threads remain): the teardown it skips frees, one by one,
+    every object a long session's open left behind (measured: 50 ms after `lodger resume`
+    of 100k events, with nothing left to write: the log is closed, the exit handlers run,
+    stdout and stderr are flushed). A command that left a non-daemon thread exits as usual.
     """
-    if "obstore" not in sys.modules:
+    waits = any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate())
+    if "obstore" not in sys.modules and waits:
         return
     if code is None:
         status = 0
@@ -128,6 +135,11 @@ class LodgerGroup(click.Group):
             if args is None:  # the process's own command line, not a test's runner
                 _leave_without_teardown(done.code)
             raise
+        finally:
+            if args is not None:  # a runner calls again: free what the command kept
+                common = sys.modules.get("lodger.cli._common")
+                if common is not None:
+                    common._RETAINED.clear()
 
     def invoke(self, ctx: click.Context) -> Any:
         wants_json = "--json" in ctx.args  # known before parsing, for usage errors too

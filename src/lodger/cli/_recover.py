@@ -17,6 +17,7 @@ from lodger.cli._common import (
     json_option,
     make_console,
     require_log,
+    retain_until_exit,
     run_with_log,
     session_argument,
     state_option,
@@ -136,6 +137,7 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
         require_log(log, state, session_id)
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
         folded = await sessions.state(session_id)
+        retain_until_exit(sessions)
         return folded.plan(), await sessions.workspace(folded)
 
     plan, workspace = run_with_log(state, work)
@@ -251,6 +253,7 @@ def resume(
 
     async def work() -> TurnResult:
         async with Sessions.local(state) as sessions:
+            retain_until_exit(sessions)
             # The log is read and verified once: the defaults' fold is what resume uses.
             recorded = None if model_spec and workspace else await sessions.defaults(session_id)
             spec = model_spec or (recorded.model if recorded else None)

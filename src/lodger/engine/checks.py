@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from typing import TYPE_CHECKING, Any
 
 from lodger.engine.fastschema import quick_check
 from lodger.events import ProposedCall, RejectionReason, canonical_json
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 __all__ = ["MAX_ARGUMENT_DEPTH", "Rejection", "check_call", "decode_arguments", "schema_problems"]
 
@@ -140,15 +140,20 @@ def decode_arguments(name: str, text: str) -> dict[str, Any]:
 
 def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
     """Up to five schema violations, each with the path it happened at."""
+    quick = quick_check(t.parameters_json)
+    if quick is not None and quick(arguments):
+        # a valid schema, surely valid arguments (see ``fastschema``): neither the
+        # metaschema check nor the full walk would find anything (and jsonschema, 30 ms
+        # of imports, stays unloaded)
+        return []
+    from jsonschema.exceptions import SchemaError
+
     try:
         validator = _compiled_validator(t.parameters_json)
     except SchemaError as exc:
         return [f"the tool's own schema is invalid ({exc.message}); report this"]
     except (ValueError, TypeError) as exc:
         return [f"the tool's own schema cannot be used ({exc}); report this"]
-    quick = quick_check(t.parameters_json)
-    if quick is not None and quick(arguments):
-        return []  # surely valid (see ``fastschema``): the full walk would find nothing
     problems = []
     try:
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))[:5]
@@ -164,6 +169,8 @@ def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
 def _compiled_validator(schema_json: str) -> Draft202012Validator:
     """One checked validator per distinct schema, shared by every run of the process
     (checking and compiling a schema costs more than many validations)."""
+    from jsonschema import Draft202012Validator
+
     schema = json.loads(schema_json)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)

@@ -12,12 +12,16 @@ only by explicit policy). All implement ``Sandbox`` and run the same escape test
 
 from __future__ import annotations
 
-from lodger.sandbox.bubblewrap import BubblewrapSandbox
-from lodger.sandbox.egress import EgressProxy
-from lodger.sandbox.host import HostSandbox
-from lodger.sandbox.interface import Connection, LimitName, Sandbox, SandboxResult
-from lodger.sandbox.policy import Limits, NetworkPolicy, SandboxPolicy, policy_from_config
-from lodger.sandbox.runsc import RunscSandbox
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from lodger.sandbox.bubblewrap import BubblewrapSandbox
+    from lodger.sandbox.egress import EgressProxy
+    from lodger.sandbox.host import HostSandbox
+    from lodger.sandbox.interface import Connection, LimitName, Sandbox, SandboxResult
+    from lodger.sandbox.policy import Limits, NetworkPolicy, SandboxPolicy, policy_from_config
+    from lodger.sandbox.runsc import RunscSandbox
 
 __all__ = [
     "BubblewrapSandbox",
@@ -36,10 +40,47 @@ __all__ = [
 ]
 
 
+#: where each name lives, imported on first use: a process that only reads a policy (every
+#: tool list does) loads no backend, no process runner, no egress proxy
+_EXPORTS: dict[str, str] = {
+    "BubblewrapSandbox": "lodger.sandbox.bubblewrap",
+    "Connection": "lodger.sandbox.interface",
+    "EgressProxy": "lodger.sandbox.egress",
+    "HostSandbox": "lodger.sandbox.host",
+    "LimitName": "lodger.sandbox.interface",
+    "Limits": "lodger.sandbox.policy",
+    "NetworkPolicy": "lodger.sandbox.policy",
+    "RunscSandbox": "lodger.sandbox.runsc",
+    "Sandbox": "lodger.sandbox.interface",
+    "SandboxPolicy": "lodger.sandbox.policy",
+    "SandboxResult": "lodger.sandbox.interface",
+    "policy_from_config": "lodger.sandbox.policy",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lodger.sandbox' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def sandbox_for(policy: SandboxPolicy) -> Sandbox:
     """The backend ``policy`` names."""
     if policy.backend == "bubblewrap":
+        from lodger.sandbox.bubblewrap import BubblewrapSandbox
+
         return BubblewrapSandbox()
     if policy.backend == "runsc":
+        from lodger.sandbox.runsc import RunscSandbox
+
         return RunscSandbox()
+    from lodger.sandbox.host import HostSandbox
+
     return HostSandbox()

@@ -6,17 +6,21 @@ and a depth limit, with the parent's authorities and approver; its answer is the
 result. See ``lodger.subagents.tool`` for the path of one delegation and its recovery.
 """
 
-from lodger.subagents.family import FamilyNode, family_tree
-from lodger.subagents.link import (
-    ChildOutcome,
-    SubagentLink,
-    child_outcome,
-    child_session_id,
-    current_subagent,
-    link_of,
-)
-from lodger.subagents.policy import Budget, SubagentPolicy, TreeBudget
-from lodger.subagents.tool import Delegation, delegate_tool
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from lodger.subagents.family import FamilyNode, family_tree
+    from lodger.subagents.link import (
+        ChildOutcome,
+        SubagentLink,
+        child_outcome,
+        child_session_id,
+        current_subagent,
+        link_of,
+    )
+    from lodger.subagents.policy import Budget, SubagentPolicy, TreeBudget
+    from lodger.subagents.tool import Delegation, delegate_tool
 
 __all__ = [
     "Budget",
@@ -33,3 +37,34 @@ __all__ = [
     "family_tree",
     "link_of",
 ]
+
+#: where each name lives, imported on first use: the delegation tool (and the engine it
+#: drives) loads only in a process that delegates
+_EXPORTS: dict[str, str] = {
+    "Budget": "lodger.subagents.policy",
+    "ChildOutcome": "lodger.subagents.link",
+    "Delegation": "lodger.subagents.tool",
+    "FamilyNode": "lodger.subagents.family",
+    "SubagentLink": "lodger.subagents.link",
+    "SubagentPolicy": "lodger.subagents.policy",
+    "TreeBudget": "lodger.subagents.policy",
+    "child_outcome": "lodger.subagents.link",
+    "child_session_id": "lodger.subagents.link",
+    "current_subagent": "lodger.subagents.link",
+    "delegate_tool": "lodger.subagents.tool",
+    "family_tree": "lodger.subagents.family",
+    "link_of": "lodger.subagents.link",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lodger.subagents' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
+import io
 import os
 import sys
 import threading
@@ -93,10 +95,15 @@ def _leave_without_teardown(code: object) -> None:
     would wait for (only daemon threads remain): the teardown it skips frees, one by one,
     every object a long session's open left behind (measured: 50 ms after `lodger resume`
     of 100k events, with nothing left to write: the log is closed, the exit handlers run,
-    stdout and stderr are flushed). A command that left a non-daemon thread exits as usual.
+    stdout and stderr are flushed). A command that left a non-daemon thread exits as usual,
+    and so does one that ran a user's tools file (``--tools``): the teardown flushes and
+    closes what that code may have left open (a module-level log file, say), which
+    ``os._exit`` would drop.
     """
     waits = any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate())
-    if "obstore" not in sys.modules and waits:
+    run = sys.modules.get("lodger.cli._run")
+    user_code = run is not None and getattr(run, "user_code_loaded", False)
+    if "obstore" not in sys.modules and (waits or user_code):
         return
     if code is None:
         status = 0
@@ -106,10 +113,21 @@ def _leave_without_teardown(code: object) -> None:
         print(code, file=sys.stderr)
         status = 1
     atexit._run_exitfuncs()  # the handlers an ordinary exit would run
+    if user_code:  # here only with obstore loaded: flush what the teardown would have
+        _flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(status)
+
+
+def _flush_open_files() -> None:
+    """Flush every file object still open (what a user's code left buffered), as the
+    teardown ``os._exit`` skips would have."""
+    for obj in gc.get_objects():
+        if isinstance(obj, io.BufferedIOBase | io.TextIOBase):
+            with contextlib.suppress(Exception):  # closed, detached, a broken pipe ...
+                obj.flush()
 
 
 class LodgerGroup(click.Group):

@@ -57,8 +57,14 @@ __all__ = ["COMMANDS", "demo", "run"]
 MODEL_ENVVAR = "LODGER_MODEL"
 
 
+#: whether this process ran a user's tools file: then it leaves with the interpreter's
+#: own teardown, which flushes what that code left open (``cli._leave_without_teardown``)
+user_code_loaded = False
+
+
 def load_tools_file(path: str) -> list[Tool]:
     """Every ``Tool`` defined at module level in a Python file (``--tools FILE.py``)."""
+    global user_code_loaded
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"tools file {path} does not exist", hint="pass a .py file")
@@ -66,6 +72,7 @@ def load_tools_file(path: str) -> list[Tool]:
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import tools file {path}", hint="pass a .py file")
     module = importlib.util.module_from_spec(spec)
+    user_code_loaded = True
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # user code: report it as one clear line

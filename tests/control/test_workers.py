@@ -162,13 +162,6 @@ def test_sigterm_hands_the_turn_back_within_the_grace_period(tmp_path: Path) -> 
 def test_a_wake_that_keeps_failing_is_dropped_and_indexed(tmp_path: Path) -> None:
     dsn = str(tmp_path / "control.sqlite3")
     workers = Workers(tmp_path, f"file://{tmp_path / 'objects'}", dsn, _script(tmp_path, []))
-    try:
-        workers.start("--max-attempts", "2", model=False)  # a new session needs a model
-        assert workers.send("s1", "hello").returncode == 0
-        wait_for("the wake dropped", lambda: _status(dsn, "s1") == "error:worker_model")
-    finally:
-        workers.stop_all()
-    assert not workers.has_session("s1")  # nothing was written to the store
 
     async def pending() -> int:
         control = open_control(dsn)
@@ -178,4 +171,14 @@ def test_a_wake_that_keeps_failing_is_dropped_and_indexed(tmp_path: Path) -> Non
         finally:
             await control.close()
 
-    assert asyncio.run(pending()) == 0
+    try:
+        workers.start("--max-attempts", "2", model=False)  # a new session needs a model
+        assert workers.send("s1", "hello").returncode == 0
+        wait_for("the session indexed", lambda: _status(dsn, "s1") == "error:worker_model")
+        # the index is written just before the wake is finished: wait for both (a wake
+        # that is handed back instead stays pending, and this times out)
+        wait_for("the wake dropped", lambda: asyncio.run(pending()) == 0)
+    finally:
+        workers.stop_all()
+    assert not workers.has_session("s1")  # nothing was written to the store
+    assert _status(dsn, "s1") == "error:worker_model"

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from lodger._bulk import cycle_collector_paused
 from lodger._records import record
 from lodger.errors import CorruptLogError
 from lodger.events import (
@@ -480,8 +481,11 @@ class Projector:
         events = self._events
         if len(events) < self._seen:
             raise ValueError("the projected event list shrank; a log never loses events")
-        for e in events[self._seen :]:
-            self._feed(e)
+        # a long history folds here once (an opened session's first request): its
+        # messages survive, so collections would walk the whole heap, again and again
+        with cycle_collector_paused(len(events) - self._seen):
+            for e in events[self._seen :]:
+                self._feed(e)
         self._seen = len(events)
         if self._stale:
             whole = [*self._prefix, *events] if self._prefix else events

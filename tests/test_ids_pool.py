@@ -35,7 +35,6 @@ def test_the_random_bits_are_random() -> None:
     assert {(v >> 62) & 0x3 for v in values} == {0b10}
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_draws_fresh_randomness() -> None:
     factory = Uuid7Factory(ManualClock(1_700_000_000_000_000))
     factory.new_id()  # the pool is filled now

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import uuid
 
-import pytest
-
 from lodger.ids import ManualClock, Uuid7Factory
 
 

@@ -37,6 +37,12 @@ async def constrained(code: Annotated[str, Field(max_length=3)]) -> str:
     return "ok"
 
 
+async def field_default(count: int = Field(default=3, ge=1)) -> str:
+    """A default given as a pydantic Field (with a bound): the model's to fill and check."""
+    SEEN.append({"count": count})
+    return "ok"
+
+
 class Text(str):
     pass
 
@@ -81,6 +87,9 @@ CASES = [
     (converted, {"ratio": 1, "name": "n"}),
     (constrained, {"code": "abcd"}),
     (constrained, {"code": "ab"}),
+    (field_default, {}),  # the Field's default, not the Field itself
+    (field_default, {"count": 0}),  # its bound
+    (field_default, {"count": 5}),
 ]
 
 
@@ -98,6 +107,7 @@ def test_only_plain_annotations_take_the_fast_way() -> None:
     assert spec._plain_fields({"a": (str, ...), "r": (float, ...)}) is None
     assert spec._plain_fields({"a": (Annotated[str, Field(max_length=3)], ...)}) is None
     assert spec._plain_fields({"a": (str | None, None)}) is None
+    assert spec._plain_fields({"a": (int, Field(default=3, ge=1))}) is None
 
 
 def test_the_fast_way_is_taken_for_exact_values_only() -> None:

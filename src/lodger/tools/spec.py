@@ -304,11 +304,13 @@ _REQUIRED: Any = object()
 
 def _plain_fields(fields: dict[str, Any]) -> tuple[tuple[str, type, Any], ...] | None:
     """Each argument's name, type and default (``_REQUIRED``) when every one is annotated
-    as plain ``str``, ``int`` or ``bool``; None otherwise."""
+    as plain ``str``, ``int`` or ``bool`` with a plain default (or none); None otherwise."""
     plain: list[tuple[str, type, Any]] = []
     for key, (annotation, default) in fields.items():
         if annotation not in _PLAIN_TYPES:
             return None
+        if default is not ... and type(default) not in (*_PLAIN_TYPES, type(None)):
+            return None  # ``Field(default=..., ge=...)`` and the like: the model's to apply
         plain.append((key, annotation, _REQUIRED if default is ... else default))
     return tuple(plain)
 

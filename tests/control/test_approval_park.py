@@ -107,6 +107,24 @@ async def test_a_parked_question_lives_without_a_lease_and_its_answer_wakes(
     assert kept.status == winners[0].status
 
 
+async def test_an_abandoned_turns_questions_are_withdrawn(plane: SqlControlPlane) -> None:
+    await _park(plane, "c1")
+    await _park(plane, "c2")
+    other = await plane.park_approval(
+        session_id="s2", call_id="c1", tool="deploy", summary="{}", holder="w", expires_s=60
+    )
+    await plane.answer_approval(session_id="s1", call_id="c2", allow=True, by="op")
+    assert await plane.withdraw_approvals(session_id="s1") == 1  # only the pending one
+    assert await plane.withdraw_approvals(session_id="s1") == 0
+    row, won = await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
+    assert not won and row is not None and row.status == "expired"
+    answered = await plane.poll_approval(session_id="s1", call_id="c2")
+    assert answered is not None and answered.status == "allow"  # an answer stands
+    assert [(a.session_id, a.call_id) for a in await plane.list_approvals()] == [
+        (other.session_id, other.call_id)
+    ]  # another session's question is untouched
+
+
 async def test_an_expired_parked_question_is_a_denial_and_wakes_its_session(
     plane: SqlControlPlane,
 ) -> None:

@@ -80,3 +80,26 @@ async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session
         assert [(m.call_id, m.is_error) for m in results] == [(pending["call_id"], True)]
         assert "denied" in results[0].content
         assert await host.plane.pending_wakes(session_id=sid) == []
+
+
+async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> None:
+    setup.script(DEPLOY)
+    async with distributed_host(setup) as host, host.client() as a:
+        sid = await a.create_session(session_id="p2")
+        await a.send(sid, "ship it", key="1")
+        with worker(setup, "--approval-park", approval_wait=0) as first:
+            (pending,) = await _pending(a, sid)
+            async with asyncio.timeout(60):  # the worker lets the session go dormant
+                while (row := await host.plane.get_session(session_id=sid)) is None or (  # noqa: ASYNC110 - a worker writes it
+                    row.status != "waiting"
+                ):
+                    await asyncio.sleep(0.05)
+            os.kill(first.pid, signal.SIGKILL)
+        assert await a.abandon(sid, reason="not today")
+        assert await a.approvals() == []  # nobody will ask for this answer any more
+        with pytest.raises(HostConflictError) as late:
+            await a.answer(sid, pending["call_id"], allow=True)
+        assert late.value.code == "already_answered"
+        facts = await a.events(sid)
+        assert [f.data["body"]["status"] for f in facts if f.kind == "turn_ended"] == ["abandoned"]
+        assert [f for f in facts if f.kind == "tool_dispatched"] == []

@@ -712,6 +712,14 @@ class SqlControlPlane:
             rows = await tx.rows(sql + " ORDER BY asked_at, session_id, call_id", params)
             return [_approval(row) for row in rows]
 
+    async def withdraw_approvals(self, *, session_id: str) -> int:
+        async with self._tx() as tx:
+            return await tx.change(
+                "UPDATE approvals SET status = 'expired', answered_at = %s "
+                "WHERE session_id = %s AND status = 'pending'",
+                (tx.now, session_id),
+            )
+
     # ----------------------------------------------------------- host tokens, deliveries
 
     async def add_token(

@@ -305,6 +305,12 @@ class ControlPlane(Protocol):
         """Approvals by status (``pending``: only those someone still waits for)."""
         ...
 
+    async def withdraw_approvals(self, *, session_id: str) -> int:
+        """Expire every pending approval of ``session_id`` (its turn was abandoned, so no
+        run will ask for the answer): an answer after this is ``already_answered``.
+        Returns how many were withdrawn."""
+        ...
+
     # ----------------------------------------------------------- host tokens, deliveries
 
     async def add_token(

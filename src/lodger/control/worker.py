@@ -275,6 +275,7 @@ class Worker:
                     # out of its wall time: ended, so the parent is told rather than
                     # waiting on a child nobody runs
                     await sessions.abandon(sid, reason=outcome.error)
+                    await self.control.withdraw_approvals(session_id=sid)
                     outcome = dataclasses.replace(outcome, status="abandoned")
                 if outcome is None:
                     delay = self.config.parked_delay_s

@@ -641,6 +641,7 @@ def create_app(
     async def abandon(session_id: Session, body: AbandonTurn) -> Facts:
         async with hub.exclusive(session_id):
             made = await sessions.abandon(session_id, reason=body.reason)
+            await hub.abandoned(session_id)
         hub.publish(session_id, made)
         return Facts(offsets=[e.offset for e in made])
 

@@ -19,8 +19,10 @@ was created with on it.
 
 Decisions and abandons (which append facts outside a turn) take the session lease first,
 so they never write while a worker runs the session (409 ``session_busy`` then).
-Approvals are live only while the asking worker holds the session's lease: a worker that
-died leaves a question nobody can answer (409), and the resumed turn asks anew.
+A question a waiting worker asked (``--approval-wait``) is live only while that worker
+holds the session's lease: a worker that died leaves a question nobody can answer (409),
+and the resumed turn asks anew. A parked one (``--approval-park``) is live until its own
+expiry, or until its turn is abandoned (``abandoned`` withdraws it).
 """
 
 from __future__ import annotations
@@ -213,6 +215,11 @@ class ControlPlaneHub(Hub):
 
     async def pending_count(self) -> int:
         return len(await self.approvals())
+
+    async def abandoned(self, session_id: str) -> None:
+        """Withdraw the questions of the abandoned turn's parked calls: no run will ask
+        for their answers (an answer now is 409 ``already_answered``)."""
+        await self.plane.withdraw_approvals(session_id=session_id)
 
     def waiting(self) -> int:
         return self._pending

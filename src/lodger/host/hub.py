@@ -372,6 +372,10 @@ class Hub:
     async def pending_count(self) -> int:
         return self.waiting()
 
+    async def abandoned(self, session_id: str) -> None:
+        """The session's open turn was just abandoned: nothing of it waits any more. Here
+        a question is asked only by a running turn, which an abandon cannot meet."""
+
     async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
         """Decide a parked call once: the first answer wins, any later one is a conflict."""
         asked = self._asked.get((session_id, call_id))

@@ -19,8 +19,9 @@ streaming (``agent.stream``), before/after call hooks (``Veto``, ``Rewrite``) an
 ``TestModel`` that needs no script: see ``examples/``.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from lodger import _lazy
 
 if _typing.TYPE_CHECKING:
     from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
@@ -198,12 +199,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lodger' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value  # looked up once
-    return value
+    return _lazy.resolve(__name__, _EXPORTS, globals(), name)
 
 
 def __dir__() -> list[str]:

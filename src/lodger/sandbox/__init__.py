@@ -12,8 +12,9 @@ only by explicit policy). All implement ``Sandbox`` and run the same escape test
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
+
+from lodger import _lazy
 
 if _typing.TYPE_CHECKING:
     from lodger.sandbox.bubblewrap import BubblewrapSandbox
@@ -59,12 +60,7 @@ _EXPORTS: dict[str, str] = {
 
 
 def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lodger.sandbox' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value  # looked up once
-    return value
+    return _lazy.resolve(__name__, _EXPORTS, globals(), name)
 
 
 def __dir__() -> list[str]:

@@ -6,8 +6,9 @@ and a depth limit, with the parent's authorities and approver; its answer is the
 result. See ``lodger.subagents.tool`` for the path of one delegation and its recovery.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from lodger import _lazy
 
 if _typing.TYPE_CHECKING:
     from lodger.subagents.family import FamilyNode, family_tree
@@ -58,12 +59,7 @@ _EXPORTS: dict[str, str] = {
 
 
 def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lodger.subagents' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value  # looked up once
-    return value
+    return _lazy.resolve(__name__, _EXPORTS, globals(), name)
 
 
 def __dir__() -> list[str]:

@@ -150,7 +150,10 @@ async def test_a_directory_swapped_for_an_outside_symlink_never_takes_a_write(
     assert (outside / "secret.txt").read_text() == "TOP SECRET\n"
     assert "written" in seen, seen
     assert "refused (path_outside)" in seen, seen
-    assert set(seen) <= {"written", "refused (path_outside)", "refused (path_changing)"}, seen
+    # every other outcome is a refusal; one that kept meeting a swapped symlink counts its
+    # hops across retries and may give up as too many (path_loop: 1 in ~3,000 under load)
+    refusals = {"refused (path_outside)", "refused (path_changing)", "refused (path_loop)"}
+    assert set(seen) <= {"written", *refusals}, seen
     # Whatever was written landed inside, in the directory under whichever name it has now.
     inside = next(p for p in (ws / "d", ws / "s") if not p.is_symlink())
     assert (inside / "planted.txt").read_text() == "PLANTED\n"

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from lodger._sqlite import use_wal
 from lodger.control._sql import LATEST_VERSION, SqlControlPlane
 from lodger.errors import ControlPlaneError
 
@@ -69,8 +70,7 @@ class SqliteControlPlane(SqlControlPlane):
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30.0
             )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            use_wal(conn)
             conn.execute("PRAGMA busy_timeout=30000")
         except (OSError, sqlite3.Error) as exc:
             raise ControlPlaneError(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+from lodger._sqlite import use_wal
 from lodger.errors import HostAuthError, HostConflictError, StorageError, UsageError
 
 __all__ = [
@@ -274,8 +275,7 @@ class SqliteHostControl:
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=30
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            use_wal(self._db)
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StorageError(

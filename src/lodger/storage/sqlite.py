@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
+from lodger._sqlite import use_wal
 from lodger.errors import (
     AppendConflictError,
     CommitFailedError,
@@ -195,8 +196,7 @@ class SqliteLogStore:
                 self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
                 self._read_write = True
             conn = self._conn
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            use_wal(conn)
             conn.executescript(_SCHEMA)
             if int(conn.execute("PRAGMA user_version").fetchone()[0]) < _FORMAT:
                 self._adopt(conn)

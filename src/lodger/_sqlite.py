@@ -1,0 +1,29 @@
+"""What every SQLite file of lodger's does when it is opened."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+__all__ = ["use_wal"]
+
+
+def use_wal(conn: sqlite3.Connection, *, within_s: float = 30.0) -> None:
+    """Put ``conn``'s database in WAL mode with full syncs.
+
+    Switching a database to WAL needs it to itself for a moment, and SQLite may answer
+    "database is locked" at once rather than wait while another process opens the same
+    new file (seen: two ``lodger serve`` started together on one control plane, once in a
+    full test run). That answer is retried for up to ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+    conn.execute("PRAGMA synchronous=FULL")

@@ -7,6 +7,7 @@ result. Schemas are compiled once per distinct schema for the whole process.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,15 @@ from lodger.tools.spec import Tool
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
-__all__ = ["MAX_ARGUMENT_DEPTH", "Rejection", "check_call", "decode_arguments", "schema_problems"]
+__all__ = [
+    "MAX_ARGUMENT_DEPTH",
+    "Rejection",
+    "check_call",
+    "decode_arguments",
+    "invalid_arguments",
+    "schema_problems",
+    "schema_problems_off_loop",
+]
 
 MAX_ARGUMENT_DEPTH = 64
 """Deeper JSON than this is refused before it is parsed (no tool needs it, and Python's
@@ -41,8 +50,10 @@ def check_call(
     *,
     visible: frozenset[str],
     activated_here: frozenset[str] | set[str] = frozenset(),
+    schema: bool = True,
 ) -> tuple[Tool, dict[str, Any]]:
-    """binding -> visibility -> arguments: the tool and the decoded, valid arguments."""
+    """binding -> visibility -> arguments: the tool and the decoded, valid arguments
+    (``schema=False``: decoded only; the caller checks them, ``schema_problems_off_loop``)."""
     t = registry.get(call.name)
     if t is None:
         names = ", ".join(sorted(visible)) or "none"
@@ -62,12 +73,15 @@ def check_call(
             "use tool_search to find and activate it first",
         )
     arguments = decode_arguments(call.name, call.arguments)
-    problems = schema_problems(t, arguments)
-    if problems:
-        raise Rejection(
-            "invalid_arguments", f"invalid arguments for {call.name}: " + "; ".join(problems)
-        )
+    if schema:
+        problems = schema_problems(t, arguments)
+        if problems:
+            raise invalid_arguments(call.name, problems)
     return t, arguments
+
+
+def invalid_arguments(name: str, problems: list[str]) -> Rejection:
+    return Rejection("invalid_arguments", f"invalid arguments for {name}: " + "; ".join(problems))
 
 
 def _depth_exceeds(text: str, limit: int) -> bool:
@@ -163,6 +177,16 @@ def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
         where = "/".join(str(p) for p in error.path)
         problems.append(f"{where}: {error.message}" if where else error.message)
     return problems
+
+
+async def schema_problems_off_loop(t: Tool, arguments: dict[str, Any]) -> list[str]:
+    """``schema_problems`` from the event loop: the quick check runs here; when it cannot
+    vouch for the arguments, jsonschema (its import, about 0.1 s the first time, and a
+    schema's compilation) runs on a worker thread, so the loop is never held by it."""
+    quick = quick_check(t.parameters_json)
+    if quick is not None and quick(arguments):
+        return []
+    return await asyncio.to_thread(schema_problems, t, arguments)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -28,7 +28,12 @@ from lodger.authority import Authorities, AuthorityStatistics, Reservation, Reso
 from lodger.engine.batch import Batch, Slot
 from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
-from lodger.engine.checks import Rejection, check_call, schema_problems
+from lodger.engine.checks import (
+    Rejection,
+    check_call,
+    invalid_arguments,
+    schema_problems_off_loop,
+)
 from lodger.engine.context import Envelope, RunContext
 from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor, InProcessExecutor
 from lodger.engine.hooks import (
@@ -324,8 +329,15 @@ class CallPipeline:
         """
         try:
             t, arguments = check_call(
-                self.registry, call, visible=scope.visible, activated_here=scope.activated_here
+                self.registry,
+                call,
+                visible=scope.visible,
+                activated_here=scope.activated_here,
+                schema=False,
             )
+            problems = await schema_problems_off_loop(t, arguments)
+            if problems:
+                raise invalid_arguments(call.name, problems)
             if self.before_call:
                 arguments = await self._before(t, arguments, call.call_id, env)
             tctx = self._tool_context(call.call_id, env.parent_call_id, _CallStep(scope, env, self))
@@ -370,7 +382,7 @@ class CallPipeline:
                 raise Rejection("vetoed", f"{t.name} was vetoed: {verdict.reason}")
             if isinstance(verdict, Rewrite):
                 arguments = dict(verdict.arguments)
-                problems = schema_problems(t, arguments)
+                problems = await schema_problems_off_loop(t, arguments)
                 if problems:
                     raise Rejection(
                         "invalid_arguments",
@@ -500,7 +512,7 @@ class CallPipeline:
         try:
             if t is None:
                 raise Rejection("unbound", f"tool {previous.tool!r} is not bound in this run")
-            problems = schema_problems(t, arguments)
+            problems = await schema_problems_off_loop(t, arguments)
             if problems:
                 raise Rejection(
                     "invalid_arguments",

@@ -39,7 +39,10 @@ def _status(dsn: str, session: str) -> str | None:
         finally:
             await control.close()
 
-    return asyncio.run(get())
+    try:
+        return asyncio.run(get())
+    except ControlPlaneError:  # the worker holds the file's lock: polled again
+        return None
 
 
 def _kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

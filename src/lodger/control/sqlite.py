@@ -25,6 +25,9 @@ from lodger.errors import ControlPlaneError
 
 __all__ = ["SqliteControlPlane"]
 
+#: how long a ``BEGIN IMMEDIATE`` that SQLite refuses at once is tried again
+_BEGIN_RETRY_S = 10.0
+
 
 class _SqliteTx:
     def __init__(self, conn: sqlite3.Connection, now: float) -> None:
@@ -84,6 +87,29 @@ class SqliteControlPlane(SqlControlPlane):
             conn, self._conn = self._conn, None
             await asyncio.to_thread(conn.close)
 
+    async def _begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting for another process's write. SQLite's busy handler
+        waits for most of them, but some answers come at once (seen in CI: a reader's
+        BEGIN while a worker wrote, "database is locked" with a 30 s busy timeout set):
+        those are retried for up to ``_BEGIN_RETRY_S`` seconds too."""
+        deadline = time.monotonic() + _BEGIN_RETRY_S
+        while True:
+            try:
+                await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" in text or "busy" in text) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                    continue
+                raise ControlPlaneError(
+                    f"control plane {self.path}: {exc}", hint="is another process stuck?"
+                ) from exc
+            except sqlite3.Error as exc:
+                raise ControlPlaneError(
+                    f"control plane {self.path}: {exc}", hint="is another process stuck?"
+                ) from exc
+
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_SqliteTx]:
         conn = self._conn
@@ -92,12 +118,7 @@ class SqliteControlPlane(SqlControlPlane):
                 "the control plane is not started", hint="await control.start() first"
             )
         async with self._lock:
-            try:
-                await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise ControlPlaneError(
-                    f"control plane {self.path}: {exc}", hint="is another process stuck?"
-                ) from exc
+            await self._begin(conn)
             tx = _SqliteTx(conn, self._clock())
             try:
                 yield tx

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-__all__ = ["use_wal"]
+__all__ = ["is_lock_error", "use_wal"]
 
 
 def use_wal(conn: sqlite3.Connection, *, within_s: float = 30.0) -> None:
@@ -21,9 +21,14 @@ def use_wal(conn: sqlite3.Connection, *, within_s: float = 30.0) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             break
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            if time.monotonic() >= deadline:
+            if not is_lock_error(exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.01)
     conn.execute("PRAGMA synchronous=FULL")
+
+
+def is_lock_error(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused because another connection holds the file ("database is
+    locked" or "busy"): worth trying again, unlike any other error."""
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from lodger._sqlite import use_wal
+from lodger._sqlite import is_lock_error, use_wal
 from lodger.control._sql import LATEST_VERSION, SqlControlPlane
 from lodger.errors import ControlPlaneError
 
@@ -97,15 +97,10 @@ class SqliteControlPlane(SqlControlPlane):
             try:
                 await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
                 return
-            except sqlite3.OperationalError as exc:
-                text = str(exc)
-                if ("locked" in text or "busy" in text) and time.monotonic() < deadline:
+            except sqlite3.Error as exc:
+                if is_lock_error(exc) and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
                     continue
-                raise ControlPlaneError(
-                    f"control plane {self.path}: {exc}", hint="is another process stuck?"
-                ) from exc
-            except sqlite3.Error as exc:
                 raise ControlPlaneError(
                     f"control plane {self.path}: {exc}", hint="is another process stuck?"
                 ) from exc

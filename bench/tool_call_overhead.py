@@ -12,6 +12,14 @@ permission, T1, execution and T2. Baselines measured in the same process and run
 Also: the in-memory store (CPU only) and whether the per-call cost stays flat with
 history (after ``--history`` prior calls in the same session).
 
+Three rows take the store out and keep the thread, to show what handing each commit to
+a thread and back costs by itself on this machine: the lean reference with each commit a
+no-op on its I/O thread; the in-memory store behind the same no-op hop per append; and the
+in-memory store behind a hop whose job writes and fsyncs 1 KiB (an append's device sync
+without SQLite). Set against the in-memory row and the bare fsyncs, they show what the
+handoff adds: its system calls and wake-ups, and the loop's Python running slower after
+every wake, once the threads have slept through a device sync.
+
     python bench/tool_call_overhead.py [--quick] [--calls N] [--history N]
 
 Targets (issue 9): lodger <= 1.3x two WAL commits; in-memory <= 0.15 ms per call; flat
@@ -97,12 +105,15 @@ def bare_wal_pairs(directory: Path, n: int) -> float:
     return elapsed
 
 
-async def lean_pairs(directory: Path, n: int) -> float:
+async def lean_pairs(directory: Path, n: int, *, store: bool = True) -> float:
+    """The lean reference; without ``store`` each commit is a no-op on the I/O thread."""
     io = IoThread("lean")
     conn = await io.run(lambda: _wal(directory / "lean.sqlite3"))
     blob = PAYLOAD.encode() + b"y" * 20
 
     def commit(k: int) -> None:
+        if not store:
+            return
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO e VALUES (?, ?)", (k, blob))
         conn.execute("COMMIT")
@@ -157,6 +168,32 @@ async def flatness(directory: Path, total: int, window: int) -> tuple[float, flo
     return early * 1e6, late * 1e6
 
 
+class HoppingMemoryStore(MemoryLogStore):
+    """The in-memory store, but every append first makes a round trip through an I/O
+    thread, as the SQLite store's appends do: a no-op, or (``sync_file``) writing 1 KiB to
+    that file and fsyncing it, without SQLite's own work."""
+
+    def __init__(self, sync_file: Path | None = None) -> None:
+        super().__init__()
+        self._io = IoThread("hop")
+        self._fd = None if sync_file is None else os.open(sync_file, os.O_RDWR | os.O_CREAT)
+
+    def _job(self) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, b"x" * 1024, 0)
+            os.fsync(self._fd)
+
+    async def append_records(self, **kwargs):  # type: ignore[no-untyped-def]
+        await self._io.run(self._job)
+        await super().append_records(**kwargs)
+
+    async def close(self) -> None:
+        await self._io.close()
+        if self._fd is not None:
+            os.close(self._fd)
+        await super().close()
+
+
 async def lodger_calls(
     directory: Path | None,
     n: int,
@@ -164,11 +201,16 @@ async def lodger_calls(
     sync_tool: bool = False,
     history: int = 0,
     cpu: list[float] | None = None,
+    hop: bool = False,
+    sync_file: Path | None = None,
 ) -> float:
     """Seconds for ``n`` calls, after ``history`` earlier calls in the same session;
     ``cpu`` gets the CPU seconds the event loop's thread spent on them (``thread_time``:
-    the loop's own work, not the I/O thread's, and robust to other load on the machine)."""
-    log = EventLog(MemoryLogStore() if directory is None else SqliteLogStore(directory))
+    the loop's own work, not the I/O thread's, and robust to other load on the machine).
+    Without ``directory`` the store is in memory; ``hop``: behind a thread hop per append
+    (which fsyncs ``sync_file``, when given)."""
+    memory = HoppingMemoryStore(sync_file) if hop else MemoryLogStore()
+    log = EventLog(memory if directory is None else SqliteLogStore(directory))
     tools = [sync_noop if sync_tool else noop]
     if history:
         warm = Agent(
@@ -304,6 +346,10 @@ def main() -> None:
                 "memory",
                 "lodger_cpu",
                 "memory_cpu",
+                "lean_hops",
+                "memory_hop",
+                "memory_hop_cpu",
+                "memory_sync_hop",
             )
         }
         lodger_cpu, memory_cpu = rows["lodger_cpu"], rows["memory_cpu"]
@@ -316,8 +362,14 @@ def main() -> None:
             rows["lodger"].append(asyncio.run(lodger_calls(d / "a", n, cpu=lodger_cpu)) / n)
             rows["lodger_sync"].append(asyncio.run(lodger_calls(d / "s", n, sync_tool=True)) / n)
             rows["memory"].append(asyncio.run(lodger_calls(None, n, cpu=memory_cpu)) / n)
-        lodger_cpu[:] = [t / n for t in lodger_cpu]
-        memory_cpu[:] = [t / n for t in memory_cpu]
+            rows["lean_hops"].append(asyncio.run(lean_pairs(d, n, store=False)) / n)
+            rows["memory_hop"].append(
+                asyncio.run(lodger_calls(None, n, cpu=rows["memory_hop_cpu"], hop=True)) / n
+            )
+            synced = asyncio.run(lodger_calls(None, n, hop=True, sync_file=d / "hop.bin"))
+            rows["memory_sync_hop"].append(synced / n)
+        for key in ("lodger_cpu", "memory_cpu", "memory_hop_cpu"):
+            rows[key][:] = [t / n for t in rows[key]]
         us = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
         early, late = asyncio.run(flatness(base / "flat", history, min(500, history // 4)))
         wal = us["wal"]
@@ -335,6 +387,23 @@ def main() -> None:
             f"{us['lodger_cpu']:.1f} with SQLite (thread_time)"
         )
         print(f"two bare fsyncs (1 KiB)      {us['fsync']:9.1f} us per call")
+        hop_cost = us["memory_hop"] - us["memory"]
+        wake = us["memory_sync_hop"] - us["memory"] - us["fsync"]
+        print("the thread handoff without SQLite (per call: two appends, two hops):")
+        print(f"  lean, no-op commits        {us['lean_hops']:9.1f} us per call")
+        print(
+            f"  lodger in memory + hop     {us['memory_hop']:9.1f} us per call "
+            f"(+{hop_cost:.1f} over in memory; loop CPU {us['memory_hop_cpu']:.1f} us "
+            f"against {us['memory_cpu']:.1f})"
+        )
+        print(
+            f"  ... + an fsync per hop     {us['memory_sync_hop']:9.1f} us per call "
+            f"(in memory + two bare fsyncs + {wake:.1f})"
+        )
+        print(
+            f"lean's own margin: {us['lean'] / wal:.2f}x; target 1.3x leaves lodger "
+            f"{(1.3 * wal - us['lean']):.1f} us per call above lean"
+        )
         print(
             f"calls 100+ / {history}- of one turn  {early:.1f} / {late:.1f} us per call "
             f"({late / early:.2f}x, target <= 1.10)"
@@ -366,6 +435,12 @@ def main() -> None:
                     "loop_cpu_memory_us": round(us["memory_cpu"], 1),
                     "loop_cpu_sqlite_us": round(us["lodger_cpu"], 1),
                     "two_bare_fsyncs_us": round(us["fsync"], 1),
+                    "lean_no_store_us": round(us["lean_hops"], 1),
+                    "lodger_memory_hop_call_us": round(us["memory_hop"], 1),
+                    "loop_cpu_memory_hop_us": round(us["memory_hop_cpu"], 1),
+                    "lodger_memory_fsync_hop_call_us": round(us["memory_sync_hop"], 1),
+                    "handoff_wake_us": round(wake, 1),
+                    "ratio_lean_vs_two_wal_commits": round(us["lean"] / wal, 3),
                     "ratio_vs_two_wal_commits": round(us["lodger"] / wal, 3),
                     "ratio_vs_lean": round(us["lodger"] / us["lean"], 3),
                     "history": history,

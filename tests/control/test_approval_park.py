@@ -327,3 +327,88 @@ def test_no_seconds_option_takes_nan_or_inf(tmp_path: Path, command: str, option
         assert refused.exit_code == 2, (option, bad, refused.output)
         assert option in refused.output and "Traceback" not in refused.output
         assert not (tmp_path / "c.sqlite3").exists()  # refused before anything was opened
+
+
+async def test_a_message_held_for_a_parked_turn_goes_as_soon_as_the_turn_settles(
+    tmp_path: Path,
+) -> None:
+    """With the worker's next look at a parked session an hour away, a message sent while
+    the approval is unanswered is still delivered right after the answer lets the turn
+    finish: the worker that settles the turn releases the held message (schema v7)."""
+    ran: list[str] = []
+
+    @tool(approval=True)
+    def ship(target: str) -> str:
+        """Ship (needs approval)."""
+        ran.append(target)
+        return f"shipped {target}"
+
+    control = SqliteControlPlane(tmp_path / "control.sqlite3")
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    approvals = ParkingApprovals(control)
+    turns = [[{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
+             [{"text": "second answered"}]]  # fmt: skip
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        return Binding(
+            model=ScriptedModel(turns=turns),
+            tools=[ship],
+            workspace=workspace,
+            approver=approvals.approver(session_id),
+        )
+
+    worker = Worker(
+        control=control,
+        storage=storage,
+        bind=bind,
+        config=WorkerConfig(poll_s=0.02, parked_delay_s=3600, lease_ttl_s=5),
+        workdir=tmp_path,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+
+    async def until(what: str, check: Any) -> None:
+        async with asyncio.timeout(60):
+            while not await check():
+                assert not running.done(), what
+                await asyncio.sleep(0.02)
+
+    async def status() -> str | None:
+        row = await control.get_session(session_id="s1")
+        return row.status if row else None
+
+    try:
+        await control.send(session_id="s1", message="ship it")
+        await until("parked", lambda: _is(status, "waiting"))
+        (pending,) = await control.list_approvals(session_id="s1")
+        message = await control.send(session_id="s1", message="second")
+        assert message is not None
+
+        async def held_back() -> bool:
+            info = await control.get_wake(wake_id=message)
+            return info is not None and info.wake.attempts >= 1 and info.status == "queued"
+
+        await until("the message looked at and held", held_back)
+        (looked,) = [w for w in await control.pending_wakes(session_id="s1") if w.id == message]
+        assert looked.due_at > (await control.now()) + 1800  # only a release brings it back
+        await control.answer_approval(session_id="s1", call_id=pending.call_id, allow=True,
+                                      by="op")  # fmt: skip
+
+        async def second_done() -> bool:
+            events = await storage.log.read_all("s1")
+            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
+                "completed", "completed",
+            ]  # fmt: skip
+
+        await until("both turns completed well before the next look", second_done)
+    finally:
+        stop.set()
+        await running
+        await storage.close()
+        await control.close()
+    assert ran == ["prod"]
+    events = await Storage.from_url(f"file://{tmp_path / 'objects'}").log.read_all("s1")
+    assert [e.body.input for e in events if isinstance(e.body, TurnStarted)] == [
+        "ship it", "second",
+    ]  # fmt: skip

@@ -43,7 +43,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 6
+    assert await control.schema_version() == LATEST_VERSION == 7
     # what versions 2, 3, 4 and 5 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
@@ -129,7 +129,7 @@ async def test_from_version_3(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 6
+    assert await new.schema_version() == LATEST_VERSION == 7
     (row,) = await new.list_sessions()
     assert (row.session_id, row.model) == ("s1", "m")
     assert [w.id for w in await new.pending_wakes()] == [wake]
@@ -163,7 +163,7 @@ async def test_from_version_5_approvals_keep_waiting_and_parked_ones_are_new(mak
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 6
+    assert await new.schema_version() == LATEST_VERSION == 7
     (kept,) = await new.list_approvals(session_id="s1")
     assert (kept.call_id, kept.mode, kept.asked_by) == ("c1", "wait", "w")
     parked = await new.park_approval(
@@ -182,3 +182,25 @@ async def test_a_newer_schema_is_refused(make: Make) -> None:
     with pytest.raises(ControlPlaneError) as caught:
         await later.start()
     assert caught.value.code == "schema_too_new"
+
+
+async def test_from_version_6_queued_wakes_are_not_held(make: Make) -> None:
+    """A wake queued before version 7 has no ``held`` column: it reads as not held, so
+    releasing its session's held wakes leaves its delay alone."""
+    old = make()
+    await old.start(version=6)
+    # a wake handed back by a worker of version 6 (its code wrote no ``held``)
+    wake = await old.send(session_id="s1", message="kept", due_at=(await old.now()) + 600)
+    assert wake is not None
+    await old.close()
+
+    new = make()
+    await new.start()
+    assert await new.schema_version() == LATEST_VERSION == 7
+    assert await new.release_held_wakes(session_id="s1") == 0
+    (pending,) = await new.pending_wakes(session_id="s1")
+    assert pending.id == wake and pending.due_at >= (await new.now()) + 300
+    assert await new.claim_wakes(holder="w", limit=1, ttl_s=60) == []
+    await new.hand_back_wake(wake_id=wake, delay_s=600, held=True)
+    assert await new.release_held_wakes(session_id="s1") == 1
+    assert [w.id for w in await new.claim_wakes(holder="w", limit=1, ttl_s=60)] == [wake]

@@ -62,6 +62,10 @@ async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session
         with worker(setup, "--approval-park", approval_wait=0):
             await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
             done = await a.wait_message(sid, sent["message"]["id"], within=30)
+            # the worker finishes the answer's wake after the turn (before it is killed)
+            async with asyncio.timeout(30):
+                while await host.plane.pending_wakes(session_id=sid):  # noqa: ASYNC110 - a worker's
+                    await asyncio.sleep(0.05)
         assert done["status"] == "done"
         facts = await a.events(sid)
         decided = [f.data["body"]["decision"] for f in facts if f.kind == "permission_decided"]
@@ -79,7 +83,6 @@ async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session
         results = [m for m in state.projector.project().messages if hasattr(m, "call_id")]
         assert [(m.call_id, m.is_error) for m in results] == [(pending["call_id"], True)]
         assert "denied" in results[0].content
-        assert await host.plane.pending_wakes(session_id=sid) == []
 
 
 async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> None:
@@ -95,8 +98,14 @@ async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> 
                 ):
                     await asyncio.sleep(0.05)
             os.kill(first.pid, signal.SIGKILL)
+        # a message a worker held back for the waiting turn (as it does when one comes)
+        held = await host.plane.send(session_id=sid, message="next")
+        assert held is not None
+        await host.plane.hand_back_wake(wake_id=held, delay_s=3600, held=True)
         assert await a.abandon(sid, reason="not today")
         assert await a.approvals() == []  # nobody will ask for this answer any more
+        (after,) = [w for w in await host.plane.pending_wakes(session_id=sid) if w.id == held]
+        assert after.due_at <= await host.plane.now()  # the turn settled: it goes now
         with pytest.raises(HostConflictError) as late:
             await a.answer(sid, pending["call_id"], allow=True)
         assert late.value.code == "already_answered"

@@ -36,7 +36,9 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane", "approval_key"]
 # bearer tokens, as SHA-256 hashes only, and the webhook deliveries that made a session).
 # Version 5: why a wake failed for good (a worker gave up on it), so it does not read done.
 # Version 6: approvals that park (``mode`` 'park': live until their own expiry, without a
-# lease, and answering one wakes the session).
+# lease, and answering one wakes the session). Version 7: a wake held until its session's
+# open turn settles (a message for a session that waits for an approval), made due the
+# moment a worker sees the turn settle rather than at its next look.
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -92,6 +94,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: (
         # 'wait': a worker holds the session and waits; 'park': the session is dormant
         "ALTER TABLE approvals ADD COLUMN mode TEXT NOT NULL DEFAULT 'wait'",
+    ),
+    7: (
+        # 1: handed back until the session's open turn settles (``release_held_wakes``)
+        "ALTER TABLE wakes ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -395,13 +401,24 @@ class SqlControlPlane:
                 "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s", (tx.now, error, wake_id)
             )
 
-    async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
+    async def hand_back_wake(
+        self, *, wake_id: int, delay_s: float = 0.0, held: bool = False
+    ) -> None:
         async with self._tx() as tx:
             await tx.change(
                 "UPDATE wakes SET claimed_by = NULL, claim_expires_at = NULL, "
-                "due_at = CASE WHEN due_at > %s THEN due_at ELSE %s END "
+                "due_at = CASE WHEN due_at > %s THEN due_at ELSE %s END, held = %s "
                 "WHERE id = %s AND done_at IS NULL",
-                (tx.now + delay_s, tx.now + delay_s, wake_id),
+                (tx.now + delay_s, tx.now + delay_s, 1 if held else 0, wake_id),
+            )
+
+    async def release_held_wakes(self, *, session_id: str) -> int:
+        async with self._tx() as tx:
+            return await tx.change(
+                "UPDATE wakes SET held = 0, "
+                "due_at = CASE WHEN due_at > %s THEN %s ELSE due_at END "
+                "WHERE session_id = %s AND held = 1 AND done_at IS NULL",
+                (tx.now, tx.now, session_id),
             )
 
     async def pending_wakes(self, *, session_id: str | None = None) -> list[Wake]:

@@ -213,8 +213,16 @@ class ControlPlane(Protocol):
         """The wake is over: done, or failed for good with ``error`` (schema version 5)."""
         ...
 
-    async def hand_back_wake(self, *, wake_id: int, delay_s: float = 0.0) -> None:
-        """Unclaim a wake so another worker (or this one, after ``delay_s``) takes it."""
+    async def hand_back_wake(
+        self, *, wake_id: int, delay_s: float = 0.0, held: bool = False
+    ) -> None:
+        """Unclaim a wake so another worker (or this one, after ``delay_s``) takes it. A
+        ``held`` wake waits for its session's open turn to settle (schema version 7):
+        ``release_held_wakes`` makes it due then, and ``delay_s`` is its latest next look."""
+        ...
+
+    async def release_held_wakes(self, *, session_id: str) -> int:
+        """The session's open turn settled: its held wakes are due now (how many were)."""
         ...
 
     async def pending_wakes(self, *, session_id: str | None = None) -> list[Wake]:

@@ -163,12 +163,13 @@ class Worker:
             return
         self.guard.hold(lease)
         delay: float | None = None  # None: the wake is done; else hand it back after delay
+        held = False  # handed back until the session's open turn settles
         failure: str | None = None  # why the wake is given up on, when it is
         try:
             turn = asyncio.ensure_future(self._turn(wake))
             watch = asyncio.ensure_future(self._watch(wake, turn, stop))
             try:
-                delay = await turn
+                delay, held = await turn
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -198,7 +199,7 @@ class Worker:
             if delay is None:
                 await self.control.finish_wake(wake_id=wake.id, error=failure)
             else:
-                await self.control.hand_back_wake(wake_id=wake.id, delay_s=delay)
+                await self.control.hand_back_wake(wake_id=wake.id, delay_s=delay, held=held)
         finally:
             current = self.guard.lease(wake.session_id) or lease
             self.guard.drop(wake.session_id)
@@ -206,7 +207,7 @@ class Worker:
                 await self.control.release_session(lease=current)
 
     async def _watch(
-        self, wake: Wake, turn: asyncio.Future[float | None], stop: asyncio.Event
+        self, wake: Wake, turn: asyncio.Future[tuple[float | None, bool]], stop: asyncio.Event
     ) -> None:
         """Renew the lease and the claim; cancel the turn when the lease is lost or, after
         ``stop``, when the grace period is over."""
@@ -244,9 +245,11 @@ class Worker:
         finally:
             stopped.cancel()
 
-    async def _turn(self, wake: Wake) -> float | None:
-        """Run the wake on its session; None when the wake is done, else a delay after
-        which it should be looked at again (a session parked on an operator)."""
+    async def _turn(self, wake: Wake) -> tuple[float | None, bool]:
+        """Run the wake on its session. Returns the delay after which it should be looked
+        at again (a session parked on an operator), None when the wake is done, and
+        whether it is held: a message that waits for the open turn to settle, released
+        the moment a worker sees that turn settle (``release_held_wakes``)."""
         sid = wake.session_id
         sessions = Sessions(self.storage)
         state = await sessions.state(sid) if await self.storage.log.exists(sid) else None
@@ -262,6 +265,7 @@ class Worker:
             recorded = (state.last_model if state else None) or (row.model if row else None)
             binding = self._with_children(self.bind(sid, recorded, workspace))
             delay: float | None = None
+            held = False  # a message that waits for the open turn to settle
             waiting = False  # the turn ended its run with calls suspended (subagents)
             wake_parent: SubagentLink | None = None  # a child that settled in this turn
             link = link_of(state.events[0]) if state is not None and state.events else None
@@ -296,7 +300,7 @@ class Worker:
                 # a message for a session whose approvals nobody answered yet: resuming
                 # would only park them again; the message waits for the turn to settle
                 delay = self.config.parked_delay_s
-                waiting = True
+                held = waiting = True
             elif state is not None and state.open_turn is not None:
                 self.stats.resumed += 1
                 try:
@@ -308,6 +312,7 @@ class Worker:
                         # still open: the message would only resume it again and be
                         # lost; it is delivered once the turn has settled
                         delay = self.config.parked_delay_s
+                        held = True
                 except ResumeBlockedError:
                     delay = self.config.parked_delay_s
                 state = await sessions.state(sid)
@@ -328,10 +333,14 @@ class Worker:
                 await self._park_approvals(sid, state)
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
             await self._index(sid, state, snapshot.ref, waiting=waiting)
+            if state is not None and state.open_turn is None:
+                # the turn settled: messages that waited for it go now, not at their
+                # next look (this wake is still claimed, so it is not among them)
+                await self.control.release_held_wakes(session_id=sid)
             if wake_parent is not None:
                 assert binding.subagents is not None and binding.subagents.children is not None
                 await binding.subagents.children.settled(child=wake_parent)
-            return delay
+            return delay, held
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
 

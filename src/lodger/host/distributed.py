@@ -218,8 +218,10 @@ class ControlPlaneHub(Hub):
 
     async def abandoned(self, session_id: str) -> None:
         """Withdraw the questions of the abandoned turn's parked calls: no run will ask
-        for their answers (an answer now is 409 ``already_answered``)."""
+        for their answers (an answer now is 409 ``already_answered``). Messages that
+        waited for that turn to settle are due now."""
         await self.plane.withdraw_approvals(session_id=session_id)
+        await self.plane.release_held_wakes(session_id=session_id)
 
     def waiting(self) -> int:
         return self._pending

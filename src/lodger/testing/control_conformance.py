@@ -182,6 +182,35 @@ class ControlConformance:
         (pending,) = await control.pending_wakes()
         assert pending.due_at >= (await control.now()) + _LONG / 2
 
+    async def test_held_wakes_are_due_when_their_turn_settles(self, control: ControlPlane) -> None:
+        """A wake handed back ``held`` waits out its delay unless its session's turn
+        settles first; releasing touches only that session's held wakes, never one that
+        was sent for later or handed back plainly, and a released wake is not held again."""
+        now = await control.now()
+        sent = [
+            await control.send(session_id="s1", message="after the approval"),
+            await control.send(session_id="s1", message="tomorrow", due_at=now + 3 * _LONG),
+            await control.send(session_id="s1", message="retry later"),
+            await control.send(session_id="s2", message="another session"),
+        ]
+        assert None not in sent
+        held, later, plain, other = (int(w or 0) for w in sent)
+        handed: set[int] = set()
+        while claimed := await control.claim_wakes(holder="w1", limit=5, ttl_s=_LONG):
+            for wake in claimed:  # one wake of a session at a time
+                keep = wake.id in (held, other)
+                await control.hand_back_wake(wake_id=wake.id, delay_s=_LONG, held=keep)
+                handed.add(wake.id)
+        assert handed == {held, plain, other}
+        assert await control.release_held_wakes(session_id="s1") == 1
+        assert [w.id for w in await control.claim_wakes(holder="w2", limit=5, ttl_s=_LONG)] == [
+            held
+        ]
+        assert await control.release_held_wakes(session_id="s1") == 0
+        pending = {w.id: w.due_at for w in await control.pending_wakes()}
+        assert pending[later] >= now + 2 * _LONG  # sent for later: untouched
+        assert pending[plain] >= now + _LONG / 2 and pending[other] >= now + _LONG / 2
+
     async def test_an_abandoned_claim_is_claimed_by_another(self, control: ControlPlane) -> None:
         wake_id = await control.send(session_id="s1", message="m")
         (first,) = await control.claim_wakes(holder="dead", limit=1, ttl_s=_SHORT)

@@ -23,7 +23,18 @@ from lodger.control.approvals import ParkingApprovals
 from lodger.control.postgres import PostgresControlPlane
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.engine.permissions import _ASKING, Asking
-from lodger.events import TurnEnded, TurnStarted
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    ProposedCall,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
+    ToolRef,
+    TurnEnded,
+    TurnStarted,
+)
 from lodger.providers.scripted import ScriptedModel
 from lodger.sessions import Binding
 from lodger.storage import Storage
@@ -412,3 +423,92 @@ async def test_a_message_held_for_a_parked_turn_goes_as_soon_as_the_turn_settles
     assert [e.body.input for e in events if isinstance(e.body, TurnStarted)] == [
         "ship it", "second",
     ]  # fmt: skip
+
+
+async def test_a_message_held_for_an_operator_goes_as_soon_as_lodger_decide_runs(
+    tmp_path: Path,
+) -> None:
+    """A turn stopped after T1 of a call only an operator can settle: the worker holds a
+    message back (its next look an hour away); ``lodger decide --control`` records the
+    decision and releases it, and a worker resumes the turn and delivers the message."""
+    store = f"file://{tmp_path / 'objects'}"
+    env = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
+    call = ProposedCall(call_id="c1", name="charge", arguments="{}")
+    step = StepStarted(
+        index=0, model="scripted:x", tools=(ToolRef(name="charge", schema_digest="d"),)
+    )
+    bodies = [
+        (SessionStarted(workspace=str(tmp_path / "gone")), {}),
+        (TurnStarted(input="charge"), {"turn_id": "t1"}),
+        (RunStarted(model="scripted:x"), {"turn_id": "t1", "run_id": "r1"}),
+        (step, env),
+        (ModelOutput(calls=(call,)), env),
+        (ToolDispatched(operation_id="op1", tool="charge", arguments={}), {**env, "call_id": "c1"}),
+    ]
+    drafts = [EventDraft(id=f"e{i}", ts=i + 1, body=b, **e) for i, (b, e) in enumerate(bodies)]
+    storage = Storage.from_url(store)
+    async with await storage.log.open_writer("d1") as writer:
+        await writer.append(drafts, expected_offset=0)
+
+    @tool
+    def charge() -> str:
+        """Charge a card (not idempotent: a stop after T1 needs an operator)."""
+        raise AssertionError("never runs again")
+
+    plane_file = tmp_path / "control.sqlite3"
+    control = SqliteControlPlane(plane_file)
+    await control.start()
+    turns = [  # the first turn's step 0 is the one in the log above
+        [{"calls": [{"name": "charge", "args": {}}]}, {"text": "it never ran, so I stop"}],
+        [{"text": "second answered"}],
+    ]
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        return Binding(model=ScriptedModel(turns=turns), tools=[charge], workspace=workspace)
+
+    worker = Worker(
+        control=control,
+        storage=storage,
+        bind=bind,
+        config=WorkerConfig(poll_s=0.02, parked_delay_s=3600, lease_ttl_s=5),
+        workdir=tmp_path,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+
+    async def until(what: str, check: Any) -> None:
+        async with asyncio.timeout(60):
+            while not await check():
+                assert not running.done(), what
+                await asyncio.sleep(0.02)
+
+    try:
+        message = await control.send(session_id="d1", message="second")
+        assert message is not None
+
+        async def held_back() -> bool:
+            info = await control.get_wake(wake_id=message)
+            return info is not None and info.wake.attempts >= 1 and info.status == "queued"
+
+        await until("the message looked at and held", held_back)
+        blocked = [e.kind for e in await storage.log.read_all("d1")][len(drafts) :]
+        assert "tool_responded" not in blocked and "turn_ended" not in blocked  # still open
+        decided = await asyncio.to_thread(
+            CliRunner().invoke,
+            main,
+            ["decide", "d1", "c1", "--not-applied", "--store", store, "--control", str(plane_file)],
+        )
+        assert decided.exit_code == 0, decided.output
+
+        async def both_done() -> bool:
+            events = await storage.log.read_all("d1")
+            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
+                "completed", "completed",
+            ]  # fmt: skip
+
+        await until("both turns completed well before the next look", both_done)
+    finally:
+        stop.set()
+        await running
+        await storage.close()
+        await control.close()

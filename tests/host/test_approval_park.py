@@ -15,6 +15,17 @@ import pytest
 
 from lodger.client import StreamedFact
 from lodger.errors import HostConflictError
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    ProposedCall,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
+    ToolRef,
+    TurnStarted,
+)
 from lodger.sessions import Sessions
 from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
@@ -112,3 +123,35 @@ async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> 
         facts = await a.events(sid)
         assert [f.data["body"]["status"] for f in facts if f.kind == "turn_ended"] == ["abandoned"]
         assert [f for f in facts if f.kind == "tool_dispatched"] == []
+
+
+async def test_a_decision_over_the_host_releases_the_wakes_held_for_it(setup: Setup) -> None:
+    """A turn stopped after T1 of a call only an operator can settle: the message a
+    worker held back for it is due the moment ``POST .../decide`` records the decision."""
+    env = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
+    call = ProposedCall(call_id="c1", name="charge", arguments="{}")
+    step = StepStarted(
+        index=0, model="scripted:x", tools=(ToolRef(name="charge", schema_digest="d"),)
+    )
+    bodies = [
+        (SessionStarted(workspace="/nowhere"), {}),
+        (TurnStarted(input="charge"), {"turn_id": "t1"}),
+        (RunStarted(model="scripted:x"), {"turn_id": "t1", "run_id": "r1"}),
+        (step, env),
+        (ModelOutput(calls=(call,)), env),
+        (ToolDispatched(operation_id="op1", tool="charge", arguments={}), {**env, "call_id": "c1"}),
+    ]
+    drafts = [EventDraft(id=f"e{i}", ts=i + 1, body=b, **e) for i, (b, e) in enumerate(bodies)]
+    storage = Storage.from_url(setup.store)
+    try:
+        async with await storage.log.open_writer("d1") as writer:
+            await writer.append(drafts, expected_offset=0)
+    finally:
+        await storage.close()
+    async with distributed_host(setup) as host, host.client() as a:
+        held = await host.plane.send(session_id="d1", message="next")
+        assert held is not None
+        await host.plane.hand_back_wake(wake_id=held, delay_s=3600, held=True)
+        await a.decide("d1", "c1", "not_applied")
+        (after,) = await host.plane.pending_wakes(session_id="d1")
+        assert after.id == held and after.due_at <= await host.plane.now()

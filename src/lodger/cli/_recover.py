@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 from rich.text import Text
@@ -39,7 +43,7 @@ from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
-from lodger.errors import ConfigError, ResumeBlockedError, UsageError
+from lodger.errors import ConfigError, ResumeBlockedError, SessionLockedError, UsageError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
@@ -48,7 +52,68 @@ from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 
+if TYPE_CHECKING:
+    from lodger.control import ControlPlane
+
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
+
+_CONTROL_FILE = "control.sqlite3"  # where ``lodger worker`` keeps it by default
+
+
+def _control_option(fn: click.decorators.FC) -> click.decorators.FC:
+    return click.option(
+        "--control",
+        metavar="DSN",
+        default=None,
+        envvar="LODGER_CONTROL",
+        show_envvar=True,
+        help="The control plane of the workers that run this session (default: "
+        f"{_CONTROL_FILE} in the state directory, when a worker made one): the fact is "
+        "written under the session's lease (refused while a worker runs it), and wakes "
+        "a worker held back for the turn are due at once.",
+    )(fn)
+
+
+def _control_for(control: str | None, state: str) -> str | None:
+    """The control plane to tell: the one named, else the state directory's own when it
+    exists (never created: a session no worker ran has none)."""
+    if control:
+        return control
+    default = Path(state) / _CONTROL_FILE
+    return str(default) if default.is_file() else None
+
+
+@contextlib.asynccontextmanager
+async def _outside_turns(dsn: str | None, session_id: str) -> AsyncIterator[ControlPlane | None]:
+    """Hold the session's lease in the control plane ``dsn`` (if any) while a fact is
+    appended outside a turn, as the host does: no worker runs the session meanwhile."""
+    if dsn is None:
+        yield None
+        return
+    from lodger.control import open_control
+
+    plane = open_control(dsn)
+    try:
+        await plane.start()
+        lease = await plane.acquire_session(
+            session_id=session_id,
+            holder=f"lodger-cli:{socket.gethostname()}:{os.getpid()}",
+            ttl_s=60.0,
+        )
+        if lease is None:
+            raise SessionLockedError(
+                f"session {session_id!r} is running in a worker of the control plane; "
+                "nothing was written",
+                hint="wait until its turn settles (`lodger sessions`), then try again",
+                session_id=session_id,
+            )
+        try:
+            yield plane
+        finally:
+            await plane.release_session(lease=lease)
+    finally:
+        await plane.close()
+
 
 _ACTIONS = {
     "none": "nothing to do",
@@ -155,8 +220,14 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
 @click.option("--abandon", "decision", flag_value="abandon", help="Abandon the whole turn.")
 @click.option("--result", metavar="JSON", help="With --completed: the result the model sees.")
 @state_option
+@_control_option
 def decide(
-    session_id: str, call_id: str | None, decision: str | None, result: str | None, state: str
+    session_id: str,
+    call_id: str | None,
+    decision: str | None,
+    result: str | None,
+    state: str,
+    control: str | None,
 ) -> None:
     """Record an operator decision on a parked or indeterminate call, as a new fact.
 
@@ -184,10 +255,20 @@ def decide(
             ) from None
         result = parsed if isinstance(parsed, str) else json.dumps(parsed, ensure_ascii=False)
 
+    dsn = _control_for(control, state)
+
     async def work(log: EventLog) -> list[Event]:
         require_log(log, state, session_id)
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
-        return await sessions.decide(session_id, call_id, cast(Decision, decision), result=result)
+        async with _outside_turns(dsn, session_id) as plane:
+            made = await sessions.decide(
+                session_id, call_id, cast(Decision, decision), result=result
+            )
+            if plane is not None:
+                if decision == "abandon":  # the turn is over: nobody asks its questions
+                    await plane.withdraw_approvals(session_id=session_id)
+                await plane.release_held_wakes(session_id=session_id)
+        return made
 
     events = run_with_log(state, work)
     click.echo(
@@ -309,8 +390,11 @@ def resume(
 @session_argument
 @click.option("--reason", metavar="TEXT", help="Why, recorded with the fact.")
 @state_option
+@_control_option
 @json_option
-def abandon(session_id: str, reason: str | None, state: str, as_json: bool) -> None:
+def abandon(
+    session_id: str, reason: str | None, state: str, control: str | None, as_json: bool
+) -> None:
     """End the session's open turn as abandoned, as facts in its log.
 
     For a turn no command can finish: its calls wait for decisions, its workspace is
@@ -323,10 +407,17 @@ def abandon(session_id: str, reason: str | None, state: str, as_json: bool) -> N
       lodger abandon SESSION --reason "workspace deleted"
     """
 
+    dsn = _control_for(control, state)
+
     async def work(log: EventLog) -> list[Event]:
         require_log(log, state, session_id)
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
-        return await sessions.abandon(session_id, reason=reason)
+        async with _outside_turns(dsn, session_id) as plane:
+            made = await sessions.abandon(session_id, reason=reason)
+            if plane is not None:  # the turn is over: nobody asks its questions
+                await plane.withdraw_approvals(session_id=session_id)
+                await plane.release_held_wakes(session_id=session_id)
+        return made
 
     events = run_with_log(state, work)
     if as_json:

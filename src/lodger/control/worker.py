@@ -248,8 +248,9 @@ class Worker:
     async def _turn(self, wake: Wake) -> tuple[float | None, bool]:
         """Run the wake on its session. Returns the delay after which it should be looked
         at again (a session parked on an operator), None when the wake is done, and
-        whether it is held: a message that waits for the open turn to settle, released
-        the moment a worker sees that turn settle (``release_held_wakes``)."""
+        whether it is held: it waits for something only someone else can change (an
+        answer that lets the open turn settle, an operator's decision) and is released
+        the moment that happens (``release_held_wakes``), else looked at after the delay."""
         sid = wake.session_id
         sessions = Sessions(self.storage)
         state = await sessions.state(sid) if await self.storage.log.exists(sid) else None
@@ -282,7 +283,9 @@ class Worker:
                     await self.control.withdraw_approvals(session_id=sid)
                     outcome = dataclasses.replace(outcome, status="abandoned")
                 if outcome is None:
+                    # parked on an operator: a decision releases it (``decided``)
                     delay = self.config.parked_delay_s
+                    held = True
                 elif outcome.status is None:
                     waiting = True  # it delegated in turn: its own children wake it
                 else:
@@ -314,7 +317,9 @@ class Worker:
                         delay = self.config.parked_delay_s
                         held = True
                 except ResumeBlockedError:
+                    # parked on an operator: a decision releases it (``decided``)
                     delay = self.config.parked_delay_s
+                    held = True
                 state = await sessions.state(sid)
             if delay is None and wake.message is not None and not _delivered(state, wake):
                 offset = len(state.events) if state is not None else 0

@@ -634,6 +634,10 @@ def create_app(
             made = await sessions.decide(
                 session_id, body.call_id, body.decision, result=body.result
             )
+            if body.decision == "abandon":
+                await hub.abandoned(session_id)
+            else:
+                await hub.decided(session_id)
         hub.publish(session_id, made)
         return Facts(offsets=[e.offset for e in made])
 

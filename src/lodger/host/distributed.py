@@ -223,6 +223,11 @@ class ControlPlaneHub(Hub):
         await self.plane.withdraw_approvals(session_id=session_id)
         await self.plane.release_held_wakes(session_id=session_id)
 
+    async def decided(self, session_id: str) -> None:
+        """A worker held the session's wakes back for an operator's decision: they are
+        due now (a worker resumes, or holds them again if more decisions are needed)."""
+        await self.plane.release_held_wakes(session_id=session_id)
+
     def waiting(self) -> int:
         return self._pending
 

@@ -376,6 +376,10 @@ class Hub:
         """The session's open turn was just abandoned: nothing of it waits any more. Here
         a question is asked only by a running turn, which an abandon cannot meet."""
 
+    async def decided(self, session_id: str) -> None:
+        """An operator decision was just appended to the session's open turn. Here the
+        turn goes on when a client resumes it (``POST .../resume``)."""
+
     async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
         """Decide a parked call once: the first answer wins, any later one is a conflict."""
         asked = self._asked.get((session_id, call_id))

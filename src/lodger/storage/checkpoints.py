@@ -4,9 +4,10 @@ A checkpoint (``lodger.engine.checkpoint``) lets opening a long session skip dec
 events it covers; the chain over every stored byte is still checked. This module only
 stores its bytes: the local state directory keeps one file per session
 (``<state>/checkpoints/<session>.ckpt``, written under a temporary name and renamed, so a
-reader sees the old file or the new one, never a torn one); the memory twin keeps a dict;
-a store without a place for them (the object store) keeps none. Losing or damaging a
-checkpoint loses nothing: the next open decodes the whole log and writes a new one.
+reader sees the old file or the new one, never a torn one); the object store keeps them
+as objects (``lodger.storage.objectstore.ObjectCheckpoints``); the memory twin keeps a
+dict; a store without a place for them keeps none. Losing or damaging a checkpoint loses
+nothing: the next open decodes the whole log and writes a new one.
 """
 
 from __future__ import annotations

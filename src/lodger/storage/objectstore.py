@@ -31,6 +31,11 @@ left once their grace period (``grace_s``, an hour by default) has passed.
 With ``cache_dir``, immutable objects read once are kept on local disk, so a worker that
 wakes a dormant session fetches only the manifest, a listing and the new tail.
 
+Fold checkpoints (``lodger.engine.checkpoint``: a cache of a long session's decoded fold,
+never an authority) are objects too, ``sessions/<id>/checkpoint/<name>`` (``checkpoints``,
+an ``ObjectCheckpoints``), so a worker that wakes a long session anywhere decodes only
+the events after the newest one.
+
 Only one ``SessionWriter`` per session per process (``acquire_writer``); across
 processes and machines the create-only puts are the fence.
 """
@@ -41,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -218,6 +224,8 @@ class ObjectLogStore:
         self.fail_put: Callable[[str], bool] | None = None  # fault injection for tests
         #: why the latest compaction on release failed (it is retried on the next one)
         self.last_compaction_error: StorageError | None = None
+        #: fold checkpoints beside the log (``lodger.engine.checkpoint``)
+        self.checkpoints = ObjectCheckpoints(self)
 
     # ---------------------------------------------------------------- raw objects
 
@@ -608,6 +616,64 @@ class ObjectLogStore:
         except (BaseError, OSError) as exc:
             raise _storage_error("list", session_root(session_id), exc) from exc
         return total
+
+
+class ObjectCheckpoints:
+    """The fold checkpoints of an ``ObjectLogStore`` (a ``CheckpointStore``).
+
+    Every save is a new create-only object, ``sessions/<id>/checkpoint/<name>``, whose
+    name is the writer's clock in microseconds and a random tag; once it is written the
+    save deletes the session's other checkpoints. A load lists them and reads the one
+    whose name sorts last. Objects are never overwritten, so a reader sees a whole
+    checkpoint or none, and the store's ``cache_dir`` keeps one like any other immutable
+    object: a worker that woke the session before reads it from its own disk. Races only
+    cost time: two savers may leave two checkpoints (the newer name wins) or delete each
+    other's (the next open decodes everything and writes one), and a checkpoint from a
+    skewed clock, or of another history of the session, is still checked against the
+    verified chain before anything of it is used.
+    """
+
+    def __init__(self, store: ObjectLogStore) -> None:
+        self._store = store
+
+    @staticmethod
+    def _prefix(session_id: str) -> str:
+        return f"{session_root(check_session_id(session_id))}checkpoint/"
+
+    async def load_checkpoint(self, *, session_id: str) -> bytes | None:
+        prefix = self._prefix(session_id)
+        try:
+            keys = await self._store._list(prefix)
+            for key in reversed(keys):
+                data = await self._store._get(key, immutable=True)
+                if data is not None:  # else deleted by a newer save since the listing
+                    return data
+        except StorageError:  # unreachable or unreadable: a cache miss, never an error
+            return None
+        return None
+
+    async def save_checkpoint(self, *, session_id: str, data: bytes) -> None:
+        prefix = self._prefix(session_id)
+        key = f"{prefix}{self._store._clock_us():020d}-{secrets.token_hex(4)}"
+        await self._store._put(key, bytes(data), create=True)
+        cached = self._store._cache_path(key)
+        if cached is not None:  # this worker reads it back from disk
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(_write_cache, cached, bytes(data))
+        with contextlib.suppress(StorageError):  # a leftover is never read over a newer one
+            await self._drop(prefix, keep=key)
+
+    async def discard_checkpoint(self, *, session_id: str) -> None:
+        await self._drop(self._prefix(session_id), keep=None)
+
+    async def _drop(self, prefix: str, *, keep: str | None) -> None:
+        for key in await self._store._list(prefix):
+            if key == keep:
+                continue
+            await self._store._delete(key)
+            cached = self._store._cache_path(key)
+            if cached is not None:  # a checkpoint is large: no copy of a dropped one stays
+                await asyncio.to_thread(cached.unlink, missing_ok=True)
 
 
 def _newest_snapshot(records: Sequence[Record]) -> tuple[int, str] | None:

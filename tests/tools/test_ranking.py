@@ -349,9 +349,9 @@ def _quality(index: Any, split: str) -> float:
 @pytest.mark.slow
 def test_held_out_recall_does_not_regress() -> None:
     """Floors just under what bench/tool_search.py measured on the test half (lexical
-    0.868, hybrid 0.881, the ranker before issue 17 0.723)."""
+    0.868, hybrid 0.887, the ranker before issue 17 0.723)."""
     catalog = load_catalog(HELD_OUT / "mcp_catalog_real.json")
     assert len(catalog) >= 600
     assert _quality(ToolIndex(catalog, weights=CURRENT), "test") < 0.75
     assert _quality(ToolIndex(catalog), "test") >= 0.86
-    assert _quality(HybridIndex(catalog, embedder=embedder()), "test") >= 0.87
+    assert _quality(HybridIndex(catalog, embedder=embedder()), "test") >= 0.88

@@ -15,7 +15,9 @@ and ``tool_search`` ranks lexically.
 The two are fused by score: a tool's BM25F score over the best tool's, plus a weight
 times its cosine similarity (on the dev half this beat reciprocal rank fusion, which
 dropped recall@5 below the lexical ranker's, and scaling the similarities by the best
-one's or to z-scores). A catalog's embeddings are computed once and cached in memory
+one's or to z-scores), plus a weight times its server's BM25 score (``ServerIndex``: the
+server's definitions as one document), which raises the tools of the server a request
+is about. A catalog's embeddings are computed once and cached in memory
 by the digest of the model and the texts embedded, so a tool set bound again (a new
 run, another session over the same MCP servers) reuses them.
 """

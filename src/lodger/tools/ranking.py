@@ -41,6 +41,7 @@ __all__ = [
     "FITTED",
     "FieldWeights",
     "SearchHit",
+    "ServerIndex",
     "ToolIndex",
     "action",
     "query_terms",
@@ -469,3 +470,46 @@ class ToolIndex:
             scores[doc] = scores.get(doc, 0.0) + EXACT_BONUS
         best = heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
         return [SearchHit(name=self.tools[d].name, score=s, tool=self.tools[d]) for d, s in best]
+
+
+class ServerIndex:
+    """Each server (tool group) as one document: all its tools' names, descriptions and
+    parameters in one bag of words, ranked against a query by Okapi BM25.
+
+    A request names its tool's domain more often than its tool: "log the meeting with the
+    customer" shares "customer" and "meeting" with many HubSpot tools, while the wanted
+    one may say neither; a server whose definitions together say much of the request is
+    likely the right one. The hybrid ranker adds a share of this to each tool's score (a
+    server prior, as cluster-based retrieval smooths a document with its cluster), with
+    the weight fitted on the dev half of ``bench/data`` (``bench/tool_search_learned.py``).
+    """
+
+    def __init__(self, tools: Iterable[Tool], *, k1: float = 1.2, b: float = 0.75) -> None:
+        self.tools = sorted(tools, key=lambda t: t.name)
+        self.groups = sorted({t.group for t in self.tools})
+        at = {g: i for i, g in enumerate(self.groups)}
+        self.group_of = [at[t.group] for t in self.tools]  # by position in ``tools``
+        bags: list[Counter[str]] = [Counter() for _ in self.groups]
+        for t, g in zip(self.tools, self.group_of, strict=True):
+            for text in tool_fields(t):
+                bags[g].update(tokenize(text))
+        lengths = [sum(bag.values()) for bag in bags]
+        average = max(sum(lengths) / max(len(bags), 1), 1.0)
+        df: Counter[str] = Counter(term for bag in bags for term in bag)
+        n = len(bags)
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        for g, bag in enumerate(bags):
+            norm = k1 * (1 - b + b * lengths[g] / average)
+            for term, tf in bag.items():
+                idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                self._postings.setdefault(term, []).append((g, idf * tf * (k1 + 1) / (tf + norm)))
+
+    def scores(self, terms: dict[str, float]) -> list[float]:
+        """Each group's BM25 score for weighted query ``terms`` (as ``query_terms`` gives),
+        over the best group's (all zero when no group shares a term)."""
+        scores = [0.0] * len(self.groups)
+        for term, times in terms.items():
+            for g, contribution in self._postings.get(term, ()):
+                scores[g] += times * contribution
+        top = max(scores, default=0.0)
+        return [s / top for s in scores] if top > 0 else scores

@@ -15,7 +15,9 @@ and ``tool_search`` ranks lexically.
 The two are fused by score: a tool's BM25F score over the best tool's, plus a weight
 times its cosine similarity (on the dev half this beat reciprocal rank fusion, which
 dropped recall@5 below the lexical ranker's, and scaling the similarities by the best
-one's or to z-scores). A catalog's embeddings are computed once and cached in memory
+one's or to z-scores), plus a weight times its server's BM25 score (``ServerIndex``: the
+server's definitions as one document), which raises the tools of the server a request
+is about. A catalog's embeddings are computed once and cached in memory
 by the digest of the model and the texts embedded, so a tool set bound again (a new
 run, another session over the same MCP servers) reuses them.
 """
@@ -34,7 +36,9 @@ from lodger.tools.ranking import (
     FITTED,
     FieldWeights,
     SearchHit,
+    ServerIndex,
     ToolIndex,
+    query_terms,
     tool_fields,
 )
 from lodger.tools.spec import Tool
@@ -146,8 +150,12 @@ def _empty() -> NDArray[np.float32]:
 # ---------------------------------------------------------------- fusion
 
 # Fitted on the dev half of bench/data: a tool's fused score is its BM25F score over the
-# best one's, plus this times its cosine similarity to the query.
-SEMANTIC_WEIGHT = 0.4
+# best one's, plus ``SEMANTIC_WEIGHT`` times its cosine similarity to the query, plus
+# ``SERVER_WEIGHT`` times its server's BM25 score over the best server's (``ServerIndex``).
+# The two weights were learned together (pairwise logistic loss, pulled toward the fusion
+# before them, 0.4 and 0; bench/tool_search_learned.py, which cross-validates it in dev).
+SEMANTIC_WEIGHT = 0.75
+SERVER_WEIGHT = 0.19
 # A tool that shares no word with the query is a match only this near to it: below, a
 # query of unknown words ("zzzz") would still "find" its nearest neighbours.
 MIN_SIMILARITY = 0.25
@@ -164,12 +172,19 @@ class HybridIndex:
         embedder: Embedder,
         weights: FieldWeights = FITTED,
         semantic_weight: float = SEMANTIC_WEIGHT,
+        server_weight: float = SERVER_WEIGHT,
     ) -> None:
         self.lexical = ToolIndex(tools, weights=weights)
         self.tools = self.lexical.tools
         self.embedder = embedder
         self.semantic_weight = semantic_weight
+        self.server_weight = server_weight
+        self.servers = ServerIndex(self.tools) if server_weight > 0 else None
         self.digest, self._vectors = catalog_vectors(self.tools, embedder)
+        import numpy as np
+
+        group_of = self.servers.group_of if self.servers is not None else []
+        self._group_of = np.asarray(group_of, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.tools)
@@ -204,6 +219,11 @@ class HybridIndex:
             values = np.fromiter(lexical.values(), dtype=np.float32, count=len(lexical))
             fused[docs] += values / np.float32(top)
             matched[docs] = True
+        if self.servers is not None:
+            by_group = self.servers.scores(query_terms(query, related=self.lexical.weights.related))
+            if any(by_group):
+                servers = np.asarray(by_group, dtype=np.float32)[self._group_of]
+                fused += servers * np.float32(self.server_weight)
         for doc in self.lexical.exact(query):
             fused[doc] += np.float32(EXACT_BONUS)
         candidates = np.flatnonzero(matched)

@@ -17,7 +17,10 @@ Measured in one run, against baselines from the same run:
   tail is fetched). Requests and seconds, file and S3;
 - bytes stored per dormant session after compaction and garbage collection, against
   the bytes of its events;
-- fork time against copying the session's events into a new session.
+- fork time against copying the session's events into a new session;
+- opening the session's fold (what a worker's resume does) on a worker that finds no
+  fold checkpoint (it decodes every event), against the next worker, elsewhere with an
+  empty cache, that opens it from the checkpoint the first one saved.
 
     python bench/object_store.py [--quick] [--events N] [--calls N]
 
@@ -40,9 +43,24 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from lodger import Agent, FunctionModel, tool
-from lodger.events import EventDraft, ProposedCall, ToolResponded
+from lodger.engine.checkpoint import open_fold
+from lodger.events import (
+    EventDraft,
+    ModelOutput,
+    ProposedCall,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    ToolDispatched,
+    ToolRef,
+    ToolResponded,
+    TurnEnded,
+    TurnStarted,
+)
 from lodger.ids import SystemClock, Uuid7Factory
 from lodger.providers.base import ModelRequest, ModelResponse
 from lodger.storage import EventLog, SqliteLogStore
@@ -111,6 +129,37 @@ async def _fill(log: EventLog, sid: str, events: int, batch: int) -> None:
             at += k
 
 
+def _turn_drafts(turns: int) -> list[EventDraft]:
+    """``turns`` turns of one step that calls a tool and one that answers (8 events)."""
+    out: list[EventDraft] = []
+
+    def add(body: Any, **env: str) -> None:
+        out.append(EventDraft(id=f"e{len(out):08d}", ts=len(out) + 1, body=body, **env))
+
+    tools = (ToolRef(name="noop", schema_digest="sha256-noop"),)
+    add(SessionStarted(workspace="/ws"))
+    for n in range(turns):
+        t, r, s, c = f"t{n}", f"r{n}", f"s{n}", f"c{n}"
+        add(TurnStarted(input=f"task {n}"), turn_id=t)
+        add(RunStarted(model="function"), turn_id=t, run_id=r)
+        add(StepStarted(index=0, model="function", tools=tools), turn_id=t, run_id=r, step_id=s)
+        call = ProposedCall(call_id=c, name="noop", arguments=json.dumps({"data": "x" * 180}))
+        add(ModelOutput(calls=(call,)), turn_id=t, run_id=r, step_id=s)
+        dispatched = ToolDispatched(operation_id=f"op{n}", tool="noop", arguments={"data": "x"})
+        add(dispatched, turn_id=t, run_id=r, step_id=s, call_id=c)
+        responded = ToolResponded(operation_id=f"op{n}", status="ok", content="r" * 200)
+        add(responded, turn_id=t, run_id=r, step_id=s, call_id=c)
+        add(RunEnded(status="completed"), turn_id=t, run_id=r)
+        add(TurnEnded(status="completed", answer="done"), turn_id=t)
+    return out
+
+
+async def _fill_drafts(log: EventLog, sid: str, drafts: list[EventDraft]) -> None:
+    async with await log.open_writer(sid) as writer:
+        for at in range(0, len(drafts), 500):
+            await writer.append(drafts[at : at + 500], expected_offset=at)
+
+
 def _workspace(root: Path, files: int) -> None:
     for n in range(files):
         path = root / f"d{n % 10}" / f"f{n}.txt"
@@ -158,6 +207,27 @@ async def wake(url: str, work: Path, events: int, batch: int) -> dict[str, float
     warm_gets = worker.stats.gets - before[0]
     warm_bytes = worker.stats.bytes_got - before[2]
 
+    # opening a session's fold (what a worker's resume does), on a session of turns
+    # (``_turn_drafts``): a worker that finds no fold checkpoint decodes every event (and
+    # saves one); the next one, elsewhere with an empty cache, decodes only what follows
+    turns = _turn_drafts(events // 8)
+    await _fill_drafts(log, "long", turns)
+    fresh = EventLog(ObjectLogStore(where.store, identity=where.identity + "#f1"))
+    start = time.perf_counter()
+    full = await open_fold(fresh, "long")
+    fold_full_s = time.perf_counter() - start
+    again = EventLog(
+        ObjectLogStore(
+            where.store, identity=where.identity + "#f2", cache_dir=work / uuid.uuid4().hex
+        )
+    )
+    start = time.perf_counter()
+    cached = await open_fold(again, "long")
+    fold_checkpoint_s = time.perf_counter() - start
+    assert cached.events.undecoded_base == len(full.events) == len(turns)
+    await fresh.close()
+    await again.close()
+
     # fork against copying every event into a new session
     clock, ids = SystemClock(), Uuid7Factory()
     start = time.perf_counter()
@@ -181,6 +251,8 @@ async def wake(url: str, work: Path, events: int, batch: int) -> dict[str, float
         "event_bytes": event_bytes,
         "fork_s": fork_s,
         "copy_s": copy_s,
+        "open_fold_full_s": fold_full_s,
+        "open_fold_checkpoint_s": fold_checkpoint_s,
     }
 
 
@@ -322,6 +394,13 @@ def main() -> None:
             f"stored {row['stored_bytes']} B for {row['event_bytes']} B of events; "
             f"fork {row['fork_s'] * 1e3:.1f} ms vs copy {row['copy_s'] * 1e3:.1f} ms"
         )
+        full, ckpt = row["open_fold_full_s"], row["open_fold_checkpoint_s"]
+        print(
+            f"open fold {name:>3}: no checkpoint {full * 1e3:8.1f} ms; another worker from "
+            f"the checkpoint {ckpt * 1e3:8.1f} ms ({ckpt / full:.2f}x)"
+        )
+    folds = {n: r["open_fold_checkpoint_s"] / r["open_fold_full_s"] for n, r in wake_rows.items()}
+    result["open_fold_checkpoint_over_full"] = folds
     print(json.dumps(result, sort_keys=True))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -112,8 +113,8 @@ class MessageLog(Sequence[Message]):
     """The closed messages of a projection, in order; they only grow.
 
     Built as events fold; a checkpoint's (``lodger.engine.checkpoint``) are kept as the
-    JSON chunks it stored, each turned into messages when one of its messages is first
-    read: opening a long session does not build the conversation nobody reads (a model
+    compressed JSON chunks it stored, each turned into messages when one of its messages
+    is first read: opening a long session does not build the conversation nobody reads (a model
     request that looks at the latest turn only, a turn that stops before its first
     request). A provider that sends the whole conversation reads them all.
     """
@@ -130,8 +131,8 @@ class MessageLog(Sequence[Message]):
 
     @classmethod
     def stored(cls, chunks: list[bytes], *, chunk: int, count: int, session_id: str) -> MessageLog:
-        """``count`` messages stored as JSON arrays of ``chunk`` messages each (the last
-        may hold fewer)."""
+        """``count`` messages stored as zlib-compressed JSON arrays of ``chunk`` messages
+        each (the last may hold fewer)."""
         if chunk < 1 or count < 0 or len(chunks) != -(-count // chunk):
             raise ValueError("stored messages: the chunks do not hold the count")
         log = cls()
@@ -146,11 +147,11 @@ class MessageLog(Sequence[Message]):
             return loaded
         expected = min(self._chunk, self._stored_count - index * self._chunk)
         try:
-            items = json.loads(self._chunks[index])
+            items = json.loads(zlib.decompress(self._chunks[index]))
             if not isinstance(items, list) or len(items) != expected:
                 raise ValueError("another number of messages")
             loaded = _messages_from(items)
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
+        except (ValueError, TypeError, KeyError, IndexError, zlib.error) as exc:
             # only a file sealed right and written wrong reaches this (by hand: a bug
             # would be caught by the property tests): fail closed, name the way out
             raise CorruptLogError(

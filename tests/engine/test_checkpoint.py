@@ -27,6 +27,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -401,6 +403,16 @@ def _sealed(chain: object, body: bytes) -> bytes:
     return body + ckpt._seal(chain, body).encode() + b"\n"  # type: ignore[arg-type]
 
 
+def _rewritten(data: bytes, chain: object, changes: dict[int, Callable[[bytes], bytes]]) -> bytes:
+    """The checkpoint with frames changed (``changes``: frame index -> a function of its
+    inflated text) and sealed again, as a hand-made file sealed right would be."""
+    start = data.index(b"\n", len(ckpt.MAGIC)) + 1
+    texts = [zlib.decompress(f) for f in ckpt.split_frames(data[:-65], start)]
+    for index, change in changes.items():
+        texts[index] = change(texts[index])
+    return _sealed(chain, data[:start] + ckpt.join_frames([zlib.compress(t) for t in texts]))
+
+
 def _reheader(data: bytes, chain: object, **changes: object) -> bytes:
     """The checkpoint with header fields changed and sealed again (a writer of another
     version would seal what it wrote)."""
@@ -458,9 +470,12 @@ def test_a_bad_checkpoint_is_ignored_and_the_open_is_still_right(
     elif damage == "beyond":
         bad = _reheader(good, chain, offset=len(events) + 1)
     elif damage == "bad_values":
-        body = good[:-65].replace(b'"turns":', b'"turns":{"x":1},"ignored":', 1)
-        body = body.replace(b'"closed":[[', b'"closed":[[1,', 1)
-        bad = _sealed(chain, body)
+
+        def wrong(text: bytes) -> bytes:
+            text = text.replace(b'"turns":', b'"turns":{"x":1},"ignored":', 1)
+            return text.replace(b'"closed":[[', b'"closed":[[1,', 1)
+
+        bad = _rewritten(good, chain, {0: wrong})
     else:  # a pickle that would run code if anything unpickled it
         bad = pickle.dumps(_Boom(str(marker)))
     assert decode_or_why(bad, verified) == why
@@ -766,9 +781,9 @@ def test_a_sealed_checkpoint_with_unreadable_messages_fails_closed_when_read(
     secret; a keyed one is): reading its messages fails closed, naming the way out."""
     verified, _, whole = full
     good = encode_checkpoint(whole, verified.chain)
-    lines = good[:-65].split(b"\n")
-    lines[3] = b'[["r", 1, 2, 3, false]]'  # the first chunk of messages
-    restored = decode_or_why(_sealed(verified.chain, b"\n".join(lines)), verified)
+    # the first chunk of messages
+    bad = _rewritten(good, verified.chain, {1: lambda _: b'[["r", 1, 2, 3, false]]'})
+    restored = decode_or_why(bad, verified)
     assert not isinstance(restored, str)
     with pytest.raises(CorruptLogError) as caught:
         list(restored.projector.project().messages)
@@ -808,3 +823,47 @@ async def test_a_turn_on_a_long_session_opens_from_the_checkpoint_and_answers_th
     assert (a.status, a.answer) == (b.status, b.answer) == ("completed", "ok")
     assert list(a.messages) == list(b.messages)
     assert path.read_bytes() == first  # two short turns later it is not due again
+
+
+@pytest.mark.parametrize(
+    "framed",
+    [
+        b"5\nabc\n",  # shorter than its length says
+        b"3\nabcX",  # no newline where it ends
+        b"x\nabc\n",  # a length that is not digits
+        b"-3\nabc\n",
+        b"3",  # no newline after the length
+        b"9" * 40 + b"\nabc\n",  # a length longer than any frame can be
+        b"3\nabc\n2\n",  # a second frame cut short
+    ],
+)
+def test_frames_that_do_not_fit_are_refused(framed: bytes) -> None:
+    with pytest.raises(ValueError, match="frame"):
+        ckpt.split_frames(framed)
+
+
+def test_frames_round_trip_whatever_bytes_they_hold() -> None:
+    blobs = [b"", b"\n", b"12\n34\n", bytes(range(256)), zlib.compress(b"x" * 10_000)]
+    assert ckpt.split_frames(ckpt.join_frames(blobs)) == blobs
+
+
+def test_a_sealed_checkpoint_whose_payload_does_not_inflate_is_ignored(
+    full: tuple[VerifiedRecords, list[Event], SessionState],
+) -> None:
+    verified, _, whole = full
+    good = encode_checkpoint(whole, verified.chain)
+    start = good.index(b"\n", len(ckpt.MAGIC)) + 1
+    frames = ckpt.split_frames(good[:-65], start)
+    frames[0] = b"not zlib at all"
+    bad = _sealed(verified.chain, good[:start] + ckpt.join_frames(frames))
+    assert decode_or_why(bad, verified) == "unreadable (error)"
+
+
+def test_a_checkpoint_is_smaller_than_its_json(
+    full: tuple[VerifiedRecords, list[Event], SessionState],
+) -> None:
+    verified, _, whole = full
+    good = encode_checkpoint(whole, verified.chain)
+    start = good.index(b"\n", len(ckpt.MAGIC)) + 1
+    inflated = sum(len(zlib.decompress(f)) for f in ckpt.split_frames(good[:-65], start))
+    assert len(good) * 3 < inflated  # compressed frames: several times smaller

@@ -8,7 +8,6 @@ asks in the waiting mode; the parking approver reads the answer back."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from lodger.cli import main
 from lodger.control import SqliteControlPlane
 from lodger.control._sql import SqlControlPlane, approval_key
 from lodger.control.approvals import ParkingApprovals
-from lodger.control.postgres import PostgresControlPlane
 from lodger.control.worker import Worker, WorkerConfig
 from lodger.engine.permissions import _ASKING, Asking
 from lodger.events import (
@@ -38,23 +36,7 @@ from lodger.events import (
 from lodger.providers.scripted import ScriptedModel
 from lodger.sessions import Binding
 from lodger.storage import Storage
-from lodger.testing.postgres import PostgresServer
 from lodger.tools.spec import Tool
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def plane(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlControlPlane]:
-    control: SqlControlPlane
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        control = PostgresControlPlane(server.new_database())
-    else:
-        control = SqliteControlPlane(tmp_path / "control.sqlite3")
-    await control.start()
-    try:
-        yield control
-    finally:
-        await control.close()
 
 
 async def _park(plane: SqlControlPlane, call: str = "c1", expires_s: float = 3600.0) -> Any:

@@ -6,31 +6,9 @@ answer (or a denial at its deadline)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-
-from lodger.control import SqliteControlPlane
 from lodger.control._sql import SqlControlPlane
 from lodger.control.approvals import ControlApprovals
-from lodger.control.postgres import PostgresControlPlane
-from lodger.testing.postgres import PostgresServer
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def plane(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlControlPlane]:
-    control: SqlControlPlane
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        control = PostgresControlPlane(server.new_database())
-    else:
-        control = SqliteControlPlane(tmp_path / "control.sqlite3")
-    await control.start()
-    try:
-        yield control
-    finally:
-        await control.close()
 
 
 async def _ask(plane: SqlControlPlane, call: str = "c1", wait_s: float = 60.0) -> None:

@@ -8,6 +8,9 @@ asks in the waiting mode; the parking approver reads the answer back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,32 +194,58 @@ async def _noop(arguments: dict[str, Any], ctx: Any) -> str:
     return ""
 
 
-async def test_a_message_sent_while_parked_waits_without_touching_the_log(
-    tmp_path: Path,
-) -> None:
-    """An in-process worker (SQLite control plane, ``file://`` store): a message sent to
-    a session whose approval is unanswered is looked at and handed back without resuming
-    the turn (its log does not grow), and is delivered as the next turn once the answer
-    has let the waiting turn finish."""
-    ran: list[str] = []
+@dataclass
+class _Running:
+    """An in-process worker (SQLite control plane, ``file://`` store) and what the tests
+    read of it."""
 
-    @tool(approval=True)
-    def ship(target: str) -> str:
-        """Ship (needs approval)."""
-        ran.append(target)
-        return f"shipped {target}"
+    control: SqliteControlPlane
+    storage: Storage
+    task: asyncio.Task[None]
+    plane_file: Path
+    store: str
 
-    control = SqliteControlPlane(tmp_path / "control.sqlite3")
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]]) -> None:
+        async with asyncio.timeout(60):
+            while not await check():
+                assert not self.task.done(), what
+                await asyncio.sleep(0.02)
+
+    async def status(self, session_id: str) -> str | None:
+        row = await self.control.get_session(session_id=session_id)
+        return row.status if row else None
+
+    async def two_turns_completed(self, session_id: str) -> bool:
+        events = await self.storage.log.read_all(session_id)
+        ended = [e.body.status for e in events if isinstance(e.body, TurnEnded)]
+        return ended == ["completed", "completed"]
+
+    async def inputs(self, session_id: str) -> list[str]:
+        events = await self.storage.log.read_all(session_id)
+        return [e.body.input for e in events if isinstance(e.body, TurnStarted)]
+
+    async def looked_at(self, wake_id: int, times: int) -> bool:
+        """Whether the wake was claimed ``times`` times and is queued again."""
+        info = await self.control.get_wake(wake_id=wake_id)
+        return info is not None and info.wake.attempts >= times and info.status == "queued"
+
+
+@contextlib.asynccontextmanager
+async def _worker(
+    tmp_path: Path, tools: list[Tool], turns: list[Any], *, parked_delay_s: float
+) -> AsyncIterator[_Running]:
+    """A worker whose binding parks approvals, running until the block ends."""
+    plane_file = tmp_path / "control.sqlite3"
+    control = SqliteControlPlane(plane_file)
     await control.start()
-    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    store = f"file://{tmp_path / 'objects'}"
+    storage = Storage.from_url(store)
     approvals = ParkingApprovals(control)
-    turns = [[{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
-             [{"text": "second answered"}]]  # fmt: skip
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
         return Binding(
             model=ScriptedModel(turns=turns),
-            tools=[ship],
+            tools=tools,
             workspace=workspace,
             approver=approvals.approver(session_id),
         )
@@ -225,59 +254,61 @@ async def test_a_message_sent_while_parked_waits_without_touching_the_log(
         control=control,
         storage=storage,
         bind=bind,
-        config=WorkerConfig(poll_s=0.02, parked_delay_s=0.2, lease_ttl_s=5),
+        config=WorkerConfig(poll_s=0.02, parked_delay_s=parked_delay_s, lease_ttl_s=5),
         workdir=tmp_path,
     )
     stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-
-    async def until(what: str, check: Any) -> None:
-        async with asyncio.timeout(60):
-            while not await check():
-                assert not running.done(), what
-                await asyncio.sleep(0.02)
-
-    async def status() -> str | None:
-        row = await control.get_session(session_id="s1")
-        return row.status if row else None
-
+    task = asyncio.create_task(worker.run(stop))
     try:
-        await control.send(session_id="s1", message="ship it")
-        await until("parked", lambda: _is(status, "waiting"))
-        (pending,) = await control.list_approvals(session_id="s1")
-        dormant = len(await storage.log.read_all("s1"))
-        message = await control.send(session_id="s1", message="second")
-        assert message is not None
-
-        async def looked_at_twice() -> bool:
-            info = await control.get_wake(wake_id=message)
-            return info is not None and info.wake.attempts >= 2
-
-        await until("the message looked at and handed back twice", looked_at_twice)
-        assert len(await storage.log.read_all("s1")) == dormant  # no resume, no new fact
-        assert ran == []
-        await control.answer_approval(session_id="s1", call_id=pending.call_id, allow=True,
-                                      by="op")  # fmt: skip
-
-        async def second_done() -> bool:
-            events = await storage.log.read_all("s1")
-            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
-                "completed", "completed",
-            ]  # fmt: skip
-
-        await until("both turns completed", second_done)
+        yield _Running(control, storage, task, plane_file, store)
     finally:
         stop.set()
-        await running
+        await task
         await storage.close()
         await control.close()
+
+
+SHIP_TURNS = [
+    [{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
+    [{"text": "second answered"}],
+]
+
+
+def _ship_tool(ran: list[str]) -> Tool:
+    @tool(approval=True)
+    def ship(target: str) -> str:
+        """Ship (needs approval)."""
+        ran.append(target)
+        return f"shipped {target}"
+
+    return ship
+
+
+async def test_a_message_sent_while_parked_waits_without_touching_the_log(
+    tmp_path: Path,
+) -> None:
+    """A message sent to a session whose approval is unanswered is looked at and handed
+    back without resuming the turn (its log does not grow), and is delivered as the next
+    turn once the answer has let the waiting turn finish."""
+    ran: list[str] = []
+    async with _worker(tmp_path, [_ship_tool(ran)], SHIP_TURNS, parked_delay_s=0.2) as run:
+        await run.control.send(session_id="s1", message="ship it")
+        await run.until("parked", lambda: _is(lambda: run.status("s1"), "waiting"))
+        (pending,) = await run.control.list_approvals(session_id="s1")
+        dormant = len(await run.storage.log.read_all("s1"))
+        message = await run.control.send(session_id="s1", message="second")
+        assert message is not None
+        await run.until("looked at and handed back twice", lambda: run.looked_at(message, 2))
+        assert len(await run.storage.log.read_all("s1")) == dormant  # no resume, no new fact
+        assert ran == []
+        await run.control.answer_approval(session_id="s1", call_id=pending.call_id,
+                                          allow=True, by="op")  # fmt: skip
+        await run.until("both turns completed", lambda: run.two_turns_completed("s1"))
+        assert await run.inputs("s1") == ["ship it", "second"]
     assert ran == ["prod"]
-    events = await Storage.from_url(f"file://{tmp_path / 'objects'}").log.read_all("s1")
-    inputs = [e.body.input for e in events if isinstance(e.body, TurnStarted)]
-    assert inputs == ["ship it", "second"]
 
 
-async def _is(read: Any, expected: str) -> bool:
+async def _is(read: Callable[[], Awaitable[object]], expected: object) -> bool:
     return bool(await read() == expected)
 
 
@@ -329,82 +360,22 @@ async def test_a_message_held_for_a_parked_turn_goes_as_soon_as_the_turn_settles
     the approval is unanswered is still delivered right after the answer lets the turn
     finish: the worker that settles the turn releases the held message (schema v7)."""
     ran: list[str] = []
-
-    @tool(approval=True)
-    def ship(target: str) -> str:
-        """Ship (needs approval)."""
-        ran.append(target)
-        return f"shipped {target}"
-
-    control = SqliteControlPlane(tmp_path / "control.sqlite3")
-    await control.start()
-    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
-    approvals = ParkingApprovals(control)
-    turns = [[{"calls": [{"name": "ship", "args": {"target": "prod"}}]}, {"text": "shipped"}],
-             [{"text": "second answered"}]]  # fmt: skip
-
-    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
-        return Binding(
-            model=ScriptedModel(turns=turns),
-            tools=[ship],
-            workspace=workspace,
-            approver=approvals.approver(session_id),
-        )
-
-    worker = Worker(
-        control=control,
-        storage=storage,
-        bind=bind,
-        config=WorkerConfig(poll_s=0.02, parked_delay_s=3600, lease_ttl_s=5),
-        workdir=tmp_path,
-    )
-    stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-
-    async def until(what: str, check: Any) -> None:
-        async with asyncio.timeout(60):
-            while not await check():
-                assert not running.done(), what
-                await asyncio.sleep(0.02)
-
-    async def status() -> str | None:
-        row = await control.get_session(session_id="s1")
-        return row.status if row else None
-
-    try:
-        await control.send(session_id="s1", message="ship it")
-        await until("parked", lambda: _is(status, "waiting"))
-        (pending,) = await control.list_approvals(session_id="s1")
-        message = await control.send(session_id="s1", message="second")
+    async with _worker(tmp_path, [_ship_tool(ran)], SHIP_TURNS, parked_delay_s=3600) as run:
+        await run.control.send(session_id="s1", message="ship it")
+        await run.until("parked", lambda: _is(lambda: run.status("s1"), "waiting"))
+        (pending,) = await run.control.list_approvals(session_id="s1")
+        message = await run.control.send(session_id="s1", message="second")
         assert message is not None
-
-        async def held_back() -> bool:
-            info = await control.get_wake(wake_id=message)
-            return info is not None and info.wake.attempts >= 1 and info.status == "queued"
-
-        await until("the message looked at and held", held_back)
-        (looked,) = [w for w in await control.pending_wakes(session_id="s1") if w.id == message]
-        assert looked.due_at > (await control.now()) + 1800  # only a release brings it back
-        await control.answer_approval(session_id="s1", call_id=pending.call_id, allow=True,
-                                      by="op")  # fmt: skip
-
-        async def second_done() -> bool:
-            events = await storage.log.read_all("s1")
-            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
-                "completed", "completed",
-            ]  # fmt: skip
-
-        await until("both turns completed well before the next look", second_done)
-    finally:
-        stop.set()
-        await running
-        await storage.close()
-        await control.close()
+        await run.until("the message looked at and held", lambda: run.looked_at(message, 1))
+        (looked,) = [w for w in await run.control.pending_wakes(session_id="s1") if w.id == message]
+        assert looked.due_at > (await run.control.now()) + 1800  # only a release brings it
+        await run.control.answer_approval(session_id="s1", call_id=pending.call_id,
+                                          allow=True, by="op")  # fmt: skip
+        await run.until(
+            "both turns completed well before the next look", lambda: run.two_turns_completed("s1")
+        )
+        assert await run.inputs("s1") == ["ship it", "second"]
     assert ran == ["prod"]
-    events = await Storage.from_url(f"file://{tmp_path / 'objects'}").log.read_all("s1")
-    assert [e.body.input for e in events if isinstance(e.body, TurnStarted)] == [
-        "ship it", "second",
-    ]  # fmt: skip
 
 
 async def test_a_message_held_for_an_operator_goes_as_soon_as_lodger_decide_runs(
@@ -413,7 +384,6 @@ async def test_a_message_held_for_an_operator_goes_as_soon_as_lodger_decide_runs
     """A turn stopped after T1 of a call only an operator can settle: the worker holds a
     message back (its next look an hour away); ``lodger decide --control`` records the
     decision and releases it, and a worker resumes the turn and delivers the message."""
-    store = f"file://{tmp_path / 'objects'}"
     env = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
     call = ProposedCall(call_id="c1", name="charge", arguments="{}")
     step = StepStarted(
@@ -428,69 +398,31 @@ async def test_a_message_held_for_an_operator_goes_as_soon_as_lodger_decide_runs
         (ToolDispatched(operation_id="op1", tool="charge", arguments={}), {**env, "call_id": "c1"}),
     ]
     drafts = [EventDraft(id=f"e{i}", ts=i + 1, body=b, **e) for i, (b, e) in enumerate(bodies)]
-    storage = Storage.from_url(store)
-    async with await storage.log.open_writer("d1") as writer:
-        await writer.append(drafts, expected_offset=0)
 
     @tool
     def charge() -> str:
         """Charge a card (not idempotent: a stop after T1 needs an operator)."""
         raise AssertionError("never runs again")
 
-    plane_file = tmp_path / "control.sqlite3"
-    control = SqliteControlPlane(plane_file)
-    await control.start()
     turns = [  # the first turn's step 0 is the one in the log above
         [{"calls": [{"name": "charge", "args": {}}]}, {"text": "it never ran, so I stop"}],
         [{"text": "second answered"}],
     ]
-
-    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
-        return Binding(model=ScriptedModel(turns=turns), tools=[charge], workspace=workspace)
-
-    worker = Worker(
-        control=control,
-        storage=storage,
-        bind=bind,
-        config=WorkerConfig(poll_s=0.02, parked_delay_s=3600, lease_ttl_s=5),
-        workdir=tmp_path,
-    )
-    stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-
-    async def until(what: str, check: Any) -> None:
-        async with asyncio.timeout(60):
-            while not await check():
-                assert not running.done(), what
-                await asyncio.sleep(0.02)
-
-    try:
-        message = await control.send(session_id="d1", message="second")
+    async with _worker(tmp_path, [charge], turns, parked_delay_s=3600) as run:
+        async with await run.storage.log.open_writer("d1") as writer:
+            await writer.append(drafts, expected_offset=0)
+        message = await run.control.send(session_id="d1", message="second")
         assert message is not None
-
-        async def held_back() -> bool:
-            info = await control.get_wake(wake_id=message)
-            return info is not None and info.wake.attempts >= 1 and info.status == "queued"
-
-        await until("the message looked at and held", held_back)
-        blocked = [e.kind for e in await storage.log.read_all("d1")][len(drafts) :]
+        await run.until("the message looked at and held", lambda: run.looked_at(message, 1))
+        blocked = [e.kind for e in await run.storage.log.read_all("d1")][len(drafts) :]
         assert "tool_responded" not in blocked and "turn_ended" not in blocked  # still open
         decided = await asyncio.to_thread(
             CliRunner().invoke,
             main,
-            ["decide", "d1", "c1", "--not-applied", "--store", store, "--control", str(plane_file)],
-        )
+            ["decide", "d1", "c1", "--not-applied", "--store", run.store,
+             "--control", str(run.plane_file)],
+        )  # fmt: skip
         assert decided.exit_code == 0, decided.output
-
-        async def both_done() -> bool:
-            events = await storage.log.read_all("d1")
-            return [e.body.status for e in events if isinstance(e.body, TurnEnded)] == [
-                "completed", "completed",
-            ]  # fmt: skip
-
-        await until("both turns completed well before the next look", both_done)
-    finally:
-        stop.set()
-        await running
-        await storage.close()
-        await control.close()
+        await run.until(
+            "both turns completed well before the next look", lambda: run.two_turns_completed("d1")
+        )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from lodger.errors import UsageError
 from lodger.sandbox._process import ENTER_FAILED, trampoline
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -86,6 +87,11 @@ def test_a_command_over_its_address_space_rlimit_cannot_allocate() -> None:
     grab = [sys.executable, "-c", "b = bytearray(600 << 20)"]
     done = _run(trampoline(grab, [], cpu_s=None, memory_bytes=300 << 20))
     assert done.returncode != 0 and "MemoryError" in done.stderr
+
+
+def test_an_empty_command_line_is_refused() -> None:
+    with pytest.raises(UsageError, match="empty command line"):
+        trampoline([], [], cpu_s=None, memory_bytes=None)
 
 
 def test_arguments_reach_the_command_verbatim(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from lodger.errors import UsageError
 from lodger.sandbox.cgroups import Cgroup
 from lodger.sandbox.interface import Connection, LimitName, OutputSink, SandboxResult, signal_name
 from lodger.sandbox.policy import Limits
@@ -60,6 +61,8 @@ def trampoline(
     """The argv that joins ``procs`` (cgroup.procs files), sets RLIMIT_CORE to 0, RLIMIT_CPU
     to ``cpu_s`` (soft, rounded up; hard one second more) and RLIMIT_AS to
     ``memory_bytes`` (in whole KiB), then runs ``host_argv`` in its place."""
+    if not host_argv:  # ``exec`` with nothing would "succeed" without running anything
+        raise UsageError("an empty command line", hint="name a program to run", code="usage")
     cpu = ["-", "-"]
     if cpu_s is not None:
         soft = max(1, math.ceil(cpu_s))

@@ -43,7 +43,13 @@ from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
 from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
-from lodger.errors import ConfigError, ResumeBlockedError, SessionLockedError, UsageError
+from lodger.errors import (
+    ConfigError,
+    LodgerError,
+    ResumeBlockedError,
+    SessionLockedError,
+    UsageError,
+)
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
@@ -113,6 +119,22 @@ async def _outside_turns(dsn: str | None, session_id: str) -> AsyncIterator[Cont
             await plane.release_session(lease=lease)
     finally:
         await plane.close()
+
+
+async def _tell_control(plane: ControlPlane, session_id: str, *, turn_over: bool) -> None:
+    """After a fact outside a turn: withdraw the questions of a turn that is over (nobody
+    will ask for their answers) and make the wakes held for the session due. The fact is
+    committed already, so a failure here is a warning: the wakes are looked at later."""
+    try:
+        if turn_over:
+            await plane.withdraw_approvals(session_id=session_id)
+        await plane.release_held_wakes(session_id=session_id)
+    except LodgerError as exc:
+        click.echo(
+            f"warning: the fact is recorded, but the control plane was not told: {exc.message}"
+            " (its workers look at the session again within a minute)",
+            err=True,
+        )
 
 
 _ACTIONS = {
@@ -265,9 +287,7 @@ def decide(
                 session_id, call_id, cast(Decision, decision), result=result
             )
             if plane is not None:
-                if decision == "abandon":  # the turn is over: nobody asks its questions
-                    await plane.withdraw_approvals(session_id=session_id)
-                await plane.release_held_wakes(session_id=session_id)
+                await _tell_control(plane, session_id, turn_over=decision == "abandon")
         return made
 
     events = run_with_log(state, work)
@@ -414,9 +434,8 @@ def abandon(
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
         async with _outside_turns(dsn, session_id) as plane:
             made = await sessions.abandon(session_id, reason=reason)
-            if plane is not None:  # the turn is over: nobody asks its questions
-                await plane.withdraw_approvals(session_id=session_id)
-                await plane.release_held_wakes(session_id=session_id)
+            if plane is not None:
+                await _tell_control(plane, session_id, turn_over=True)
         return made
 
     events = run_with_log(state, work)

@@ -30,8 +30,11 @@ ranker and the hybrid one; the baseline is the shipped ranker on the same reques
 
     python bench/tool_search_translation.py [--repeats 10] [--folds 2] [--gap-only]
 
-``--gap-only`` translates only the request's words that no definition in the catalog
-says (the vocabulary gap the table is meant to bridge), leaving the others alone.
+``--score`` expands nothing: each tool gets a translation-model score (the strengths of
+the translations of the request's words that it says, over the best tool's), added to the
+fusion at a weight chosen the same way. ``--gap-only`` translates only the request's
+words that no definition in the catalog says (the vocabulary gap the table is meant to
+bridge), leaving the others alone.
 
 Reads only the DEV half of ``bench/data/tool_search_requests.json``. Printed: a table
 (dev recall@1 / recall@5 / MRR, CV) and a last line of JSON.
@@ -75,6 +78,7 @@ from lodger.tools.semantic import (
 )
 
 HELD_OUT = Path(__file__).resolve().parent / "data"
+SCORE_HELP = "no expansion: a translation-model score added to the fusion, weight by CV"
 GAP_HELP = "translate only the request's words that no tool definition says (a vocabulary gap)"
 
 Table = dict[str, dict[str, tuple[float, int]]]  # q -> w -> (score in [0, 1], requests seen)
@@ -112,12 +116,19 @@ class Learner:
     words: list[set[str]]  # each tool's words
     background: dict[str, float]  # share of the catalog's tools that say a word
 
+    docs_of: dict[str, np.ndarray]  # the tools that say a word
+
     @classmethod
     def of(cls, index: ToolIndex, fields: str) -> Learner:
         words = tool_words(index, fields)
         df: Counter[str] = Counter(w for ws in words for w in ws)
         n = max(len(words), 1)
-        return cls(words, {w: c / n for w, c in df.items()})
+        docs: dict[str, list[int]] = {}
+        for doc, ws in enumerate(words):
+            for w in ws:
+                docs.setdefault(w, []).append(doc)
+        docs_of = {w: np.asarray(d, dtype=np.int64) for w, d in docs.items()}
+        return cls(words, {w: c / n for w, c in df.items()}, docs_of)
 
     def pairs(self, request: Query) -> tuple[set[str], set[str]]:
         """The request's own words and its right tools' words (union)."""
@@ -236,11 +247,31 @@ class Ranker:
         return scores
 
     def rank(
-        self, q: Query, terms: dict[str, float], hybrid: bool, server_only: bool = False
+        self,
+        q: Query,
+        terms: dict[str, float],
+        hybrid: bool,
+        server_only: bool = False,
+        extra: np.ndarray | None = None,
     ) -> list[int]:
         # ``server_only``: the translations reach only the hybrid's server prior.
+        # ``extra``: a weighted translation-model score per tool, added to the fusion.
         scores = self.lexical(q, q.terms if server_only else terms)
         exact = self.index.exact(q.text)
+        if not hybrid and extra is not None:
+            fused = np.array(extra, dtype=np.float32)
+            matched = extra > 0
+            if scores:
+                top = max(scores.values())
+                for doc, v in scores.items():
+                    fused[doc] += np.float32(v / top)
+                    matched[doc] = True
+            for doc in exact:
+                fused[doc] += np.float32(EXACT_BONUS)
+                matched[doc] = True
+            candidates = np.flatnonzero(matched)
+            top10 = candidates[np.argsort(-fused[candidates], kind="stable")[:10]]
+            return [int(d) for d in top10]
         if not hybrid:
             for doc in exact:
                 scores[doc] = scores.get(doc, 0.0) + EXACT_BONUS
@@ -259,11 +290,29 @@ class Ranker:
             fused += np.asarray(by_group, dtype=np.float32)[self.group_of] * np.float32(
                 SERVER_WEIGHT
             )
+        if extra is not None:
+            fused += extra.astype(np.float32)
+            matched |= extra > 0
         for doc in exact:
             fused[doc] += np.float32(EXACT_BONUS)
         candidates = np.flatnonzero(matched)
         top10 = candidates[np.argsort(-fused[candidates], kind="stable")[:10]]
         return [int(d) for d in top10]
+
+
+def translation_score(
+    q: Query, table: dict[str, list[tuple[str, float]]], learner: Learner
+) -> np.ndarray:
+    """Berger and Lafferty's score, simply: for each tool, the sum over the request's
+    words of the strengths of their translations the tool says, over the best tool's."""
+    out = np.zeros(len(learner.words), dtype=np.float32)
+    for word in q.own:
+        for w, s in table.get(word, ()):
+            docs = learner.docs_of.get(w)
+            if docs is not None:
+                out[docs] += np.float32(s)
+    top = float(out.max(initial=0.0))
+    return out / np.float32(top) if top > 0 else out
 
 
 GAP_ONLY = False  # --gap-only: translate only the words no definition says
@@ -290,9 +339,23 @@ GRID: list[Setting] = [
 ]
 
 
+# --score: no expansion; a translation-model score, at weight ``lam``, added to the fusion.
+SCORE_GRID: list[Setting] = [
+    (method, fields, top, minimum, lam, "score")
+    for method in ("cooc", "model1")
+    for fields in ("short", "all")
+    for top in (1, 3, 5)
+    for minimum in (1, 2, 3)
+    for lam in (0.05, 0.1, 0.2, 0.4)
+]
+SCORE = False
+
+
 def grid(hybrid: bool) -> list[Setting]:
     """The settings tried: ``server`` (translations feed only the server prior) is a
     hybrid-only variant."""
+    if SCORE:
+        return SCORE_GRID
     return [s for s in GRID if hybrid or s[5] == "both"]
 
 
@@ -314,6 +377,20 @@ def evaluate(
             learner = learners[fields]
             tables[key] = learner.cooc(train) if method == "cooc" else learner.model1(train)
         table = expansions(tables[key], top, minimum)
+        if where == "score":
+            learner = learners[fields]
+            out[s] = np.array(
+                [
+                    metrics(
+                        ranker.rank(
+                            q, q.terms, hybrid, extra=lam * translation_score(q, table, learner)
+                        ),
+                        q.expected,
+                    )
+                    for q in test
+                ]
+            )
+            continue
         out[s] = np.array(
             [
                 metrics(
@@ -437,9 +514,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--folds", type=int, default=2)
     parser.add_argument("--gap-only", action="store_true", help=GAP_HELP)
+    parser.add_argument("--score", action="store_true", help=SCORE_HELP)
     args = parser.parse_args()
-    global GAP_ONLY
+    global GAP_ONLY, SCORE
     GAP_ONLY = args.gap_only
+    SCORE = args.score
     started = time.perf_counter()
     catalog = load_catalog(HELD_OUT / "mcp_catalog_real.json")
     dev = dev_requests()
@@ -538,6 +617,7 @@ def main() -> None:
                 "repeats": args.repeats,
                 "folds": args.folds,
                 "gap_only": GAP_ONLY,
+                "score": SCORE,
                 "sum_delta_r5_mrr": round(sum_delta, 4),
                 "worst_r5_requests": round(worst, 2),
                 "keep": keep,

@@ -110,3 +110,25 @@ def test_the_replica_ranks_as_the_shipped_lexical_ranker(index: ToolIndex) -> No
         assert ranker.rank(q, q.terms, hybrid=False)[:5] == [
             index.doc(h.name) for h in index.search(text, limit=5)
         ]
+
+
+def test_the_translation_score_favours_the_tools_saying_the_translations(
+    index: ToolIndex, train: list[tm.Query]
+) -> None:
+    learner = tm.Learner.of(index, "short")
+    table = tm.expansions(learner.model1(train), top=1, minimum=2)
+    q = request(index, "any gripe open", "tracker__list_issues")
+    score = tm.translation_score(q, table, learner)
+    assert {index.tools[d].name for d in np.flatnonzero(score == 1.0)} == {
+        "tracker__create_issue",
+        "tracker__list_issues",
+    }
+    assert score[index.doc("chat__send_message")] == 0.0
+    unknown = request(index, "zorblax quuxify", "billing__get_invoice")
+    assert not tm.translation_score(unknown, table, learner).any()
+    ranker = tm.Ranker(index, ServerIndex(CATALOG))
+    extra = 0.2 * score
+    assert {index.tools[d].name for d in ranker.rank(q, q.terms, False, extra=extra)} == {
+        "tracker__create_issue",
+        "tracker__list_issues",
+    }

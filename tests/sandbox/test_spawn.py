@@ -21,16 +21,25 @@ from lodger.sandbox._process import ENTER_FAILED, trampoline
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, env=env)
 
 
-def test_it_joins_every_procs_file_and_sets_the_limits(tmp_path: Path) -> None:
+# a command's environment is the policy's: even one that sets what a shell reads changes
+# nothing in how the trampoline confines it
+HOSTILE_ENV = {"PATH": "/usr/bin:/bin", "IFS": "0123456789", "ENV": "/no/such", "n": "9"}
+
+
+@pytest.mark.parametrize("env", [None, HOSTILE_ENV], ids=["inherited", "hostile"])
+def test_it_joins_every_procs_file_and_sets_the_limits(
+    tmp_path: Path, env: dict[str, str] | None
+) -> None:
     procs = [tmp_path / "a.procs", tmp_path / "b.procs"]
     for path in procs:
         path.write_text("")
     shown = "echo $$; ulimit -H -t; ulimit -S -t; ulimit -v; ulimit -c"
-    done = _run(trampoline(["/bin/sh", "-c", shown], procs, cpu_s=2.5, memory_bytes=300 << 20))
+    argv = trampoline(["/bin/sh", "-c", shown], procs, cpu_s=2.5, memory_bytes=300 << 20)
+    done = _run(argv, env)
     assert done.returncode == 0, done.stderr
     pid, cpu_hard, cpu_soft, memory_kib, core = done.stdout.split()
     assert [p.read_text().strip() for p in procs] == [pid, pid]  # the command's own pid

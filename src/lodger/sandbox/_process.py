@@ -40,7 +40,7 @@ ENTER_FAILED = 125
 # still in force (unlimited) is refused.
 _ENTER = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    'echo $$ > "$1" || { echo "lodger: cannot join the cgroup $1" >&2; exit 125; }; '
+    'echo "$$" > "$1" || { echo "lodger: cannot join the cgroup $1" >&2; exit 125; }; '
     "shift; n=$((n - 1)); done; "
     'ulimit -c 0 || { echo "lodger: cannot set RLIMIT_CORE" >&2; exit 125; }; '
     'if [ "$1" != - ]; then ulimit -S -t "$2" && ulimit -H -t "$1" '

@@ -7,6 +7,7 @@ Without one, nothing of a control plane is made."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -126,3 +127,23 @@ def test_without_a_control_plane_none_is_made(state_dir: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert not (state_dir / "control.sqlite3").exists()
+
+
+def test_a_control_plane_that_fails_after_the_fact_is_a_warning(state_dir: Path) -> None:
+    """The decision is committed before the control plane is told; if telling it fails
+    (here a trigger refuses every update of a wake), the command says so and succeeds."""
+    plane_file = state_dir / "control.sqlite3"
+    _on_plane(plane_file, _held_wake)
+    with sqlite3.connect(plane_file) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON wakes BEGIN "
+            "SELECT RAISE(ABORT, 'the plane refuses'); END"
+        )
+    before = _events(state_dir)
+    result = CliRunner().invoke(
+        main, ["decide", CRASHED, "c1", "--not-applied", "--state", str(state_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning: the fact is recorded" in result.stderr
+    assert "the plane refuses" in result.stderr
+    assert _events(state_dir) == before + 1  # the decision is in the log

@@ -44,17 +44,29 @@ class Workers:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(
-        self, *extra: str, lease_ttl: float = 2.0, model: bool = True
+        self, *extra: str, lease_ttl: float = 2.0, model: bool = True, capture: bool = False
     ) -> subprocess.Popen[str]:
+        """A worker process. Its output goes to ``worker-N.log`` in the test directory
+        (kept for a failed test to be read; a pipe nobody drains would stop a worker that
+        logs a lot), or to pipes the caller reads with ``communicate`` (``capture``)."""
         spec = ["--model", f"script:{self.script}"] if model else []
-        proc = subprocess.Popen(
-            [*LODGER, "worker", "--store", self.store, "--control", self.control,
-             *spec, "--tools", str(TOOLS), "--poll", "0.05",
-             "--lease-ttl", str(lease_ttl), "--grace", "5", "--workdir", str(self.dir), *extra],
-            env=env(self.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        argv = [*LODGER, "worker", "--store", self.store, "--control", self.control,
+                *spec, "--tools", str(TOOLS), "--poll", "0.05",
+                "--lease-ttl", str(lease_ttl), "--grace", "5", "--workdir", str(self.dir),
+                *extra]  # fmt: skip
+        if capture:
+            proc = subprocess.Popen(argv, env=env(self.dir), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+        else:
+            with (self.dir / f"worker-{len(self.procs)}.log").open("w") as log:
+                proc = subprocess.Popen(argv, env=env(self.dir), stdout=log,
+                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.procs.append(proc)
         return proc
+
+    def log(self, index: int) -> str:
+        """What worker ``index`` (in start order, not captured) wrote so far."""
+        return (self.dir / f"worker-{index}.log").read_text(errors="replace")
 
     def send(self, *args: str) -> subprocess.CompletedProcess[str]:
         return lodger(self.dir, "send", *args, "--control", self.control, "--json")

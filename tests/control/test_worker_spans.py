@@ -39,7 +39,7 @@ def test_a_worker_exports_spans_of_its_turns(
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "lodger-worker-test")
     try:
-        proc = workers.start()
+        proc = workers.start(capture=True)  # its spans go to stdout
         assert workers.send("traced", "note it").returncode == 0
         wait_for("the turn ended", lambda: any(
             e["body"]["kind"] == "turn_ended" for e in workers.events("traced")

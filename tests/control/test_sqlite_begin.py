@@ -54,3 +54,40 @@ async def test_a_lock_held_past_the_retries_is_one_clear_error(
         await holding
     finally:
         await plane.close()
+
+
+async def test_a_commit_that_fails_ends_its_transaction_and_frees_the_file(
+    tmp_path: Path,
+) -> None:
+    """A COMMIT SQLite refuses leaves the transaction open, and with it the file's write
+    lock (every other worker's BEGIN would wait on it): the plane ends it, and a
+    transaction left open is ended before the next one begins."""
+    path = tmp_path / "control.sqlite3"
+    plane = SqliteControlPlane(path)
+    await plane.start()
+    try:
+        conn = plane._conn
+        assert conn is not None
+        # a commit-time failure: a deferred foreign key left violated
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE child (parent INTEGER REFERENCES parent (id) "
+            "DEFERRABLE INITIALLY DEFERRED)"
+        )
+        with pytest.raises(ControlPlaneError, match="commit failed"):
+            async with plane._tx() as tx:
+                await tx.change("INSERT INTO child VALUES (%s)", (7,))
+        assert not conn.in_transaction
+        other = sqlite3.connect(path, isolation_level=None, timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # at once: nobody holds the write lock
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert conn.execute("SELECT count(*) FROM child").fetchone() == (0,)
+        conn.execute("BEGIN")  # left open by something else on this connection
+        assert await plane.send(session_id="s1", message="goes through") is not None
+        assert not conn.in_transaction
+    finally:
+        await plane.close()

@@ -11,6 +11,7 @@ and a busy timeout let several worker processes share the file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import time
@@ -93,6 +94,10 @@ class SqliteControlPlane(SqlControlPlane):
         BEGIN while a worker wrote, "database is locked" with a 30 s busy timeout set):
         those are retried for up to ``_BEGIN_RETRY_S`` seconds too."""
         deadline = time.monotonic() + _BEGIN_RETRY_S
+        if conn.in_transaction:
+            # one left open (a COMMIT that failed and could not be rolled back): it holds
+            # the file's write lock from every other process until it ends
+            await asyncio.to_thread(_rollback_quietly, conn)
         while True:
             try:
                 await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
@@ -128,7 +133,16 @@ class SqliteControlPlane(SqlControlPlane):
             try:
                 await asyncio.shield(asyncio.to_thread(conn.execute, "COMMIT"))
             except sqlite3.Error as exc:
+                # a COMMIT refused as busy leaves the transaction open, holding the
+                # write lock; end it, so nothing is applied and other processes go on
+                await asyncio.shield(asyncio.to_thread(_rollback_quietly, conn))
                 raise ControlPlaneError(
                     f"control plane {self.path}: commit failed: {exc}",
                     hint="the transaction was not applied",
                 ) from exc
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

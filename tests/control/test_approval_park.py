@@ -26,13 +26,6 @@ from lodger.control.worker import Worker, WorkerConfig
 from lodger.engine.permissions import _ASKING, Asking
 from lodger.events import (
     EventDraft,
-    ModelOutput,
-    ProposedCall,
-    RunStarted,
-    SessionStarted,
-    StepStarted,
-    ToolDispatched,
-    ToolRef,
     TurnEnded,
     TurnStarted,
 )
@@ -379,25 +372,12 @@ async def test_a_message_held_for_a_parked_turn_goes_as_soon_as_the_turn_settles
 
 
 async def test_a_message_held_for_an_operator_goes_as_soon_as_lodger_decide_runs(
-    tmp_path: Path,
+    tmp_path: Path, stopped_after_t1: Callable[[str, str], list[EventDraft]]
 ) -> None:
     """A turn stopped after T1 of a call only an operator can settle: the worker holds a
     message back (its next look an hour away); ``lodger decide --control`` records the
     decision and releases it, and a worker resumes the turn and delivers the message."""
-    env = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
-    call = ProposedCall(call_id="c1", name="charge", arguments="{}")
-    step = StepStarted(
-        index=0, model="scripted:x", tools=(ToolRef(name="charge", schema_digest="d"),)
-    )
-    bodies = [
-        (SessionStarted(workspace=str(tmp_path / "gone")), {}),
-        (TurnStarted(input="charge"), {"turn_id": "t1"}),
-        (RunStarted(model="scripted:x"), {"turn_id": "t1", "run_id": "r1"}),
-        (step, env),
-        (ModelOutput(calls=(call,)), env),
-        (ToolDispatched(operation_id="op1", tool="charge", arguments={}), {**env, "call_id": "c1"}),
-    ]
-    drafts = [EventDraft(id=f"e{i}", ts=i + 1, body=b, **e) for i, (b, e) in enumerate(bodies)]
+    drafts = stopped_after_t1("charge", str(tmp_path / "gone"))
 
     @tool
     def charge() -> str:

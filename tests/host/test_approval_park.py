@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,21 +18,13 @@ from lodger.client import StreamedFact
 from lodger.errors import HostConflictError
 from lodger.events import (
     EventDraft,
-    ModelOutput,
-    ProposedCall,
-    RunStarted,
-    SessionStarted,
-    StepStarted,
-    ToolDispatched,
-    ToolRef,
-    TurnStarted,
 )
 from lodger.sessions import Sessions
 from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
 
 from ._support import Setup
-from .test_distributed import _pending, _until, distributed_host, worker
+from .test_distributed import Host, _pending, _until, distributed_host, worker
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +37,15 @@ def setup(tmp_path: Path, postgres: PostgresServer) -> Setup:
 DEPLOY = [{"calls": [{"name": "deploy", "args": {"target": "prod"}}]}, {"text": "over"}]
 
 
+async def _until_dormant(host: Host, sid: str) -> None:
+    """Until the worker has indexed the session ``waiting`` (and let it go dormant)."""
+    async with asyncio.timeout(60):
+        while (row := await host.plane.get_session(session_id=sid)) is None or (  # noqa: ASYNC110 - a worker writes it
+            row.status != "waiting"
+        ):
+            await asyncio.sleep(0.05)
+
+
 async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session(
     setup: Setup,
 ) -> None:
@@ -53,11 +55,7 @@ async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session
         sent = await a.send(sid, "ship it", key="1")
         with worker(setup, "--approval-park", approval_wait=0) as first:
             (pending,) = await _pending(a, sid)
-            async with asyncio.timeout(60):  # the worker lets the session go dormant
-                while (row := await host.plane.get_session(session_id=sid)) is None or (  # noqa: ASYNC110 - a worker writes it
-                    row.status != "waiting"
-                ):
-                    await asyncio.sleep(0.05)
+            await _until_dormant(host, sid)
             os.kill(first.pid, signal.SIGKILL)
         # no worker runs: the host still lists the question, and answers it
         assert [p["call_id"] for p in await b.approvals()] == [pending["call_id"]]
@@ -103,11 +101,7 @@ async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> 
         await a.send(sid, "ship it", key="1")
         with worker(setup, "--approval-park", approval_wait=0) as first:
             (pending,) = await _pending(a, sid)
-            async with asyncio.timeout(60):  # the worker lets the session go dormant
-                while (row := await host.plane.get_session(session_id=sid)) is None or (  # noqa: ASYNC110 - a worker writes it
-                    row.status != "waiting"
-                ):
-                    await asyncio.sleep(0.05)
+            await _until_dormant(host, sid)
             os.kill(first.pid, signal.SIGKILL)
         # a message a worker held back for the waiting turn (as it does when one comes)
         held = await host.plane.send(session_id=sid, message="next")
@@ -125,23 +119,12 @@ async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> 
         assert [f for f in facts if f.kind == "tool_dispatched"] == []
 
 
-async def test_a_decision_over_the_host_releases_the_wakes_held_for_it(setup: Setup) -> None:
+async def test_a_decision_over_the_host_releases_the_wakes_held_for_it(
+    setup: Setup, stopped_after_t1: Callable[[str, str], list[EventDraft]]
+) -> None:
     """A turn stopped after T1 of a call only an operator can settle: the message a
     worker held back for it is due the moment ``POST .../decide`` records the decision."""
-    env = {"turn_id": "t1", "run_id": "r1", "step_id": "st0"}
-    call = ProposedCall(call_id="c1", name="charge", arguments="{}")
-    step = StepStarted(
-        index=0, model="scripted:x", tools=(ToolRef(name="charge", schema_digest="d"),)
-    )
-    bodies = [
-        (SessionStarted(workspace="/nowhere"), {}),
-        (TurnStarted(input="charge"), {"turn_id": "t1"}),
-        (RunStarted(model="scripted:x"), {"turn_id": "t1", "run_id": "r1"}),
-        (step, env),
-        (ModelOutput(calls=(call,)), env),
-        (ToolDispatched(operation_id="op1", tool="charge", arguments={}), {**env, "call_id": "c1"}),
-    ]
-    drafts = [EventDraft(id=f"e{i}", ts=i + 1, body=b, **e) for i, (b, e) in enumerate(bodies)]
+    drafts = stopped_after_t1("charge", "/nowhere")
     storage = Storage.from_url(setup.store)
     try:
         async with await storage.log.open_writer("d1") as writer:

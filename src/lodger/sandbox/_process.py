@@ -40,15 +40,15 @@ ENTER_FAILED = 125
 # still in force (unlimited) is refused.
 _ENTER = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    'echo "$$" > "$1" || { echo "lodger: cannot join the cgroup $1" >&2; exit 125; }; '
+    'echo "$$" > "$1" || { echo "lodger: cannot join the cgroup $1" >&2; exit {failed}; }; '
     "shift; n=$((n - 1)); done; "
-    'ulimit -c 0 || { echo "lodger: cannot set RLIMIT_CORE" >&2; exit 125; }; '
+    'ulimit -c 0 || { echo "lodger: cannot set RLIMIT_CORE" >&2; exit {failed}; }; '
     'if [ "$1" != - ]; then ulimit -S -t "$2" && ulimit -H -t "$1" '
-    '|| { echo "lodger: cannot set RLIMIT_CPU" >&2; exit 125; }; fi; shift 2; '
+    '|| { echo "lodger: cannot set RLIMIT_CPU" >&2; exit {failed}; }; fi; shift 2; '
     'if [ "$1" != - ]; then ulimit -v "$1" '
-    '|| { echo "lodger: cannot set RLIMIT_AS" >&2; exit 125; }; fi; shift; '
+    '|| { echo "lodger: cannot set RLIMIT_AS" >&2; exit {failed}; }; fi; shift; '
     'exec "$@"'
-)
+).replace("{failed}", str(ENTER_FAILED))
 
 
 def trampoline(

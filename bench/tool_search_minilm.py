@@ -16,6 +16,11 @@ It reports, on ``bench/data`` (dev and test halves): the lexical ranker, the hyb
 the packaged wordllama model (lodger's), and the same fusion with MiniLM instead; then
 the cost of MiniLM: seconds to embed the catalog and per-query embedding time (p50),
 against wordllama's in the same run. The last line is JSON.
+
+``--third`` asks another question, on the dev half only (the test half is not read):
+does MiniLM's cosine, added as a third signal to lodger's shipped hybrid (lexical,
+wordllama, server prior), raise recall@5 and MRR? Its weight is chosen on one fold of a
+2-fold split of dev and judged on the other, ten times over.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -33,7 +39,7 @@ import numpy as np
 
 from lodger.tools.config import load_catalog
 from lodger.tools.ranking import ToolIndex
-from lodger.tools.semantic import SEMANTIC_WEIGHT, _embedding_text, load_embedder
+from lodger.tools.semantic import SEMANTIC_WEIGHT, HybridIndex, _embedding_text, load_embedder
 
 HELD_OUT = Path(__file__).resolve().parent / "data"
 _QKV = ("query", "key", "value")
@@ -149,10 +155,86 @@ def quality(ranks: Sequence[int | None]) -> dict[str, float]:
     }
 
 
+THIRD_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
+
+
+def third_signal(repeats: int = 10) -> None:
+    """MiniLM's cosine as a third signal in the shipped hybrid, judged on dev only."""
+    catalog = sorted(load_catalog(HELD_OUT / "mcp_catalog_real.json"), key=lambda t: t.name)
+    requests = [
+        q
+        for q in json.loads((HELD_OUT / "tool_search_requests.json").read_text())
+        if q["split"] == "dev"
+    ]
+    wordllama = load_embedder()
+    if wordllama is None:
+        sys.exit("install lodger[semantic] first")
+    hybrid = HybridIndex(catalog, embedder=wordllama)
+    names = [t.name for t in hybrid.tools]
+    shipped = [hybrid.fused_scores(q["query"])[0] for q in requests]
+    minilm = MiniLM()
+    start = time.perf_counter()
+    cosines = minilm.embed([_embedding_text(t) for t in hybrid.tools]) @ (
+        minilm.embed([q["query"] for q in requests]).T
+    )
+    embed_s = time.perf_counter() - start
+
+    def rank(i: int, weight: float) -> int | None:
+        scores = shipped[i] + np.float32(weight) * cosines[:, i]
+        order = np.argsort(-scores, kind="stable")[:10]
+        hits = [r for r, d in enumerate(order) if names[d] in requests[i]["expected"]]
+        return hits[0] if hits else None
+
+    def judged(ids: Sequence[int], weight: float) -> dict[str, float]:
+        return quality([rank(i, weight) for i in ids])
+
+    everyone = range(len(requests))
+    print(f"dev half: {len(requests)} requests; MiniLM embedded them and the catalog in")
+    print(f"{embed_s:.1f} s. Weight of MiniLM's cosine, on all of dev (optimistic):")
+    for weight in THIRD_WEIGHTS:
+        q = judged(everyone, weight)
+        print(
+            f"  {weight:<5} r@1 {q['recall_at_1']:.3f}"
+            f"  r@5 {q['recall_at_5']:.3f}  MRR {q['mrr']:.3f}"
+        )
+    rng = random.Random(17)
+    sums = {"shipped": [0.0, 0.0], "with MiniLM": [0.0, 0.0]}
+    chosen: list[float] = []
+    for _ in range(repeats):
+        order = list(everyone)
+        rng.shuffle(order)
+        half = len(order) // 2
+        for train, held in ((order[:half], order[half:]), (order[half:], order[:half])):
+            best = max(
+                THIRD_WEIGHTS,
+                key=lambda w: (judged(train, w)["recall_at_5"] + judged(train, w)["mrr"], -w),
+            )
+            chosen.append(best)
+            for label, weight in (("shipped", 0.0), ("with MiniLM", best)):
+                q = judged(held, weight)
+                sums[label][0] += q["recall_at_5"] * len(held)
+                sums[label][1] += q["mrr"] * len(held)
+    n = repeats * len(requests)
+    result = {
+        k: {"recall_at_5": round(v[0] / n, 4), "mrr": round(v[1] / n, 4)} for k, v in sums.items()
+    }
+    print(f"{repeats} x 2-fold CV inside dev (weight chosen on the other fold):")
+    for label, q in result.items():
+        print(f"  {label:<12} r@5 {q['recall_at_5']:.4f}  MRR {q['mrr']:.4f}")
+    print(f"  weights chosen: {sorted(chosen)}")
+    print(json.dumps({"bench": "tool_search_minilm", "third_signal_dev_cv": result}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer latency samples")
+    parser.add_argument(
+        "--third", action="store_true", help="MiniLM as a third signal, dev half only"
+    )
     args = parser.parse_args()
+    if args.third:
+        third_signal()
+        return
     catalog = sorted(load_catalog(HELD_OUT / "mcp_catalog_real.json"), key=lambda t: t.name)
     requests = json.loads((HELD_OUT / "tool_search_requests.json").read_text())
     lexical = ToolIndex(catalog)

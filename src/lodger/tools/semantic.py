@@ -204,11 +204,11 @@ class HybridIndex:
         similarities: NDArray[np.float32] = np.einsum("ij,j->i", self._vectors, query_vector)
         return similarities
 
-    def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:
+    def fused_scores(self, query: str) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+        """Every tool's fused score (in ``tools`` order), and which tools match at all:
+        a word in common with ``query``, or a cosine similarity of ``MIN_SIMILARITY``."""
         import numpy as np
 
-        if not self.tools or limit <= 0:
-            return []
         similarities = self.similarities(query)
         fused = similarities * np.float32(self.semantic_weight)
         matched = similarities >= np.float32(MIN_SIMILARITY)
@@ -226,6 +226,14 @@ class HybridIndex:
                 fused += servers * np.float32(self.server_weight)
         for doc in self.lexical.exact(query):
             fused[doc] += np.float32(EXACT_BONUS)
+        return fused, matched
+
+    def search(self, query: str, *, limit: int = 5) -> list[SearchHit]:
+        import numpy as np
+
+        if not self.tools or limit <= 0:
+            return []
+        fused, matched = self.fused_scores(query)
         candidates = np.flatnonzero(matched)
         n = min(limit, len(candidates))
         if n == 0:

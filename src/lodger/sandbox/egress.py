@@ -252,6 +252,10 @@ class EgressProxy:
         else:
             extra = self.policy.headers_for(host)
             injected = bool(extra)
+            # As over TLS: the Host header names the host the request goes to, so a
+            # shared front end cannot route the credentials to another virtual host.
+            headers = [h for h in headers if _header_name(h) != "host"]
+            headers.insert(0, f"Host: {host if port == 80 else f'{host}:{port}'}")
             up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
         self.connections.append(
             Connection(
@@ -307,7 +311,7 @@ class EgressProxy:
         authority = host if port == 443 else f"{host}:{port}"
         # The Host header names the host the tunnel was opened to, whatever the sandbox
         # wrote: the credentials go to that host and to no virtual host behind it.
-        headers = [h for h in headers if not h.lower().startswith("host:")]
+        headers = [h for h in headers if _header_name(h) != "host"]
         headers.insert(0, f"Host: {authority}")
         up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
         self.connections.append(
@@ -358,6 +362,10 @@ def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:
     lines = head.decode("latin-1").split("\r\n")
     method, target, version = lines[0].split(" ", 2)
     return method, target, version, [line for line in lines[1:] if line]
+
+
+def _header_name(line: str) -> str:
+    return line.split(":", 1)[0].strip().lower()
 
 
 def _origin_form(target: str) -> str:

@@ -1,0 +1,57 @@
+"""Audit of the sandboxes: attacks the other sandbox tests do not try.
+
+Each test is a real attack on a real backend, egress proxy or policy parser; the defects
+this audit fixed each have one here (named in the test's docstring), next to attacks that
+held and that no other test covered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from lodger.sandbox import EgressProxy, NetworkPolicy
+
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+
+
+async def _upstream(seen: list[bytes]) -> asyncio.Server:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def _ask(proxy: EgressProxy, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    return answer
+
+
+async def test_plain_http_credentials_go_to_the_requested_host_not_a_forged_host_header() -> None:
+    """Broke: a plain-HTTP request for an allowed domain kept the sandbox's own ``Host``
+    header, so the proxy added the domain's credentials to a request a shared front end
+    (a CDN, a virtual-host server) routes to whatever host the sandbox named."""
+    seen: list[bytes] = []
+    server = await _upstream(seen)
+    port = server.sockets[0].getsockname()[1]
+    policy = NetworkPolicy(
+        allow=("localhost",), credentials={"localhost": {"Authorization": "Bearer s3cret"}}
+    )
+    async with server, EgressProxy(policy) as proxy:
+        answer = await _ask(
+            proxy,
+            f"GET http://localhost:{port}/x HTTP/1.1\r\nHost: evil.example\r\n"
+            "host: evil2.example\r\nHost : evil3.example\r\n\r\n".encode(),
+        )
+    assert answer.endswith(b"ok"), answer
+    assert len(seen) == 1
+    lines = seen[0].decode().lower().split("\r\n")
+    assert f"host: localhost:{port}" in lines, seen[0]
+    assert not any("evil" in line for line in lines), seen[0]
+    assert "authorization: bearer s3cret" in lines

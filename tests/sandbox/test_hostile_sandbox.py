@@ -8,8 +8,10 @@ held and that no other test covered.
 from __future__ import annotations
 
 import asyncio
+import os
 
 from lodger.sandbox import EgressProxy, NetworkPolicy
+from lodger.sandbox.egress import MAX_CONNECTIONS
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
@@ -55,3 +57,40 @@ async def test_plain_http_credentials_go_to_the_requested_host_not_a_forged_host
     assert f"host: localhost:{port}" in lines, seen[0]
     assert not any("evil" in line for line in lines), seen[0]
     assert "authorization: bearer s3cret" in lines
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_flood_of_idle_proxy_connections_cannot_exhaust_lodgers_descriptors() -> None:
+    """Broke: every connection the sandbox opened to the egress socket held a descriptor
+    (and a task) in lodger's own process until the command ended; a few thousand idle
+    ones took lodger to its RLIMIT_NOFILE, and its log and database with it. Past
+    ``MAX_CONNECTIONS`` at once a connection is now refused at once, and recorded."""
+    policy = NetworkPolicy(allow=("localhost",))
+    flood = MAX_CONNECTIONS + 100
+    async with EgressProxy(policy) as proxy:
+        before = _open_fds()
+        clients = [await asyncio.open_unix_connection(str(proxy.socket_path)) for _ in range(flood)]
+        try:
+            # The refused ones are answered and closed by the proxy: read each to its end.
+            refused = 0
+            for reader, _ in clients[MAX_CONNECTIONS:]:
+                answer = await asyncio.wait_for(reader.read(), 10)
+                refused += answer.startswith(b"HTTP/1.1 503")
+            held = _open_fds() - before - flood  # the proxy's side, in this process
+        finally:
+            for _, writer in clients:
+                writer.close()
+        assert refused == 100
+        assert held <= MAX_CONNECTIONS + 8, held
+        busy = [c for c in proxy.connections if not c.allowed]
+        assert len(busy) == 100 and "too many" in busy[0].reason
+        # Once the idle ones are gone the proxy serves again.
+        for _ in range(200):
+            if len(proxy.connections) == 100 and _open_fds() <= before + 8:
+                break
+            await asyncio.sleep(0.01)
+        again = await _ask(proxy, b"GET http://not-allowed.example/ HTTP/1.1\r\n\r\n")
+        assert again.startswith(b"HTTP/1.1 403"), again

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from lodger.sandbox.tls import LodgerCA
 
 __all__ = [
+    "MAX_CONNECTIONS",
     "PROXY_PORT",
     "TRUST_VARIABLES",
     "EgressProxy",
@@ -54,6 +55,9 @@ __all__ = [
 
 PROXY_PORT = 3128
 _MAX_HEAD = 64 * 1024
+#: connections the proxy serves at once; each holds descriptors in lodger's own process,
+#: so past this a connection is refused at once (a sandbox cannot exhaust lodger's)
+MAX_CONNECTIONS = 128
 _HANDSHAKE_S = 30.0
 
 # Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
@@ -201,8 +205,14 @@ class EgressProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        busy = len(self._tasks) >= MAX_CONNECTIONS
         self._tasks.add(task)  # owned: the proxy cancels and awaits them when it stops
         try:
+            if busy:
+                why = f"too many connections at once (more than {MAX_CONNECTIONS})"
+                self._refuse(writer, "", 0, "", why, 503)
+                await writer.drain()
+                return
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass

@@ -8,9 +8,13 @@ held and that no other test covered.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
-from lodger.sandbox import EgressProxy, NetworkPolicy
+import pytest
+
+from lodger.errors import ConfigError
+from lodger.sandbox import EgressProxy, Limits, NetworkPolicy, policy_from_config
 from lodger.sandbox.egress import MAX_CONNECTIONS
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
@@ -94,3 +98,37 @@ async def test_a_flood_of_idle_proxy_connections_cannot_exhaust_lodgers_descript
             await asyncio.sleep(0.01)
         again = await _ask(proxy, b"GET http://not-allowed.example/ HTTP/1.1\r\n\r\n")
         assert again.startswith(b"HTTP/1.1 403"), again
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("wall_time_s", math.nan),
+        ("cpu_time_s", math.nan),
+        ("cpu_rate", math.nan),
+        ("memory_mb", math.nan),
+        ("output_mb", math.nan),
+        ("memory_mb", math.inf),
+        ("max_processes", math.inf),
+        ("cpu_time_s", math.inf),
+        ("max_processes", 0.5),
+        ("memory_mb", -math.inf),
+    ],
+)
+def test_a_limit_that_is_not_a_finite_positive_number_is_a_config_error(
+    key: str, value: float
+) -> None:
+    """Broke: ``cpu_time_s = nan`` in lodger.toml (TOML has nan and inf) was accepted and
+    never ran out (NaN compares false), ``wall_time_s = nan`` likewise, and ``memory_mb =
+    nan`` or ``max_processes = inf`` crashed with a bare ValueError/OverflowError."""
+    with pytest.raises(ConfigError, match=key):
+        policy_from_config({key: value})
+
+
+def test_limits_built_in_code_refuse_nan_and_fractions_too() -> None:
+    with pytest.raises(ConfigError, match="cpu_time_s"):
+        Limits(cpu_time_s=math.nan)
+    with pytest.raises(ConfigError, match="max_processes"):
+        Limits(max_processes=2.5)  # type: ignore[arg-type]
+    # A fractional size in MiB is still a whole number of bytes.
+    assert policy_from_config({"memory_mb": 0.5}).limits.memory_bytes == 512 * 1024

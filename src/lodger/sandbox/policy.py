@@ -29,6 +29,7 @@ shell tool records in every T1 (``actor:sandbox:none``), never a fallback.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -67,6 +68,9 @@ def looks_like_credential(name: str) -> bool:
     return bool(_CREDENTIAL.search(name))
 
 
+_WHOLE = ("memory_bytes", "max_processes", "output_bytes")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     """What one sandboxed command may use; ``None`` means no limit of that kind.
@@ -96,8 +100,15 @@ class Limits:
             "cpu_rate",
         ):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is None:
+                continue
+            # NaN compares false with everything: a NaN budget would never run out.
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"sandbox limit {name} must be a number, not {value!r}")
+            if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"sandbox limit {name} must be positive, not {value}")
+            if name in _WHOLE and not isinstance(value, int):
+                raise ConfigError(f"sandbox limit {name} must be a whole number, not {value}")
 
     def describe(self) -> str:
         parts = [f"wall {self.wall_time_s:g}s"]
@@ -270,7 +281,13 @@ def policy_from_config(
             value = table[key]
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise ConfigError(f"{where} {key} must be a number")
-            limits[attr] = int(value * scale) if scale != 1.0 else value
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{where} {key} must be a positive number, not {value}")
+            if attr in _WHOLE:
+                if scale == 1 and value != int(value):
+                    raise ConfigError(f"{where} {key} must be a whole number, not {value}")
+                value = max(1, int(value * scale))
+            limits[attr] = value
     env = table.get("env", [])
     if not isinstance(env, list) or not all(isinstance(v, str) for v in env):
         raise ConfigError(f"{where} env must be a list of variable names")

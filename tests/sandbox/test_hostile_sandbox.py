@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from lodger.errors import ConfigError
-from lodger.sandbox import EgressProxy, Limits, NetworkPolicy, policy_from_config
+from lodger.sandbox import EgressProxy, Limits, NetworkPolicy, Sandbox, policy_from_config
 from lodger.sandbox.egress import MAX_CONNECTIONS
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
@@ -132,3 +135,54 @@ def test_limits_built_in_code_refuse_nan_and_fractions_too() -> None:
         Limits(max_processes=2.5)  # type: ignore[arg-type]
     # A fractional size in MiB is still a whole number of bytes.
     assert policy_from_config({"memory_mb": 0.5}).limits.memory_bytes == 512 * 1024
+
+
+@pytest.fixture
+def private_etc_file() -> Iterator[Path]:
+    """A file under /etc only its owner may read (as TLS keys, VPN and Wi-Fi configs are)
+    and a directory only its owner may enter, each holding a token."""
+    if not os.access("/etc", os.W_OK):
+        pytest.skip("needs write access to /etc to plant a private file there")
+    token = uuid.uuid4().hex[:8]
+    secret = Path(f"/etc/lodger-audit-{token}.key")
+    folder = Path(f"/etc/lodger-audit-{token}.d")
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, f"private-key-{token}\n".encode())
+    os.close(fd)
+    folder.mkdir(mode=0o700)
+    (folder / "inner.conf").write_text(f"inner-secret-{token}\n")
+    (folder / "inner.conf").chmod(0o644)  # readable, but its directory is not
+    try:
+        yield secret
+    finally:
+        secret.unlink()
+        (folder / "inner.conf").unlink()
+        folder.rmdir()
+
+
+async def test_private_files_under_etc_are_covered(
+    box: Sandbox, tmp_path: Path, private_etc_file: Path
+) -> None:
+    """Broke: only a fixed list (/etc/shadow, /etc/ssh...) was masked in the read-only
+    /etc. Running as root (containers, CI) the sandbox's uid owns every root file, so a
+    command read /etc/ssl/private keys, /etc/wireguard configs and the like. Now every
+    entry under /etc that others may not read (or, a directory, enter) is covered."""
+    folder = private_etc_file.with_suffix(".d")
+    result = await box.run(
+        ["bash", "-c", f"cat {private_etc_file}; cat {folder}/inner.conf; ls {folder}; echo DONE"],
+        workspace=tmp_path,
+        env=ENV,
+        limits=Limits(wall_time_s=60),
+    )
+    lines = result.output.decode(errors="replace").splitlines()
+    assert lines[-1:] == ["DONE"], lines
+    assert not any(line.startswith(("private-key-", "inner-secret-")) for line in lines), lines
+    assert "inner.conf" not in lines, lines  # what ls would list
+    # The rest of /etc is still there: a command needs its passwd, hosts, certificates.
+    check = await box.run(
+        ["bash", "-c", "head -c 5 /etc/passwd; test -r /etc/ssl/certs/ca-certificates.crt"],
+        workspace=tmp_path,
+        env=ENV,
+        limits=Limits(wall_time_s=60),
+    )
+    assert check.exit_code == 0 and check.output.startswith(b"root:"), check

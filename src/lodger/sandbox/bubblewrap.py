@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -36,7 +37,14 @@ from lodger.sandbox.egress import (
 from lodger.sandbox.interface import OutputSink, SandboxResult
 from lodger.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy
 
-__all__ = ["SYSTEM_DIRS", "BubblewrapSandbox", "bubblewrap_argv"]
+__all__ = [
+    "MASKED",
+    "PRIVATE_ROOTS",
+    "SYSTEM_DIRS",
+    "BubblewrapSandbox",
+    "bubblewrap_argv",
+    "masked_paths",
+]
 
 #: files under the system directories that hold secrets; covered even though /etc is bound
 MASKED = (
@@ -49,6 +57,10 @@ MASKED = (
     "/etc/sudoers.d",
     "/etc/security/opasswd",
 )
+#: where files others may not read are looked for and covered too (``masked_paths``): the
+#: system's configuration, where keys and passwords live (/etc/ssl/private, VPN configs).
+#: /usr holds none and is far too large to walk for every command.
+PRIVATE_ROOTS = ("/etc", "/usr/local/etc")
 EGRESS_SOCKET = "/run/lodger/egress.sock"
 TRUST_BUNDLE = "/run/lodger/ca-bundle.pem"
 FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
@@ -161,7 +173,7 @@ def bubblewrap_argv(
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for path in MASKED:
+    for path in masked_paths():
         args += _cover(path)
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
     for source, target in binds:
@@ -175,6 +187,48 @@ def bubblewrap_argv(
             args += _cover(real)
     args += ["--chdir", str(cwd), "--", *argv]
     return args
+
+
+def masked_paths() -> list[str]:
+    """``MASKED`` and every entry under ``PRIVATE_ROOTS`` that others may not read (a
+    directory: read or enter): private to its owner or group, so no business of a
+    command. It must be covered even so: the sandbox keeps lodger's uid and groups, and
+    run as root it owns every root file. Read afresh for each command (about 10 ms)."""
+    found = [path for path in MASKED if os.path.lexists(path)]
+    for root in PRIVATE_ROOTS:
+        found += _private_entries(root)
+    covered: list[str] = []
+    # A path inside a directory already covered (a key in /etc/ssh) is gone with it.
+    for path in sorted(set(found), key=lambda p: (p.count("/"), p)):
+        if not any(path.startswith(done + "/") for done in covered):
+            covered.append(path)
+    return covered
+
+
+def _private_entries(root: str) -> list[str]:
+    found: list[str] = []
+    pending = [root]
+    while pending:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue  # gone, or unreadable to lodger too
+        with entries:
+            for entry in entries:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode):
+                    continue  # its target is checked where it lies (or is not mounted)
+                if stat.S_ISDIR(mode):
+                    if mode & 0o005 != 0o005:
+                        found.append(entry.path)
+                    else:
+                        pending.append(entry.path)
+                elif not mode & 0o004:
+                    found.append(entry.path)
+    return found
 
 
 def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:

@@ -42,7 +42,7 @@ from typing import Any
 
 from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
-from lodger.sandbox.bubblewrap import MASKED, SYSTEM_DIRS
+from lodger.sandbox.bubblewrap import SYSTEM_DIRS, masked_paths
 from lodger.sandbox.interface import OutputSink, SandboxResult
 from lodger.sandbox.policy import Limits, NetworkPolicy
 
@@ -172,7 +172,7 @@ def oci_config(
         if os.path.isdir(source):
             mounts.append(_bind(source, path, writable=False))
     mounts.append(_bind(str(workspace), str(workspace), writable=True))
-    covered = [*MASKED, *(os.path.realpath(p) for p in hidden)]
+    covered = [*masked_paths(), *(os.path.realpath(p) for p in hidden)]
     for path in covered:
         inside = any(Path(path).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace)))
         if not inside or not os.path.lexists(path):

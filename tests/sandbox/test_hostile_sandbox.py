@@ -8,8 +8,12 @@ held and that no other test covered.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import math
 import os
+import platform
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +22,7 @@ import pytest
 
 from lodger.errors import ConfigError
 from lodger.sandbox import EgressProxy, Limits, NetworkPolicy, Sandbox, policy_from_config
+from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
@@ -186,3 +191,94 @@ async def test_private_files_under_etc_are_covered(
         limits=Limits(wall_time_s=60),
     )
     assert check.exit_code == 0 and check.output.startswith(b"root:"), check
+
+
+_MACHINE_ABI = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(platform.machine())
+_KEYRING_PROBE = r"""
+import ctypes, sys
+add_key, request_key, keyctl = map(int, sys.argv[1:4])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+key = libc.syscall(request_key, b"user", sys.argv[4].encode(), None, 0)
+print("request_key", key, ctypes.get_errno())
+buf = ctypes.create_string_buffer(256)
+n = libc.syscall(keyctl, 11, ctypes.c_long(key), buf, 256)  # KEYCTL_READ
+print("read", buf.raw[: max(n, 0)].decode())
+"""
+
+
+@pytest.mark.skipif(_MACHINE_ABI is None, reason="system call numbers known for x86-64/arm64")
+async def test_the_session_keyring_of_lodger_is_not_reachable(box: Sandbox, tmp_path: Path) -> None:
+    """Broke (bubblewrap): namespaces do not separate kernel keyrings, and the command
+    inherited lodger's session keyring: ``request_key`` + ``keyctl read`` printed a key
+    lodger's session held. A seccomp filter now refuses the keyring calls (ENOSYS)."""
+    assert _MACHINE_ABI is not None
+    add_key, request_key, keyctl = KEYRING_SYSCALLS[_MACHINE_ABI]
+    name = f"lodger-audit-{uuid.uuid4().hex[:8]}"
+    secret = f"sk-keyring-{uuid.uuid4().hex}"
+
+    def in_a_session_of_its_own() -> bytes:
+        # Credentials are per thread: this thread joins a new anonymous session keyring
+        # (the test process's stays as it was), adds the key and starts the sandbox.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        assert libc.syscall(keyctl, 1, None) > 0, ctypes.get_errno()  # JOIN_SESSION_KEYRING
+        key = libc.syscall(add_key, b"user", name.encode(), secret.encode(), len(secret), -3)
+        assert key > 0, ctypes.get_errno()
+        probe = ["python3", "-c", _KEYRING_PROBE, str(add_key), str(request_key), str(keyctl)]
+
+        async def run() -> bytes:
+            result = await box.run(
+                [*probe, name], workspace=tmp_path, env=ENV, limits=Limits(wall_time_s=60)
+            )
+            return result.output
+
+        return asyncio.run(run())
+
+    output = (await asyncio.to_thread(in_a_session_of_its_own)).decode(errors="replace")
+    assert "request_key -1" in output, output
+    assert secret not in output
+
+
+def _verdict(program: bytes, arch: int, nr: int) -> int:
+    """What the classic BPF ``program`` returns for one system call (the few opcodes
+    the keyring filter uses; any other is a failure of the test)."""
+    insns = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]
+    data = struct.pack("=iI", nr, arch)
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif code == 0x54:  # and #k
+            acc &= k
+        elif code == 0x15:  # jeq #k
+            pc += jt if acc == k else jf
+        elif code == 0x06:  # ret #k
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+        pc += 1
+
+
+@pytest.mark.parametrize(
+    ("arch", "refused", "allowed"),
+    [
+        (0xC000003E, (248, 249, 250, 0x40000000 | 250), (0, 59, 247, 251, 0x40000000 | 59)),
+        (0x40000003, (286, 287, 288), (248, 249, 250, 11)),
+        (0xC00000B7, (217, 218, 219), (221, 248, 250)),
+        (0x40000028, (309, 310, 311), (11, 250)),
+        (0x12345678, (), (248, 250, 288)),
+    ],
+    ids=["x86_64+x32", "i386", "aarch64", "arm", "unknown"],
+)
+def test_the_keyring_filter_refuses_exactly_the_keyring_calls_of_every_abi(
+    arch: int, refused: tuple[int, ...], allowed: tuple[int, ...]
+) -> None:
+    """The filter itself, for the ABIs a test on one machine cannot all reach (i386 via
+    ``int 0x80`` and x32 on x86-64, arm on arm64)."""
+    program = keyring_filter()
+    for nr in refused:
+        assert _verdict(program, arch, nr) == 0x00050000 | errno.ENOSYS, nr
+    for nr in allowed:
+        assert _verdict(program, arch, nr) == 0x7FFF0000, nr

@@ -92,12 +92,15 @@ async def run_confined(
     connections: list[Connection] | None = None,
     rlimit_cpu: bool = True,
     cgroup_root: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
     ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
     128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
     the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
+    ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
+    filter); every other one is closed in the child.
     """
     cgroup = await asyncio.to_thread(
         Cgroup.create,
@@ -134,6 +137,7 @@ async def run_confined(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # with no preexec_fn: a vfork, not a fork
+            pass_fds=tuple(pass_fds),
         )
         stdout = process.stdout
         assert stdout is not None  # stdout=PIPE

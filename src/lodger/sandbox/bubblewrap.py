@@ -1,15 +1,18 @@
 """The bubblewrap backend: Linux namespaces, no daemon, a few milliseconds per start.
 
 What the command sees: the system directories (``/usr``, ``/etc``, ``/bin``, ``/lib*``)
-read-only, with ``/etc/shadow``-like files masked; the workspace read-write at its own
+read-only, with ``/etc/shadow`` and every file under ``/etc`` others may not read masked
+(``masked_paths``); the workspace read-write at its own
 path; a private ``/tmp``, ``/dev`` and ``/proc``; nothing else. Home directories,
 ``/root``, the lodger state directory, other projects and credential directories are not
 mounted at all, so no ``..`` or symlink can reach them; a hidden path inside the
 workspace or a system directory is covered by an empty read-only tmpfs. New user, PID,
-IPC, UTS, cgroup and network namespaces; every capability dropped; ``--new-session`` (no
-terminal injection) and ``--die-with-parent``. With an unshared PID namespace, when the
-command returns bubblewrap's init exits and the kernel kills everything left inside, so
-nothing started in the background (setsid, double fork, nohup) outlives the command.
+IPC, UTS, cgroup and network namespaces; every capability dropped; no kernel keyrings (a
+seccomp filter, ``lodger.sandbox._seccomp``: lodger's session keyring would be shared);
+``--new-session`` (no terminal injection) and ``--die-with-parent``. With an unshared PID
+namespace, when the command returns bubblewrap's init exits and the kernel kills
+everything left inside, so nothing started in the background (setsid, double fork,
+nohup) outlives the command.
 
 Network: only a loopback interface. When the policy allows domains, the egress proxy's
 Unix socket is mounted in and a small forwarder inside serves it on 127.0.0.1 as an HTTP
@@ -21,13 +24,15 @@ read-only at ``/run/lodger/ca-bundle.pem`` and ``SSL_CERT_FILE`` & co. point at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from lodger.sandbox._process import run_confined
+from lodger.sandbox._seccomp import keyring_filter
 from lodger.sandbox.egress import (
     EgressProxy,
     forwarder_argv,
@@ -92,7 +97,34 @@ class BubblewrapSandbox:
     ) -> SandboxResult:
         network = network or NetworkPolicy()
         workspace, where = await asyncio.to_thread(_real, workspace, cwd)
-        env = dict(env)
+        with _filter_fd() as seccomp_fd:
+            return await self._run(
+                argv,
+                workspace=workspace,
+                where=where,
+                stdin=stdin,
+                env=dict(env),
+                limits=limits,
+                network=network,
+                hidden=hidden,
+                on_output=on_output,
+                seccomp_fd=seccomp_fd,
+            )
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        where: Path,
+        stdin: bytes,
+        env: dict[str, str],
+        limits: Limits,
+        network: NetworkPolicy,
+        hidden: Sequence[Path],
+        on_output: OutputSink | None,
+        seccomp_fd: int,
+    ) -> SandboxResult:
         if not network.enabled:
             command = await asyncio.to_thread(
                 bubblewrap_argv,
@@ -101,6 +133,7 @@ class BubblewrapSandbox:
                 workspace=workspace,
                 cwd=where,
                 hidden=hidden,
+                seccomp_fd=seccomp_fd,
             )
             return await run_confined(
                 command,
@@ -111,6 +144,7 @@ class BubblewrapSandbox:
                 limits=limits,
                 on_output=on_output,
                 signal_exit_codes=True,
+                pass_fds=(seccomp_fd,),
             )
         async with EgressProxy(network) as proxy:
             env.update(proxy_environment())
@@ -128,6 +162,7 @@ class BubblewrapSandbox:
                 hidden=hidden,
                 binds=((proxy.socket_path, EGRESS_SOCKET),),
                 ro_binds=ro_binds,
+                seccomp_fd=seccomp_fd,
             )
             return await run_confined(
                 command,
@@ -139,6 +174,7 @@ class BubblewrapSandbox:
                 on_output=on_output,
                 signal_exit_codes=True,
                 connections=proxy.connections,
+                pass_fds=(seccomp_fd,),
             )
 
 
@@ -151,8 +187,10 @@ def bubblewrap_argv(
     hidden: Sequence[Path] = (),
     binds: Sequence[tuple[Path, str]] = (),
     ro_binds: Sequence[tuple[Path, str]] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap command line that runs ``argv`` confined (see the module doc)."""
+    """The bwrap command line that runs ``argv`` confined (see the module doc);
+    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``)."""
     args = [
         executable,
         "--die-with-parent",
@@ -185,8 +223,23 @@ def bubblewrap_argv(
         real = os.path.realpath(hidden_path)
         if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):
             args += _cover(real)
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--chdir", str(cwd), "--", *argv]
     return args
+
+
+@contextlib.contextmanager
+def _filter_fd() -> Iterator[int]:
+    """A pipe's read end holding the keyring filter (``lodger.sandbox._seccomp``), for
+    ``bwrap --seccomp``; a few hundred bytes, so the write never blocks."""
+    read, write = os.pipe()
+    try:
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(keyring_filter())
+        yield read
+    finally:
+        os.close(read)
 
 
 def masked_paths() -> list[str]:

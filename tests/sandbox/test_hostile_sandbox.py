@@ -8,12 +8,16 @@ held and that no other test covered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import math
 import os
 import platform
+import signal
 import struct
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,7 @@ from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 async def _upstream(seen: list[bytes]) -> asyncio.Server:
@@ -282,3 +287,65 @@ def test_the_keyring_filter_refuses_exactly_the_keyring_calls_of_every_abi(
         assert _verdict(program, arch, nr) == 0x00050000 | errno.ENOSYS, nr
     for nr in allowed:
         assert _verdict(program, arch, nr) == 0x7FFF0000, nr
+
+
+_HOLDER = r"""
+import asyncio, sys
+from pathlib import Path
+from lodger.sandbox import BubblewrapSandbox, Limits, RunscSandbox
+box = {"bubblewrap": BubblewrapSandbox, "runsc": RunscSandbox}[sys.argv[1]]()
+ws = Path(sys.argv[2])
+asyncio.run(box.run(["bash", "-c", "echo up > started; exec sleep 600"], workspace=ws,
+                    env={"PATH": "/usr/bin:/bin"}, limits=Limits(wall_time_s=600)))
+"""
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if text.encode() in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+async def test_a_sandbox_dies_with_a_sigkilled_lodger(box: Sandbox, tmp_path: Path) -> None:
+    """Broke (runsc): ``runsc run`` had no parent-death signal, so when lodger was
+    SIGKILLed mid-command the gVisor sandbox (runsc, its Sentry and gofer) and the
+    command in it ran on, past every time limit, outside anyone's reach. It now starts
+    behind ``setpriv --pdeathsig KILL``. bubblewrap held (``--die-with-parent``)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    scratch = tmp_path / "tmp"  # the runsc bundle lands here: its processes name it
+    scratch.mkdir()
+    holder = subprocess.Popen(  # noqa: ASYNC220 - a lodger process to SIGKILL
+        [sys.executable, "-c", _HOLDER, box.name, str(ws)],
+        env={**os.environ, "PYTHONPATH": str(SRC), "TMPDIR": str(scratch)},
+    )
+    try:
+        for _ in range(600):
+            if (ws / "started").exists() or holder.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert (ws / "started").exists(), "the command never started"
+        mark = str(scratch) if box.name == "runsc" else str(ws)
+        assert _processes_mentioning(mark), "no sandbox process found to watch"
+    finally:
+        holder.kill()
+        holder.wait()
+    left = _processes_mentioning(mark)
+    for _ in range(200):
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+        left = _processes_mentioning(mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []

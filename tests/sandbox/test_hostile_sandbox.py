@@ -349,3 +349,26 @@ async def test_a_sandbox_dies_with_a_sigkilled_lodger(box: Sandbox, tmp_path: Pa
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+@pytest.mark.parametrize("workspace", ["/", "/etc", "/etc/ssl", "/usr", "/bin", "/proc/self"])
+async def test_a_workspace_that_would_expose_the_system_is_refused(
+    box: Sandbox, workspace: str
+) -> None:
+    """Broke: the workspace is bound read-write after the read-only system directories
+    and their masks, so a workspace of ``/`` (lodger started from ``/``, as in many
+    containers) or ``/etc`` gave the command the host's /etc/shadow and a writable /etc.
+    The sandbox now refuses to start."""
+    probe = Path(f"/etc/lodger-audit-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(ConfigError, match="workspace"):
+            await box.run(
+                ["bash", "-c", f"touch {probe}; cat /etc/shadow"],
+                workspace=Path(workspace),
+                env=ENV,
+                limits=Limits(wall_time_s=60),
+            )
+        assert not os.path.lexists(probe)  # noqa: ASYNC240 - a test reading the host after the fact
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(probe)

@@ -31,6 +31,7 @@ import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
 from lodger.sandbox._seccomp import keyring_filter
 from lodger.sandbox.egress import (
@@ -48,6 +49,7 @@ __all__ = [
     "SYSTEM_DIRS",
     "BubblewrapSandbox",
     "bubblewrap_argv",
+    "confinable_workspace",
     "masked_paths",
 ]
 
@@ -285,8 +287,31 @@ def _private_entries(root: str) -> list[str]:
 
 
 def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:
-    root = Path(os.path.realpath(workspace))
+    root = confinable_workspace(workspace)
     return root, Path(os.path.realpath(cwd)) if cwd is not None else root
+
+
+#: where no workspace may lie: the configuration (its masks would be undone) and the
+#: kernel's filesystems
+_NO_WORKSPACE_INSIDE = ("/etc", "/proc", "/sys", "/dev")
+
+
+def confinable_workspace(workspace: Path) -> Path:
+    """The real path of ``workspace``; a ``ConfigError`` when binding it read-write (after
+    the read-only system directories and their masks) would undo the sandbox: ``/`` or
+    another parent of a system directory, a system directory itself, a path in ``/etc``
+    or a kernel filesystem. A project under ``/usr/local/src`` is fine."""
+    root = Path(os.path.realpath(workspace))
+    for system in (*SYSTEM_DIRS, *_NO_WORKSPACE_INSIDE):
+        real = Path(os.path.realpath(system))
+        inside = system in _NO_WORKSPACE_INSIDE and root.is_relative_to(real)
+        if inside or real.is_relative_to(root):
+            raise ConfigError(
+                f"the workspace {root} would give sandboxed commands {real} read-write",
+                hint="give lodger a project directory as its workspace (--workspace DIR, "
+                "or start it there), not / or a system directory",
+            )
+    return root
 
 
 def _cover(path: str) -> list[str]:

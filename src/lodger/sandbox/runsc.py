@@ -44,7 +44,7 @@ from typing import Any
 
 from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
-from lodger.sandbox.bubblewrap import SYSTEM_DIRS, masked_paths
+from lodger.sandbox.bubblewrap import SYSTEM_DIRS, confinable_workspace, masked_paths
 from lodger.sandbox.interface import OutputSink, SandboxResult
 from lodger.sandbox.policy import Limits, NetworkPolicy
 
@@ -87,6 +87,7 @@ class RunscSandbox:
                 + ", ".join(network.allow),
                 hint="use the bubblewrap backend for a policy that allows domains",
             )
+        await asyncio.to_thread(confinable_workspace, workspace)
         bundle = await asyncio.to_thread(
             _write_bundle,
             argv,

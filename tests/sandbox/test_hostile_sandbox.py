@@ -45,11 +45,12 @@ async def _upstream(seen: list[bytes]) -> asyncio.Server:
 
 async def _ask(proxy: EgressProxy, request: bytes) -> bytes:
     reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
-    writer.write(request)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 30)
-    writer.close()
-    return answer
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
 
 
 async def test_plain_http_credentials_go_to_the_requested_host_not_a_forged_host_header() -> None:
@@ -372,3 +373,26 @@ async def test_a_workspace_that_would_expose_the_system_is_refused(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(probe)
+
+
+async def test_a_port_out_of_range_is_refused_and_recorded_not_wrapped_around() -> None:
+    """Broke: ``CONNECT localhost:<port + 65536>`` reached ``port`` (the resolver wraps
+    the number) while the record said the other number; ``localhost:abc`` and
+    ``http://localhost:99999/`` closed the connection with nothing recorded."""
+    seen: list[bytes] = []
+    server = await _upstream(seen)
+    port = server.sockets[0].getsockname()[1]
+    policy = NetworkPolicy(allow=("localhost",))
+    requests = [
+        f"CONNECT localhost:{port + 65536} HTTP/1.1\r\n\r\n",
+        "CONNECT localhost:abc HTTP/1.1\r\n\r\n",
+        "CONNECT localhost:0 HTTP/1.1\r\n\r\n",
+        f"GET http://localhost:{port + 65536}/ HTTP/1.1\r\n\r\n",
+        "GET http://localhost:0/ HTTP/1.1\r\n\r\n",
+        "GET http://localhost:8x/ HTTP/1.1\r\n\r\n",
+    ]
+    async with server, EgressProxy(policy) as proxy:
+        answers = [await _ask(proxy, request.encode()) for request in requests]
+    assert all(answer.startswith(b"HTTP/1.1 400") for answer in answers), answers
+    assert seen == []
+    assert [(c.allowed, c.reason) for c in proxy.connections] == [(False, "bad port")] * 6

@@ -229,13 +229,22 @@ class EgressProxy:
         method, target, version, headers = _parse_head(head)
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
-            port = int(port_text)
+            port = int(port_text) if port_text.isascii() and port_text.isdigit() else 0
         else:
             url = urlsplit(target)
             if url.scheme != "http" or not url.hostname:
                 self._refuse(writer, url.hostname or target, 0, method, "not a proxy request")
                 return
-            host, port = url.hostname, url.port or 80
+            host = url.hostname
+            try:
+                port = 80 if url.port is None else url.port
+            except ValueError:  # not a number, or past 65535
+                port = 0
+        # Checked here: the resolver would take 65616 for port 80.
+        if not 0 < port < 65536:
+            self._refuse(writer, host.strip("[]").lower(), 0, method, "bad port", 400)
+            await writer.drain()
+            return
         host = host.strip("[]").lower()
         if not self.policy.allows(host):
             self._refuse(writer, host, port, method, "not in the allow-list")

@@ -25,9 +25,18 @@ from pathlib import Path
 import pytest
 
 from lodger.errors import ConfigError
-from lodger.sandbox import EgressProxy, Limits, NetworkPolicy, Sandbox, policy_from_config
+from lodger.sandbox import (
+    Connection,
+    EgressProxy,
+    Limits,
+    NetworkPolicy,
+    Sandbox,
+    SandboxResult,
+    policy_from_config,
+)
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
+from lodger.tools.shell import _settled
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -396,3 +405,21 @@ async def test_a_port_out_of_range_is_refused_and_recorded_not_wrapped_around() 
     assert all(answer.startswith(b"HTTP/1.1 400") for answer in answers), answers
     assert seen == []
     assert [(c.allowed, c.reason) for c in proxy.connections] == [(False, "bad port")] * 6
+
+
+def test_the_network_summary_of_a_shell_result_is_bounded() -> None:
+    """Broke: the command's output is cut to SHELL_MAX_OUTPUT_CHARS, but every connection
+    the egress proxy saw was appended to the tool result after it: a command making
+    thousands of refused requests (each answered at once) put megabytes into the log and
+    the model's context. The summary now names the first few and counts the rest."""
+    many = tuple(
+        Connection(host=f"h{i}.example", port=80, method="GET", allowed=False, reason="no")
+        for i in range(5000)
+    )
+    allowed = Connection(host="pypi.org", port=443, method="CONNECT", allowed=True)
+    result = SandboxResult(backend="bubblewrap", exit_code=0, connections=(allowed, *many))
+    text = _settled(result, 60)
+    assert isinstance(text, str)
+    assert len(text) < 2000, len(text)
+    assert "allowed CONNECT pypi.org:443" in text and "refused GET h0.example:80" in text
+    assert "5001 connections: 1 allowed, 5000 refused" in text

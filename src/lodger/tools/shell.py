@@ -38,6 +38,8 @@ from lodger.tools.workspace import (
 __all__ = ["python_tool", "run_python", "shell", "shell_tool"]
 
 SHELL_MAX_OUTPUT_CHARS = 30_000
+# How many of the egress proxy's connections a result names one by one.
+_NETWORK_SHOWN = 20
 # Once a shell command is killed, how long to wait for the rest of its output.
 _SHELL_DRAIN_GRACE_S = 1.0
 
@@ -142,8 +144,15 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
         f"{'allowed' if c.allowed else 'refused'} {c.method} {c.host}:{c.port}"
         + (" (TLS terminated by lodger)" if c.tls_terminated else "")
         + (" (credentials added)" if c.credentials_injected else "")
-        for c in result.connections
+        for c in result.connections[:_NETWORK_SHOWN]
     ]
+    if len(result.connections) > _NETWORK_SHOWN:
+        # Bounded like the output: a command can make thousands of requests.
+        allowed = sum(c.allowed for c in result.connections)
+        egress.append(
+            f"... {len(result.connections)} connections: {allowed} allowed, "
+            f"{len(result.connections) - allowed} refused"
+        )
     if egress:
         text += "\n[network: " + "; ".join(egress) + "]"
     if result.limit == "wall_time":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from lodger.errors import ConfigError
+from lodger.errors import ConfigError, ToolCallError
 from lodger.sandbox import (
     Connection,
     EgressProxy,
@@ -36,7 +36,8 @@ from lodger.sandbox import (
 )
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
-from lodger.tools.shell import _settled
+from lodger.tools.shell import _settled, run_python, shell
+from lodger.tools.spec import ToolContext
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -423,3 +424,28 @@ def test_the_network_summary_of_a_shell_result_is_bounded() -> None:
     assert len(text) < 2000, len(text)
     assert "allowed CONNECT pypi.org:443" in text and "refused GET h0.example:80" in text
     assert "5001 connections: 1 allowed, 5000 refused" in text
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("shell", {"command": "echo a\x00b"}),
+        ("shell", {"command": "echo \ud800"}),
+        ("run_python", {"code": "print('\ud800')"}),
+    ],
+    ids=["shell-nul", "shell-surrogate", "python-surrogate"],
+)
+async def test_a_command_no_process_can_be_given_is_the_models_error(
+    tmp_path: Path, tool: str, arguments: dict[str, str]
+) -> None:
+    """Broke: a NUL byte or a lone surrogate (valid JSON, ``\\u0000``, ``\\ud800``) in
+    a shell command or Python snippet raised a bare ValueError/UnicodeEncodeError from
+    the spawn instead of telling the model what to fix."""
+    ctx = ToolContext(
+        session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o",
+        workspace=tmp_path, hidden=(),
+    )  # fmt: skip
+    handler = (shell if tool == "shell" else run_python).handler
+    with pytest.raises(ToolCallError, match=r"NUL|surrogate") as raised:
+        await handler(dict(arguments), ctx)
+    assert raised.value.code == "tool_call"

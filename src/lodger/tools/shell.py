@@ -122,6 +122,23 @@ def _check_state_dir_not_named(command: str, root: Path, hidden: Sequence[Path])
                 )
 
 
+def _check_spawnable(text: str, what: str) -> bytes:
+    """``text`` as the bytes a process is given; a ``ToolCallError`` for what no process
+    can take (valid JSON all the same): a NUL byte in a command line, a lone surrogate."""
+    if what == "command" and "\0" in text:
+        raise ToolCallError(
+            f"the {what} holds a NUL byte, which no command line can carry",
+            hint="remove it; write binary data with printf '\\000' instead",
+        )
+    try:
+        return text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ToolCallError(
+            f"the {what} holds a lone surrogate ({text[exc.start]!a}), which is not text",
+            hint="send the character itself, or its escape in the language of the " + what,
+        ) from None
+
+
 def _claims_for(policy: SandboxPolicy) -> Any:
     def claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
         # Checked here too, so a refused command is refused before anyone is asked.
@@ -241,6 +258,7 @@ def shell_tool(
         """
         root = resolve_workspace_root(ctx.require_workspace())
         _check_state_dir_not_named(command, root, ctx.hidden)
+        _check_spawnable(command, "command")
         return await _run_sandboxed(
             policy, sandbox, ctx, ["bash", "-c", command], timeout_s=timeout_s
         )
@@ -281,7 +299,7 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
             ctx,
             ["python3", "-"],
             timeout_s=timeout_s,
-            stdin=code.encode("utf-8", errors="surrogateescape"),
+            stdin=_check_spawnable(code, "snippet"),
         )
 
     return run_python

@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import signal
+import ssl
 import struct
 import subprocess
 import sys
@@ -449,3 +450,50 @@ async def test_a_command_no_process_can_be_given_is_the_models_error(
     with pytest.raises(ToolCallError, match=r"NUL|surrogate") as raised:
         await handler(dict(arguments), ctx)
     assert raised.value.code == "tool_call"
+
+
+@pytest.mark.parametrize(
+    "smuggled",
+    ["X-A: 1\nHost: evil.example", "X-A: 1\rHost: evil.example", "X-A: 1\x00Host: evil.example"],
+    ids=["bare-lf", "bare-cr", "nul"],
+)
+async def test_a_header_line_with_a_bare_line_break_is_refused(smuggled: str) -> None:
+    """Broke: the proxy splits a request head on CRLF only, so ``X-A: 1\\nHost: evil``
+    passed as one header (not a Host header) with the credentials added, and a server
+    that ends lines at a bare LF (many do) read the forged Host after all. A head with
+    a bare CR, LF or a NUL is now refused (400) before anything is sent."""
+    seen: list[bytes] = []
+    server = await _upstream(seen)
+    port = server.sockets[0].getsockname()[1]
+    policy = NetworkPolicy(
+        allow=("localhost",), credentials={"localhost": {"Authorization": "Bearer s3cret"}}
+    )
+    async with server, EgressProxy(policy) as proxy:
+        answer = await _ask(
+            proxy, f"GET http://localhost:{port}/ HTTP/1.1\r\n{smuggled}\r\n\r\n".encode()
+        )
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert seen == []
+    assert [(c.allowed, c.reason) for c in proxy.connections] == [(False, "malformed request head")]
+
+
+async def test_a_bare_line_break_is_refused_inside_terminated_tls_too() -> None:
+    policy = NetworkPolicy(
+        allow=("localhost",),
+        terminate_tls=("localhost",),
+        credentials={"localhost": {"Authorization": "Bearer s3cret"}},
+    )
+    async with EgressProxy(policy) as proxy:
+        assert proxy.ca is not None
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        try:
+            writer.write(b"CONNECT localhost:443 HTTP/1.1\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            trust = ssl.create_default_context(cadata=proxy.ca.certificate_pem.decode())
+            await writer.start_tls(trust, server_hostname="localhost")
+            writer.write(b"GET / HTTP/1.1\r\nX-A: 1\nHost: evil.example\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert [(c.allowed, c.reason) for c in proxy.connections] == [(False, "malformed request head")]

@@ -226,6 +226,10 @@ class EgressProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")
+        if _malformed(head):
+            self._refuse(writer, "", 0, "", "malformed request head", 400)
+            await writer.drain()
+            return
         method, target, version, headers = _parse_head(head)
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
@@ -311,6 +315,10 @@ class EgressProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")
+        if _malformed(head):
+            self._refuse(writer, host, port, "", "malformed request head", 400, tls=True)
+            await writer.drain()
+            return
         method, target, version, headers = _parse_head(head)
         try:
             up_reader, up_writer = await asyncio.open_connection(
@@ -375,6 +383,13 @@ class EgressProxy:
             f"Connection: close\r\n\r\n".encode()
             + body
         )
+
+
+def _malformed(head: bytes) -> bool:
+    """A CR or LF outside a CRLF, or a NUL: this proxy and the server behind it could
+    read different headers (a bare LF ends a line for many servers)."""
+    rest = head.replace(b"\r\n", b"")
+    return b"\r" in rest or b"\n" in rest or b"\0" in rest
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:

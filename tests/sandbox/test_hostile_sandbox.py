@@ -32,6 +32,7 @@ from lodger.sandbox import (
     Limits,
     NetworkPolicy,
     Sandbox,
+    SandboxPolicy,
     SandboxResult,
     policy_from_config,
 )
@@ -497,3 +498,27 @@ async def test_a_bare_line_break_is_refused_inside_terminated_tls_too() -> None:
             writer.close()
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert [(c.allowed, c.reason) for c in proxy.connections] == [(False, "malformed request head")]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DATABASE_URL", "postgresql://app:hunter2@db.internal/app"),
+        ("PIP_INDEX_URL", "https://__token__:pypi-AgEIcHlwaS5vcmc@pypi.example/simple"),
+        ("BROKER", "amqp://guest:guest@localhost:5672//"),
+    ],
+)
+def test_a_passed_variable_whose_value_holds_a_password_is_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """Broke: only the names of passed variables were checked (``*_KEY``, ``*_TOKEN``...),
+    so ``env = ["DATABASE_URL"]`` put a database password into every command. A value
+    that is a URL with a password in it is now refused, naming the variable only."""
+    monkeypatch.setenv(name, value)
+    policy = SandboxPolicy(env=(name,))
+    with pytest.raises(ConfigError, match=name) as raised:
+        policy.host_environment()
+    assert value.split("@")[0].split(":")[-1] not in str(raised.value)
+    # A URL without a password, and a user name alone, still pass.
+    monkeypatch.setenv(name, "https://pypi.org/simple https://user@mirror.example/x")
+    assert policy.host_environment() == {name: os.environ[name]}

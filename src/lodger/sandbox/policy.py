@@ -63,6 +63,10 @@ _CREDENTIAL = re.compile(
 )
 
 
+# scheme://user:password@...: a URL that carries a password
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+
+
 def looks_like_credential(name: str) -> bool:
     """``GITHUB_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...: names never passed into a sandbox."""
     return bool(_CREDENTIAL.search(name))
@@ -225,8 +229,18 @@ class SandboxPolicy:
         return self.backend != "none"
 
     def host_environment(self) -> dict[str, str]:
-        """The named host variables that are set."""
-        return {name: os.environ[name] for name in self.env if name in os.environ}
+        """The named host variables that are set; a ``ConfigError`` for one whose value
+        carries a password in a URL (``postgresql://app:secret@db/app``)."""
+        found = {name: os.environ[name] for name in self.env if name in os.environ}
+        for name, value in found.items():
+            if _URL_PASSWORD.search(value):
+                raise ConfigError(
+                    f"the sandbox policy passes {name!r}, whose value is a URL with a "
+                    "password in it",
+                    hint="give credentials to the egress proxy (network.credentials), "
+                    f"never to the sandbox; or drop {name!r} from [sandbox] env",
+                )
+        return found
 
     def describe(self) -> str:
         return f"{self.backend}; {self.limits.describe()}; net {self.network.describe()}"

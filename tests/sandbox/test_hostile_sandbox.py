@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import signal
+import socket
 import ssl
 import struct
 import subprocess
@@ -522,3 +523,86 @@ def test_a_passed_variable_whose_value_holds_a_password_is_refused(
     # A URL without a password, and a user name alone, still pass.
     monkeypatch.setenv(name, "https://pypi.org/simple https://user@mirror.example/x")
     assert policy.host_environment() == {name: os.environ[name]}
+
+
+# Attacks that held, not covered elsewhere: kept so that a regression shows.
+
+_NEIGHBOURS = r"""
+import os, socket, subprocess, sys
+def attempt(name, call):
+    try:
+        call()
+        print(name, "DONE")
+    except OSError as e:
+        print(name, "refused", e.errno)
+attempt("abstract", lambda: socket.socket(socket.AF_UNIX).connect("\0" + sys.argv[1]))
+attempt("ipv6", lambda: socket.create_connection(("::1", int(sys.argv[2])), timeout=3))
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+print("interfaces", [name for _, name in socket.if_nameindex()])
+print("fds", sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+su = subprocess.run(["su", "-c", "id -u"], capture_output=True, text=True,
+                    stdin=subprocess.DEVNULL, timeout=10)
+print("su", su.returncode, su.stdout.strip() or "-")
+attempt("hardlink-setuid", lambda: os.link("/usr/bin/su", "su-copy"))
+"""
+
+
+async def test_host_sockets_descriptors_and_setuid_stay_out_of_reach(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """An abstract Unix socket and an IPv6 loopback server of the host (where a database
+    or an MCP server may listen), raw and packet sockets, a descriptor lodger left
+    inheritable (its log, say), a setuid binary and a hard link to one: all refused."""
+    name = f"lodger-audit-{uuid.uuid4().hex[:8]}"
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0" + name)
+    abstract.listen()
+    six = socket.socket(socket.AF_INET6)
+    six.bind(("::1", 0))
+    six.listen()
+    log = tmp_path / "log.sqlite"
+    log.write_bytes(b"SQLite format 3\0")
+    leaked = os.open(log, os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        result = await box.run(
+            ["python3", "-c", _NEIGHBOURS, name, str(six.getsockname()[1])],
+            workspace=ws,
+            env=ENV,
+            limits=Limits(wall_time_s=60),
+        )
+    finally:
+        os.close(leaked)
+        abstract.close()
+        six.close()
+    lines = result.output.decode(errors="replace").splitlines()
+    assert result.exit_code == 0, lines
+    for attack in ("abstract", "ipv6", "raw", "packet", "hardlink-setuid"):
+        assert any(line.startswith(f"{attack} refused") for line in lines), (attack, lines)
+    assert "interfaces ['lo']" in lines
+    fds = next(line for line in lines if line.startswith("fds "))
+    assert fds in ("fds [0, 1, 2]", "fds [0, 1, 2, 3]"), fds  # 3: listdir's own
+    su = next(line for line in lines if line.startswith("su "))
+    assert su.split()[1] != "0", su
+    assert not (ws / "su-copy").exists()
+
+
+async def test_filling_tmp_and_dev_shm_counts_against_the_memory_limit(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """/tmp and /dev/shm inside are memory (tmpfs) with no size of their own: what a
+    command writes there must count against its memory limit, not the host's RAM."""
+    limits = Limits(wall_time_s=60, memory_bytes=64 << 20)
+    for target in ("/tmp/fill", "/dev/shm/fill"):
+        result = await box.run(
+            ["bash", "-c", f"head -c 400M /dev/zero > {target}; echo WROTE $?"],
+            workspace=tmp_path,
+            env=ENV,
+            limits=limits,
+        )
+        if result.enforcement.get("memory", "").startswith("RLIMIT"):
+            pytest.skip("no memory cgroup here: tmpfs pages are not limited")
+        assert "WROTE 0" not in result.output.decode(), (target, result)

@@ -28,6 +28,7 @@ import pytest
 
 from lodger.errors import ConfigError, ToolCallError
 from lodger.sandbox import (
+    BubblewrapSandbox,
     Connection,
     EgressProxy,
     Limits,
@@ -606,3 +607,21 @@ async def test_filling_tmp_and_dev_shm_counts_against_the_memory_limit(
         if result.enforcement.get("memory", "").startswith("RLIMIT"):
             pytest.skip("no memory cgroup here: tmpfs pages are not limited")
         assert "WROTE 0" not in result.output.decode(), (target, result)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no disk quota on the workspace: a command can fill the host's disk there. "
+    "Bounding it needs a design decision (a Limits field enforced by a project quota, a "
+    "size-limited overlay or a watcher), bigger than this audit",
+)
+async def test_filling_the_workspace_is_stopped_by_a_limit(tmp_path: Path) -> None:
+    result = await BubblewrapSandbox().run(
+        ["bash", "-c", "head -c 96M /dev/zero > big; echo WROTE $?"],
+        workspace=tmp_path,
+        env=ENV,
+        limits=Limits(wall_time_s=60, memory_bytes=32 << 20, output_bytes=1 << 20),
+    )
+    size = (tmp_path / "big").stat().st_size if (tmp_path / "big").exists() else 0
+    (tmp_path / "big").unlink(missing_ok=True)
+    assert result.limit is not None and size < 96 << 20, (result, size)

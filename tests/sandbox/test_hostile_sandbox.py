@@ -40,6 +40,7 @@ from lodger.sandbox import (
 )
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
+from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
 from lodger.tools.shell import _settled, run_python, shell
 from lodger.tools.spec import ToolContext
 
@@ -625,3 +626,19 @@ async def test_filling_the_workspace_is_stopped_by_a_limit(tmp_path: Path) -> No
     size = (tmp_path / "big").stat().st_size if (tmp_path / "big").exists() else 0
     (tmp_path / "big").unlink(missing_ok=True)
     assert result.limit is not None and size < 96 << 20, (result, size)
+
+
+def test_the_lodger_ca_keeps_a_bounded_number_of_leaf_certificates() -> None:
+    """Broke: with ``terminate_tls = ["*.example.com"]`` every distinct name a command
+    CONNECTed to (``a1.example.com``, ``a2.example.com``...) got a leaf and a TLS context
+    kept for the life of the proxy, about 25 KB and 1.5 ms each, in lodger's own process:
+    a minute of a loop took hundreds of MB. The contexts are now an LRU of
+    ``LEAF_CACHE``; a name pushed out is issued again when asked for."""
+    ca = LodgerCA(("*.example.com",))
+    first = ca.server_context("h0.example.com")
+    assert ca.server_context("h0.example.com") is first  # cached while recent
+    for i in range(1, LEAF_CACHE + 50):
+        ca.server_context(f"h{i}.example.com")
+    assert len(ca._contexts) <= LEAF_CACHE
+    again = ca.server_context("h0.example.com")
+    assert again is not first and isinstance(again, ssl.SSLContext)

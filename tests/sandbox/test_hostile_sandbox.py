@@ -642,3 +642,26 @@ def test_the_lodger_ca_keeps_a_bounded_number_of_leaf_certificates() -> None:
     assert len(ca._contexts) <= LEAF_CACHE
     again = ca.server_context("h0.example.com")
     assert again is not first and isinstance(again, ssl.SSLContext)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the workspace's .git is writable in the sandbox, so a command can leave a "
+    "hook or a core.fsmonitor/core.pager command that the host's git runs later, outside "
+    "any sandbox. Making .git read-only (as some agent sandboxes do) would stop the model "
+    "committing: a design decision, not made in this audit",
+)
+async def test_a_command_cannot_leave_code_for_the_hosts_git_to_run(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    marker = tmp_path / "ran-on-the-host"
+    subprocess.run(["git", "init", "-q", str(ws)], check=True, timeout=30)  # noqa: ASYNC221 - setting the scene
+    await BubblewrapSandbox().run(
+        ["git", "config", "core.fsmonitor", f"touch {marker}; false"],
+        workspace=ws,
+        env=ENV,
+        limits=Limits(wall_time_s=60),
+    )
+    # Later, on the host, someone looks at the project.
+    subprocess.run(["git", "-C", str(ws), "status"], capture_output=True, timeout=30)  # noqa: ASYNC221
+    assert not marker.exists()

@@ -665,3 +665,41 @@ async def test_a_command_cannot_leave_code_for_the_hosts_git_to_run(tmp_path: Pa
     # Later, on the host, someone looks at the project.
     subprocess.run(["git", "-C", str(ws), "status"], capture_output=True, timeout=30)  # noqa: ASYNC221
     assert not marker.exists()
+
+
+async def test_a_nested_state_directory_cannot_be_moved_out_from_under_its_cover(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """Broke: with the state directory nested in the workspace (``state_dir =
+    "sub/.lodger"``) only the directory itself was covered, so a command renamed its
+    parent (``mv sub sub2; mkdir -p sub/.lodger``): the next command's cover fell on the
+    decoy, and it read and wrote the real log at ``sub2/.lodger``. Every directory
+    between the workspace and a hidden path is now a mount point too, which no rename
+    can move."""
+    ws = tmp_path / "ws"
+    state = ws / "sub" / "deeper" / ".lodger"
+    state.mkdir(parents=True)
+    (state / "log.sqlite").write_text("the log\n")
+
+    async def run(command: str) -> str:
+        result = await box.run(
+            ["bash", "-c", command],
+            workspace=ws,
+            env=ENV,
+            limits=Limits(wall_time_s=60),
+            hidden=(state,),
+        )
+        return result.output.decode(errors="replace")
+
+    first = await run(
+        "mv sub sub2; mv sub/deeper sub/deeper2; mkdir -p sub/deeper/.lodger; echo DONE"
+    )
+    second = await run(
+        "cat sub2/deeper/.lodger/log.sqlite sub/deeper2/.lodger/log.sqlite;"
+        " echo x >> sub2/deeper/.lodger/log.sqlite; echo x >> sub/deeper2/.lodger/log.sqlite;"
+        " echo DONE"
+    )
+    assert "DONE" in first and "DONE" in second, (first, second)
+    assert "the log" not in first + second
+    assert (state / "log.sqlite").read_text() == "the log\n"
+    assert not (ws / "sub2").exists() and not (ws / "sub" / "deeper2").exists()

@@ -51,6 +51,7 @@ __all__ = [
     "bubblewrap_argv",
     "confinable_workspace",
     "masked_paths",
+    "pinned_ancestors",
 ]
 
 #: files under the system directories that hold secrets; covered even though /etc is bound
@@ -221,6 +222,8 @@ def bubblewrap_argv(
     for source, target in ro_binds:
         args += ["--ro-bind", str(source), target]
     args += ["--bind", str(workspace), str(workspace)]
+    for between in pinned_ancestors(workspace, hidden):
+        args += ["--bind", between, between]
     for hidden_path in hidden:
         real = os.path.realpath(hidden_path)
         if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):
@@ -242,6 +245,23 @@ def _filter_fd() -> Iterator[int]:
         yield read
     finally:
         os.close(read)
+
+
+def pinned_ancestors(workspace: Path, hidden: Sequence[Path]) -> list[str]:
+    """The directories between ``workspace`` and each hidden path inside it (``ws/sub``
+    for ``ws/sub/.lodger``), outermost first. Each is bound onto itself, read-write as
+    before: a mount point cannot be renamed, so no command can move a hidden path out
+    from under its cover (``mv sub elsewhere``) and leave a decoy to be covered next."""
+    pinned: list[str] = []
+    for hidden_path in hidden:
+        real = Path(os.path.realpath(hidden_path))
+        if real == workspace or not real.is_relative_to(workspace):
+            continue
+        for between in reversed(real.parents):
+            inside = between.is_relative_to(workspace) and between != workspace
+            if inside and str(between) not in pinned and between.is_dir():
+                pinned.append(str(between))
+    return pinned
 
 
 def masked_paths() -> list[str]:

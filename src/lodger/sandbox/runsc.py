@@ -44,7 +44,12 @@ from typing import Any
 
 from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
-from lodger.sandbox.bubblewrap import SYSTEM_DIRS, confinable_workspace, masked_paths
+from lodger.sandbox.bubblewrap import (
+    SYSTEM_DIRS,
+    confinable_workspace,
+    masked_paths,
+    pinned_ancestors,
+)
 from lodger.sandbox.interface import OutputSink, SandboxResult
 from lodger.sandbox.policy import Limits, NetworkPolicy
 
@@ -186,6 +191,8 @@ def oci_config(
         if os.path.isdir(source):
             mounts.append(_bind(source, path, writable=False))
     mounts.append(_bind(str(workspace), str(workspace), writable=True))
+    for between in pinned_ancestors(workspace, hidden):
+        mounts.append(_bind(between, between, writable=True))
     covered = [*masked_paths(), *(os.path.realpath(p) for p in hidden)]
     for path in covered:
         inside = any(Path(path).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace)))

@@ -41,6 +41,7 @@ from lodger.sandbox import (
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.egress import MAX_CONNECTIONS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
+from lodger.tools.config import load_sandbox_policy
 from lodger.tools.shell import _settled, run_python, shell
 from lodger.tools.spec import ToolContext
 
@@ -703,3 +704,33 @@ async def test_a_nested_state_directory_cannot_be_moved_out_from_under_its_cover
     assert "the log" not in first + second
     assert (state / "log.sqlite").read_text() == "the log\n"
     assert not (ws / "sub2").exists() and not (ws / "sub" / "deeper2").exists()
+
+
+def test_a_literal_secret_in_lodger_toml_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broke: lodger.toml lies in the workspace, which every sandboxed command reads, yet
+    ``Authorization = "Bearer sk-..."`` written there literally was accepted: the secret
+    the proxy adds "so it never enters the sandbox" was one ``cat lodger.toml`` away. A
+    credential-named header must now take its value from the environment (``${NAME}``)
+    or the secrets file; a plain header (``X-Team = "blue"``) still may be literal."""
+    (tmp_path / "lodger.toml").write_text(
+        '[sandbox.network]\nallow = ["api.example.com"]\n'
+        '[sandbox.network.credentials."api.example.com"]\n'
+        'Authorization = "Bearer sk-literal-1234"\n'
+    )
+    with pytest.raises(ConfigError, match="Authorization") as raised:
+        load_sandbox_policy(tmp_path)
+    assert "sk-literal" not in str(raised.value) and "${" in (raised.value.hint or "")
+    monkeypatch.setenv("EXAMPLE_TOKEN", "sk-from-env")
+    (tmp_path / "lodger.toml").write_text(
+        '[sandbox.network]\nallow = ["api.example.com"]\n'
+        '[sandbox.network.credentials."api.example.com"]\n'
+        'Authorization = "Bearer ${EXAMPLE_TOKEN}"\nX-Team = "blue"\n'
+    )
+    policy = load_sandbox_policy(tmp_path)
+    assert policy is not None
+    assert policy.network.headers_for("api.example.com") == {
+        "Authorization": "Bearer sk-from-env",
+        "X-Team": "blue",
+    }

@@ -352,6 +352,17 @@ def policy_from_config(
                     hint="keep each header in one place",
                 )
             mine.update(headers)
+    for domain, headers in dict(network.get("credentials", {})).items():
+        for name, value in headers.items():
+            # The table lives in lodger.toml, inside the workspace every sandboxed command
+            # reads: a secret written there literally would be in the sandbox after all.
+            if looks_like_credential(name) and not _VARIABLE.search(value):
+                raise ConfigError(
+                    f"{where} network.credentials.{domain}.{name} is written out in the "
+                    "file, which lies in the workspace where sandboxed commands can read it",
+                    hint=f'write {name} = "... ${{NAME}}" and export NAME, or put the '
+                    "header in the secrets file (secrets_file)",
+                )
     return SandboxPolicy(
         backend=table.get("backend", "bubblewrap"),
         limits=Limits(**limits),

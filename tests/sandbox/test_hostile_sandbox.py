@@ -39,7 +39,7 @@ from lodger.sandbox import (
     policy_from_config,
 )
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
-from lodger.sandbox.egress import MAX_CONNECTIONS
+from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
 from lodger.tools.config import load_sandbox_policy
 from lodger.tools.shell import _settled, run_python, shell
@@ -734,3 +734,21 @@ def test_a_literal_secret_in_lodger_toml_is_refused(
         "Authorization": "Bearer sk-from-env",
         "X-Team": "blue",
     }
+
+
+async def test_the_record_of_connections_is_bounded() -> None:
+    """Broke: every connection was recorded, in lodger's memory, for as long as the
+    command ran (up to an hour): a loop of refused requests, answered at once, grew it
+    by about a thousand records a second. Past ``MAX_RECORDS`` the proxy only counts,
+    and the last record says how many more there were."""
+    policy = NetworkPolicy(allow=("localhost",))
+    async with EgressProxy(policy) as proxy:
+        for _ in range(MAX_RECORDS + 30):
+            answer = await _ask(proxy, b"GET http://blocked.example/ HTTP/1.1\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 403")
+    assert len(proxy.connections) == MAX_RECORDS
+    last = proxy.connections[-1]
+    assert last.reason == "31 more connections (0 allowed) not recorded", last
+    result = SandboxResult(backend="bubblewrap", exit_code=0, connections=(*proxy.connections,))
+    summary = _settled(result, 60)
+    assert isinstance(summary, str) and "and 31 more connections (0 allowed)" in summary

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_CONNECTIONS",
+    "MAX_RECORDS",
     "PROXY_PORT",
     "TRUST_VARIABLES",
     "EgressProxy",
@@ -58,6 +59,9 @@ _MAX_HEAD = 64 * 1024
 #: connections the proxy serves at once; each holds descriptors in lodger's own process,
 #: so past this a connection is refused at once (a sandbox cannot exhaust lodger's)
 MAX_CONNECTIONS = 128
+#: connections recorded one by one; past this they are counted in the last record (the
+#: record lives in lodger's memory for as long as the command runs)
+MAX_RECORDS = 1000
 _HANDSHAKE_S = 30.0
 
 # Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
@@ -146,6 +150,7 @@ class EgressProxy:
     def __init__(self, policy: NetworkPolicy) -> None:
         self.policy = policy
         self.connections: list[Connection] = []
+        self._unrecorded = self._unrecorded_allowed = 0  # past MAX_RECORDS
         self._dir: str | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -280,7 +285,7 @@ class EgressProxy:
             headers = [h for h in headers if _header_name(h) != "host"]
             headers.insert(0, f"Host: {host if port == 80 else f'{host}:{port}'}")
             up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self.connections.append(
+        self._record(
             Connection(
                 host=host, port=port, method=method, allowed=True, credentials_injected=injected
             )
@@ -305,7 +310,7 @@ class EgressProxy:
             await writer.start_tls(context, ssl_handshake_timeout=_HANDSHAKE_S)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             why = f"no TLS from the sandbox: {getattr(exc, 'reason', None) or exc}"
-            self.connections.append(
+            self._record(
                 Connection(
                     host=host, port=port, method="CONNECT", allowed=False, reason=why,
                     tls_terminated=True,
@@ -341,7 +346,7 @@ class EgressProxy:
         headers = [h for h in headers if _header_name(h) != "host"]
         headers.insert(0, f"Host: {authority}")
         up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self.connections.append(
+        self._record(
             Connection(
                 host=host,
                 port=port,
@@ -361,6 +366,23 @@ class EgressProxy:
             await asyncio.gather(to_upstream, return_exceptions=True)
             up_writer.close()
 
+    def _record(self, connection: Connection) -> None:
+        if len(self.connections) < MAX_RECORDS - 1:
+            self.connections.append(connection)
+            return
+        # The last record counts every connection past the others.
+        self._unrecorded += 1
+        self._unrecorded_allowed += connection.allowed
+        summary = Connection(
+            host="", port=0, method="", allowed=False,
+            reason=f"{self._unrecorded} more connections "
+            f"({self._unrecorded_allowed} allowed) not recorded",
+        )  # fmt: skip
+        if len(self.connections) < MAX_RECORDS:
+            self.connections.append(summary)
+        else:
+            self.connections[-1] = summary
+
     def _refuse(
         self,
         writer: asyncio.StreamWriter,
@@ -372,7 +394,7 @@ class EgressProxy:
         *,
         tls: bool = False,
     ) -> None:
-        self.connections.append(
+        self._record(
             Connection(
                 host=host, port=port, method=method, allowed=False, reason=why, tls_terminated=tls
             )

@@ -170,6 +170,8 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
             f"... {len(result.connections)} connections: {allowed} allowed, "
             f"{len(result.connections) - allowed} refused"
         )
+        if not result.connections[-1].host:  # the proxy's count of the unrecorded rest
+            egress.append(f"and {result.connections[-1].reason}")
     if egress:
         text += "\n[network: " + "; ".join(egress) + "]"
     if result.limit == "wall_time":

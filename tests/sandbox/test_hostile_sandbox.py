@@ -752,3 +752,21 @@ async def test_the_record_of_connections_is_bounded() -> None:
     result = SandboxResult(backend="bubblewrap", exit_code=0, connections=(*proxy.connections,))
     summary = _settled(result, 60)
     assert isinstance(summary, str) and "and 31 more connections (0 allowed)" in summary
+
+
+async def test_terminal_control_sequences_in_output_are_written_out(tmp_path: Path) -> None:
+    """Broke: a command's output reached the tool result byte for byte, and the CLI shows
+    its first line on the operator's terminal (rich strips BEL and CR, not ESC): a
+    sandboxed command could clear the screen, retitle the window or, with OSC 52, write
+    the operator's clipboard. Control characters other than tab, newline and CR are now
+    written out as escapes (``\\x1b``) in the result."""
+    ctx = ToolContext(
+        session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o",
+        workspace=tmp_path, hidden=(),
+    )  # fmt: skip
+    out = await shell.handler(
+        {"command": r"printf 'a\033]52;c;cHduZWQ=\033\\b\033[2J\tc\302\233x\r\nnext\n'"}, ctx
+    )
+    assert isinstance(out, str)
+    assert not any(ch in out for ch in "\x1b\x9b\x07"), repr(out)
+    assert out.startswith("a\\x1b]52;c;cHduZWQ=\\x1b\\b\\x1b[2J\tc\\x9bx\r\nnext\n"), repr(out)

@@ -153,10 +153,21 @@ def _claims_for(policy: SandboxPolicy) -> Any:
     return claims
 
 
+# Control characters but tab, newline and CR, DEL, and the C1 set (U+0080-U+009F): they
+# start terminal sequences (ESC, CSI) that would act on whoever views the result.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _written_out(text: str) -> str:
+    r"""``text`` with each control character as an escape: ``\x1b[2J`` stays readable to
+    the model and clears no one's screen (OSC 52 writes no one's clipboard)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     output = _CappedOutput(SHELL_MAX_OUTPUT_CHARS)
     output.feed(result.output)
-    text = output.text().rstrip("\n") or "(no output)"
+    text = _written_out(output.text()).rstrip("\n") or "(no output)"
     egress = [
         f"{'allowed' if c.allowed else 'refused'} {c.method} {c.host}:{c.port}"
         + (" (TLS terminated by lodger)" if c.tls_terminated else "")

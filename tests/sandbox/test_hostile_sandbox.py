@@ -770,3 +770,7 @@ async def test_terminal_control_sequences_in_output_are_written_out(tmp_path: Pa
     assert isinstance(out, str)
     assert not any(ch in out for ch in "\x1b\x9b\x07"), repr(out)
     assert out.startswith("a\\x1b]52;c;cHduZWQ=\\x1b\\b\\x1b[2J\tc\\x9bx\r\nnext\n"), repr(out)
+    # The hosts a command asks the egress proxy for are its words too.
+    asked = Connection(host="\x1b]0;pwned\x1b\\", port=443, method="CONNECT", allowed=False)
+    text = _settled(SandboxResult(backend="bubblewrap", exit_code=0, connections=(asked,)), 60)
+    assert isinstance(text, str) and "\x1b" not in text and "\\x1b]0;pwned" in text

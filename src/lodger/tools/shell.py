@@ -183,8 +183,8 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
         )
         if not result.connections[-1].host:  # the proxy's count of the unrecorded rest
             egress.append(f"and {result.connections[-1].reason}")
-    if egress:
-        text += "\n[network: " + "; ".join(egress) + "]"
+    if egress:  # the hosts are what the command asked for: written out as well
+        text += "\n[network: " + _written_out("; ".join(egress)) + "]"
     if result.limit == "wall_time":
         note = f"[timed out after {timeout_s:g} s; the command and its children were killed]"
         return ToolOutput(content=f"{text}\n{note}", is_error=True)

@@ -38,7 +38,9 @@ from lodger.sandbox import (
     SandboxResult,
     policy_from_config,
 )
+from lodger.sandbox._process import run_confined
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
+from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
 from lodger.tools.config import load_sandbox_policy
@@ -774,3 +776,43 @@ async def test_terminal_control_sequences_in_output_are_written_out(tmp_path: Pa
     asked = Connection(host="\x1b]0;pwned\x1b\\", port=443, method="CONNECT", allowed=False)
     text = _settled(SandboxResult(backend="bubblewrap", exit_code=0, connections=(asked,)), 60)
     assert isinstance(text, str) and "\x1b" not in text and "\\x1b]0;pwned" in text
+
+
+async def test_a_run_cancelled_while_its_cgroup_is_made_leaves_no_cgroup() -> None:
+    """Broke: the cgroup is made in a worker thread; a run cancelled meanwhile (a tool's
+    time limit, a stopped turn) lost the thread's result, and the directories stayed in
+    the host's hierarchy for good (7 of 30 quick cancellations here). The run now waits
+    for the thread, removes what it made, then lets the cancellation go on."""
+    mount = cgroup2_mount()
+    if mount is None or not os.access(mount, os.W_OK):
+        pytest.skip("no writable cgroup2 hierarchy to make a private parent in")
+    parent = mount / f"audit-sandbox-{uuid.uuid4().hex[:8]}"  # not lodger-*: see cpu tests
+    parent.mkdir()
+    try:
+        for i in range(30):
+            run = asyncio.create_task(
+                run_confined(
+                    ["/bin/sleep", "5"],
+                    backend="none",
+                    env=ENV,
+                    cwd=parent,
+                    stdin=b"",
+                    limits=Limits(wall_time_s=30, cpu_time_s=10),
+                    on_output=None,
+                    signal_exit_codes=False,
+                    cgroup_root=parent,
+                )
+            )
+            for _ in range(i % 5):  # cancel at different points of the start
+                await asyncio.sleep(0)
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+        left = [p.name for p in parent.iterdir() if p.is_dir()]
+    finally:
+        for child in parent.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+        parent.rmdir()
+    assert left == []

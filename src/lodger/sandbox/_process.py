@@ -102,14 +102,25 @@ async def run_confined(
     ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
     filter); every other one is closed in the child.
     """
-    cgroup = await asyncio.to_thread(
-        Cgroup.create,
-        memory_bytes=limits.memory_bytes,
-        max_processes=limits.max_processes,
-        cpu_rate=limits.cpu_rate,
-        count_cpu=limits.cpu_time_s is not None,
-        v2_root=cgroup_root,
+    creating = asyncio.ensure_future(
+        asyncio.to_thread(
+            Cgroup.create,
+            memory_bytes=limits.memory_bytes,
+            max_processes=limits.max_processes,
+            cpu_rate=limits.cpu_rate,
+            count_cpu=limits.cpu_time_s is not None,
+            v2_root=cgroup_root,
+        )
     )
+    try:
+        cgroup = await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        # The thread makes the directories all the same: wait for it and remove them,
+        # or they stay in the host's hierarchy for good. Then the cancellation goes on.
+        await asyncio.wait({creating})
+        if not creating.cancelled() and creating.exception() is None:
+            await asyncio.shield(_cleanup(creating.result()))
+        raise
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from lodger.errors import ConfigError, ToolCallError
+from lodger.errors import ConfigError, ToolCallError, UsageError
 from lodger.sandbox import (
     BubblewrapSandbox,
     Connection,
@@ -778,41 +778,67 @@ async def test_terminal_control_sequences_in_output_are_written_out(tmp_path: Pa
     assert isinstance(text, str) and "\x1b" not in text and "\\x1b]0;pwned" in text
 
 
-async def test_a_run_cancelled_while_its_cgroup_is_made_leaves_no_cgroup() -> None:
-    """Broke: the cgroup is made in a worker thread; a run cancelled meanwhile (a tool's
-    time limit, a stopped turn) lost the thread's result, and the directories stayed in
-    the host's hierarchy for good (7 of 30 quick cancellations here). The run now waits
-    for the thread, removes what it made, then lets the cancellation go on."""
+@pytest.fixture
+def private_cgroup_parent() -> Iterator[Path]:
+    """A cgroup2 directory of this test's own, to make commands' cgroups in and count
+    what is left (named apart from ``lodger-*``, which the CPU tests count globally)."""
     mount = cgroup2_mount()
     if mount is None or not os.access(mount, os.W_OK):
         pytest.skip("no writable cgroup2 hierarchy to make a private parent in")
-    parent = mount / f"audit-sandbox-{uuid.uuid4().hex[:8]}"  # not lodger-*: see cpu tests
+    parent = mount / f"audit-sandbox-{uuid.uuid4().hex[:8]}"
     parent.mkdir()
     try:
-        for i in range(30):
-            run = asyncio.create_task(
-                run_confined(
-                    ["/bin/sleep", "5"],
-                    backend="none",
-                    env=ENV,
-                    cwd=parent,
-                    stdin=b"",
-                    limits=Limits(wall_time_s=30, cpu_time_s=10),
-                    on_output=None,
-                    signal_exit_codes=False,
-                    cgroup_root=parent,
-                )
-            )
-            for _ in range(i % 5):  # cancel at different points of the start
-                await asyncio.sleep(0)
-            run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run
-        left = [p.name for p in parent.iterdir() if p.is_dir()]
+        yield parent
     finally:
         for child in parent.iterdir():
             if child.is_dir():
                 with contextlib.suppress(OSError):
                     child.rmdir()
         parent.rmdir()
-    assert left == []
+
+
+async def test_an_empty_command_line_makes_no_cgroup(private_cgroup_parent: Path) -> None:
+    """Broke: ``run_confined([])`` made the command's cgroup, then the trampoline refused
+    the empty command line before the cleanup was in place: a directory left per call."""
+    with pytest.raises(UsageError, match="empty command line"):
+        await run_confined(
+            [],
+            backend="none",
+            env=ENV,
+            cwd=private_cgroup_parent,
+            stdin=b"",
+            limits=Limits(wall_time_s=30, cpu_time_s=10),
+            on_output=None,
+            signal_exit_codes=False,
+            cgroup_root=private_cgroup_parent,
+        )
+    assert [p for p in private_cgroup_parent.iterdir() if p.is_dir()] == []  # noqa: ASYNC240 - a test reading the host after the fact
+
+
+async def test_a_run_cancelled_while_its_cgroup_is_made_leaves_no_cgroup(
+    private_cgroup_parent: Path,
+) -> None:
+    """Broke: the cgroup is made in a worker thread; a run cancelled meanwhile (a tool's
+    time limit, a stopped turn) lost the thread's result, and the directories stayed in
+    the host's hierarchy for good (7 of 30 quick cancellations here). The run now waits
+    for the thread, removes what it made, then lets the cancellation go on."""
+    for i in range(30):
+        run = asyncio.create_task(
+            run_confined(
+                ["/bin/sleep", "5"],
+                backend="none",
+                env=ENV,
+                cwd=private_cgroup_parent,
+                stdin=b"",
+                limits=Limits(wall_time_s=30, cpu_time_s=10),
+                on_output=None,
+                signal_exit_codes=False,
+                cgroup_root=private_cgroup_parent,
+            )
+        )
+        for _ in range(i % 5):  # cancel at different points of the start
+            await asyncio.sleep(0)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert [p.name for p in private_cgroup_parent.iterdir() if p.is_dir()] == []  # noqa: ASYNC240 - a test reading the host after the fact

@@ -102,6 +102,8 @@ async def run_confined(
     ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
     filter); every other one is closed in the child.
     """
+    if not host_argv:  # refused here, before a cgroup is made for it
+        trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
     creating = asyncio.ensure_future(
         asyncio.to_thread(
             Cgroup.create,

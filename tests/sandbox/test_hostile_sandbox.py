@@ -842,3 +842,25 @@ async def test_a_run_cancelled_while_its_cgroup_is_made_leaves_no_cgroup(
         with contextlib.suppress(asyncio.CancelledError):
             await run
     assert [p.name for p in private_cgroup_parent.iterdir() if p.is_dir()] == []  # noqa: ASYNC240 - a test reading the host after the fact
+
+
+def test_a_wildcard_allows_no_address_spelled_as_a_name_and_no_localhost() -> None:
+    """Broke: an allow-list names domains and "a literal IP or 'localhost' never matches
+    a pattern", but only dotted decimal was recognised: ``0x7f000001`` and ``0x7f.1``
+    (the resolver reads both as 127.0.0.1) matched ``*``, and so did ``localhost``."""
+    anything = NetworkPolicy(allow=("*",))
+    for host in ("0x7f000001", "0x7f.1", "0x7f.0.0.1", "0xa9fea9fe", "localhost", "db.localhost"):
+        assert not anything.allows(host), host
+    assert anything.allows("pypi.org") and anything.allows("0x1.example.com")
+    assert NetworkPolicy(allow=("localhost",)).allows("localhost")  # named outright: yes
+    assert not NetworkPolicy(allow=("*.localhost",)).allows("db.localhost")
+
+
+async def test_the_proxy_does_not_reach_the_hosts_loopback_through_a_hex_address() -> None:
+    seen: list[bytes] = []
+    server = await _upstream(seen)
+    port = server.sockets[0].getsockname()[1]
+    async with server, EgressProxy(NetworkPolicy(allow=("*",))) as proxy:
+        answer = await _ask(proxy, f"GET http://0x7f000001:{port}/ HTTP/1.1\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert seen == []

@@ -32,6 +32,7 @@ import fnmatch
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,8 +169,13 @@ class NetworkPolicy:
 
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
+        if not _is_domain(host):
+            return False
+        loopback = host == "localhost" or host.endswith(".localhost")
         return any(
-            fnmatch.fnmatchcase(host, pattern.lower()) and _is_domain(host)
+            fnmatch.fnmatchcase(host, pattern.lower())
+            # 'localhost' (RFC 6761: always this machine) only where named outright
+            and not (loopback and any(c in pattern for c in "*?["))
             for pattern in self.allow
         )
 
@@ -192,10 +198,16 @@ class NetworkPolicy:
 
 
 def _is_domain(host: str) -> bool:
-    # An allow-list names domains; a literal IP or 'localhost' never matches a pattern.
-    return bool(re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", host)) and not re.fullmatch(
-        r"[0-9.]+", host
-    )
+    # An allow-list names domains; a literal IP never matches a pattern, nor does
+    # 'localhost' a wildcard (``allows``).
+    if not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", host):
+        return False
+    try:
+        # Every spelling of an IPv4 address the resolver takes: 127.1, 0x7f000001, 0x7f.1
+        socket.inet_aton(host)
+    except OSError:
+        return True
+    return False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,17 +2,18 @@
 
 What the command sees: the system directories (``/usr``, ``/etc``, ``/bin``, ``/lib*``)
 read-only, with ``/etc/shadow`` and every file under ``/etc`` others may not read masked
-(``masked_paths``); the workspace read-write at its own
-path; a private ``/tmp``, ``/dev`` and ``/proc``; nothing else. Home directories,
-``/root``, the lodger state directory, other projects and credential directories are not
-mounted at all, so no ``..`` or symlink can reach them; a hidden path inside the
-workspace or a system directory is covered by an empty read-only tmpfs. New user, PID,
-IPC, UTS, cgroup and network namespaces; every capability dropped; no kernel keyrings (a
-seccomp filter, ``lodger.sandbox._seccomp``: lodger's session keyring would be shared);
-``--new-session`` (no terminal injection) and ``--die-with-parent``. With an unshared PID
-namespace, when the command returns bubblewrap's init exits and the kernel kills
-everything left inside, so nothing started in the background (setsid, double fork,
-nohup) outlives the command.
+(``masked_paths``); the workspace read-write at its own path (not ``/``, a system
+directory or a path in ``/etc``: ``confinable_workspace``), the directories between it
+and a hidden path pinned (``pinned_ancestors``); a private ``/tmp``, ``/dev`` and
+``/proc``; nothing else. Home directories, ``/root``, the lodger state directory, other
+projects and credential directories are not mounted at all, so no ``..`` or symlink can
+reach them; a hidden path inside the workspace or a system directory is covered by an
+empty read-only tmpfs. New user, PID, IPC, UTS, cgroup and network namespaces; every
+capability dropped; no kernel keyrings (a seccomp filter, ``lodger.sandbox._seccomp``:
+lodger's session keyring would be shared); ``--new-session`` (no terminal injection) and
+``--die-with-parent``. With an unshared PID namespace, when the command returns
+bubblewrap's init exits and the kernel kills everything left inside, so nothing started
+in the background (setsid, double fork, nohup) outlives the command.
 
 Network: only a loopback interface. When the policy allows domains, the egress proxy's
 Unix socket is mounted in and a small forwarder inside serves it on 127.0.0.1 as an HTTP
@@ -268,7 +269,7 @@ def masked_paths() -> list[str]:
     """``MASKED`` and every entry under ``PRIVATE_ROOTS`` that others may not read (a
     directory: read or enter): private to its owner or group, so no business of a
     command. It must be covered even so: the sandbox keeps lodger's uid and groups, and
-    run as root it owns every root file. Read afresh for each command (about 10 ms)."""
+    run as root it owns every root file. Read afresh for each command (4 ms here)."""
     found = [path for path in MASKED if os.path.lexists(path)]
     for root in PRIVATE_ROOTS:
         found += _private_entries(root)

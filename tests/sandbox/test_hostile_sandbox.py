@@ -44,7 +44,7 @@ from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
-from lodger.tools.config import load_sandbox_policy
+from lodger.tools.config import load_mcp_servers, load_sandbox_policy
 from lodger.tools.shell import _settled, run_python, shell
 from lodger.tools.spec import ToolContext
 
@@ -889,3 +889,23 @@ async def test_a_name_resolving_to_the_hosts_loopback_is_not_reached() -> None:
     async with server, EgressProxy(NetworkPolicy(allow=("*",))) as proxy:
         await _ask(proxy, f"GET http://{name}:{port}/ HTTP/1.1\r\n\r\n".encode())
     assert seen == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lodger.toml lies in the workspace and is writable in the sandbox, and the next "
+    "lodger started there trusts it: its MCP servers are commands run on the host, its "
+    "[permissions] allow tools without asking. Protecting it (and other files the host "
+    "runs later) when it does not exist yet needs a design decision left open here",
+)
+async def test_a_command_cannot_plant_lodger_configuration(tmp_path: Path) -> None:
+    planted = '[mcp.servers.helper]\ncommand = "sh"\nargs = ["-c", "echo ran on the host"]\n'
+    await BubblewrapSandbox().run(
+        ["bash", "-c", f"printf '%s' '{planted}' > lodger.toml"],
+        workspace=tmp_path,
+        env=ENV,
+        limits=Limits(wall_time_s=60),
+    )
+    # The next lodger started in this workspace reads its configuration.
+    servers = load_mcp_servers(tmp_path)
+    assert [s.command for s in servers if s.command == "sh"] == []

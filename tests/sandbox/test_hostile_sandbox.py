@@ -45,8 +45,8 @@ from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
 from lodger.tools.config import load_mcp_servers, load_sandbox_policy
-from lodger.tools.shell import _settled, run_python, shell
-from lodger.tools.spec import ToolContext
+from lodger.tools.shell import _settled, run_python, shell, shell_tool
+from lodger.tools.spec import ToolContext, ToolOutput
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -909,3 +909,22 @@ async def test_a_command_cannot_plant_lodger_configuration(tmp_path: Path) -> No
     # The next lodger started in this workspace reads its configuration.
     servers = load_mcp_servers(tmp_path)
     assert [s.command for s in servers if s.command == "sh"] == []
+
+
+async def test_the_policys_wall_time_bounds_what_the_model_asks_for(tmp_path: Path) -> None:
+    """Broke: shell and run_python replaced the policy's ``wall_time_s`` with the call's
+    ``timeout_s`` (default 60, up to 3600, chosen by the model): an operator's
+    ``wall_time_s = 1`` bounded nothing. The policy's limit is now the ceiling."""
+    ctx = ToolContext(
+        session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o",
+        workspace=tmp_path, hidden=(),
+    )  # fmt: skip
+    bounded = shell_tool(SandboxPolicy(limits=Limits(wall_time_s=1)))
+    out = await bounded.handler({"command": "sleep 20; echo finished", "timeout_s": 3600}, ctx)
+    assert isinstance(out, ToolOutput) and out.is_error, out
+    assert "finished" not in out.content
+    assert "[timed out after 1 s;" in out.content
+    # A shorter timeout the model asks for still holds.
+    roomy = shell_tool(SandboxPolicy(limits=Limits(wall_time_s=600)))
+    out = await roomy.handler({"command": "sleep 20; echo finished", "timeout_s": 0.5}, ctx)
+    assert isinstance(out, ToolOutput) and "[timed out after 0.5 s;" in out.content

@@ -218,7 +218,9 @@ async def _run_sandboxed(
             hint="tell the user; nothing ran",
             code="sandbox_unavailable",
         )
-    limits = dataclasses.replace(policy.limits, wall_time_s=timeout_s)
+    # The model picks timeout_s; the policy's wall time is the ceiling it cannot raise.
+    wall_time_s = min(timeout_s, policy.limits.wall_time_s)
+    limits = dataclasses.replace(policy.limits, wall_time_s=wall_time_s)
     result = await sandbox.run(
         argv,
         workspace=root,
@@ -228,7 +230,7 @@ async def _run_sandboxed(
         network=policy.network,
         hidden=ctx.hidden,
     )
-    return _settled(result, timeout_s)
+    return _settled(result, wall_time_s)
 
 
 _HOST_SHELL_DESCRIPTION = """\

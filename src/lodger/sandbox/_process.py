@@ -92,21 +92,37 @@ async def run_confined(
     connections: list[Connection] | None = None,
     rlimit_cpu: bool = True,
     cgroup_root: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
     ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
     128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
     the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
+    ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
+    filter); every other one is closed in the child.
     """
-    cgroup = await asyncio.to_thread(
-        Cgroup.create,
-        memory_bytes=limits.memory_bytes,
-        max_processes=limits.max_processes,
-        cpu_rate=limits.cpu_rate,
-        count_cpu=limits.cpu_time_s is not None,
-        v2_root=cgroup_root,
+    if not host_argv:  # refused here, before a cgroup is made for it
+        trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
+    creating = asyncio.ensure_future(
+        asyncio.to_thread(
+            Cgroup.create,
+            memory_bytes=limits.memory_bytes,
+            max_processes=limits.max_processes,
+            cpu_rate=limits.cpu_rate,
+            count_cpu=limits.cpu_time_s is not None,
+            v2_root=cgroup_root,
+        )
     )
+    try:
+        cgroup = await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        # The thread makes the directories all the same: wait for it and remove them,
+        # or they stay in the host's hierarchy for good. Then the cancellation goes on.
+        await asyncio.wait({creating})
+        if not creating.cancelled() and creating.exception() is None:
+            await asyncio.shield(_cleanup(creating.result()))
+        raise
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
@@ -134,6 +150,7 @@ async def run_confined(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # with no preexec_fn: a vfork, not a fork
+            pass_fds=tuple(pass_fds),
         )
         stdout = process.stdout
         assert stdout is not None  # stdout=PIPE

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from lodger.sandbox.tls import LodgerCA
 
 __all__ = [
+    "MAX_CONNECTIONS",
+    "MAX_RECORDS",
     "PROXY_PORT",
     "TRUST_VARIABLES",
     "EgressProxy",
@@ -54,6 +56,12 @@ __all__ = [
 
 PROXY_PORT = 3128
 _MAX_HEAD = 64 * 1024
+#: connections the proxy serves at once; each holds descriptors in lodger's own process,
+#: so past this a connection is refused at once (a sandbox cannot exhaust lodger's)
+MAX_CONNECTIONS = 128
+#: connections recorded one by one; past this they are counted in the last record (the
+#: record lives in lodger's memory for as long as the command runs)
+MAX_RECORDS = 1000
 _HANDSHAKE_S = 30.0
 
 # Runs inside the sandbox with the system Python: serves the proxy socket on loopback,
@@ -142,6 +150,7 @@ class EgressProxy:
     def __init__(self, policy: NetworkPolicy) -> None:
         self.policy = policy
         self.connections: list[Connection] = []
+        self._unrecorded = self._unrecorded_allowed = 0  # past MAX_RECORDS
         self._dir: str | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,8 +210,14 @@ class EgressProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        busy = len(self._tasks) >= MAX_CONNECTIONS
         self._tasks.add(task)  # owned: the proxy cancels and awaits them when it stops
         try:
+            if busy:
+                why = f"too many connections at once (more than {MAX_CONNECTIONS})"
+                self._refuse(writer, "", 0, "", why, 503)
+                await writer.drain()
+                return
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
@@ -216,16 +231,29 @@ class EgressProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")
+        if _malformed(head):
+            self._refuse(writer, "", 0, "", "malformed request head", 400)
+            await writer.drain()
+            return
         method, target, version, headers = _parse_head(head)
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
-            port = int(port_text)
+            port = int(port_text) if port_text.isascii() and port_text.isdigit() else 0
         else:
             url = urlsplit(target)
             if url.scheme != "http" or not url.hostname:
                 self._refuse(writer, url.hostname or target, 0, method, "not a proxy request")
                 return
-            host, port = url.hostname, url.port or 80
+            host = url.hostname
+            try:
+                port = 80 if url.port is None else url.port
+            except ValueError:  # not a number, or past 65535
+                port = 0
+        # Checked here: the resolver would take 65616 for port 80.
+        if not 0 < port < 65536:
+            self._refuse(writer, host.strip("[]").lower(), 0, method, "bad port", 400)
+            await writer.drain()
+            return
         host = host.strip("[]").lower()
         if not self.policy.allows(host):
             self._refuse(writer, host, port, method, "not in the allow-list")
@@ -252,8 +280,12 @@ class EgressProxy:
         else:
             extra = self.policy.headers_for(host)
             injected = bool(extra)
+            # As over TLS: the Host header names the host the request goes to, so a
+            # shared front end cannot route the credentials to another virtual host.
+            headers = [h for h in headers if _header_name(h) != "host"]
+            headers.insert(0, f"Host: {host if port == 80 else f'{host}:{port}'}")
             up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self.connections.append(
+        self._record(
             Connection(
                 host=host, port=port, method=method, allowed=True, credentials_injected=injected
             )
@@ -278,7 +310,7 @@ class EgressProxy:
             await writer.start_tls(context, ssl_handshake_timeout=_HANDSHAKE_S)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             why = f"no TLS from the sandbox: {getattr(exc, 'reason', None) or exc}"
-            self.connections.append(
+            self._record(
                 Connection(
                     host=host, port=port, method="CONNECT", allowed=False, reason=why,
                     tls_terminated=True,
@@ -288,6 +320,10 @@ class EgressProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_HEAD:
             raise ValueError("request head too large")
+        if _malformed(head):
+            self._refuse(writer, host, port, "", "malformed request head", 400, tls=True)
+            await writer.drain()
+            return
         method, target, version, headers = _parse_head(head)
         try:
             up_reader, up_writer = await asyncio.open_connection(
@@ -307,10 +343,10 @@ class EgressProxy:
         authority = host if port == 443 else f"{host}:{port}"
         # The Host header names the host the tunnel was opened to, whatever the sandbox
         # wrote: the credentials go to that host and to no virtual host behind it.
-        headers = [h for h in headers if not h.lower().startswith("host:")]
+        headers = [h for h in headers if _header_name(h) != "host"]
         headers.insert(0, f"Host: {authority}")
         up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self.connections.append(
+        self._record(
             Connection(
                 host=host,
                 port=port,
@@ -330,6 +366,23 @@ class EgressProxy:
             await asyncio.gather(to_upstream, return_exceptions=True)
             up_writer.close()
 
+    def _record(self, connection: Connection) -> None:
+        if len(self.connections) < MAX_RECORDS - 1:
+            self.connections.append(connection)
+            return
+        # The last record counts every connection past the others.
+        self._unrecorded += 1
+        self._unrecorded_allowed += connection.allowed
+        summary = Connection(
+            host="", port=0, method="", allowed=False,
+            reason=f"{self._unrecorded} more connections "
+            f"({self._unrecorded_allowed} allowed) not recorded",
+        )  # fmt: skip
+        if len(self.connections) < MAX_RECORDS:
+            self.connections.append(summary)
+        else:
+            self.connections[-1] = summary
+
     def _refuse(
         self,
         writer: asyncio.StreamWriter,
@@ -341,7 +394,7 @@ class EgressProxy:
         *,
         tls: bool = False,
     ) -> None:
-        self.connections.append(
+        self._record(
             Connection(
                 host=host, port=port, method=method, allowed=False, reason=why, tls_terminated=tls
             )
@@ -354,10 +407,21 @@ class EgressProxy:
         )
 
 
+def _malformed(head: bytes) -> bool:
+    """A CR or LF outside a CRLF, or a NUL: this proxy and the server behind it could
+    read different headers (a bare LF ends a line for many servers)."""
+    rest = head.replace(b"\r\n", b"")
+    return b"\r" in rest or b"\n" in rest or b"\0" in rest
+
+
 def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:
     lines = head.decode("latin-1").split("\r\n")
     method, target, version = lines[0].split(" ", 2)
     return method, target, version, [line for line in lines[1:] if line]
+
+
+def _header_name(line: str) -> str:
+    return line.split(":", 1)[0].strip().lower()
 
 
 def _origin_form(target: str) -> str:

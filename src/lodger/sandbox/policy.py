@@ -29,8 +29,10 @@ shell tool records in every T1 (``actor:sandbox:none``), never a fallback.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +64,16 @@ _CREDENTIAL = re.compile(
 )
 
 
+# scheme://user:password@...: a URL that carries a password
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+
+
 def looks_like_credential(name: str) -> bool:
     """``GITHUB_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...: names never passed into a sandbox."""
     return bool(_CREDENTIAL.search(name))
+
+
+_WHOLE = ("memory_bytes", "max_processes", "output_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,8 +105,15 @@ class Limits:
             "cpu_rate",
         ):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is None:
+                continue
+            # NaN compares false with everything: a NaN budget would never run out.
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"sandbox limit {name} must be a number, not {value!r}")
+            if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"sandbox limit {name} must be positive, not {value}")
+            if name in _WHOLE and not isinstance(value, int):
+                raise ConfigError(f"sandbox limit {name} must be a whole number, not {value}")
 
     def describe(self) -> str:
         parts = [f"wall {self.wall_time_s:g}s"]
@@ -153,8 +169,13 @@ class NetworkPolicy:
 
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
+        if not _is_domain(host):
+            return False
+        loopback = host == "localhost" or host.endswith(".localhost")
         return any(
-            fnmatch.fnmatchcase(host, pattern.lower()) and _is_domain(host)
+            fnmatch.fnmatchcase(host, pattern.lower())
+            # 'localhost' (RFC 6761: always this machine) only where named outright
+            and not (loopback and any(c in pattern for c in "*?["))
             for pattern in self.allow
         )
 
@@ -177,10 +198,16 @@ class NetworkPolicy:
 
 
 def _is_domain(host: str) -> bool:
-    # An allow-list names domains; a literal IP or 'localhost' never matches a pattern.
-    return bool(re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", host)) and not re.fullmatch(
-        r"[0-9.]+", host
-    )
+    # An allow-list names domains; a literal IP never matches a pattern, nor does
+    # 'localhost' a wildcard (``allows``).
+    if not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", host):
+        return False
+    try:
+        # Every spelling of an IPv4 address the resolver takes: 127.1, 0x7f000001, 0x7f.1
+        socket.inet_aton(host)
+    except OSError:
+        return True
+    return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,8 +241,18 @@ class SandboxPolicy:
         return self.backend != "none"
 
     def host_environment(self) -> dict[str, str]:
-        """The named host variables that are set."""
-        return {name: os.environ[name] for name in self.env if name in os.environ}
+        """The named host variables that are set; a ``ConfigError`` for one whose value
+        carries a password in a URL (``postgresql://app:secret@db/app``)."""
+        found = {name: os.environ[name] for name in self.env if name in os.environ}
+        for name, value in found.items():
+            if _URL_PASSWORD.search(value):
+                raise ConfigError(
+                    f"the sandbox policy passes {name!r}, whose value is a URL with a "
+                    "password in it",
+                    hint="give credentials to the egress proxy (network.credentials), "
+                    f"never to the sandbox; or drop {name!r} from [sandbox] env",
+                )
+        return found
 
     def describe(self) -> str:
         return f"{self.backend}; {self.limits.describe()}; net {self.network.describe()}"
@@ -270,7 +307,13 @@ def policy_from_config(
             value = table[key]
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise ConfigError(f"{where} {key} must be a number")
-            limits[attr] = int(value * scale) if scale != 1.0 else value
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{where} {key} must be a positive number, not {value}")
+            if attr in _WHOLE:
+                if scale == 1 and value != int(value):
+                    raise ConfigError(f"{where} {key} must be a whole number, not {value}")
+                value = max(1, int(value * scale))
+            limits[attr] = value
     env = table.get("env", [])
     if not isinstance(env, list) or not all(isinstance(v, str) for v in env):
         raise ConfigError(f"{where} env must be a list of variable names")
@@ -321,6 +364,17 @@ def policy_from_config(
                     hint="keep each header in one place",
                 )
             mine.update(headers)
+    for domain, headers in dict(network.get("credentials", {})).items():
+        for name, value in headers.items():
+            # The table lives in lodger.toml, inside the workspace every sandboxed command
+            # reads: a secret written there literally would be in the sandbox after all.
+            if looks_like_credential(name) and not _VARIABLE.search(value):
+                raise ConfigError(
+                    f"{where} network.credentials.{domain}.{name} is written out in the "
+                    "file, which lies in the workspace where sandboxed commands can read it",
+                    hint=f'write {name} = "... ${{NAME}}" and export NAME, or put the '
+                    "header in the secrets file (secrets_file)",
+                )
     return SandboxPolicy(
         backend=table.get("backend", "bubblewrap"),
         limits=Limits(**limits),

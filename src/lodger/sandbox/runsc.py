@@ -2,10 +2,12 @@
 without user namespaces or for stronger isolation than namespaces give.
 
 Each run writes an OCI bundle into a private temporary directory and starts it with
-``runsc --network=none run``. The bundle's root is an empty read-only directory with the
-same mounts as the bubblewrap backend: the system directories read-only (secret files
-masked), the workspace read-write at its own path, a private ``/tmp``; nothing else of
-the host exists inside. gVisor gives new PID, network, IPC, UTS and mount namespaces.
+``runsc --network=none run``, behind ``setpriv --pdeathsig KILL`` so that it dies with
+lodger, even a SIGKILLed one (bubblewrap's ``--die-with-parent``). The bundle's root is
+an empty read-only directory with the same mounts as the bubblewrap backend: the system
+directories read-only (secret files masked), the workspace read-write at its own path, a
+private ``/tmp``; nothing else of the host exists inside. gVisor gives new PID,
+network, IPC, UTS and mount namespaces.
 
 Limits: runsc runs with ``--ignore-cgroups``, so the gVisor sandbox's host processes
 (the Sentry, which holds all the memory the command allocates, and the gofer) stay in
@@ -42,13 +44,19 @@ from typing import Any
 
 from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
-from lodger.sandbox.bubblewrap import MASKED, SYSTEM_DIRS
+from lodger.sandbox.bubblewrap import (
+    SYSTEM_DIRS,
+    confinable_workspace,
+    masked_paths,
+    pinned_ancestors,
+)
 from lodger.sandbox.interface import OutputSink, SandboxResult
 from lodger.sandbox.policy import Limits, NetworkPolicy
 
 __all__ = ["RunscSandbox", "oci_config"]
 
 FIX = "gVisor is not installed; install it: apt-get install -y runsc"
+SETPRIV_FIX = "setpriv is not installed; install it: apt-get install -y util-linux"
 
 
 class RunscSandbox:
@@ -56,10 +64,13 @@ class RunscSandbox:
 
     def __init__(self, *, executable: str | None = None) -> None:
         self.executable = executable or shutil.which("runsc") or "runsc"
+        self.setpriv = shutil.which("setpriv") or "setpriv"
 
     def unavailable(self) -> str | None:
         if shutil.which(self.executable) is None:
             return FIX
+        if shutil.which(self.setpriv) is None:
+            return SETPRIV_FIX
         return None
 
     async def run(
@@ -81,6 +92,7 @@ class RunscSandbox:
                 + ", ".join(network.allow),
                 hint="use the bubblewrap backend for a policy that allows domains",
             )
+        await asyncio.to_thread(confinable_workspace, workspace)
         bundle = await asyncio.to_thread(
             _write_bundle,
             argv,
@@ -92,6 +104,13 @@ class RunscSandbox:
         )
         try:
             command = [
+                # runsc has no --die-with-parent: without this, a SIGKILLed lodger left
+                # the sandbox and its command running. Killing `runsc run` is enough: it
+                # starts the sandbox --attached (it dies with runsc run).
+                self.setpriv,
+                "--pdeathsig",
+                "KILL",
+                "--",
                 self.executable,
                 "--network=none",
                 "--ignore-cgroups",
@@ -172,7 +191,9 @@ def oci_config(
         if os.path.isdir(source):
             mounts.append(_bind(source, path, writable=False))
     mounts.append(_bind(str(workspace), str(workspace), writable=True))
-    covered = [*MASKED, *(os.path.realpath(p) for p in hidden)]
+    for between in pinned_ancestors(workspace, hidden):
+        mounts.append(_bind(between, between, writable=True))
+    covered = [*masked_paths(), *(os.path.realpath(p) for p in hidden)]
     for path in covered:
         inside = any(Path(path).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace)))
         if not inside or not os.path.lexists(path):

@@ -29,6 +29,7 @@ import re
 import shutil
 import ssl
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,8 +38,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["LodgerCA", "system_ca_bundle"]
+__all__ = ["LEAF_CACHE", "LodgerCA", "system_ca_bundle"]
 
+#: leaf TLS contexts a CA keeps (least recently used go first)
+LEAF_CACHE = 64
 _LIFETIME = datetime.timedelta(days=1)
 _SKEW = datetime.timedelta(hours=1)
 _PLAIN = re.compile(r"(\*\.)?([a-z0-9-]+(\.[a-z0-9-]+)*)")
@@ -101,14 +104,21 @@ class LodgerCA:
         self.certificate = builder.sign(self._key, hashes.SHA256())
         self.certificate_pem = self.certificate.public_bytes(serialization.Encoding.PEM)
         self._contexts: dict[str, ssl.SSLContext] = {}
+        self._lock = threading.Lock()
 
     def server_context(self, host: str) -> ssl.SSLContext:
         """A server-side TLS context presenting a leaf certificate for ``host``."""
         host = host.lower().rstrip(".")
-        context = self._contexts.get(host)
-        if context is None:
-            context = self._contexts[host] = self._issue(host)
-        return context
+        with self._lock:  # the proxy calls this from worker threads
+            context = self._contexts.pop(host, None)
+            if context is None:
+                context = self._issue(host)
+                # The most recent LEAF_CACHE only: under a wildcard a command could make
+                # every connection a new name, each leaf held in lodger's process.
+                while len(self._contexts) >= LEAF_CACHE:
+                    del self._contexts[next(iter(self._contexts))]
+            self._contexts[host] = context  # last: the most recently used
+            return context
 
     def _issue(self, host: str) -> ssl.SSLContext:
         now = datetime.datetime.now(datetime.UTC)

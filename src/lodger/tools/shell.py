@@ -38,6 +38,8 @@ from lodger.tools.workspace import (
 __all__ = ["python_tool", "run_python", "shell", "shell_tool"]
 
 SHELL_MAX_OUTPUT_CHARS = 30_000
+# How many of the egress proxy's connections a result names one by one.
+_NETWORK_SHOWN = 20
 # Once a shell command is killed, how long to wait for the rest of its output.
 _SHELL_DRAIN_GRACE_S = 1.0
 
@@ -120,6 +122,23 @@ def _check_state_dir_not_named(command: str, root: Path, hidden: Sequence[Path])
                 )
 
 
+def _check_spawnable(text: str, what: str) -> bytes:
+    """``text`` as the bytes a process is given; a ``ToolCallError`` for what no process
+    can take (valid JSON all the same): a NUL byte in a command line, a lone surrogate."""
+    if what == "command" and "\0" in text:
+        raise ToolCallError(
+            f"the {what} holds a NUL byte, which no command line can carry",
+            hint="remove it; write binary data with printf '\\000' instead",
+        )
+    try:
+        return text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ToolCallError(
+            f"the {what} holds a lone surrogate ({text[exc.start]!a}), which is not text",
+            hint="send the character itself, or its escape in the language of the " + what,
+        ) from None
+
+
 def _claims_for(policy: SandboxPolicy) -> Any:
     def claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
         # Checked here too, so a refused command is refused before anyone is asked.
@@ -134,18 +153,38 @@ def _claims_for(policy: SandboxPolicy) -> Any:
     return claims
 
 
+# Control characters but tab, newline and CR, DEL, and the C1 set (U+0080-U+009F): they
+# start terminal sequences (ESC, CSI) that would act on whoever views the result.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _written_out(text: str) -> str:
+    r"""``text`` with each control character as an escape: ``\x1b[2J`` stays readable to
+    the model and clears no one's screen (OSC 52 writes no one's clipboard)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     output = _CappedOutput(SHELL_MAX_OUTPUT_CHARS)
     output.feed(result.output)
-    text = output.text().rstrip("\n") or "(no output)"
+    text = _written_out(output.text()).rstrip("\n") or "(no output)"
     egress = [
         f"{'allowed' if c.allowed else 'refused'} {c.method} {c.host}:{c.port}"
         + (" (TLS terminated by lodger)" if c.tls_terminated else "")
         + (" (credentials added)" if c.credentials_injected else "")
-        for c in result.connections
+        for c in result.connections[:_NETWORK_SHOWN]
     ]
-    if egress:
-        text += "\n[network: " + "; ".join(egress) + "]"
+    if len(result.connections) > _NETWORK_SHOWN:
+        # Bounded like the output: a command can make thousands of requests.
+        allowed = sum(c.allowed for c in result.connections)
+        egress.append(
+            f"... {len(result.connections)} connections: {allowed} allowed, "
+            f"{len(result.connections) - allowed} refused"
+        )
+        if not result.connections[-1].host:  # the proxy's count of the unrecorded rest
+            egress.append(f"and {result.connections[-1].reason}")
+    if egress:  # the hosts are what the command asked for: written out as well
+        text += "\n[network: " + _written_out("; ".join(egress)) + "]"
     if result.limit == "wall_time":
         note = f"[timed out after {timeout_s:g} s; the command and its children were killed]"
         return ToolOutput(content=f"{text}\n{note}", is_error=True)
@@ -179,7 +218,9 @@ async def _run_sandboxed(
             hint="tell the user; nothing ran",
             code="sandbox_unavailable",
         )
-    limits = dataclasses.replace(policy.limits, wall_time_s=timeout_s)
+    # The model picks timeout_s; the policy's wall time is the ceiling it cannot raise.
+    wall_time_s = min(timeout_s, policy.limits.wall_time_s)
+    limits = dataclasses.replace(policy.limits, wall_time_s=wall_time_s)
     result = await sandbox.run(
         argv,
         workspace=root,
@@ -189,7 +230,7 @@ async def _run_sandboxed(
         network=policy.network,
         hidden=ctx.hidden,
     )
-    return _settled(result, timeout_s)
+    return _settled(result, wall_time_s)
 
 
 _HOST_SHELL_DESCRIPTION = """\
@@ -232,6 +273,7 @@ def shell_tool(
         """
         root = resolve_workspace_root(ctx.require_workspace())
         _check_state_dir_not_named(command, root, ctx.hidden)
+        _check_spawnable(command, "command")
         return await _run_sandboxed(
             policy, sandbox, ctx, ["bash", "-c", command], timeout_s=timeout_s
         )
@@ -272,7 +314,7 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
             ctx,
             ["python3", "-"],
             timeout_s=timeout_s,
-            stdin=code.encode("utf-8", errors="surrogateescape"),
+            stdin=_check_spawnable(code, "snippet"),
         )
 
     return run_python

@@ -45,7 +45,7 @@ from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
 from lodger.tools.config import load_mcp_servers, load_sandbox_policy
-from lodger.tools.shell import _settled, run_python, shell, shell_tool
+from lodger.tools.shell import _settled, python_tool, run_python, shell, shell_tool
 from lodger.tools.spec import ToolContext, ToolOutput
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
@@ -928,3 +928,7 @@ async def test_the_policys_wall_time_bounds_what_the_model_asks_for(tmp_path: Pa
     roomy = shell_tool(SandboxPolicy(limits=Limits(wall_time_s=600)))
     out = await roomy.handler({"command": "sleep 20; echo finished", "timeout_s": 0.5}, ctx)
     assert isinstance(out, ToolOutput) and "[timed out after 0.5 s;" in out.content
+    # The model is told the ceiling before it asks, in each tool's description.
+    assert "timeout_s is capped at 1 s" in bounded.description
+    assert "timeout_s is capped at 600 s" in roomy.description
+    assert "capped at 1 s" in python_tool(SandboxPolicy(limits=Limits(wall_time_s=1))).description

@@ -164,6 +164,13 @@ def _written_out(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def _with_ceiling(t: Tool, policy: SandboxPolicy) -> Tool:
+    """``t`` whose description names the policy's wall time: a model that asks for a
+    longer ``timeout_s`` is cut there, so it is told before it asks."""
+    ceiling = f"timeout_s is capped at {policy.limits.wall_time_s:g} s (the sandbox's wall time)."
+    return t.with_options(description=f"{t.description}\n\n{ceiling}")
+
+
 def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     output = _CappedOutput(SHELL_MAX_OUTPUT_CHARS)
     output.feed(result.output)
@@ -259,7 +266,8 @@ def shell_tool(
         ctx: ToolContext,
         command: Annotated[str, Field(description="a bash command line")],
         timeout_s: Annotated[
-            float, Field(gt=0, le=3600, description="seconds before the command is killed")
+            float,
+            Field(gt=0, le=3600, description="seconds before the command is killed"),
         ] = 60,
     ) -> str | ToolOutput:
         """Run a bash command in the workspace root and return its output and exit code.
@@ -279,8 +287,8 @@ def shell_tool(
         )
 
     if not policy.confined:
-        return run_shell.with_options(description=_HOST_SHELL_DESCRIPTION)
-    return run_shell
+        return _with_ceiling(run_shell.with_options(description=_HOST_SHELL_DESCRIPTION), policy)
+    return _with_ceiling(run_shell, policy)
 
 
 def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None = None) -> Tool:
@@ -317,7 +325,7 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
             stdin=_check_spawnable(code, "snippet"),
         )
 
-    return run_python
+    return _with_ceiling(run_python, policy)
 
 
 shell = shell_tool()

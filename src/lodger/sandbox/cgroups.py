@@ -13,8 +13,11 @@ or ``cpu.max`` (v2); the CPU time the whole tree has used is ``cpuacct.usage`` (
 The caller polls ``cpu_seconds`` and kills the tree past its budget (the kernel has no
 CPU-time limit for a group, only for one process).
 
-The process joins the cgroup before it execs (``join`` runs between fork and exec), so
-nothing it starts can be outside. ``kill_all`` SIGKILLs every process left in it.
+The command joins the cgroup before it execs (the trampoline in ``_process`` writes its
+pid to ``cgroup.procs``), so nothing it starts can be outside. ``kill_all`` SIGKILLs
+every process left in it. A lodger killed with SIGKILL cannot remove its cgroups: the
+first ``create`` in a process removes the ``lodger-*`` cgroups that are empty and older
+than ``STALE_S`` (``sweep_stale``; the kernel refuses to remove one that holds a process).
 ``Cgroup.create(v2_root=...)`` makes the cgroup in a given cgroup2 mount instead (on a
 hybrid host: ``/sys/fs/cgroup/unified``, where only the controller-less parts of v2
 exist: ``cpu.stat`` and ``cgroup.kill``).
@@ -25,14 +28,29 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CPU_PERIOD_US", "Cgroup", "CgroupUsage", "cgroup2_mount", "cgroup_support"]
+__all__ = [
+    "CPU_PERIOD_US",
+    "STALE_S",
+    "Cgroup",
+    "CgroupUsage",
+    "cgroup2_mount",
+    "cgroup_support",
+    "sweep_stale",
+]
 
 _ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+#: an empty lodger cgroup this old was left by a lodger that died before removing it (a
+#: live one fills its cgroup within milliseconds of making it, and removes it at the end)
+STALE_S = 600.0
+_SWEPT: set[str] = set()
+_SWEPT_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +99,14 @@ class Cgroup:
         if not wanted:
             return cls(version=0)
         if v2_root is not None or _v2_usable():
+            _sweep_once(v2_root or _v2_parent())
             group = _create_v2(v2_root or _v2_parent(), name, wanted)
             if group.dirs or v2_root is not None:
                 return group
         group = cls(version=1)
         for controller, value in wanted.items():
             parent = _v1_parent(controller)
+            _sweep_once(parent)
             # cpu and cpuacct mounted together: one directory serves both.
             shared = next((d for d in group.dirs.values() if _same(d.parent, parent)), None)
             path = shared or parent / name
@@ -157,6 +177,35 @@ class Cgroup:
     def remove(self) -> bool:
         """Remove the directories; False while a killed process is still being reaped."""
         return all([_remove(path) for path in {*self.dirs.values()}])
+
+
+def sweep_stale(parent: Path, *, older_than_s: float = STALE_S) -> list[Path]:
+    """Remove the ``lodger-*`` cgroups under ``parent`` that are empty and were made more
+    than ``older_than_s`` ago; the ones removed. Only ``rmdir``: nothing is killed, and
+    the kernel refuses a cgroup that still holds a process (a command still running)."""
+    removed: list[Path] = []
+    cutoff = time.time() - older_than_s
+    try:
+        entries = sorted(parent.glob("lodger-*"))
+    except OSError:
+        return removed
+    for path in entries:
+        try:
+            if path.stat().st_mtime > cutoff:
+                continue
+            path.rmdir()
+        except OSError:
+            continue  # busy (a process inside), gone meanwhile, or not ours to remove
+        removed.append(path)
+    return removed
+
+
+def _sweep_once(parent: Path) -> None:
+    with _SWEPT_LOCK:
+        if str(parent) in _SWEPT:
+            return
+        _SWEPT.add(str(parent))
+    sweep_stale(parent)
 
 
 def _create_v2(parent: Path, name: str, wanted: dict[str, float | int]) -> Cgroup:

@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-from lodger.errors import CorruptLogError, UsageError
+from lodger.errors import CorruptLogError, StorageError, UsageError
 from lodger.storage.logstore import check_session_id
 
 __all__ = ["HEADS_DIR", "HeadFiles", "head_damaged", "head_missing"]
@@ -89,6 +89,16 @@ class HeadFiles:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 return None
+            except IsADirectoryError:
+                raise head_damaged(session_id, path, "a directory, not a file") from None
+            except OSError as exc:  # unreadable: say so, never a traceback
+                raise StorageError(
+                    f"cannot read the head record {path} of session {session_id!r}: "
+                    f"{exc.strerror or exc}",
+                    hint="check the permissions of the state directory and the disk",
+                    code="storage",
+                    session_id=session_id,
+                ) from exc
             try:
                 value = json.loads(raw)
                 break

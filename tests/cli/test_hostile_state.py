@@ -1,0 +1,112 @@
+"""Adversarial audit of the state a session leaves and the commands that read it.
+
+Each test damages a real state directory (SQLite log, head files, checkpoints,
+artifacts) or a real object store (``file://``) behind lodger's back, the way a stray
+editor, a bad disk or a hostile user with write access would, then runs the commands an
+operator runs. Every command must answer with one ``error:`` line naming what is wrong
+(the session and offset where they apply), exit non-zero, never show a Python traceback,
+and never rewrite the damaged evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from lodger.cli import main
+
+DEMO = "s-demo"  # 20 events, completed (tests/cli/conftest.py)
+CRASHED = "s-crash"  # 6 events, interrupted after T1 of c1
+
+# every command that opens a session's log, read-only ones first
+READERS = (
+    ("log", "show", DEMO),
+    ("log", "verify", DEMO),
+    ("recover", DEMO),
+)
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    env = {"COLUMNS": "200", "NO_COLOR": "1", "LODGER_STATE": None, "LODGER_DEBUG": None}
+    env |= {"LODGER_STORE": None, "LODGER_LOG_KEY": None, "LODGER_LOG_KEY_FILE": None}
+    return CliRunner(env=env)
+
+
+def invoke(runner: CliRunner, *args: str | Path) -> Result:
+    """Run a command the way a user does; an exception that escapes it is a failure (the
+    user would have seen a traceback)."""
+    result = runner.invoke(main, [str(a) for a in args], catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"`lodger {' '.join(map(str, args))}` raised") from (
+            result.exception
+        )
+    assert "Traceback" not in result.output
+    return result
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (but the lock files) and its sha256: what a command that
+    fails closed must leave unchanged."""
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "locks" not in path.parts:
+            found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@contextlib.contextmanager
+def unchanged(root: Path) -> Iterator[None]:
+    before = tree_digest(root)
+    yield
+    after = {k: v for k, v in tree_digest(root).items() if not k.startswith("log.sqlite3-")}
+    assert after == {k: v for k, v in before.items() if not k.startswith("log.sqlite3-")}
+
+
+def head_path(state: Path, session_id: str) -> Path:
+    return state / "heads" / f"{session_id}.head"
+
+
+# ---------------------------------------------------------------- head records
+
+
+def test_a_head_record_that_is_a_directory_fails_closed(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    head = head_path(state_dir, DEMO)
+    head.unlink()
+    head.mkdir()
+    with unchanged(state_dir):
+        for command in READERS:
+            result = invoke(runner, *command, "--state", state_dir)
+            assert result.exit_code == 1, result.output
+            assert f"log for session '{DEMO}' is invalid at offset 0" in result.stderr
+            assert "is damaged (a directory, not a file)" in result.stderr
+        listed = invoke(runner, "sessions", "--state", state_dir, "--json")
+    assert listed.exit_code == 0
+    rows = {row["session_id"]: row for row in json.loads(listed.stdout)["sessions"]}
+    assert rows[DEMO]["last_status"] == "corrupt"
+    assert rows[DEMO]["error"]["code"] == "head_damaged"
+    assert rows[CRASHED]["last_status"] == "interrupted"  # the other session still lists
+    assert head.is_dir()  # nothing "repaired" it
+
+
+def test_a_stray_directory_among_the_head_records_does_not_stop_other_sessions(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    (state_dir / "heads" / "stray.head").mkdir()
+    verified = invoke(runner, "log", "verify", DEMO, "--state", state_dir)
+    assert verified.exit_code == 0, verified.output
+    listed = invoke(runner, "sessions", "--state", state_dir, "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = {row["session_id"]: row for row in json.loads(listed.stdout)["sessions"]}
+    assert rows[DEMO]["last_status"] == "completed"
+    assert rows["stray"]["last_status"] == "corrupt"  # listed, so it fails closed

@@ -110,3 +110,70 @@ def test_a_stray_directory_among_the_head_records_does_not_stop_other_sessions(
     rows = {row["session_id"]: row for row in json.loads(listed.stdout)["sessions"]}
     assert rows[DEMO]["last_status"] == "completed"
     assert rows["stray"]["last_status"] == "corrupt"  # listed, so it fails closed
+
+
+# ---------------------------------------------------------------- the SQLite log
+
+
+def _sql(state: Path, script: str) -> None:
+    with contextlib.closing(sqlite3.connect(state / "log.sqlite3")) as conn:
+        conn.executescript(script)
+        conn.commit()
+
+
+def _listed(runner: CliRunner, state: Path) -> dict[str, dict[str, object]]:
+    result = invoke(runner, "sessions", "--state", state, "--json")
+    assert result.exit_code == 0, result.output
+    return {str(row["session_id"]): row for row in json.loads(result.stdout)["sessions"]}
+
+
+def test_sessions_lists_every_other_session_when_a_damaged_prefix_fails_again(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    """A duplicated offset (the primary key dropped, a row inserted twice) and a session
+    copied under another id without its head: summarizing the prefix that should still
+    verify fails too, which stopped the whole listing."""
+    _sql(
+        state_dir,
+        f"""
+        CREATE TABLE loose (session_id TEXT, "offset" INTEGER, data BLOB, digest TEXT);
+        INSERT INTO loose SELECT * FROM events;
+        INSERT INTO loose SELECT * FROM events WHERE session_id = '{DEMO}' AND "offset" = 5;
+        INSERT INTO loose SELECT 's-copy', "offset", data, digest FROM events
+            WHERE session_id = '{CRASHED}';
+        DROP TABLE events;
+        ALTER TABLE loose RENAME TO events;
+        """,
+    )
+    with unchanged(state_dir):
+        rows = _listed(runner, state_dir)
+        text = invoke(runner, "sessions", "--state", state_dir)
+    assert rows[DEMO]["last_status"] == "corrupt"
+    assert rows[DEMO]["error"]["code"] == "duplicate_offset"  # type: ignore[index]
+    assert rows["s-copy"]["last_status"] == "corrupt"
+    assert rows[CRASHED]["last_status"] == "interrupted"
+    assert text.exit_code == 0 and CRASHED in text.stdout
+    assert "offset 6: offset 5 appears again" in text.stderr
+
+
+def test_events_under_an_invalid_session_id_are_listed_as_damage(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    """Rows no lodger can write (``../evil``): every command refuses the id, so listing
+    them as a session made `sessions` and `--last` fail as a usage error."""
+    _sql(
+        state_dir,
+        f"""INSERT INTO events SELECT '../evil', "offset", data, digest FROM events
+            WHERE session_id = '{CRASHED}';""",
+    )
+    with unchanged(state_dir):
+        rows = _listed(runner, state_dir)
+        tree = invoke(runner, "sessions", "--tree", "--state", state_dir)
+        last = invoke(runner, "log", "show", "--last", "--state", state_dir, "--json")
+    assert rows["../evil"]["last_status"] == "corrupt"
+    assert "not a valid session id" in rows["../evil"]["error"]["message"]  # type: ignore[index]
+    assert rows[DEMO]["last_status"] == "completed"
+    assert tree.exit_code == 0, tree.output
+    assert "not a valid session id" in tree.stderr
+    assert last.exit_code == 0, last.output
+    assert json.loads(last.stdout)["session_id"] in (DEMO, CRASHED)

@@ -16,6 +16,7 @@ shows it; a page of other turns still prints, since nothing it prints depends on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import traceback
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ from lodger.cli._timeline import (
 from lodger.cli._timing import render_timings, step_timings
 from lodger.errors import CorruptLogError, LogKeyError, UsageError
 from lodger.events import Event, Prefix
-from lodger.storage import EventLog, SessionChain
+from lodger.storage import EventLog, SessionChain, check_session_id
 from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
 from lodger.subagents.family import FamilyNode, family_tree
@@ -85,16 +86,34 @@ def _summary(verified: VerifiedRecords) -> SessionSummary:
 
 async def _summarize_session(log: EventLog, session_id: str) -> _Row:
     try:
+        check_session_id(session_id)
+    except UsageError:
+        # only written outside lodger (no command accepts the id): list it as damage
+        # instead of failing the whole listing on it
+        error = CorruptLogError(
+            f"the log holds events under {session_id!r}, which is not a valid session id",
+            hint="they were written outside lodger; no command reads them, and the other "
+            "sessions are not affected",
+            code="corrupt",
+        )
+        return _Row(dataclasses.replace(summarize(session_id, []), last_status="corrupt"), error)
+    try:
         verified = await log.read_verified(session_id)
         return _Row(await asyncio.to_thread(_summary, verified))
     except CorruptLogError as exc:
         # Summarize the prefix that still verifies; the head comes from storage unverified.
-        valid = await log.read(session_id, end=exc.offset) if exc.offset else []
-        head = await log.head(session_id)
+        # Either may fail again (a duplicated offset inside the prefix, a row that does not
+        # read): the row then shows what could be read, never stopping the whole listing.
+        valid: list[Event] = []
+        with contextlib.suppress(CorruptLogError):
+            valid = await log.read(session_id, end=exc.offset) if exc.offset else []
+        events = len(valid)
+        with contextlib.suppress(CorruptLogError):
+            events = (await log.head(session_id)).high_water
         # a key problem is not damage: the log may be fine, it just cannot be checked here
         status = "unverified" if isinstance(exc, LogKeyError) else "corrupt"
         summary = dataclasses.replace(
-            summarize(session_id, valid), events=head.high_water, last_status=status
+            summarize(session_id, valid), events=events, last_status=status
         )
         return _Row(summary, exc)
 
@@ -179,7 +198,7 @@ async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:
     for sid in ids:
         try:
             first = await log.read(sid, end=1)
-        except CorruptLogError:
+        except (CorruptLogError, UsageError):  # damaged, or not a valid id: no family
             first = []
         firsts[sid] = first[0] if first else None
     return family_tree(firsts)

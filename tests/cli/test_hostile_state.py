@@ -177,3 +177,24 @@ def test_events_under_an_invalid_session_id_are_listed_as_damage(
     assert "not a valid session id" in tree.stderr
     assert last.exit_code == 0, last.output
     assert json.loads(last.stdout)["session_id"] in (DEMO, CRASHED)
+
+
+@pytest.mark.parametrize("stored", ["'abc'", "19.5", "x'00'"])
+def test_an_offset_edited_into_a_non_integer_fails_closed(
+    runner: CliRunner, state_dir: Path, stored: str
+) -> None:
+    """SQLite keeps any value an UPDATE gives the offset column; the last row's offset
+    made text, a fraction or a blob crashed every command with a ValueError."""
+    _sql(
+        state_dir,
+        f"""UPDATE events SET "offset" = {stored}
+            WHERE session_id = '{DEMO}' AND "offset" = 19;""",
+    )
+    with unchanged(state_dir):
+        for command in (*READERS, ("abandon", DEMO), ("fork", DEMO, "--as", "f1")):
+            result = invoke(runner, *command, "--state", state_dir)
+            assert result.exit_code == 1, (command, result.output)
+            assert f"log for session '{DEMO}' is invalid at offset 19" in result.stderr
+        rows = _listed(runner, state_dir)
+    assert rows[DEMO]["last_status"] == "corrupt"
+    assert rows[CRASHED]["last_status"] == "interrupted"

@@ -198,3 +198,74 @@ def test_an_offset_edited_into_a_non_integer_fails_closed(
         rows = _listed(runner, state_dir)
     assert rows[DEMO]["last_status"] == "corrupt"
     assert rows[CRASHED]["last_status"] == "interrupted"
+
+
+# ---------------------------------------------------------------- fold checkpoints
+
+
+def _planted_checkpoint(
+    state: Path, session_id: str, *, payload: bytes | None = None, messages: bytes | None = None
+) -> Path:
+    """A checkpoint of the session's real fold with its payload or its first chunk of
+    messages replaced, sealed right (a plain chain's seal is no secret: anyone who can
+    write the state directory can make one)."""
+    import asyncio
+    import zlib
+
+    from lodger.engine import checkpoint as ckpt
+    from lodger.engine.state import SessionState
+    from lodger.storage import Storage
+
+    async def encode() -> tuple[bytes, object]:
+        storage = Storage.local(state)
+        try:
+            verified = await storage.log.read_verified(session_id)
+            fold = SessionState(session_id, verified.decode())
+            return ckpt.encode_checkpoint(fold, verified.chain), verified.chain
+        finally:
+            await storage.close()
+
+    good, chain = asyncio.run(encode())
+    start = good.index(b"\n", len(ckpt.MAGIC)) + 1
+    frames = ckpt.split_frames(good[:-65], start)
+    if payload is not None:
+        frames[0] = zlib.compress(payload)
+    if messages is not None:
+        frames[1:] = [zlib.compress(messages)]
+    body = good[:start] + ckpt.join_frames(frames)
+    path = state / "checkpoints" / f"{session_id}.ckpt"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(body + ckpt._seal(chain, body).encode() + b"\n")  # type: ignore[arg-type]
+    return path
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # nested past any JSON parser's recursion limit
+
+
+def test_a_sealed_checkpoint_nested_past_the_parsers_depth_is_ignored(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    """A checkpoint is a cache: whatever it holds, the open ignores it and decodes the
+    log. A payload nested 100k deep raised RecursionError out of every command that
+    opens the fold (recover, decide, abandon, resume, run --session)."""
+    _planted_checkpoint(state_dir, CRASHED, payload=DEEP)
+    plan = invoke(runner, "recover", CRASHED, "--state", state_dir, "--json")
+    assert plan.exit_code == 0, plan.output
+    assert [c["call_id"] for c in json.loads(plan.stdout)["calls"]] == ["c1"]
+    abandoned = invoke(runner, "abandon", CRASHED, "--state", state_dir)
+    assert abandoned.exit_code == 0, abandoned.output
+    assert invoke(runner, "log", "verify", CRASHED, "--state", state_dir).exit_code == 0
+
+
+def test_sealed_checkpoint_messages_nested_past_the_parsers_depth_fail_closed() -> None:
+    """The messages of a checkpoint are parsed when first read (after the open): a chunk
+    nested 100k deep raised RecursionError into the turn instead of a clear error."""
+    import zlib
+
+    from lodger.context import MessageLog
+    from lodger.errors import CorruptLogError
+
+    stored = MessageLog.stored([zlib.compress(DEEP)], chunk=512, count=1, session_id="s1")
+    with pytest.raises(CorruptLogError) as caught:
+        stored[0]
+    assert caught.value.code == "bad_checkpoint"

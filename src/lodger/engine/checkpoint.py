@@ -375,7 +375,7 @@ def _parse(data: bytes, chain: SessionChain) -> _Parsed | str:
         with cycle_collector_paused(len(payload_text) // 100):
             payload = json.loads(payload_text)
         messages = frames[1:]  # inflated and parsed when one of their messages is read
-    except (ValueError, zlib.error) as exc:
+    except (ValueError, zlib.error, RecursionError) as exc:  # nested past the parser's depth
         return f"unreadable ({type(exc).__name__})"
     if not isinstance(payload, dict):
         return "bad payload"
@@ -404,7 +404,7 @@ def _bind(parsed: _Parsed, verified: VerifiedRecords) -> SessionState | str:
                 parsed.messages,
                 header.get("message_chunk"),
             )
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
         return f"unreadable ({type(exc).__name__})"
 
 

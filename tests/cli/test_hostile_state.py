@@ -269,3 +269,137 @@ def test_sealed_checkpoint_messages_nested_past_the_parsers_depth_fail_closed() 
     with pytest.raises(CorruptLogError) as caught:
         stored[0]
     assert caught.value.code == "bad_checkpoint"
+
+
+# ---------------------------------------------------------------- the object store
+
+
+@pytest.fixture
+def objects(tmp_path: Path, demo_drafts: list[object]) -> Path:
+    """A ``file://`` object store holding session ``s-demo`` in four appended segments."""
+    import asyncio
+
+    from lodger.storage import Storage
+
+    root = tmp_path / "objects"
+
+    async def write() -> None:
+        storage = Storage.from_url(f"file://{root}")
+        try:
+            async with await storage.log.open_writer(DEMO) as writer:
+                for start, end in ((0, 3), (3, 8), (8, 14), (14, len(demo_drafts))):
+                    await writer.append(demo_drafts[start:end], expected_offset=start)  # type: ignore[arg-type]
+        finally:
+            await storage.close()
+
+    asyncio.run(write())
+    return root
+
+
+def _in_store(runner: CliRunner, root: Path, *command: str) -> Result:
+    return invoke(runner, *command, "--store", f"file://{root}")
+
+
+SEGMENTS = "sessions/s-demo/seg"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("garbage", f"object {SEGMENTS}/garbage is not a segment lodger writes"),
+        ("5", f"object {SEGMENTS}/5 is not a segment lodger writes"),  # read as offset 5
+        ("-0000000000000000001", "is not a segment lodger writes"),
+    ],
+)
+def test_an_object_under_seg_that_lodger_does_not_write_fails_closed(
+    runner: CliRunner, objects: Path, name: str, why: str
+) -> None:
+    """A name under ``seg/`` that is not a zero-padded offset crashed every command with a
+    ValueError (``int()`` of the name; `recover` even aborted the process), or, when it
+    parsed as a number, was silently skipped."""
+    (objects / SEGMENTS / name).write_bytes(b"LSEG1\n")
+    with unchanged(objects):
+        for command in (*READERS, ("fork", DEMO, "--as", "f1")):
+            result = _in_store(runner, objects, *command)
+            assert result.exit_code == 1, (command, result.output)
+            assert f"log for session '{DEMO}' is invalid at offset 0" in result.stderr
+            assert why in result.stderr
+        listed = _in_store(runner, objects, "sessions", "--json")
+    assert json.loads(listed.stdout)["sessions"][0]["last_status"] == "corrupt"
+
+
+def test_a_head_object_with_a_damaged_name_fails_closed_and_lists(
+    runner: CliRunner, objects: Path
+) -> None:
+    """`lodger sessions` crashed (``int()`` of the head's name) while every other command
+    reported the damage."""
+    (objects / "sessions" / DEMO / "head" / "garbage").write_bytes(b"")
+    listed = _in_store(runner, objects, "sessions", "--json")
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)["sessions"]
+    assert (row["session_id"], row["last_status"]) == (DEMO, "corrupt")
+    assert row["error"]["code"] == "head_damaged"
+
+
+@pytest.mark.parametrize("where", ["segment", "manifest"])
+def test_objects_nested_past_the_parsers_depth_fail_closed(
+    runner: CliRunner, objects: Path, where: str
+) -> None:
+    if where == "segment":
+        (objects / SEGMENTS / f"{8:020d}").write_bytes(b"LSEG1\n" + DEEP + b"\n")
+        expected = f"is invalid at offset 8: segment {SEGMENTS}/{8:020d} is damaged"
+    else:
+        (objects / "sessions" / DEMO / "manifest").mkdir()
+        (objects / "sessions" / DEMO / "manifest" / f"{1:020d}").write_bytes(DEEP)
+        expected = "is invalid at offset 0: manifest"
+    for command in READERS:
+        result = _in_store(runner, objects, *command)
+        assert result.exit_code == 1, (command, result.output)
+        assert expected in result.stderr
+
+
+def test_a_manifest_naming_a_sealed_object_outside_the_session_fails_closed(
+    runner: CliRunner, objects: Path
+) -> None:
+    """A manifest is the index of the sealed segments: one naming a key with ``..`` made
+    obstore raise a ValueError (a traceback), and one naming any other object would be
+    read as the session's events. Only the keys lodger writes are accepted."""
+    from lodger.storage._segments import Manifest, SealedRef, encode_manifest
+
+    for key in ("sessions/s-demo/sealed/../../../etc/x", f"blobs/aa/{'a' * 64}"):
+        manifest = Manifest(
+            session_id=DEMO,
+            version=1,
+            created_us=0,
+            sealed=(SealedRef(key=key, first=0, end=20),),
+        )
+        folder = objects / "sessions" / DEMO / "manifest"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{1:020d}").write_bytes(encode_manifest(manifest))
+        for command in READERS:
+            result = _in_store(runner, objects, *command)
+            assert result.exit_code == 1, (command, result.output)
+            assert "a sealed segment" in result.stderr and "lodger does not write" in result.stderr
+
+
+def test_a_session_folder_with_an_invalid_id_is_listed_as_damage(
+    runner: CliRunner, objects: Path
+) -> None:
+    (objects / "sessions" / "-bad" / "seg").mkdir(parents=True)
+    (objects / "sessions" / "-bad" / "seg" / f"{0:020d}").write_bytes(b"x")
+    listed = _in_store(runner, objects, "sessions")
+    assert listed.exit_code == 0, listed.output
+    assert "which is not a valid session id" in listed.stderr
+    assert "log verify -bad" not in listed.stderr  # no command can take that id
+    assert _in_store(runner, objects, "log", "verify", "--last").exit_code == 0
+
+
+def test_the_cache_never_maps_a_key_outside_its_directory(tmp_path: Path) -> None:
+    from obstore.store import MemoryStore
+
+    from lodger.storage.objectstore import ObjectLogStore
+
+    store = ObjectLogStore(MemoryStore(), cache_dir=tmp_path / "cache")
+    assert store._cache_path("sessions/s1/seg/00000000000000000000") is not None
+    for key in ("sessions/s1/../../../etc/passwd", "sessions//x", "./x", "sessions/s1/."):
+        assert store._cache_path(key) is None, key

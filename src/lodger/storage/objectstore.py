@@ -77,6 +77,7 @@ from lodger.storage._segments import (
     is_tombstone,
     manifest_key,
     parse_head_key,
+    parse_seg_key,
     sealed_key,
     seg_key,
     session_root,
@@ -252,6 +253,8 @@ class ObjectLogStore:
     def _cache_path(self, key: str) -> Path | None:
         if self.cache_dir is None:
             return None
+        if any(part in ("", ".", "..") for part in key.split("/")):
+            return None  # never a path outside cache_dir, whatever a key holds
         return self.cache_dir / key
 
     async def _put(self, key: str, data: bytes, *, create: bool) -> bool:
@@ -313,7 +316,7 @@ class ObjectLogStore:
         sealed_end = manifest.sealed_end if manifest else 0
         tail: list[int] = []
         for key in await self._list(f"{root}seg/"):
-            first = int(key.rsplit("/", 1)[1])
+            first = parse_seg_key(session_id, key)
             if first >= sealed_end:
                 tail.append(first)
         heads = tuple(await self._list(f"{root}head/")) if with_heads else ()
@@ -481,7 +484,11 @@ class ObjectLogStore:
             if len(parts) != 4:
                 continue
             _, session_id, kind, name = parts
-            if kind in ("seg", "sealed", "manifest") or (kind == "head" and int(name[:20]) > 0):
+            # a head that names no event (``0-``) is a session not started yet; any other
+            # head, even one whose name is damaged, lists it so that reading it fails closed
+            if kind in ("seg", "sealed", "manifest") or (
+                kind == "head" and not (name[:20].isdigit() and int(name[:20]) == 0)
+            ):
                 found.add(session_id)
         return sorted(found)
 
@@ -584,7 +591,7 @@ class ObjectLogStore:
             return 0
         changed = 0
         for key in await self._list(f"{root}seg/"):
-            first = int(key.rsplit("/", 1)[1])
+            first = parse_seg_key(session_id, key)
             if first >= manifest.sealed_end:
                 continue
             blob = await self._get(key)

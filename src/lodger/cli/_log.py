@@ -187,10 +187,9 @@ def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None
         make_console().print(render_sessions([row.summary for row in rows]))
     for row in rows:
         if row.error is not None:
-            click.echo(
-                f"warning: {row.error.message}; run `lodger log verify {row.summary.session_id}`",
-                err=True,
-            )
+            sid = row.summary.session_id
+            verify = "" if row.error.session_id is None else f"; run `lodger log verify {sid}`"
+            click.echo(f"warning: {row.error.message}{verify}", err=True)
 
 
 async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:

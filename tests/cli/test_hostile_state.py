@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +45,7 @@ def invoke(runner: CliRunner, *args: str | Path) -> Result:
     user would have seen a traceback)."""
     result = runner.invoke(main, [str(a) for a in args], catch_exceptions=True)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"`lodger {' '.join(map(str, args))}` raised") from (
-            result.exception
-        )
+        raise AssertionError(f"`lodger {' '.join(map(str, args))}` raised") from (result.exception)
     assert "Traceback" not in result.output
     return result
 
@@ -78,9 +75,7 @@ def head_path(state: Path, session_id: str) -> Path:
 # ---------------------------------------------------------------- head records
 
 
-def test_a_head_record_that_is_a_directory_fails_closed(
-    runner: CliRunner, state_dir: Path
-) -> None:
+def test_a_head_record_that_is_a_directory_fails_closed(runner: CliRunner, state_dir: Path) -> None:
     head = head_path(state_dir, DEMO)
     head.unlink()
     head.mkdir()
@@ -403,3 +398,40 @@ def test_the_cache_never_maps_a_key_outside_its_directory(tmp_path: Path) -> Non
     assert store._cache_path("sessions/s1/seg/00000000000000000000") is not None
     for key in ("sessions/s1/../../../etc/passwd", "sessions//x", "./x", "sessions/s1/."):
         assert store._cache_path(key) is None, key
+
+
+def test_a_cache_entry_damaged_after_caching_is_fetched_again(
+    objects: Path, tmp_path: Path
+) -> None:
+    """cache_dir keeps immutable objects a worker read once. A byte flipped in the local
+    copy made the healthy session read as corrupt ("restore the log from a backup"), and
+    a cache directory that could not be written failed the read itself."""
+    import asyncio
+
+    from lodger.storage import Storage
+
+    cache = tmp_path / "cache"
+
+    async def read_all() -> tuple[int, int]:
+        storage = Storage.from_url(f"file://{objects}", cache_dir=cache)
+        try:
+            events = await storage.log.read_all(DEMO)
+            return len(events), storage.log.store.stats.gets  # type: ignore[attr-defined]
+        finally:
+            await storage.close()
+
+    assert asyncio.run(read_all())[0] == 20
+    cached = cache / SEGMENTS / f"{8:020d}"
+    data = bytearray(cached.read_bytes())
+    data[-40] ^= 1  # inside the last record's bytes
+    cached.write_bytes(bytes(data))
+    events, gets = asyncio.run(read_all())
+    assert events == 20  # read from the store, not the damaged copy
+    assert gets >= 1
+    assert asyncio.run(read_all())[1] < gets  # the copy was replaced: a hit again
+    assert (objects / SEGMENTS / f"{8:020d}").exists()
+    # a cache directory that cannot be written (a file where a folder goes) is a miss
+    for path in sorted(cache.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    (cache / "sessions").write_bytes(b"not a directory")
+    assert asyncio.run(read_all())[0] == 20

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -233,10 +234,10 @@ class ObjectLogStore:
     async def _get(self, key: str, *, immutable: bool = False) -> bytes | None:
         cached = self._cache_path(key) if immutable else None
         if cached is not None:
-            with contextlib.suppress(FileNotFoundError):
-                data = await asyncio.to_thread(cached.read_bytes)
+            hit = await asyncio.to_thread(_read_cache, cached)
+            if hit is not None:
                 self.stats.cache_hits += 1
-                return data
+                return hit
         self.stats.gets += 1
         try:
             result = await obstore.get_async(self.store, key)
@@ -247,7 +248,8 @@ class ObjectLogStore:
             raise _storage_error("read", key, exc) from exc
         self.stats.bytes_got += len(data)
         if cached is not None:
-            await asyncio.to_thread(_write_cache, cached, data)
+            with contextlib.suppress(OSError):  # a cache that cannot be written is a miss
+                await asyncio.to_thread(_write_cache, cached, data)
         return data
 
     def _cache_path(self, key: str) -> Path | None:
@@ -697,11 +699,32 @@ def _newest_snapshot(records: Sequence[Record]) -> tuple[int, str] | None:
     return None
 
 
+# A cached object is its bytes and their sha256: the local copy is checked on every read,
+# so a cache damaged on this machine costs a fetch instead of a healthy log reading as
+# corrupt (or a cached manifest saying something the store's does not).
+_CACHE_TAG = 32
+
+
 def _write_cache(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(data + hashlib.sha256(data).digest())
     os.replace(tmp, path)
+
+
+def _read_cache(path: Path) -> bytes | None:
+    """The cached bytes, or None (a miss) when absent, unreadable or damaged; a damaged
+    entry is removed so the fetch that follows replaces it."""
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    data, tag = blob[:-_CACHE_TAG], blob[-_CACHE_TAG:]
+    if len(blob) >= _CACHE_TAG and hashlib.sha256(data).digest() == tag:
+        return data
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
 
 
 def _fsync_object(path: Path) -> None:

@@ -95,8 +95,11 @@ def parse_seg_key(session_id: str, key: str) -> int:
     """The first offset a ``seg/`` key names, as written by ``seg_key``; any other name
     under ``seg/`` was put there outside lodger and fails closed."""
     name = key.rsplit("/", 1)[1]
-    if name.isdigit() and name.isascii() and len(name) == _WIDTH and key == seg_key(
-        session_id, int(name)
+    if (
+        name.isdigit()
+        and name.isascii()
+        and len(name) == _WIDTH
+        and key == seg_key(session_id, int(name))
     ):
         return int(name)
     raise CorruptLogError(
@@ -222,9 +225,7 @@ def decode_manifest(session_id: str, key: str, blob: bytes) -> Manifest:
         if raw["v"] != 1 or raw["session_id"] != session_id:
             raise ValueError("another version or session")
         head = raw["head"]
-        sealed = tuple(
-            SealedRef(key=str(k), first=int(f), end=int(e)) for k, f, e in raw["sealed"]
-        )
+        sealed = tuple(SealedRef(key=str(k), first=int(f), end=int(e)) for k, f, e in raw["sealed"])
         for ref in sealed:  # never a key outside the session's own sealed objects
             if ref.key != sealed_key(session_id, ref.first, ref.end):
                 raise ValueError(f"a sealed segment {ref.key!r} lodger does not write")

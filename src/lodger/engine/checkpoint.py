@@ -51,10 +51,12 @@ from lodger.engine.history import History
 from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
+    ALWAYS_REASON,
     SCHEMA_VERSION,
     Event,
     ForkParent,
     OperatorDecision,
+    PermissionDecided,
     RecoveryObserved,
     ToolDispatched,
 )
@@ -305,6 +307,18 @@ def _restore(
     state.turn_activated = [str(name) for name in s["turn_activated"]]
     state.last_elided = tuple(str(c) for c in s["last_elided"])
     state.always_allowed = {str(k): int(v) for k, v in s["always_allowed"].items()}
+    for tool, at in state.always_allowed.items():
+        # a grant is authority (it answers approval prompts): a checkpoint is a cache, so
+        # only a grant the verified log holds at the offset it names is taken from one
+        if not 0 <= at < n:
+            raise ValueError("state: a grant outside the checkpoint")
+        body = history[at].body
+        if not (
+            isinstance(body, PermissionDecided)
+            and body.tool == tool
+            and (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON)
+        ):
+            raise ValueError("state: a grant the log does not hold")
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:
         raise TypeError("state: bad open turn offset")

@@ -151,7 +151,7 @@ class MessageLog(Sequence[Message]):
             if not isinstance(items, list) or len(items) != expected:
                 raise ValueError("another number of messages")
             loaded = _messages_from(items)
-        except (ValueError, TypeError, KeyError, IndexError, zlib.error) as exc:
+        except (ValueError, TypeError, KeyError, IndexError, zlib.error, RecursionError) as exc:
             # only a file sealed right and written wrong reaches this (by hand: a bug
             # would be caught by the property tests): fail closed, name the way out
             raise CorruptLogError(

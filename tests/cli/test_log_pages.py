@@ -18,7 +18,7 @@ from rich.text import Text
 
 from lodger.cli import main
 from lodger.cli._log import print_lines
-from lodger.cli._render import render_timeline
+from lodger.cli._render import render_timeline, visible_line
 from lodger.cli._timeline import TurnIndex, build_timeline, index_turns, select_page
 from lodger.errors import CorruptLogError, SessionNotFoundError, UsageError
 from lodger.events import (
@@ -413,10 +413,11 @@ def test_plain_output_matches_what_rich_prints(state: Path) -> None:
     lines += [Text("a\ttab"), Text("wide 漢字 and \x1b[31mescape\x1b[0m"), Text("")]
     printed, written = io.StringIO(), io.StringIO()
     rich_console = Console(file=printed, width=80, highlight=False, emoji=False)
-    for line in lines:
-        rich_console.print(line, soft_wrap=True)
+    for line in lines:  # control characters from a log are shown as escapes, never sent
+        rich_console.print(visible_line(line), soft_wrap=True)
     plain_console = Console(file=written, width=80, highlight=False, emoji=False)
     assert plain_console.color_system is None
     print_lines(plain_console, lines)
     assert written.getvalue() == printed.getvalue()
     assert "a       tab" in written.getvalue()
+    assert "\\x1b[31mescape" in written.getvalue() and "\x1b" not in written.getvalue()

@@ -5,6 +5,7 @@ compaction racing readers and writers, and damaged segments failing closed."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import multiprocessing
 import subprocess
 import sys
@@ -283,9 +284,17 @@ async def test_a_worker_with_a_cache_fetches_only_the_new_tail(url: str, tmp_pat
         await writer.append([make_draft("w", 42)], expected_offset=42)
     assert (await reader.verify(SID)).high_water == 43
     assert worker.stats.gets - cold == 2  # exactly the two new segments
-    # the cached bytes are still checked: a damaged cached segment fails closed
+    # the cached bytes are still checked: a damaged cached segment is a miss, fetched
+    # again from the store (which is intact), never read as the session's events
     cached = next((tmp_path / "c").rglob("00000000000000000040"))
     cached.write_bytes(cached.read_bytes().replace(b"w says 40", b"w says 99"))
+    fetched = worker.stats.gets
+    assert (await reader.verify(SID)).high_water == 43
+    assert worker.stats.gets - fetched == 1
+    assert b"w says 40" in cached.read_bytes()
+    # a cached copy altered with a matching checksum still meets the chain: fails closed
+    altered = cached.read_bytes()[:-32].replace(b"w says 40", b"w says 99")
+    cached.write_bytes(altered + hashlib.sha256(altered).digest())
     with pytest.raises(CorruptLogError) as info:
         await reader.verify(SID)
     assert (info.value.offset, info.value.code) == (40, "digest_mismatch")

@@ -78,7 +78,10 @@ _COMMANDS: dict[str, str] = {
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    # a message may quote stored values: their control characters are shown, never sent
+    from lodger.cli._render import visible
+
+    return visible(" ".join(text.split()))
 
 
 def _leave_without_teardown(code: object) -> None:

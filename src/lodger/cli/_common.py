@@ -296,6 +296,10 @@ def resolve_session(state: str, value: str | None, *, last: bool = False) -> str
                 )
             latest: list[tuple[int, str]] = []
             for sid in sessions:
+                try:
+                    check_session_id(sid)
+                except UsageError:  # written outside lodger: no command can name it
+                    continue
                 head = await log.head(sid)
                 tail = await log.read(sid, start=max(head.high_water - 1, 0))
                 latest.append((tail[-1].ts if tail else 0, sid))

@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
+from lodger.cli._render import visible
 from lodger.engine.permissions import ApprovalAnswer
 from lodger.events import Event, ToolDispatched, ToolResponded
 from lodger.subagents import current_subagent
@@ -231,7 +232,8 @@ def describe_call(tool: Tool, arguments: dict[str, Any]) -> list[str]:
         if len(extra) > 300:
             extra = extra[:297] + "..."
         lines.append(extra if not lines else f"({extra})")
-    return lines or ["(no arguments)"]
+    # an ESC in a command could redraw the prompt over what it really runs: shown, not sent
+    return [visible(line) for line in lines] or ["(no arguments)"]
 
 
 _CHOICES = {"y": "once", "a": "always", "n": "deny"}

@@ -16,6 +16,7 @@ shows it; a page of other turns still prints, since nothing it prints depends on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import traceback
 from collections.abc import Sequence
@@ -38,7 +39,12 @@ from lodger.cli._common import (
     state_option,
     store_url,
 )
-from lodger.cli._render import hidden_note, render_sessions, render_timeline
+from lodger.cli._render import (
+    hidden_note,
+    render_sessions,
+    render_timeline,
+    visible_line,
+)
 from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
 from lodger.cli._timeline import (
     Page,
@@ -53,7 +59,7 @@ from lodger.cli._timeline import (
 from lodger.cli._timing import render_timings, step_timings
 from lodger.errors import CorruptLogError, LogKeyError, UsageError
 from lodger.events import Event, Prefix
-from lodger.storage import EventLog, SessionChain
+from lodger.storage import EventLog, SessionChain, check_session_id
 from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
 from lodger.subagents.family import FamilyNode, family_tree
@@ -85,16 +91,34 @@ def _summary(verified: VerifiedRecords) -> SessionSummary:
 
 async def _summarize_session(log: EventLog, session_id: str) -> _Row:
     try:
+        check_session_id(session_id)
+    except UsageError:
+        # only written outside lodger (no command accepts the id): list it as damage
+        # instead of failing the whole listing on it
+        error = CorruptLogError(
+            f"the log holds events under {session_id!r}, which is not a valid session id",
+            hint="they were written outside lodger; no command reads them, and the other "
+            "sessions are not affected",
+            code="corrupt",
+        )
+        return _Row(dataclasses.replace(summarize(session_id, []), last_status="corrupt"), error)
+    try:
         verified = await log.read_verified(session_id)
         return _Row(await asyncio.to_thread(_summary, verified))
     except CorruptLogError as exc:
         # Summarize the prefix that still verifies; the head comes from storage unverified.
-        valid = await log.read(session_id, end=exc.offset) if exc.offset else []
-        head = await log.head(session_id)
+        # Either may fail again (a duplicated offset inside the prefix, a row that does not
+        # read): the row then shows what could be read, never stopping the whole listing.
+        valid: list[Event] = []
+        with contextlib.suppress(CorruptLogError):
+            valid = await log.read(session_id, end=exc.offset) if exc.offset else []
+        events = len(valid)
+        with contextlib.suppress(CorruptLogError):
+            events = (await log.head(session_id)).high_water
         # a key problem is not damage: the log may be fine, it just cannot be checked here
         status = "unverified" if isinstance(exc, LogKeyError) else "corrupt"
         summary = dataclasses.replace(
-            summarize(session_id, valid), events=head.high_water, last_status=status
+            summarize(session_id, valid), events=events, last_status=status
         )
         return _Row(summary, exc)
 
@@ -168,10 +192,9 @@ def sessions(state: str, as_json: bool, tree: bool, control: str | None) -> None
         make_console().print(render_sessions([row.summary for row in rows]))
     for row in rows:
         if row.error is not None:
-            click.echo(
-                f"warning: {row.error.message}; run `lodger log verify {row.summary.session_id}`",
-                err=True,
-            )
+            sid = row.summary.session_id
+            verify = "" if row.error.session_id is None else f"; run `lodger log verify {sid}`"
+            click.echo(f"warning: {row.error.message}{verify}", err=True)
 
 
 async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:
@@ -179,7 +202,7 @@ async def _families(log: EventLog, ids: Sequence[str]) -> list[FamilyNode]:
     for sid in ids:
         try:
             first = await log.read(sid, end=1)
-        except CorruptLogError:
+        except (CorruptLogError, UsageError):  # damaged, or not a valid id: no family
             first = []
         firsts[sid] = first[0] if first else None
     return family_tree(firsts)
@@ -383,7 +406,7 @@ def _print_page(
             return
         timing_console = make_console()
         for line in render_timings(steps):
-            timing_console.print(line, soft_wrap=True)
+            timing_console.print(visible_line(line), soft_wrap=True)
         return
     if as_json:
         echo_json(
@@ -418,7 +441,9 @@ def _expanded(line: Text, tab_size: int = 8) -> str:
 
 def print_lines(console: Console, lines: Sequence[Text]) -> None:
     """Print whole lines, never wrapped. Without colors (piped, or a dumb terminal) rich
-    would only strip the styles again, at about 40 us a line: write the plain text."""
+    would only strip the styles again, at about 40 us a line: write the plain text.
+    Control characters from the log are shown as escapes, never sent (``visible_line``)."""
+    lines = [visible_line(line) for line in lines]
     if console.color_system is None:
         console.file.write("".join(f"{_expanded(line, console.tab_size)}\n" for line in lines))
         console.file.flush()

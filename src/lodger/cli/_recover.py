@@ -27,6 +27,7 @@ from lodger.cli._common import (
     state_option,
 )
 from lodger.cli._next import command_for
+from lodger.cli._render import visible
 from lodger.cli._run import (
     LiveView,
     approver_for,
@@ -168,10 +169,10 @@ def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
     for c in plan.calls:
         indent = "  " if c.parent_call_id else ""
         console.print(
-            Text(f"  {indent}{c.call_id}  {c.tool}  ")
+            Text(f"  {indent}{visible(c.call_id)}  {visible(c.tool)}  ")
             + Text(c.status, style="bold" if c.action != "none" else "")
             + Text(
-                f"  ({c.reason})  -> {_ACTIONS[c.action]}",
+                f"  ({visible(c.reason)})  -> {_ACTIONS[c.action]}",
                 style="dim" if c.action == "none" else "",
             )
         )
@@ -271,6 +272,11 @@ def decide(
             raise ConfigError("--result goes with --completed only")
         try:
             parsed = json.loads(result)
+        except RecursionError:  # nested past the parser's depth: not a result to record
+            raise ConfigError(
+                "--result is nested too deeply to be recorded",
+                hint="pass a flatter JSON value, or a string",
+            ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"--result is not JSON: {exc.msg}", hint="quote a string: --result '\"done\"'"

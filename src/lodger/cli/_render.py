@@ -9,6 +9,7 @@ must print as written.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 
 from rich.table import Table
@@ -77,9 +78,32 @@ _ARG_VALUE = 40
 _PREVIEW = 80
 
 
+# Control characters (ESC starts terminal sequences that clear the screen, move the
+# cursor over earlier lines or set the title) and bidirectional overrides: what a log holds
+# is data, often from a tool's output or a web page, and must never drive the terminal.
+_UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character and direction override shown as an escape
+    (``\\x1b``, ``\\u202e``) instead of sent to the terminal."""
+    return _UNSEEN.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
+    )
+
+
+def visible_line(line: Text) -> Text:
+    """``line`` as ``visible`` would print it: a line that holds a control character loses
+    its colors (escaping changes where its styles fall), every other line is kept."""
+    if _UNSEEN.search(line.plain) is None:
+        return line
+    return Text(visible(line.plain), style=line.style)
+
+
 def clip(text: str, limit: int | None) -> str:
-    """One line: whitespace collapsed, cut at ``limit`` with a note of what was left out."""
-    flat = " ".join(text.split())
+    """One line: whitespace collapsed, control characters shown as escapes (``visible``),
+    cut at ``limit`` with a note of what was left out."""
+    flat = visible(" ".join(text.split()))
     if limit is None or len(flat) <= limit:
         return flat
     return f"{flat[: limit - 3]}... (+{len(flat) - limit + 3} chars)"
@@ -434,6 +458,6 @@ def render_sessions(rows: Sequence[SessionSummary]) -> Table:
             str(row.turns),
             Text(*_status(status)),
             format_ts(row.last_ts) if row.last_ts is not None else "-",
-            Text(row.workspace or "-"),
+            Text(visible(row.workspace or "-")),
         )
     return table

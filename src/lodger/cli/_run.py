@@ -28,6 +28,7 @@ from lodger.cli._common import (
 from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
+from lodger.cli._render import visible
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
 from lodger.engine.permissions import ALWAYS_REASON, Approver, PermissionPolicy
@@ -114,7 +115,7 @@ class LiveView(TurnWatcher):
         if not self._streaming:
             self.terminal.print(Text("model ", style="bold cyan"), end="")
             self._streaming = True
-        self.terminal.print(Text(delta), end="")
+        self.terminal.print(Text(visible(delta)), end="")
 
     def _end_stream(self) -> bool:
         if self._streaming:
@@ -130,7 +131,7 @@ class LiveView(TurnWatcher):
         if isinstance(body, ModelOutput):
             streamed = self._end_stream()
             if body.text and not streamed:
-                out.print(Text("model ", style="bold cyan") + Text(body.text))
+                out.print(Text("model ", style="bold cyan") + Text(visible(body.text)))
             for call in body.calls:
                 self._names[call.call_id] = call.name
             out.model_answered()
@@ -138,7 +139,7 @@ class LiveView(TurnWatcher):
             args = json.dumps(body.arguments, ensure_ascii=False)
             if len(args) > 100:
                 args = args[:97] + "..."
-            out.print(Text(f"  -> {body.tool} ", style="yellow") + Text(args))
+            out.print(Text(f"  -> {body.tool} ", style="yellow") + Text(visible(args)))
             if event.call_id is not None:
                 out.call_started(event.call_id, body.tool)
         elif isinstance(body, ToolResponded):
@@ -147,13 +148,13 @@ class LiveView(TurnWatcher):
             if len(first) > 100:
                 first = first[:97] + "..."
             style = "green" if body.status == "ok" else "red"
-            out.print(Text(f"  <- {name} {body.status} ", style=style) + Text(first))
+            out.print(Text(f"  <- {name} {body.status} ", style=style) + Text(visible(first)))
             if event.call_id is not None:
                 out.call_finished(event.call_id)
         elif isinstance(body, CallRejected):
             out.print(
                 Text(f"  x  {body.tool} rejected ({body.reason}) ", style="red")
-                + Text(body.message)
+                + Text(visible(body.message))
             )
         elif isinstance(body, PermissionDecided) and body.decision == "deny":
             out.print(Text(f"  !  {body.tool} denied by {body.by}", style="red"))

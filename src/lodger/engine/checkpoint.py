@@ -51,10 +51,12 @@ from lodger.engine.history import History
 from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
+    ALWAYS_REASON,
     SCHEMA_VERSION,
     Event,
     ForkParent,
     OperatorDecision,
+    PermissionDecided,
     RecoveryObserved,
     ToolDispatched,
 )
@@ -305,6 +307,18 @@ def _restore(
     state.turn_activated = [str(name) for name in s["turn_activated"]]
     state.last_elided = tuple(str(c) for c in s["last_elided"])
     state.always_allowed = {str(k): int(v) for k, v in s["always_allowed"].items()}
+    for tool, at in state.always_allowed.items():
+        # a grant is authority (it answers approval prompts): a checkpoint is a cache, so
+        # only a grant the verified log holds at the offset it names is taken from one
+        if not 0 <= at < n:
+            raise ValueError("state: a grant outside the checkpoint")
+        body = history[at].body
+        if not (
+            isinstance(body, PermissionDecided)
+            and body.tool == tool
+            and (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON)
+        ):
+            raise ValueError("state: a grant the log does not hold")
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:
         raise TypeError("state: bad open turn offset")
@@ -375,7 +389,7 @@ def _parse(data: bytes, chain: SessionChain) -> _Parsed | str:
         with cycle_collector_paused(len(payload_text) // 100):
             payload = json.loads(payload_text)
         messages = frames[1:]  # inflated and parsed when one of their messages is read
-    except (ValueError, zlib.error) as exc:
+    except (ValueError, zlib.error, RecursionError) as exc:  # nested past the parser's depth
         return f"unreadable ({type(exc).__name__})"
     if not isinstance(payload, dict):
         return "bad payload"
@@ -404,7 +418,7 @@ def _bind(parsed: _Parsed, verified: VerifiedRecords) -> SessionState | str:
                 parsed.messages,
                 header.get("message_chunk"),
             )
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
         return f"unreadable ({type(exc).__name__})"
 
 

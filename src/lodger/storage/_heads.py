@@ -24,9 +24,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from pathlib import Path
 
-from lodger.errors import CorruptLogError, UsageError
+from lodger.errors import CorruptLogError, StorageError, UsageError
 from lodger.storage.logstore import check_session_id
 
 __all__ = ["HEADS_DIR", "HeadFiles", "head_damaged", "head_missing"]
@@ -63,6 +64,29 @@ def head_damaged(session_id: str, path: Path, why: str) -> CorruptLogError:
     )
 
 
+class _NotARecord(Exception):
+    """The head file is something lodger never writes there."""
+
+
+def _read_record(path: Path) -> bytes:
+    """The head file's bytes: a regular file of at most one record. Opened without
+    blocking and read no further than a record, so a FIFO or a link to /dev/zero put in
+    its place fails closed instead of hanging or filling memory."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise _NotARecord("a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise _NotARecord("not a regular file")
+        raw = os.read(fd, _RECORD + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > _RECORD:
+        raise _NotARecord(f"longer than a {_RECORD}-byte record")
+    return raw
+
+
 class HeadFiles:
     """The head files of one state directory. Blocking: call from the store's I/O thread."""
 
@@ -86,9 +110,19 @@ class HeadFiles:
         path = self.path(session_id)
         for attempt in range(_READ_TRIES):
             try:
-                raw = path.read_bytes()
+                raw = _read_record(path)
             except FileNotFoundError:
                 return None
+            except _NotARecord as exc:
+                raise head_damaged(session_id, path, str(exc)) from None
+            except OSError as exc:  # unreadable: say so, never a traceback
+                raise StorageError(
+                    f"cannot read the head record {path} of session {session_id!r}: "
+                    f"{exc.strerror or exc}",
+                    hint="check the permissions of the state directory and the disk",
+                    code="storage",
+                    session_id=session_id,
+                ) from exc
             try:
                 value = json.loads(raw)
                 break

@@ -39,6 +39,7 @@ __all__ = [
     "head_key",
     "manifest_key",
     "parse_head_key",
+    "parse_seg_key",
     "sealed_key",
     "seg_key",
     "session_root",
@@ -88,6 +89,28 @@ def parse_head_key(session_id: str, name: str) -> tuple[int, str]:
             offset=0,
         )
     return int(number), digest
+
+
+def parse_seg_key(session_id: str, key: str) -> int:
+    """The first offset a ``seg/`` key names, as written by ``seg_key``; any other name
+    under ``seg/`` was put there outside lodger and fails closed."""
+    name = key.rsplit("/", 1)[1]
+    if (
+        name.isdigit()
+        and name.isascii()
+        and len(name) == _WIDTH
+        and key == seg_key(session_id, int(name))
+    ):
+        return int(name)
+    raise CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset 0: object {key} is not a "
+        "segment lodger writes (not seg/<first offset>)",
+        hint="the object was put there outside lodger; remove it only if you know where it "
+        "came from, or restore the session's objects from a backup",
+        code="undecodable",
+        session_id=session_id,
+        offset=0,
+    )
 
 
 def encode_segment(session_id: str, records: Sequence[Record]) -> bytes:
@@ -143,7 +166,7 @@ def decode_segment(session_id: str, first: int, key: str, blob: bytes) -> list[R
                 raise _damaged(session_id, offset, key, "truncated data")
             records.append(Record(offset, data, str(digest)))
             at += length
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise _damaged(session_id, first, key, f"unreadable header: {exc}") from None
     if at != len(blob):
         raise _damaged(session_id, first, key, "bytes after the last record")
@@ -202,19 +225,21 @@ def decode_manifest(session_id: str, key: str, blob: bytes) -> Manifest:
         if raw["v"] != 1 or raw["session_id"] != session_id:
             raise ValueError("another version or session")
         head = raw["head"]
+        sealed = tuple(SealedRef(key=str(k), first=int(f), end=int(e)) for k, f, e in raw["sealed"])
+        for ref in sealed:  # never a key outside the session's own sealed objects
+            if ref.key != sealed_key(session_id, ref.first, ref.end):
+                raise ValueError(f"a sealed segment {ref.key!r} lodger does not write")
         return Manifest(
             session_id=session_id,
             version=int(raw["version"]),
             created_us=int(raw["created_us"]),
             head=(int(head[0]), str(head[1])) if head else None,
-            sealed=tuple(
-                SealedRef(key=str(k), first=int(f), end=int(e)) for k, f, e in raw["sealed"]
-            ),
+            sealed=sealed,
             snapshots=tuple((int(h), str(s)) for h, s in raw["snapshots"]),
             artifacts=tuple(str(a) for a in raw["artifacts"]),
             parent=raw["parent"],
         )
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
         raise CorruptLogError(
             f"log for session {session_id!r} is invalid at offset 0: manifest {key} is "
             f"damaged ({exc})",

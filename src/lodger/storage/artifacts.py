@@ -56,6 +56,18 @@ def _check(sha256: str, data: bytes) -> None:
         )
 
 
+def _holds(path: Path, sha256: str) -> bool:
+    """Whether the file at ``path`` holds the bytes whose hash is ``sha256``."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    except IsADirectoryError:
+        return False
+    return digest.hexdigest() == sha256
+
+
 class MemoryArtifactStore:
     def __init__(self) -> None:
         self.blobs: dict[str, bytes] = {}
@@ -121,8 +133,13 @@ class FileArtifactStore:
                 self._swept = True
                 with contextlib.suppress(OSError):  # best effort: orphans are never read
                     self.sweep_orphans()
-            if path.exists():
+            if path.exists() and _holds(path, ref.sha256):
                 return
+            if path.exists():
+                # a file under this name whose bytes are not these: damaged outside
+                # lodger. Storing the bytes again is the only way this result is kept; the
+                # damaged file is kept beside it, as found, for whoever investigates.
+                os.replace(path, path.with_name(f"{path.name}.damaged-{time.time_ns()}"))
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
             try:
@@ -152,5 +169,11 @@ class FileArtifactStore:
             data = await asyncio.to_thread(path.read_bytes)
         except FileNotFoundError:
             raise _missing(sha256) from None
+        except OSError as exc:  # a directory in its place, unreadable: never a traceback
+            raise StorageError(
+                f"cannot read artifact {sha256} at {path}: {exc.strerror or exc}",
+                hint="the artifact store was changed outside lodger, or the disk is failing",
+                code="artifact_corrupt" if isinstance(exc, IsADirectoryError) else "storage",
+            ) from exc
         _check(sha256, data)
         return data

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -87,9 +88,20 @@ class FileCheckpoints:
     @staticmethod
     def _load(path: Path) -> bytes | None:
         try:
-            return path.read_bytes()
+            # without blocking, and only a regular file: a FIFO or a link to /dev/zero in
+            # its place would hang the open or fill memory; it is a miss like any damage
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:  # missing or unreadable: a cache miss
             return None
+        try:
+            with open(fd, "rb", closefd=False) as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                return handle.read()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     async def save_checkpoint(self, *, session_id: str, data: bytes) -> None:
         await asyncio.to_thread(self._save, self.path_of(session_id), data)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -77,6 +78,7 @@ from lodger.storage._segments import (
     is_tombstone,
     manifest_key,
     parse_head_key,
+    parse_seg_key,
     sealed_key,
     seg_key,
     session_root,
@@ -232,10 +234,10 @@ class ObjectLogStore:
     async def _get(self, key: str, *, immutable: bool = False) -> bytes | None:
         cached = self._cache_path(key) if immutable else None
         if cached is not None:
-            with contextlib.suppress(FileNotFoundError):
-                data = await asyncio.to_thread(cached.read_bytes)
+            hit = await asyncio.to_thread(_read_cache, cached)
+            if hit is not None:
                 self.stats.cache_hits += 1
-                return data
+                return hit
         self.stats.gets += 1
         try:
             result = await obstore.get_async(self.store, key)
@@ -246,12 +248,15 @@ class ObjectLogStore:
             raise _storage_error("read", key, exc) from exc
         self.stats.bytes_got += len(data)
         if cached is not None:
-            await asyncio.to_thread(_write_cache, cached, data)
+            with contextlib.suppress(OSError):  # a cache that cannot be written is a miss
+                await asyncio.to_thread(_write_cache, cached, data)
         return data
 
     def _cache_path(self, key: str) -> Path | None:
         if self.cache_dir is None:
             return None
+        if any(part in ("", ".", "..") for part in key.split("/")):
+            return None  # never a path outside cache_dir, whatever a key holds
         return self.cache_dir / key
 
     async def _put(self, key: str, data: bytes, *, create: bool) -> bool:
@@ -313,7 +318,7 @@ class ObjectLogStore:
         sealed_end = manifest.sealed_end if manifest else 0
         tail: list[int] = []
         for key in await self._list(f"{root}seg/"):
-            first = int(key.rsplit("/", 1)[1])
+            first = parse_seg_key(session_id, key)
             if first >= sealed_end:
                 tail.append(first)
         heads = tuple(await self._list(f"{root}head/")) if with_heads else ()
@@ -481,7 +486,11 @@ class ObjectLogStore:
             if len(parts) != 4:
                 continue
             _, session_id, kind, name = parts
-            if kind in ("seg", "sealed", "manifest") or (kind == "head" and int(name[:20]) > 0):
+            # a head that names no event (``0-``) is a session not started yet; any other
+            # head, even one whose name is damaged, lists it so that reading it fails closed
+            if kind in ("seg", "sealed", "manifest") or (
+                kind == "head" and not (name[:20].isdigit() and int(name[:20]) == 0)
+            ):
                 found.add(session_id)
         return sorted(found)
 
@@ -584,7 +593,7 @@ class ObjectLogStore:
             return 0
         changed = 0
         for key in await self._list(f"{root}seg/"):
-            first = int(key.rsplit("/", 1)[1])
+            first = parse_seg_key(session_id, key)
             if first >= manifest.sealed_end:
                 continue
             blob = await self._get(key)
@@ -690,11 +699,32 @@ def _newest_snapshot(records: Sequence[Record]) -> tuple[int, str] | None:
     return None
 
 
+# A cached object is its bytes and their sha256: the local copy is checked on every read,
+# so a cache damaged on this machine costs a fetch instead of a healthy log reading as
+# corrupt (or a cached manifest saying something the store's does not).
+_CACHE_TAG = 32
+
+
 def _write_cache(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(data + hashlib.sha256(data).digest())
     os.replace(tmp, path)
+
+
+def _read_cache(path: Path) -> bytes | None:
+    """The cached bytes, or None (a miss) when absent, unreadable or damaged; a damaged
+    entry is removed so the fetch that follows replaces it."""
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    data, tag = blob[:-_CACHE_TAG], blob[-_CACHE_TAG:]
+    if len(blob) >= _CACHE_TAG and hashlib.sha256(data).digest() == tag:
+        return data
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
 
 
 def _fsync_object(path: Path) -> None:

@@ -42,6 +42,7 @@ from lodger._sqlite import use_wal
 from lodger.errors import (
     AppendConflictError,
     CommitFailedError,
+    CorruptLogError,
     LodgerError,
     SessionLockedError,
     StorageError,
@@ -81,6 +82,22 @@ def _stored_bytes(value: object) -> bytes:
     # a row edited with SQL text functions comes back as TEXT: pass its bytes on to the
     # digest check (which then fails closed) instead of crashing with a TypeError here
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _stored_offset(value: object, session_id: str, where: int) -> int:
+    # SQLite stores whatever an UPDATE gives a column ('abc', 5.5); only an integer is an
+    # offset lodger wrote. ``where`` is the offset the row stands at in the read.
+    if type(value) is int:
+        return value
+    raise CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {where}: a stored row has "
+        f"offset {value!r}, which is not an integer",
+        hint="the database was edited outside lodger; restore it from a backup or fork the "
+        f"session from offset {where}",
+        code="offset_mismatch",
+        session_id=session_id,
+        offset=where,
+    )
 
 
 def _no_table(exc: sqlite3.Error) -> bool:
@@ -274,7 +291,11 @@ class SqliteLogStore:
                     row = conn.execute(
                         'SELECT MAX("offset") FROM events WHERE session_id = ?', (session_id,)
                     ).fetchone()
-                    high_water = 0 if row[0] is None else int(row[0]) + 1
+                    high_water = (
+                        0
+                        if row[0] is None
+                        else _stored_offset(row[0], session_id, expected_offset) + 1
+                    )
                     if high_water != expected_offset:
                         raise AppendConflictError(
                             f"append to session {session_id!r} expected offset "
@@ -369,7 +390,10 @@ class SqliteLogStore:
                     hint=_READ_HINT,
                     session_id=session_id,
                 ) from exc
-            return [Record(int(o), _stored_bytes(d), str(g)) for o, d, g in rows]
+            return [
+                Record(_stored_offset(o, session_id, start + i), _stored_bytes(d), str(g))
+                for i, (o, d, g) in enumerate(rows)
+            ]
 
         return await self._run(work)
 
@@ -391,7 +415,14 @@ class SqliteLogStore:
                 hint=_READ_HINT,
                 session_id=session_id,
             ) from exc
-        return None if row is None else Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
+        if row is None:
+            return None
+        if type(row[0]) is not int:  # text sorts after every integer: it comes first here
+            (count,) = conn.execute(
+                "SELECT count(*) FROM events WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            _stored_offset(row[0], session_id, int(count) - 1)
+        return Record(int(row[0]), _stored_bytes(row[1]), str(row[2]))
 
     async def last_record(self, *, session_id: str) -> Record | None:
         return await self._run(lambda: self._last(session_id))

@@ -77,14 +77,15 @@ class CellHost:
                 )
             self.stop(code, why)
             return _error(code, why)
-        if not isinstance(arguments, dict):
-            return _error("invalid_arguments", f"tools.{name} takes one object of arguments")
+        # every attempt counts, well-formed or not: the budget bounds the host's work
         self.calls += 1
         if self.calls > self._limits.nested_calls:
             self.exceeded = "nested_calls"
             why = f"the cell made more than {self._limits.nested_calls} nested calls"
             self.stop("limit_exceeded", why)
             return _error("limit_exceeded", why)
+        if not isinstance(arguments, dict):
+            return _error("invalid_arguments", f"tools.{name} takes one object of arguments")
         async with self._slots:
             if self.stopped.is_set():
                 return _error("cell_stopped", "the cell is stopping; no further tool call starts")

@@ -6,22 +6,26 @@ clock frozen at the epoch (``Date.now()`` is 0), so there is no clock to time a 
 channel with and nothing outlives the cell. ``await tools.NAME(args)`` returns the parsed
 result or throws a ``ToolError`` with a ``code``.
 
-How values cross: a call is a notification out (id, name, JSON text); the reply comes back
-in by a cancellable evaluation of ``__lodger_deliver(id, text)``. Two things this avoids:
-resolving a JS promise from Python is an uncancellable call that would block the event
-loop if the cell then looped forever; and a Python exception raised into JS would carry
-its traceback and host paths. Only JSON text written by ``CellHost`` crosses.
+How values cross: only by cancellable evaluations that return JSON text. A call is queued
+inside the isolate; ``__lodger_take()`` hands the queue (and the cell's result, once it
+settled) out; the reply comes back in by ``__lodger_deliver(id, text)``. The host takes
+again after its first evaluation and after every delivery, the only moments the cell can
+have moved on. Nothing else touches the isolate while the cell runs: mini-racer's
+callbacks into Python, JS objects read from Python and JS promises awaited from Python
+all wait on the isolate's thread without a way to cancel them, so a cell that loops
+forever (in code or in a chain of microtasks) would block the whole event loop, its wall
+time and every other session with it. A Python exception never crosses into JS either
+(it would carry its traceback and host paths): only JSON text written by ``CellHost``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, cast
+from typing import Any
 
 from py_mini_racer import (
     JSEvalException,
-    JSFunction,
     JSOOMException,
     JSParseException,
     mini_racer,
@@ -35,16 +39,19 @@ __all__ = ["JavaScriptSubstrate"]
 
 _PRELUDE = """
 (() => {
-  const notify = globalThis.__lodger_notify;
-  delete globalThis.__lodger_notify;
+  // The prelude's own tools, taken before the cell can replace them.
+  const stringify = JSON.stringify, parse = JSON.parse;
+  const then = Promise.prototype.then;
   const pending = new Map();
-  let next = 0;
+  const outbox = [];
+  let next = 0, sent = 0, done = null;
   const logs = [];
   let logBytes = 0, dropped = 0;
   const LOG_LIMIT = %(log_limit)d;
+  const CALL_LIMIT = %(call_limit)d;
   const show = (v) => {
     if (typeof v === 'string') return v;
-    try { const s = JSON.stringify(v); return s === undefined ? String(v) : s; }
+    try { const s = stringify(v); return s === undefined ? String(v) : s; }
     catch (e) { return String(v); }
   };
   const log = (...args) => {
@@ -60,20 +67,32 @@ _PRELUDE = """
   globalThis.ToolError = ToolError;
   const call = (name, args) => new Promise((resolve, reject) => {
     let text;
-    try { text = JSON.stringify(args === undefined ? {} : args); }
+    try { text = stringify(args === undefined ? {} : args); }
     catch (e) {
       reject(new ToolError('invalid_arguments', 'arguments are not JSON: ' + e.message));
       return;
     }
+    // One call past the budget still goes out, so the host sees it and stops the cell;
+    // the rest are refused here instead of piling up on the host.
+    if (sent >= CALL_LIMIT) {
+      reject(new ToolError('limit_exceeded',
+        'the cell made more than ' + (CALL_LIMIT - 1) + ' nested calls'));
+      return;
+    }
+    sent++;
     const id = next++;
     pending.set(id, {resolve, reject});
-    notify(id, name, text === undefined ? 'null' : text);
+    outbox.push([id, name, text === undefined ? 'null' : text]);
   });
+  Object.defineProperty(globalThis, '__lodger_take', {value: () => {
+    const calls = outbox.splice(0, outbox.length);
+    return stringify({calls, done});
+  }});
   Object.defineProperty(globalThis, '__lodger_deliver', {value: (id, text) => {
     const waiter = pending.get(id);
     if (!waiter) return;
     pending.delete(id);
-    const reply = JSON.parse(text);
+    const reply = parse(text);
     if ('ok' in reply) waiter.resolve(reply.ok);
     else waiter.reject(new ToolError(reply.error.code, reply.error.message));
   }});
@@ -86,16 +105,21 @@ _PRELUDE = """
     stack: String((e && e.stack) || ''),
     code: e && e.code ? String(e.code) : null,
   });
-  Object.defineProperty(globalThis, '__lodger_finish', {value: (promise) => promise.then(
+  const notJson = (why) => stringify({error: {name: 'TypeError', code: 'result_not_json',
+    message: 'the cell returned a value that is not JSON: ' + why, stack: ''}, logs, dropped});
+  Object.defineProperty(globalThis, '__lodger_finish', {value: (promise) => then.call(promise,
     (v) => {
-      try { return JSON.stringify({ok: v === undefined ? null : v, logs, dropped}); }
-      catch (e) {
-        return JSON.stringify({error: {name: 'TypeError', code: 'result_not_json',
-          message: 'the cell returned a value that is not JSON: ' + e.message, stack: ''},
-          logs, dropped});
+      let body;
+      try { body = stringify(v === undefined ? null : v); }
+      catch (e) { done = notJson(e.message); return; }
+      // a function, a symbol, or a toJSON that gives undefined: no JSON text at all
+      if (typeof body !== 'string') {
+        done = notJson('a ' + typeof v + ' has no JSON form');
+        return;
       }
+      done = '{"ok":' + body + ',"logs":' + stringify(logs) + ',"dropped":' + dropped + '}';
     },
-    (e) => JSON.stringify({error: failed(e), logs, dropped}),
+    (e) => { done = stringify({error: failed(e), logs, dropped}); },
   )});
   for (const name of ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval',
       'SharedArrayBuffer', 'Atomics', 'WebAssembly', 'performance', '__TimerManager',
@@ -112,6 +136,11 @@ _PRELUDE = """
 """
 
 
+class _Unreadable(Exception):
+    """What the isolate handed out is not in the prelude's shape: the cell replaced the
+    prelude's objects (``JSON``, a prototype) under it."""
+
+
 class JavaScriptSubstrate:
     """Runs each cell in a new V8 isolate on the running event loop."""
 
@@ -125,6 +154,8 @@ class JavaScriptSubstrate:
         with mini_racer(loop) as mr:
             mr.set_hard_memory_limit(limits.memory)
             finished = False
+            result = ""
+            moved = asyncio.Event()  # a delivery ran: the cell may have moved on
 
             async def deliver(call_id: int, reply: Reply) -> None:
                 if finished:
@@ -137,52 +168,91 @@ class JavaScriptSubstrate:
                     host.stop("limit_exceeded", f"the cell used more than {limits.memory} bytes")
                 except JSEvalException:
                     pass  # terminated with the cell; its outcome is decided elsewhere
+                finally:
+                    moved.set()
 
             async def work(call_id: int, name: str, text: str) -> None:
                 try:
                     arguments: Any = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):
                     reply: Reply = {"error": {"code": "invalid_arguments", "message": "not JSON"}}
                 else:
                     reply = await host.call(name, arguments)
                 await deliver(call_id, reply)
 
-            async def notify(call_id: Any, name: Any, text: Any) -> None:
-                host.spawn(work(int(call_id), str(name), str(text)))
-
-            async with mr.wrap_py_function(notify) as fn:
-                install = cast(
-                    "JSFunction",
-                    mr.eval("(f) => { globalThis.__lodger_notify = (...a) => { f(...a); }; }"),
-                )
-                install(fn)
-                mr.eval(_PRELUDE % {"log_limit": limits.log_bytes})
+            mr.eval(
+                _PRELUDE % {"log_limit": limits.log_bytes, "call_limit": limits.nested_calls + 1}
+            )
+            try:
                 try:
-                    try:
-                        promise = await mr.eval_cancelable(
-                            "__lodger_finish((async () => {\n" + source + "\n})())"
-                        )
-                        text = await promise  # type: ignore[misc]
-                    finally:
-                        finished = True
-                except JSParseException as exc:
-                    return CellOutcome(
-                        diagnostic=Diagnostic(kind="parse_error", message=_parse_message(exc))
+                    await mr.eval_cancelable(
+                        "__lodger_finish((async () => {\n" + source + "\n})())"
                     )
-                except JSOOMException:
-                    return _memory(limits)
-                except JSEvalException as exc:
-                    if mr.was_hard_memory_limit_reached():
-                        return _memory(limits)
-                    return CellOutcome(
-                        diagnostic=Diagnostic(kind="runtime_error", message=str(exc)[:2000])
-                    )
+                    while True:
+                        moved.clear()
+                        calls, done = _taken(await mr.eval_cancelable("__lodger_take()"))
+                        if mr.was_hard_memory_limit_reached():
+                            return _memory(limits)
+                        for call_id, name, text in calls:
+                            host.spawn(work(call_id, name, text))
+                        if done is not None:
+                            result = done
+                            break
+                        await moved.wait()
                 finally:
-                    # Nested calls the cell did not wait for end before the isolate goes.
-                    await host.settle(cancel=True)
+                    finished = True
+            except JSParseException as exc:
+                return CellOutcome(
+                    diagnostic=Diagnostic(kind="parse_error", message=_parse_message(exc))
+                )
+            except JSOOMException:
+                return _memory(limits)
+            except JSEvalException as exc:
                 if mr.was_hard_memory_limit_reached():
                     return _memory(limits)
-        return _outcome(str(text), limits)
+                return CellOutcome(
+                    diagnostic=Diagnostic(kind="runtime_error", message=str(exc)[:2000])
+                )
+            except _Unreadable as exc:
+                return CellOutcome(diagnostic=Diagnostic(kind="runtime_error", message=str(exc)))
+            finally:
+                # Nested calls the cell did not wait for end before the isolate goes.
+                await host.settle(cancel=True)
+            if mr.was_hard_memory_limit_reached():
+                return _memory(limits)
+        return _outcome(result, limits)
+
+
+_TAMPERED = (
+    "the cell replaced objects the runtime relies on (JSON, a prototype); its calls and "
+    "result could not be read"
+)
+
+
+def _taken(text: Any) -> tuple[list[tuple[int, str, str]], str | None]:
+    """The calls the cell queued and its result text, once settled; ``_Unreadable`` when
+    the text is not in the prelude's shape."""
+    try:
+        data = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        raise _Unreadable(_TAMPERED)
+    calls, done = data.get("calls"), data.get("done")
+    if not isinstance(calls, list) or not (done is None or isinstance(done, str)):
+        raise _Unreadable(_TAMPERED)
+    out: list[tuple[int, str, str]] = []
+    for item in calls:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and type(item[0]) is int
+            and isinstance(item[1], str)
+            and isinstance(item[2], str)
+        ):
+            raise _Unreadable(_TAMPERED)
+        out.append((item[0], item[1], item[2]))
+    return out, done
 
 
 def _memory(limits: CellLimits) -> CellOutcome:
@@ -214,12 +284,27 @@ def _outcome(text: str, limits: CellLimits) -> CellOutcome:
                 message=f"the cell's result is larger than {limits.result_bytes} bytes",
             )
         )
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return CellOutcome(
+            diagnostic=Diagnostic(
+                kind="result_not_json",
+                message="the cell's result is nested too deeply to be read as JSON",
+            )
+        )
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("logs", []), list):
+        return CellOutcome(diagnostic=Diagnostic(kind="runtime_error", message=_TAMPERED))
     logs = tuple(str(line) for line in data.get("logs", ()))
-    dropped = int(data.get("dropped", 0))
+    dropped = data.get("dropped", 0)
+    dropped = dropped if type(dropped) is int else 0
     if "ok" in data:
         return CellOutcome(value=data["ok"], logs=logs, logs_dropped=dropped)
-    error = data["error"]
+    error = data.get("error")
+    if not isinstance(error, dict):
+        return CellOutcome(diagnostic=Diagnostic(kind="runtime_error", message=_TAMPERED))
     code = error.get("code")
     kind = "runtime_error"
     if code == "result_not_json":

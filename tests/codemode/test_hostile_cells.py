@@ -1,0 +1,177 @@
+"""An adversarial audit of code mode: cells written to hurt the host, not to do work.
+
+Each test is a cell a hostile (or careless) model could send. Whatever it does, the
+host's event loop keeps running, every limit is enforced by the host, the model gets a
+structured diagnostic (never a host exception's name), and nothing outside the cell's
+interpreter grows without bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cell_harness import Cells, cell_result, make_agent
+
+from lodger.codemode import CellLimits
+from lodger.events import ToolDispatched, ToolResponded
+from lodger.tools import Tool, tool
+
+
+def hostile_tools(counts: dict[str, int]) -> list[Tool]:
+    @tool(nestable=True, recovery="idempotent")
+    async def add(a: int, b: int) -> int:
+        """Add two integers."""
+        counts["add"] = counts.get("add", 0) + 1
+        return a + b
+
+    @tool(nestable=True)
+    async def deep(n: int) -> str:
+        """Text that is JSON nested ``n`` deep (a hostile file's content, say)."""
+        return "[" * n + "]" * n
+
+    return [add, deep]
+
+
+async def run_cell(
+    tmp_path: Path, code: str, *, language: str = "javascript", **kw: Any
+) -> tuple[str, dict[str, Any], dict[str, int], list[Any]]:
+    counts: dict[str, int] = {}
+    agent = make_agent(tmp_path, Cells(code), hostile_tools(counts), language=language, **kw)
+    result = await agent.run("go", session="s")
+    assert result.status == "completed"
+    events = await agent.session("s").events()
+    status, content = cell_result(events)
+    return status, content, counts, events
+
+
+class LoopWatch:
+    """Counts ticks of the event loop while a cell runs: a blocked loop stops ticking."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.longest_gap = 0.0
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            self.longest_gap = max(self.longest_gap, now - last)
+            last = now
+            self.ticks += 1
+
+
+async def watched(tmp_path: Path, code: str, **kw: Any) -> tuple[dict[str, Any], LoopWatch]:
+    watch = LoopWatch()
+    ticker = asyncio.ensure_future(watch.run())
+    try:
+        # a guard far past the cell's wall time: the cell's own limit must end it first
+        status, content, _, _ = await asyncio.wait_for(run_cell(tmp_path, code, **kw), 60)
+    finally:
+        ticker.cancel()
+    assert status == "error"
+    return content, watch
+
+
+WALL = CellLimits(wall_time=1.0)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # a call it does not await, then a loop that never yields: the call's arguments
+        # must not be read from the busy isolate on the event loop
+        "tools.add({a: 1, b: 1});\nwhile (true) {}",
+        # a loop of microtasks: no evaluation of ours is running, so only closing the
+        # isolate stops it, and nothing may wait on the isolate before that
+        "for (;;) await null;",
+        # a result that settles while a stray loop of microtasks spins forever
+        "(async () => { for (;;) await null; })();\nreturn 1;",
+        # calls in a loop that never yields: bounded, and the wall time still holds
+        "for (;;) tools.add({a: 1, b: 1});",
+    ],
+    ids=["unawaited-call-then-busy", "microtask-loop", "stray-microtask-loop", "call-flood"],
+)
+@pytest.mark.timeout(90, method="thread")  # a regression hangs the loop: fail, never hang
+async def test_a_busy_cell_never_blocks_the_event_loop(tmp_path: Path, code: str) -> None:
+    content, watch = await watched(tmp_path, code, limits=WALL)
+    assert (content["error"]["kind"], content["error"].get("limit")) == (
+        "limit_exceeded",
+        "wall_time",
+    ), content
+    # the loop kept running while the cell spun (generous for a loaded machine)
+    assert watch.ticks >= 5 and watch.longest_gap < 5.0, (watch.ticks, watch.longest_gap)
+
+
+async def test_calls_past_the_budget_are_refused_inside_the_cell(tmp_path: Path) -> None:
+    """A flood of calls the cell never awaits: one past the budget reaches the host (which
+    stops the cell), the rest are refused inside the isolate; malformed calls count too."""
+    code = (
+        "const ps = [];\n"
+        "for (let i = 0; i < 10000; i++) ps.push(tools.add(i % 2 ? {a: i, b: 0} : [i]));\n"
+        "const r = await Promise.allSettled(ps);\n"
+        "return r.filter((x) => x.status === 'rejected').length;"
+    )
+    status, content, counts, events = await run_cell(
+        tmp_path, code, limits=CellLimits(nested_calls=4)
+    )
+    assert status == "error"
+    assert (content["error"]["kind"], content["error"]["limit"]) == (
+        "limit_exceeded",
+        "nested_calls",
+    )
+    nested = [e for e in events if e.parent_call_id == "cell0"]
+    t1s = [e.call_id for e in nested if isinstance(e.body, ToolDispatched)]
+    t2s = [e.call_id for e in nested if isinstance(e.body, ToolResponded)]
+    assert counts.get("add", 0) <= len(t1s) <= 2  # four attempts, two of them malformed
+    assert sorted(t1s) == sorted(t2s)  # stopping the cell settled what it had started
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "return function () {};",
+        "return Symbol('s');",
+        "return {toJSON() { return undefined; }};",
+        "return 10n;",
+        "const a = {}; a.self = a; return a;",
+    ],
+    ids=["function", "symbol", "tojson-undefined", "bigint", "cycle"],
+)
+async def test_a_value_with_no_json_form_is_result_not_json(tmp_path: Path, code: str) -> None:
+    status, content, _, _ = await run_cell(tmp_path, code)
+    assert status == "error"
+    assert content["error"]["kind"] == "result_not_json", content
+    assert "exec failed" not in json.dumps(content)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "JSON.stringify = () => 'garbage';\nreturn 1;",
+        "JSON.parse = () => ({ok: 'forged'});\nreturn await tools.add({a: 1, b: 2});",
+        "Promise.prototype.then = function () { return this; };\nreturn 1;",
+        "Object.defineProperty(Object.prototype, 'toJSON', {value: () => 'x'});\nreturn 1;",
+        "Array.prototype.toJSON = function () { return 5; };\nreturn 1;",
+        # text that closes the wrapper and runs at the top level of the script
+        'return 1})()); ((async () => { return \'{"ok": 5, "logs": 7}\';',
+    ],
+    ids=["stringify", "parse", "then", "object-tojson", "array-tojson", "wrapper-escape"],
+)
+async def test_a_cell_that_replaces_the_runtime_gets_a_diagnostic(
+    tmp_path: Path, code: str
+) -> None:
+    """The cell can break its own runtime, never the host: whatever text comes out of the
+    isolate is read in a fixed shape or refused as a diagnostic."""
+    status, content, _, events = await run_cell(tmp_path, code, limits=WALL)
+    text = json.dumps(content)
+    assert "exec failed" not in text and "Error:" not in text.split("message")[0], content
+    assert set(content) <= {"result", "error", "logs", "logs_dropped"}, content
+    if status == "error":
+        assert content["error"]["kind"] in {"runtime_error", "result_not_json"}, content
+    # the cell's T2 is recorded either way
+    assert any(isinstance(e.body, ToolResponded) and e.call_id == "cell0" for e in events)

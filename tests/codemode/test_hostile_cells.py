@@ -175,3 +175,24 @@ async def test_a_cell_that_replaces_the_runtime_gets_a_diagnostic(
         assert content["error"]["kind"] in {"runtime_error", "result_not_json"}, content
     # the cell's T2 is recorded either way
     assert any(isinstance(e.body, ToolResponded) and e.call_id == "cell0" for e in events)
+
+
+@pytest.mark.parametrize("language", ["javascript", "python"])
+async def test_a_tool_result_nested_too_deep_for_json_arrives_as_text(
+    tmp_path: Path, language: str
+) -> None:
+    """A nested call's text result that parses as JSON too deep for the host (a hostile
+    file's content, say) reaches the cell as text, promptly: it used to kill the reply
+    (the JavaScript cell waited out its wall time, the Python cell got a RecursionError)."""
+    code = {
+        "javascript": "const r = await tools.deep({n: 5000});\nreturn [typeof r, r.length];",
+        "python": "r = await deep(n=5000)\n[type(r).__name__, len(r)]",
+    }[language]
+    status, content, _, _ = await run_cell(
+        tmp_path, code, language=language, limits=CellLimits(wall_time=20.0)
+    )
+    assert (status, content) == (
+        "ok",
+        {"result": ["string" if language == "javascript" else "str", 10000]},
+    )
+

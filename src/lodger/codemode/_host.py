@@ -135,5 +135,5 @@ def _parsed(content: str) -> Any:
     """A tool's text result as the value a cell gets: parsed JSON, else the text."""
     try:
         return json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the host's parser
         return content

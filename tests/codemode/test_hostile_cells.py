@@ -196,3 +196,31 @@ async def test_a_tool_result_nested_too_deep_for_json_arrives_as_text(
         {"result": ["string" if language == "javascript" else "str", 10000]},
     )
 
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        ("{1, 2}", "set"),
+        ('b"abc"', "bytes"),
+        ('float("nan")', "NaN and Infinity"),
+        ('[float("inf")]', "NaN and Infinity"),
+        ("10 ** 5000", "too many digits"),
+        ("{(1, 2): 3}", "keys must be"),
+        ("x = []\nfor i in range(100000):\n    x = [x]\nx", "nested too deeply"),
+    ],
+    ids=["set", "bytes", "nan", "infinity", "huge-int", "tuple-key", "deep"],
+)
+async def test_a_python_value_with_no_json_form_is_result_not_json(
+    tmp_path: Path, code: str, why: str
+) -> None:
+    """It used to be 'exec failed: TypeError ...' (or, for NaN and Infinity, a result that
+    is not JSON at all in the cell's T2)."""
+    status, content, _, events = await run_cell(tmp_path, code, language="python")
+    assert status == "error", content
+    assert content["error"]["kind"] == "result_not_json" and why in content["error"]["message"]
+    t2 = next(e for e in events if isinstance(e.body, ToolResponded) and e.call_id == "cell0")
+    json.loads(t2.body.content, parse_constant=_refuse)  # strict JSON, always
+
+
+def _refuse(name: str) -> None:
+    raise AssertionError(f"{name} in a cell's result")

@@ -224,3 +224,22 @@ async def test_a_python_value_with_no_json_form_is_result_not_json(
 
 def _refuse(name: str) -> None:
     raise AssertionError(f"{name} in a cell's result")
+
+
+async def test_python_print_output_is_bounded_as_it_arrives(tmp_path: Path) -> None:
+    """A cell printing in a loop kept every chunk in the host until the cell ended (2.4 GB
+    in 10 s here); now only what the log limit keeps is held, the rest counted."""
+    import tracemalloc
+
+    code = "for i in range(3000):\n    print('x' * 10000)\n'done'"
+    tracemalloc.start()
+    try:
+        status, content, _, _ = await run_cell(
+            tmp_path, code, language="python", limits=CellLimits(log_bytes=1000)
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (status, content["result"]) == ("ok", "done")
+    assert content["logs_dropped"] == 3000 and "logs" not in content
+    assert peak < 10_000_000, peak  # 30 MB printed

@@ -243,3 +243,69 @@ async def test_python_print_output_is_bounded_as_it_arrives(tmp_path: Path) -> N
     assert (status, content["result"]) == ("ok", "done")
     assert content["logs_dropped"] == 3000 and "logs" not in content
     assert peak < 10_000_000, peak  # 30 MB printed
+
+
+# Walks every object and function a cell can reach from globalThis (own properties,
+# accessors' functions, prototypes; no getter is called) and names what it must not find.
+REACHABLE = """
+const banned = new Set(['ArrayBuffer', 'SharedArrayBuffer', 'DataView', 'TypedArray',
+  'Int8Array', 'Uint8Array', 'Uint8ClampedArray', 'Int16Array', 'Uint16Array',
+  'Int32Array', 'Uint32Array', 'Float16Array', 'Float32Array', 'Float64Array',
+  'BigInt64Array', 'BigUint64Array', 'DateTimeFormat', 'Collator', 'Segmenter',
+  'NumberFormat', 'PluralRules', 'RelativeTimeFormat', 'ListFormat', 'DisplayNames',
+  'Locale', 'DurationFormat', 'Memory', 'Instance', 'Module']);
+const seen = new Set(), found = new Set(), stack = [globalThis];
+while (stack.length) {
+  const o = stack.pop();
+  if ((typeof o !== 'object' && typeof o !== 'function') || o === null || seen.has(o)) continue;
+  seen.add(o);
+  if (typeof o === 'function') {
+    const d = Object.getOwnPropertyDescriptor(o, 'name');
+    const name = d && typeof d.value === 'string' ? d.value : '';
+    if (banned.has(name)) found.add(name);
+    if (name === 'Date' && o !== Date) found.add('the real Date');
+    if (name === 'now' && o.call(undefined) !== 0) found.add('a running now()');
+  }
+  stack.push(Object.getPrototypeOf(o));
+  for (const key of Reflect.ownKeys(o)) {
+    const d = Object.getOwnPropertyDescriptor(o, key);
+    if (d) stack.push(d.value, d.get, d.set);
+  }
+}
+return {found: [...found].sort(), reached: seen.size};
+"""
+
+
+async def test_no_memory_outside_the_heap_and_no_running_clock_is_reachable(
+    tmp_path: Path,
+) -> None:
+    """Typed arrays and Intl objects hold memory the heap limit does not count (a cell
+    keeping them grew the host past 2 GB under a 64 MiB limit); the real Date was the
+    prototype of the frozen one, and Intl.DateTimeFormat#format() and Temporal.Now read
+    the real clock."""
+    status, content, _, _ = await run_cell(tmp_path, REACHABLE)
+    assert status == "ok", content
+    assert content["result"]["found"] == [] and content["result"]["reached"] > 300
+
+
+async def test_the_clock_is_frozen_everywhere_a_cell_looks(tmp_path: Path) -> None:
+    code = (
+        "class Later extends Date {}\n"
+        "const proto = Object.getPrototypeOf(new Date()).constructor;\n"
+        "return [Date.now(), new Date().getTime(), new proto().getTime(), new Later().getTime(),"
+        " new Later(5).getTime(), new Later(5) instanceof Date, Date(),"
+        " typeof Intl, typeof Temporal, new Date(Date.UTC(2020, 1, 3)).getUTCDate()];"
+    )
+    status, content, _, _ = await run_cell(tmp_path, code)
+    assert status == "ok", content
+    assert content["result"][:6] == [0, 0, 0, 0, 5, True]
+    assert content["result"][6].startswith("Thu Jan 01 1970")
+    assert content["result"][7:] == ["undefined", "undefined", 3]
+
+
+async def test_a_buffer_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    code = "const kept = [];\nfor (;;) kept.push(new Uint8Array(1 << 24).fill(1));"
+    status, content, _, _ = await run_cell(tmp_path, code, limits=WALL)
+    assert status == "error"
+    assert content["error"]["kind"] == "runtime_error"
+    assert content["error"]["message"] == "ReferenceError: Uint8Array is not defined"

@@ -3,8 +3,10 @@
 Each cell gets its own isolate with a hard heap limit and nothing of the host in reach:
 no filesystem, network, process, imports, timers, shared memory or WebAssembly, and a
 clock frozen at the epoch (``Date.now()`` is 0), so there is no clock to time a side
-channel with and nothing outlives the cell. ``await tools.NAME(args)`` returns the parsed
-result or throws a ``ToolError`` with a ``code``.
+channel with and nothing outlives the cell. Nothing that holds memory outside the V8 heap
+either (the heap limit does not count it): no ``ArrayBuffer``, typed arrays or ``Intl``.
+``await tools.NAME(args)`` returns the parsed result or throws a ``ToolError`` with a
+``code``.
 
 How values cross: only by cancellable evaluations that return JSON text. A call is queued
 inside the isolate; ``__lodger_take()`` hands the queue (and the cell's result, once it
@@ -121,17 +123,37 @@ _PRELUDE = """
     },
     (e) => { done = stringify({error: failed(e), logs, dropped}); },
   )});
+  // Memory outside the V8 heap escapes the heap limit: buffers and typed arrays (their
+  // bytes) and Intl objects (ICU's): a cell holding them grew the host past 2 GB under a
+  // 64 MiB limit. Intl.DateTimeFormat#format() and Temporal.Now also read the real clock.
   for (const name of ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval',
       'SharedArrayBuffer', 'Atomics', 'WebAssembly', 'performance', '__TimerManager',
-      '__timer_manager', 'Realm', 'os', 'd8']) {
+      '__timer_manager', 'Realm', 'os', 'd8', 'ArrayBuffer', 'DataView', 'Int8Array',
+      'Uint8Array', 'Uint8ClampedArray', 'Int16Array', 'Uint16Array', 'Int32Array',
+      'Uint32Array', 'Float16Array', 'Float32Array', 'Float64Array', 'BigInt64Array',
+      'BigUint64Array', 'Intl', 'Temporal']) {
     try { delete globalThis[name]; } catch (e) { /* not configurable */ }
     if (name in globalThis) globalThis[name] = undefined;  // declared with var: unset
   }
-  const RealDate = Date;
-  globalThis.Date = class Date extends RealDate {
-    constructor(...a) { if (a.length === 0) super(0); else super(...a); }
-    static now() { return 0; }
-  };
+  // The clock stops at the epoch. Date is replaced by a function whose prototype is the
+  // real one (instances and subclasses work), and the real constructor is unlinked from
+  // everything a cell can reach (a subclass of it would be its prototype: reachable).
+  const RealDate = Date, construct = Reflect.construct;
+  const dateString = RealDate.prototype.toString;
+  const frozenNow = () => 0;
+  function FrozenDate(...a) {
+    if (new.target === undefined) return dateString.call(construct(RealDate, [0]));
+    return construct(RealDate, a.length === 0 ? [0] : a, new.target);
+  }
+  Object.defineProperty(FrozenDate, 'name', {value: 'Date'});
+  FrozenDate.prototype = RealDate.prototype;
+  FrozenDate.now = frozenNow;
+  FrozenDate.parse = RealDate.parse;
+  FrozenDate.UTC = RealDate.UTC;
+  Object.defineProperty(RealDate.prototype, 'constructor',
+    {value: FrozenDate, writable: true, configurable: true, enumerable: false});
+  Object.defineProperty(RealDate, 'now', {value: frozenNow});
+  globalThis.Date = FrozenDate;
 })();
 """
 

@@ -309,3 +309,13 @@ async def test_a_buffer_bomb_is_refused_at_once(tmp_path: Path) -> None:
     assert status == "error"
     assert content["error"]["kind"] == "runtime_error"
     assert content["error"]["message"] == "ReferenceError: Uint8Array is not defined"
+
+
+async def test_console_output_is_bounded_in_utf8_bytes(tmp_path: Path) -> None:
+    """log_bytes is a limit in bytes; it was counted in UTF-16 units in JavaScript, so
+    non-ASCII output kept up to three times the limit."""
+    code = "for (let i = 0; i < 50; i++) console.log('\u20ac'.repeat(10), '\U0001f600');\nreturn 1;"
+    status, content, _, _ = await run_cell(tmp_path, code, limits=CellLimits(log_bytes=200))
+    assert (status, content["result"]) == ("ok", 1)
+    kept = sum(len(line.encode()) + 1 for line in content["logs"])
+    assert 0 < kept <= 200 and content["logs_dropped"] == 50 - len(content["logs"])

@@ -56,10 +56,25 @@ _PRELUDE = """
     try { const s = stringify(v); return s === undefined ? String(v) : s; }
     catch (e) { return String(v); }
   };
+  // the limit is in UTF-8 bytes, as the host counts them (a lone surrogate: 3, as U+FFFD)
+  const utf8 = (s) => {
+    let n = 0;
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i);
+      if (c < 0x80) n += 1;
+      else if (c < 0x800) n += 2;
+      else if (c >= 0xd800 && c < 0xdc00 && i + 1 < s.length
+          && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) { n += 4; i++; }
+      else n += 3;
+      if (n > LOG_LIMIT) break;  // dropped anyway: no need to count further
+    }
+    return n;
+  };
   const log = (...args) => {
     const line = args.map(show).join(' ');
-    if (logBytes + line.length + 1 > LOG_LIMIT) { dropped++; return; }
-    logBytes += line.length + 1;
+    const cost = utf8(line) + 1;
+    if (logBytes + cost > LOG_LIMIT) { dropped++; return; }
+    logBytes += cost;
     logs.push(line);
   };
   globalThis.console = Object.freeze({log, info: log, warn: log, error: log, debug: log});

@@ -319,3 +319,101 @@ async def test_console_output_is_bounded_in_utf8_bytes(tmp_path: Path) -> None:
     assert (status, content["result"]) == ("ok", 1)
     kept = sum(len(line.encode()) + 1 for line in content["logs"])
     assert 0 < kept <= 200 and content["logs_dropped"] == 50 - len(content["logs"])
+
+
+def _monty_workers() -> list[int]:
+    """This process's Monty worker processes (found by their command line)."""
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and b"monty" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_python_worker_killed_mid_cell_ends_that_cell_only(tmp_path: Path) -> None:
+    """SIGKILL of the Monty worker running a cell (after a nested call it made committed):
+    the cell ends with a diagnostic, its nested call's facts stay, the next cell runs."""
+    import os
+    import signal
+
+    ran = asyncio.Event()
+
+    @tool(nestable=True)
+    async def mark() -> str:
+        """Mark the cell as running."""
+        ran.set()
+        return "marked"
+
+    model = Cells("await mark()\nwhile True:\n    pass", "await mark()\n'again'")
+    agent = make_agent(
+        tmp_path, model, [mark], language="python", limits=CellLimits(wall_time=30.0)
+    )
+    turn = asyncio.ensure_future(agent.run("go", session="s"))
+    await asyncio.wait_for(ran.wait(), 30)
+    workers = _monty_workers()
+    assert workers, "no Monty worker found"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    result = await asyncio.wait_for(turn, 30)
+    assert result.status == "completed"
+    events = await agent.session("s").events()
+    status, content = cell_result(events, "cell0")
+    assert status == "error" and content["error"]["kind"] == "runtime_error"
+    nested = [e for e in events if e.parent_call_id == "cell0"]
+    assert [type(e.body) for e in nested] == [ToolDispatched, ToolResponded]
+    assert cell_result(events, "cell1") == ("ok", {"result": "again"})
+
+
+@pytest.mark.parametrize("language", ["javascript", "python"])
+async def test_a_cell_that_throws_after_its_calls_keeps_their_facts(
+    tmp_path: Path, language: str
+) -> None:
+    code = {
+        "javascript": "const x = await tools.add({a: 1, b: 2});\nthrow new Error('after ' + x);",
+        "python": "x = await add(a=1, b=2)\nraise ValueError(f'after {x}')",
+    }[language]
+    status, content, counts, events = await run_cell(tmp_path, code, language=language)
+    assert status == "error" and content["error"]["kind"] == "runtime_error"
+    assert "after 3" in content["error"]["message"]
+    assert counts == {"add": 1}
+    nested = [e for e in events if e.parent_call_id == "cell0"]
+    (t2,) = [e for e in nested if isinstance(e.body, ToolResponded)]
+    assert (t2.body.status, t2.body.content, t2.visibility) == ("ok", "3", "hidden")
+
+
+async def test_a_cell_that_returns_with_a_call_in_flight_settles_it(tmp_path: Path) -> None:
+    """The cell's result comes back; the call it did not wait for is cancelled and its
+    T1 and T2 are both in the log, linked to the cell."""
+    started = asyncio.Event()
+
+    @tool(nestable=True)
+    async def slow() -> str:
+        """Never finishes on its own."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    code = "tools.slow({});\nawait tools.add({a: 1, b: 1});\nreturn 'early';"
+    agent = make_agent(tmp_path, Cells(code), [*hostile_tools({}), slow])
+    result = await asyncio.wait_for(agent.run("go", session="s"), 60)
+    assert result.status == "completed" and started.is_set()
+    events = await agent.session("s").events()
+    assert cell_result(events) == ("ok", {"result": "early"})
+    by_tool = {
+        e.body.tool: e.call_id
+        for e in events
+        if isinstance(e.body, ToolDispatched) and e.parent_call_id == "cell0"
+    }
+    (slow_t2,) = [
+        e for e in events if isinstance(e.body, ToolResponded) and e.call_id == by_tool["slow"]
+    ]
+    assert slow_t2.body.status == "cancelled"

@@ -417,3 +417,18 @@ async def test_a_cell_that_returns_with_a_call_in_flight_settles_it(tmp_path: Pa
         e for e in events if isinstance(e.body, ToolResponded) and e.call_id == by_tool["slow"]
     ]
     assert slow_t2.body.status == "cancelled"
+
+
+async def test_promise_all_past_the_budget_is_limit_exceeded(tmp_path: Path) -> None:
+    """Calls the prelude refuses past the budget stop the cell with limit_exceeded even when
+    Promise.all rejects at once, before the host saw any call; none of them starts."""
+    code = "await Promise.all(Array.from({length: 100}, (_, i) => tools.add({a: i, b: 1})));"
+    status, content, counts, events = await run_cell(tmp_path, code)
+    assert status == "error"
+    assert content["error"] == {
+        "kind": "limit_exceeded",
+        "limit": "nested_calls",
+        "message": "the cell made more than 32 nested calls",
+    }
+    assert counts == {}
+    assert not [e for e in events if e.parent_call_id == "cell0"]

@@ -46,7 +46,7 @@ _PRELUDE = """
   const then = Promise.prototype.then;
   const pending = new Map();
   const outbox = [];
-  let next = 0, sent = 0, done = null;
+  let next = 0, sent = 0, over = 0, done = null;
   const logs = [];
   let logBytes = 0, dropped = 0;
   const LOG_LIMIT = %(log_limit)d;
@@ -92,6 +92,7 @@ _PRELUDE = """
     // One call past the budget still goes out, so the host sees it and stops the cell;
     // the rest are refused here instead of piling up on the host.
     if (sent >= CALL_LIMIT) {
+      over++;
       reject(new ToolError('limit_exceeded',
         'the cell made more than ' + (CALL_LIMIT - 1) + ' nested calls'));
       return;
@@ -103,7 +104,7 @@ _PRELUDE = """
   });
   Object.defineProperty(globalThis, '__lodger_take', {value: () => {
     const calls = outbox.splice(0, outbox.length);
-    return stringify({calls, done});
+    return stringify({calls, done, over});
   }});
   Object.defineProperty(globalThis, '__lodger_deliver', {value: (id, text) => {
     const waiter = pending.get(id);
@@ -227,9 +228,17 @@ class JavaScriptSubstrate:
                     )
                     while True:
                         moved.clear()
-                        calls, done = _taken(await mr.eval_cancelable("__lodger_take()"))
+                        calls, done, over = _taken(await mr.eval_cancelable("__lodger_take()"))
                         if mr.was_hard_memory_limit_reached():
                             return _memory(limits)
+                        if over:
+                            # the prelude refused calls past the budget: the cell is over it,
+                            # whether or not the cell waited for those refusals
+                            host.exceeded = "nested_calls"
+                            host.stop(
+                                "limit_exceeded",
+                                f"the cell made more than {limits.nested_calls} nested calls",
+                            )
                         for call_id, name, text in calls:
                             host.spawn(work(call_id, name, text))
                         if done is not None:
@@ -266,17 +275,22 @@ _TAMPERED = (
 )
 
 
-def _taken(text: Any) -> tuple[list[tuple[int, str, str]], str | None]:
-    """The calls the cell queued and its result text, once settled; ``_Unreadable`` when
-    the text is not in the prelude's shape."""
+def _taken(text: Any) -> tuple[list[tuple[int, str, str]], str | None, int]:
+    """The calls the cell queued, its result text once settled, and how many calls the
+    prelude refused past the budget; ``_Unreadable`` when the text is not in the
+    prelude's shape."""
     try:
         data = json.loads(text) if isinstance(text, str) else None
     except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):
         raise _Unreadable(_TAMPERED)
-    calls, done = data.get("calls"), data.get("done")
-    if not isinstance(calls, list) or not (done is None or isinstance(done, str)):
+    calls, done, over = data.get("calls"), data.get("done"), data.get("over")
+    if (
+        not isinstance(calls, list)
+        or not (done is None or isinstance(done, str))
+        or type(over) is not int
+    ):
         raise _Unreadable(_TAMPERED)
     out: list[tuple[int, str, str]] = []
     for item in calls:
@@ -289,7 +303,7 @@ def _taken(text: Any) -> tuple[list[tuple[int, str, str]], str | None]:
         ):
             raise _Unreadable(_TAMPERED)
         out.append((item[0], item[1], item[2]))
-    return out, done
+    return out, done, over
 
 
 def _memory(limits: CellLimits) -> CellOutcome:

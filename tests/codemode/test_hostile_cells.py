@@ -432,3 +432,23 @@ async def test_promise_all_past_the_budget_is_limit_exceeded(tmp_path: Path) -> 
     }
     assert counts == {}
     assert not [e for e in events if e.parent_call_id == "cell0"]
+
+
+@pytest.mark.parametrize(
+    ("code", "stack"),
+    [
+        ("function f() { null.x; }\nf();", "at f (cell:1:21)\nat cell:2:1"),
+        # a tool's error is made by the prelude: no frame of it is the cell's
+        ("try { await tools.add({a: 'x', b: 1}); } catch (e) { throw e; }", None),
+        ("await tools.add({a: 1, b: 1});\ntools.add(5, 6).then.x.y;", "at cell:2:23"),
+    ],
+    ids=["plain", "tool-error", "after-a-call"],
+)
+async def test_a_stack_names_only_the_cells_own_lines(
+    tmp_path: Path, code: str, stack: str | None
+) -> None:
+    """Frames of the prelude and of the host's evaluations used to be renumbered as cell
+    lines (``at value (cell:42:24)``, ``at cell:0:1``, the wrapper's closing line)."""
+    status, content, _, _ = await run_cell(tmp_path, code)
+    assert status == "error" and content["error"]["kind"] == "runtime_error"
+    assert content["error"].get("stack") == stack, content

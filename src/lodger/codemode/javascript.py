@@ -171,6 +171,7 @@ _PRELUDE = """
   Object.defineProperty(RealDate, 'now', {value: frozenNow});
   globalThis.Date = FrozenDate;
 })();
+//# sourceURL=__lodger_prelude
 """
 
 
@@ -266,7 +267,7 @@ class JavaScriptSubstrate:
                 await host.settle(cancel=True)
             if mr.was_hard_memory_limit_reached():
                 return _memory(limits)
-        return _outcome(result, limits)
+        return _outcome(result, limits, source.count("\n") + 1)
 
 
 _TAMPERED = (
@@ -326,7 +327,7 @@ def _parse_message(exc: JSParseException) -> str:
     return first
 
 
-def _outcome(text: str, limits: CellLimits) -> CellOutcome:
+def _outcome(text: str, limits: CellLimits, cell_lines: int) -> CellOutcome:
     if len(text.encode("utf-8", "replace")) > limits.result_bytes + limits.log_bytes + 64:
         return CellOutcome(
             diagnostic=Diagnostic(
@@ -364,31 +365,35 @@ def _outcome(text: str, limits: CellLimits) -> CellOutcome:
         diagnostic=Diagnostic(
             kind=kind,
             message=f"{error.get('name', 'Error')}: {error.get('message', '')}",
-            stack=_cell_stack(str(error.get("stack") or "")),
+            stack=_cell_stack(str(error.get("stack") or ""), cell_lines),
         ),
         logs=logs,
         logs_dropped=dropped,
     )
 
 
-def _cell_stack(stack: str) -> str | None:
-    """The stack with cell line numbers (the wrapper adds one line) and no wrapper frames."""
+def _cell_stack(stack: str, cell_lines: int) -> str | None:
+    """The stack with cell line numbers (the wrapper adds one line) and no frames of the
+    prelude, the wrapper's first and last lines or the host's own evaluations."""
     out: list[str] = []
     for line in stack.splitlines()[1:]:
         line = line.strip()
         if "__lodger_" in line:
             continue
-        out.append(_renumber(line))
+        frame, number = _renumber(line)
+        if number is not None and not 1 <= number <= cell_lines:
+            continue
+        out.append(frame)
     return "\n".join(out) or None
 
 
-def _renumber(frame: str) -> str:
+def _renumber(frame: str) -> tuple[str, int | None]:
     marker = "<anonymous>:"
     at = frame.find(marker)
     if at < 0:
-        return frame
+        return frame, None
     rest = frame[at + len(marker) :]
     line, _, tail = rest.partition(":")
     if not line.isdigit():
-        return frame
-    return f"{frame[:at]}cell:{int(line) - 1}:{tail}"
+        return frame, None
+    return f"{frame[:at]}cell:{int(line) - 1}:{tail}", int(line) - 1

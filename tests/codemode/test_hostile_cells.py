@@ -452,3 +452,27 @@ async def test_a_stack_names_only_the_cells_own_lines(
     status, content, _, _ = await run_cell(tmp_path, code)
     assert status == "error" and content["error"]["kind"] == "runtime_error"
     assert content["error"].get("stack") == stack, content
+
+
+async def test_source_nested_past_the_parser_is_a_parse_error(tmp_path: Path) -> None:
+    code = "return " + "[" * 30000 + "]" * 30000 + ";"
+    status, content, _, _ = await run_cell(tmp_path, code)
+    assert status == "error"
+    assert content["error"] == {
+        "kind": "parse_error",
+        "message": "RangeError: Maximum call stack size exceeded",
+    }
+    counts: dict[str, int] = {}
+    source = "(" * 30000 + "1" + ")" * 30000
+    agent = make_agent(tmp_path / "py", Cells(source), hostile_tools(counts), language="python")
+    assert (await agent.run("go", session="s")).status == "completed"
+    t2 = next(
+        e
+        for e in await agent.session("s").events()
+        if isinstance(e.body, ToolResponded) and e.call_id == "cell0"
+    )
+    # the diagnostic quotes the 60 KB line, so the pipeline bounds the result: read its head
+    assert t2.body.status == "error"
+    assert t2.body.content.startswith(
+        '{"error": {"kind": "parse_error", "message": "SyntaxError: Source is too deeply nested"'
+    )

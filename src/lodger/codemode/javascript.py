@@ -324,6 +324,8 @@ def _parse_message(exc: JSParseException) -> str:
         where, _, rest = first[len("<anonymous>:") :].partition(":")
         if where.isdigit():
             return f"line {int(where) - 1}:{rest}"
+    if first.startswith("undefined:0: "):  # the parser ran out of stack: no line to name
+        return first[len("undefined:0: ") :]
     return first
 
 

@@ -68,10 +68,11 @@ def _description(tools: Iterable[Tool], language: Language, limits: CellLimits) 
     if language == "javascript":
         head = [
             "Run a JavaScript cell: the body of an async function in a fresh, isolated V8 "
-            "interpreter (no filesystem, network, timers, clock or imports; nothing survives "
-            "the cell). Call tools with `await tools.NAME({...})`, which returns the parsed "
-            "result or throws a ToolError with a `code`; use `Promise.all` for independent "
-            "calls. `return` a JSON value; console.log output comes back with it.",
+            "interpreter (no filesystem, network, timers, clock, imports, typed arrays or "
+            "Intl; nothing survives the cell). Call tools with `await tools.NAME({...})`, "
+            "which returns the parsed result or throws a ToolError with a `code`; use "
+            "`Promise.all` for independent calls. `return` a JSON value; console.log output "
+            "comes back with it.",
             "Callable tools:",
         ]
     else:

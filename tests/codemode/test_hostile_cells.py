@@ -471,3 +471,20 @@ async def test_source_nested_past_the_parser_is_a_parse_error(tmp_path: Path) ->
     assert content["error"]["message"] == "SyntaxError: Source is too deeply nested"
     # the traceback quotes the 60 KB line: clipped, so the result stays whole JSON
     assert len(content["error"]["stack"]) < 4100
+
+
+@pytest.mark.parametrize(
+    ("name", "tool"),
+    [('"it\'s"', "it's"), ("'x'.repeat(100000)", "x" * 200 + " ... (99800 more characters)")],
+    ids=["apostrophe", "huge"],
+)
+async def test_an_unknown_tool_is_named_exactly_and_briefly(
+    tmp_path: Path, name: str, tool: str
+) -> None:
+    """The refused name was cut out of the message at its first apostrophe (``it's`` gave
+    ``s" is bound``), and a 100 KB name went whole into the diagnostic, past the call's
+    result limit, so the pipeline cut the result mid-JSON."""
+    status, content, _, _ = await run_cell(tmp_path, f"await tools[{name}]({{}});")
+    assert status == "error" and content["error"]["kind"] == "unknown_tool"
+    assert content["error"]["tool"] == tool
+    assert len(content["error"]["message"]) < 2100

@@ -42,6 +42,8 @@ class CellHost:
         self.calls = 0
         #: the first reason the cell must stop, as (code, detail)
         self.stop_reason: tuple[str, str] | None = None
+        #: the tool a refusal that stopped the cell named
+        self.stop_tool: str | None = None
         self.exceeded: LimitName | None = None
         self.failure: CommitFailedError | None = None
         self.stopped = asyncio.Event()
@@ -52,9 +54,10 @@ class CellHost:
         """Names a cell may try: the callable tools, plus bound ones it will be refused."""
         return sorted(self._callable | set(self._nested.bound_names()))
 
-    def stop(self, code: str, detail: str) -> None:
+    def stop(self, code: str, detail: str, *, tool: str | None = None) -> None:
         if self.stop_reason is None:
             self.stop_reason = (code, detail)
+            self.stop_tool = tool
         self.stopped.set()
 
     async def call(self, name: str, arguments: Any) -> Reply:
@@ -75,7 +78,7 @@ class CellHost:
                         "step before a cell calls it"
                     ),
                 )
-            self.stop(code, why)
+            self.stop(code, why, tool=name)
             return _error(code, why)
         # every attempt counts, well-formed or not: the budget bounds the host's work
         self.calls += 1

@@ -33,13 +33,13 @@ class Diagnostic:
 
     def to_json(self) -> dict[str, Any]:
         # Clipped: a message or stack quotes the cell's source (a traceback quotes a 60 KB
-        # line whole), and a diagnostic too large for the call's result limit would be
-        # cut by the pipeline mid-JSON.
+        # line whole; a tool name is whatever the cell asked for), and a diagnostic too
+        # large for the call's result limit would be cut by the pipeline mid-JSON.
         out: dict[str, Any] = {"kind": self.kind, "message": _clip(self.message, 2000)}
         for key in ("limit", "stack", "tool"):
             value = getattr(self, key)
             if value:
-                out[key] = _clip(value, 4000) if key == "stack" else value
+                out[key] = _clip(value, {"stack": 4000, "tool": 200}.get(key, len(value)))
         return out
 
 

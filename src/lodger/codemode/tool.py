@@ -211,8 +211,7 @@ def _stop_diagnostic(host: CellHost, limits: CellLimits, *, timed_out: bool) -> 
     code, detail = host.stop_reason
     if code == "limit_exceeded":
         return Diagnostic(kind="limit_exceeded", limit=host.exceeded, message=detail)
-    tool = detail.split("'")[1] if "'" in detail else None
-    return Diagnostic(kind=code, message=detail, tool=tool)
+    return Diagnostic(kind=code, message=detail, tool=host.stop_tool)
 
 
 def _render(outcome: CellOutcome, limits: CellLimits) -> ToolOutput:

@@ -488,3 +488,44 @@ async def test_an_unknown_tool_is_named_exactly_and_briefly(
     assert status == "error" and content["error"]["kind"] == "unknown_tool"
     assert content["error"]["tool"] == tool
     assert len(content["error"]["message"]) < 2100
+
+
+async def test_a_damaged_nested_fact_fails_closed(tmp_path: Path) -> None:
+    """A nested call's T2 changed in the SQLite file (its result forged): reading, resuming
+    or continuing the session all refuse with the offset, nothing is trusted."""
+    import sqlite3
+
+    from lodger.errors import CorruptLogError
+
+    counts: dict[str, int] = {}
+    agent = make_agent(
+        tmp_path, Cells("return await tools.add({a: 1, b: 2});"), [*hostile_tools(counts)]
+    )
+    assert (await agent.run("go", session="s")).status == "completed"
+    db = sqlite3.connect(tmp_path / "state" / "log.sqlite3")
+    try:
+        rows = db.execute('SELECT "offset", data FROM events WHERE session_id = ?', ("s",))
+        damaged = None
+        for offset, data in rows.fetchall():
+            event = json.loads(data)
+            if event.get("parent_call_id") and event["body"]["kind"] == "tool_responded":
+                event["body"]["content"] = "30"
+                damaged = offset
+                db.execute(
+                    'UPDATE events SET data = ? WHERE session_id = ? AND "offset" = ?',
+                    (json.dumps(event).encode(), "s", offset),
+                )
+        db.commit()
+    finally:
+        db.close()
+    assert damaged is not None
+    again = make_agent(tmp_path, Cells("return 1;"), hostile_tools(counts))
+    for attempt in (
+        again.session("s").events(),
+        again.resume("s"),
+        again.run("more", session="s"),
+    ):
+        with pytest.raises(CorruptLogError) as caught:
+            await attempt
+        assert caught.value.code == "digest_mismatch" and f"offset {damaged}" in str(caught.value)
+    assert counts == {"add": 1}

@@ -529,3 +529,37 @@ async def test_a_damaged_nested_fact_fails_closed(tmp_path: Path) -> None:
             await attempt
         assert caught.value.code == "digest_mismatch" and f"offset {damaged}" in str(caught.value)
     assert counts == {"add": 1}
+
+
+@pytest.mark.parametrize("language", ["javascript", "python"])
+async def test_a_nested_call_with_huge_arguments_is_refused_before_its_t1(
+    tmp_path: Path, language: str
+) -> None:
+    """Nested arguments are kept in the log: one 20 MB string went whole into a T1, so 32
+    calls of one cell could write ~1 GB. Past ``argument_bytes`` the cell stops with
+    limit_exceeded and nothing of the call is written."""
+    code = {
+        "javascript": "const s = 'x'.repeat(300000);\nreturn await tools.add({a: 1, b: 2, s});",
+        "python": "s = 'x' * 300000\nawait add(a=1, b=2, s=s)",
+    }[language]
+    status, content, counts, events = await run_cell(
+        tmp_path, code, language=language, limits=CellLimits(argument_bytes=100_000)
+    )
+    assert status == "error"
+    assert (content["error"]["kind"], content["error"]["limit"]) == (
+        "limit_exceeded",
+        "argument_bytes",
+    )
+    assert counts == {} and not [e for e in events if e.parent_call_id == "cell0"]
+    written = sum(f.stat().st_size for f in (tmp_path / "state").glob("log.sqlite3*"))
+    assert written < 1_000_000, written
+
+
+async def test_python_arguments_with_no_json_form_are_a_tool_error(tmp_path: Path) -> None:
+    code = "try:\n    await add(a={1, 2}, b=1)\nexcept RuntimeError as e:\n    r = str(e)\nr"
+    status, content, counts, _ = await run_cell(tmp_path, code, language="python")
+    assert (status, content["result"]) == (
+        "ok",
+        "invalid_arguments: the arguments of tools.add are not JSON",
+    )
+    assert counts == {}

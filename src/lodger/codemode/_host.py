@@ -89,6 +89,20 @@ class CellHost:
             return _error("limit_exceeded", why)
         if not isinstance(arguments, dict):
             return _error("invalid_arguments", f"tools.{name} takes one object of arguments")
+        try:
+            size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "replace"))
+        except (TypeError, ValueError, RecursionError):
+            return _error("invalid_arguments", f"the arguments of tools.{name} are not JSON")
+        if size > self._limits.argument_bytes:
+            # arguments are kept in the log: a cell must not write a gigabyte through
+            # 32 calls of one large string
+            self.exceeded = "argument_bytes"
+            why = (
+                f"the arguments of a call of {name!r} are larger than "
+                f"{self._limits.argument_bytes} bytes"
+            )
+            self.stop("limit_exceeded", why)
+            return _error("limit_exceeded", why)
         async with self._slots:
             if self.stopped.is_set():
                 return _error("cell_stopped", "the cell is stopping; no further tool call starts")

@@ -93,7 +93,8 @@ def _description(tools: Iterable[Tool], language: Language, limits: CellLimits) 
     lines.append(
         f"Limits: {limits.wall_time:g} s, {limits.memory // (1024 * 1024)} MiB, "
         f"{limits.nested_calls} tool calls ({limits.nested_in_flight} at once), "
-        f"{limits.result_bytes // 1024} KiB result."
+        f"{limits.result_bytes // 1024} KiB result, "
+        f"{limits.argument_bytes // 1024} KiB of arguments per call."
     )
     return "\n".join(lines)
 

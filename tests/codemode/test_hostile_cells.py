@@ -563,3 +563,22 @@ async def test_python_arguments_with_no_json_form_are_a_tool_error(tmp_path: Pat
         "invalid_arguments: the arguments of tools.add are not JSON",
     )
     assert counts == {}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "const a = [];\nfor (let i = 0;; i++) { await null; a.push('x'.repeat(1000) + i); }",
+        "const a = [];\nawait tools.add({a: 1, b: 1});\n"
+        "for (;;) a.push('x'.repeat(1000) + a.length);",
+    ],
+    ids=["in-microtasks", "after-a-delivery"],
+)
+async def test_memory_is_bounded_outside_the_first_evaluation(tmp_path: Path, code: str) -> None:
+    """The heap limit trips while no evaluation of the host's is running (a chain of
+    microtasks) or inside a delivery: still a memory diagnostic, promptly."""
+    status, content, _, _ = await run_cell(
+        tmp_path, code, limits=CellLimits(memory=16 * 1024 * 1024, wall_time=20.0)
+    )
+    assert status == "error"
+    assert (content["error"]["kind"], content["error"]["limit"]) == ("limit_exceeded", "memory")

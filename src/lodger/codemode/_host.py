@@ -42,6 +42,8 @@ class CellHost:
         self.calls = 0
         #: the first reason the cell must stop, as (code, detail)
         self.stop_reason: tuple[str, str] | None = None
+        #: the tool a refusal that stopped the cell named
+        self.stop_tool: str | None = None
         self.exceeded: LimitName | None = None
         self.failure: CommitFailedError | None = None
         self.stopped = asyncio.Event()
@@ -52,9 +54,10 @@ class CellHost:
         """Names a cell may try: the callable tools, plus bound ones it will be refused."""
         return sorted(self._callable | set(self._nested.bound_names()))
 
-    def stop(self, code: str, detail: str) -> None:
+    def stop(self, code: str, detail: str, *, tool: str | None = None) -> None:
         if self.stop_reason is None:
             self.stop_reason = (code, detail)
+            self.stop_tool = tool
         self.stopped.set()
 
     async def call(self, name: str, arguments: Any) -> Reply:
@@ -75,14 +78,29 @@ class CellHost:
                         "step before a cell calls it"
                     ),
                 )
-            self.stop(code, why)
+            self.stop(code, why, tool=name)
             return _error(code, why)
-        if not isinstance(arguments, dict):
-            return _error("invalid_arguments", f"tools.{name} takes one object of arguments")
+        # every attempt counts, well-formed or not: the budget bounds the host's work
         self.calls += 1
         if self.calls > self._limits.nested_calls:
             self.exceeded = "nested_calls"
             why = f"the cell made more than {self._limits.nested_calls} nested calls"
+            self.stop("limit_exceeded", why)
+            return _error("limit_exceeded", why)
+        if not isinstance(arguments, dict):
+            return _error("invalid_arguments", f"tools.{name} takes one object of arguments")
+        try:
+            size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "replace"))
+        except (TypeError, ValueError, RecursionError):
+            return _error("invalid_arguments", f"the arguments of tools.{name} are not JSON")
+        if size > self._limits.argument_bytes:
+            # arguments are kept in the log: a cell must not write a gigabyte through
+            # 32 calls of one large string
+            self.exceeded = "argument_bytes"
+            why = (
+                f"the arguments of a call of {name!r} are larger than "
+                f"{self._limits.argument_bytes} bytes"
+            )
             self.stop("limit_exceeded", why)
             return _error("limit_exceeded", why)
         async with self._slots:
@@ -134,5 +152,5 @@ def _parsed(content: str) -> Any:
     """A tool's text result as the value a cell gets: parsed JSON, else the text."""
     try:
         return json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the host's parser
         return content

@@ -13,7 +13,13 @@ from typing import Literal
 __all__ = ["CellLimits", "LimitName"]
 
 LimitName = Literal[
-    "wall_time", "memory", "source_bytes", "result_bytes", "nested_calls", "nested_in_flight"
+    "wall_time",
+    "memory",
+    "source_bytes",
+    "result_bytes",
+    "nested_calls",
+    "nested_in_flight",
+    "argument_bytes",
 ]
 
 
@@ -36,9 +42,18 @@ class CellLimits:
     nested_in_flight: int = 8
     #: bytes of console.log / print output kept (the rest is dropped and counted)
     log_bytes: int = 16 * 1024
+    #: bytes of one nested call's JSON arguments (they are kept in the log, in its T1)
+    argument_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("wall_time", "memory", "source_bytes", "result_bytes", "nested_in_flight"):
+        for name in (
+            "wall_time",
+            "memory",
+            "source_bytes",
+            "result_bytes",
+            "nested_in_flight",
+            "argument_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"CellLimits.{name} must be positive")
         if self.nested_calls < 0 or self.log_bytes < 0:

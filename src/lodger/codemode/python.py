@@ -61,10 +61,10 @@ class PythonSubstrate:
     async def run(self, source: str, host: CellHost, limits: CellLimits) -> CellOutcome:
         pool = await self._workers()
         logs = LogBuffer(limits.log_bytes)
-        printed: list[str] = []
+        printed = _PrintedLines(logs)
 
         def on_print(stream: str, text: str) -> None:
-            printed.append(text)
+            printed.feed(text)
 
         session = pool.checkout(
             script_name="cell.py",
@@ -89,12 +89,12 @@ class PythonSubstrate:
                     message=exc.display("type-msg"),
                     stack=exc.display("traceback"),
                 ),
-                logs=_lines(printed, logs),
+                logs=printed.lines(),
                 logs_dropped=logs.dropped,
             )
         except monty.MontyRuntimeError as exc:
             inner = exc.exception()
-            lines = _lines(printed, logs)
+            lines = printed.lines()
             if isinstance(inner, MemoryError):
                 diagnostic = Diagnostic(
                     kind="limit_exceeded",
@@ -117,12 +117,12 @@ class PythonSubstrate:
         except monty.MontyError as exc:
             return CellOutcome(
                 diagnostic=Diagnostic(kind="runtime_error", message=type(exc).__name__),
-                logs=_lines(printed, logs),
+                logs=printed.lines(),
                 logs_dropped=logs.dropped,
             )
         finally:
             await host.settle(cancel=True)
-        return CellOutcome(value=value, logs=_lines(printed, logs), logs_dropped=logs.dropped)
+        return CellOutcome(value=value, logs=printed.lines(), logs_dropped=logs.dropped)
 
     @staticmethod
     def _functions(host: CellHost) -> dict[str, Any]:
@@ -145,7 +145,27 @@ class PythonSubstrate:
         return {name: make(name) for name in host.names()}
 
 
-def _lines(printed: list[str], logs: LogBuffer) -> tuple[str, ...]:
-    for line in "".join(printed).splitlines():
-        logs.add(line)
-    return tuple(logs.lines)
+class _PrintedLines:
+    """Printed text split into lines as it arrives, each kept or counted by ``logs``: a
+    cell printing in a loop must not grow the host (only ``logs``' limit is held)."""
+
+    def __init__(self, logs: LogBuffer) -> None:
+        self._logs = logs
+        self._partial = ""
+
+    def _capped(self, line: str) -> str:
+        # a line longer than the whole limit is dropped anyway; keep no more of it
+        return line[: self._logs.limit + 1]
+
+    def feed(self, text: str) -> None:
+        *complete, rest = text.split("\n")
+        for piece in complete:
+            self._logs.add(self._capped(self._partial + piece))
+            self._partial = ""
+        self._partial = self._capped(self._partial + rest)
+
+    def lines(self) -> tuple[str, ...]:
+        if self._partial:
+            self._logs.add(self._partial)
+            self._partial = ""
+        return tuple(self._logs.lines)

@@ -32,12 +32,21 @@ class Diagnostic:
     tool: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        # Clipped: a message or stack quotes the cell's source (a traceback quotes a 60 KB
+        # line whole; a tool name is whatever the cell asked for), and a diagnostic too
+        # large for the call's result limit would be cut by the pipeline mid-JSON.
+        out: dict[str, Any] = {"kind": self.kind, "message": _clip(self.message, 2000)}
         for key in ("limit", "stack", "tool"):
             value = getattr(self, key)
             if value:
-                out[key] = value
+                out[key] = _clip(value, {"stack": 4000, "tool": 200}.get(key, len(value)))
         return out
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... ({len(text) - limit} more characters)"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -68,10 +68,11 @@ def _description(tools: Iterable[Tool], language: Language, limits: CellLimits) 
     if language == "javascript":
         head = [
             "Run a JavaScript cell: the body of an async function in a fresh, isolated V8 "
-            "interpreter (no filesystem, network, timers, clock or imports; nothing survives "
-            "the cell). Call tools with `await tools.NAME({...})`, which returns the parsed "
-            "result or throws a ToolError with a `code`; use `Promise.all` for independent "
-            "calls. `return` a JSON value; console.log output comes back with it.",
+            "interpreter (no filesystem, network, timers, clock, imports, typed arrays or "
+            "Intl; nothing survives the cell). Call tools with `await tools.NAME({...})`, "
+            "which returns the parsed result or throws a ToolError with a `code`; use "
+            "`Promise.all` for independent calls. `return` a JSON value; console.log output "
+            "comes back with it.",
             "Callable tools:",
         ]
     else:
@@ -92,7 +93,8 @@ def _description(tools: Iterable[Tool], language: Language, limits: CellLimits) 
     lines.append(
         f"Limits: {limits.wall_time:g} s, {limits.memory // (1024 * 1024)} MiB, "
         f"{limits.nested_calls} tool calls ({limits.nested_in_flight} at once), "
-        f"{limits.result_bytes // 1024} KiB result."
+        f"{limits.result_bytes // 1024} KiB result, "
+        f"{limits.argument_bytes // 1024} KiB of arguments per call."
     )
     return "\n".join(lines)
 
@@ -210,14 +212,27 @@ def _stop_diagnostic(host: CellHost, limits: CellLimits, *, timed_out: bool) -> 
     code, detail = host.stop_reason
     if code == "limit_exceeded":
         return Diagnostic(kind="limit_exceeded", limit=host.exceeded, message=detail)
-    tool = detail.split("'")[1] if "'" in detail else None
-    return Diagnostic(kind=code, message=detail, tool=tool)
+    return Diagnostic(kind=code, message=detail, tool=host.stop_tool)
 
 
 def _render(outcome: CellOutcome, limits: CellLimits) -> ToolOutput:
-    body: dict[str, Any] = {}
     if outcome.diagnostic is None:
-        value_text = json.dumps(outcome.value, ensure_ascii=False)
+        try:
+            # strict JSON: a Python cell can give NaN, a set, bytes, a huge int, a
+            # tuple key or a value nested past what the host's encoder follows
+            value_text = json.dumps(outcome.value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return _render(
+                CellOutcome(
+                    diagnostic=Diagnostic(
+                        kind="result_not_json",
+                        message=f"the cell's result is not JSON: {_why_not_json(exc)}",
+                    ),
+                    logs=outcome.logs,
+                    logs_dropped=outcome.logs_dropped,
+                ),
+                limits,
+            )
         if len(value_text.encode("utf-8", "replace")) > limits.result_bytes:
             return _render(
                 CellOutcome(
@@ -231,13 +246,24 @@ def _render(outcome: CellOutcome, limits: CellLimits) -> ToolOutput:
                 ),
                 limits,
             )
-        body["result"] = outcome.value
+        # the value's own text, spliced: encoding it again inside the body could pass
+        # the encoder's depth a second time
+        parts = ['"result": ' + value_text]
     else:
-        body["error"] = outcome.diagnostic.to_json()
+        parts = ['"error": ' + json.dumps(outcome.diagnostic.to_json(), ensure_ascii=False)]
     if outcome.logs:
-        body["logs"] = list(outcome.logs)
+        parts.append('"logs": ' + json.dumps(list(outcome.logs), ensure_ascii=False))
     if outcome.logs_dropped:
-        body["logs_dropped"] = outcome.logs_dropped
-    return ToolOutput(
-        content=json.dumps(body, ensure_ascii=False), is_error=outcome.diagnostic is not None
-    )
+        parts.append(f'"logs_dropped": {int(outcome.logs_dropped)}')
+    return ToolOutput(content="{" + ", ".join(parts) + "}", is_error=outcome.diagnostic is not None)
+
+
+def _why_not_json(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    text = str(exc)
+    if "integer string conversion" in text:
+        return "an integer has too many digits"
+    if "Out of range float" in text:
+        return "NaN and Infinity have no JSON form"
+    return text.split(";")[0]

@@ -43,8 +43,9 @@ from lodger.sandbox._process import run_confined
 from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
 from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
+from lodger.sandbox.policy import TRUSTED_BY_HOST
 from lodger.sandbox.tls import LEAF_CACHE, LodgerCA
-from lodger.tools.config import load_mcp_servers, load_sandbox_policy
+from lodger.tools.config import CONFIG_FILE, load_mcp_servers, load_sandbox_policy
 from lodger.tools.shell import _settled, python_tool, run_python, shell, shell_tool
 from lodger.tools.spec import ToolContext, ToolOutput
 
@@ -891,12 +892,54 @@ async def test_a_name_resolving_to_the_hosts_loopback_is_not_reached() -> None:
     assert seen == []
 
 
+async def test_an_existing_lodger_toml_cannot_be_changed_from_a_sandbox(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """Broke: lodger.toml lies in the workspace and was writable in the sandbox, and the
+    next lodger started there trusts it: its MCP servers are commands lodger runs on the
+    host, its [permissions] allow tools without asking. A regular lodger.toml is now bound
+    read-only onto itself: it cannot be written, truncated, renamed or removed."""
+    config = tmp_path / CONFIG_FILE
+    original = '[permissions]\nask = ["shell"]\n'
+    config.write_text(original)
+    planted = '[mcp.servers.helper]\ncommand = "sh"\nargs = ["-c", "echo ran on the host"]\n'
+    attempts = [
+        f"printf '%s' '{planted}' > lodger.toml",
+        f"printf '%s' '{planted}' >> lodger.toml",
+        ": > lodger.toml",
+        "mv lodger.toml old.toml && printf '%s' '" + planted + "' > lodger.toml",
+        "rm -f lodger.toml && printf '%s' '" + planted + "' > lodger.toml",
+        "ln -sf planted.toml lodger.toml",
+        "python3 -c \"import os; os.rename('lodger.toml', 'x.toml')\"",
+    ]
+    for attempt in attempts:
+        result = await box.run(
+            ["bash", "-c", attempt], workspace=tmp_path, env=ENV, limits=Limits(wall_time_s=60)
+        )
+        assert result.exit_code != 0, (attempt, result.output)
+        assert config.read_text() == original, attempt
+    assert [s.command for s in load_mcp_servers(tmp_path)] == []
+    # Reading it is fine, and so is every other file of the workspace.
+    result = await box.run(
+        ["bash", "-c", "cat lodger.toml && echo ok > other.txt"],
+        workspace=tmp_path,
+        env=ENV,
+        limits=Limits(wall_time_s=60),
+    )
+    assert result.exit_code == 0 and b"ask" in result.output
+    assert (tmp_path / "other.txt").read_text() == "ok\n"
+
+
+def test_the_protected_name_is_the_configuration_lodger_reads() -> None:
+    assert CONFIG_FILE in TRUSTED_BY_HOST
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="lodger.toml lies in the workspace and is writable in the sandbox, and the next "
-    "lodger started there trusts it: its MCP servers are commands run on the host, its "
-    "[permissions] allow tools without asking. Protecting it (and other files the host "
-    "runs later) when it does not exist yet needs a design decision left open here",
+    reason="a lodger.toml that does not exist yet cannot be bound read-only (a mount needs "
+    "it, and creating an empty one in every workspace would change the user's files): a "
+    "command can still plant one, and the next lodger started there trusts it. Closing it "
+    "needs a decision (a trust record outside the workspace, as direnv's 'allow')",
 )
 async def test_a_command_cannot_plant_lodger_configuration(tmp_path: Path) -> None:
     planted = '[mcp.servers.helper]\ncommand = "sh"\nargs = ["-c", "echo ran on the host"]\n'

@@ -42,7 +42,7 @@ from lodger.sandbox.egress import (
     trust_environment,
 )
 from lodger.sandbox.interface import OutputSink, SandboxResult
-from lodger.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy
+from lodger.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy, protected_files
 
 __all__ = [
     "MASKED",
@@ -225,6 +225,8 @@ def bubblewrap_argv(
     args += ["--bind", str(workspace), str(workspace)]
     for between in pinned_ancestors(workspace, hidden):
         args += ["--bind", between, between]
+    for trusted in protected_files(workspace):  # lodger.toml: the host's configuration
+        args += ["--ro-bind", trusted, trusted]
     for hidden_path in hidden:
         real = os.path.realpath(hidden_path)
         if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):

@@ -33,6 +33,7 @@ import math
 import os
 import re
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from lodger.sandbox.secrets import SECRETS_VARIABLE, load_secrets_file
 __all__ = [
     "BACKENDS",
     "SYSTEM_DIRS",
+    "TRUSTED_BY_HOST",
     "Backend",
     "Limits",
     "NetworkPolicy",
@@ -51,10 +53,17 @@ __all__ = [
     "expand_variables",
     "looks_like_credential",
     "policy_from_config",
+    "protected_files",
 ]
 
 #: the host's system directories every sandbox mounts read-only (nothing secret lives there)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+#: files in the workspace root that lodger on the host reads as its own configuration (MCP
+#: servers it starts, permissions it grants): read-only inside every sandbox, so that no
+#: command can leave the next lodger started there instructions to run on the host. Only a
+#: regular file that exists can be protected: a mount needs it (see ``protected_files``).
+TRUSTED_BY_HOST = ("lodger.toml",)
 
 Backend = Literal["bubblewrap", "runsc", "none"]
 BACKENDS: tuple[Backend, ...] = ("bubblewrap", "runsc", "none")
@@ -66,6 +75,22 @@ _CREDENTIAL = re.compile(
 
 # scheme://user:password@...: a URL that carries a password
 _URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+
+
+def protected_files(workspace: Path) -> list[str]:
+    """The ``TRUSTED_BY_HOST`` files of ``workspace`` to bind read-only onto themselves: a
+    mount point can be neither written, renamed nor removed. A symlink is left out (the
+    link itself could still be replaced), and so is a file that does not exist."""
+    found: list[str] = []
+    for name in TRUSTED_BY_HOST:
+        path = workspace / name
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode):
+            found.append(str(path))
+    return found
 
 
 def looks_like_credential(name: str) -> bool:

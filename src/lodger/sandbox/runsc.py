@@ -51,7 +51,7 @@ from lodger.sandbox.bubblewrap import (
     pinned_ancestors,
 )
 from lodger.sandbox.interface import OutputSink, SandboxResult
-from lodger.sandbox.policy import Limits, NetworkPolicy
+from lodger.sandbox.policy import Limits, NetworkPolicy, protected_files
 
 __all__ = ["RunscSandbox", "oci_config"]
 
@@ -193,6 +193,8 @@ def oci_config(
     mounts.append(_bind(str(workspace), str(workspace), writable=True))
     for between in pinned_ancestors(workspace, hidden):
         mounts.append(_bind(between, between, writable=True))
+    for trusted in protected_files(workspace):  # lodger.toml: the host's configuration
+        mounts.append(_bind(trusted, trusted, writable=False))
     covered = [*masked_paths(), *(os.path.realpath(p) for p in hidden)]
     for path in covered:
         inside = any(Path(path).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace)))

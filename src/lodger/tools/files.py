@@ -33,7 +33,8 @@ from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
-from lodger.tools._beneath import Hidden, not_regular, walk
+from lodger.sandbox.policy import TRUSTED_BY_HOST
+from lodger.tools._beneath import Hidden, Walk, not_regular, walk
 from lodger.tools.spec import ProbeResult, ToolContext, tool
 from lodger.tools.workspace import (
     open_in_workspace,
@@ -122,6 +123,7 @@ def _write_atomically(root: Path, path: str, data: bytes, hidden: Sequence[Path]
     """
     with walk(root, path, hidden=Hidden.of(hidden), must_exist=False) as w:
         _check_writable(w.is_dir, w.stat, w.rel)
+        _check_not_configuration(w)
         with _os_errors_for_model("write", w.rel):
             changed = w.make_parents(path)
             directory, name = w.dir_fd, w.name
@@ -154,6 +156,22 @@ def _write_atomically(root: Path, path: str, data: bytes, hidden: Sequence[Path]
             for parent in changed:
                 os.fsync(parent)
     return current is not None
+
+
+def _check_not_configuration(w: Walk) -> None:
+    """A ``ToolCallError`` when ``w`` leads to lodger's own configuration in the workspace
+    root (``TRUSTED_BY_HOST``: lodger.toml), or to the file a symlink of that name points
+    at. The next lodger started there trusts it (the MCP servers it runs on the host, the
+    permissions it grants), so a model must not be able to write it, here or in a sandbox
+    (``lodger.sandbox.policy.protected_files``)."""
+    for name in TRUSTED_BY_HOST:
+        spelled = w.root / name
+        targets = {spelled, Path(os.path.realpath(spelled))}
+        if w.path in targets:
+            raise ToolCallError(
+                f"{w.rel!r} is lodger's own configuration, which tools may not change",
+                hint=f"tell the user what to change in {name}; they edit it themselves",
+            )
 
 
 def _check_writable(is_dir: bool, st: os.stat_result | None, rel: str) -> None:
@@ -310,6 +328,8 @@ def _path_claims(
     if not isinstance(path, str):
         raise ToolCallError("argument 'path' must be a string")
     with walk(root, path, hidden=Hidden.of(ctx.hidden), must_exist=False) as w:
+        if mode == "write":  # refused before anything is committed or asked
+            _check_not_configuration(w)
         scope: ClaimScope = "subtree" if w.is_dir else "exact"
         return [ResourceClaim.file(w.path, mode=mode, scope=scope, root=root)]
 

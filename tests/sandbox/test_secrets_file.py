@@ -160,3 +160,35 @@ def test_a_broken_secrets_file_is_refused_without_echoing_it(ws: Path, tmp_path:
     assert "line break" in unsafe(tmp_path, ws, split).message
     flat = secrets_file(tmp_path / "flat.toml", f'token = "{SECRET}"\n')
     assert "must be a table of headers" in unsafe(tmp_path, ws, flat).message
+
+
+def test_a_credential_from_the_environment_with_a_line_break_is_refused(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broke: a header value expanded from an environment variable was not checked (only
+    the secrets file's were): ``TOKEN=$'abc\\r\\nHost: evil'`` wrote a second header, or a
+    body, into every request the proxy sent for that domain."""
+    monkeypatch.setenv("LODGER_TEST_TOKEN", f"{SECRET}\r\nHost: evil.example")
+    table = {
+        "network": {
+            "allow": ["localhost"],
+            "credentials": {"localhost": {"Authorization": "Bearer ${LODGER_TEST_TOKEN}"}},
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        policy_from_config(table, workspace=ws)
+    message = caught.value.message
+    assert "line break" in message and "'Authorization'" in message and "localhost" in message
+    assert SECRET not in message and SECRET not in (caught.value.hint or "")
+    monkeypatch.setenv("LODGER_TEST_TOKEN", SECRET)
+    policy = policy_from_config(table, workspace=ws)
+    assert policy.network.headers_for("localhost") == {"Authorization": f"Bearer {SECRET}"}
+
+
+def test_credential_headers_built_in_code_are_checked_too() -> None:
+    from lodger.sandbox import NetworkPolicy
+
+    for headers in ({"X-Key": "a\nb"}, {"X-Key": "a\x00b"}, {"X Key": "v"}, {"X-Key:": "v"}):
+        with pytest.raises(ConfigError):
+            NetworkPolicy(allow=("localhost",), credentials={"localhost": headers})
+    NetworkPolicy(allow=("localhost",), credentials={"localhost": {"X-Api-Key": "k 1"}})

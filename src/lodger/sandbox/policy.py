@@ -73,6 +73,10 @@ _CREDENTIAL = re.compile(
 )
 
 
+# RFC 9110's token: what a header name may be; and what must never be in a header value
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_BREAK = re.compile(r"[\r\n\x00]")
+
 # scheme://user:password@...: a URL that carries a password
 _URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
 
@@ -173,6 +177,25 @@ class NetworkPolicy:
     upstream_ca: Path | None = None
 
     def __post_init__(self) -> None:
+        for domain, headers in self.credentials.items():
+            for name, value in headers.items():
+                # A line break in a value (or a name) would end the header the proxy writes
+                # and start another, or a body: the secret's source (an environment
+                # variable, the secrets file) is not the proxy's to trust with that.
+                # Errors name the domain and header, never the value.
+                if not _HEADER_NAME.fullmatch(name):
+                    raise ConfigError(
+                        f"the network policy's credential header {name!r} for {domain!r} "
+                        "is not a header name",
+                        hint="use letters, digits and - in header names",
+                    )
+                if _HEADER_BREAK.search(value):
+                    raise ConfigError(
+                        f"the network policy's credential header {name!r} for {domain!r} "
+                        "has a line break or NUL in its value",
+                        hint="check where the value comes from (its environment variable or "
+                        "the secrets file): a header value is one line",
+                    )
         for pattern in self.terminate_tls:
             if not any(fnmatch.fnmatchcase(pattern.lower(), a.lower()) for a in self.allow):
                 raise ConfigError(

@@ -40,7 +40,7 @@ from lodger.sandbox import (
     policy_from_config,
 )
 from lodger.sandbox._process import run_confined
-from lodger.sandbox._seccomp import KEYRING_SYSCALLS, keyring_filter
+from lodger.sandbox._seccomp import KEYRING_SYSCALLS, REFUSED_SYSCALLS, refusal_filter
 from lodger.sandbox.cgroups import cgroup2_mount
 from lodger.sandbox.egress import MAX_CONNECTIONS, MAX_RECORDS
 from lodger.sandbox.policy import TRUSTED_BY_HOST
@@ -266,6 +266,43 @@ async def test_the_session_keyring_of_lodger_is_not_reachable(box: Sandbox, tmp_
     assert secret not in output
 
 
+_KERNEL_SURFACE = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+for name, nr, args in (("io_uring_setup", int(sys.argv[1]), (1, params)),
+                       ("userfaultfd", int(sys.argv[2]), (0,))):
+    ctypes.set_errno(0)
+    print(name, libc.syscall(nr, *args), ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(_MACHINE_ABI is None, reason="system call numbers known for x86-64/arm64")
+async def test_io_uring_and_userfaultfd_are_not_reachable(tmp_path: Path) -> None:
+    """Broke (bubblewrap): a command could open an io_uring and a userfaultfd, the two
+    kernel interfaces exploits start from, though no command needs either. The seccomp
+    filter now answers ENOSYS, as a kernel without them would."""
+    assert _MACHINE_ABI is not None
+    io_uring_setup, userfaultfd = 425, REFUSED_SYSCALLS[_MACHINE_ABI][3]
+    probe = ["python3", "-c", _KERNEL_SURFACE, str(io_uring_setup), str(userfaultfd)]
+    # This kernel has both, so the filter is what refuses them inside.
+    done = await asyncio.to_thread(subprocess.run, probe, capture_output=True, text=True)
+    host = done.stdout.split()
+    assert int(host[1]) >= 0 and int(host[4]) >= 0, f"the host refuses them itself: {host}"
+    result = await BubblewrapSandbox().run(
+        probe, workspace=tmp_path, env=ENV, limits=Limits(wall_time_s=60)
+    )
+    words = result.output.decode().split()
+    assert words == [
+        "io_uring_setup",
+        "-1",
+        str(errno.ENOSYS),
+        "userfaultfd",
+        "-1",
+        str(errno.ENOSYS),
+    ]
+
+
 def _verdict(program: bytes, arch: int, nr: int) -> int:
     """What the classic BPF ``program`` returns for one system call (the few opcodes
     the keyring filter uses; any other is a failure of the test)."""
@@ -290,20 +327,24 @@ def _verdict(program: bytes, arch: int, nr: int) -> int:
 @pytest.mark.parametrize(
     ("arch", "refused", "allowed"),
     [
-        (0xC000003E, (248, 249, 250, 0x40000000 | 250), (0, 59, 247, 251, 0x40000000 | 59)),
-        (0x40000003, (286, 287, 288), (248, 249, 250, 11)),
-        (0xC00000B7, (217, 218, 219), (221, 248, 250)),
-        (0x40000028, (309, 310, 311), (11, 250)),
-        (0x12345678, (), (248, 250, 288)),
+        (
+            0xC000003E,
+            (248, 249, 250, 0x40000000 | 250, 323, 425, 426, 427, 0x40000000 | 425),
+            (0, 59, 247, 251, 0x40000000 | 59, 322, 324, 424, 428),
+        ),
+        (0x40000003, (286, 287, 288, 374, 425, 426, 427), (248, 249, 250, 11, 323, 373, 428)),
+        (0xC00000B7, (217, 218, 219, 282, 425, 426, 427), (221, 248, 250, 281, 283, 424)),
+        (0x40000028, (309, 310, 311, 388, 425, 426, 427), (11, 250, 387, 389)),
+        (0x12345678, (), (248, 250, 288, 323, 425)),
     ],
     ids=["x86_64+x32", "i386", "aarch64", "arm", "unknown"],
 )
-def test_the_keyring_filter_refuses_exactly_the_keyring_calls_of_every_abi(
+def test_the_filter_refuses_exactly_its_calls_in_every_abi(
     arch: int, refused: tuple[int, ...], allowed: tuple[int, ...]
 ) -> None:
     """The filter itself, for the ABIs a test on one machine cannot all reach (i386 via
     ``int 0x80`` and x32 on x86-64, arm on arm64)."""
-    program = keyring_filter()
+    program = refusal_filter()
     for nr in refused:
         assert _verdict(program, arch, nr) == 0x00050000 | errno.ENOSYS, nr
     for nr in allowed:

@@ -9,8 +9,9 @@ and a hidden path pinned (``pinned_ancestors``); a private ``/tmp``, ``/dev`` an
 projects and credential directories are not mounted at all, so no ``..`` or symlink can
 reach them; a hidden path inside the workspace or a system directory is covered by an
 empty read-only tmpfs. New user, PID, IPC, UTS, cgroup and network namespaces; every
-capability dropped; no kernel keyrings (a seccomp filter, ``lodger.sandbox._seccomp``:
-lodger's session keyring would be shared); ``--new-session`` (no terminal injection) and
+capability dropped; no kernel keyrings, io_uring or userfaultfd (a seccomp filter,
+``lodger.sandbox._seccomp``: lodger's session keyring would be shared, and the other two
+are the kernel surface exploits start from); ``--new-session`` (no terminal injection) and
 ``--die-with-parent``. With an unshared PID namespace, when the command returns
 bubblewrap's init exits and the kernel kills everything left inside, so nothing started
 in the background (setsid, double fork, nohup) outlives the command.
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from lodger.errors import ConfigError
 from lodger.sandbox._process import run_confined
-from lodger.sandbox._seccomp import keyring_filter
+from lodger.sandbox._seccomp import refusal_filter
 from lodger.sandbox.egress import (
     EgressProxy,
     forwarder_argv,
@@ -239,12 +240,12 @@ def bubblewrap_argv(
 
 @contextlib.contextmanager
 def _filter_fd() -> Iterator[int]:
-    """A pipe's read end holding the keyring filter (``lodger.sandbox._seccomp``), for
+    """A pipe's read end holding the seccomp filter (``lodger.sandbox._seccomp``), for
     ``bwrap --seccomp``; a few hundred bytes, so the write never blocks."""
     read, write = os.pipe()
     try:
         with os.fdopen(write, "wb") as pipe:
-            pipe.write(keyring_filter())
+            pipe.write(refusal_filter())
         yield read
     finally:
         os.close(read)

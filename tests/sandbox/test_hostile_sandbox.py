@@ -21,6 +21,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from lodger.sandbox import (
     EgressProxy,
     Limits,
     NetworkPolicy,
+    RunscSandbox,
     Sandbox,
     SandboxPolicy,
     SandboxResult,
@@ -885,6 +887,32 @@ async def test_a_run_cancelled_while_its_cgroup_is_made_leaves_no_cgroup(
         with contextlib.suppress(asyncio.CancelledError):
             await run
     assert [p.name for p in private_cgroup_parent.iterdir() if p.is_dir()] == []  # noqa: ASYNC240 - a test reading the host after the fact
+
+
+async def test_a_runsc_run_cancelled_while_its_bundle_is_written_leaves_no_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broke (runsc): the OCI bundle is written in a worker thread; a run cancelled
+    meanwhile lost the thread's result and its directory (a copy of the policy, the
+    command line) stayed in the temporary folder for good. The run now waits for the
+    thread, removes the bundle, then lets the cancellation go on."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for i in range(30):
+        run = asyncio.create_task(
+            RunscSandbox().run(
+                ["/bin/true"], workspace=workspace, env=ENV, limits=Limits(wall_time_s=30)
+            )
+        )
+        # Cancel at different points of the start: the bundle takes milliseconds to write.
+        await asyncio.sleep(i * 0.0005)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert sorted(p.name for p in scratch.iterdir()) == []
 
 
 def test_a_wildcard_allows_no_address_spelled_as_a_name_and_no_localhost() -> None:

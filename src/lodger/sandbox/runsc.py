@@ -93,15 +93,26 @@ class RunscSandbox:
                 hint="use the bubblewrap backend for a policy that allows domains",
             )
         await asyncio.to_thread(confinable_workspace, workspace)
-        bundle = await asyncio.to_thread(
-            _write_bundle,
-            argv,
-            workspace=workspace,
-            cwd=cwd,
-            env=env,
-            limits=limits,
-            hidden=hidden,
+        writing = asyncio.ensure_future(
+            asyncio.to_thread(
+                _write_bundle,
+                argv,
+                workspace=workspace,
+                cwd=cwd,
+                env=env,
+                limits=limits,
+                hidden=hidden,
+            )
         )
+        try:
+            bundle = await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # The thread writes the bundle all the same: wait for it and remove it, or a
+            # cancelled call leaves a directory in the temporary folder for good.
+            await asyncio.wait({writing})
+            if not writing.cancelled() and writing.exception() is None:
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, writing.result(), True))
+            raise
         try:
             command = [
                 # runsc has no --die-with-parent: without this, a SIGKILLed lodger left

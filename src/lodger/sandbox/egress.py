@@ -17,7 +17,11 @@ For each connection the proxy reads one request head:
   trust store (or the policy's ``upstream_ca``). One request per connection: the
   upstream request says ``Connection: close``. Plain HTTP to a marked domain is refused,
   so its credentials never travel in clear text.
-Anything else, or a host the allow-list does not name, is refused with 403. Every
+Anything else, or a host the allow-list does not name, is refused with 403. The proxy
+resolves an allowed name once and connects to the address it checked: a name a wildcard
+allows must resolve to public addresses only (not loopback, private, link-local or
+metadata ones, which are the host's own network), and only a name the allow-list spells
+out may lead inside (``NetworkPolicy.names``). Every
 allowed and refused connection is recorded (``Connection``) and ends up in the result.
 The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
 backend) and the variables of ``trust_environment``; the CA's key
@@ -28,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import shutil
+import socket
 import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -269,7 +275,12 @@ class EgressProxy:
             await self._terminate(reader, writer, host, port)
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(host, port)
+            address = await self._address(host, port)
+            up_reader, up_writer = await asyncio.open_connection(address, port)
+        except _Inside as exc:
+            self._refuse(writer, host, port, method, str(exc))
+            await writer.drain()
+            return
         except OSError as exc:
             self._refuse(writer, host, port, method, f"unreachable: {exc.strerror or exc}", 502)
             await writer.drain()
@@ -326,9 +337,14 @@ class EgressProxy:
             return
         method, target, version, headers = _parse_head(head)
         try:
+            address = await self._address(host, port)
             up_reader, up_writer = await asyncio.open_connection(
-                host, port, ssl=self._upstream_tls, server_hostname=host
+                address, port, ssl=self._upstream_tls, server_hostname=host
             )
+        except _Inside as exc:
+            self._refuse(writer, host, port, method, str(exc), tls=True)
+            await writer.drain()
+            return
         except ssl.SSLCertVerificationError as exc:
             why = f"upstream certificate not trusted: {exc.verify_message}"
             self._refuse(writer, host, port, method, why, 502, tls=True)
@@ -365,6 +381,24 @@ class EgressProxy:
             to_upstream.cancel()
             await asyncio.gather(to_upstream, return_exceptions=True)
             up_writer.close()
+
+    async def _address(self, host: str, port: int) -> str:
+        """The address to connect to for ``host``, resolved once here: the connection
+        goes to the address checked, so a name that answers differently a moment later
+        (DNS rebinding) gains nothing. ``_Inside`` when it leads to an address that is not
+        on the public internet and the allow-list matched it only by a wildcard."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [str(info[4][0]) for info in infos]
+        if not addresses:
+            raise OSError(f"{host} has no address")
+        if not self.policy.names(host):
+            for address in addresses:
+                if not _public(address):
+                    raise _Inside(
+                        f"resolves to {address}, not a public address; name {host} "
+                        "outright in network.allow to reach it"
+                    )
+        return addresses[0]
 
     def _record(self, connection: Connection) -> None:
         if len(self.connections) < MAX_RECORDS - 1:
@@ -405,6 +439,19 @@ class EgressProxy:
             f"Connection: close\r\n\r\n".encode()
             + body
         )
+
+
+class _Inside(Exception):
+    """An allowed name that leads to the host's own network (see ``_address``)."""
+
+
+def _public(address: str) -> bool:
+    """Whether ``address`` is on the public internet: not loopback, private, link-local
+    (cloud metadata services live there), shared, reserved or multicast."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    return ip.is_global and not ip.is_multicast
 
 
 def _malformed(head: bytes) -> bool:

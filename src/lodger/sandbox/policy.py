@@ -215,6 +215,16 @@ class NetworkPolicy:
             fnmatch.fnmatchcase(host, pattern.lower()) for pattern in self.terminate_tls
         )
 
+    def names(self, host: str) -> bool:
+        """Whether the allow-list spells ``host`` out, not through a wildcard: only such a
+        name may lead to an address inside (loopback, a private network), since a
+        wildcard cannot say which names it lets in."""
+        host = host.lower().rstrip(".")
+        return any(
+            pattern.lower().rstrip(".") == host and not any(c in pattern for c in "*?[")
+            for pattern in self.allow
+        )
+
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
         if not _is_domain(host):

@@ -3,11 +3,16 @@
 ``blobs/<first two hex>/<sha256>``, written with a create-only put: the same bytes are
 stored once, whoever writes them first, and forks share them by reference. Workspace
 snapshots keep their files here too (``lodger.storage.snapshots``).
+
+A put that finds an object of that name already stored reads it back and checks its
+hash before trusting it: one damaged outside lodger is kept aside, as found, under
+``<sha256>.damaged-<ns>`` and the bytes are stored again, as the file store does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import TYPE_CHECKING, Any
 
 import obstore
@@ -43,14 +48,41 @@ class ObjectArtifactStore:
 
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         sha256 = hashlib.sha256(data).hexdigest()
+        key = blob_key(sha256)
         self.puts += 1
         try:
-            await obstore.put_async(self.store, blob_key(sha256), data, mode="create")
-        except AlreadyExistsError:
-            self.skipped += 1  # the same bytes are already stored
+            try:
+                await obstore.put_async(self.store, key, data, mode="create")
+            except AlreadyExistsError:
+                found = await self._read(key)
+                if found is not None and hashlib.sha256(found).hexdigest() == sha256:
+                    self.skipped += 1  # the same bytes are already stored
+                else:
+                    await self._store_again(key, data, found)
         except (BaseError, OSError) as exc:
             raise _failed("store", sha256, exc) from exc
         return ArtifactRef(sha256=sha256, size=len(data), media_type=media_type)
+
+    async def _read(self, key: str) -> bytes | None:
+        """The object's bytes, or None when there is none (deleted since)."""
+        try:
+            result = await obstore.get_async(self.store, key)
+            return bytes(await result.bytes_async())
+        except (FileNotFoundError, NotFoundError):
+            return None
+
+    async def _store_again(self, key: str, data: bytes, damaged: bytes | None) -> None:
+        """Replace an object under ``key`` whose bytes are not ``data``: damaged outside
+        lodger. Storing the bytes again is the only way the caller's result stays
+        readable. The damaged bytes are first kept aside, as found, for whoever
+        investigates. Overwriting is safe although puts are otherwise create-only: the
+        name is the hash of ``data``, so every writer of this name writes these same
+        bytes, and a put replaces the whole object at once (a reader sees the damaged
+        object or these bytes, never a mix)."""
+        if damaged is not None:
+            aside = f"{key}.damaged-{time.time_ns()}"
+            await obstore.put_async(self.store, aside, damaged, mode="create")
+        await obstore.put_async(self.store, key, data, mode="overwrite")
 
     async def get(self, sha256: str) -> bytes:
         try:

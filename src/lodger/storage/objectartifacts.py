@@ -37,14 +37,17 @@ class ObjectArtifactStore:
         self.puts = 0
         self.skipped = 0
 
-    async def exists(self, sha256: str) -> bool:
+    async def exists(self, sha256: str, *, size: int | None = None) -> bool:
+        """Whether an object is stored under the hash (one HEAD, nothing downloaded);
+        with ``size``, only one of that size counts: a truncated or extended copy is
+        damaged, and the caller's put stores the bytes again."""
         try:
-            await obstore.head_async(self.store, blob_key(sha256))
+            meta = await obstore.head_async(self.store, blob_key(sha256))
         except (FileNotFoundError, NotFoundError):
             return False
         except (BaseError, OSError) as exc:
             raise _failed("check", sha256, exc) from exc
-        return True
+        return size is None or int(meta["size"]) == size
 
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         sha256 = hashlib.sha256(data).hexdigest()

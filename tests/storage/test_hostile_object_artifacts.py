@@ -39,6 +39,7 @@ async def _keys(store: ObjectArtifactStore, sha256: str) -> list[str]:
         pytest.param(lambda data: data.replace(b"large", b"LARGE", 1), id="one-word"),
         pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
         pytest.param(lambda data: b"", id="emptied"),
+        pytest.param(lambda data: data + b"\0" * (1 << 20), id="extended"),
     ],
 )
 async def test_a_put_over_a_damaged_object_stores_the_bytes_and_keeps_the_damage(

@@ -11,6 +11,7 @@ hash before trusting it: one damaged outside lodger is kept aside, as found, und
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from typing import TYPE_CHECKING, Any
@@ -57,34 +58,38 @@ class ObjectArtifactStore:
             try:
                 await obstore.put_async(self.store, key, data, mode="create")
             except AlreadyExistsError:
-                found = await self._read(key)
-                if found is not None and hashlib.sha256(found).hexdigest() == sha256:
+                if await self._holds(key, sha256, len(data)):
                     self.skipped += 1  # the same bytes are already stored
                 else:
-                    await self._store_again(key, data, found)
+                    await self._store_again(key, data)
         except (BaseError, OSError) as exc:
             raise _failed("store", sha256, exc) from exc
         return ArtifactRef(sha256=sha256, size=len(data), media_type=media_type)
 
-    async def _read(self, key: str) -> bytes | None:
-        """The object's bytes, or None when there is none (deleted since)."""
+    async def _holds(self, key: str, sha256: str, size: int) -> bool:
+        """Whether the object under ``key`` holds the ``size`` bytes hashing to ``sha256``.
+        One of another size is judged from the response's metadata, its body never read:
+        an object planted under the name is not downloaded whatever its size."""
         try:
             result = await obstore.get_async(self.store, key)
-            return bytes(await result.bytes_async())
-        except (FileNotFoundError, NotFoundError):
-            return None
+            if int(result.meta["size"]) != size:
+                return False
+            found = bytes(await result.bytes_async())
+        except (FileNotFoundError, NotFoundError):  # deleted since the put was refused
+            return False
+        return hashlib.sha256(found).hexdigest() == sha256
 
-    async def _store_again(self, key: str, data: bytes, damaged: bytes | None) -> None:
+    async def _store_again(self, key: str, data: bytes) -> None:
         """Replace an object under ``key`` whose bytes are not ``data``: damaged outside
         lodger. Storing the bytes again is the only way the caller's result stays
-        readable. The damaged bytes are first kept aside, as found, for whoever
-        investigates. Overwriting is safe although puts are otherwise create-only: the
-        name is the hash of ``data``, so every writer of this name writes these same
+        readable. The damaged object is first copied aside (in the store, as found) for
+        whoever investigates. Overwriting is safe although puts are otherwise create-only:
+        the name is the hash of ``data``, so every writer of this name writes these same
         bytes, and a put replaces the whole object at once (a reader sees the damaged
         object or these bytes, never a mix)."""
-        if damaged is not None:
-            aside = f"{key}.damaged-{time.time_ns()}"
-            await obstore.put_async(self.store, aside, damaged, mode="create")
+        aside = f"{key}.damaged-{time.time_ns()}"
+        with contextlib.suppress(FileNotFoundError, NotFoundError):  # gone: nothing to keep
+            await obstore.copy_async(self.store, key, aside)
         await obstore.put_async(self.store, key, data, mode="overwrite")
 
     async def get(self, sha256: str) -> bytes:

@@ -74,7 +74,9 @@ class MemoryArtifactStore:
 
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         ref = _ref(data, media_type)
-        self.blobs.setdefault(ref.sha256, data)
+        held = self.blobs.get(ref.sha256)
+        if held is None or hashlib.sha256(held).hexdigest() != ref.sha256:
+            self.blobs[ref.sha256] = data  # never trust a damaged copy (see FileArtifactStore)
         return ref
 
     async def get(self, sha256: str) -> bytes:

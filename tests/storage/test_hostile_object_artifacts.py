@@ -11,6 +11,7 @@ import obstore
 import pytest
 
 from lodger.errors import StorageError
+from lodger.storage import FileArtifactStore
 from lodger.storage.objectartifacts import ObjectArtifactStore, blob_key
 from lodger.storage.objectstore import open_object_store
 
@@ -93,3 +94,25 @@ async def test_a_directory_in_a_blobs_place_fails_the_put_clearly(tmp_path: Path
         await store.put(data)
     assert caught.value.code == "artifact_write"
     assert sha in caught.value.message
+
+
+@pytest.mark.parametrize("kind", ["file-store", "object-store"])
+@pytest.mark.parametrize(
+    "name", ["", "..", "../../outside", "ab/../../outside", "A" * 64, "a" * 64 + "/x", "\0"]
+)
+async def test_a_name_that_is_no_sha256_is_a_missing_artifact(
+    tmp_path: Path, kind: str, name: str
+) -> None:
+    """``get`` took any string as a path: the file store read files outside its root
+    (``../../dev/zero`` would read forever) and the object store let obstore's ValueError
+    escape as a traceback. A name that is no sha256 names no artifact."""
+    (tmp_path / "outside").write_bytes(b"not lodger's")
+    store: FileArtifactStore | ObjectArtifactStore = (
+        FileArtifactStore(tmp_path / "artifacts" / "root")
+        if kind == "file-store"
+        else ObjectArtifactStore(open_object_store(f"file://{tmp_path / 'objects'}").store)
+    )
+    with pytest.raises(StorageError) as caught:
+        await store.get(name)
+    assert caught.value.code == "artifact_missing"
+    assert "not a sha256 digest" in caught.value.message

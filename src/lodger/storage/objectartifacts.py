@@ -21,6 +21,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
+from lodger.storage.artifacts import check_sha256
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -29,6 +30,7 @@ __all__ = ["ObjectArtifactStore", "blob_key"]
 
 
 def blob_key(sha256: str) -> str:
+    check_sha256(sha256)  # anything else is no object name (obstore raised ValueError)
     return f"blobs/{sha256[:2]}/{sha256}"
 
 

@@ -3,6 +3,7 @@ back, on the directory object store and on S3 (moto on loopback)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,37 @@ async def test_a_directory_in_a_blobs_place_fails_the_put_clearly(tmp_path: Path
         await store.put(data)
     assert caught.value.code == "artifact_write"
     assert sha in caught.value.message
+
+
+async def test_a_directory_in_a_blobs_place_is_a_corrupt_artifact(tmp_path: Path) -> None:
+    """As the file store says: obstore reports a folder as no object at all, and get
+    called the artifact missing ("deleted or belongs to another store")."""
+    root = tmp_path / "objects"
+    store = ObjectArtifactStore(open_object_store(f"file://{root}").store)
+    sha = hashlib.sha256(b"bytes").hexdigest()
+    (root / blob_key(sha)).mkdir(parents=True)
+    with pytest.raises(StorageError) as caught:
+        await store.get(sha)
+    assert caught.value.code == "artifact_corrupt"
+    assert sha in caught.value.message
+    with pytest.raises(StorageError) as missing:  # a name with nothing there stays missing
+        await store.get(hashlib.sha256(b"other").hexdigest())
+    assert missing.value.code == "artifact_missing"
+
+
+async def test_concurrent_puts_over_a_damaged_object_all_repair_it(url: str) -> None:
+    store = ObjectArtifactStore(open_object_store(url).store)
+    data = b"racing repair\n" * 500
+    ref = await store.put(data)
+    await obstore.put_async(store.store, blob_key(ref.sha256), b"X" + data[1:])
+    refs = await asyncio.gather(
+        *(ObjectArtifactStore(open_object_store(url).store).put(data) for _ in range(8))
+    )
+    assert set(refs) == {ref}
+    assert await store.get(ref.sha256) == data
+    keys = await _keys(store, ref.sha256)
+    assert keys[0] == blob_key(ref.sha256)
+    assert 1 <= len(keys) - 1 <= 8  # each repairer that saw the damage kept it aside
 
 
 @pytest.mark.parametrize("kind", ["file-store", "object-store"])

@@ -11,13 +11,16 @@ hash before trusting it: one damaged outside lodger is kept aside, as found, und
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
+from obstore.store import LocalStore
 
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
@@ -94,11 +97,23 @@ class ObjectArtifactStore:
             await obstore.copy_async(self.store, key, aside)
         await obstore.put_async(self.store, key, data, mode="overwrite")
 
+    async def _is_folder(self, key: str) -> bool:
+        """Whether a directory store holds a folder where the object ``key`` belongs
+        (obstore reports it as no object at all): damage, as the file store says."""
+        root = self.store.prefix if isinstance(self.store, LocalStore) else None
+        return root is not None and await asyncio.to_thread(Path(root, key).is_dir)
+
     async def get(self, sha256: str) -> bytes:
         try:
             result = await obstore.get_async(self.store, blob_key(sha256))
             data = bytes(await result.bytes_async())
         except (FileNotFoundError, NotFoundError):
+            if await self._is_folder(blob_key(sha256)):
+                raise StorageError(
+                    f"artifact {sha256} is a directory in the object store",
+                    hint="the stored bytes were replaced outside lodger",
+                    code="artifact_corrupt",
+                ) from None
             raise StorageError(
                 f"artifact {sha256} is not in the object store",
                 hint="the blob was deleted or belongs to another store",

@@ -19,7 +19,7 @@ async def test_run_with_an_empty_session_id_is_refused_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     storage = Storage.local(tmp_path / "state")
-    agent = Agent(model=TestModel(), storage=storage)
+    agent = Agent(model=TestModel(), storage=storage, workspace=tmp_path)
     with pytest.raises(UsageError) as caught:
         await agent.run("hi", session="")
     assert caught.value.code == "invalid_session_id"
@@ -31,7 +31,9 @@ async def test_fork_into_an_empty_session_id_is_refused_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     storage = Storage.local(tmp_path / "state")
-    made = await Agent(model=TestModel(), storage=storage).run("hi", session="parent")
+    made = await Agent(model=TestModel(), storage=storage, workspace=tmp_path).run(
+        "hi", session="parent"
+    )
     assert made.session_id == "parent"
     async with Sessions(storage) as sessions:
         with pytest.raises(UsageError) as caught:

@@ -65,10 +65,15 @@ def _digest(root: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize(("args", "message"), REFUSED)
 def test_an_empty_id_is_a_usage_error_and_writes_nothing(
-    state_dir: Path, tmp_path: Path, args: tuple[str, ...], message: str
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    message: str,
 ) -> None:
     runner = CliRunner(env={"LODGER_STATE": None, "LODGER_STORE": None, "LODGER_DEBUG": None})
     before = _digest(state_dir)
+    monkeypatch.chdir(tmp_path)  # a regression's turn would run here, not in the checkout
     result = runner.invoke(main, [*args, "--state", str(state_dir)], catch_exceptions=True)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     assert result.exit_code == 2, result.output

@@ -379,7 +379,7 @@ class Agent:
         return await self._run(engine, task, session)
 
     async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
-        session_id = session or self.ids.new_id()
+        session_id = session if session is not None else self.ids.new_id()
         writer, state = await self._open(session_id)
         try:
             result = await engine.start_turn(engine.journal(writer, state), task)

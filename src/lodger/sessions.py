@@ -246,7 +246,7 @@ class Sessions:
         return await fork_session(
             self.storage.log,
             parent,
-            fork_id=session or self.ids.new_id(),
+            fork_id=session if session is not None else self.ids.new_id(),
             at=at,
             clock=self.clock,
             ids=self.ids,

@@ -42,6 +42,7 @@ __all__ = [
     "json_option",
     "log_exists",
     "make_console",
+    "refuse_empty",
     "require_log",
     "resolve_session",
     "retain_until_exit",
@@ -69,6 +70,7 @@ DEFAULT_STATE = ".lodger"
 STATE_ENVVAR = "LODGER_STATE"
 
 T = TypeVar("T")
+_SESSION_HINT = "pass a session id, a unique prefix of one, or --last"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -246,6 +248,16 @@ def format_ts(us: int, *, date: bool = True) -> str:
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 
+def refuse_empty(
+    value: str | None, what: str, *, hint: str, code: str = "invalid_session_id"
+) -> None:
+    """An id given as ``""`` (or blanks) is a usage error naming ``what``. Read as "not
+    given" it silently became a new id (``fork --as ""``) or, beside ``--last``, the
+    latest session."""
+    if value is not None and not value.strip():
+        raise UsageError(f"empty {what} {value!r}", hint=hint, code=code)
+
+
 def session_argument(fn: F) -> F:
     """``SESSION`` (an id, or a prefix only one session's id starts with) or ``--last``
     (the session with the latest event). The command receives the full id."""
@@ -255,6 +267,7 @@ def session_argument(fn: F) -> F:
         if last and session_id is not None and kwargs.get("call_id", "") is None:
             # `decide --last CALL_ID`: the one positional given is the call, not the session
             session_id, kwargs["call_id"] = None, session_id
+        refuse_empty(session_id, "SESSION", hint=_SESSION_HINT)
         kwargs["session_id"] = resolve_session(kwargs["state"], session_id, last=last)
         return fn(*args, **kwargs)
 

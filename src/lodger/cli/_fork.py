@@ -7,6 +7,7 @@ import click
 from lodger.cli._common import (
     echo_json,
     json_option,
+    refuse_empty,
     run_with_log,
     session_argument,
     state_option,
@@ -47,13 +48,19 @@ def fork(session_id: str, at: int | None, new_id: str | None, state: str, as_jso
       lodger fork 0197c2d4-... --at 12 --as try-other-fix
       lodger fork --last --as try-again
     """
+    refuse_empty(new_id, "--as", hint="give the fork's session id, or leave --as out for a new one")
     session = session_id
     clock = SystemClock()
     ids = Uuid7Factory(clock)
 
     async def work(log: EventLog) -> Fork:
         return await fork_session(
-            log, session, fork_id=new_id or ids.new_id(), at=at, clock=clock, ids=ids
+            log,
+            session,
+            fork_id=new_id if new_id is not None else ids.new_id(),
+            at=at,
+            clock=clock,
+            ids=ids,
         )
 
     made = run_with_log(state, work)

@@ -20,6 +20,7 @@ from lodger.cli._common import (
     echo_json,
     json_option,
     make_console,
+    refuse_empty,
     require_log,
     retain_until_exit,
     run_with_log,
@@ -263,6 +264,7 @@ def decide(
     """
     if call_id is None:
         raise UsageError("missing CALL_ID", hint="`lodger recover SESSION` lists the calls")
+    refuse_empty(call_id, "CALL_ID", hint="`lodger recover SESSION` lists the calls", code="usage")
     if decision is None:
         raise ConfigError(
             "say what happened", hint="pass one of --completed, --not-applied, --abandon"

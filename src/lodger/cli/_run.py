@@ -21,6 +21,7 @@ from lodger.cli._common import (
     document,
     json_option,
     make_console,
+    refuse_empty,
     resolve_session,
     state_option,
     store_url,
@@ -425,6 +426,9 @@ def run(
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
     """
+    refuse_empty(
+        session, "--session", hint="give a session id or a unique prefix of one, or --last"
+    )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
     model_spec = model_spec or load_project_config(workspace / CONFIG_FILE).model

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Protocol
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
 
-__all__ = ["ArtifactStore", "FileArtifactStore", "MemoryArtifactStore"]
+__all__ = ["ArtifactStore", "FileArtifactStore", "MemoryArtifactStore", "check_sha256"]
 
 _TMP_PREFIX = ".lodger-"
 _TMP_SUFFIX = ".tmp"
@@ -45,6 +46,21 @@ def _missing(sha256: str) -> StorageError:
         hint="the artifact directory was pruned or belongs to another state directory",
         code="artifact_missing",
     )
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_sha256(sha256: str) -> str:
+    """``sha256`` if it can name an artifact (64 lowercase hex digits). Anything else names
+    none: read as a path it could reach outside the store (``../../dev/zero``)."""
+    if not _SHA256.fullmatch(sha256):
+        raise StorageError(
+            f"artifact {sha256[:80]!r} is not in the artifact store: not a sha256 digest",
+            hint="an artifact is named by the 64 lowercase hex digits of its sha256",
+            code="artifact_missing",
+        )
+    return sha256
 
 
 def _check(sha256: str, data: bytes) -> None:
@@ -74,7 +90,9 @@ class MemoryArtifactStore:
 
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         ref = _ref(data, media_type)
-        self.blobs.setdefault(ref.sha256, data)
+        held = self.blobs.get(ref.sha256)
+        if held is None or hashlib.sha256(held).hexdigest() != ref.sha256:
+            self.blobs[ref.sha256] = data  # never trust a damaged copy (see FileArtifactStore)
         return ref
 
     async def get(self, sha256: str) -> bytes:
@@ -164,7 +182,7 @@ class FileArtifactStore:
         return ref
 
     async def get(self, sha256: str) -> bytes:
-        path = self._path(sha256)
+        path = self._path(check_sha256(sha256))
         try:
             data = await asyncio.to_thread(path.read_bytes)
         except FileNotFoundError:

@@ -139,7 +139,7 @@ async def _snapshot(
         entry["sha256"] = sha256
         entry["size"] = len(data)
         size += len(data)
-        if not await _stored(blobs, sha256):
+        if not await _stored(blobs, sha256, len(data)):
             await blobs.put(data, media_type="application/octet-stream")
             uploaded += 1
         if known is not None:
@@ -207,14 +207,20 @@ def latest_snapshot(events: Iterable[Event]) -> WorkspaceSnapshot | None:
     return found
 
 
-async def _stored(blobs: ArtifactStore, sha256: str) -> bool:
+async def _stored(blobs: ArtifactStore, sha256: str, size: int) -> bool:
+    """Whether ``blobs`` holds a readable copy of these bytes. A damaged copy counts as
+    not stored: the put that follows keeps it aside and stores the bytes again, where a
+    snapshot trusting it would be committed referring to bytes no restore can read (and a
+    store that checked the hash here would fail every snapshot of the file). An object
+    store answers from the object's name and size (one HEAD, no download): damage that
+    keeps the size is found only when the blob is read."""
     exists = getattr(blobs, "exists", None)
     if exists is not None:
-        return bool(await exists(sha256))
+        return bool(await exists(sha256, size=size))
     try:
         await blobs.get(sha256)
     except StorageError as exc:
-        if exc.code == "artifact_missing":
+        if exc.code in ("artifact_missing", "artifact_corrupt"):
             return False
         raise
     return True

@@ -64,3 +64,14 @@ class ArtifactConformance:
         with pytest.raises(LodgerError) as info:
             await artifacts.get(ref.sha256)
         assert info.value.code == "artifact_corrupt"
+
+    async def test_a_put_over_damaged_bytes_stores_them_again(
+        self, artifacts: ArtifactStore, corrupt: Corrupt
+    ) -> None:
+        """Storing the same bytes twice stores them once, but never by trusting a damaged
+        copy: the result the second put returns must read back."""
+        data = b"a result stored twice\n" * 64
+        ref = await artifacts.put(data)
+        corrupt(ref.sha256)
+        assert await artifacts.put(data) == ref
+        assert await artifacts.get(ref.sha256) == data

@@ -255,8 +255,14 @@ class _Connection:
     def _stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:
             return ""
-        self._stderr.seek(0)
-        lines = [line.strip() for line in self._stderr.read()[-4000:].splitlines()]
+        try:
+            self._stderr.seek(0)
+            text = self._stderr.read()[-4000:]
+        except (ValueError, OSError):
+            # closed meanwhile by the runner's own exit (another thread): a call that
+            # explains the crash must not fail on its explanation
+            return ""
+        lines = [line.strip() for line in text.splitlines()]
         lines = [line for line in lines if line]
         return lines[-1][:300] if lines else ""
 

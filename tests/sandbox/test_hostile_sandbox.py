@@ -978,6 +978,22 @@ async def test_a_name_spelled_out_in_the_allow_list_may_lead_inside() -> None:
     assert seen and seen[0].startswith(b"GET /ok ")
 
 
+async def test_the_proxy_tries_each_checked_address_in_turn() -> None:
+    """Connecting only to the first address checked would break a name whose first
+    address does not answer (IPv6 first, from a host without IPv6): the next is tried."""
+    from lodger.sandbox.egress import _connect
+
+    seen: list[bytes] = []
+    server = await _upstream(seen)  # listens on 127.0.0.1 only
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        _, writer = await _connect(["127.0.0.2", "127.0.0.1"], port)
+        assert writer.get_extra_info("peername")[0] == "127.0.0.1"
+        writer.close()
+        with pytest.raises(ConnectionRefusedError):
+            await _connect(["127.0.0.2", "127.0.0.3"], port)
+
+
 def test_what_counts_as_a_public_address() -> None:
     from lodger.sandbox.egress import _public
 

@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lodger.sandbox.interface import Connection
@@ -275,8 +275,7 @@ class EgressProxy:
             await self._terminate(reader, writer, host, port)
             return
         try:
-            address = await self._address(host, port)
-            up_reader, up_writer = await asyncio.open_connection(address, port)
+            up_reader, up_writer = await _connect(await self._addresses(host, port), port)
         except _Inside as exc:
             self._refuse(writer, host, port, method, str(exc))
             await writer.drain()
@@ -337,9 +336,11 @@ class EgressProxy:
             return
         method, target, version, headers = _parse_head(head)
         try:
-            address = await self._address(host, port)
-            up_reader, up_writer = await asyncio.open_connection(
-                address, port, ssl=self._upstream_tls, server_hostname=host
+            up_reader, up_writer = await _connect(
+                await self._addresses(host, port),
+                port,
+                ssl=self._upstream_tls,
+                server_hostname=host,
             )
         except _Inside as exc:
             self._refuse(writer, host, port, method, str(exc), tls=True)
@@ -382,9 +383,9 @@ class EgressProxy:
             await asyncio.gather(to_upstream, return_exceptions=True)
             up_writer.close()
 
-    async def _address(self, host: str, port: int) -> str:
-        """The address to connect to for ``host``, resolved once here: the connection
-        goes to the address checked, so a name that answers differently a moment later
+    async def _addresses(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for ``host``, resolved once here: the connection
+        goes to an address checked, so a name that answers differently a moment later
         (DNS rebinding) gains nothing. ``_Inside`` when it leads to an address that is not
         on the public internet and the allow-list matched it only by a wildcard."""
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -398,7 +399,7 @@ class EgressProxy:
                         f"resolves to {address}, not a public address; name {host} "
                         "outright in network.allow to reach it"
                     )
-        return addresses[0]
+        return list(dict.fromkeys(addresses))  # in the resolver's order, each once
 
     def _record(self, connection: Connection) -> None:
         if len(self.connections) < MAX_RECORDS - 1:
@@ -439,6 +440,23 @@ class EgressProxy:
             f"Connection: close\r\n\r\n".encode()
             + body
         )
+
+
+async def _connect(
+    addresses: Sequence[str], port: int, **options: Any
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of ``addresses`` that answers (a name with an IPv6
+    address first still works from a host without IPv6); the last failure if none does."""
+    failure: OSError | None = None
+    for address in addresses:
+        try:
+            return await asyncio.open_connection(address, port, **options)
+        except ssl.SSLCertVerificationError:
+            raise  # the certificate is the host's, whichever address answered
+        except OSError as exc:
+            failure = exc
+    assert failure is not None  # _addresses never returns an empty list
+    raise failure
 
 
 class _Inside(Exception):

@@ -460,7 +460,7 @@ async def _connect(
 
 
 class _Inside(Exception):
-    """An allowed name that leads to the host's own network (see ``_address``)."""
+    """An allowed name that leads to the host's own network (see ``_addresses``)."""
 
 
 def _public(address: str) -> bool:

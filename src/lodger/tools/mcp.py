@@ -197,7 +197,11 @@ class _Connection:
         c = self.config
         if c.command is not None:
             params = StdioServerParameters(
-                command=c.command, args=list(c.args), env=dict(c.env) or None, cwd=c.cwd
+                command=c.command,
+                args=list(c.args),
+                env=dict(c.env) or None,
+                cwd=c.cwd,
+                encoding_error_handler="replace",
             )
             assert self._stderr is not None
             return stdio_client(params, errlog=self._stderr)

@@ -1,0 +1,114 @@
+"""A hostile MCP server for lodger's audit tests: raw JSON-RPC over stdio, no SDK.
+
+    python hostile_server.py MODE [MODE ...]
+
+Every MODE changes one thing a careless or hostile server may do:
+
+- ``collide``: list tools whose names are equal after lodger's ``server__tool`` mangling
+  (``a.b``, ``a_b``, ``a b``) and one listed twice (``dup``).
+- ``garbage``: write non-protocol lines to stdout before answering anything.
+- ``wrong-id``: answer ``tools/call`` with an id that was never asked.
+- ``notify-flood``: send 20 000 log notifications before each ``tools/call`` answer.
+- ``big-result``: ``tools/call`` of ``big`` answers with ``BIG_MB`` (default 20) MB of text.
+- ``stderr-flood``: write ``STDERR_MB`` (default 20) MB to stderr at start.
+- ``many-tools``: list 20 000 tools.
+- ``odd-content``: ``tools/call`` answers with a content block of an unknown type.
+
+``crash`` writes a line to stderr (after bytes that are not UTF-8) and exits at once.
+Every other call answers ``{"tool": NAME, "arguments": ARGS}`` as text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+MODES = set(sys.argv[1:])
+OUT = sys.stdout.buffer
+
+
+def send(message: dict[str, Any]) -> None:
+    OUT.write(json.dumps(message).encode() + b"\n")
+    OUT.flush()
+
+
+def tools() -> list[dict[str, Any]]:
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    names = ["echo", "big", "odd", "crash"]
+    if "collide" in MODES:
+        names += ["a.b", "a_b", "a b", "dup", "dup"]
+    if "many-tools" in MODES:
+        names += [f"tool_{i}" for i in range(20_000)]
+    return [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any] | None:
+    method = request.get("method")
+    if method == "initialize":
+        return {
+            "protocolVersion": request["params"]["protocolVersion"],
+            "capabilities": {"tools": {}, "logging": {}},
+            "serverInfo": {"name": "hostile", "version": "0"},
+        }
+    if method == "tools/list":
+        return {"tools": tools()}
+    if method == "tools/call":
+        name = request["params"]["name"]
+        if name == "big":
+            size = int(float(os.environ.get("BIG_MB", "20")) * 1024 * 1024)
+            return {"content": [{"type": "text", "text": "x" * size}]}
+        if name == "crash":
+            sys.stderr.buffer.write(b"\xff\xfe not utf-8\nthe server gave up\n")
+            sys.stderr.flush()
+            os._exit(3)
+        if name == "odd" and "odd-content" in MODES:
+            return {"content": [{"type": "hologram", "data": "??"}]}
+        text = json.dumps({"tool": name, "arguments": request["params"].get("arguments")})
+        return {"content": [{"type": "text", "text": text}]}
+    if method == "ping":
+        return {}
+    return None
+
+
+def main() -> None:
+    if "stderr-flood" in MODES:
+        chunk = "e" * 1023 + "\n"
+        for _ in range(int(float(os.environ.get("STDERR_MB", "20")) * 1024)):
+            sys.stderr.write(chunk)
+        sys.stderr.write("the last stderr line\n")
+        sys.stderr.flush()
+    if "garbage" in MODES:
+        OUT.write(b"Starting hostile server v0...\n\x00\xff not json\n{\"half\": \n")
+        OUT.flush()
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if "id" not in request:
+            continue  # a notification
+        result = answer(request)
+        if request.get("method") == "tools/call":
+            if "notify-flood" in MODES:
+                for i in range(20_000):
+                    send(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "notifications/message",
+                            "params": {"level": "info", "data": f"log line {i}"},
+                        }
+                    )
+            if "wrong-id" in MODES:
+                send({"jsonrpc": "2.0", "id": 987654, "result": result})
+                continue
+        if result is None:
+            error = {"code": -32601, "message": "method not found"}
+            send({"jsonrpc": "2.0", "id": request["id"], "error": error})
+        else:
+            send({"jsonrpc": "2.0", "id": request["id"], "result": result})
+
+
+if __name__ == "__main__":
+    main()

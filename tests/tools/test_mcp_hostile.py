@@ -1,0 +1,137 @@
+"""Audit: a hostile MCP server (``tests/mcp_servers/hostile_server.py``, raw JSON-RPC over
+stdio, no SDK) against lodger's MCP client. Each test names what the server does; the
+client must bind what can be bound, turn every failure into an error result the model
+can act on, and never hang, crash the turn or hold unbounded memory."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import TextIO, cast
+
+import pytest
+
+from lodger.errors import ToolCallError
+from lodger.tools.mcp import McpServerConfig, McpServers, _Connection, tools_from_definitions
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.spec import Tool, ToolContext, ToolOutput
+
+HOSTILE = str(Path(__file__).parent.parent / "mcp_servers" / "hostile_server.py")
+
+
+def hostile(*modes: str, **options: object) -> McpServerConfig:
+    return McpServerConfig(
+        name="h",
+        command=sys.executable,
+        args=(HOSTILE, *modes),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def ctx() -> ToolContext:
+    return ToolContext(session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o")
+
+
+async def call(tools: list[Tool], name: str, **arguments: object) -> ToolOutput:
+    (t,) = [t for t in tools if t.name == name]
+    result = await t.handler(dict(arguments), ctx())
+    assert isinstance(result, ToolOutput)
+    return result
+
+
+async def test_names_that_collide_after_mangling_are_bound_apart_and_each_reaches_its_tool() -> (
+    None
+):
+    # "a.b", "a_b" and "a b" all mangle to h__a_b; "dup" is listed twice. A registry
+    # refuses two tools of one name, so this used to stop the whole run (duplicate_tool).
+    async with McpServers([hostile("collide")]) as mcp:
+        tools = mcp.tools()
+        names = [t.name for t in tools]
+        ToolRegistry(tools)  # raised UsageError(duplicate_tool) before the fix
+        assert len(names) == len(set(names))
+        assert names.count("h__dup") == 1
+        collided = [t for t in tools if t.name.startswith("h__a_b")]
+        assert len(collided) == 3 and collided[0].name == "h__a_b"
+        reached = set()
+        for t in collided:
+            out = await t.handler({"text": "x"}, ctx())
+            assert isinstance(out, ToolOutput) and not out.is_error
+            reached.add(out.content)
+        # each bound name calls its own server tool
+        assert reached == {
+            f'{{"tool": "{raw}", "arguments": {{"text": "x"}}}}' for raw in ("a.b", "a_b", "a b")
+        }
+
+
+def test_a_catalog_with_colliding_names_binds_them_apart() -> None:
+    schema = {"type": "object"}
+    tools = tools_from_definitions(
+        [
+            {"name": "x.y", "group": "g", "inputSchema": schema},
+            {"name": "x_y", "group": "g", "inputSchema": schema},
+            {"name": "x_y", "group": "g", "inputSchema": schema},
+        ]
+    )
+    ToolRegistry(tools)
+    assert [t.name for t in tools][0] == "g__x_y" and len(tools) == 2
+
+
+async def test_garbage_and_bytes_that_are_not_utf8_on_stdout_before_the_protocol() -> None:
+    # Used to fail to start after the whole connect timeout, on a UnicodeDecodeError.
+    started = time.monotonic()
+    async with McpServers([hostile("garbage", connect_timeout_s=15)]) as mcp:
+        assert time.monotonic() - started < 10
+        out = await call(mcp.tools(), "h__echo", text="hi")
+        assert not out.is_error and '"hi"' in out.content
+
+
+async def test_a_crash_after_bytes_that_are_not_utf8_on_stderr_still_names_its_last_line() -> (
+    None
+):
+    async with McpServers([hostile()]) as mcp:
+        with pytest.raises(ToolCallError, match=r"not available.*the server gave up"):
+            await call(mcp.tools(), "h__crash")
+
+
+def test_the_stderr_tail_reads_only_the_end_of_a_huge_stderr() -> None:
+    connection = _Connection(McpServerConfig(name="h", command=sys.executable))
+    with tempfile.TemporaryFile("w+") as stderr:
+        chunk = "e" * 1023 + "\n"
+        for _ in range(30 * 1024):  # 30 MB, as a flooding server writes it
+            stderr.write(chunk)
+        stderr.write("the last line\n")
+        stderr.flush()
+        connection._stderr = cast(TextIO, stderr)
+        tracemalloc.start()
+        try:
+            tail = connection._stderr_tail()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert tail == "the last line"
+        assert peak < 1_000_000, f"read {peak} bytes to find one line"
+
+
+async def test_an_answer_with_the_wrong_id_is_a_timeout_result_and_the_server_stays() -> None:
+    async with McpServers([hostile("wrong-id", timeout_s=1)]) as mcp:
+        with pytest.raises(ToolCallError, match="did not answer within 1 s"):
+            await call(mcp.tools(), "h__echo", text="x")
+        assert mcp.failures() == {}
+
+
+async def test_a_flood_of_log_notifications_does_not_lose_the_answer() -> None:
+    async with McpServers([hostile("notify-flood", timeout_s=30)]) as mcp:
+        out = await call(mcp.tools(), "h__echo", text="after the flood")
+        assert not out.is_error and "after the flood" in out.content
+
+
+async def test_a_content_block_of_an_unknown_type_is_an_error_result() -> None:
+    async with McpServers([hostile("odd-content")]) as mcp:
+        with pytest.raises(ToolCallError, match="invalid result"):
+            await call(mcp.tools(), "h__odd")
+        out = await call(mcp.tools(), "h__echo", text="still here")
+        assert "still here" in out.content
+

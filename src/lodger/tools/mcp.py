@@ -33,6 +33,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -260,8 +261,11 @@ class _Connection:
         if self._stderr is None or self._stderr.closed:
             return ""
         try:
-            self._stderr.seek(0)
-            text = self._stderr.read()[-4000:]
+            # only the end, as bytes: a server may have written gigabytes there, or bytes
+            # that are not UTF-8
+            fd = self._stderr.fileno()
+            size = os.fstat(fd).st_size
+            text = os.pread(fd, 4000, max(0, size - 4000)).decode("utf-8", "replace")
         except (ValueError, OSError):
             # closed meanwhile by the runner's own exit (another thread): a call that
             # explains the crash must not fail on its explanation

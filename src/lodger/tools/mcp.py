@@ -477,10 +477,19 @@ def _bind(
     """The tools, and why each unusable one cannot be called, by bound name."""
     out: list[Tool] = []
     unusable: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    taken: set[str] = set()
     for d in definitions:
         raw = str(d["name"])
         group = config.name if config is not None else str(d.get("group") or "catalog")
+        if (group, raw) in seen:  # listed twice: the first stands, a call names it once
+            _log.warning("MCP server %r lists tool %r twice; the second is ignored", group, raw)
+            continue
+        seen.add((group, raw))
         name = mcp_tool_name(group, raw) if config or d.get("group") else raw
+        if name in taken:  # another tool's name mangles to the same: tell them apart
+            name = _distinct(group, raw, taken)
+        taken.add(name)
         schema = d.get("inputSchema") or {"type": "object"}
         description = str(d.get("description") or "")
         handler = _handler(raw, group, connection)
@@ -505,6 +514,18 @@ def _bind(
             )
         )
     return out, unusable
+
+
+def _distinct(group: str, raw: str, taken: set[str]) -> str:
+    """A bound name for ``raw`` that no earlier tool has, when its plain one is taken
+    (``a.b`` and ``a_b`` both become ``<server>__a_b``): it ends in a hash of the name."""
+    base = _UNSAFE.sub("_", f"{group}__{raw}")
+    for salt in range(100):
+        digest = hashlib.sha256(f"{group}__{raw}#{salt}".encode()).hexdigest()[:8]
+        name = f"{base[: MAX_NAME - 9]}_{digest}"
+        if name not in taken:
+            return name
+    raise ConfigError(f"MCP tool names of {group!r} collide past telling apart ({raw!r})")
 
 
 # Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.

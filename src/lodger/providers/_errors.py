@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 
 from lodger.errors import (
@@ -16,11 +16,16 @@ from lodger.errors import (
 )
 
 __all__ = [
+    "MALFORMED",
+    "SinkFailed",
     "error_for_status",
+    "guarded_sink",
+    "malformed",
     "parse_retry_after",
     "retry_after_from_headers",
     "stream_unfinished",
     "timed_out",
+    "token_count",
     "unreachable",
     "unreadable",
 ]
@@ -144,3 +149,45 @@ def stream_unfinished(spec: str, what: str) -> ProviderError:
         code="provider_stream",
         hint="the connection was probably dropped; the request is retried",
     )
+
+
+# What folding a stream raises when an event is not the shape its SDK type says (the SDKs
+# build stream events without validating them): a null delta, text that is an object, a
+# frame that is not JSON, a token count that is not one.
+MALFORMED = (ValueError, TypeError, AttributeError, KeyError, IndexError)
+_MAX_TOKENS = 2**53  # past this a count is no count, and JSON readers lose precision
+
+
+def token_count(value: object, what: str) -> int:
+    """A usage count as the provider sent it: ``None`` (not counted) is 0; a negative,
+    fractional, absurd or non-number count is a ``ValueError`` (a malformed answer), never
+    a count that would lower a turn's usage."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKENS:
+        raise ValueError(f"its {what} token count {str(value)[:40]!r} is not a count of tokens")
+    return value
+
+
+def malformed(spec: str, exc: BaseException) -> ProviderError:
+    """A stream whose events lodger cannot fold (one of ``MALFORMED``)."""
+    return unreadable(spec, f"{type(exc).__name__}: {str(exc)[:300]}", None)
+
+
+class SinkFailed(Exception):
+    """The caller's ``on_text`` raised (its error is the cause): not the provider's fault,
+    so it is re-raised as it was, not reported as a malformed answer."""
+
+
+def guarded_sink(on_text: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    if on_text is None:
+        return None
+    sink = on_text
+
+    def say(text: str) -> None:
+        try:
+            sink(text)
+        except Exception as exc:
+            raise SinkFailed from exc
+
+    return say

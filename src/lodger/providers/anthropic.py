@@ -50,9 +50,14 @@ from anthropic.types import (
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    MALFORMED,
+    SinkFailed,
     error_for_status,
+    guarded_sink,
+    malformed,
     stream_unfinished,
     timed_out,
+    token_count,
     unreachable,
     unreadable,
 )
@@ -123,7 +128,7 @@ class AnthropicModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        folded = _EventFolder(on_text)
+        folded = _EventFolder(guarded_sink(on_text))
         try:
             max_tokens = (
                 request.max_output_tokens
@@ -149,6 +154,9 @@ class AnthropicModel:
             async with stream:
                 async for event in stream:
                     folded.feed(event)
+            if not folded.stopped:
+                raise stream_unfinished(self.spec, "the message stopped")
+            return folded.response()
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc, spec=self.spec) from exc
         except (httpx2.RequestError, ssl.SSLError) as exc:
@@ -159,9 +167,10 @@ class AnthropicModel:
                 code="provider_connection",
                 hint="the request is retried",
             ) from exc
-        if not folded.stopped:
-            raise stream_unfinished(self.spec, "the message stopped")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
 
 def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
@@ -292,11 +301,11 @@ class _EventFolder:
             usage = event.message.usage
             # Cached prompt tokens are counted apart from input_tokens; all were input.
             self._input_tokens = (
-                usage.input_tokens
-                + (usage.cache_creation_input_tokens or 0)
-                + (usage.cache_read_input_tokens or 0)
+                token_count(usage.input_tokens, "input")
+                + token_count(usage.cache_creation_input_tokens, "cache creation")
+                + token_count(usage.cache_read_input_tokens, "cache read")
             )
-            self._output_tokens = usage.output_tokens
+            self._output_tokens = token_count(usage.output_tokens, "output")
         elif isinstance(event, RawContentBlockStartEvent):
             block = event.content_block
             if isinstance(block, ToolUseBlock):
@@ -326,7 +335,7 @@ class _EventFolder:
                 self._thinking[event.index]["signature"] += delta.signature
         elif isinstance(event, RawMessageDeltaEvent):
             self.finish_reason = event.delta.stop_reason or self.finish_reason
-            self._output_tokens = event.usage.output_tokens
+            self._output_tokens = token_count(event.usage.output_tokens, "output")
         elif isinstance(event, RawMessageStopEvent):
             self.stopped = True
 

@@ -29,9 +29,14 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    MALFORMED,
+    SinkFailed,
     error_for_status,
+    guarded_sink,
+    malformed,
     stream_unfinished,
     timed_out,
+    token_count,
     unreachable,
     unreadable,
 )
@@ -84,7 +89,7 @@ class OpenAIChatModel:
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
         limit = request.max_output_tokens
-        folded = _ChunkFolder(on_text)
+        folded = _ChunkFolder(guarded_sink(on_text))
         try:
             stream = await self._client.chat.completions.create(
                 model=self._model,
@@ -100,11 +105,15 @@ class OpenAIChatModel:
             async with stream:
                 async for chunk in stream:
                     folded.feed(chunk)
+            if folded.finish_reason is None:
+                raise stream_unfinished(self.spec, "the model finished its answer")
+            return folded.response()
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
-        if folded.finish_reason is None:
-            raise stream_unfinished(self.spec, "the model finished its answer")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
 
 def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
@@ -173,7 +182,8 @@ class _ChunkFolder:
     def feed(self, chunk: ChatCompletionChunk) -> None:
         if chunk.usage is not None:
             self.usage = Usage(
-                input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens
+                input_tokens=token_count(chunk.usage.prompt_tokens, "prompt"),
+                output_tokens=token_count(chunk.usage.completion_tokens, "completion"),
             )
         for choice in chunk.choices:
             if choice.index != 0:

@@ -42,7 +42,14 @@ from openai.types.shared_params import Reasoning
 
 from lodger.errors import ProviderError
 from lodger.events import ProposedCall, Usage
-from lodger.providers._errors import stream_unfinished
+from lodger.providers._errors import (
+    MALFORMED,
+    SinkFailed,
+    guarded_sink,
+    malformed,
+    stream_unfinished,
+    token_count,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -107,7 +114,7 @@ class OpenAIResponsesModel:
         reasoning: Reasoning | openai.Omit = openai.omit
         if self._reasoning_summary is not None:
             reasoning = {"summary": self._reasoning_summary}
-        folded = _EventFolder(on_text)
+        folded = _EventFolder(guarded_sink(on_text))
         try:
             stream = await self._client.responses.create(
                 model=self._model,
@@ -130,11 +137,15 @@ class OpenAIResponsesModel:
                 async for event in stream:
                     self._check_failure(event)
                     folded.feed(event)
+            if folded.finish_reason is None:
+                raise stream_unfinished(self.spec, "the response completed")
+            return folded.response()
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
-        if folded.finish_reason is None:
-            raise stream_unfinished(self.spec, "the response completed")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
     def _check_failure(self, event: ResponseStreamEvent) -> None:
         """Turn the in-stream failure events into a ``ProviderError``."""
@@ -276,8 +287,8 @@ class _EventFolder:
         self.finish_reason = reason
         if response.usage is not None:
             self.usage = Usage(
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
+                input_tokens=token_count(response.usage.input_tokens, "input"),
+                output_tokens=token_count(response.usage.output_tokens, "output"),
             )
 
     def response(self) -> ModelResponse:

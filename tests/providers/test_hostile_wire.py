@@ -1,0 +1,188 @@
+"""Audit: provider streams that break their own wire format, against the three adapters
+over a real loopback server (``wire_server``). The SDKs build stream events without
+validating them, so a null delta, text that is an object, a frame that is not JSON or a
+token count that is not one used to escape the adapter as a raw ``AttributeError``,
+``TypeError``, ``JSONDecodeError`` or pydantic error (a traceback out of the turn), and a
+negative usage count was recorded as is, lowering the turn's usage. Each is now a
+``ProviderError`` with code ``provider_protocol``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from wire_server import Stream, WireServer, sse
+
+from lodger.errors import ProviderError
+from lodger.events import Usage
+from lodger.providers.anthropic import AnthropicModel
+from lodger.providers.base import Model, ModelRequest, UserMessage
+from lodger.providers.openai_chat import OpenAIChatModel
+from lodger.providers.openai_responses import OpenAIResponsesModel
+
+HELLO = ModelRequest(system="", messages=(UserMessage(text="hi"),))
+Frame = tuple[str | None, str]
+
+
+@pytest.fixture
+def server() -> Iterator[WireServer]:
+    with WireServer() as wire:
+        yield wire
+
+
+def chunk(delta: Any = None, *, finish: str | None = None, usage: Any = None) -> Frame:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    body: dict[str, Any] = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return sse(body)
+
+
+def chat_usage(prompt: Any, completion: Any) -> list[Frame]:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": 1}
+    return [chunk({"content": "hi"}), chunk({}, finish="stop"), chunk(usage=usage), sse("[DONE]")]
+
+
+async def complete(model: Model, **options: Any) -> Any:
+    try:
+        return await model.complete(HELLO, **options)
+    finally:
+        await model.aclose()  # type: ignore[attr-defined]
+
+
+def chat(server: WireServer) -> OpenAIChatModel:
+    return OpenAIChatModel(model="m", base_url=f"{server.base_url}/v1", api_key="k", timeout=10)
+
+
+MALFORMED_CHAT = {
+    "a frame that is not JSON": [sse("{not json"), chunk({}, finish="stop"), sse("[DONE]")],
+    "a null delta": [
+        sse({"id": "c", "choices": [{"index": 0, "delta": None, "finish_reason": None}]}),
+        chunk({}, finish="stop"),
+        sse("[DONE]"),
+    ],
+    "content that is an object": [chunk({"content": {"a": 1}}), chunk({}, finish="stop")],
+    "a negative prompt count": chat_usage(-5, 1),
+    "a count of 1e300": chat_usage(1e300, 1),
+    "a count past 2**53": chat_usage(2**60, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_CHAT))
+async def test_chat_stream_the_sdk_cannot_fold_is_a_protocol_error(
+    server: WireServer, case: str
+) -> None:
+    server.push(Stream(MALFORMED_CHAT[case]))
+    with pytest.raises(ProviderError) as caught:
+        await complete(chat(server))
+    assert caught.value.code == "provider_protocol"
+    assert not caught.value.retryable
+    assert "cannot read" in caught.value.message
+
+
+async def test_chat_null_usage_counts_as_none_counted(server: WireServer) -> None:
+    server.push(Stream(chat_usage(None, None)))
+    response = await complete(chat(server))
+    assert response.text == "hi" and response.usage == Usage(input_tokens=0, output_tokens=0)
+
+
+async def test_the_callers_own_sink_error_is_raised_as_it_is(server: WireServer) -> None:
+    server.push(Stream(chat_usage(1, 1)))
+
+    def sink(text: str) -> None:
+        raise TypeError("the caller's sink is broken")
+
+    with pytest.raises(TypeError, match="the caller's sink is broken"):
+        await complete(chat(server), on_text=sink)
+
+
+def anthropic_frames(usage: dict[str, Any], output_tokens: Any = 2) -> list[Frame]:
+    def event(kind: str, **fields: Any) -> Frame:
+        return sse({"type": kind, **fields}, event=kind)
+
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    return [
+        event("message_start", message=message),
+        event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+        event("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"}),
+        event("content_block_stop", index=0),
+        event(
+            "message_delta",
+            delta={"stop_reason": "end_turn", "stop_sequence": None},
+            usage={"output_tokens": output_tokens},
+        ),
+        event("message_stop"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("usage", "output_tokens"),
+    [
+        ({"input_tokens": -1000, "output_tokens": 1}, 2),
+        ({"input_tokens": 5, "output_tokens": 1, "cache_read_input_tokens": -3}, 2),
+        ({"input_tokens": 5, "output_tokens": 1}, -2),
+        ({"input_tokens": None, "output_tokens": 1}, 2),
+    ],
+)
+async def test_anthropic_usage_that_is_no_count_is_a_protocol_error(
+    server: WireServer, usage: dict[str, Any], output_tokens: Any
+) -> None:
+    server.push(Stream(anthropic_frames(usage, output_tokens)))
+    model = AnthropicModel(model="claude-test", base_url=server.base_url, api_key="sk-ant-test")
+    if usage["input_tokens"] is None:  # not counted: zero, as a missing count is
+        response = await complete(model)
+        assert response.usage == Usage(input_tokens=0, output_tokens=2)
+        return
+    with pytest.raises(ProviderError) as caught:
+        await complete(model)
+    assert caught.value.code == "provider_protocol"
+
+
+def responses_completed(usage: dict[str, Any]) -> list[Frame]:
+    body = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": "m",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
+    return [sse({"type": "response.completed", "response": body, "sequence_number": 1})]
+
+
+async def test_responses_negative_usage_is_a_protocol_error(server: WireServer) -> None:
+    usage = {"input_tokens": 3, "output_tokens": -40, "total_tokens": -37}
+    server.push(Stream(responses_completed(usage)))
+    model = OpenAIResponsesModel(model="m", base_url=f"{server.base_url}/v1", api_key="k")
+    with pytest.raises(ProviderError) as caught:
+        await complete(model)
+    assert caught.value.code == "provider_protocol"
+    assert "-40" in caught.value.message
+
+
+async def test_responses_usage_that_counts_is_kept(server: WireServer) -> None:
+    usage = {"input_tokens": 3, "output_tokens": 40, "total_tokens": 43}
+    server.push(Stream(responses_completed(usage)))
+    model = OpenAIResponsesModel(model="m", base_url=f"{server.base_url}/v1", api_key="k")
+    response = await complete(model)
+    assert response.usage == Usage(input_tokens=3, output_tokens=40)

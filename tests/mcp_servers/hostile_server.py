@@ -80,7 +80,7 @@ def main() -> None:
         sys.stderr.write("the last stderr line\n")
         sys.stderr.flush()
     if "garbage" in MODES:
-        OUT.write(b"Starting hostile server v0...\n\x00\xff not json\n{\"half\": \n")
+        OUT.write(b'Starting hostile server v0...\n\x00\xff not json\n{"half": \n')
         OUT.flush()
     for line in sys.stdin.buffer:
         try:

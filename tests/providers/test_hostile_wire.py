@@ -8,8 +8,10 @@ negative usage count was recorded as is, lowering the turn's usage. Each is now 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
 
 import pytest
 from wire_server import Stream, WireServer, sse
@@ -186,3 +188,72 @@ async def test_responses_usage_that_counts_is_kept(server: WireServer) -> None:
     model = OpenAIResponsesModel(model="m", base_url=f"{server.base_url}/v1", api_key="k")
     response = await complete(model)
     assert response.usage == Usage(input_tokens=3, output_tokens=40)
+
+
+class _Drip(Sequence[Frame]):
+    """Frames for ever, one every 50 ms: each read is quick, the answer never ends."""
+
+    def __init__(self, frame: Frame) -> None:
+        self._frame = frame
+
+    def __len__(self) -> int:
+        return 2**62
+
+    @overload
+    def __getitem__(self, index: int) -> Frame: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Frame]: ...
+    def __getitem__(self, index: int | slice) -> Frame | Sequence[Frame]:
+        if isinstance(index, slice):
+            raise TypeError("no slices of an endless stream")
+        time.sleep(0.05)  # the server's own thread
+        return self._frame
+
+
+DRIPS: dict[str, tuple[Callable[[WireServer], Model], Frame]] = {
+    "chat": (
+        lambda s: OpenAIChatModel(
+            model="m", base_url=f"{s.base_url}/v1", api_key="k", timeout=5, answer_timeout=1
+        ),
+        chunk({"content": "."}),
+    ),
+    "responses": (
+        lambda s: OpenAIResponsesModel(
+            model="m", base_url=f"{s.base_url}/v1", api_key="k", timeout=5, answer_timeout=1
+        ),
+        sse(
+            {
+                "type": "response.output_text.delta",
+                "item_id": "m",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": ".",
+                "logprobs": [],
+                "sequence_number": 1,
+            },
+            event="response.output_text.delta",
+        ),
+    ),
+    "anthropic": (
+        lambda s: AnthropicModel(
+            model="c", base_url=s.base_url, api_key="k", timeout=5, answer_timeout=1
+        ),
+        sse({"type": "ping"}, event="ping"),
+    ),
+}
+
+
+@pytest.mark.parametrize("adapter", list(DRIPS))
+async def test_a_stream_that_never_ends_times_out_as_a_whole(
+    server: WireServer, adapter: str
+) -> None:
+    # Each frame comes well within the per-read timeout (5 s); before the fix the
+    # adapter read for ever. Now the whole answer has answer_timeout (1 s here).
+    make, frame = DRIPS[adapter]
+    server.push(Stream(_Drip(frame)))
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        await asyncio.wait_for(complete(make(server)), 30)  # the test's own backstop
+    assert caught.value.code == "provider_timeout" and caught.value.retryable
+    assert "did not finish within 1 s" in caught.value.message
+    assert time.monotonic() - started < 15

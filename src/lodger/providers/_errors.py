@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
+from typing import TypeVar
 
 from lodger.errors import (
     ProviderAuthError,
@@ -28,7 +30,13 @@ __all__ = [
     "token_count",
     "unreachable",
     "unreadable",
+    "within",
 ]
+
+T = TypeVar("T")
+# How long one whole answer may stream. The SDK's ``timeout`` bounds each read, so a
+# server that sends a keep-alive or a token now and then would hold a turn for ever.
+ANSWER_TIMEOUT = 1800.0
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:
@@ -191,3 +199,20 @@ def guarded_sink(on_text: Callable[[str], None] | None) -> Callable[[str], None]
             raise SinkFailed from exc
 
     return say
+
+
+async def within(spec: str, seconds: float, answer: Awaitable[T]) -> T:
+    """``answer`` (one model request, streamed to its end), or a retryable timeout error
+    once it has taken ``seconds`` in all, however steadily the server keeps sending."""
+    try:
+        async with asyncio.timeout(seconds) as deadline:
+            return await answer
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise ProviderTimeoutError(
+            f"{spec}: the answer did not finish within {seconds:g} s",
+            retryable=True,
+            code="provider_timeout",
+            hint="the provider kept the stream open without finishing; the request is retried",
+        ) from None

@@ -50,6 +50,7 @@ from anthropic.types import (
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
     error_for_status,
@@ -60,6 +61,7 @@ from lodger.providers._errors import (
     token_count,
     unreachable,
     unreadable,
+    within,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -93,10 +95,12 @@ class AnthropicModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
         max_tokens: int = 4096,
         thinking_budget: int | None = None,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._max_tokens = max_tokens
         # Extended thinking: the signed thinking blocks come back as provider_state and are
         # replayed with the assistant turn, as the API requires when tools are used.
@@ -128,6 +132,9 @@ class AnthropicModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
         folded = _EventFolder(guarded_sink(on_text))
         try:
             max_tokens = (

@@ -29,6 +29,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
     error_for_status,
@@ -39,6 +40,7 @@ from lodger.providers._errors import (
     token_count,
     unreachable,
     unreadable,
+    within,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -68,8 +70,10 @@ class OpenAIChatModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._base_url = base_url
         self._client = openai_client(
             base_url=base_url, api_key=api_key, max_retries_sdk=max_retries_sdk, timeout=timeout
@@ -88,6 +92,9 @@ class OpenAIChatModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
         limit = request.max_output_tokens
         folded = _ChunkFolder(guarded_sink(on_text))
         try:

@@ -43,12 +43,14 @@ from openai.types.shared_params import Reasoning
 from lodger.errors import ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
     guarded_sink,
     malformed,
     stream_unfinished,
     token_count,
+    within,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -87,10 +89,12 @@ class OpenAIResponsesModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
         reasoning_summary: ReasoningSummary | None = None,
         replay_reasoning: bool = False,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._reasoning_summary = reasoning_summary
         # Stateless replay of reasoning models: ask for the encrypted reasoning items, keep
         # them as provider_state, and send them back before the calls they led to.
@@ -111,6 +115,9 @@ class OpenAIResponsesModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
         reasoning: Reasoning | openai.Omit = openai.omit
         if self._reasoning_summary is not None:
             reasoning = {"summary": self._reasoning_summary}

@@ -12,6 +12,7 @@ Every MODE changes one thing a careless or hostile server may do:
 - ``big-result``: ``tools/call`` of ``big`` answers with ``BIG_MB`` (default 20) MB of text.
 - ``stderr-flood``: write ``STDERR_MB`` (default 20) MB to stderr at start.
 - ``many-tools``: list 20 000 tools.
+- ``huge-description``: ``echo``'s description is 10 MB, ``big``'s input schema 5 MB.
 - ``odd-content``: ``tools/call`` answers with a content block of an unknown type.
 
 ``crash`` writes a line to stderr (after bytes that are not UTF-8) and exits at once.
@@ -41,7 +42,12 @@ def tools() -> list[dict[str, Any]]:
         names += ["a.b", "a_b", "a b", "dup", "dup"]
     if "many-tools" in MODES:
         names += [f"tool_{i}" for i in range(20_000)]
-    return [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]
+    listed = [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]
+    if "huge-description" in MODES:  # 10 MB of words, and a schema of 5 MB
+        listed[0]["description"] = "search the web for pages " * 400_000
+        wide = {f"p{i}": {"type": "string", "description": "x" * 500} for i in range(10_000)}
+        listed[1]["inputSchema"] = {"type": "object", "properties": wide}
+    return listed
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any] | None:

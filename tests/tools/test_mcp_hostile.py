@@ -5,6 +5,7 @@ can act on, and never hang, crash the turn or hold unbounded memory."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import time
@@ -15,7 +16,13 @@ from typing import TextIO, cast
 import pytest
 
 from lodger.errors import ToolCallError
-from lodger.tools.mcp import McpServerConfig, McpServers, _Connection, tools_from_definitions
+from lodger.tools.mcp import (
+    MAX_DESCRIPTION,
+    McpServerConfig,
+    McpServers,
+    _Connection,
+    tools_from_definitions,
+)
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
@@ -132,3 +139,21 @@ async def test_a_content_block_of_an_unknown_type_is_an_error_result() -> None:
             await call(mcp.tools(), "h__odd")
         out = await call(mcp.tools(), "h__echo", text="still here")
         assert "still here" in out.content
+
+
+async def test_a_huge_description_is_cut_and_a_huge_schema_makes_the_tool_unusable() -> None:
+    # A direct tool's description and schema go into every model request: 10 MB of
+    # description (or 5 MB of schema) used to be bound as listed, so every step would
+    # carry it (and fail at the provider for its size).
+    async with McpServers([hostile("huge-description", deferred=False)]) as mcp:
+        tools = {t.name: t for t in mcp.tools()}
+        echo, big = tools["h__echo"], tools["h__big"]
+        assert len(echo.description) < MAX_DESCRIPTION + 200
+        assert echo.description.startswith("search the web for pages")
+        assert "lodger cut this description: it has 10000000 characters" in echo.description
+        assert len(json.dumps(big.parameters)) < 100
+        assert "bytes of JSON, more than 65536" in mcp.unusable()["h__big"]
+        with pytest.raises(ToolCallError, match="cannot be called"):
+            await call(mcp.tools(), "h__big", text="x")
+        out = await call(mcp.tools(), "h__echo", text="the cut tool still works")
+        assert "the cut tool still works" in out.content

@@ -491,7 +491,7 @@ def _bind(
             name = _distinct(group, raw, taken)
         taken.add(name)
         schema = d.get("inputSchema") or {"type": "object"}
-        description = str(d.get("description") or "")
+        description = _bounded(str(d.get("description") or ""))
         handler = _handler(raw, group, connection)
         problem = schema_problem(schema)
         if problem is not None:
@@ -528,6 +528,21 @@ def _distinct(group: str, raw: str, taken: set[str]) -> str:
     raise ConfigError(f"MCP tool names of {group!r} collide past telling apart ({raw!r})")
 
 
+# What one MCP tool may put into every model request that shows it: a server's listing is
+# not trusted to be reasonable (a 10 MB description would be sent with every step).
+MAX_DESCRIPTION = 8000  # characters; the largest of 633 real tools' is under 3000
+MAX_SCHEMA_BYTES = 64 * 1024  # canonical JSON; the largest real one is under 2 KB
+
+
+def _bounded(description: str) -> str:
+    if len(description) <= MAX_DESCRIPTION:
+        return description
+    return (
+        f"{description[:MAX_DESCRIPTION]}\n[lodger cut this description: it has "
+        f"{len(description)} characters, more than {MAX_DESCRIPTION}]"
+    )
+
+
 # Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
 _MAX_SCHEMA_DEPTH = 100
@@ -545,9 +560,11 @@ def schema_problem(schema: object) -> str | None:
     if _depth(schema) > _MAX_SCHEMA_DEPTH:  # before anything recursive walks it
         return f"is nested more than {_MAX_SCHEMA_DEPTH} levels deep"
     try:
-        canonical_json(schema)  # what a step records as the tool's schema digest
+        size = len(canonical_json(schema))  # what a step records as the tool's schema digest
     except (ValueError, UnicodeEncodeError):
         return "holds values that are not JSON (NaN, infinities or invalid Unicode)"
+    if size > MAX_SCHEMA_BYTES:  # it would be sent with every step that shows the tool
+        return f"is {size} bytes of JSON, more than {MAX_SCHEMA_BYTES}"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -6,6 +6,8 @@ Every MODE changes one thing a careless or hostile server may do:
 
 - ``collide``: list tools whose names are equal after lodger's ``server__tool`` mangling
   (``a.b``, ``a_b``, ``a b``) and one listed twice (``dup``).
+- ``underscore``: also list ``_echo`` (server ``a``'s ``_echo`` and server ``a_``'s
+  ``echo`` both mangle to ``a___echo``).
 - ``garbage``: write non-protocol lines to stdout before answering anything.
 - ``wrong-id``: answer ``tools/call`` with an id that was never asked.
 - ``notify-flood``: send 20 000 log notifications before each ``tools/call`` answer.
@@ -40,6 +42,8 @@ def tools() -> list[dict[str, Any]]:
     names = ["echo", "big", "odd", "crash"]
     if "collide" in MODES:
         names += ["a.b", "a_b", "a b", "dup", "dup"]
+    if "underscore" in MODES:
+        names += ["_echo"]
     if "many-tools" in MODES:
         names += [f"tool_{i}" for i in range(20_000)]
     listed = [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]

@@ -29,9 +29,9 @@ from lodger.tools.spec import Tool, ToolContext, ToolOutput
 HOSTILE = str(Path(__file__).parent.parent / "mcp_servers" / "hostile_server.py")
 
 
-def hostile(*modes: str, **options: object) -> McpServerConfig:
+def hostile(*modes: str, name: str = "h", **options: object) -> McpServerConfig:
     return McpServerConfig(
-        name="h",
+        name=name,
         command=sys.executable,
         args=(HOSTILE, *modes),
         **options,  # type: ignore[arg-type]
@@ -71,6 +71,18 @@ async def test_names_that_collide_after_mangling_are_bound_apart_and_each_reache
         assert reached == {
             f'{{"tool": "{raw}", "arguments": {{"text": "x"}}}}' for raw in ("a.b", "a_b", "a b")
         }
+
+
+async def test_names_of_two_servers_that_collide_after_mangling_are_bound_apart() -> None:
+    # h's "_echo" and h_'s "echo" are both h___echo: the run stopped with duplicate_tool.
+    async with McpServers([hostile("underscore"), hostile(name="h_")]) as mcp:
+        tools = mcp.tools()
+        ToolRegistry(tools)  # raised UsageError(duplicate_tool) before the fix
+        clashing = [t for t in tools if t.name.startswith("h___echo")]
+        assert len(clashing) == 2 and [t.group for t in clashing] == ["h", "h_"]
+        for t in clashing:
+            out = await t.handler({"text": t.group}, ctx())
+            assert isinstance(out, ToolOutput) and f'"text": "{t.group}"' in out.content
 
 
 def test_a_catalog_with_colliding_names_binds_them_apart() -> None:

@@ -473,12 +473,13 @@ def _bind(
     *,
     config: McpServerConfig | None,
     connection: _Connection | None,
+    taken: set[str] | None = None,
 ) -> tuple[list[Tool], dict[str, str]]:
     """The tools, and why each unusable one cannot be called, by bound name."""
     out: list[Tool] = []
     unusable: dict[str, str] = {}
     seen: set[tuple[str, str]] = set()
-    taken: set[str] = set()
+    taken = set() if taken is None else taken  # bound names, of every server so far
     for d in definitions:
         raw = str(d["name"])
         group = config.name if config is not None else str(d.get("group") or "catalog")
@@ -683,12 +684,15 @@ class McpServers:
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
+        taken: set[str] = set()  # "a" + "_x" and "a_" + "x" both mangle to a___x
         for connection in self._connections:
             definitions = [
                 {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
                 for t in connection.listed
             ]
-            tools, unusable = _bind(definitions, config=connection.config, connection=connection)
+            tools, unusable = _bind(
+                definitions, config=connection.config, connection=connection, taken=taken
+            )
             self._tools.extend(tools)
             self._unusable.update(unusable)
         return self

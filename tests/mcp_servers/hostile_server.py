@@ -8,6 +8,7 @@ Every MODE changes one thing a careless or hostile server may do:
   (``a.b``, ``a_b``, ``a b``) and one listed twice (``dup``).
 - ``underscore``: also list ``_echo`` (server ``a``'s ``_echo`` and server ``a_``'s
   ``echo`` both mangle to ``a___echo``).
+- ``mute``: read requests and never answer any (not even ``initialize``).
 - ``garbage``: write non-protocol lines to stdout before answering anything.
 - ``wrong-id``: answer ``tools/call`` with an id that was never asked.
 - ``notify-flood``: send 20 000 log notifications before each ``tools/call`` answer.
@@ -15,6 +16,7 @@ Every MODE changes one thing a careless or hostile server may do:
 - ``stderr-flood``: write ``STDERR_MB`` (default 20) MB to stderr at start.
 - ``many-tools``: list 20 000 tools.
 - ``huge-description``: ``echo``'s description is 10 MB, ``big``'s input schema 5 MB.
+- ``not-object``: ``big``'s input schema is ``{"type": "string"}``, ``odd``'s an array.
 - ``odd-content``: ``tools/call`` answers with a content block of an unknown type.
 
 ``crash`` writes a line to stderr (after bytes that are not UTF-8) and exits at once.
@@ -47,6 +49,9 @@ def tools() -> list[dict[str, Any]]:
     if "many-tools" in MODES:
         names += [f"tool_{i}" for i in range(20_000)]
     listed = [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]
+    if "not-object" in MODES:  # valid JSON schemas, but no provider takes them for a tool
+        listed[1]["inputSchema"] = {"type": "string"}
+        listed[2]["inputSchema"] = {"type": "array", "items": {"type": "string"}}
     if "huge-description" in MODES:  # 10 MB of words, and a schema of 5 MB
         listed[0]["description"] = "search the web for pages " * 400_000
         wide = {f"p{i}": {"type": "string", "description": "x" * 500} for i in range(10_000)}
@@ -97,8 +102,8 @@ def main() -> None:
             request = json.loads(line)
         except ValueError:
             continue
-        if "id" not in request:
-            continue  # a notification
+        if "id" not in request or "mute" in MODES:
+            continue  # a notification, or a server that never answers
         result = answer(request)
         if request.get("method") == "tools/call":
             if "notify-flood" in MODES:

@@ -15,7 +15,7 @@ from typing import TextIO, cast
 
 import pytest
 
-from lodger.errors import ToolCallError
+from lodger.errors import ConfigError, ToolCallError
 from lodger.tools.mcp import (
     MAX_DESCRIPTION,
     McpServerConfig,
@@ -169,3 +169,23 @@ async def test_a_huge_description_is_cut_and_a_huge_schema_makes_the_tool_unusab
             await call(mcp.tools(), "h__big", text="x")
         out = await call(mcp.tools(), "h__echo", text="the cut tool still works")
         assert "the cut tool still works" in out.content
+
+
+async def test_a_listing_the_sdk_refuses_stops_the_start_with_one_line_naming_why() -> None:
+    # The SDK refuses a whole tools/list answer when one tool's schema is not an object
+    # (the MCP spec requires it); the error used to be pydantic's multi-line page.
+    with pytest.raises(ConfigError) as caught:
+        async with McpServers([hostile("not-object")]):
+            pass
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "MCP server 'h' did not start" in message
+    assert "2 problems; the first at tools.1.inputSchema.type" in message
+
+
+async def test_a_server_that_never_answers_initialize_fails_within_its_connect_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="did not finish connecting in time"):
+        async with McpServers([hostile("mute", connect_timeout_s=1)]):
+            pass
+    assert time.monotonic() - started < 10

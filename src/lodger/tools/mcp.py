@@ -163,6 +163,13 @@ def _describe(exc: BaseException) -> str:
     leaf = _leaf(exc)
     if isinstance(leaf, MCPError):
         return leaf.message
+    if isinstance(leaf, ValidationError):  # one line, not pydantic's page of them
+        first = leaf.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return (
+            f"it answered with something that is not valid MCP ({leaf.error_count()} "
+            f"problems; the first at {where}: {first['msg']})"
+        )
     if isinstance(leaf, TimeoutError):
         return "it did not finish connecting in time"
     return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__

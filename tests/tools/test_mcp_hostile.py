@@ -18,6 +18,7 @@ import pytest
 from lodger.errors import ConfigError, ToolCallError
 from lodger.tools.mcp import (
     MAX_DESCRIPTION,
+    MAX_TOOLS_PER_SERVER,
     McpServerConfig,
     McpServers,
     _Connection,
@@ -189,3 +190,19 @@ async def test_a_server_that_never_answers_initialize_fails_within_its_connect_t
         async with McpServers([hostile("mute", connect_timeout_s=1)]):
             pass
     assert time.monotonic() - started < 10
+
+
+async def test_a_listing_of_20000_tools_binds_the_first_2000_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Binding checks each schema on the event loop (about 0.5 ms each): 20 000 tools
+    # took 10 s of a stalled loop, 100 000 would take a minute.
+    started = time.monotonic()
+    async with McpServers([hostile("many-tools")]) as mcp:
+        names = [t.name for t in mcp.tools()]
+        assert len(names) == MAX_TOOLS_PER_SERVER == 2000
+        assert names[:3] == ["h__echo", "h__big", "h__odd"]
+        out = await call(mcp.tools(), "h__tool_100", text="x")
+        assert '"tool_100"' in out.content
+    assert time.monotonic() - started < 20
+    assert "lists more than 2000 tools" in caplog.text

@@ -244,7 +244,7 @@ class _Connection:
                     client = await stack.enter_async_context(
                         Client(transport, client_info=_client_info())
                     )
-                    self.listed = await _list_tools(client)
+                    self.listed = await _list_tools(client, c.name)
                 self._client = client
                 self._ready.set()
                 await stop.wait()
@@ -448,13 +448,27 @@ def _client_info() -> mcp_types.Implementation:
     return mcp_types.Implementation(name="lodger", version="0.1")
 
 
-async def _list_tools(client: Client) -> list[mcp_types.Tool]:
+# Tools bound from one server. Checking a schema takes about a millisecond on the event
+# loop, so 100 000 listed tools would stall every other task for minutes; real servers
+# list tens (the 20 of the tool_search catalog: 633 in all).
+MAX_TOOLS_PER_SERVER = 2000
+
+
+async def _list_tools(client: Client, server: str) -> list[mcp_types.Tool]:
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     for _ in range(1000):  # a server whose cursor never ends cannot hang us
         page = await client.list_tools(cursor=cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
+        if len(tools) > MAX_TOOLS_PER_SERVER:
+            _log.warning(
+                "MCP server %r lists more than %d tools; only the first %d are bound",
+                server,
+                MAX_TOOLS_PER_SERVER,
+                MAX_TOOLS_PER_SERVER,
+            )
+            return tools[:MAX_TOOLS_PER_SERVER]
         if not cursor:
             break
     return tools

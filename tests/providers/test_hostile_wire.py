@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import pytest
-from wire_server import Stream, WireServer, sse
+from wire_server import Fail, Stream, WireServer, sse
 
 from lodger.errors import ProviderError
 from lodger.events import Usage
@@ -257,3 +257,36 @@ async def test_a_stream_that_never_ends_times_out_as_a_whole(
     assert caught.value.code == "provider_timeout" and caught.value.retryable
     assert "did not finish within 1 s" in caught.value.message
     assert time.monotonic() - started < 15
+
+
+ADAPTERS: dict[str, Callable[[WireServer], Model]] = {
+    "chat": lambda s: OpenAIChatModel(model="m", base_url=f"{s.base_url}/v1", api_key="k"),
+    "responses": lambda s: OpenAIResponsesModel(
+        model="m", base_url=f"{s.base_url}/v1", api_key="k"
+    ),
+    "anthropic": lambda s: AnthropicModel(model="c", base_url=s.base_url, api_key="k"),
+}
+PAGE = "<html><body>" + "Service Unavailable " * 100_000 + "</body></html>"  # 2 MB
+
+
+@pytest.mark.parametrize("adapter", list(ADAPTERS))
+async def test_a_huge_error_page_is_cut_in_the_error_message(
+    server: WireServer, adapter: str
+) -> None:
+    # The whole 2 MB body used to become the message: copied into every retry's
+    # provider_retried event and printed on the terminal.
+    server.push(Fail(503, {"error": {"message": PAGE, "type": "overloaded_error"}}))
+    with pytest.raises(ProviderError) as caught:
+        await complete(ADAPTERS[adapter](server))
+    assert caught.value.code == "provider_unavailable" and caught.value.retryable
+    assert len(caught.value.message) < 2500
+    assert "<html><body>Service Unavailable" in caught.value.message
+    assert "more characters cut" in caught.value.message
+
+
+async def test_a_huge_error_event_inside_a_chat_stream_is_cut(server: WireServer) -> None:
+    server.push(Stream([chunk({"content": "hi"}), sse({"error": {"message": PAGE}})]))
+    with pytest.raises(ProviderError) as caught:
+        await complete(chat(server))
+    assert caught.value.code == "provider_stream"
+    assert len(caught.value.message) < 2500 and "more characters cut" in caught.value.message

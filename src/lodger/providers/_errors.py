@@ -20,6 +20,7 @@ from lodger.errors import (
 __all__ = [
     "MALFORMED",
     "SinkFailed",
+    "brief",
     "error_for_status",
     "guarded_sink",
     "malformed",
@@ -37,6 +38,19 @@ T = TypeVar("T")
 # How long one whole answer may stream. The SDK's ``timeout`` bounds each read, so a
 # server that sends a keep-alive or a token now and then would hold a turn for ever.
 ANSWER_TIMEOUT = 1800.0
+
+
+MAX_DETAIL = 2000  # characters of what a provider said that an error message keeps
+
+
+def brief(detail: object) -> str:
+    """What a provider said, cut to ``MAX_DETAIL`` characters: an HTML error page or a
+    body of megabytes would otherwise be copied into the message, every retry's event
+    and the terminal."""
+    text = str(detail)
+    if len(text) <= MAX_DETAIL:
+        return text
+    return f"{text[:MAX_DETAIL]}... ({len(text) - MAX_DETAIL} more characters cut)"
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:
@@ -113,7 +127,7 @@ def error_for_status(
     elif status == 429:
         cls = RateLimitedError
     return cls(
-        f"{spec}: HTTP {status}: {detail}",
+        f"{spec}: HTTP {status}: {brief(detail)}",
         retryable=retryable,
         status=status,
         code=code,
@@ -133,7 +147,7 @@ def timed_out(spec: str) -> ProviderError:
 
 def unreachable(spec: str, detail: str) -> ProviderError:
     return ProviderUnreachableError(
-        f"{spec}: cannot reach the provider ({detail})",
+        f"{spec}: cannot reach the provider ({brief(detail)})",
         retryable=True,
         code="provider_connection",
         hint="check the network and the base URL; the request is retried",
@@ -142,7 +156,7 @@ def unreachable(spec: str, detail: str) -> ProviderError:
 
 def unreadable(spec: str, detail: str, status: int | None) -> ProviderError:
     return ProviderError(
-        f"{spec}: the provider sent an answer lodger cannot read ({detail})",
+        f"{spec}: the provider sent an answer lodger cannot read ({brief(detail)})",
         retryable=False,
         status=status,
         code="provider_protocol",

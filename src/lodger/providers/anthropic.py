@@ -53,6 +53,7 @@ from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
+    brief,
     error_for_status,
     guarded_sink,
     malformed,
@@ -169,7 +170,7 @@ class AnthropicModel:
         except (httpx2.RequestError, ssl.SSLError) as exc:
             # The SDK does not wrap transport failures that happen while reading a stream.
             raise ProviderError(
-                f"{self.spec}: the connection broke mid-answer ({exc})",
+                f"{self.spec}: the connection broke mid-answer ({brief(exc)})",
                 retryable=True,
                 code="provider_connection",
                 hint="the request is retried",
@@ -373,7 +374,7 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
         if status < 400:
             # An error event inside a stream that began with 200: judge it by its type.
             return ProviderError(
-                f"{spec}: the stream failed ({exc.type}): {detail}",
+                f"{spec}: the stream failed ({exc.type}): {brief(detail)}",
                 retryable=exc.type in _TRANSIENT_TYPES,
                 code="provider_stream",
             )
@@ -386,4 +387,4 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
         return unreachable(spec, exc.message)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return unreadable(spec, exc.message, exc.status_code)
-    return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
+    return ProviderError(f"{spec}: {brief(exc)}", retryable=False, code="provider_client")

@@ -32,6 +32,7 @@ from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
+    brief,
     error_for_status,
     guarded_sink,
     malformed,
@@ -292,8 +293,8 @@ def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> Provide
         # An error event inside a stream that started fine: the server failed mid-answer.
         kind = exc.type or exc.code or ""
         return ProviderError(
-            f"{spec}: the stream failed: {exc.message}",
+            f"{spec}: the stream failed: {brief(exc.message)}",
             retryable=kind not in _REQUEST_FAULTS,
             code="provider_stream",
         )
-    return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
+    return ProviderError(f"{spec}: {brief(exc)}", retryable=False, code="provider_client")

@@ -46,6 +46,7 @@ from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
     SinkFailed,
+    brief,
     guarded_sink,
     malformed,
     stream_unfinished,
@@ -158,7 +159,7 @@ class OpenAIResponsesModel:
         """Turn the in-stream failure events into a ``ProviderError``."""
         if isinstance(event, ResponseErrorEvent):
             raise ProviderError(
-                f"{self.spec}: the stream failed: {event.message}",
+                f"{self.spec}: the stream failed: {brief(event.message)}",
                 retryable=(event.code or "server_error") in _TRANSIENT_CODES,
                 code="provider_stream",
             )
@@ -167,7 +168,7 @@ class OpenAIResponsesModel:
             code = error.code if error is not None else "server_error"
             message = error.message if error is not None else "no reason given"
             raise ProviderError(
-                f"{self.spec}: the response failed ({code}): {message}",
+                f"{self.spec}: the response failed ({code}): {brief(message)}",
                 retryable=code in _TRANSIENT_CODES,
                 code="provider_failed",
             )

@@ -290,3 +290,29 @@ async def test_a_huge_error_event_inside_a_chat_stream_is_cut(server: WireServer
         await complete(chat(server))
     assert caught.value.code == "provider_stream"
     assert len(caught.value.message) < 2500 and "more characters cut" in caught.value.message
+
+
+@pytest.mark.parametrize("adapter", ["chat", "anthropic"])
+async def test_an_answer_of_megabytes_is_refused_before_it_reaches_the_log(
+    server: WireServer, adapter: str
+) -> None:
+    # 5 MB of text in one answer (real models stop far below): it used to be returned
+    # whole, to be recorded as one event of that size.
+    words = "many words " * 500_000
+    if adapter == "chat":
+        frames = [chunk({"content": words}), chunk({}, finish="stop"), sse("[DONE]")]
+    else:
+        frames = anthropic_frames({"input_tokens": 1, "output_tokens": 1})
+        frames[2] = sse(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": words},
+            },
+            event="content_block_delta",
+        )
+    server.push(Stream(frames))
+    with pytest.raises(ProviderError) as caught:
+        await complete(ADAPTERS[adapter](server))
+    assert caught.value.code == "provider_protocol"
+    assert "the answer holds 5500000 characters, more than 4000000" in caught.value.message

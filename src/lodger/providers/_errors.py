@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lodger.errors import (
     ProviderAuthError,
@@ -16,6 +16,9 @@ from lodger.errors import (
     ProviderUnreachableError,
     RateLimitedError,
 )
+
+if TYPE_CHECKING:
+    from lodger.providers.base import ModelResponse
 
 __all__ = [
     "MALFORMED",
@@ -26,6 +29,7 @@ __all__ = [
     "malformed",
     "parse_retry_after",
     "retry_after_from_headers",
+    "sized",
     "stream_unfinished",
     "timed_out",
     "token_count",
@@ -230,3 +234,18 @@ async def within(spec: str, seconds: float, answer: Awaitable[T]) -> T:
             code="provider_timeout",
             hint="the provider kept the stream open without finishing; the request is retried",
         ) from None
+
+
+# The most text one answer may hold (text, reasoning, call names and arguments): about a
+# million tokens, past any model's output limit. Each answer is one event in the log.
+MAX_ANSWER_CHARS = 4_000_000
+
+
+def sized(response: ModelResponse) -> ModelResponse:
+    """``response``, or a ``ValueError`` (a malformed answer) when it holds more than
+    ``MAX_ANSWER_CHARS``: a server that streams megabytes must not fill the log."""
+    size = len(response.text) + len(response.reasoning)
+    size += sum(len(call.name) + len(call.arguments) for call in response.calls)
+    if size > MAX_ANSWER_CHARS:
+        raise ValueError(f"the answer holds {size} characters, more than {MAX_ANSWER_CHARS}")
+    return response

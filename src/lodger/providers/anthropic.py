@@ -57,6 +57,7 @@ from lodger.providers._errors import (
     error_for_status,
     guarded_sink,
     malformed,
+    sized,
     stream_unfinished,
     timed_out,
     token_count,
@@ -164,7 +165,7 @@ class AnthropicModel:
                     folded.feed(event)
             if not folded.stopped:
                 raise stream_unfinished(self.spec, "the message stopped")
-            return folded.response()
+            return sized(folded.response())
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc, spec=self.spec) from exc
         except (httpx2.RequestError, ssl.SSLError) as exc:

@@ -36,6 +36,7 @@ from lodger.providers._errors import (
     error_for_status,
     guarded_sink,
     malformed,
+    sized,
     stream_unfinished,
     timed_out,
     token_count,
@@ -115,7 +116,7 @@ class OpenAIChatModel:
                     folded.feed(chunk)
             if folded.finish_reason is None:
                 raise stream_unfinished(self.spec, "the model finished its answer")
-            return folded.response()
+            return sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         except SinkFailed as exc:

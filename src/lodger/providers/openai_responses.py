@@ -49,6 +49,7 @@ from lodger.providers._errors import (
     brief,
     guarded_sink,
     malformed,
+    sized,
     stream_unfinished,
     token_count,
     within,
@@ -147,7 +148,7 @@ class OpenAIResponsesModel:
                     folded.feed(event)
             if folded.finish_reason is None:
                 raise stream_unfinished(self.spec, "the response completed")
-            return folded.response()
+            return sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         except SinkFailed as exc:

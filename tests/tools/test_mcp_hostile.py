@@ -206,3 +206,19 @@ async def test_a_listing_of_20000_tools_binds_the_first_2000_only(
         assert '"tool_100"' in out.content
     assert time.monotonic() - started < 20
     assert "lists more than 2000 tools" in caplog.text
+
+
+async def test_a_server_asking_for_sampling_roots_or_elicitation_gets_errors_only() -> None:
+    # lodger offers no sampling, roots or elicitation: a server that asks anyway must be
+    # refused (never a model call on its behalf, never the workspace's paths) and its
+    # calls still answered.
+    async with McpServers([hostile("asks-client", timeout_s=10)]) as mcp:
+        first = await call(mcp.tools(), "h__echo", text="one")
+        assert not first.is_error
+        for _ in range(100):  # the answers to its requests arrive after its call's answer
+            answers = json.loads((await call(mcp.tools(), "h__echo", text="two")).content)
+            if len(answers["answers"]) == 3:
+                break
+        assert sorted(a["id"] for a in answers["answers"]) == ["srv0", "srv1", "srv2"]
+        for answer in answers["answers"]:
+            assert "result" not in answer and "error" in answer, answer

@@ -9,6 +9,7 @@ Every MODE changes one thing a careless or hostile server may do:
 - ``underscore``: also list ``_echo`` (server ``a``'s ``_echo`` and server ``a_``'s
   ``echo`` both mangle to ``a___echo``).
 - ``mute``: read requests and never answer any (not even ``initialize``).
+- ``init-error``: answer ``initialize`` with an error whose message is 1 MB.
 - ``garbage``: write non-protocol lines to stdout before answering anything.
 - ``wrong-id``: answer ``tools/call`` with an id that was never asked.
 - ``notify-flood``: send 20 000 log notifications before each ``tools/call`` answer.
@@ -64,6 +65,8 @@ def tools() -> list[dict[str, Any]]:
 
 def answer(request: dict[str, Any]) -> dict[str, Any] | None:
     method = request.get("method")
+    if method == "initialize" and "init-error" in MODES:
+        return None  # answered with an error whose message is 1 MB
     if method == "initialize":
         return {
             "protocolVersion": request["params"]["protocolVersion"],
@@ -134,7 +137,10 @@ def main() -> None:
                 send({"jsonrpc": "2.0", "id": 987654, "result": result})
                 continue
         if result is None:
-            error = {"code": -32601, "message": "method not found"}
+            message = "method not found"
+            if "init-error" in MODES:
+                message = "<html>" + "the server is sad " * 60_000 + "</html>"
+            error = {"code": -32601, "message": message}
             send({"jsonrpc": "2.0", "id": request["id"], "error": error})
         else:
             send({"jsonrpc": "2.0", "id": request["id"], "result": result})

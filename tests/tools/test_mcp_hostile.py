@@ -222,3 +222,14 @@ async def test_a_server_asking_for_sampling_roots_or_elicitation_gets_errors_onl
         assert sorted(a["id"] for a in answers["answers"]) == ["srv0", "srv1", "srv2"]
         for answer in answers["answers"]:
             assert "result" not in answer and "error" in answer, answer
+
+
+async def test_an_error_message_of_a_megabyte_at_start_is_cut() -> None:
+    # The server's own message used to be copied whole into the ConfigError (printed on
+    # the terminal) and into failures().
+    with pytest.raises(ConfigError) as caught:
+        async with McpServers([hostile("init-error")]):
+            pass
+    message = str(caught.value)
+    assert "MCP server 'h' did not start: <html>the server is sad" in message
+    assert len(message) < 1000 and "more characters cut" in message

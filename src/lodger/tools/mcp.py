@@ -158,6 +158,15 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _describe(exc: BaseException) -> str:
+    """Why a server failed, in at most about 500 characters: it may quote the server,
+    which may say a megabyte (this goes into a ConfigError and ``failures()``)."""
+    why = _why(exc)
+    if len(why) <= 500:
+        return why
+    return f"{why[:500]}... ({len(why) - 500} more characters cut)"
+
+
+def _why(exc: BaseException) -> str:
     from mcp.shared.exceptions import MCPError
 
     leaf = _leaf(exc)

@@ -233,3 +233,21 @@ async def test_an_error_message_of_a_megabyte_at_start_is_cut() -> None:
     message = str(caught.value)
     assert "MCP server 'h' did not start: <html>the server is sad" in message
     assert len(message) < 1000 and "more characters cut" in message
+
+
+async def test_an_http_server_answering_what_is_not_json_rpc_fails_on_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The SDK's message quotes pydantic's page of validation errors (11 lines here).
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "providers"))
+    from wire_server import Fail, WireServer
+
+    with WireServer() as server:
+        server.push(*[Fail(200, {"html": "<html>a proxy's page</html>"})] * 3)
+        config = McpServerConfig(name="w", url=f"{server.base_url}/mcp", connect_timeout_s=5)
+        with pytest.raises(ConfigError) as caught:
+            async with McpServers([config]):
+                pass
+    message = str(caught.value)
+    assert "\n" not in message and "MCP server 'w' did not start" in message
+    assert "more lines cut" in message

@@ -158,9 +158,11 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _describe(exc: BaseException) -> str:
-    """Why a server failed, in at most about 500 characters: it may quote the server,
-    which may say a megabyte (this goes into a ConfigError and ``failures()``)."""
-    why = _why(exc)
+    """Why a server failed, on one line of at most about 500 characters: it may quote the
+    server or the SDK's validation (a page of lines, or a megabyte), and it goes into a
+    ConfigError and ``failures()``."""
+    lines = _why(exc).strip().splitlines() or [""]
+    why = lines[0] if len(lines) == 1 else f"{lines[0]} ({len(lines) - 1} more lines cut)"
     if len(why) <= 500:
         return why
     return f"{why[:500]}... ({len(why) - 500} more characters cut)"

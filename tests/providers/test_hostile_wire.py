@@ -33,7 +33,7 @@ def server() -> Iterator[WireServer]:
         yield wire
 
 
-def chunk(delta: Any = None, *, finish: str | None = None, usage: Any = None) -> Frame:
+def chunk(delta: Any = None, *, finish: Any = None, usage: Any = None) -> Frame:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
     body: dict[str, Any] = {
         "id": "c",
@@ -316,3 +316,40 @@ async def test_an_answer_of_megabytes_is_refused_before_it_reaches_the_log(
         await complete(ADAPTERS[adapter](server))
     assert caught.value.code == "provider_protocol"
     assert "the answer holds 5500000 characters, more than 4000000" in caught.value.message
+
+
+@pytest.mark.parametrize("reason", [{"x": 1}, 12345, "z" * 1_000_000], ids=["dict", "int", "1MB"])
+async def test_a_finish_reason_that_is_no_short_string_is_a_protocol_error(
+    server: WireServer, reason: Any
+) -> None:
+    # It used to be returned as is: a dict or a number then failed the model_output
+    # event's validation in the loop (a traceback), a megabyte was recorded.
+    server.push(Stream([chunk({"content": "hi"}), chunk({}, finish=reason), sse("[DONE]")]))
+    with pytest.raises(ProviderError) as caught:
+        await complete(chat(server))
+    assert caught.value.code == "provider_protocol"
+    assert "finish reason" in caught.value.message
+
+
+async def test_an_anthropic_stop_reason_that_is_an_object_is_a_protocol_error(
+    server: WireServer,
+) -> None:
+    frames = anthropic_frames({"input_tokens": 1, "output_tokens": 1})
+    frames[4] = sse(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": {"why": "no"}, "stop_sequence": None},
+            "usage": {"output_tokens": 2},
+        },
+        event="message_delta",
+    )
+    server.push(Stream(frames))
+    with pytest.raises(ProviderError) as caught:
+        await complete(ADAPTERS["anthropic"](server))
+    assert caught.value.code == "provider_protocol"
+
+
+async def test_an_unknown_but_short_finish_reason_is_kept(server: WireServer) -> None:
+    server.push(Stream([chunk({"content": "hi"}), chunk({}, finish="banana"), sse("[DONE]")]))
+    response = await complete(chat(server))
+    assert response.finish_reason == "banana" and response.text == "hi"

@@ -25,6 +25,7 @@ __all__ = [
     "SinkFailed",
     "brief",
     "error_for_status",
+    "finish_reason",
     "guarded_sink",
     "malformed",
     "parse_retry_after",
@@ -249,3 +250,11 @@ def sized(response: ModelResponse) -> ModelResponse:
     if size > MAX_ANSWER_CHARS:
         raise ValueError(f"the answer holds {size} characters, more than {MAX_ANSWER_CHARS}")
     return response
+
+
+def finish_reason(value: object) -> str:
+    """Why the provider says the answer ended: a short string, or a ``ValueError`` (a
+    malformed answer): a server may send an object, a number or a megabyte there."""
+    if not isinstance(value, str) or len(value) > 100:
+        raise ValueError(f"its finish reason {str(value)[:40]!r} is not a short string")
+    return value

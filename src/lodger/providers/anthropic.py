@@ -55,6 +55,7 @@ from lodger.providers._errors import (
     SinkFailed,
     brief,
     error_for_status,
+    finish_reason,
     guarded_sink,
     malformed,
     sized,
@@ -343,7 +344,8 @@ class _EventFolder:
             elif isinstance(delta, SignatureDelta) and event.index in self._thinking:
                 self._thinking[event.index]["signature"] += delta.signature
         elif isinstance(event, RawMessageDeltaEvent):
-            self.finish_reason = event.delta.stop_reason or self.finish_reason
+            if event.delta.stop_reason:
+                self.finish_reason = finish_reason(event.delta.stop_reason)
             self._output_tokens = token_count(event.usage.output_tokens, "output")
         elif isinstance(event, RawMessageStopEvent):
             self.stopped = True

@@ -34,6 +34,7 @@ from lodger.providers._errors import (
     SinkFailed,
     brief,
     error_for_status,
+    finish_reason,
     guarded_sink,
     malformed,
     sized,
@@ -209,7 +210,7 @@ class _ChunkFolder:
             for piece in delta.tool_calls or ():
                 self._feed_call(piece.index, piece.id, piece.function)
             if choice.finish_reason is not None:
-                self.finish_reason = choice.finish_reason
+                self.finish_reason = finish_reason(choice.finish_reason)
 
     def _feed_call(
         self, index: int, call_id: str | None, function: ChoiceDeltaToolCallFunction | None

@@ -47,6 +47,7 @@ from lodger.providers._errors import (
     MALFORMED,
     SinkFailed,
     brief,
+    finish_reason,
     guarded_sink,
     malformed,
     sized,
@@ -293,7 +294,7 @@ class _EventFolder:
             self._finish(event.response, (details and details.reason) or "incomplete")
 
     def _finish(self, response: Response, reason: str) -> None:
-        self.finish_reason = reason
+        self.finish_reason = finish_reason(reason)
         if response.usage is not None:
             self.usage = Usage(
                 input_tokens=token_count(response.usage.input_tokens, "input"),

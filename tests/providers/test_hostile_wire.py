@@ -353,3 +353,24 @@ async def test_an_unknown_but_short_finish_reason_is_kept(server: WireServer) ->
     server.push(Stream([chunk({"content": "hi"}), chunk({}, finish="banana"), sse("[DONE]")]))
     response = await complete(chat(server))
     assert response.finish_reason == "banana" and response.text == "hi"
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [
+        {"index": 0, "id": {"a": 1}, "function": {"name": "x", "arguments": "{}"}},
+        {"index": 0, "id": "c", "function": {"name": 7, "arguments": "{}"}},
+        {"index": 0, "id": "c", "function": {"name": "x", "arguments": {"a": 1}}},
+    ],
+    ids=["id-object", "name-number", "arguments-object"],
+)
+async def test_a_tool_call_of_the_wrong_types_is_a_one_line_protocol_error(
+    server: WireServer, piece: dict[str, Any]
+) -> None:
+    server.push(
+        Stream([chunk({"tool_calls": [piece]}), chunk({}, finish="tool_calls"), sse("[DONE]")])
+    )
+    with pytest.raises(ProviderError) as caught:
+        await complete(chat(server))
+    assert caught.value.code == "provider_protocol"
+    assert "\n" not in caught.value.message

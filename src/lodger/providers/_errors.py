@@ -198,7 +198,8 @@ def token_count(value: object, what: str) -> int:
 
 def malformed(spec: str, exc: BaseException) -> ProviderError:
     """A stream whose events lodger cannot fold (one of ``MALFORMED``)."""
-    return unreadable(spec, f"{type(exc).__name__}: {str(exc)[:300]}", None)
+    said = " ".join(str(exc).split())[:300]  # pydantic's message spans lines
+    return unreadable(spec, f"{type(exc).__name__}: {said}", None)
 
 
 class SinkFailed(Exception):

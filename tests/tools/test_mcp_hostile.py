@@ -16,6 +16,7 @@ from typing import TextIO, cast
 import pytest
 
 from lodger.errors import ConfigError, ToolCallError
+from lodger.tools.config import load_mcp_servers
 from lodger.tools.mcp import (
     MAX_DESCRIPTION,
     MAX_TOOLS_PER_SERVER,
@@ -251,3 +252,16 @@ async def test_an_http_server_answering_what_is_not_json_rpc_fails_on_one_line(
     message = str(caught.value)
     assert "\n" not in message and "MCP server 'w' did not start" in message
     assert "more lines cut" in message
+
+
+@pytest.mark.parametrize("key", ["timeout_s", "connect_timeout_s"])
+def test_a_timeout_of_nan_is_a_config_error(key: str, tmp_path: Path) -> None:
+    # TOML has nan; it passed "timeout <= 0" and then failed every call with a raw
+    # "ValueError: deadline must not be NaN" (or failed the start as "not in time").
+    with pytest.raises(ConfigError, match="timeouts must be positive"):
+        McpServerConfig(name="a", command="x", **{key: float("nan")})  # type: ignore[arg-type]
+    (tmp_path / "lodger.toml").write_text(
+        f'[mcp.servers.a]\ncommand = "x"\n{key} = nan\n', encoding="utf-8"
+    )
+    with pytest.raises(ConfigError, match="timeouts must be positive"):
+        load_mcp_servers(tmp_path)

@@ -94,7 +94,8 @@ class McpServerConfig:
                 f"MCP server {self.name!r} needs exactly one of command (stdio) or url (HTTP)",
                 hint='e.g. command = "mcp-server-time" or url = "http://127.0.0.1:8000/mcp"',
             )
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        # not (t > 0): NaN too (TOML has nan), which no comparison rejects
+        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
 
     @property

@@ -5,7 +5,9 @@ can act on, and never hang, crash the turn or hold unbounded memory."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -19,6 +21,7 @@ from lodger.errors import ConfigError, ToolCallError
 from lodger.tools.config import load_mcp_servers
 from lodger.tools.mcp import (
     MAX_DESCRIPTION,
+    MAX_STDERR_BYTES,
     MAX_TOOLS_PER_SERVER,
     McpServerConfig,
     McpServers,
@@ -265,3 +268,21 @@ def test_a_timeout_of_nan_is_a_config_error(key: str, tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="timeouts must be positive"):
         load_mcp_servers(tmp_path)
+
+
+async def test_a_server_flooding_its_stderr_keeps_at_most_a_megabyte_on_disk() -> None:
+    # 20 MB written to stderr at start (and every byte was kept in the temporary file:
+    # a server writing without end filled the disk). The last line stays readable.
+    async with McpServers([hostile("stderr-flood")]) as mcp:
+        stderr = mcp._connections[0]._stderr
+        assert stderr is not None
+        size = os.fstat(stderr.fileno()).st_size
+        for _ in range(100):  # trimmed within a second or so of connecting
+            size = os.fstat(stderr.fileno()).st_size
+            if size <= MAX_STDERR_BYTES:
+                break
+            await asyncio.sleep(0.1)
+        assert size <= MAX_STDERR_BYTES
+        assert mcp._connections[0]._stderr_tail() == "the last stderr line"
+        with pytest.raises(ToolCallError, match=r"not available.*the server gave up"):
+            await call(mcp.tools(), "h__crash")

@@ -30,6 +30,7 @@ SDK does) and awaits every task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -63,6 +64,8 @@ _log = logging.getLogger(__name__)
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI and Anthropic accept for a tool name
+MAX_STDERR_BYTES = 1024 * 1024  # of a server's stderr kept on disk, checked every second
+_TRIM_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,7 +262,10 @@ class _Connection:
                     self.listed = await _list_tools(client, c.name)
                 self._client = client
                 self._ready.set()
-                await stop.wait()
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), _TRIM_EVERY_S)
+                    await asyncio.to_thread(self._trim_stderr)
                 self._client = None
             if lost and not self._closed:
                 self.failure = await self._explain("it exited or closed its connection")
@@ -275,6 +281,24 @@ class _Connection:
     async def _explain(self, why: str) -> str:
         tail = await asyncio.to_thread(self._stderr_tail)
         return f"{why} (last line on its stderr: {tail})" if tail else why
+
+    def _trim_stderr(self) -> None:
+        """Keep the server's stderr file under ``MAX_STDERR_BYTES`` (a server may write
+        gigabytes there): past it, only its last 4000 bytes stay. The file offset is shared
+        with the server's process, so moving it makes the server write after those."""
+        if self._stderr is None or self._stderr.closed:
+            return
+        try:
+            fd = self._stderr.fileno()
+            size = os.fstat(fd).st_size
+            if size <= MAX_STDERR_BYTES:
+                return
+            keep = os.pread(fd, 4000, size - 4000)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, keep, 0)
+            os.lseek(fd, len(keep), os.SEEK_SET)
+        except (ValueError, OSError):
+            return  # closed meanwhile by the runner's own exit
 
     def _stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:

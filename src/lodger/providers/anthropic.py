@@ -50,11 +50,21 @@ from anthropic.types import (
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
+    MALFORMED,
+    SinkFailed,
+    brief,
     error_for_status,
+    finish_reason,
+    guarded_sink,
+    malformed,
+    sized,
     stream_unfinished,
     timed_out,
+    token_count,
     unreachable,
     unreadable,
+    within,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -88,10 +98,12 @@ class AnthropicModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
         max_tokens: int = 4096,
         thinking_budget: int | None = None,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._max_tokens = max_tokens
         # Extended thinking: the signed thinking blocks come back as provider_state and are
         # replayed with the assistant turn, as the API requires when tools are used.
@@ -123,7 +135,10 @@ class AnthropicModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        folded = _EventFolder(on_text)
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
+        folded = _EventFolder(guarded_sink(on_text))
         try:
             max_tokens = (
                 request.max_output_tokens
@@ -149,19 +164,23 @@ class AnthropicModel:
             async with stream:
                 async for event in stream:
                     folded.feed(event)
+            if not folded.stopped:
+                raise stream_unfinished(self.spec, "the message stopped")
+            return sized(folded.response())
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc, spec=self.spec) from exc
         except (httpx2.RequestError, ssl.SSLError) as exc:
             # The SDK does not wrap transport failures that happen while reading a stream.
             raise ProviderError(
-                f"{self.spec}: the connection broke mid-answer ({exc})",
+                f"{self.spec}: the connection broke mid-answer ({brief(exc)})",
                 retryable=True,
                 code="provider_connection",
                 hint="the request is retried",
             ) from exc
-        if not folded.stopped:
-            raise stream_unfinished(self.spec, "the message stopped")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
 
 def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
@@ -292,11 +311,11 @@ class _EventFolder:
             usage = event.message.usage
             # Cached prompt tokens are counted apart from input_tokens; all were input.
             self._input_tokens = (
-                usage.input_tokens
-                + (usage.cache_creation_input_tokens or 0)
-                + (usage.cache_read_input_tokens or 0)
+                token_count(usage.input_tokens, "input")
+                + token_count(usage.cache_creation_input_tokens, "cache creation")
+                + token_count(usage.cache_read_input_tokens, "cache read")
             )
-            self._output_tokens = usage.output_tokens
+            self._output_tokens = token_count(usage.output_tokens, "output")
         elif isinstance(event, RawContentBlockStartEvent):
             block = event.content_block
             if isinstance(block, ToolUseBlock):
@@ -325,8 +344,9 @@ class _EventFolder:
             elif isinstance(delta, SignatureDelta) and event.index in self._thinking:
                 self._thinking[event.index]["signature"] += delta.signature
         elif isinstance(event, RawMessageDeltaEvent):
-            self.finish_reason = event.delta.stop_reason or self.finish_reason
-            self._output_tokens = event.usage.output_tokens
+            if event.delta.stop_reason:
+                self.finish_reason = finish_reason(event.delta.stop_reason)
+            self._output_tokens = token_count(event.usage.output_tokens, "output")
         elif isinstance(event, RawMessageStopEvent):
             self.stopped = True
 
@@ -357,7 +377,7 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
         if status < 400:
             # An error event inside a stream that began with 200: judge it by its type.
             return ProviderError(
-                f"{spec}: the stream failed ({exc.type}): {detail}",
+                f"{spec}: the stream failed ({exc.type}): {brief(detail)}",
                 retryable=exc.type in _TRANSIENT_TYPES,
                 code="provider_stream",
             )
@@ -370,4 +390,4 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
         return unreachable(spec, exc.message)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return unreadable(spec, exc.message, exc.status_code)
-    return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
+    return ProviderError(f"{spec}: {brief(exc)}", retryable=False, code="provider_client")

@@ -29,11 +29,21 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
+    MALFORMED,
+    SinkFailed,
+    brief,
     error_for_status,
+    finish_reason,
+    guarded_sink,
+    malformed,
+    sized,
     stream_unfinished,
     timed_out,
+    token_count,
     unreachable,
     unreadable,
+    within,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -63,8 +73,10 @@ class OpenAIChatModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._base_url = base_url
         self._client = openai_client(
             base_url=base_url, api_key=api_key, max_retries_sdk=max_retries_sdk, timeout=timeout
@@ -83,8 +95,11 @@ class OpenAIChatModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
         limit = request.max_output_tokens
-        folded = _ChunkFolder(on_text)
+        folded = _ChunkFolder(guarded_sink(on_text))
         try:
             stream = await self._client.chat.completions.create(
                 model=self._model,
@@ -100,11 +115,15 @@ class OpenAIChatModel:
             async with stream:
                 async for chunk in stream:
                     folded.feed(chunk)
+            if folded.finish_reason is None:
+                raise stream_unfinished(self.spec, "the model finished its answer")
+            return sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
-        if folded.finish_reason is None:
-            raise stream_unfinished(self.spec, "the model finished its answer")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
 
 def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
@@ -173,7 +192,8 @@ class _ChunkFolder:
     def feed(self, chunk: ChatCompletionChunk) -> None:
         if chunk.usage is not None:
             self.usage = Usage(
-                input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens
+                input_tokens=token_count(chunk.usage.prompt_tokens, "prompt"),
+                output_tokens=token_count(chunk.usage.completion_tokens, "completion"),
             )
         for choice in chunk.choices:
             if choice.index != 0:
@@ -190,7 +210,7 @@ class _ChunkFolder:
             for piece in delta.tool_calls or ():
                 self._feed_call(piece.index, piece.id, piece.function)
             if choice.finish_reason is not None:
-                self.finish_reason = choice.finish_reason
+                self.finish_reason = finish_reason(choice.finish_reason)
 
     def _feed_call(
         self, index: int, call_id: str | None, function: ChoiceDeltaToolCallFunction | None
@@ -275,8 +295,8 @@ def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> Provide
         # An error event inside a stream that started fine: the server failed mid-answer.
         kind = exc.type or exc.code or ""
         return ProviderError(
-            f"{spec}: the stream failed: {exc.message}",
+            f"{spec}: the stream failed: {brief(exc.message)}",
             retryable=kind not in _REQUEST_FAULTS,
             code="provider_stream",
         )
-    return ProviderError(f"{spec}: {exc}", retryable=False, code="provider_client")
+    return ProviderError(f"{spec}: {brief(exc)}", retryable=False, code="provider_client")

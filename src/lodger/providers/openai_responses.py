@@ -42,7 +42,19 @@ from openai.types.shared_params import Reasoning
 
 from lodger.errors import ProviderError
 from lodger.events import ProposedCall, Usage
-from lodger.providers._errors import stream_unfinished
+from lodger.providers._errors import (
+    ANSWER_TIMEOUT,
+    MALFORMED,
+    SinkFailed,
+    brief,
+    finish_reason,
+    guarded_sink,
+    malformed,
+    sized,
+    stream_unfinished,
+    token_count,
+    within,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
@@ -80,10 +92,12 @@ class OpenAIResponsesModel:
         api_key: str | None = None,
         max_retries_sdk: int = 0,
         timeout: float = 120,
+        answer_timeout: float = ANSWER_TIMEOUT,
         reasoning_summary: ReasoningSummary | None = None,
         replay_reasoning: bool = False,
     ) -> None:
         self._model = model
+        self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
         self._reasoning_summary = reasoning_summary
         # Stateless replay of reasoning models: ask for the encrypted reasoning items, keep
         # them as provider_state, and send them back before the calls they led to.
@@ -104,10 +118,13 @@ class OpenAIResponsesModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
+
+    async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
         reasoning: Reasoning | openai.Omit = openai.omit
         if self._reasoning_summary is not None:
             reasoning = {"summary": self._reasoning_summary}
-        folded = _EventFolder(on_text)
+        folded = _EventFolder(guarded_sink(on_text))
         try:
             stream = await self._client.responses.create(
                 model=self._model,
@@ -130,17 +147,21 @@ class OpenAIResponsesModel:
                 async for event in stream:
                     self._check_failure(event)
                     folded.feed(event)
+            if folded.finish_reason is None:
+                raise stream_unfinished(self.spec, "the response completed")
+            return sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
-        if folded.finish_reason is None:
-            raise stream_unfinished(self.spec, "the response completed")
-        return folded.response()
+        except SinkFailed as exc:
+            raise exc.__cause__ or exc from None
+        except MALFORMED as exc:
+            raise malformed(self.spec, exc) from exc
 
     def _check_failure(self, event: ResponseStreamEvent) -> None:
         """Turn the in-stream failure events into a ``ProviderError``."""
         if isinstance(event, ResponseErrorEvent):
             raise ProviderError(
-                f"{self.spec}: the stream failed: {event.message}",
+                f"{self.spec}: the stream failed: {brief(event.message)}",
                 retryable=(event.code or "server_error") in _TRANSIENT_CODES,
                 code="provider_stream",
             )
@@ -149,7 +170,7 @@ class OpenAIResponsesModel:
             code = error.code if error is not None else "server_error"
             message = error.message if error is not None else "no reason given"
             raise ProviderError(
-                f"{self.spec}: the response failed ({code}): {message}",
+                f"{self.spec}: the response failed ({code}): {brief(message)}",
                 retryable=code in _TRANSIENT_CODES,
                 code="provider_failed",
             )
@@ -273,11 +294,11 @@ class _EventFolder:
             self._finish(event.response, (details and details.reason) or "incomplete")
 
     def _finish(self, response: Response, reason: str) -> None:
-        self.finish_reason = reason
+        self.finish_reason = finish_reason(reason)
         if response.usage is not None:
             self.usage = Usage(
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
+                input_tokens=token_count(response.usage.input_tokens, "input"),
+                output_tokens=token_count(response.usage.output_tokens, "output"),
             )
 
     def response(self) -> ModelResponse:

@@ -30,9 +30,11 @@ SDK does) and awaits every task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -62,6 +64,8 @@ _log = logging.getLogger(__name__)
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI and Anthropic accept for a tool name
+MAX_STDERR_BYTES = 1024 * 1024  # of a server's stderr kept on disk, checked every second
+_TRIM_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +97,8 @@ class McpServerConfig:
                 f"MCP server {self.name!r} needs exactly one of command (stdio) or url (HTTP)",
                 hint='e.g. command = "mcp-server-time" or url = "http://127.0.0.1:8000/mcp"',
             )
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        # not (t > 0): NaN too (TOML has nan), which no comparison rejects
+        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
 
     @property
@@ -157,11 +162,29 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _describe(exc: BaseException) -> str:
+    """Why a server failed, on one line of at most about 500 characters: it may quote the
+    server or the SDK's validation (a page of lines, or a megabyte), and it goes into a
+    ConfigError and ``failures()``."""
+    lines = _why(exc).strip().splitlines() or [""]
+    why = lines[0] if len(lines) == 1 else f"{lines[0]} ({len(lines) - 1} more lines cut)"
+    if len(why) <= 500:
+        return why
+    return f"{why[:500]}... ({len(why) - 500} more characters cut)"
+
+
+def _why(exc: BaseException) -> str:
     from mcp.shared.exceptions import MCPError
 
     leaf = _leaf(exc)
     if isinstance(leaf, MCPError):
         return leaf.message
+    if isinstance(leaf, ValidationError):  # one line, not pydantic's page of them
+        first = leaf.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return (
+            f"it answered with something that is not valid MCP ({leaf.error_count()} "
+            f"problems; the first at {where}: {first['msg']})"
+        )
     if isinstance(leaf, TimeoutError):
         return "it did not finish connecting in time"
     return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
@@ -197,7 +220,11 @@ class _Connection:
         c = self.config
         if c.command is not None:
             params = StdioServerParameters(
-                command=c.command, args=list(c.args), env=dict(c.env) or None, cwd=c.cwd
+                command=c.command,
+                args=list(c.args),
+                env=dict(c.env) or None,
+                cwd=c.cwd,
+                encoding_error_handler="replace",
             )
             assert self._stderr is not None
             return stdio_client(params, errlog=self._stderr)
@@ -232,10 +259,13 @@ class _Connection:
                     client = await stack.enter_async_context(
                         Client(transport, client_info=_client_info())
                     )
-                    self.listed = await _list_tools(client)
+                    self.listed = await _list_tools(client, c.name)
                 self._client = client
                 self._ready.set()
-                await stop.wait()
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), _TRIM_EVERY_S)
+                    await asyncio.to_thread(self._trim_stderr)
                 self._client = None
             if lost and not self._closed:
                 self.failure = await self._explain("it exited or closed its connection")
@@ -252,12 +282,33 @@ class _Connection:
         tail = await asyncio.to_thread(self._stderr_tail)
         return f"{why} (last line on its stderr: {tail})" if tail else why
 
+    def _trim_stderr(self) -> None:
+        """Keep the server's stderr file under ``MAX_STDERR_BYTES`` (a server may write
+        gigabytes there): past it, only its last 4000 bytes stay. The file offset is shared
+        with the server's process, so moving it makes the server write after those."""
+        if self._stderr is None or self._stderr.closed:
+            return
+        try:
+            fd = self._stderr.fileno()
+            size = os.fstat(fd).st_size
+            if size <= MAX_STDERR_BYTES:
+                return
+            keep = os.pread(fd, 4000, size - 4000)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, keep, 0)
+            os.lseek(fd, len(keep), os.SEEK_SET)
+        except (ValueError, OSError):
+            return  # closed meanwhile by the runner's own exit
+
     def _stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:
             return ""
         try:
-            self._stderr.seek(0)
-            text = self._stderr.read()[-4000:]
+            # only the end, as bytes: a server may have written gigabytes there, or bytes
+            # that are not UTF-8
+            fd = self._stderr.fileno()
+            size = os.fstat(fd).st_size
+            text = os.pread(fd, 4000, max(0, size - 4000)).decode("utf-8", "replace")
         except (ValueError, OSError):
             # closed meanwhile by the runner's own exit (another thread): a call that
             # explains the crash must not fail on its explanation
@@ -433,13 +484,27 @@ def _client_info() -> mcp_types.Implementation:
     return mcp_types.Implementation(name="lodger", version="0.1")
 
 
-async def _list_tools(client: Client) -> list[mcp_types.Tool]:
+# Tools bound from one server. Checking a schema takes about a millisecond on the event
+# loop, so 100 000 listed tools would stall every other task for minutes; real servers
+# list tens (the 20 of the tool_search catalog: 633 in all).
+MAX_TOOLS_PER_SERVER = 2000
+
+
+async def _list_tools(client: Client, server: str) -> list[mcp_types.Tool]:
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     for _ in range(1000):  # a server whose cursor never ends cannot hang us
         page = await client.list_tools(cursor=cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
+        if len(tools) > MAX_TOOLS_PER_SERVER:
+            _log.warning(
+                "MCP server %r lists more than %d tools; only the first %d are bound",
+                server,
+                MAX_TOOLS_PER_SERVER,
+                MAX_TOOLS_PER_SERVER,
+            )
+            return tools[:MAX_TOOLS_PER_SERVER]
         if not cursor:
             break
     return tools
@@ -465,16 +530,26 @@ def _bind(
     *,
     config: McpServerConfig | None,
     connection: _Connection | None,
+    taken: set[str] | None = None,
 ) -> tuple[list[Tool], dict[str, str]]:
     """The tools, and why each unusable one cannot be called, by bound name."""
     out: list[Tool] = []
     unusable: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    taken = set() if taken is None else taken  # bound names, of every server so far
     for d in definitions:
         raw = str(d["name"])
         group = config.name if config is not None else str(d.get("group") or "catalog")
+        if (group, raw) in seen:  # listed twice: the first stands, a call names it once
+            _log.warning("MCP server %r lists tool %r twice; the second is ignored", group, raw)
+            continue
+        seen.add((group, raw))
         name = mcp_tool_name(group, raw) if config or d.get("group") else raw
+        if name in taken:  # another tool's name mangles to the same: tell them apart
+            name = _distinct(group, raw, taken)
+        taken.add(name)
         schema = d.get("inputSchema") or {"type": "object"}
-        description = str(d.get("description") or "")
+        description = _bounded(str(d.get("description") or ""))
         handler = _handler(raw, group, connection)
         problem = schema_problem(schema)
         if problem is not None:
@@ -499,6 +574,33 @@ def _bind(
     return out, unusable
 
 
+def _distinct(group: str, raw: str, taken: set[str]) -> str:
+    """A bound name for ``raw`` that no earlier tool has, when its plain one is taken
+    (``a.b`` and ``a_b`` both become ``<server>__a_b``): it ends in a hash of the name."""
+    base = _UNSAFE.sub("_", f"{group}__{raw}")
+    for salt in range(100):
+        digest = hashlib.sha256(f"{group}__{raw}#{salt}".encode()).hexdigest()[:8]
+        name = f"{base[: MAX_NAME - 9]}_{digest}"
+        if name not in taken:
+            return name
+    raise ConfigError(f"MCP tool names of {group!r} collide past telling apart ({raw!r})")
+
+
+# What one MCP tool may put into every model request that shows it: a server's listing is
+# not trusted to be reasonable (a 10 MB description would be sent with every step).
+MAX_DESCRIPTION = 8000  # characters; the largest of 633 real tools' is under 3000
+MAX_SCHEMA_BYTES = 64 * 1024  # canonical JSON; the largest real one is under 2 KB
+
+
+def _bounded(description: str) -> str:
+    if len(description) <= MAX_DESCRIPTION:
+        return description
+    return (
+        f"{description[:MAX_DESCRIPTION]}\n[lodger cut this description: it has "
+        f"{len(description)} characters, more than {MAX_DESCRIPTION}]"
+    )
+
+
 # Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
 _MAX_SCHEMA_DEPTH = 100
@@ -516,9 +618,11 @@ def schema_problem(schema: object) -> str | None:
     if _depth(schema) > _MAX_SCHEMA_DEPTH:  # before anything recursive walks it
         return f"is nested more than {_MAX_SCHEMA_DEPTH} levels deep"
     try:
-        canonical_json(schema)  # what a step records as the tool's schema digest
+        size = len(canonical_json(schema))  # what a step records as the tool's schema digest
     except (ValueError, UnicodeEncodeError):
         return "holds values that are not JSON (NaN, infinities or invalid Unicode)"
+    if size > MAX_SCHEMA_BYTES:  # it would be sent with every step that shows the tool
+        return f"is {size} bytes of JSON, more than {MAX_SCHEMA_BYTES}"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -637,12 +741,15 @@ class McpServers:
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
+        taken: set[str] = set()  # "a" + "_x" and "a_" + "x" both mangle to a___x
         for connection in self._connections:
             definitions = [
                 {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
                 for t in connection.listed
             ]
-            tools, unusable = _bind(definitions, config=connection.config, connection=connection)
+            tools, unusable = _bind(
+                definitions, config=connection.config, connection=connection, taken=taken
+            )
             self._tools.extend(tools)
             self._unusable.update(unusable)
         return self

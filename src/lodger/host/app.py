@@ -47,6 +47,8 @@ __all__ = ["API_VERSION", "create_app"]
 API_VERSION = "1"
 #: the largest request body the host reads (a declared Content-Length over it is refused)
 MAX_REQUEST = 1024 * 1024
+#: the largest offset a request may name: storage keeps offsets as signed 64-bit integers
+MAX_OFFSET = 2**62
 
 SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -499,7 +501,7 @@ def create_app(
     @app.get("/v1/sessions/{session_id}/events", tags=["events"])
     async def events(
         session_id: Session,
-        start: Annotated[int, Query(ge=0)] = 0,
+        start: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     ) -> EventPage:
         """Committed facts ``[start, start + limit)``, verified."""
@@ -514,10 +516,10 @@ def create_app(
     )
     async def stream(
         session_id: Session,
-        start: Annotated[int | None, Query(ge=0)] = None,
+        start: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
         follow: bool = True,
-        last_event_id: Annotated[
-            str | None, Header(alias="Last-Event-ID", max_length=20, pattern=r"^[0-9]+$")
+        last_event_id: Annotated[  # at most 18 digits: below MAX_OFFSET
+            str | None, Header(alias="Last-Event-ID", max_length=18, pattern=r"^[0-9]+$")
         ] = None,
     ) -> StreamingResponse:
         """The session's facts as server-sent events from ``start`` (or after

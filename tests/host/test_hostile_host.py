@@ -1,0 +1,53 @@
+"""Adversarial checks of the HTTP host (an audit): offsets past what storage can hold,
+streams a client walks away from, cookies, webhook signatures and replays. Every answer
+is a clean 4xx with the documented error body, and nothing committed is lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+
+from ._support import running_host, write_script
+
+
+async def test_offsets_past_what_storage_holds_are_a_4xx_not_a_500(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        sent = await c.send(sid, "go", key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+        stored = await c.events(sid)
+        async with httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}, timeout=30
+        ) as raw:
+            for start in (2**63, 10**30):
+                page = await raw.get(f"/v1/sessions/{sid}/events", params={"start": start})
+                assert page.status_code == 422, page.text
+                assert page.json()["error"]["code"] == "invalid_request"
+                streamed = await raw.get(
+                    f"/v1/sessions/{sid}/stream", params={"start": start, "follow": "false"}
+                )
+                assert streamed.status_code == 422, streamed.text
+                assert streamed.json()["error"]["code"] == "invalid_request"
+            # a browser's Last-Event-ID past 2**63 (20 digits): refused, not a stream
+            # that breaks after its first line with a traceback in the host's log
+            for last in ("9" * 20, str(2**63 - 1)):
+                resumed = await raw.get(
+                    f"/v1/sessions/{sid}/stream",
+                    params={"follow": "false"},
+                    headers={"Last-Event-ID": last},
+                )
+                assert resumed.status_code == 422, resumed.text
+                assert resumed.json()["error"]["code"] == "invalid_request"
+            # the largest offsets still accepted read as "nothing there yet", cleanly
+            edge = await raw.get(f"/v1/sessions/{sid}/events", params={"start": 2**62})
+            assert edge.status_code == 200 and edge.json()["events"] == []
+            tail = await raw.get(
+                f"/v1/sessions/{sid}/stream",
+                params={"follow": "false"},
+                headers={"Last-Event-ID": "9" * 18},
+            )
+            assert tail.status_code == 200
+            assert tail.text == ": lodger stream\n\n"
+        assert [f.data for f in await c.events(sid)] == [f.data for f in stored]

@@ -51,3 +51,26 @@ async def test_offsets_past_what_storage_holds_are_a_4xx_not_a_500(tmp_path: Pat
             assert tail.status_code == 200
             assert tail.text == ": lodger stream\n\n"
         assert [f.data for f in await c.events(sid)] == [f.data for f in stored]
+
+
+async def test_the_cookie_trade_keeps_the_token_that_authenticated(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        sid = await c.create_session()
+        async with httpx2.AsyncClient(base_url=host.url, timeout=30) as browser:
+            traded = await browser.post(
+                "/v1/auth/cookie", headers={"Authorization": f"Bearer {host.token}"}
+            )
+            assert traded.status_code == 204
+            assert (await browser.get(f"/v1/sessions/{sid}")).status_code == 200
+            # authenticated by the cookie, with another scheme's header alongside (a proxy's
+            # Basic auth): the cookie must stay the bearer token, not become that header
+            again = await browser.post(
+                "/v1/auth/cookie", headers={"Authorization": "Basic dXNlcjpwYXNz"}
+            )
+            assert again.status_code == 204
+            assert browser.cookies.get("lodger_token") == host.token
+            assert (await browser.get(f"/v1/sessions/{sid}")).status_code == 200
+            # a scheme-less header is no bearer token either
+            third = await browser.post("/v1/auth/cookie", headers={"Authorization": "x y"})
+            assert third.status_code == 204
+            assert (await browser.get(f"/v1/sessions/{sid}")).status_code == 200

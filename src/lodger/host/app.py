@@ -447,8 +447,11 @@ def create_app(
     async def cookie(request: Request, who: Grant) -> Response:
         """Trade the bearer token for an HttpOnly cookie (for the timeline page, whose
         EventSource cannot send headers)."""
-        header = request.headers.get("authorization", "")
-        token = header.partition(" ")[2].strip() or request.cookies.get(COOKIE, "")
+        # the token that authenticated: a bearer header's, else the cookie's (another
+        # scheme's header, such as a proxy's Basic auth, is not a token of ours)
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        token = value.strip() if scheme.lower() == "bearer" else ""
+        token = token or request.cookies.get(COOKIE, "")
         response = Response(status_code=204)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
         return response

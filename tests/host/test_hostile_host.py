@@ -7,6 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx2
+import pytest
+
+from lodger.errors import ConfigError
+from lodger.host.webhooks import load_hooks
 
 from ._support import running_host, write_script
 
@@ -74,3 +78,13 @@ async def test_the_cookie_trade_keeps_the_token_that_authenticated(tmp_path: Pat
             third = await browser.post("/v1/auth/cookie", headers={"Authorization": "x y"})
             assert third.status_code == 204
             assert (await browser.get(f"/v1/sessions/{sid}")).status_code == 200
+
+
+def test_a_hooks_file_naming_an_invalid_session_is_refused_when_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "hooks.toml"
+    for session in ('"../evil"', '"a b"', '""', "7", '"x\\n"'):
+        path.write_text(f'[hooks.gh]\nsecret = "0123456789"\nsession = {session}\n')
+        with pytest.raises(ConfigError, match="names session"):
+            load_hooks(path, {})
+    path.write_text('[hooks.gh]\nsecret = "0123456789"\nsession = "triage-1.a_b"\n')
+    assert load_hooks(path, {})["gh"].session == "triage-1.a_b"

@@ -4,12 +4,15 @@ is a clean 4xx with the documented error body, and nothing committed is lost."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from lodger.errors import ConfigError
+from lodger.errors import ConfigError, LodgerError
 from lodger.host.webhooks import load_hooks
 
 from ._support import running_host, write_script
@@ -88,3 +91,41 @@ def test_a_hooks_file_naming_an_invalid_session_is_refused_when_loaded(tmp_path:
             load_hooks(path, {})
     path.write_text('[hooks.gh]\nsecret = "0123456789"\nsession = "triage-1.a_b"\n')
     assert load_hooks(path, {})["gh"].session == "triage-1.a_b"
+
+
+async def test_a_stream_over_a_damaged_log_ends_with_an_error_event(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    state = tmp_path / "state"
+    async with running_host(state, models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        sent = await c.send(sid, "go", key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+    with sqlite3.connect(state / "log.sqlite3") as db:  # changed outside lodger
+        db.execute("UPDATE events SET data = replace(data, 'go', 'GO') WHERE \"offset\" = 1")
+    async with (
+        running_host(state, models=(model,)) as host,
+        httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}, timeout=30
+        ) as raw,
+    ):
+        for params in ({"follow": "false"}, {}):  # up to now, and live
+            async with raw.stream("GET", f"/v1/sessions/{sid}/stream", params=params) as got:
+                assert got.status_code == 200
+                text = (await got.aread()).decode()
+            blocks = [b for b in text.split("\n\n") if b.strip()]
+            # a read that fails verification hands out none of its facts
+            assert [b.splitlines()[0] for b in blocks[1:]] == ["event: error"], text
+            error = json.loads(blocks[-1].splitlines()[1].removeprefix("data: "))
+            assert error["error"]["code"] == "digest_mismatch"
+            assert error["error"]["session_id"] == sid and error["error"]["offset"] == 1
+        # the client raises it (it used to reconnect and read the same cut stream forever)
+        async with host.client() as c:
+
+            async def drain() -> None:
+                async with asyncio.timeout(20):
+                    async for _ in c.stream(sid):
+                        pass
+
+            with pytest.raises(LodgerError) as raised:
+                await drain()
+            assert raised.value.code == "digest_mismatch" and raised.value.offset == 1

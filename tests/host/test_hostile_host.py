@@ -114,7 +114,7 @@ async def test_a_stream_over_a_damaged_log_ends_with_an_error_event(tmp_path: Pa
                 text = (await got.aread()).decode()
             blocks = [b for b in text.split("\n\n") if b.strip()]
             # a read that fails verification hands out none of its facts
-            assert [b.splitlines()[0] for b in blocks[1:]] == ["event: error"], text
+            assert [b.splitlines()[0] for b in blocks[1:]] == ["event: stream_error"], text
             error = json.loads(blocks[-1].splitlines()[1].removeprefix("data: "))
             assert error["error"]["code"] == "digest_mismatch"
             assert error["error"]["session_id"] == sid and error["error"]["offset"] == 1
@@ -129,3 +129,41 @@ async def test_a_stream_over_a_damaged_log_ends_with_an_error_event(tmp_path: Pa
             with pytest.raises(LodgerError) as raised:
                 await drain()
             assert raised.value.code == "digest_mismatch" and raised.value.offset == 1
+
+
+@pytest.mark.slow
+async def test_the_timeline_stops_and_says_why_on_a_damaged_log(tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright
+
+    from .test_timeline import ARGS, CHROMIUM
+
+    hostile = '<img src=x onerror="document.title=1">'
+    model = write_script(tmp_path / "s.json", [{"text": hostile}])
+    state = tmp_path / "state"
+    async with running_host(state, models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        sent = await c.send(sid, hostile, key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+    requests: list[str] = []
+    async with running_host(state, models=(model,)) as host, async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = await browser.new_page()
+            page.on("request", lambda r: requests.append(r.url))
+            await page.goto(f"{host.url}/timeline/{sid}#token={host.token}")
+            await page.locator(".end").first.wait_for(timeout=20_000)
+            assert await page.locator("img").count() == 0  # hostile input stays text
+            assert await page.title() != "1"
+            with sqlite3.connect(state / "log.sqlite3") as db:  # damaged under the page
+                db.execute(
+                    "UPDATE events SET data = replace(data, 'img', 'IMG') WHERE \"offset\" = 1"
+                )
+            await page.reload()  # the cookie holds the token now
+            status = page.locator("#status", has_text="stopped")
+            await status.wait_for(timeout=20_000)
+            assert "digest_mismatch" in await status.inner_text()
+            streams = len([u for u in requests if u.endswith("/stream")])
+            await asyncio.sleep(4)  # EventSource's own retry is ~3 s: it must not reconnect
+            assert len([u for u in requests if u.endswith("/stream")]) == streams
+        finally:
+            await browser.close()

@@ -527,7 +527,7 @@ def create_app(
     ) -> StreamingResponse:
         """The session's facts as server-sent events from ``start`` (or after
         ``Last-Event-ID``), then live as they commit (``follow=false``: up to now). A
-        stream that cannot go on (a damaged log) ends with an ``error`` event whose data
+        stream that cannot go on (a damaged log) ends with a ``stream_error`` event whose data
         is the error body."""
         first = start if start is not None else 0
         if last_event_id is not None:
@@ -556,7 +556,7 @@ def create_app(
                             # the status line went out already: say why the stream ends (a
                             # damaged log, fail closed) as a last event, not a cut connection
                             error = json.dumps(error_body(exc), ensure_ascii=False)
-                            yield f"event: error\ndata: {error}\n\n".encode()
+                            yield f"event: stream_error\ndata: {error}\n\n".encode()
                             return
                         finally:
                             pending = None

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from lodger.errors import ConfigError, LodgerError
+from lodger.errors import ConfigError, CorruptLogError, LodgerError
+from lodger.events import EventDraft, TurnStarted
 from lodger.host.webhooks import load_hooks
+from lodger.storage import Storage
 
 from ._support import running_host, write_script
 
@@ -167,3 +169,44 @@ async def test_the_timeline_stops_and_says_why_on_a_damaged_log(tmp_path: Path) 
             assert len([u for u in requests if u.endswith("/stream")]) == streams
         finally:
             await browser.close()
+
+
+async def test_a_bounded_read_while_a_turn_appends_is_no_gap(tmp_path: Path) -> None:
+    # GET /events (always bounded) and a stream's pages read while a turn appends: an
+    # event committed between the read and its end-of-log check is not a damaged log
+    storage = Storage.local(tmp_path / "state")
+    writer = await storage.log.open_writer("s1")
+    refused: list[str] = []
+
+    async def append() -> None:
+        for offset in range(300):
+            draft = EventDraft(
+                id=f"e{offset}", ts=1_700_000_000_000_000 + offset, body=TurnStarted(input="x")
+            )
+            await writer.append([draft], expected_offset=offset)
+
+    async def read() -> int:
+        reads = 0
+        while not appending.done():
+            head = (await storage.log.head("s1")).high_water
+            try:
+                await storage.log.read("s1", start=max(head - 1, 0), end=head + 500)
+            except CorruptLogError as exc:
+                refused.append(f"{exc.code} at {exc.offset}")
+            reads += 1
+            await asyncio.sleep(0)
+        return reads
+
+    appending = asyncio.create_task(append())
+    _, reads = await asyncio.gather(appending, read())
+    await writer.close()
+    assert reads > 50 and refused == []
+    # a real gap is still one: a record gone from the middle, read up to it
+    await storage.close()
+    with sqlite3.connect(tmp_path / "state" / "log.sqlite3") as db:
+        db.execute('DELETE FROM events WHERE "offset" >= 100 AND "offset" < 200')
+    storage = Storage.local(tmp_path / "state")
+    with pytest.raises(CorruptLogError) as gap:
+        await storage.log.read("s1", start=50, end=150)
+    assert gap.value.code == "gap" and gap.value.offset == 100
+    await storage.close()

@@ -58,9 +58,12 @@ class SessionFeed:
 class Feeds:
     """One ``SessionFeed`` per session that has been published to or followed."""
 
-    def __init__(self, log: EventLog, *, window: int = 2048, poll_s: float = 1.0) -> None:
+    def __init__(
+        self, log: EventLog, *, window: int = 2048, poll_s: float = 1.0, page: int = 500
+    ) -> None:
         self.log = log
         self.window = window
+        self.page = page
         self.poll_s = poll_s
         self._feeds: dict[str, SessionFeed] = {}
 
@@ -84,8 +87,10 @@ class Feeds:
         while True:
             wake = feed.wake  # taken before looking, so a publish after it wakes us
             batch = None if read_log or not follow else feed.window_from(next_offset)
-            if batch is None:
-                batch = await self.log.read(session_id, start=next_offset)
+            if batch is None:  # a page at a time: a stream holds one page, however long
+                # the log and however slowly its client reads
+                end = next_offset + self.page
+                batch = await self.log.read(session_id, start=next_offset, end=end)
             read_log = False
             for event in batch:
                 if event.offset != next_offset:  # never skip, never repeat

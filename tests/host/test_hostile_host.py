@@ -252,3 +252,20 @@ async def test_a_stream_reads_a_long_log_a_page_at_a_time(tmp_path: Path) -> Non
     assert all(end is not None and end - start <= 100 for start, end in log.ranges)
     await live.aclose()
     await log.close()
+
+
+async def test_made_up_methods_add_no_metric_series(tmp_path: Path) -> None:
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        port = int(host.url.rsplit(":", 1)[1])
+        for n in range(40):  # no token needed: every request is counted
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"M{n:04d} /x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n".encode())
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 404")
+            writer.close()
+            await writer.wait_closed()
+        text = await c.metrics()
+        counted = [line for line in text.splitlines() if 'route="unmatched"' in line]
+        assert counted == [
+            'lodger_host_requests_total{method="other",route="unmatched",status="404"} 40'
+        ]

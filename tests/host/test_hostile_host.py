@@ -269,3 +269,33 @@ async def test_made_up_methods_add_no_metric_series(tmp_path: Path) -> None:
         assert counted == [
             'lodger_host_requests_total{method="other",route="unmatched",status="404"} 40'
         ]
+
+
+def _fact(session_id: str, offset: int) -> Event:
+    return Event(
+        offset=offset,
+        session_id=session_id,
+        id=f"{session_id}-{offset}",
+        ts=1_700_000_000_000_000 + offset,
+        body=TurnStarted(input="x" * 100),
+        digest="0" * 64,
+    )
+
+
+async def test_windows_of_sessions_nobody_follows_are_not_kept_forever(tmp_path: Path) -> None:
+    # each session a host runs published its facts into a window kept for the host's life
+    log = EventLog(SqliteLogStore(tmp_path / "state"))
+    feeds = Feeds(log, poll_s=3600, keep=8)  # a follower that misses a publish hangs
+    followed = feeds.follow("watched", start=0)
+    first = asyncio.ensure_future(anext(followed))
+    await asyncio.sleep(0.05)  # the follower is waiting on its feed now
+    for n in range(2000):  # sessions that ran here once, each with a few facts
+        feeds.publish(f"s{n}", [_fact(f"s{n}", k) for k in range(5)])
+    held = sum(len(f.recent) for f in feeds._feeds.values())
+    assert len(feeds._feeds) <= 8 and held <= 8 * 5, (len(feeds._feeds), held)
+    # the followed session's feed survived: a fact published to it reaches its follower
+    feeds.publish("watched", [_fact("watched", 0)])
+    got = await asyncio.wait_for(first, 5)
+    assert got.offset == 0 and got.session_id == "watched"
+    await followed.aclose()
+    await log.close()

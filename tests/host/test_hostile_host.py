@@ -299,3 +299,31 @@ async def test_windows_of_sessions_nobody_follows_are_not_kept_forever(tmp_path:
     assert got.offset == 0 and got.session_id == "watched"
     await followed.aclose()
     await log.close()
+
+
+async def test_a_chunked_body_with_a_small_content_length_is_still_bounded(
+    tmp_path: Path,
+) -> None:
+    # Content-Length and Transfer-Encoding together: the server reads the chunked body
+    # (RFC 9112), so a small declared length must not switch the bounded read off
+    async with running_host(tmp_path / "state") as host, host.client() as c:
+        sid = await c.create_session()
+        port = int(host.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: h\r\n"
+                f"Authorization: Bearer {host.token}\r\nContent-Type: application/json\r\n"
+                "Content-Length: 13\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            )
+            sent, size = 0, 1024 * 1024 + 10  # no closing chunk: it must answer when over
+            while sent < size:
+                piece = min(65536, size - sent)
+                writer.write(b"%x\r\n%s\r\n" % (piece, b"x" * piece))
+                sent += piece
+                await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+        assert head.startswith(b"HTTP/1.1 413"), head
+        assert await host.control.messages(session_id=sid) == []

@@ -15,8 +15,9 @@ import pytest
 
 from lodger.errors import ConfigError, CorruptLogError, LodgerError
 from lodger.events import Event, EventDraft, TurnStarted
+from lodger.host import HookConfig
 from lodger.host.feed import Feeds
-from lodger.host.webhooks import load_hooks
+from lodger.host.webhooks import load_hooks, sign
 from lodger.storage import EventLog, SqliteLogStore, Storage
 
 from ._support import running_host, write_script
@@ -327,3 +328,41 @@ async def test_a_chunked_body_with_a_small_content_length_is_still_bounded(
             writer.close()
         assert head.startswith(b"HTTP/1.1 413"), head
         assert await host.control.messages(session_id=sid) == []
+
+
+async def test_a_client_cannot_claim_a_webhook_deliverys_key(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    secret = b"0123456789abcdef"
+    hooks = {"ci": HookConfig(name="ci", secret=secret, session="triage")}
+    async with (
+        running_host(tmp_path / "state", models=(model,), hooks=hooks) as host,
+        host.client() as c,
+        httpx2.AsyncClient(base_url=host.url, timeout=30) as raw,
+    ):
+        body = b'{"build": 1}'
+        signed = {"X-Hub-Signature-256": sign(secret, body)}
+        first = await raw.post("/hooks/ci", content=body, headers={**signed, "X-Delivery-Id": "1"})
+        assert first.status_code == 202, first.text
+        # the session's own token tries to take the next delivery's key, every way it can
+        auth = {"Authorization": f"Bearer {await c.make_token(session_id='triage')}"}
+        path = "/v1/sessions/triage"
+        for made in (
+            await raw.post(
+                f"{path}/messages",
+                json={"text": "x", "idempotency_key": "hook:ci:2"},
+                headers=auth,
+            ),
+            await raw.post(
+                f"{path}/messages",
+                json={"text": "x"},
+                headers={**auth, "Idempotency-Key": "hook:ci:2"},
+            ),
+            await raw.post(f"{path}/resume", json={"idempotency_key": "hook:ci:2"}, headers=auth),
+        ):
+            assert made.status_code == 422, made.text
+            assert made.json()["error"]["code"] == "invalid_request"
+        # so the real delivery still runs
+        second = await raw.post("/hooks/ci", content=body, headers={**signed, "X-Delivery-Id": "2"})
+        assert second.status_code == 202 and second.json()["created"], second.text
+        keys = [m.key for m in await host.control.messages(session_id="triage")]
+        assert keys == ["hook:ci:1", "hook:ci:2"]

@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lodger.control.interface import ControlPlane
@@ -53,7 +53,27 @@ MAX_OFFSET = 2**62
 SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
-Key = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+#: the prefix of the keys the host gives webhook deliveries (``hook:NAME:DELIVERY``): a
+#: client's key may not take one, or it could claim a delivery before it arrives
+HOOK_KEY = "hook:"
+
+
+def _not_a_hook_key(key: str) -> str:
+    if key.startswith(HOOK_KEY):
+        raise ValueError(f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)")
+    return key
+
+
+Key = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description=f"any printable ASCII, not starting with {HOOK_KEY!r}",
+    ),
+    AfterValidator(_not_a_hook_key),
+]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {
@@ -586,6 +606,10 @@ def create_app(
     ) -> Accepted:
         """Queue a turn of ``text``; the same idempotency key returns the same message
         and runs nothing again. The turn runs in the background: follow ``stream``."""
+        if idempotency_key is not None and idempotency_key.startswith(HOOK_KEY):
+            where = ("header", "Idempotency-Key")
+            msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
+            raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
         key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
         message, created = await hub.send(session_id, key=key, text=body.text)
         return Accepted(message=_message(message), created=created, stream=_stream_path(session_id))
@@ -753,7 +777,7 @@ def create_app(
         event = f" ({x_github_event})" if x_github_event else ""
         message, created = await hub.send(
             sid,
-            key=f"hook:{name}:{delivery}",
+            key=f"{HOOK_KEY}{name}:{delivery}",
             text=f"webhook {name}{event}, delivery {delivery}:\n{text}",
         )
         return HookAccepted(session_id=sid, message=_message(message), created=created)

@@ -366,3 +366,43 @@ async def test_a_client_cannot_claim_a_webhook_deliverys_key(tmp_path: Path) -> 
         assert second.status_code == 202 and second.json()["created"], second.text
         keys = [m.key for m in await host.control.messages(session_id="triage")]
         assert keys == ["hook:ci:1", "hook:ci:2"]
+
+
+async def test_held_facts_cannot_forge_sse_lines_and_tokens_never_ride_in_urls(
+    tmp_path: Path,
+) -> None:
+    hostile = "a\n\nid: 999\nevent: turn_ended\ndata: {}\r\rb\u2028c\u0085d\x00e"
+    model = write_script(tmp_path / "s.json", [{"text": hostile}])
+    async with (
+        running_host(tmp_path / "state", models=(model,)) as host,
+        host.client() as c,
+        httpx2.AsyncClient(base_url=host.url, timeout=30) as raw,
+    ):
+        sid = await c.create_session()
+        sent = await c.send(sid, hostile, key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+        stored = await c.events(sid)
+        auth = {"Authorization": f"Bearer {host.token}"}
+        got = await raw.get(f"/v1/sessions/{sid}/stream?follow=false", headers=auth)
+        # one id line per fact, and each data line parses back to the stored fact
+        lines = got.text.split("\n")
+        assert [int(x[4:]) for x in lines if x.startswith("id: ")] == [f.offset for f in stored]
+        datas = [json.loads(x[6:]) for x in lines if x.startswith("data: ")]
+        assert datas == [f.data for f in stored]
+        assert datas[1]["body"]["input"] == hostile
+        # a token in the query string opens nothing (it would end up in access logs)
+        for name in ("token", "access_token", "lodger_token"):
+            leaked = await raw.get(f"/v1/sessions?{name}={host.token}")
+            assert leaked.status_code == 401, leaked.text
+        # another origin (a DNS-rebinding page) gets no CORS grant to read answers
+        rebound = await raw.get(
+            "/v1/sessions",
+            headers={**auth, "Host": "evil.example", "Origin": "http://evil.example"},
+        )
+        assert "access-control-allow-origin" not in rebound.headers
+        preflight = await raw.options(
+            "/v1/sessions",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert preflight.status_code == 405
+        assert "access-control-allow-origin" not in preflight.headers

@@ -406,3 +406,25 @@ async def test_held_facts_cannot_forge_sse_lines_and_tokens_never_ride_in_urls(
         )
         assert preflight.status_code == 405
         assert "access-control-allow-origin" not in preflight.headers
+
+
+async def test_a_message_sent_while_another_writer_holds_the_session_runs(
+    tmp_path: Path,
+) -> None:
+    # a decide or abandon over the host (or `lodger decide`) holds the session's writer
+    # for a moment; a message whose run starts then used to fail for good: session_locked
+    model = write_script(tmp_path / "s.json", {"turns": [[{"text": "one"}], [{"text": "two"}]]})
+    state = tmp_path / "state"
+    async with running_host(state, models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        first = await c.send(sid, "one", key="1")
+        assert (await c.wait_message(sid, first["message"]["id"]))["status"] == "done"
+        other = Storage.local(state)
+        writer = await other.log.open_writer(sid)
+        sent = await c.send(sid, "two", key="2")
+        await asyncio.sleep(0.6)  # the run finds the session locked, maybe more than once
+        await writer.close()
+        done = await c.wait_message(sid, sent["message"]["id"])
+        assert done["status"] == "done", done
+        assert done["result"]["answer"] == "two"
+        await other.close()

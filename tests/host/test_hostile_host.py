@@ -428,3 +428,31 @@ async def test_a_message_sent_while_another_writer_holds_the_session_runs(
         assert done["status"] == "done", done
         assert done["result"]["answer"] == "two"
         await other.close()
+
+
+async def test_an_artifact_of_hostile_tool_output_is_served_inert(tmp_path: Path) -> None:
+    # a tool's long output (a fetched web page, say) is kept as an artifact and served on
+    # the API's origin, where the page's cookie opens the API: it must never run as a page
+    page = "<html><script>fetch('/v1/tokens',{method:'POST',body:'{}'})</script>" + "x" * 20_000
+    model = write_script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "echo", "args": {"text": page}}]}, {"text": "done"}],
+    )
+    async with (
+        running_host(tmp_path / "state", models=(model,)) as host,
+        host.client() as c,
+        httpx2.AsyncClient(
+            base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}, timeout=30
+        ) as raw,
+    ):
+        sid = await c.create_session()
+        sent = await c.send(sid, "go", key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+        facts = await c.events(sid)
+        responded = [f.data["body"] for f in facts if f.kind == "tool_responded"]
+        (ref,) = [a for body in responded for a in body["artifacts"]]
+        got = await raw.get(f"/v1/sessions/{sid}/artifacts/{ref['sha256']}")
+        assert got.status_code == 200 and got.content == page.encode()
+        assert got.headers["x-content-type-options"] == "nosniff"
+        assert got.headers["content-security-policy"].startswith("sandbox")
+        assert got.headers["content-disposition"].startswith("attachment")

@@ -739,7 +739,14 @@ def create_app(
                 session_id=session_id,
             )
         data = await sessions.storage.artifacts.get(sha256)
-        return Response(data, media_type=media)
+        # a tool's output, served on the API's own origin: never sniffed, never run as a
+        # page (its scripts would reach the API with the timeline's cookie), saved instead
+        inert = {
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox",
+            "Content-Disposition": f'attachment; filename="{sha256}"',
+        }
+        return Response(data, media_type=media, headers=inert)
 
     # ------------------------------------------------------------ webhooks
 

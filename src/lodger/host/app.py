@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lodger.control.interface import ControlPlane
-from lodger.errors import HostConflictError, LodgerError, UsageError
+from lodger.errors import CorruptLogError, HostConflictError, LodgerError, UsageError
 from lodger.events import ArtifactStored, Event, ToolResponded
 from lodger.host.auth import COOKIE, Authenticator, bearer, require_admin, require_session
 from lodger.host.control import HostControl, Message, TokenGrant, hash_token, token_id
@@ -572,9 +572,11 @@ def create_app(
                             event = pending.result()
                         except StopAsyncIteration:
                             return
-                        except LodgerError as exc:
+                        except CorruptLogError as exc:
                             # the status line went out already: say why the stream ends (a
-                            # damaged log, fail closed) as a last event, not a cut connection
+                            # damaged log, fail closed) as a last event, not a cut connection;
+                            # anything else (storage away for a moment) cuts it: the client
+                            # reconnects with Last-Event-ID
                             error = json.dumps(error_body(exc), ensure_ascii=False)
                             yield f"event: stream_error\ndata: {error}\n\n".encode()
                             return

@@ -306,6 +306,9 @@ async def _parse_sse(response: httpx2.Response) -> AsyncIterator[StreamedFact]:
     data: list[str] = []
     async for line in response.aiter_lines():
         if line == "":
+            if data and event_id is None and kind == "stream_error":  # the host ends it
+                body = "\n".join(data).encode()
+                raise _error(httpx2.Response(500, content=body))  # as if the route answered
             if data and event_id is not None:
                 yield StreamedFact(int(event_id), kind, json.loads("\n".join(data)))
             event_id, kind, data = None, "message", []

@@ -26,11 +26,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lodger.control.interface import ControlPlane
-from lodger.errors import HostConflictError, LodgerError, UsageError
+from lodger.errors import CorruptLogError, HostConflictError, LodgerError, UsageError
 from lodger.events import ArtifactStored, Event, ToolResponded
 from lodger.host.auth import COOKIE, Authenticator, bearer, require_admin, require_session
 from lodger.host.control import HostControl, Message, TokenGrant, hash_token, token_id
@@ -47,11 +47,33 @@ __all__ = ["API_VERSION", "create_app"]
 API_VERSION = "1"
 #: the largest request body the host reads (a declared Content-Length over it is refused)
 MAX_REQUEST = 1024 * 1024
+#: the largest offset a request may name: storage keeps offsets as signed 64-bit integers
+MAX_OFFSET = 2**62
 
 SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
-Key = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+#: the prefix of the keys the host gives webhook deliveries (``hook:NAME:DELIVERY``): a
+#: client's key may not take one, or it could claim a delivery before it arrives
+HOOK_KEY = "hook:"
+
+
+def _not_a_hook_key(key: str) -> str:
+    if key.startswith(HOOK_KEY):
+        raise ValueError(f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)")
+    return key
+
+
+Key = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description=f"any printable ASCII, not starting with {HOOK_KEY!r}",
+    ),
+    AfterValidator(_not_a_hook_key),
+]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {
@@ -445,8 +467,11 @@ def create_app(
     async def cookie(request: Request, who: Grant) -> Response:
         """Trade the bearer token for an HttpOnly cookie (for the timeline page, whose
         EventSource cannot send headers)."""
-        header = request.headers.get("authorization", "")
-        token = header.partition(" ")[2].strip() or request.cookies.get(COOKIE, "")
+        # the token that authenticated: a bearer header's, else the cookie's (another
+        # scheme's header, such as a proxy's Basic auth, is not a token of ours)
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        token = value.strip() if scheme.lower() == "bearer" else ""
+        token = token or request.cookies.get(COOKIE, "")
         response = Response(status_code=204)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
         return response
@@ -499,7 +524,7 @@ def create_app(
     @app.get("/v1/sessions/{session_id}/events", tags=["events"])
     async def events(
         session_id: Session,
-        start: Annotated[int, Query(ge=0)] = 0,
+        start: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     ) -> EventPage:
         """Committed facts ``[start, start + limit)``, verified."""
@@ -514,14 +539,16 @@ def create_app(
     )
     async def stream(
         session_id: Session,
-        start: Annotated[int | None, Query(ge=0)] = None,
+        start: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
         follow: bool = True,
-        last_event_id: Annotated[
-            str | None, Header(alias="Last-Event-ID", max_length=20, pattern=r"^[0-9]+$")
+        last_event_id: Annotated[  # at most 18 digits: below MAX_OFFSET
+            str | None, Header(alias="Last-Event-ID", max_length=18, pattern=r"^[0-9]+$")
         ] = None,
     ) -> StreamingResponse:
         """The session's facts as server-sent events from ``start`` (or after
-        ``Last-Event-ID``), then live as they commit (``follow=false``: up to now)."""
+        ``Last-Event-ID``), then live as they commit (``follow=false``: up to now). A
+        stream that cannot go on (a damaged log) ends with a ``stream_error`` event whose data
+        is the error body."""
         first = start if start is not None else 0
         if last_event_id is not None:
             first = int(last_event_id) + 1
@@ -544,6 +571,14 @@ def create_app(
                         try:
                             event = pending.result()
                         except StopAsyncIteration:
+                            return
+                        except CorruptLogError as exc:
+                            # the status line went out already: say why the stream ends (a
+                            # damaged log, fail closed) as a last event, not a cut connection;
+                            # anything else (storage away for a moment) cuts it: the client
+                            # reconnects with Last-Event-ID
+                            error = json.dumps(error_body(exc), ensure_ascii=False)
+                            yield f"event: stream_error\ndata: {error}\n\n".encode()
                             return
                         finally:
                             pending = None
@@ -573,6 +608,10 @@ def create_app(
     ) -> Accepted:
         """Queue a turn of ``text``; the same idempotency key returns the same message
         and runs nothing again. The turn runs in the background: follow ``stream``."""
+        if idempotency_key is not None and idempotency_key.startswith(HOOK_KEY):
+            where = ("header", "Idempotency-Key")
+            msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
+            raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
         key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
         message, created = await hub.send(session_id, key=key, text=body.text)
         return Accepted(message=_message(message), created=created, stream=_stream_path(session_id))
@@ -702,7 +741,14 @@ def create_app(
                 session_id=session_id,
             )
         data = await sessions.storage.artifacts.get(sha256)
-        return Response(data, media_type=media)
+        # a tool's output, served on the API's own origin: never sniffed, never run as a
+        # page (its scripts would reach the API with the timeline's cookie), saved instead
+        inert = {
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox",
+            "Content-Disposition": f'attachment; filename="{sha256}"',
+        }
+        return Response(data, media_type=media, headers=inert)
 
     # ------------------------------------------------------------ webhooks
 
@@ -740,7 +786,7 @@ def create_app(
         event = f" ({x_github_event})" if x_github_event else ""
         message, created = await hub.send(
             sid,
-            key=f"hook:{name}:{delivery}",
+            key=f"{HOOK_KEY}{name}:{delivery}",
             text=f"webhook {name}{event}, delivery {delivery}:\n{text}",
         )
         return HookAccepted(session_id=sid, message=_message(message), created=created)

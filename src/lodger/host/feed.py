@@ -27,6 +27,7 @@ class SessionFeed:
     def __init__(self, window: int) -> None:
         self.recent: deque[Event] = deque(maxlen=window)
         self._wake = asyncio.Event()
+        self.followers = 0
 
     def publish(self, events: Sequence[Event]) -> None:
         for event in events:
@@ -58,15 +59,31 @@ class SessionFeed:
 class Feeds:
     """One ``SessionFeed`` per session that has been published to or followed."""
 
-    def __init__(self, log: EventLog, *, window: int = 2048, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        *,
+        window: int = 2048,
+        poll_s: float = 1.0,
+        page: int = 500,
+        keep: int = 256,
+    ) -> None:
         self.log = log
         self.window = window
+        self.page = page
         self.poll_s = poll_s
+        #: how many feeds are kept; past it, those nobody follows are dropped (a window
+        #: is a cache: a later stream reads the log), so a long-lived host that runs
+        #: thousands of sessions does not keep a window of each
+        self.keep = keep
         self._feeds: dict[str, SessionFeed] = {}
 
     def feed(self, session_id: str) -> SessionFeed:
         found = self._feeds.get(session_id)
         if found is None:
+            if len(self._feeds) >= self.keep:
+                for sid in [sid for sid, f in self._feeds.items() if f.followers == 0]:
+                    del self._feeds[sid]
             found = self._feeds[session_id] = SessionFeed(self.window)
         return found
 
@@ -79,13 +96,27 @@ class Feeds:
         """Every fact of the session from offset ``start``, in offset order; with
         ``follow``, forever (the caller stops iterating), else up to the current head."""
         feed = self.feed(session_id)
+        feed.followers += 1  # a followed feed is never dropped
+        events = self._follow(feed, session_id, start=start, follow=follow)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            feed.followers -= 1
+            await events.aclose()
+
+    async def _follow(
+        self, feed: SessionFeed, session_id: str, *, start: int, follow: bool
+    ) -> AsyncGenerator[Event, None]:
         next_offset = start
         read_log = True
         while True:
             wake = feed.wake  # taken before looking, so a publish after it wakes us
             batch = None if read_log or not follow else feed.window_from(next_offset)
-            if batch is None:
-                batch = await self.log.read(session_id, start=next_offset)
+            if batch is None:  # a page at a time: a stream holds one page, however long
+                # the log and however slowly its client reads
+                end = next_offset + self.page
+                batch = await self.log.read(session_id, start=next_offset, end=end)
             read_log = False
             for event in batch:
                 if event.offset != next_offset:  # never skip, never repeat

@@ -35,6 +35,7 @@ from lodger.errors import (
     ConfigError,
     HostConflictError,
     LodgerError,
+    SessionLockedError,
     SessionNotFoundError,
     UsageError,
 )
@@ -51,6 +52,10 @@ from lodger.tools.spec import Tool
 __all__ = ["HostConfig", "Hub"]
 
 _log = logging.getLogger("lodger.host")
+#: how often, and how far apart, a message's run is tried while another writer holds its
+#: session (nothing is committed by a run that finds the session locked)
+_LOCKED_TRIES = 40
+_LOCKED_WAIT_S = 0.25
 
 EventObserver = Callable[[Event], None]
 
@@ -254,14 +259,24 @@ class Hub:
         head = (await self.sessions.storage.log.head(sid)).high_water
         await self.control.start_message(message.id, start_offset=head)
         try:
-            binding = await self.binding(sid)
-            try:
-                if message.kind == "resume":
-                    result = await self.sessions.resume(sid, binding=binding)
-                else:
-                    result = await self.sessions.run(message.text, binding=binding, session=sid)
-            finally:
-                await binding.model.aclose()
+            for attempt in range(_LOCKED_TRIES):
+                binding = await self.binding(sid)
+                try:
+                    if message.kind == "resume":
+                        result = await self.sessions.resume(sid, binding=binding)
+                    else:
+                        result = await self.sessions.run(message.text, binding=binding, session=sid)
+                    break
+                except SessionLockedError as exc:
+                    # another writer holds the session for a moment (a decide or abandon
+                    # over this host, `lodger decide`): a run that cannot open its own
+                    # session's writer committed nothing, so wait and try again rather
+                    # than fail the message
+                    if exc.session_id != sid or attempt + 1 == _LOCKED_TRIES:
+                        raise
+                finally:
+                    await binding.model.aclose()
+                await asyncio.sleep(_LOCKED_WAIT_S)
         except LodgerError as exc:
             await self.control.finish_message(
                 message.id, status="failed", result={"error": exc.to_dict()}

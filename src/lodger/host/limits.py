@@ -55,7 +55,10 @@ class BodyLimit:
 
 
 def _declares_length(scope: Scope) -> bool:
-    return any(name.lower() == b"content-length" for name, _ in scope.get("headers", ()))
+    """Whether the body's size is the declared Content-Length: not when a Transfer-Encoding
+    is sent too, for then the server reads the chunks whatever length was declared."""
+    names = {name.lower() for name, _ in scope.get("headers", ())}
+    return b"content-length" in names and b"transfer-encoding" not in names
 
 
 def _replay(first: list[Message], last: Message | None, receive: Receive) -> Receive:

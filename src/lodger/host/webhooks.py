@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lodger.errors import ConfigError, HostAuthError, UsageError
+from lodger.storage.logstore import check_session_id
 
 __all__ = ["MAX_BODY", "HookConfig", "check_signature", "delivery_id", "load_hooks", "sign"]
 
@@ -107,6 +108,14 @@ def load_hooks(path: str | Path, environ: Mapping[str, str] | None = None) -> di
         if not isinstance(secret, str) or len(secret) < 8:
             raise ConfigError(f"hook {name!r} needs a secret of at least 8 characters")
         session = table.get("session", "new")
+        if session != "new":  # refused here, not on each delivery as a 400 to the sender
+            try:
+                check_session_id(session if isinstance(session, str) else "")
+            except UsageError as exc:
+                raise ConfigError(
+                    f"hooks file {path}: hook {name!r} names session {session!r}: {exc.message}",
+                    hint=exc.hint or 'name a session id, or "new" for a session per event',
+                ) from exc
         model = table.get("model")
         hooks[name] = HookConfig(
             name=name,

@@ -407,7 +407,13 @@ class EventLog:
             missing = start + len(events)
             last = await self.store.last_record(session_id=session_id)
             if last is not None and last.offset >= missing:
-                raise _order_error(session_id, missing, last.offset)
+                # appended since the read (a turn running meanwhile) is no gap: the read is
+                # a prefix of the log as it was; a gap is ``missing`` absent still
+                now = await self.store.read_records(
+                    session_id=session_id, start=missing, end=missing + 1
+                )
+                if not now:
+                    raise _order_error(session_id, missing, last.offset)
         if head is not None:
             _check_stored_head(session_id, events, head)
         return events

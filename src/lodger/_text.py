@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_valid_utf8", "visible_text"]
+__all__ = ["escape_matches", "is_valid_utf8", "visible_text"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -20,6 +20,22 @@ def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     # surrogateescape keeps an undecodable byte 0xNN as U+DCNN: show the byte it stands for.
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def _code(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_matches(pattern: re.Pattern[str], text: str) -> str:
+    r"""``text`` with each character ``pattern`` matches written out as its escape
+    (``\x1b``, ``\u202e``): how control characters from a command, a model or a log are
+    shown without acting on the terminal that shows them.
+
+    >>> escape_matches(re.compile("[\x1b]"), "\x1b[2J")
+    '\\x1b[2J'
+    """
+    return pattern.sub(_code, text)
 
 
 def is_valid_utf8(text: str) -> bool:

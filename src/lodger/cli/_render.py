@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from lodger._text import escape_matches
 from lodger.cli._common import format_ts
 from lodger.cli._timeline import (
     CallNode,
@@ -87,9 +88,7 @@ _UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u206
 def visible(text: str) -> str:
     """``text`` with every control character and direction override shown as an escape
     (``\\x1b``, ``\\u202e``) instead of sent to the terminal."""
-    return _UNSEEN.sub(
-        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
-    )
+    return escape_matches(_UNSEEN, text)
 
 
 def visible_line(line: Text) -> Text:

@@ -17,19 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from lodger.errors import UsageError
 from lodger.sandbox.cgroups import Cgroup
 from lodger.sandbox.interface import Connection, LimitName, OutputSink, SandboxResult, signal_name
 from lodger.sandbox.policy import Limits
 
-__all__ = ["ENTER_FAILED", "run_confined"]
+__all__ = ["ENTER_FAILED", "made_in_thread", "run_confined"]
+
+T = TypeVar("T")
 
 _SH = "/bin/sh"
 #: the trampoline's exit status when it could not confine itself (nothing was run)
@@ -104,25 +108,17 @@ async def run_confined(
     """
     if not host_argv:  # refused here, before a cgroup is made for it
         trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
-    creating = asyncio.ensure_future(
-        asyncio.to_thread(
+    cgroup = await made_in_thread(
+        functools.partial(
             Cgroup.create,
             memory_bytes=limits.memory_bytes,
             max_processes=limits.max_processes,
             cpu_rate=limits.cpu_rate,
             count_cpu=limits.cpu_time_s is not None,
             v2_root=cgroup_root,
-        )
+        ),
+        undo=_cleanup,  # else the directories stay in the host's hierarchy for good
     )
-    try:
-        cgroup = await asyncio.shield(creating)
-    except asyncio.CancelledError:
-        # The thread makes the directories all the same: wait for it and remove them,
-        # or they stay in the host's hierarchy for good. Then the cancellation goes on.
-        await asyncio.wait({creating})
-        if not creating.cancelled() and creating.exception() is None:
-            await asyncio.shield(_cleanup(creating.result()))
-        raise
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
@@ -260,6 +256,20 @@ def _kill(process: asyncio.subprocess.Process, cgroup: Cgroup) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     cgroup.kill_all()
+
+
+async def made_in_thread(make: Callable[[], T], *, undo: Callable[[T], Awaitable[None]]) -> T:
+    """``make()`` run in a worker thread. Cancelled meanwhile, the thread goes on all the
+    same (a thread cannot be stopped): wait for it, ``undo`` what it made (a cgroup, a
+    bundle directory), then let the cancellation go on, so nothing is left behind."""
+    making = asyncio.ensure_future(asyncio.to_thread(make))
+    try:
+        return await asyncio.shield(making)
+    except asyncio.CancelledError:
+        await asyncio.wait({making})
+        if not making.cancelled() and making.exception() is None:
+            await asyncio.shield(undo(making.result()))
+        raise
 
 
 async def _cleanup(cgroup: Cgroup) -> None:

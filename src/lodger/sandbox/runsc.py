@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.errors import ConfigError
-from lodger.sandbox._process import run_confined
+from lodger.sandbox._process import made_in_thread, run_confined
 from lodger.sandbox.bubblewrap import (
     SYSTEM_DIRS,
     confinable_workspace,
@@ -93,8 +94,8 @@ class RunscSandbox:
                 hint="use the bubblewrap backend for a policy that allows domains",
             )
         await asyncio.to_thread(confinable_workspace, workspace)
-        writing = asyncio.ensure_future(
-            asyncio.to_thread(
+        bundle = await made_in_thread(
+            functools.partial(
                 _write_bundle,
                 argv,
                 workspace=workspace,
@@ -102,17 +103,9 @@ class RunscSandbox:
                 env=env,
                 limits=limits,
                 hidden=hidden,
-            )
+            ),
+            undo=_remove_bundle,  # else it stays in the temporary folder for good
         )
-        try:
-            bundle = await asyncio.shield(writing)
-        except asyncio.CancelledError:
-            # The thread writes the bundle all the same: wait for it and remove it, or a
-            # cancelled call leaves a directory in the temporary folder for good.
-            await asyncio.wait({writing})
-            if not writing.cancelled() and writing.exception() is None:
-                await asyncio.shield(asyncio.to_thread(shutil.rmtree, writing.result(), True))
-            raise
         try:
             command = [
                 # runsc has no --die-with-parent: without this, a SIGKILLed lodger left
@@ -142,7 +135,7 @@ class RunscSandbox:
                 signal_exit_codes=True,
             )
         finally:
-            await asyncio.to_thread(shutil.rmtree, bundle, True)
+            await _remove_bundle(bundle)
         how = dict(result.enforcement)
         if limits.max_processes is not None:
             how["processes"] = "RLIMIT_NPROC inside gVisor"
@@ -162,6 +155,10 @@ _STDIO_WRAPPER = (
     '{ command exec 1>/proc/self/fd/1; } 2>/dev/null && exec 2>&1; exec "$@"',
     "lodger-sandbox",
 )
+
+
+async def _remove_bundle(bundle: Path) -> None:
+    await asyncio.to_thread(shutil.rmtree, bundle, True)
 
 
 def _write_bundle(

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from lodger._text import escape_matches
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.sandbox import Sandbox, SandboxPolicy, SandboxResult, sandbox_for
@@ -161,7 +162,7 @@ _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 def _written_out(text: str) -> str:
     r"""``text`` with each control character as an escape: ``\x1b[2J`` stays readable to
     the model and clears no one's screen (OSC 52 writes no one's clipboard)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return escape_matches(_CONTROL, text)
 
 
 def _with_ceiling(t: Tool, policy: SandboxPolicy) -> Tool:

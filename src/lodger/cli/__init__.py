@@ -27,6 +27,7 @@ from typing import Any
 
 import click
 
+from lodger.cli._common import location, storage_flags
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError, ResumeBlockedError, SessionNotFoundError, UsageError
 
@@ -178,14 +179,14 @@ class LodgerGroup(click.Group):
             if wants_json or ctx.meta.get("lodger.json"):  # errors under --json are JSON
                 from lodger.cli._jsonl import echo_error, error_document
 
-                echo_error(error_document(exc, str(ctx.meta.get("lodger.state", ".lodger"))))
+                echo_error(error_document(exc, storage_flags(location(ctx.meta))))
                 ctx.exit(exit_code_for_error(exc))
             click.echo(f"error: {_one_line(exc.message)}", err=True)
             if exc.hint:
                 click.echo(f"hint: {_one_line(exc.hint)}", err=True)
-            state = ctx.meta.get("lodger.state", ".lodger")
+            flags = storage_flags(location(ctx.meta))
             for step in exc.next_steps:
-                click.echo(f"next: {command_for(step, str(state))}", err=True)
+                click.echo(f"next: {command_for(step, flags)}", err=True)
             ctx.exit(exit_code_for_error(exc))
         except KeyboardInterrupt:
             self._debug_traceback(ctx)

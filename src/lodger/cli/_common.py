@@ -20,14 +20,18 @@ import functools
 import json
 import math
 import os
-from collections.abc import Awaitable, Callable
+import re
+import shlex
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 from rich.console import Console
 
 from lodger.errors import SessionNotFoundError, UsageError
+from lodger.runtime.location import DEFAULT_STATE, StorageLocation
 from lodger.storage import EventLog, Storage, check_session_id, open_log
 from lodger.storage._storage import STORE_ENVVAR
 
@@ -40,15 +44,18 @@ __all__ = [
     "echo_json",
     "format_ts",
     "json_option",
+    "location",
     "log_exists",
     "make_console",
     "refuse_empty",
+    "remember_control",
     "require_log",
     "resolve_session",
     "retain_until_exit",
     "run_with_log",
     "session_argument",
     "state_option",
+    "storage_flags",
     "store_url",
 ]
 
@@ -66,7 +73,6 @@ class Seconds(click.FloatRange):
         return seconds
 
 
-DEFAULT_STATE = ".lodger"
 STATE_ENVVAR = "LODGER_STATE"
 
 T = TypeVar("T")
@@ -114,6 +120,51 @@ def store_url() -> str | None:
         value = ctx.find_root().meta["lodger.store"]
         return str(value) if value else None
     return os.environ.get(STORE_ENVVAR) or None
+
+
+def remember_control(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--control`` option's callback: hints then name the same control plane."""
+    ctx.find_root().meta["lodger.control"] = value or None
+    return value
+
+
+def location(meta: Mapping[str, Any] | None = None) -> StorageLocation:
+    """Where the running command keeps its sessions: its ``--state``, ``--store`` (or
+    ``$LODGER_STORE``) and ``--control`` (read from ``meta``, the root context's, when
+    no command is running any more)."""
+    if meta is None:
+        ctx = click.get_current_context(silent=True)
+        meta = ctx.find_root().meta if ctx is not None else {}
+    store = meta["lodger.store"] if "lodger.store" in meta else os.environ.get(STORE_ENVVAR)
+    return StorageLocation(
+        state=str(meta.get("lodger.state") or DEFAULT_STATE),
+        store=store or None,
+        control=meta.get("lodger.control") or None,
+    )
+
+
+def storage_flags(where: StorageLocation | None = None) -> str:
+    """The flags that name ``where`` (default: the running command's), for hints and
+    next steps: `` --state DIR`` unless the default, `` --store URL``, `` --control
+    DSN`` (a password in it is never printed: it shows as ``PASSWORD``)."""
+    where = where or location()
+    flags = ""
+    if where.state != DEFAULT_STATE:
+        flags += f" --state {shlex.quote(where.state)}"
+    if where.store:
+        flags += f" --store {shlex.quote(where.store)}"
+    if where.control:
+        flags += f" --control {shlex.quote(_without_password(where.control))}"
+    return flags
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if "://" not in dsn or parts.password is None:
+        return re.sub(r"(password=)\S+", r"\1PASSWORD", dsn)
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:PASSWORD@{host}"))
 
 
 def _remember_state(ctx: click.Context, param: click.Parameter, value: str) -> str:

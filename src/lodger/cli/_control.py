@@ -25,11 +25,12 @@ from lodger.cli._common import (
     Seconds,
     echo_json,
     json_option,
+    location,
     make_console,
+    remember_control,
     state_option,
-    store_url,
 )
-from lodger.cli._run import MODEL_ENVVAR, load_tools_file, subagent_policy, subagents_option
+from lodger.cli._run import load_tools_file, subagent_policy, subagents_option
 from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
 from lodger.control.approvals import (
     DEFAULT_APPROVAL_EXPIRY_S,
@@ -41,9 +42,10 @@ from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError
 from lodger.events import Event
 from lodger.providers import make_model
+from lodger.runtime.compose import MODEL_ENVVAR, Overrides, compose, model_spec_for
+from lodger.runtime.project import Project
 from lodger.sessions import Binding
-from lodger.storage import Storage, check_session_id
-from lodger.tools.builtin import workspace_tools
+from lodger.storage import check_session_id
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ def control_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         metavar="DSN",
         help="The control plane: postgresql://user@host:port/db, or a SQLite file "
         "(default: control.sqlite3 in the state directory).",
+        callback=remember_control,
     )(fn)
 
 
@@ -270,6 +273,14 @@ def schedule(
     help="Model steps every subagent of one root session may spend together "
     "(default: 200); read from the logs, so it holds across workers and restarts.",
 )
+@click.option(
+    "--trust-projects",
+    is_flag=True,
+    help="Apply the whole lodger.toml of each session's restored workspace: its MCP "
+    "servers, allow rules, model and sandbox network. Without it a worker applies only "
+    "what narrows (deny and ask rules, stricter sandbox limits, fewer steps), since a "
+    "sandboxed command of the session may have written that file.",
+)
 def worker(
     state: str,
     control: str | None,
@@ -287,6 +298,7 @@ def worker(
     approval_park: bool,
     approval_expiry: float,
     tree_steps: int | None,
+    trust_projects: bool,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -323,26 +335,35 @@ def worker(
     spans = worker_spans()
 
     def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
-        spec = recorded or model_spec
-        if not spec:
+        # the project found in the session's restored workspace, then this worker's flags
+        project = Project.load(workspace, trusted=trust_projects)
+        approvals = asking[0] if asking else None
+        observers = [approvals.observer()] if isinstance(approvals, ControlApprovals) else []
+        if spans is not None:
+            observers.append(spans.observe)
+        overrides = Overrides(
+            recorded_model=recorded,
+            fallback_model=model_spec,
+            tools=extra,
+            subagents=policy,
+            approver=approvals.approver(session_id) if approvals else None,
+            on_event=_fan_out(observers),
+        )
+        if model_spec_for(project, overrides) is None:
             raise ConfigError(
                 f"session {session_id!r} recorded no model and the worker has none",
                 hint=f"start the worker with --model SPEC (or {MODEL_ENVVAR})",
                 code="worker_model",
                 session_id=session_id,
             )
-        approvals = asking[0] if asking else None
-        observers = [approvals.observer()] if isinstance(approvals, ControlApprovals) else []
-        if spans is not None:
-            observers.append(spans.observe)
-        return Binding(
-            model=make_model(spec),
-            tools=[*workspace_tools(), *extra],
-            workspace=workspace,
-            subagents=policy,
-            approver=approvals.approver(session_id) if approvals else None,
-            on_event=_fan_out(observers),
-        )
+        if project.ignored:
+            logging.getLogger("lodger.worker").warning(
+                "session %s: its lodger.toml is not trusted on this worker; ignored: %s "
+                "(--trust-projects applies it)",
+                session_id,
+                "; ".join(project.ignored),
+            )
+        return compose(project, overrides)
 
     config = WorkerConfig(
         concurrency=concurrency,
@@ -356,7 +377,7 @@ def worker(
 
     async def main() -> None:
         plane = open_control(dsn)
-        storage = Storage.open(state, store=store_url())
+        storage = location().open()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

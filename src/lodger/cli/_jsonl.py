@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def error_document(exc: LodgerError, state: str) -> dict[str, Any]:
+def error_document(exc: LodgerError, flags: str | None = None) -> dict[str, Any]:
     """What ``--json`` prints on stderr for an error: its code, message, hint and next
     steps (each with the command line the human output would print)."""
     error: dict[str, Any] = {"code": exc.code, "message": exc.message}
@@ -49,7 +49,7 @@ def error_document(exc: LodgerError, state: str) -> dict[str, Any]:
         if value is not None:
             error[key] = value
     error["next_steps"] = [
-        {**step.to_dict(), "command": command_for(step, state)} for step in exc.next_steps
+        {**step.to_dict(), "command": command_for(step, flags)} for step in exc.next_steps
     ]
     blockers = getattr(exc, "blockers", None)
     if blockers:

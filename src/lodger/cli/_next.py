@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from lodger.cli._common import storage_flags
 from lodger.errors import NextStep
 
 __all__ = ["command_for"]
 
 
-def command_for(step: NextStep, state: str) -> str:
-    """The command that carries out ``step`` (``--state`` added when not the default)."""
-    flag = "" if state == ".lodger" else f" --state {state}"
+def command_for(step: NextStep, flags: str | None = None) -> str:
+    """The command that carries out ``step``, naming the storage the running command was
+    given (``--state`` unless the default, ``--store``, ``--control``; ``flags`` instead)."""
+    flag = storage_flags() if flags is None else flags
     session = step.session_id or "SESSION"
     if step.action == "decide":
         return (

@@ -16,34 +16,33 @@ from rich.text import Text
 
 from lodger.agent import TurnResult
 from lodger.cli._common import (
-    DEFAULT_STATE,
     echo_json,
     json_option,
+    location,
     make_console,
     refuse_empty,
+    remember_control,
     require_log,
     retain_until_exit,
     run_with_log,
     session_argument,
     state_option,
+    storage_flags,
 )
 from lodger.cli._next import command_for
 from lodger.cli._render import visible
 from lodger.cli._run import (
     LiveView,
-    approver_for,
     code_mode_option,
     exit_code_for,
     finish_turn,
     live_console,
-    load_tools_file,
+    project_overrides,
     run_turn,
-    subagent_policy,
     subagents_option,
 )
-from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.cli._tools import mcp_option
 from lodger.codemode import Language
-from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
 from lodger.errors import (
     ConfigError,
@@ -53,19 +52,17 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event
-from lodger.providers import make_model
 from lodger.recovery import RecoveryPlan
-from lodger.sessions import Binding, Sessions, SessionWorkspace
+from lodger.runtime.compose import compose, model_spec_for
+from lodger.runtime.location import CONTROL_FILE
+from lodger.runtime.project import Project
+from lodger.sessions import Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 
 if TYPE_CHECKING:
     from lodger.control import ControlPlane
 
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
-
-_CONTROL_FILE = "control.sqlite3"  # where ``lodger worker`` keeps it by default
 
 
 def _control_option(fn: click.decorators.FC) -> click.decorators.FC:
@@ -76,19 +73,11 @@ def _control_option(fn: click.decorators.FC) -> click.decorators.FC:
         envvar="LODGER_CONTROL",
         show_envvar=True,
         help="The control plane of the workers that run this session (default: "
-        f"{_CONTROL_FILE} in the state directory, when a worker made one): the fact is "
+        f"{CONTROL_FILE} in the state directory, when a worker made one): the fact is "
         "written under the session's lease (refused while a worker runs it), and wakes "
         "a worker held back for the turn are due at once.",
+        callback=remember_control,
     )(fn)
-
-
-def _control_for(control: str | None, state: str) -> str | None:
-    """The control plane to tell: the one named, else the state directory's own when it
-    exists (never created: a session no worker ran has none)."""
-    if control:
-        return control
-    default = Path(state) / _CONTROL_FILE
-    return str(default) if default.is_file() else None
 
 
 @contextlib.asynccontextmanager
@@ -285,7 +274,7 @@ def decide(
             ) from None
         result = parsed if isinstance(parsed, str) else json.dumps(parsed, ensure_ascii=False)
 
-    dsn = _control_for(control, state)
+    dsn = location().control_dsn(create=False)
 
     async def work(log: EventLog) -> list[Event]:
         require_log(log, state, session_id)
@@ -322,7 +311,7 @@ def decide(
 @click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
 @mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
-@click.option("--max-steps", default=50, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), default=None)
 @code_mode_option
 @subagents_option
 @state_option
@@ -334,7 +323,7 @@ def resume(
     tools_files: tuple[str, ...],
     mcp_specs: tuple[str, ...],
     yes: bool,
-    max_steps: int,
+    max_steps: int | None,
     code_mode: Language | None,
     subagent_depth: int | None,
     state: str,
@@ -361,46 +350,37 @@ def resume(
     view = LiveView(console)
 
     async def work() -> TurnResult:
-        async with Sessions.local(state) as sessions:
+        async with Sessions(location().open()) as sessions:
             retain_until_exit(sessions)
             # The log is read and verified once: the defaults' fold is what resume uses.
             recorded = None if model_spec and workspace else await sessions.defaults(session_id)
-            spec = model_spec or (recorded.model if recorded else None)
-            if not spec:
+            known = recorded.workspace if recorded else None
+            root = workspace or (Path(known) if known else None)
+            # the same project the session ran with: lodger.toml in its workspace
+            project = Project.load(root) if root is not None else Project.none()
+            overrides = project_overrides(
+                view,
+                workspace=root,
+                model=model_spec,
+                recorded_model=recorded.model if recorded else None,
+                tools_files=tools_files,
+                mcp_specs=mcp_specs,
+                approve_all=yes,
+                interactive=sys.stdin.isatty(),
+                max_steps=max_steps,
+                code_mode=code_mode,
+                subagent_depth=subagent_depth,
+            )
+            if model_spec_for(project, overrides) is None:
                 raise ConfigError("no model to resume with", hint="pass --model SPEC")
-            model = make_model(spec)
+            binding = compose(project, overrides)
             try:
-                known = recorded.workspace if recorded else None
-                root = workspace or (Path(known) if known else None)
-                tools = workspace_tools(
-                    sandbox=load_sandbox_policy(root) if root is not None else None
-                )
-                for path in tools_files:
-                    tools.extend(load_tools_file(path))
-                # the same MCP servers the session used: lodger.toml in its workspace, then --mcp
-                mcp = mcp_servers_for(root or Path.cwd(), mcp_specs)
-                binding = Binding(
-                    model=model,
-                    tools=tools,
-                    mcp=mcp,
-                    workspace=root,
-                    permissions=PermissionPolicy(
-                        load_project_config((root or Path.cwd()) / CONFIG_FILE).permissions.rules(),
-                        approve_all=yes,
-                    ),
-                    approver=approver_for(view, interactive=sys.stdin.isatty() and not yes),
-                    max_steps=max_steps,
-                    on_event=view.on_event,
-                    on_text=view.on_text,
-                    code_mode=code_mode,
-                    subagents=subagent_policy(subagent_depth),
-                )
                 return await sessions.resume(session_id, binding=binding, relocate=relocate)
             finally:
-                await model.aclose()
+                await binding.model.aclose()
 
     try:
-        result = run_turn(work(), view, state)
+        result = run_turn(work(), view)
     except ResumeBlockedError as exc:
         click.echo(f"blocked: {exc.message}", err=True)
         for line in exc.blockers:
@@ -408,9 +388,9 @@ def resume(
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
         for step in exc.next_steps:
-            click.echo(f"next: {command_for(step, state)}", err=True)
+            click.echo(f"next: {command_for(step)}", err=True)
         sys.exit(3)
-    finish_turn(console, result, state)
+    finish_turn(console, result)
     sys.exit(exit_code_for(result))
 
 
@@ -435,7 +415,7 @@ def abandon(
       lodger abandon SESSION --reason "workspace deleted"
     """
 
-    dsn = _control_for(control, state)
+    dsn = location().control_dsn(create=False)
 
     async def work(log: EventLog) -> list[Event]:
         require_log(log, state, session_id)
@@ -457,7 +437,7 @@ def abandon(
             }
         )
         return
-    flag = "" if state == DEFAULT_STATE else f" --state {state}"
+    flag = storage_flags()
     click.echo(
         f"abandoned: turn {events[-1].turn_id} of {session_id} at offset {events[-1].offset}; "
         f'a new turn: lodger run "TASK" --session {session_id}{flag}'

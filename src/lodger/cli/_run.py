@@ -20,19 +20,20 @@ from lodger.agent import TurnResult
 from lodger.cli._common import (
     document,
     json_option,
+    location,
     make_console,
     refuse_empty,
     resolve_session,
     state_option,
-    store_url,
+    storage_flags,
 )
 from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
-from lodger.cli._tools import mcp_option, mcp_servers_for
+from lodger.cli._tools import mcp_option
 from lodger.codemode import Language
-from lodger.engine.permissions import ALWAYS_REASON, Approver, PermissionPolicy
+from lodger.engine.permissions import ALWAYS_REASON, Approver
 from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
@@ -43,20 +44,18 @@ from lodger.events import (
     ToolDispatched,
     ToolResponded,
 )
-from lodger.providers import ScriptedModel, make_model
+from lodger.providers import ScriptedModel
 from lodger.providers.base import Model
+from lodger.runtime.compose import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
+from lodger.runtime.location import StorageLocation
+from lodger.runtime.project import Project
 from lodger.sandbox.policy import SandboxPolicy
 from lodger.sessions import Binding, Sessions
-from lodger.storage import Storage
 from lodger.subagents import SubagentPolicy
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
-from lodger.tools.mcp import McpServerConfig
+from lodger.tools.config import CONFIG_FILE, parse_mcp_option
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
-
-MODEL_ENVVAR = "LODGER_MODEL"
 
 
 #: whether this process ran a user's tools file: then it leaves with the interpreter's
@@ -239,7 +238,7 @@ def subagent_policy(depth: int | None) -> SubagentPolicy | None:
     return None if depth is None else SubagentPolicy(max_depth=depth)
 
 
-def finish_turn(console: Console, result: TurnResult, state: str) -> None:
+def finish_turn(console: Console, result: TurnResult, flags: str | None = None) -> None:
     if console.is_terminal:
         console.print(Text(usage_line(result), style="dim"))
     style = "bold green" if result.status == "completed" else "bold red"
@@ -247,7 +246,7 @@ def finish_turn(console: Console, result: TurnResult, state: str) -> None:
     if result.error:
         console.print(Text(f": {result.error}"), end="")
     console.print()
-    state_flag = "" if state == ".lodger" else f" --state {state}"
+    state_flag = storage_flags() if flags is None else flags
     console.print(
         Text(f"inspect: lodger log show {result.session_id}{state_flag}", style="dim"),
         soft_wrap=True,
@@ -255,42 +254,47 @@ def finish_turn(console: Console, result: TurnResult, state: str) -> None:
 
 
 async def _run_turn(
-    *,
-    model: Model,
-    task: str,
-    workspace: Path,
-    state: str,
-    session: str | None,
-    tools: list[Tool],
-    approve_all: bool,
-    interactive: bool,
-    max_steps: int,
-    view: TurnWatcher,
-    mcp: Sequence[McpServerConfig] = (),
-    code_mode: Language | None = None,
-    subagents: SubagentPolicy | None = None,
+    *, binding: Binding, task: str, session: str | None, where: StorageLocation
 ) -> TurnResult:
-    binding = Binding(
-        code_mode=code_mode,
-        subagents=subagents,
+    try:
+        async with Sessions(where.open()) as sessions:
+            return await sessions.run(task, binding=binding, session=session)
+    finally:
+        await binding.model.aclose()  # the CLI made the model: it closes its connections
+
+
+def project_overrides(
+    view: TurnWatcher,
+    *,
+    workspace: Path | None,
+    model: str | Model | None,
+    tools_files: Sequence[str] = (),
+    mcp_specs: Sequence[str] = (),
+    approve_all: bool = False,
+    interactive: bool = False,
+    max_steps: int | None = None,
+    code_mode: Language | None = None,
+    subagent_depth: int | None = None,
+    recorded_model: str | None = None,
+) -> Overrides:
+    """What ``run`` and ``resume`` set on top of the project: their flags and the view."""
+    tools: list[Tool] = []
+    for path in tools_files:
+        tools.extend(load_tools_file(path))
+    base = (workspace or Path.cwd()).resolve()
+    return Overrides(
         model=model,
+        recorded_model=recorded_model,
         tools=tools,
-        mcp=mcp,
-        workspace=workspace,
-        permissions=PermissionPolicy(
-            load_project_config(workspace / CONFIG_FILE).permissions.rules(),
-            approve_all=approve_all,
-        ),
+        mcp=[parse_mcp_option(spec, base=base) for spec in mcp_specs],
+        approve_all=approve_all,
         approver=approver_for(view, interactive=interactive and not approve_all),
         max_steps=max_steps,
+        code_mode=code_mode,
+        subagents=subagent_policy(subagent_depth),
         on_event=view.on_event,
         on_text=view.on_text,
     )
-    try:
-        async with Sessions(Storage.open(state, store=store_url())) as sessions:
-            return await sessions.run(task, binding=binding, session=session)
-    finally:
-        await model.aclose()  # the CLI made the model: it closes its connections
 
 
 def approver_for(view: TurnWatcher, *, interactive: bool) -> Approver | None:
@@ -300,7 +304,7 @@ def approver_for(view: TurnWatcher, *, interactive: bool) -> Approver | None:
     return None
 
 
-def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher, state: str) -> TurnResult:
+def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher) -> TurnResult:
     """Run a turn in the terminal; a stop signal settles it and exits naming the resume."""
     view.start()
     try:
@@ -310,7 +314,7 @@ def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher, state: st
     except Interrupted as stopped:
         view.stop()
         session = view.session_id
-        flag = "" if state == ".lodger" else f" --state {state}"
+        flag = storage_flags()
         if isinstance(view, JsonlView):
             resume = f"lodger resume {session}{flag}" if session else None
             echo_error(
@@ -381,7 +385,13 @@ def exit_code_for(result: TurnResult) -> int:
     help="Bind the @tool functions of a Python file (repeatable).",
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
-@click.option("--max-steps", default=50, show_default=True, help="Stop the turn after N steps.")
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"Stop the turn after N steps (default: [limits] max_steps of {CONFIG_FILE}, "
+    f"else {DEFAULT_MAX_STEPS}).",
+)
 @code_mode_option
 @subagents_option
 @mcp_option
@@ -395,7 +405,7 @@ def run(
     last: bool,
     tools_files: tuple[str, ...],
     yes: bool,
-    max_steps: int,
+    max_steps: int | None,
     code_mode: Language | None,
     subagent_depth: int | None,
     mcp_specs: tuple[str, ...],
@@ -431,44 +441,32 @@ def run(
     )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
-    model_spec = model_spec or load_project_config(workspace / CONFIG_FILE).model
-    if not model_spec:
-        raise ConfigError(
-            "no model given",
-            hint=f'pass --model SPEC, set {MODEL_ENVVAR}, or set model = "..." in '
-            f"{CONFIG_FILE}; `lodger demo` runs offline",
-        )
-    model = make_model(model_spec)
-    tools = workspace_tools(sandbox=load_sandbox_policy(workspace))
-    for path in tools_files:
-        tools.extend(load_tools_file(path))
-    mcp = mcp_servers_for(workspace, mcp_specs)  # lodger.toml in the workspace, then --mcp
+    project = Project.load(workspace)
     console = live_console()
     view: TurnWatcher = JsonlView() if as_json else LiveView(console)
-    result = run_turn(
-        _run_turn(
-            model=model,
-            task=task,
-            workspace=workspace.resolve(),
-            state=state,
-            session=session,
-            tools=tools,
+    binding = compose(
+        project,
+        project_overrides(
+            view,
+            workspace=workspace,
+            model=model_spec,
+            tools_files=tools_files,
+            mcp_specs=mcp_specs,
             approve_all=yes,
             interactive=sys.stdin.isatty() and not as_json,
             max_steps=max_steps,
-            view=view,
-            mcp=mcp,
             code_mode=code_mode,
-            subagents=subagent_policy(subagent_depth),
+            subagent_depth=subagent_depth,
         ),
-        view,
-        state,
+    )
+    result = run_turn(
+        _run_turn(binding=binding, task=task, session=session, where=location()), view
     )
     code = exit_code_for(result)
     if isinstance(view, JsonlView):
         view.finish(result, code)
     else:
-        finish_turn(console, result, state)
+        finish_turn(console, result)
     sys.exit(code)
 
 
@@ -571,25 +569,29 @@ def demo(state: str | None) -> None:
     console = live_console()
     console.print(Text(f"workspace: {workspace}", style="dim"))
     view = LiveView(console)
-    result = run_turn(
-        _run_turn(
+    binding = compose(
+        Project.load(workspace),
+        Overrides(
             model=ScriptedModel(DEMO_SCRIPT, name="demo"),
-            task="Move the service from port 3000 to 4000.",
-            workspace=workspace,
-            state=state_dir,
-            session=None,
             # The demo's shell call asks for approval (and is denied) even though it is
             # sandboxed: a policy may ask, and the demo shows a denial.
-            tools=workspace_tools(sandbox=SandboxPolicy(approval=True)),
-            approve_all=False,
-            interactive=False,
+            sandbox=SandboxPolicy(approval=True),
             max_steps=10,
-            view=view,
+            on_event=view.on_event,
+            on_text=view.on_text,
+        ),
+    )
+    where = StorageLocation(state=state_dir)
+    result = run_turn(
+        _run_turn(
+            binding=binding,
+            task="Move the service from port 3000 to 4000.",
+            session=None,
+            where=where,
         ),
         view,
-        state_dir,
     )
-    finish_turn(console, result, state_dir)
+    finish_turn(console, result, storage_flags(where))
     console.print(
         Text(f"verify:  lodger log verify {result.session_id} --state {state_dir}", style="dim"),
         soft_wrap=True,

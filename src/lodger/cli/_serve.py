@@ -72,6 +72,12 @@ __all__ = ["COMMANDS", "serve"]
 )
 @click.option("--max-steps", default=50, show_default=True, help="Stop a turn after N steps.")
 @click.option("--access-log", is_flag=True, help="Log each request (never its token).")
+@click.option(
+    "--trust-projects",
+    is_flag=True,
+    help="Apply the whole lodger.toml of each session's workspace (MCP servers, allow "
+    "rules, sandbox network); without it only what narrows applies.",
+)
 @code_mode_option
 @state_option
 def serve(
@@ -86,6 +92,7 @@ def serve(
     hooks_file: str | None,
     max_steps: int,
     access_log: bool,
+    trust_projects: bool,
     code_mode: Language | None,
     state: str,
 ) -> None:
@@ -114,6 +121,7 @@ def serve(
         workspaces=workspaces.resolve() if workspaces is not None else None,
         code_mode=code_mode,
         max_steps=max_steps,
+        trust_projects=trust_projects,
     )
     hooks = load_hooks(hooks_file) if hooks_file else {}
 

@@ -14,15 +14,16 @@ from rich.text import Text
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option
 from lodger.errors import UsageError
+from lodger.runtime.compose import Overrides, bound_tools
+from lodger.runtime.project import Project
 from lodger.sandbox.policy import SandboxPolicy
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE, load_catalog, load_mcp_servers, load_sandbox_policy
-from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.config import CONFIG_FILE, load_catalog, parse_mcp_option
+from lodger.tools.mcp import McpServers
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch, attach_tool_search
 from lodger.tools.spec import Tool
 
-__all__ = ["COMMANDS", "mcp_option", "mcp_servers_for", "tools"]
+__all__ = ["COMMANDS", "mcp_option", "tools"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,15 +41,15 @@ def mcp_option(fn: F) -> F:
     return option(fn)
 
 
-def mcp_servers_for(workspace: Path, specs: Sequence[str]) -> list[McpServerConfig]:
-    """The servers of ``<workspace>/lodger.toml`` plus ``--mcp`` ones."""
-    return load_mcp_servers(workspace, specs)
-
-
 def _bound(
     workspace: Path, specs: Sequence[str], catalogs: Sequence[Path]
 ) -> tuple[ToolRegistry, ToolSearch | None]:
-    configs = mcp_servers_for(workspace, specs)
+    base = workspace.resolve()
+    # what a run in this workspace binds: the one composition, without a model
+    builtin, configs = bound_tools(
+        Project.load(workspace),
+        Overrides(mcp=[parse_mcp_option(spec, base=base) for spec in specs]),
+    )
 
     async def listed() -> list[Tool]:
         if not configs:
@@ -56,8 +57,7 @@ def _bound(
         async with McpServers(configs) as servers:
             return servers.tools()
 
-    policy = load_sandbox_policy(workspace) or SandboxPolicy()
-    bound: list[Tool] = [*workspace_tools(sandbox=policy), *asyncio.run(listed())]
+    bound: list[Tool] = [*builtin, *asyncio.run(listed())]
     for catalog in catalogs:
         bound.extend(load_catalog(catalog))
     registry = ToolRegistry(bound)
@@ -136,7 +136,7 @@ def list_tools(
         for tier in ("direct", "deferred")
     }
     summary["deferred"]["inventory_bytes"] = len(inventory.encode())
-    policy = load_sandbox_policy(workspace) or SandboxPolicy()
+    policy = Project.load(workspace).sandbox or SandboxPolicy()
     sandboxed = [t.name for t in registry if t.group == "shell"]
     sandbox = {
         "backend": policy.backend,

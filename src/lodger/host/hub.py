@@ -32,7 +32,6 @@ from typing import Any
 from lodger.codemode import Language
 from lodger.engine.loop import TurnResult
 from lodger.errors import (
-    ConfigError,
     HostConflictError,
     LodgerError,
     SessionLockedError,
@@ -42,11 +41,10 @@ from lodger.errors import (
 from lodger.events import Event, TurnStarted
 from lodger.host.control import Approval, HostControl, Message, MessageKind
 from lodger.host.feed import Feeds
-from lodger.providers import make_model
+from lodger.runtime.compose import Overrides, compose
+from lodger.runtime.project import Project
 from lodger.sessions import Binding, Sessions
 from lodger.storage import check_session_id
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import load_sandbox_policy
 from lodger.tools.spec import Tool
 
 __all__ = ["HostConfig", "Hub"]
@@ -76,6 +74,9 @@ class HostConfig:
     workspaces: Path | None = None
     code_mode: Language | None = None
     max_steps: int = 50
+    #: apply the whole lodger.toml found in a session's workspace (its MCP servers,
+    #: allow rules, sandbox network); otherwise only what narrows (lodger.runtime.project)
+    trust_projects: bool = False
 
 
 @dataclass
@@ -294,10 +295,7 @@ class Hub:
 
     async def binding(self, session_id: str) -> Binding:
         spec = await self.control.session_model(session_id)
-        if spec is None:
-            spec = self.config.models[0]
-        tools = list(self.config.tools)
-        workspace: Path | None = None
+        project = Project.none()
         if self.config.workspaces is not None:
             workspace = (self.config.workspaces / session_id).resolve()
             state = (
@@ -306,19 +304,20 @@ class Hub:
             if state is not None and state.workspace is not None:
                 workspace = Path(state.workspace)  # a fork works where its parent did
             await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
-            tools = [*workspace_tools(sandbox=load_sandbox_policy(workspace)), *tools]
-        try:
-            model = make_model(spec)
-        except ConfigError:
-            raise
-        return Binding(
-            model=model,
-            tools=tools,
-            workspace=workspace,
-            approver=self._approver(session_id),
-            max_steps=self.config.max_steps,
-            on_event=self._observer(session_id),
-            code_mode=self.config.code_mode,
+            project = await asyncio.to_thread(
+                Project.load, workspace, trusted=self.config.trust_projects
+            )
+        return compose(
+            project,
+            Overrides(
+                # the host's own list decides which models a session may use, never a file
+                model=spec or self.config.models[0],
+                tools=self.config.tools,
+                approver=self._approver(session_id),
+                max_steps=self.config.max_steps,
+                on_event=self._observer(session_id),
+                code_mode=self.config.code_mode,
+            ),
         )
 
     async def _logged(self, session_id: str) -> bool:

@@ -48,14 +48,17 @@ from lodger.tools.spec import Tool
 
 __all__ = [
     "CONFIG_FILE",
+    "LimitsConfig",
     "PermissionsConfig",
     "ProjectConfig",
     "load_catalog",
     "load_mcp_servers",
     "load_project_config",
     "load_sandbox_policy",
+    "parse_config_file",
     "parse_mcp_option",
     "read_config_file",
+    "servers_of",
 ]
 
 CONFIG_FILE = "lodger.toml"
@@ -166,6 +169,13 @@ class McpConfig(BaseModel):
     servers: dict[str, dict[str, Any]] = {}
 
 
+class LimitsConfig(BaseModel):
+    """``[limits]``: bounds on one turn."""
+
+    model_config = _STRICT
+    max_steps: int | None = None
+
+
 class ProjectConfig(BaseModel):
     """A whole ``lodger.toml``."""
 
@@ -173,6 +183,7 @@ class ProjectConfig(BaseModel):
     model: str | None = None
     permissions: PermissionsConfig = PermissionsConfig()
     mcp: McpConfig = McpConfig()
+    limits: LimitsConfig = LimitsConfig()
     # checked key by key by ``load_sandbox_policy`` (``lodger.sandbox.policy``)
     sandbox: dict[str, Any] | None = None
 
@@ -185,29 +196,52 @@ def load_project_config(path: Path) -> ProjectConfig:
 
 
 def _project_config(path: Path) -> ProjectConfig:
+    return parse_config_file(path)[1]
+
+
+def _toml(path: Path) -> dict[str, Any]:
     text = _read_text(path, "configuration file")
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except RecursionError:
         raise _too_deep("configuration file", path) from None
+
+
+def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
+    """A ``lodger.toml`` read once: its raw tables and the checked configuration (the
+    ``[sandbox]`` and ``[mcp.servers.*]`` tables are checked by their own readers)."""
+    data = _toml(path)
     try:
-        return ProjectConfig.model_validate(data)
+        config = ProjectConfig.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
         if error["type"] == "extra_forbidden":
             raise ConfigError(
                 f"unknown key {where!r} in {path}",
-                hint="known keys: model, [permissions] allow/ask/deny, [mcp.servers.NAME]",
+                hint="known keys: model, [permissions] allow/ask/deny, [sandbox], "
+                "[mcp.servers.NAME], [limits] max_steps",
             ) from None
         raise ConfigError(f"{where} in {path}: {error['msg']}") from None
+    steps = config.limits.max_steps
+    if steps is not None and steps < 1:
+        raise ConfigError(f"limits.max_steps in {path} must be at least 1, not {steps}")
+    sandbox = data.get("sandbox")
+    if sandbox is not None and not isinstance(sandbox, dict):
+        raise ConfigError(f"[sandbox] in {path} must be a table")
+    return data, config
 
 
 def read_config_file(path: Path) -> list[McpServerConfig]:
     """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
-    servers = _project_config(path).mcp.servers
+    return servers_of(_project_config(path), path)
+
+
+def servers_of(config: ProjectConfig, path: Path) -> list[McpServerConfig]:
+    """The ``[mcp.servers.*]`` of a checked ``lodger.toml`` at ``path``."""
+    servers = config.mcp.servers
     out = []
     for name, table in servers.items():
         where = f"[mcp.servers.{name}] of {path}"
@@ -223,14 +257,7 @@ def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
     path = workspace / CONFIG_FILE
     if not path.is_file():
         return None
-    text = _read_text(path, "configuration file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise _too_deep("configuration file", path) from None
-    table = data.get("sandbox")
+    table = _toml(path).get("sandbox")
     if table is None:
         return None
     if not isinstance(table, dict):

@@ -1,0 +1,38 @@
+"""The runtime: one composition every door uses (library, CLI, host, workers).
+
+``Project`` (a workspace and its ``lodger.toml``) plus ``Overrides`` (an entry point's
+flags and callbacks) is composed by :func:`compose` into what a run binds; a
+``StorageLocation`` names where its sessions live. Names load on first use, so a
+command that only needs a location does not import the providers.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from lodger import _lazy
+
+if TYPE_CHECKING:
+    from lodger.runtime.compose import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
+    from lodger.runtime.location import StorageLocation
+    from lodger.runtime.project import Project
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "MODEL_ENVVAR",
+    "Overrides",
+    "Project",
+    "StorageLocation",
+    "compose",
+]
+
+_EXPORTS = {
+    "DEFAULT_MAX_STEPS": "lodger.runtime.compose",
+    "MODEL_ENVVAR": "lodger.runtime.compose",
+    "Overrides": "lodger.runtime.compose",
+    "compose": "lodger.runtime.compose",
+    "StorageLocation": "lodger.runtime.location",
+    "Project": "lodger.runtime.project",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return _lazy.resolve(__name__, _EXPORTS, globals(), name)

@@ -1,0 +1,140 @@
+"""The one composition: a project plus explicit overrides becomes what a run binds.
+
+Every door (``lodger run``, ``resume``, the host, ``lodger worker``, a library program
+that wants its project's rules) calls :func:`compose`; none of them binds tools, sandbox
+policy, MCP servers or permission rules by hand, so a rule in ``lodger.toml`` holds on
+all of them alike.
+
+>>> binding = compose(Project.load("."), Overrides(model="openai:gpt-4.1", approve_all=True))
+>>> await Sessions(Storage.local(".lodger")).run("fix the test", binding=binding)
+
+Precedence, from strongest: the overrides (flags, arguments), then the session's own
+record (the model it last ran with), then the project file, then the entry point's
+fallback (a worker's ``--model``). An untrusted project (``Project.load(...,
+trusted=False)``) only narrows: see :mod:`lodger.runtime.project`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lodger.codemode import Language
+from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.errors import ConfigError
+from lodger.events import Event
+from lodger.providers import make_model
+from lodger.providers.base import Model, TextSink
+from lodger.runtime.project import Project
+from lodger.sandbox.policy import SandboxPolicy
+from lodger.sessions import Binding
+from lodger.subagents.policy import SubagentPolicy
+from lodger.tools.builtin import workspace_tools
+from lodger.tools.config import CONFIG_FILE
+from lodger.tools.mcp import McpServerConfig
+from lodger.tools.spec import Tool
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "MODEL_ENVVAR",
+    "Overrides",
+    "bound_tools",
+    "compose",
+    "model_spec_for",
+]
+
+DEFAULT_MAX_STEPS = 50
+MODEL_ENVVAR = "LODGER_MODEL"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """What an entry point sets on top of the project: its flags and its callbacks."""
+
+    #: the model asked for (a ``Model``, or a spec such as ``openai:gpt-4.1``)
+    model: Model | str | None = None
+    #: the model the session last ran with (from its log or the control plane's index)
+    recorded_model: str | None = None
+    #: used when nothing else names a model (a worker's ``--model``, a host's first)
+    fallback_model: str | None = None
+    #: tools bound besides the workspace's built-in ones (``--tools FILE.py``)
+    tools: Sequence[Tool] = ()
+    #: bind the built-in workspace tools (file tools, shell, run_python)
+    builtin_tools: bool = True
+    #: MCP servers besides the project's; one of the same name replaces the project's
+    mcp: Sequence[McpServerConfig] = ()
+    #: the sandbox policy instead of the project's ``[sandbox]``
+    sandbox: SandboxPolicy | None = None
+    approve_all: bool = False
+    approver: Approver | None = None
+    max_steps: int | None = None
+    code_mode: Language | None = None
+    subagents: SubagentPolicy | None = None
+    on_event: Callable[[Event], None] | None = None
+    on_text: TextSink | None = None
+
+
+def model_spec_for(project: Project, overrides: Overrides) -> str | None:
+    """The model spec a run would use (None when a ``Model`` object is given or none is
+    named anywhere)."""
+    if isinstance(overrides.model, str) and overrides.model:
+        return overrides.model
+    if overrides.model is not None:
+        return None
+    return overrides.recorded_model or project.model or overrides.fallback_model or None
+
+
+def compose(project: Project, overrides: Overrides | None = None) -> Binding:
+    """What one run binds: model, tools, MCP servers, workspace, permissions, limits."""
+    overrides = overrides or Overrides()
+    model = _model(project, overrides)
+    tools, servers = bound_tools(project, overrides)
+    return Binding(
+        model=model,
+        tools=tools,
+        mcp=servers,
+        workspace=project.workspace,
+        permissions=PermissionPolicy(list(project.rules), approve_all=overrides.approve_all),
+        approver=overrides.approver,
+        max_steps=_max_steps(project, overrides),
+        on_event=overrides.on_event,
+        on_text=overrides.on_text,
+        code_mode=overrides.code_mode,
+        subagents=overrides.subagents,
+    )
+
+
+def bound_tools(
+    project: Project, overrides: Overrides | None = None
+) -> tuple[list[Tool], tuple[McpServerConfig, ...]]:
+    """The tools a run of ``project`` binds and the MCP servers it starts (whose tools
+    join them once connected): what ``compose`` binds, and ``lodger tools list`` shows."""
+    overrides = overrides or Overrides()
+    tools: list[Tool] = []
+    if overrides.builtin_tools and project.workspace is not None:
+        tools.extend(workspace_tools(sandbox=overrides.sandbox or project.sandbox))
+    tools.extend(overrides.tools)
+    servers = {config.name: config for config in project.mcp}
+    servers.update((config.name, config) for config in overrides.mcp)
+    return tools, tuple(servers.values())
+
+
+def _model(project: Project, overrides: Overrides) -> Model:
+    if overrides.model is not None and not isinstance(overrides.model, str):
+        return overrides.model
+    spec = model_spec_for(project, overrides)
+    if not spec:
+        raise ConfigError(
+            "no model given",
+            hint=f'pass --model SPEC, set {MODEL_ENVVAR}, or set model = "..." in '
+            f"{CONFIG_FILE}; `lodger demo` runs offline",
+        )
+    return make_model(spec)
+
+
+def _max_steps(project: Project, overrides: Overrides) -> int:
+    chosen = overrides.max_steps if overrides.max_steps is not None else project.max_steps
+    steps = chosen if chosen is not None else DEFAULT_MAX_STEPS
+    if not project.trusted and project.max_steps is not None:
+        steps = min(steps, project.max_steps)  # an untrusted file may only lower it
+    return steps

@@ -1,0 +1,141 @@
+"""A project: a workspace and its ``lodger.toml``, loaded and checked once.
+
+Every door a session comes through (the library, each CLI command, the host, a worker,
+a subagent's child) starts from a ``Project`` and composes it the same way
+(``lodger.runtime.compose``), so a rule written in the file holds whichever door it is.
+
+    model = "openai:gpt-4.1"        # the default model
+    [permissions]                   # deny, then ask, then allow (first match wins)
+    deny = ["shell(rm *)"]
+    [sandbox]                       # lodger.sandbox.policy
+    memory_mb = 512
+    [mcp.servers.git]               # lodger.tools.config
+    command = "mcp-server-git"
+    [limits]
+    max_steps = 30
+
+A project is *trusted* or not. A trusted one applies the whole file. An untrusted one (a
+workspace restored from storage on a worker or a host, whose files a sandboxed command
+may have written) applies only what narrows: its deny and ask rules, a stricter sandbox
+(lower limits, approval), a lower step limit. It starts no MCP server, adds no allow
+rule, opens no network, passes no variable and names no model; ``ignored`` says what was
+left out and why, so the caller can say so in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lodger.engine.permissions import Rule
+from lodger.sandbox.policy import SandboxPolicy, policy_from_config
+from lodger.tools.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
+from lodger.tools.mcp import McpServerConfig
+
+__all__ = ["Project"]
+
+#: sandbox keys an untrusted file may set: each can only make a command more confined
+_NARROWING_SANDBOX_KEYS = frozenset(
+    {"approval", "wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "output_mb", "cpu_rate"}
+)
+_CONFINED_BACKENDS = frozenset({"bubblewrap", "runsc"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Project:
+    """A workspace and what its ``lodger.toml`` says, checked once.
+
+    ``Project.load(workspace)`` reads ``<workspace>/lodger.toml`` (a missing file is the
+    empty project); ``Project.none()`` is a session without a workspace.
+    """
+
+    workspace: Path | None = None
+    trusted: bool = True
+    #: the file's default model spec (None: none, or the project is untrusted)
+    model: str | None = None
+    #: permission rules in the order they are tried (deny, ask, allow)
+    rules: tuple[Rule, ...] = ()
+    #: the ``[sandbox]`` policy (None: the file has none; the tools' default applies)
+    sandbox: SandboxPolicy | None = None
+    mcp: tuple[McpServerConfig, ...] = ()
+    max_steps: int | None = None
+    #: what an untrusted file asked for and was not given, one phrase each
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def none(cls) -> Project:
+        return cls()
+
+    @classmethod
+    def load(cls, workspace: str | Path, *, trusted: bool = True) -> Project:
+        """The project of ``workspace``; a ``ConfigError`` names the first bad key."""
+        root = Path(workspace).resolve()
+        path = root / CONFIG_FILE
+        if not path.is_file():
+            return cls(workspace=root, trusted=trusted)
+        data, config = parse_config_file(path)
+        table = data.get("sandbox")
+        if not trusted:
+            return _untrusted(root, path, config, table)
+        return cls(
+            workspace=root,
+            model=config.model,
+            rules=tuple(config.permissions.rules()),
+            sandbox=None
+            if table is None
+            else policy_from_config(table, where=f"[sandbox] of {path}", workspace=root),
+            mcp=tuple(servers_of(config, path)),
+            max_steps=config.limits.max_steps,
+        )
+
+
+def _untrusted(
+    root: Path, path: Path, config: ProjectConfig, table: dict[str, Any] | None
+) -> Project:
+    """What an untrusted file may do: narrow, never widen."""
+    ignored: list[str] = []
+    if config.model:
+        ignored.append("its model")
+    if config.permissions.allow:
+        ignored.append(f"{len(config.permissions.allow)} allow rule(s)")
+    if config.mcp.servers:
+        ignored.append(f"{len(config.mcp.servers)} MCP server(s)")
+    narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
+    rules = tuple(ProjectConfig.model_validate(narrowed).permissions.rules())
+    sandbox = None
+    if table is not None:
+        wider = sorted(set(table) - _NARROWING_SANDBOX_KEYS - {"backend"})
+        backend = table.get("backend", "bubblewrap")
+        if backend not in _CONFINED_BACKENDS:
+            wider.append("backend")
+        if wider:
+            ignored.append("[sandbox] " + ", ".join(wider))
+        kept = {k: v for k, v in table.items() if k in _NARROWING_SANDBOX_KEYS}
+        if backend in _CONFINED_BACKENDS:
+            kept["backend"] = backend
+        policy = policy_from_config(kept, where=f"[sandbox] of {path}", workspace=root)
+        sandbox = _no_looser(policy, ignored)
+    return Project(
+        workspace=root,
+        trusted=False,
+        rules=rules,
+        sandbox=sandbox,
+        max_steps=config.limits.max_steps,
+        ignored=tuple(ignored),
+    )
+
+
+def _no_looser(policy: SandboxPolicy, ignored: list[str]) -> SandboxPolicy:
+    """``policy`` with every limit no looser than the default's."""
+    default = SandboxPolicy().limits
+    changes: dict[str, Any] = {}
+    for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_processes", "output_bytes"):
+        mine, theirs = getattr(policy.limits, name), getattr(default, name)
+        if theirs is not None and (mine is None or mine > theirs):
+            changes[name] = theirs
+            ignored.append(f"a looser {name}")
+    if not changes:
+        return policy
+    return dataclasses.replace(policy, limits=dataclasses.replace(policy.limits, **changes))

@@ -39,13 +39,14 @@ from lodger.control.approvals import (
 )
 from lodger.control.schedule import check_cron, parse_at
 from lodger.control.worker import Worker, WorkerConfig
-from lodger.errors import ConfigError
+from lodger.errors import ConfigError, UsageError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.runtime.compose import MODEL_ENVVAR, Overrides, compose, model_spec_for
 from lodger.runtime.project import Project
 from lodger.sessions import Binding
 from lodger.storage import check_session_id
+from lodger.storage.snapshots import snapshot_workspace
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -99,6 +100,13 @@ def _with_control(dsn: str, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
 @click.option("--at", "at", default=None, metavar="TIME",
               help="Deliver later: +30s, +5m, +2h, +1d, an ISO time (UTC by default) "
                    "or epoch seconds.")  # fmt: skip
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="For a new session: the directory its workspace starts as (snapshotted into "
+    "the store; a worker restores it, its lodger.toml included).",
+)
 @state_option
 @control_option
 @json_option
@@ -107,24 +115,29 @@ def send(
     message: str,
     key: str | None,
     at: str | None,
+    workspace: Path | None,
     state: str,
     control: str | None,
     as_json: bool,
 ) -> None:
     """Send MESSAGE to SESSION: a worker wakes it and runs it as a new turn.
 
-    SESSION may be new (the first worker to take it starts it). Nothing runs here: the
-    message waits in the control plane's queue until it is due and a worker claims it.
+    SESSION may be new (the first worker to take it starts it; --workspace gives it a
+    starting workspace). Nothing runs here: the message waits in the control plane's
+    queue until it is due and a worker claims it.
 
     \b
     Example:
       lodger send s1 "summarize the new issues" --control postgresql://lodger@db/lodger
       lodger send s1 "nightly report" --at 2026-12-01T02:00:00Z --idempotency-key report-1201
+      lodger send s2 "fix the tests" --workspace ./project --store s3://bucket/lodger
     """
     check_session_id(session)
 
     async def work(plane: ControlPlane) -> int | None:
         due = parse_at(at, now=await plane.now()) if at is not None else None
+        if workspace is not None:
+            await _start_workspace(plane, session, workspace)
         return await plane.send(
             session_id=session, message=message, due_at=due, idempotency_key=key
         )
@@ -136,6 +149,32 @@ def send(
         click.echo(f"already sent: idempotency key {key!r} was seen before; nothing enqueued")
     else:
         click.echo(f"queued wake {wake} for session {session}")
+
+
+async def _start_workspace(plane: ControlPlane, session: str, workspace: Path) -> None:
+    """Snapshot ``workspace`` as the new session's first workspace, in its index row."""
+    storage = location().open()
+    try:
+        if await storage.log.exists(session) or await plane.get_session(session_id=session):
+            raise UsageError(
+                f"session {session!r} exists already: --workspace starts a new one",
+                hint="send without --workspace (a worker restores the session's own "
+                "workspace), or fork the session",
+                code="usage",
+                session_id=session,
+            )
+        taken = await snapshot_workspace(workspace, storage.artifacts)
+        await plane.record_session(
+            row=SessionRow(
+                session_id=session,
+                status="new",
+                last_activity=await plane.now(),
+                events=0,
+                snapshot=taken.ref,
+            )
+        )
+    finally:
+        await storage.close()
 
 
 @click.command()

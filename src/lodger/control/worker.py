@@ -46,7 +46,7 @@ from lodger.errors import (
     LodgerError,
     ResumeBlockedError,
 )
-from lodger.events import PermissionRequested
+from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.storage.eventlog import EventLog
@@ -260,8 +260,9 @@ class Worker:
         )
         workspace = Path(root)
         try:
-            if row is not None and row.snapshot is not None:
-                await restore_snapshot(row.snapshot, self.storage.artifacts, workspace)
+            start = _newest_snapshot(state, row)
+            if start is not None:
+                await restore_snapshot(start, self.storage.artifacts, workspace)
             # a session made by the host has no log yet; the index holds its model
             recorded = (state.last_model if state else None) or (row.model if row else None)
             binding = self._with_children(self.bind(sid, recorded, workspace))
@@ -456,6 +457,20 @@ class Worker:
                 for c in plan.blocked
             ],
         )  # fmt: skip
+
+
+def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:
+    """The workspace a wake starts from: the index's snapshot, unless the log recorded a
+    newer one (a turn run outside the workers, ``lodger run --store``, after the index
+    was written, or before any worker ran the session)."""
+    indexed = row.snapshot if row is not None else None
+    if state is None:
+        return indexed
+    seen = row.events if row is not None and indexed is not None else 0
+    for event in reversed(state.events[seen:]):
+        if isinstance(event.body, WorkspaceSnapshot):
+            return event.body.ref
+    return indexed
 
 
 def _delivered(state: SessionState | None, wake: Wake) -> bool:

@@ -42,7 +42,7 @@ from lodger.control.worker import Worker, WorkerConfig
 from lodger.errors import ConfigError, UsageError
 from lodger.events import Event
 from lodger.providers import make_model
-from lodger.runtime.compose import MODEL_ENVVAR, Overrides, compose, model_spec_for
+from lodger.runtime.composition import MODEL_ENVVAR, Overrides, compose, model_spec_for
 from lodger.runtime.project import Project
 from lodger.sessions import Binding
 from lodger.storage import check_session_id

@@ -53,7 +53,7 @@ from lodger.errors import (
 )
 from lodger.events import Event
 from lodger.recovery import RecoveryPlan
-from lodger.runtime.compose import compose, model_spec_for
+from lodger.runtime.composition import compose, model_spec_for
 from lodger.runtime.location import CONTROL_FILE
 from lodger.runtime.project import Project
 from lodger.sessions import Sessions, SessionWorkspace

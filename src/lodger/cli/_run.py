@@ -46,7 +46,7 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel
 from lodger.providers.base import Model
-from lodger.runtime.compose import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
+from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
 from lodger.runtime.location import StorageLocation
 from lodger.runtime.project import Project
 from lodger.sandbox.policy import SandboxPolicy

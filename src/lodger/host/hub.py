@@ -41,7 +41,7 @@ from lodger.errors import (
 from lodger.events import Event, TurnStarted
 from lodger.host.control import Approval, HostControl, Message, MessageKind
 from lodger.host.feed import Feeds
-from lodger.runtime.compose import Overrides, compose
+from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.sessions import Binding, Sessions
 from lodger.storage import check_session_id

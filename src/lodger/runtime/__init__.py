@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lodger import _lazy
 
 if TYPE_CHECKING:
-    from lodger.runtime.compose import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
+    from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
     from lodger.runtime.location import StorageLocation
     from lodger.runtime.project import Project
 
@@ -25,10 +25,10 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "DEFAULT_MAX_STEPS": "lodger.runtime.compose",
-    "MODEL_ENVVAR": "lodger.runtime.compose",
-    "Overrides": "lodger.runtime.compose",
-    "compose": "lodger.runtime.compose",
+    "DEFAULT_MAX_STEPS": "lodger.runtime.composition",
+    "MODEL_ENVVAR": "lodger.runtime.composition",
+    "Overrides": "lodger.runtime.composition",
+    "compose": "lodger.runtime.composition",
     "StorageLocation": "lodger.runtime.location",
     "Project": "lodger.runtime.project",
 }

@@ -2,7 +2,7 @@
 
 Every door a session comes through (the library, each CLI command, the host, a worker,
 a subagent's child) starts from a ``Project`` and composes it the same way
-(``lodger.runtime.compose``), so a rule written in the file holds whichever door it is.
+(``lodger.runtime.composition``), so a rule written in the file holds whichever door it is.
 
     model = "openai:gpt-4.1"        # the default model
     [permissions]                   # deny, then ask, then allow (first match wins)

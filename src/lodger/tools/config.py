@@ -228,9 +228,6 @@ def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
     steps = config.limits.max_steps
     if steps is not None and steps < 1:
         raise ConfigError(f"limits.max_steps in {path} must be at least 1, not {steps}")
-    sandbox = data.get("sandbox")
-    if sandbox is not None and not isinstance(sandbox, dict):
-        raise ConfigError(f"[sandbox] in {path} must be a table")
     return data, config
 
 

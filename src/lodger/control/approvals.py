@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lodger.control.interface import ControlPlane
+from lodger.control.interface import Approvals
 from lodger.engine.permissions import ApprovalAnswer, Approver, current_ask
 from lodger.errors import ControlPlaneError
 from lodger.events import Event, PermissionRequested
@@ -54,7 +54,7 @@ class ControlApprovals:
     """Approvers for one worker: ask in the control plane, wait up to ``wait_s``."""
 
     def __init__(
-        self, control: ControlPlane, *, holder: str, wait_s: float, poll_s: float = 0.25
+        self, control: Approvals, *, holder: str, wait_s: float, poll_s: float = 0.25
     ) -> None:
         self.control = control
         self.holder = holder
@@ -120,7 +120,7 @@ class ParkingApprovals:
     park (inside a code cell, or re-dispatched by recovery) and has no answer yet is
     denied at once, with the reason in the log."""
 
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: Approvals) -> None:
         self.control = control
 
     def approver(self, session_id: str) -> Approver:

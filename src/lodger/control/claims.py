@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lodger.authority.common import ResourceClaim
-from lodger.control.interface import ControlPlane, NamedLease
+from lodger.control.interface import GlobalAuthorities, NamedLease
 from lodger.errors import UsageError
 from lodger.tools.spec import Tool, ToolContext
 
@@ -63,7 +63,7 @@ class GlobalClaims:
 
 def with_global_claims(
     t: Tool,
-    control: ControlPlane,
+    control: GlobalAuthorities,
     claims: GlobalClaims,
     *,
     ttl_s: float = 300.0,
@@ -103,7 +103,7 @@ def with_global_claims(
 
 
 async def _lease(
-    control: ControlPlane, name: str, holder: str, ttl_s: float, poll_s: float
+    control: GlobalAuthorities, name: str, holder: str, ttl_s: float, poll_s: float
 ) -> NamedLease:
     while True:  # the control plane is polled: it has no notifications
         lease = await control.acquire_named(name=name, holder=holder, ttl_s=ttl_s)
@@ -113,7 +113,7 @@ async def _lease(
 
 
 async def _permit(
-    control: ControlPlane, name: str, limit: int, holder: str, ttl_s: float, poll_s: float
+    control: GlobalAuthorities, name: str, limit: int, holder: str, ttl_s: float, poll_s: float
 ) -> str:
     while True:
         permit = await control.acquire_permit(name=name, limit=limit, holder=holder, ttl_s=ttl_s)
@@ -122,7 +122,7 @@ async def _permit(
         await asyncio.sleep(poll_s)
 
 
-async def _quota(control: ControlPlane, name: str, quota: Quota) -> None:
+async def _quota(control: GlobalAuthorities, name: str, quota: Quota) -> None:
     while True:
         wait = await control.take_quota(
             name=name, per_minute=quota.per_minute, per_hour=quota.per_hour
@@ -133,7 +133,7 @@ async def _quota(control: ControlPlane, name: str, quota: Quota) -> None:
 
 
 async def _release(
-    control: ControlPlane, leases: list[NamedLease], permits: list[tuple[str, str]]
+    control: GlobalAuthorities, leases: list[NamedLease], permits: list[tuple[str, str]]
 ) -> None:
     for name, permit in reversed(permits):
         await control.release_permit(name=name, permit=permit)

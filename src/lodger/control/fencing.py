@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lodger.control.interface import ControlPlane, SessionLease
+from lodger.control.interface import SessionLease, SessionLeases
 from lodger.errors import LeaseLostError
 from lodger.storage.logstore import ForwardingLogStore, LogStore, Record
 
@@ -30,7 +30,7 @@ __all__ = ["FencedLogStore", "LeaseGuard"]
 class LeaseGuard:
     """The session leases one worker holds; ``check`` is the commit guard."""
 
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: SessionLeases) -> None:
         self.control = control
         self._leases: dict[str, SessionLease] = {}
         #: commits checked (and refused) through this guard

@@ -20,15 +20,23 @@ from typing import Protocol
 
 __all__ = [
     "ApprovalRequest",
+    "Approvals",
     "ControlPlane",
+    "GlobalAuthorities",
     "HostToken",
+    "Lifecycle",
     "NamedLease",
     "ParkedCall",
     "Schedule",
+    "Schedules",
+    "SessionIndex",
     "SessionLease",
+    "SessionLeases",
     "SessionRow",
+    "Tokens",
     "Wake",
     "WakeInfo",
+    "Wakes",
 ]
 
 
@@ -153,9 +161,8 @@ class NamedLease:
     expires_at: float
 
 
-class ControlPlane(Protocol):
-    """What workers, ``lodger send`` and ``lodger sessions`` share. Every method is
-    keyword-only; failures of the database are ``ControlPlaneError``."""
+class Lifecycle(Protocol):
+    """Opening, closing and the clock every other part of the control plane uses."""
 
     async def start(self) -> None:
         """Connect and bring the schema to the newest version (migrations run here)."""
@@ -169,7 +176,9 @@ class ControlPlane(Protocol):
         """The control plane's clock, in seconds since the epoch."""
         ...
 
-    # ----------------------------------------------------------- session leases
+
+class SessionLeases(Protocol):
+    """One writer per session: leases with fencing epochs."""
 
     async def acquire_session(
         self, *, session_id: str, holder: str, ttl_s: float
@@ -187,7 +196,9 @@ class ControlPlane(Protocol):
 
     async def release_session(self, *, lease: SessionLease) -> None: ...
 
-    # ----------------------------------------------------------- the wake queue
+
+class Wakes(Protocol):
+    """The wake queue: messages and plain wakes, with idempotency keys."""
 
     async def send(
         self,
@@ -235,6 +246,10 @@ class ControlPlane(Protocol):
         """The wake the first ``send`` with ``idempotency_key`` enqueued."""
         ...
 
+
+class Schedules(Protocol):
+    """Recurring messages (cron, UTC)."""
+
     async def add_schedule(
         self, *, session_id: str, cron: str, message: str, start: float | None = None
     ) -> Schedule:
@@ -249,7 +264,10 @@ class ControlPlane(Protocol):
         now: runs missed while no worker was up fire once, not once per miss."""
         ...
 
-    # ----------------------------------------------------------- indexes
+
+class SessionIndex(Protocol):
+    """What ``lodger sessions --control`` lists without opening a log, and the parked
+    operations of each session."""
 
     async def record_session(self, *, row: SessionRow) -> None: ...
 
@@ -263,7 +281,9 @@ class ControlPlane(Protocol):
 
     async def list_parked(self, *, session_id: str | None = None) -> list[ParkedCall]: ...
 
-    # ----------------------------------------------------------- approvals
+
+class Approvals(Protocol):
+    """Questions a call waits on, answered from anywhere (a host, another worker)."""
 
     async def ask_approval(
         self,
@@ -319,7 +339,9 @@ class ControlPlane(Protocol):
         Returns how many were withdrawn."""
         ...
 
-    # ----------------------------------------------------------- host tokens, deliveries
+
+class Tokens(Protocol):
+    """Host tokens and webhook deliveries, shared by every host of the control plane."""
 
     async def add_token(
         self, *, token_hash: str, scope: str, session_id: str | None, label: str
@@ -344,7 +366,10 @@ class ControlPlane(Protocol):
         first claim's session on every later one, whichever host receives it."""
         ...
 
-    # ----------------------------------------------------------- global authorities
+
+class GlobalAuthorities(Protocol):
+    """Resource authorities across workers: named leases with fencing tokens, counting
+    semaphores, request quotas."""
 
     async def acquire_named(self, *, name: str, holder: str, ttl_s: float) -> NamedLease | None:
         """Grant the named lease with the next fencing token, unless it is held."""
@@ -371,3 +396,20 @@ class ControlPlane(Protocol):
         """Take one request from the named quota: 0.0 when granted, else the seconds to
         wait before one is free (nothing is taken then)."""
         ...
+
+
+class ControlPlane(
+    Lifecycle,
+    SessionLeases,
+    Wakes,
+    Schedules,
+    SessionIndex,
+    Approvals,
+    Tokens,
+    GlobalAuthorities,
+    Protocol,
+):
+    """All of the control plane: what ``SqliteControlPlane`` and
+    ``PostgresControlPlane`` implement. A part that needs less takes the narrow protocol
+    it uses (a worker's approver takes ``Approvals``). Every method is keyword-only;
+    failures of the database are ``ControlPlaneError``."""

@@ -241,6 +241,19 @@ class _TimelineView:
     # -- one event, one line ----------------------------------------------------------
 
     def describe(self, event: Event) -> list[Part]:
+        for describe_kind in (
+            self._describe_lifecycle,
+            self._describe_model_and_calls,
+            self._describe_decisions,
+            self._describe_records,
+        ):
+            parts = describe_kind(event)
+            if parts is not None:
+                return parts
+        return [event.kind]  # pragma: no cover - every kind is handled by a describer
+
+    def _describe_lifecycle(self, event: Event) -> list[Part] | None:
+        """A session, turn, run or step starting or ending."""
         body = event.body
         if isinstance(body, SessionStarted):
             parts: list[Part] = [("session started", "bold"), f"  workspace={body.workspace}"]
@@ -274,8 +287,19 @@ class _TimelineView:
                 ("  tools: ", "dim"),
                 names,
             ]
+        if isinstance(body, RunEnded):
+            error = f"  {clip(body.error, self.limit(_TEXT))}" if body.error else ""
+            return [("run ended ", "bold blue"), _status(body.status), error]
+        if isinstance(body, TurnEnded):
+            answer = f"  answer {_quoted(body.answer, self.limit(_TEXT))}" if body.answer else ""
+            return [("turn ended ", "bold magenta"), _status(body.status), answer]
+        return None
+
+    def _describe_model_and_calls(self, event: Event) -> list[Part] | None:
+        """What the model said and what became of the calls it proposed."""
+        body = event.body
         if isinstance(body, ModelOutput):
-            parts = [("output", "bold")]
+            parts: list[Part] = [("output", "bold")]
             if body.text:
                 parts.append(" " + _quoted(body.text, self.limit(_TEXT)))
             if body.calls:
@@ -286,6 +310,25 @@ class _TimelineView:
                 usage = body.usage
                 parts.append((f"  tokens in={usage.input_tokens} out={usage.output_tokens}", "dim"))
             return parts
+        if isinstance(body, ProviderRetried):
+            return [
+                ("provider retry", "yellow"),
+                f"  attempt {body.attempt} in {body.delay_ms} ms: ",
+                clip(body.error, self.limit(_TEXT)),
+            ]
+        if isinstance(body, ToolsActivated):
+            return [
+                ("tools activated", "cyan"),
+                f"  query={_quoted(body.query, 60)}: ",
+                ", ".join(body.names) or "none",
+            ]
+        if isinstance(body, CallRejected):
+            return [
+                ("rejected ", "red"),
+                (body.reason, "bold red"),
+                f"  {body.tool}: ",
+                clip(body.message, self.limit(_TEXT)),
+            ]
         if isinstance(body, ToolDispatched):
             parts = [("T1 dispatched", "yellow"), f"  op={body.operation_id}"]
             if body.attempt > 1 or body.retry_of:
@@ -305,13 +348,11 @@ class _TimelineView:
             if body.artifacts:
                 parts.append((f"  {len(body.artifacts)} artifact(s)", "dim"))
             return parts
-        if isinstance(body, CallRejected):
-            return [
-                ("rejected ", "red"),
-                (body.reason, "bold red"),
-                f"  {body.tool}: ",
-                clip(body.message, self.limit(_TEXT)),
-            ]
+        return None
+
+    def _describe_decisions(self, event: Event) -> list[Part] | None:
+        """A permission asked or decided, and recovery's or the operator's decisions."""
+        body = event.body
         if isinstance(body, PermissionRequested):
             return [
                 ("permission asked", "yellow"),
@@ -322,18 +363,6 @@ class _TimelineView:
             style = {"allow": "green", "park": "yellow"}.get(body.decision, "red")
             reason = f" ({body.reason})" if body.reason else ""
             return [("permission ", "bold"), (body.decision, style), f" by {body.by}{reason}"]
-        if isinstance(body, ToolsActivated):
-            return [
-                ("tools activated", "cyan"),
-                f"  query={_quoted(body.query, 60)}: ",
-                ", ".join(body.names) or "none",
-            ]
-        if isinstance(body, ProviderRetried):
-            return [
-                ("provider retry", "yellow"),
-                f"  attempt {body.attempt} in {body.delay_ms} ms: ",
-                clip(body.error, self.limit(_TEXT)),
-            ]
         if isinstance(body, RecoveryObserved):
             note = f"  {clip(body.observation, self.limit(_PREVIEW))}" if body.observation else ""
             return [
@@ -358,6 +387,11 @@ class _TimelineView:
                 (body.decision, "bold"),
                 f" by {body.by}{result}",
             ]
+        return None
+
+    def _describe_records(self, event: Event) -> list[Part] | None:
+        """What was stored beside the log or done to the context."""
+        body = event.body
         if isinstance(body, ArtifactStored):
             ref = body.artifact
             return [
@@ -375,13 +409,7 @@ class _TimelineView:
                 f"  {len(body.elided_call_ids)} result(s) elided, "
                 f"~{body.estimated_tokens}/{body.budget_tokens} tokens",
             ]
-        if isinstance(body, RunEnded):
-            error = f"  {clip(body.error, self.limit(_TEXT))}" if body.error else ""
-            return [("run ended ", "bold blue"), _status(body.status), error]
-        if isinstance(body, TurnEnded):
-            answer = f"  answer {_quoted(body.answer, self.limit(_TEXT))}" if body.answer else ""
-            return [("turn ended ", "bold magenta"), _status(body.status), answer]
-        return [event.kind]  # pragma: no cover - every kind is handled above
+        return None
 
 
 def _numbers(runs: Sequence[tuple[int, int]]) -> str:

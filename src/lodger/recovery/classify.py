@@ -219,135 +219,159 @@ class CallClassifier:
         body = e.body
         if type(body) in _NO_CALL_STATE:
             return
-        calls, operations = self.calls, self._operations
         if isinstance(body, ModelOutput):
-            for call in body.calls:
-                if call.call_id in calls:
-                    raise _corrupt(
-                        self.session_id,
-                        e.offset,
-                        "duplicate_call_id",
-                        f"call id {call.call_id!r} was proposed twice",
-                    )
-                calls[call.call_id] = CallState(
-                    call_id=call.call_id, tool=call.name, turn_id=e.turn_id, offset=e.offset
-                )
+            self._proposed(e, body)
         elif isinstance(body, CallRejected):
-            state = _call_for(calls, e, self.session_id, body.tool)
-            if state.operations:
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "rejected_after_dispatch",
-                    "a dispatched call was rejected",
-                )
-            state.rejected = True
+            self._rejected(e, body)
         elif isinstance(body, ToolDispatched):
-            state = _call_for(calls, e, self.session_id, body.tool)
-            if state.rejected:
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "dispatch_after_rejection",
-                    f"call {state.call_id!r} was dispatched after it was rejected",
-                )
-            if body.operation_id in operations:
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "duplicate_operation",
-                    f"operation {body.operation_id!r} was dispatched twice",
-                )
-            previous = state.latest
-            if body.retry_of is None and previous is not None:
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "unlinked_redispatch",
-                    f"call {state.call_id!r} was dispatched again without a retry_of link",
-                )
-            if body.retry_of is not None and (
-                previous is None
-                or previous.operation_id != body.retry_of
-                or previous.responded_at is not None
-            ):
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "bad_retry_link",
-                    f"operation {body.operation_id!r} retries {body.retry_of!r}, which is not "
-                    "the call's latest unanswered operation",
-                )
-            record = OperationRecord(
-                operation_id=body.operation_id, offset=e.offset, dispatched=body, run_id=e.run_id
-            )
-            state.operations.append(record)
-            operations[body.operation_id] = (state, record)
-            self.dispatched_tools.add(body.tool)
+            self._dispatched(e, body)
         elif isinstance(
             body, ToolResponded | RecoveryObserved | RecoveryDecided | OperatorDecision
         ):
-            found = operations.get(body.operation_id)
-            if found is None:
-                if isinstance(body, RecoveryObserved) and body.reason == "not_dispatched":
-                    # the model was told this call never ran; it has no operation
-                    noted = calls.get(e.call_id or "")
-                    if noted is None or noted.operations:
-                        raise _corrupt(
-                            self.session_id,
-                            e.offset,
-                            "bad_not_dispatched",
-                            f"call {e.call_id!r} is recorded as never dispatched, but it "
-                            "does not exist or was dispatched",
-                        )
-                    noted.noted_not_dispatched = True
-                    return
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "unknown_operation",
-                    f"{body.kind} names operation {body.operation_id!r}, which was never "
-                    "dispatched",
-                )
-            state, record = found
-            if e.call_id is not None and e.call_id != state.call_id:
-                raise _corrupt(
-                    self.session_id,
-                    e.offset,
-                    "call_mismatch",
-                    f"{body.kind} for operation {body.operation_id!r} names call "
-                    f"{e.call_id!r}, but it belongs to {state.call_id!r}",
-                )
-            if isinstance(body, ToolResponded):
-                if record.responded_at is not None:
-                    raise _corrupt(
-                        self.session_id,
-                        e.offset,
-                        "duplicate_response",
-                        f"operation {body.operation_id!r} has a second response",
-                    )
-                record.responded_at = e.offset
-            elif isinstance(body, RecoveryObserved):
-                record.observed = body
-            elif isinstance(body, RecoveryDecided):
-                record.parked = body.action == "park"
-            else:
-                record.decision = body
+            self._settled(e, body)
         elif isinstance(body, PermissionDecided):
             if body.decision == "park":
-                # a nested call is not known before its T1 or rejection (and never parks)
-                parked = calls.get(e.call_id or "")
-                if parked is None or parked.operations or parked.rejected:
-                    raise _corrupt(
-                        self.session_id,
-                        e.offset,
-                        "bad_permission_park",
-                        f"call {e.call_id!r} waits for an approval, but it does not exist "
-                        "or was dispatched or rejected already",
-                    )
-                parked.awaiting_approval = True
+                self._approval_parked(e)
         elif isinstance(body, RunStarted) and body.resumed_from is not None:
             _check_resume_prefix(self._digest_at, e, body.resumed_from, self.session_id)
+
+    def _proposed(self, e: Event, body: ModelOutput) -> None:
+        calls = self.calls
+        for call in body.calls:
+            if call.call_id in calls:
+                raise _corrupt(
+                    self.session_id,
+                    e.offset,
+                    "duplicate_call_id",
+                    f"call id {call.call_id!r} was proposed twice",
+                )
+            calls[call.call_id] = CallState(
+                call_id=call.call_id, tool=call.name, turn_id=e.turn_id, offset=e.offset
+            )
+
+    def _rejected(self, e: Event, body: CallRejected) -> None:
+        state = _call_for(self.calls, e, self.session_id, body.tool)
+        if state.operations:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "rejected_after_dispatch",
+                "a dispatched call was rejected",
+            )
+        state.rejected = True
+
+    def _dispatched(self, e: Event, body: ToolDispatched) -> None:
+        """A T1: the call's next operation, linked to the one before by ``retry_of``."""
+        operations = self._operations
+        state = _call_for(self.calls, e, self.session_id, body.tool)
+        if state.rejected:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "dispatch_after_rejection",
+                f"call {state.call_id!r} was dispatched after it was rejected",
+            )
+        if body.operation_id in operations:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "duplicate_operation",
+                f"operation {body.operation_id!r} was dispatched twice",
+            )
+        previous = state.latest
+        if body.retry_of is None and previous is not None:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "unlinked_redispatch",
+                f"call {state.call_id!r} was dispatched again without a retry_of link",
+            )
+        if body.retry_of is not None and (
+            previous is None
+            or previous.operation_id != body.retry_of
+            or previous.responded_at is not None
+        ):
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "bad_retry_link",
+                f"operation {body.operation_id!r} retries {body.retry_of!r}, which is not "
+                "the call's latest unanswered operation",
+            )
+        record = OperationRecord(
+            operation_id=body.operation_id, offset=e.offset, dispatched=body, run_id=e.run_id
+        )
+        state.operations.append(record)
+        operations[body.operation_id] = (state, record)
+        self.dispatched_tools.add(body.tool)
+
+    def _settled(
+        self,
+        e: Event,
+        body: ToolResponded | RecoveryObserved | RecoveryDecided | OperatorDecision,
+    ) -> None:
+        """What became of an operation: a T2, or recovery's or the operator's word on it."""
+        found = self._operations.get(body.operation_id)
+        if found is None:
+            if isinstance(body, RecoveryObserved) and body.reason == "not_dispatched":
+                self._noted_not_dispatched(e)
+                return
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "unknown_operation",
+                f"{body.kind} names operation {body.operation_id!r}, which was never dispatched",
+            )
+        state, record = found
+        if e.call_id is not None and e.call_id != state.call_id:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "call_mismatch",
+                f"{body.kind} for operation {body.operation_id!r} names call "
+                f"{e.call_id!r}, but it belongs to {state.call_id!r}",
+            )
+        if isinstance(body, ToolResponded):
+            if record.responded_at is not None:
+                raise _corrupt(
+                    self.session_id,
+                    e.offset,
+                    "duplicate_response",
+                    f"operation {body.operation_id!r} has a second response",
+                )
+            record.responded_at = e.offset
+        elif isinstance(body, RecoveryObserved):
+            record.observed = body
+        elif isinstance(body, RecoveryDecided):
+            record.parked = body.action == "park"
+        else:
+            record.decision = body
+
+    def _noted_not_dispatched(self, e: Event) -> None:
+        # the model was told this call never ran; it has no operation
+        noted = self.calls.get(e.call_id or "")
+        if noted is None or noted.operations:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "bad_not_dispatched",
+                f"call {e.call_id!r} is recorded as never dispatched, but it "
+                "does not exist or was dispatched",
+            )
+        noted.noted_not_dispatched = True
+
+    def _approval_parked(self, e: Event) -> None:
+        # a nested call is not known before its T1 or rejection (and never parks)
+        parked = self.calls.get(e.call_id or "")
+        if parked is None or parked.operations or parked.rejected:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "bad_permission_park",
+                f"call {e.call_id!r} waits for an approval, but it does not exist "
+                "or was dispatched or rejected already",
+            )
+        parked.awaiting_approval = True
 
 
 def classify_calls(events: Sequence[Event]) -> dict[str, CallState]:

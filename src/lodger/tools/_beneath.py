@@ -320,20 +320,10 @@ def _walk_into(w: Walk, path: str, pending: list[str], *, hidden: Hidden) -> Non
             missing.append(name)
             continue
         parent = w.dir_fd
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
+        st = _lstat(w, path, parent, name)
+        if st is None:
             missing.append(name)
             continue
-        except PermissionError:
-            raise ToolCallError(
-                f"cannot open {path!r}: permission denied at {_rel(w, name)!r}",
-                code="permission_denied",
-            ) from None
-        except OSError as exc:
-            if exc.errno == errno.ENAMETOOLONG:
-                raise ToolCallError(f"path {path!r} has a name that is too long") from None
-            raise
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > MAX_SYMLINKS:
@@ -360,22 +350,12 @@ def _walk_into(w: Walk, path: str, pending: list[str], *, hidden: Hidden) -> Non
                 pending.extend(reversed(_components(target)))
             continue
         if stat.S_ISDIR(st.st_mode):
-            try:
-                fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                    races = _raced(races, path, pending, name)  # swapped since the lstat
-                    continue
-                if exc.errno == errno.EACCES:
-                    raise ToolCallError(
-                        f"cannot open {path!r}: permission denied at {_rel(w, name)!r}",
-                        code="permission_denied",
-                    ) from None
-                raise
+            fd = _open_dir(w, path, parent, name)
+            if fd is None:
+                races = _raced(races, path, pending, name)  # swapped since the lstat
+                continue
             w.push(fd, name)
-            found = hidden.match(w.path, os.fstat(fd))
-            if found is not None:
-                raise hidden_error(path, found, w.root)
+            _refuse_hidden(hidden, w, path, os.fstat(fd))
             continue
         # Not a directory: it must be the last component.
         if pending:
@@ -386,12 +366,47 @@ def _walk_into(w: Walk, path: str, pending: list[str], *, hidden: Hidden) -> Non
             )
         w.tail = [name]
         w.stat = st
-        found = hidden.match(w.path, st)
-        if found is not None:
-            raise hidden_error(path, found, w.root)
+        _refuse_hidden(hidden, w, path, st)
         return
     w.tail = missing
-    found = hidden.match(w.path, None)
+    _refuse_hidden(hidden, w, path, None)
+
+
+def _lstat(w: Walk, path: str, parent: int, name: str) -> os.stat_result | None:
+    """``name`` in the directory ``parent``, its symlink not followed; None if missing."""
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise _permission_denied(w, path, name) from None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise ToolCallError(f"path {path!r} has a name that is too long") from None
+        raise
+
+
+def _open_dir(w: Walk, path: str, parent: int, name: str) -> int | None:
+    """An fd of the directory ``name`` in ``parent``, or None if it is no longer one."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            return None
+        if exc.errno == errno.EACCES:
+            raise _permission_denied(w, path, name) from None
+        raise
+
+
+def _permission_denied(w: Walk, path: str, name: str) -> ToolCallError:
+    return ToolCallError(
+        f"cannot open {path!r}: permission denied at {_rel(w, name)!r}",
+        code="permission_denied",
+    )
+
+
+def _refuse_hidden(hidden: Hidden, w: Walk, path: str, st: os.stat_result | None) -> None:
+    found = hidden.match(w.path, st)
     if found is not None:
         raise hidden_error(path, found, w.root)
 

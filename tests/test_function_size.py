@@ -25,8 +25,6 @@ _REWRITTEN = "TODO: being rewritten in another branch"
 STATE_MACHINES: dict[str, str] = {
     "lodger.agent.Agent.__init__": _REWRITTEN,
     "lodger.cli._control.worker": _REWRITTEN,
-    "lodger.cli._recover.resume": _REWRITTEN,
-    "lodger.cli._run.run": _REWRITTEN,
     "lodger.control.worker.Worker._turn": _REWRITTEN,
     "lodger.engine.loop.Engine.drive": _REWRITTEN,
     "lodger.engine.permissions.PermissionGate.permit": _REWRITTEN,

@@ -47,6 +47,7 @@ from lodger.runtime.project import Project
 from lodger.sessions import Binding
 from lodger.storage import check_session_id
 from lodger.storage.snapshots import snapshot_workspace
+from lodger.subagents.policy import SubagentPolicy
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -370,21 +371,49 @@ def worker(
         policy = dataclasses.replace(policy, model=make_model(subagent_spec))
     if policy is not None and tree_steps is not None:
         policy = dataclasses.replace(policy, tree_steps=tree_steps)
-    asking: list[ControlApprovals | ParkingApprovals] = []  # set once the plane is open
-    spans = worker_spans()
+    binder = _Binder(
+        trust_projects=trust_projects, model_spec=model_spec, tools=extra, subagents=policy,
+        spans=worker_spans(),
+    )  # fmt: skip
+    config = WorkerConfig(
+        concurrency=concurrency,
+        lease_ttl_s=lease_ttl,
+        grace_s=grace,
+        poll_s=poll,
+        max_attempts=max_attempts,
+        approval_expiry_s=approval_expiry,
+    )
+    dsn = control_dsn(control, state)
+    asyncio.run(
+        _work(dsn, binder, config, workdir=workdir, approval_wait=approval_wait,
+              approval_park=approval_park)
+    )  # fmt: skip
 
-    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
-        # the project found in the session's restored workspace, then this worker's flags
-        project = Project.load(workspace, trusted=trust_projects)
-        approvals = asking[0] if asking else None
+
+@dataclasses.dataclass(kw_only=True)
+class _Binder:
+    """What a worker binds for each session it wakes: the project found in the
+    session's restored workspace (lodger.runtime), then this worker's flags."""
+
+    trust_projects: bool
+    model_spec: str | None
+    tools: list[Tool]
+    subagents: SubagentPolicy | None
+    spans: SpanBuilder | None
+    #: how a call that needs approval asks (set once the control plane is open)
+    approvals: ControlApprovals | ParkingApprovals | None = None
+
+    def __call__(self, session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        project = Project.load(workspace, trusted=self.trust_projects)
+        approvals = self.approvals
         observers = [approvals.observer()] if isinstance(approvals, ControlApprovals) else []
-        if spans is not None:
-            observers.append(spans.observe)
+        if self.spans is not None:
+            observers.append(self.spans.observe)
         overrides = Overrides(
             recorded_model=recorded,
-            fallback_model=model_spec,
-            tools=extra,
-            subagents=policy,
+            fallback_model=self.model_spec,
+            tools=self.tools,
+            subagents=self.subagents,
             approver=approvals.approver(session_id) if approvals else None,
             on_event=_fan_out(observers),
         )
@@ -404,47 +433,45 @@ def worker(
             )
         return compose(project, overrides)
 
-    config = WorkerConfig(
-        concurrency=concurrency,
-        lease_ttl_s=lease_ttl,
-        grace_s=grace,
-        poll_s=poll,
-        max_attempts=max_attempts,
-        approval_expiry_s=approval_expiry,
-    )
-    dsn = control_dsn(control, state)
 
-    async def main() -> None:
-        plane = open_control(dsn)
-        storage = location().open()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+async def _work(
+    dsn: str,
+    binder: _Binder,
+    config: WorkerConfig,
+    *,
+    workdir: str | None,
+    approval_wait: float,
+    approval_park: bool,
+) -> None:
+    """Run a worker until SIGTERM or SIGINT, then close what it opened."""
+    plane = open_control(dsn)
+    storage = location().open()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await plane.start()
+        made = Worker(
+            control=plane,
+            storage=storage,
+            bind=binder,
+            config=config,
+            workdir=Path(workdir) if workdir else None,
+        )
+        if approval_wait > 0:
+            binder.approvals = ControlApprovals(plane, holder=made.holder, wait_s=approval_wait)
+        elif approval_park:
+            binder.approvals = ParkingApprovals(plane)
+        await made.run(stop)
+    finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        try:
-            await plane.start()
-            made = Worker(
-                control=plane,
-                storage=storage,
-                bind=bind,
-                config=config,
-                workdir=Path(workdir) if workdir else None,
-            )
-            if approval_wait > 0:
-                asking.append(ControlApprovals(plane, holder=made.holder, wait_s=approval_wait))
-            elif approval_park:
-                asking.append(ParkingApprovals(plane))
-            await made.run(stop)
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(ValueError):
-                    loop.remove_signal_handler(signum)
-            await storage.close()
-            await plane.close()
-            if spans is not None:
-                spans.shutdown()  # exports what is still buffered
-
-    asyncio.run(main())
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(signum)
+        await storage.close()
+        await plane.close()
+        if binder.spans is not None:
+            binder.spans.shutdown()  # exports what is still buffered
 
 
 def worker_spans() -> SpanBuilder | None:

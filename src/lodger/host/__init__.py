@@ -3,7 +3,7 @@
 >>> app = create_app(Sessions(Storage.local(".lodger")), SqliteHostControl(".lodger/host.sqlite3"))
 
 ``lodger serve`` runs it with uvicorn (``lodger.host.server``); ``lodger.client`` speaks
-to it. See ``lodger.host.app`` for the routes and ``docs/openapi.json`` for the contract.
+to it. See ``lodger.host.routes`` for the routes and ``docs/openapi.json`` for the contract.
 """
 
 from lodger.host.app import create_app

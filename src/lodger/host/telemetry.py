@@ -71,108 +71,145 @@ class SpanBuilder:
 
     def observe(self, event: Event) -> None:
         body = event.body
-        if isinstance(body, TurnStarted) and event.turn_id:
-            self._turns[event.turn_id] = self._start(
-                "invoke_agent turn",
-                event,
-                None,
-                **{"gen_ai.operation.name": "invoke_agent", "lodger.turn.id": event.turn_id},
-            )
-        elif isinstance(body, RunStarted) and event.run_id:
-            self._runs[event.run_id] = self._start(
-                "invoke_agent run",
-                event,
-                self._turns.get(event.turn_id or ""),
-                **{
-                    "gen_ai.operation.name": "invoke_agent",
-                    "gen_ai.request.model": body.model,
-                    "lodger.run.id": event.run_id,
-                    "lodger.run.parent": body.parent_run_id,
-                },
-            )
-        elif isinstance(body, StepStarted) and event.step_id:
-            self._end_step(event.run_id, event)
-            self._steps[event.step_id] = self._start(
-                f"chat {body.model}",
-                event,
-                self._runs.get(event.run_id or ""),
-                **{
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.request.model": body.model,
-                    "lodger.step.index": body.index,
-                },
-            )
-            if event.run_id:
-                self._step_of_run[event.run_id] = event.step_id
+        if isinstance(body, TurnStarted):
+            self._turn_started(event)
+        elif isinstance(body, RunStarted):
+            self._run_started(event, body)
+        elif isinstance(body, StepStarted):
+            self._step_started(event, body)
         elif isinstance(body, ModelOutput):
-            step = self._steps.get(event.step_id or "")
-            if step is not None and body.usage is not None:
-                step.set_attribute("gen_ai.usage.input_tokens", body.usage.input_tokens)
-                step.set_attribute("gen_ai.usage.output_tokens", body.usage.output_tokens)
-            if step is not None and body.finish_reason:
-                step.set_attribute("gen_ai.response.finish_reasons", [body.finish_reason])
+            self._model_output(event, body)
         elif isinstance(body, ToolDispatched):
-            parent = (
-                self._calls.get(event.parent_call_id)
-                if event.parent_call_id
-                else self._steps.get(event.step_id or "")
-            ) or self._runs.get(event.run_id or "")
-            span = self._start(
-                f"execute_tool {body.tool}",
-                event,
-                parent,
-                **{
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": body.tool,
-                    "gen_ai.tool.call.id": event.call_id,
-                    "lodger.operation.id": body.operation_id,
-                    "lodger.attempt": body.attempt,
-                    "lodger.origin": event.origin,
-                },
-            )
-            self._ops[body.operation_id] = span
-            if event.call_id:
-                self._calls[event.call_id] = span
+            self._tool_dispatched(event, body)
         elif isinstance(body, ToolResponded):
-            ended = self._ops.pop(body.operation_id, None)
-            if ended is not None:
-                ended.set_attribute("lodger.outcome", body.status)
-                if body.status != "ok":
-                    ended.set_status(Status(StatusCode.ERROR, body.status))
-                ended.end(end_time=_ns(event))
-            if event.call_id:
-                self._calls.pop(event.call_id, None)
+            self._tool_responded(event, body)
         elif isinstance(body, CallRejected):
-            parent = self._steps.get(event.step_id or "") or self._runs.get(event.run_id or "")
-            span = self._start(
-                f"execute_tool {body.tool}",
-                event,
-                parent,
-                **{
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": body.tool,
-                    "gen_ai.tool.call.id": event.call_id,
-                    "lodger.outcome": "rejected",
-                    "lodger.rejection": body.reason,
-                },
-            )
-            span.set_status(Status(StatusCode.ERROR, body.reason))
-            span.end(end_time=_ns(event))
-        elif isinstance(body, RunEnded) and event.run_id:
-            self._end_step(event.run_id, event)
-            run = self._runs.pop(event.run_id, None)
-            if run is not None:
-                run.set_attribute("lodger.outcome", body.status)
-                if body.status not in ("completed", "parked"):
-                    run.set_status(Status(StatusCode.ERROR, body.status))
-                run.end(end_time=_ns(event))
-        elif isinstance(body, TurnEnded) and event.turn_id:
-            turn = self._turns.pop(event.turn_id, None)
-            if turn is not None:
-                turn.set_attribute("lodger.outcome", body.status)
-                if body.status != "completed":
-                    turn.set_status(Status(StatusCode.ERROR, body.status))
-                turn.end(end_time=_ns(event))
+            self._call_rejected(event, body)
+        elif isinstance(body, RunEnded):
+            self._run_ended(event, body)
+        elif isinstance(body, TurnEnded):
+            self._turn_ended(event, body)
+
+    def _turn_started(self, event: Event) -> None:
+        if not event.turn_id:
+            return
+        self._turns[event.turn_id] = self._start(
+            "invoke_agent turn",
+            event,
+            None,
+            **{"gen_ai.operation.name": "invoke_agent", "lodger.turn.id": event.turn_id},
+        )
+
+    def _run_started(self, event: Event, body: RunStarted) -> None:
+        if not event.run_id:
+            return
+        self._runs[event.run_id] = self._start(
+            "invoke_agent run",
+            event,
+            self._turns.get(event.turn_id or ""),
+            **{
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.request.model": body.model,
+                "lodger.run.id": event.run_id,
+                "lodger.run.parent": body.parent_run_id,
+            },
+        )
+
+    def _step_started(self, event: Event, body: StepStarted) -> None:
+        if not event.step_id:
+            return
+        self._end_step(event.run_id, event)
+        self._steps[event.step_id] = self._start(
+            f"chat {body.model}",
+            event,
+            self._runs.get(event.run_id or ""),
+            **{
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": body.model,
+                "lodger.step.index": body.index,
+            },
+        )
+        if event.run_id:
+            self._step_of_run[event.run_id] = event.step_id
+
+    def _model_output(self, event: Event, body: ModelOutput) -> None:
+        step = self._steps.get(event.step_id or "")
+        if step is not None and body.usage is not None:
+            step.set_attribute("gen_ai.usage.input_tokens", body.usage.input_tokens)
+            step.set_attribute("gen_ai.usage.output_tokens", body.usage.output_tokens)
+        if step is not None and body.finish_reason:
+            step.set_attribute("gen_ai.response.finish_reasons", [body.finish_reason])
+
+    def _tool_dispatched(self, event: Event, body: ToolDispatched) -> None:
+        parent = (
+            self._calls.get(event.parent_call_id)
+            if event.parent_call_id
+            else self._steps.get(event.step_id or "")
+        ) or self._runs.get(event.run_id or "")
+        span = self._start(
+            f"execute_tool {body.tool}",
+            event,
+            parent,
+            **{
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": body.tool,
+                "gen_ai.tool.call.id": event.call_id,
+                "lodger.operation.id": body.operation_id,
+                "lodger.attempt": body.attempt,
+                "lodger.origin": event.origin,
+            },
+        )
+        self._ops[body.operation_id] = span
+        if event.call_id:
+            self._calls[event.call_id] = span
+
+    def _tool_responded(self, event: Event, body: ToolResponded) -> None:
+        ended = self._ops.pop(body.operation_id, None)
+        if ended is not None:
+            ended.set_attribute("lodger.outcome", body.status)
+            if body.status != "ok":
+                ended.set_status(Status(StatusCode.ERROR, body.status))
+            ended.end(end_time=_ns(event))
+        if event.call_id:
+            self._calls.pop(event.call_id, None)
+
+    def _call_rejected(self, event: Event, body: CallRejected) -> None:
+        parent = self._steps.get(event.step_id or "") or self._runs.get(event.run_id or "")
+        span = self._start(
+            f"execute_tool {body.tool}",
+            event,
+            parent,
+            **{
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": body.tool,
+                "gen_ai.tool.call.id": event.call_id,
+                "lodger.outcome": "rejected",
+                "lodger.rejection": body.reason,
+            },
+        )
+        span.set_status(Status(StatusCode.ERROR, body.reason))
+        span.end(end_time=_ns(event))
+
+    def _run_ended(self, event: Event, body: RunEnded) -> None:
+        if not event.run_id:
+            return
+        self._end_step(event.run_id, event)
+        run = self._runs.pop(event.run_id, None)
+        if run is not None:
+            run.set_attribute("lodger.outcome", body.status)
+            if body.status not in ("completed", "parked"):
+                run.set_status(Status(StatusCode.ERROR, body.status))
+            run.end(end_time=_ns(event))
+
+    def _turn_ended(self, event: Event, body: TurnEnded) -> None:
+        if not event.turn_id:
+            return
+        turn = self._turns.pop(event.turn_id, None)
+        if turn is not None:
+            turn.set_attribute("lodger.outcome", body.status)
+            if body.status != "completed":
+                turn.set_status(Status(StatusCode.ERROR, body.status))
+            turn.end(end_time=_ns(event))
 
     def _end_step(self, run_id: str | None, event: Event) -> None:
         step_id = self._step_of_run.pop(run_id or "", None)

@@ -1,0 +1,39 @@
+"""The host's routes, one module per resource, each an ``APIRouter``.
+
+``ROUTERS`` is the order ``create_app`` includes them in, which is the order of the paths
+in the served OpenAPI document. What the routes share (the host's parts, the token's
+grant, the path's session) comes from ``lodger.host.routes._deps``.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from lodger.host.routes import (
+    approvals,
+    artifacts,
+    events,
+    messages,
+    operations,
+    recovery,
+    sessions,
+    timeline,
+    tokens,
+    webhooks,
+)
+from lodger.host.routes._deps import HostParts
+
+__all__ = ["ROUTERS", "HostParts"]
+
+ROUTERS: tuple[APIRouter, ...] = (
+    tokens.router,
+    sessions.router,
+    events.router,
+    messages.router,
+    approvals.router,
+    recovery.router,
+    artifacts.router,
+    webhooks.router,
+    operations.router,
+    timeline.router,
+)

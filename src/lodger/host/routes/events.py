@@ -1,0 +1,127 @@
+"""A session's committed facts: a page of them, or a live stream (server-sent events).
+
+A stream's ``id`` is the fact's offset, ``event`` its kind, ``data`` the fact as JSON. A
+client that reconnects with ``Last-Event-ID: N`` continues at offset ``N + 1`` with no gap
+and no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from lodger.errors import CorruptLogError
+from lodger.events import Event
+from lodger.host.errors import error_body
+from lodger.host.routes._deps import HostParts, Parts, Session
+
+__all__ = ["MAX_OFFSET", "EventPage", "event_json", "router"]
+
+#: the largest offset a request may name: storage keeps offsets as signed 64-bit integers
+MAX_OFFSET = 2**62
+
+
+class EventPage(BaseModel):
+    events: list[dict[str, Any]]
+    next: int
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = event.model_dump(mode="json")
+    out["kind"] = event.kind
+    return out
+
+
+router = APIRouter()
+
+
+@router.get("/v1/sessions/{session_id}/events", tags=["events"])
+async def events(
+    session_id: Session,
+    host: Parts,
+    start: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> EventPage:
+    """Committed facts ``[start, start + limit)``, verified."""
+    page = await host.sessions.storage.log.read(session_id, start=start, end=start + limit)
+    return EventPage(events=[event_json(e) for e in page], next=start + len(page))
+
+
+@router.get(
+    "/v1/sessions/{session_id}/stream",
+    tags=["events"],
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def stream(
+    session_id: Session,
+    host: Parts,
+    start: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
+    follow: bool = True,
+    last_event_id: Annotated[  # at most 18 digits: below MAX_OFFSET
+        str | None, Header(alias="Last-Event-ID", max_length=18, pattern=r"^[0-9]+$")
+    ] = None,
+) -> StreamingResponse:
+    """The session's facts as server-sent events from ``start`` (or after
+    ``Last-Event-ID``), then live as they commit (``follow=false``: up to now). A
+    stream that cannot go on (a damaged log) ends with a ``stream_error`` event whose data
+    is the error body."""
+    first = start if start is not None else 0
+    if last_event_id is not None:
+        first = int(last_event_id) + 1
+    return StreamingResponse(
+        _sse(host, session_id, start=first, follow=follow),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _sse(
+    host: HostParts, session_id: str, *, start: int, follow: bool
+) -> AsyncIterator[bytes]:
+    """The stream's bytes: a comment, then each fact, with a ping whenever nothing came
+    for ``heartbeat_s``."""
+    metrics = host.metrics
+    metrics.active_streams += 1
+    metrics.streams_total += 1
+    try:
+        yield b": lodger stream\n\n"
+        events = host.feeds.follow(session_id, start=start, follow=follow)
+        pending: asyncio.Task[Event] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=host.heartbeat_s)
+                if not done:
+                    yield b": ping\n\n"
+                    continue
+                try:
+                    event = pending.result()
+                except StopAsyncIteration:
+                    return
+                except CorruptLogError as exc:
+                    # the status line went out already: say why the stream ends (a damaged
+                    # log, fail closed) as a last event, not a cut connection; anything else
+                    # (storage away for a moment) cuts it: the client reconnects with
+                    # Last-Event-ID
+                    error = json.dumps(error_body(exc), ensure_ascii=False)
+                    yield f"event: stream_error\ndata: {error}\n\n".encode()
+                    return
+                finally:
+                    pending = None
+                data = json.dumps(event_json(event), ensure_ascii=False)
+                yield f"id: {event.offset}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            await events.aclose()
+    finally:
+        metrics.active_streams -= 1

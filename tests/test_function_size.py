@@ -24,14 +24,11 @@ _REWRITTEN = "TODO: being rewritten in another branch"
 #: ``module.qualname`` -> why it may be longer than ``LIMIT`` (one line)
 STATE_MACHINES: dict[str, str] = {
     "lodger.agent.Agent.__init__": _REWRITTEN,
-    "lodger.control.worker.Worker._turn": _REWRITTEN,
     "lodger.engine.loop.Engine.drive": _REWRITTEN,
     "lodger.engine.permissions.PermissionGate.permit": _REWRITTEN,
     "lodger.engine.pipeline.CallPipeline._dispatch": _REWRITTEN,
     "lodger.engine.resume._apply": _REWRITTEN,
     "lodger.engine.resume.resume_run": _REWRITTEN,
-    "lodger.host.app.create_app": _REWRITTEN,
-    "lodger.host.telemetry.SpanBuilder.observe": _REWRITTEN,
     "lodger.sandbox._process.run_confined": _REWRITTEN,
     "lodger.sandbox.policy.policy_from_config": _REWRITTEN,
 }

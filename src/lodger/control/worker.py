@@ -266,89 +266,108 @@ class Worker:
             # a session made by the host has no log yet; the index holds its model
             recorded = (state.last_model if state else None) or (row.model if row else None)
             binding = self._with_children(self.bind(sid, recorded, workspace))
-            delay: float | None = None
-            held = False  # a message that waits for the open turn to settle
-            waiting = False  # the turn ended its run with calls suspended (subagents)
-            wake_parent: SubagentLink | None = None  # a child that settled in this turn
             link = link_of(state.events[0]) if state is not None and state.events else None
+            step = _Step(state=state)
             if link is not None and binding.subagents is not None and wake.message is None:
-                # a child handed off by its parent: its one turn, then wake the parent
-                try:
-                    outcome = await sessions.run_subagent(sid, binding=binding)
-                except ResumeBlockedError:
-                    outcome = None  # parked on an operator: the parent waits too
-                if outcome is not None and outcome.status is None and outcome.timed_out:
-                    # out of its wall time: ended, so the parent is told rather than
-                    # waiting on a child nobody runs
-                    await sessions.abandon(sid, reason=outcome.error)
-                    await self.control.withdraw_approvals(session_id=sid)
-                    outcome = dataclasses.replace(outcome, status="abandoned")
-                if outcome is None:
-                    # parked on an operator: a decision releases it (``decided``)
-                    delay = self.config.parked_delay_s
-                    held = True
-                elif outcome.status is None:
-                    waiting = True  # it delegated in turn: its own children wake it
-                else:
-                    self.stats.settled.append(outcome.status)
-                    # its parent is woken once the child's final snapshot is indexed:
-                    # the parent brings the child's edits into its own workspace from it
-                    wake_parent = link
-                state = await sessions.state(sid)
-            elif (
-                state is not None
-                and state.open_turn is not None
-                and wake.message is not None
-                and await self._approvals_unanswered(sid, state)
-            ):
-                # a message for a session whose approvals nobody answered yet: resuming
-                # would only park them again; the message waits for the turn to settle
-                delay = self.config.parked_delay_s
-                held = waiting = True
+                await self._child_turn(sessions, sid, binding, link, step)
             elif state is not None and state.open_turn is not None:
-                self.stats.resumed += 1
-                try:
-                    result = await sessions.resume(sid, binding=binding, relocate=True)
-                    waiting = result.status == "waiting"
-                    if result.status not in ("completed", "waiting"):
-                        delay = self.config.parked_delay_s
-                    elif waiting and wake.message is not None:
-                        # still open: the message would only resume it again and be
-                        # lost; it is delivered once the turn has settled
-                        delay = self.config.parked_delay_s
-                        held = True
-                except ResumeBlockedError:
-                    # parked on an operator: a decision releases it (``decided``)
-                    delay = self.config.parked_delay_s
-                    held = True
-                state = await sessions.state(sid)
-            if delay is None and wake.message is not None and not _delivered(state, wake):
-                offset = len(state.events) if state is not None else 0
-                await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
-                try:
-                    result = await sessions.run(wake.message, binding=binding, session=sid)
-                except asyncio.CancelledError:
-                    # handed back (SIGTERM deadline, lost lease): keep what the turn did
-                    await self._settle_index(sid, workspace)
-                    raise
-                self.stats.turns += 1
-                self.stats.settled.append(result.status)
-                waiting = result.status == "waiting"
-                state = await sessions.state(sid)
-            if waiting and state is not None:
-                await self._park_approvals(sid, state)
-            snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
-            await self._index(sid, state, snapshot.ref, waiting=waiting)
-            if state is not None and state.open_turn is None:
-                # the turn settled: messages that waited for it go now, not at their
-                # next look (this wake is still claimed, so it is not among them)
-                await self.control.release_held_wakes(session_id=sid)
-            if wake_parent is not None:
-                assert binding.subagents is not None and binding.subagents.children is not None
-                await binding.subagents.children.settled(child=wake_parent)
-            return delay, held
+                await self._open_turn(sessions, wake, binding, step)
+            if step.delay is None and wake.message is not None and not _delivered(step.state, wake):
+                await self._deliver(sessions, wake, binding, workspace, step)
+            await self._settled(sid, binding, workspace, step)
+            return step.delay, step.held
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    async def _child_turn(
+        self, sessions: Sessions, sid: str, binding: Binding, link: SubagentLink, step: _Step
+    ) -> None:
+        """A child handed off by its parent: its one turn, then wake the parent."""
+        try:
+            outcome = await sessions.run_subagent(sid, binding=binding)
+        except ResumeBlockedError:
+            outcome = None  # parked on an operator: the parent waits too
+        if outcome is not None and outcome.status is None and outcome.timed_out:
+            # out of its wall time: ended, so the parent is told rather than waiting on a
+            # child nobody runs
+            await sessions.abandon(sid, reason=outcome.error)
+            await self.control.withdraw_approvals(session_id=sid)
+            outcome = dataclasses.replace(outcome, status="abandoned")
+        if outcome is None:
+            # parked on an operator: a decision releases it (``decided``)
+            step.delay = self.config.parked_delay_s
+            step.held = True
+        elif outcome.status is None:
+            step.waiting = True  # it delegated in turn: its own children wake it
+        else:
+            self.stats.settled.append(outcome.status)
+            # its parent is woken once the child's final snapshot is indexed: the parent
+            # brings the child's edits into its own workspace from it
+            step.wake_parent = link
+        step.state = await sessions.state(sid)
+
+    async def _open_turn(
+        self, sessions: Sessions, wake: Wake, binding: Binding, step: _Step
+    ) -> None:
+        """The session's turn is open: resume it first (or hold the message back)."""
+        sid, state = wake.session_id, step.state
+        assert state is not None
+        if wake.message is not None and await self._approvals_unanswered(sid, state):
+            # a message for a session whose approvals nobody answered yet: resuming would
+            # only park them again; the message waits for the turn to settle
+            step.delay = self.config.parked_delay_s
+            step.held = step.waiting = True
+            return
+        self.stats.resumed += 1
+        try:
+            result = await sessions.resume(sid, binding=binding, relocate=True)
+            step.waiting = result.status == "waiting"
+            if result.status not in ("completed", "waiting"):
+                step.delay = self.config.parked_delay_s
+            elif step.waiting and wake.message is not None:
+                # still open: the message would only resume it again and be lost; it is
+                # delivered once the turn has settled
+                step.delay = self.config.parked_delay_s
+                step.held = True
+        except ResumeBlockedError:
+            # parked on an operator: a decision releases it (``decided``)
+            step.delay = self.config.parked_delay_s
+            step.held = True
+        step.state = await sessions.state(sid)
+
+    async def _deliver(
+        self, sessions: Sessions, wake: Wake, binding: Binding, workspace: Path, step: _Step
+    ) -> None:
+        """Run the wake's message as a new turn."""
+        assert wake.message is not None
+        sid = wake.session_id
+        offset = len(step.state.events) if step.state is not None else 0
+        await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
+        try:
+            result = await sessions.run(wake.message, binding=binding, session=sid)
+        except asyncio.CancelledError:
+            # handed back (SIGTERM deadline, lost lease): keep what the turn did
+            await self._settle_index(sid, workspace)
+            raise
+        self.stats.turns += 1
+        self.stats.settled.append(result.status)
+        step.waiting = result.status == "waiting"
+        step.state = await sessions.state(sid)
+
+    async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
+        """After the wake's work: park its questions, snapshot, index, wake who waits."""
+        state = step.state
+        if step.waiting and state is not None:
+            await self._park_approvals(sid, state)
+        snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
+        await self._index(sid, state, snapshot.ref, waiting=step.waiting)
+        if state is not None and state.open_turn is None:
+            # the turn settled: messages that waited for it go now, not at their next look
+            # (this wake is still claimed, so it is not among them)
+            await self.control.release_held_wakes(session_id=sid)
+        if step.wake_parent is not None:
+            assert binding.subagents is not None and binding.subagents.children is not None
+            await binding.subagents.children.settled(child=step.wake_parent)
 
     async def _approvals_unanswered(self, sid: str, state: SessionState) -> bool:
         """Whether the open turn waits for approvals that are all still pending."""
@@ -457,6 +476,21 @@ class Worker:
                 for c in plan.blocked
             ],
         )  # fmt: skip
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Step:
+    """What one wake's work has come to so far (``Worker._turn``)."""
+
+    state: SessionState | None
+    #: look at the wake again after this many seconds (None: the wake is done)
+    delay: float | None = None
+    #: the wake waits for something only someone else can change (released then)
+    held: bool = False
+    #: the turn ended its run with calls suspended (subagents, parked approvals)
+    waiting: bool = False
+    #: a child whose turn settled here: its parent is woken once it is indexed
+    wake_parent: SubagentLink | None = None
 
 
 def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:

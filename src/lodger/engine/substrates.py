@@ -39,17 +39,15 @@ class Executors:
         in_process: Executor | None = None,
         mounts: Mapping[SubstrateKind, Executor] | None = None,
     ) -> None:
-        self.in_process: Executor = in_process if in_process is not None else InProcessExecutor()
         self._mounts: dict[SubstrateKind, Executor] = dict(mounts or {})
+        if in_process is not None:
+            self._mounts["in_process"] = in_process
+        #: what runs the calls of a tool that declares no substrate (most of them)
+        self.in_process: Executor = self._mounts.setdefault("in_process", InProcessExecutor())
 
     def for_tool(self, t: Tool) -> Executor:
         """The executor that runs ``t``'s calls."""
         substrate = t.substrate
         if substrate is None:
             return self.in_process
-        mounted = self._mounts.get(substrate.kind)
-        if mounted is not None:
-            return mounted
-        if substrate.kind == "in_process":
-            return self.in_process
-        return substrate.executor
+        return self._mounts.get(substrate.kind) or substrate.executor

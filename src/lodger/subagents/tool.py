@@ -36,8 +36,8 @@ from pydantic import TypeAdapter
 
 from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine
-from lodger.engine.remote import RemoteWork
 from lodger.engine.output import OutputInvalid, OutputSpec
+from lodger.engine.remote import RemoteWork
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
 from lodger.events import (
     EventDraft,

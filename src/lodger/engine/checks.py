@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "Rejection",
+    "check_binding",
     "check_call",
+    "check_visibility",
     "decode_arguments",
     "invalid_arguments",
     "schema_problems",
@@ -54,30 +56,44 @@ def check_call(
 ) -> tuple[Tool, dict[str, Any]]:
     """binding -> visibility -> arguments: the tool and the decoded, valid arguments
     (``schema=False``: decoded only; the caller checks them, ``schema_problems_off_loop``)."""
-    t = registry.get(call.name)
-    if t is None:
-        names = ", ".join(sorted(visible)) or "none"
-        raise Rejection(
-            "unbound", f"unknown tool {call.name!r}; the tools you can call are: {names}"
-        )
-    if call.name not in visible:
-        if call.name in activated_here:
-            raise Rejection(
-                "activated_this_step",
-                f"tool {call.name!r} was activated by tool_search in this step; "
-                "call it on the next step, when its schema is visible",
-            )
-        raise Rejection(
-            "invisible",
-            f"tool {call.name!r} is not visible in this step; "
-            "use tool_search to find and activate it first",
-        )
+    t = check_binding(registry, call.name, shown=visible)
+    check_visibility(call.name, visible=visible, activated_here=activated_here)
     arguments = decode_arguments(call.name, call.arguments)
     if schema:
         problems = schema_problems(t, arguments)
         if problems:
             raise invalid_arguments(call.name, problems)
     return t, arguments
+
+
+def check_binding(registry: ToolRegistry, name: str, *, shown: frozenset[str] | None) -> Tool:
+    """The tool bound as ``name`` in this run. ``shown``: the names the proposing step
+    showed, for the model's message (None: no step proposes the call now, a re-run)."""
+    t = registry.get(name)
+    if t is None:
+        if shown is None:
+            raise Rejection("unbound", f"tool {name!r} is not bound in this run")
+        names = ", ".join(sorted(shown)) or "none"
+        raise Rejection("unbound", f"unknown tool {name!r}; the tools you can call are: {names}")
+    return t
+
+
+def check_visibility(
+    name: str, *, visible: frozenset[str], activated_here: frozenset[str] | set[str]
+) -> None:
+    """That ``name`` was visible in the step that proposed the call."""
+    if name not in visible:
+        if name in activated_here:
+            raise Rejection(
+                "activated_this_step",
+                f"tool {name!r} was activated by tool_search in this step; "
+                "call it on the next step, when its schema is visible",
+            )
+        raise Rejection(
+            "invisible",
+            f"tool {name!r} is not visible in this step; "
+            "use tool_search to find and activate it first",
+        )
 
 
 def invalid_arguments(name: str, problems: list[str]) -> Rejection:

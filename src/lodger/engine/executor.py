@@ -1,30 +1,51 @@
-"""Execution substrates: where a dispatched call's handler runs.
+"""The in-process substrate: a dispatched call's handler runs as a task of this event loop.
 
 The pipeline hands a tool, its validated arguments and its context to an ``Executor``
-and gets back how it ended, as a value. ``InProcessExecutor`` runs the handler as a task
-of this event loop (sync tools are on a worker thread already); a sandboxed process and
-a code-cell interpreter implement the same interface.
+(``lodger.tools.spec``) and gets back how it ended, as a value. ``InProcessExecutor`` runs
+the handler here (sync tools are on a worker thread already). The other substrates (a
+sandboxed process, a code cell, remote work) implement the same interface, and the
+pipeline picks one per tool (``lodger.engine.substrates``).
 
 Every execution has a time limit. At the limit the call is told to stop and gets a short
 grace period to settle: an async tool stops at its next await; a sync tool's thread
 cannot be stopped, so if it is still running after the grace it is abandoned and the
 result says its effect is unknown. A stop from outside (Ctrl-C, SIGTERM) waits for the
 call to settle and records what it did; a second stop abandons a worker thread.
+
+``run_bounded``, ``execution_of`` and ``result_execution`` are that discipline on their
+own, for substrates whose work is a coroutine too (a code cell's run, a sandboxed run).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Coroutine
+from typing import Any, Literal
 
 from lodger.engine.eager import start_eagerly
 from lodger.errors import ToolCallError
-from lodger.events import ResultStatus
-from lodger.tools.spec import Suspended, Tool, ToolContext, ToolOutput, WorkerAbandoned
+from lodger.tools.spec import (
+    Execution,
+    Executor,
+    Suspended,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    WorkerAbandoned,
+)
 
-__all__ = ["DEFAULT_TIMEOUT", "STOP_GRACE", "Execution", "Executor", "InProcessExecutor"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "STOP_GRACE",
+    "Execution",
+    "Executor",
+    "InProcessExecutor",
+    "StoppedBy",
+    "execution_of",
+    "result_execution",
+    "run_bounded",
+]
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds a call may run when neither the tool nor the run sets a limit."""
@@ -32,25 +53,7 @@ DEFAULT_TIMEOUT = 600.0
 STOP_GRACE = 2.0
 """Seconds a call that hit its time limit gets to settle before its worker is abandoned."""
 
-
-@dataclass(frozen=True, slots=True)
-class Execution:
-    status: ResultStatus
-    content: str
-    #: the handler handed its work off (``Suspended``): no T2 now, the run ends waiting
-    suspended: bool = False
-
-
-class Executor(Protocol):
-    async def execute(
-        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
-    ) -> Execution:
-        """Run ``t`` to the end and say how it ended; never raises for the tool's faults.
-
-        Cancellation of the caller stops the execution, which then settles and says what
-        happened (the pipeline records it in T2 before the cancellation goes on).
-        """
-        ...
+StoppedBy = Literal["time_limit", "cancelled"] | None
 
 
 class InProcessExecutor:
@@ -60,31 +63,52 @@ class InProcessExecutor:
         self.grace = grace
 
     async def execute(
-        self, t: Tool, arguments: dict[str, Any], ctx: ToolContext, *, time_limit: float
+        self,
+        *,
+        tool: Tool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        time_limit: float,
     ) -> Execution:
-        # Started at once, in a context of its own: a handler that finishes without
-        # waiting (most async tools) needs no task and no trip through the event loop.
-        task = start_eagerly(_guarded(t, arguments, ctx))
-        stopped_by: str | None = None
-        try:
-            if not await _done_within(task, time_limit):
-                stopped_by = "time_limit"
-                task.cancel()
-                if not await _done_within(task, self.grace):
-                    task.cancel()  # a second stop: a worker thread is abandoned
-                    await asyncio.wait({task})
-        except asyncio.CancelledError:
-            # Stopped from outside: the call settles, and what it did is the result.
-            stopped_by = "cancelled"
+        done, stopped_by = await run_bounded(
+            _guarded(tool, arguments, context), time_limit=time_limit, grace=self.grace
+        )
+        return execution_of(tool.name, done, stopped_by, time_limit)
+
+
+async def run_bounded(
+    work: Coroutine[Any, Any, Any], *, time_limit: float, grace: float
+) -> tuple[asyncio.Future[Any], StoppedBy]:
+    """Run ``work`` to its end under ``time_limit``: the settled future and what stopped it.
+
+    At the limit it is cancelled and gets ``grace`` seconds to settle, then a second stop
+    (a worker thread is abandoned). Cancelled from outside, it is cancelled and waited for
+    (asked again: a worker thread is given up on); nothing is raised, the caller reads its
+    own cancellation from its task.
+    """
+    # Started at once, in a context of its own: a handler that finishes without
+    # waiting (most async tools) needs no task and no trip through the event loop.
+    task = start_eagerly(work)
+    stopped_by: StoppedBy = None
+    try:
+        if not await _done_within(task, time_limit):
+            stopped_by = "time_limit"
             task.cancel()
-            while not task.done():
-                try:
-                    await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    task.cancel()  # asked again: give up on a worker thread
-                except BaseException:  # noqa: BLE001 - read from the task below
-                    break
-        return _outcome(t, task, stopped_by, time_limit)
+            if not await _done_within(task, grace):
+                task.cancel()  # a second stop: a worker thread is abandoned
+                await asyncio.wait({task})
+    except asyncio.CancelledError:
+        # Stopped from outside: the call settles, and what it did is the result.
+        stopped_by = "cancelled"
+        task.cancel()
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.cancel()  # asked again: give up on a worker thread
+            except BaseException:  # noqa: BLE001 - read from the task below
+                break
+    return task, stopped_by
 
 
 async def _done_within(task: asyncio.Future[Any], seconds: float) -> bool:
@@ -125,51 +149,58 @@ async def _guarded(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         raise _ToolExited(exc.code) from None
 
 
-def _outcome(t: Tool, task: asyncio.Future[Any], stopped_by: str | None, limit: float) -> Execution:
+def execution_of(
+    name: str, task: asyncio.Future[Any], stopped_by: StoppedBy, limit: float
+) -> Execution:
+    """How a settled run of tool ``name`` ended: its value, its exception (the tool's
+    error result), or the stop that ended it."""
     if task.cancelled():
         if stopped_by == "time_limit":
             return Execution(
                 "timed_out",
-                f"{t.name} did not finish within {limit:g} s and was stopped; "
+                f"{name} did not finish within {limit:g} s and was stopped; "
                 "its effect may be partial",
             )
         return Execution(
-            "cancelled", f"{t.name} was cancelled while running; its effect may be partial"
+            "cancelled", f"{name} was cancelled while running; its effect may be partial"
         )
     error = task.exception()
     if isinstance(error, WorkerAbandoned):
         why = f"did not finish within {limit:g} s" if stopped_by == "time_limit" else "was stopped"
         return Execution(
             "timed_out" if stopped_by == "time_limit" else "interrupted",
-            f"{t.name} {why}; its worker thread could not be stopped and was left running, "
+            f"{name} {why}; its worker thread could not be stopped and was left running, "
             "so its effect is unknown",
         )
     if error is not None:
-        return _failure(t, error)
+        return _failure(name, error)
     value = task.result()
-    execution = _success(t, value)
+    execution = result_execution(name, value)
     if execution.suspended:
         return execution  # handed off even if stopped meanwhile: the probe settles it
     if stopped_by == "time_limit":
         # it finished in the grace period after the limit: the effect happened
         return Execution(
-            "timed_out", f"{t.name} finished only after its {limit:g} s limit: " + execution.content
+            "timed_out", f"{name} finished only after its {limit:g} s limit: " + execution.content
         )
     return execution
 
 
-def _failure(t: Tool, error: BaseException) -> Execution:
+def _failure(name: str, error: BaseException) -> Execution:
     if isinstance(error, ToolCallError):
         return Execution("error", str(error))  # the message and its hint: for the model
     if isinstance(error, SystemExit | _ToolExited):  # sys.exit() ends the call, not lodger
-        return Execution("error", f"{t.name} tried to exit the process (code {error.code})")
+        return Execution("error", f"{name} tried to exit the process (code {error.code})")
     if isinstance(error, KeyboardInterrupt):
-        return Execution("interrupted", f"{t.name} was interrupted")
-    return Execution("error", f"{t.name} failed: {type(error).__name__}: {error}")
+        return Execution("interrupted", f"{name} was interrupted")
+    return Execution("error", f"{name} failed: {type(error).__name__}: {error}")
 
 
-def _success(t: Tool, value: Any) -> Execution:
+def result_execution(name: str, value: Any) -> Execution:
+    """How a handler's return value ends its call (a str, ``ToolOutput``, JSON, ``Suspended``)."""
     if isinstance(value, Suspended):
+        # A handler that handed its work off itself; tools that do so should declare
+        # ``RemoteWork`` (``lodger.engine.remote``), which is where suspending belongs.
         return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
         return Execution("error" if value.is_error else "ok", value.content)
@@ -178,4 +209,4 @@ def _success(t: Tool, value: Any) -> Execution:
     try:
         return Execution("ok", json.dumps(value, ensure_ascii=False, default=str))
     except (TypeError, ValueError, RecursionError) as exc:
-        return Execution("error", f"{t.name} returned a value that is not JSON: {exc}")
+        return Execution("error", f"{name} returned a value that is not JSON: {exc}")

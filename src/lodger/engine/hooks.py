@@ -10,8 +10,13 @@ previous one's rewrite, before permission, resources and T1.
 An after-call hook sees the outcome of a dispatched call before T2 and may return new
 content for it; what it returns is what T2 records and what the model reads.
 
-Hooks may be sync or async. A hook that raises fails its call (never the turn). A
-recovery re-dispatch runs the arguments T1 already recorded and does not call hooks.
+Hooks may be sync or async. A hook that raises fails its call (never the turn).
+
+A recovery re-dispatch (an ``idempotent`` call run again) takes the same stages in the
+same order, hooks included: the before-call hooks see the arguments the interrupted T1
+recorded (``origin`` is the call's own) and may veto the re-run (recovery then parks the
+operation, with the veto as its reason) or rewrite it (the new T1 records the rewrite);
+the after-call hooks see its outcome.
 
 >>> def no_rm(call: CallInfo) -> Veto | None:
 ...     if call.tool == "shell" and "rm " in str(call.arguments.get("command", "")):

@@ -1,18 +1,33 @@
-"""The path of one call (DESIGN section 4), as small stages, and the batch of one step.
+"""The path of one call (DESIGN section 4), as one chain of stages, and the batch of one step.
 
-    check (binding, visibility, arguments) -> before-call hooks -> claims -> permission
-        -> resources
-        -> expectations -> T1 -> execute (an Executor) -> bound -> T2
+    binding -> visibility -> arguments -> before_call -> claims          (prepare)
+        -> permission -> resources -> expectations
+        -> T1 -> execute (the tool's Executor) -> after_call -> bound -> T2   (run)
 
-Each failed check becomes a ``call_rejected`` fact and an error result the model sees on
-its next step; nothing raises out of here except a failed commit (which stops the turn)
-and cancellation. A call's result reaches the model only through the projection of
-committed events, so "T2 before the model sees it" holds by construction.
+``CALL_STAGES`` names them in this order. A first dispatch (a call of a model step or of
+a code cell), an approval asked again and a recovery re-dispatch all enter the same chain
+(``_prepare`` then ``_run_prepared``) and differ only in what enters it: a re-dispatch
+has no proposing step, so visibility does not apply (the step's check was a fact of the
+log, and nothing read from the log grants anything: binding, arguments and permission
+are checked again against what is bound now, DESIGN L10); its permission cannot park
+(recovery decides then); its T1 links to the one it re-runs; and a refusal is raised
+to recovery (which parks the operation) instead of recorded as a ``call_rejected``.
+
+Each failed check of a proposed call becomes a ``call_rejected`` fact and an error result
+the model sees on its next step; nothing raises out of here except a failed commit (which
+stops the turn) and cancellation. A call's result reaches the model only through the
+projection of committed events, so "T2 before the model sees it" holds by construction.
+
+The before-call hooks run before permission: what is asked about (and what T1 records)
+is what will run, a rewrite included, and a vetoed call asks no one.
 
 Resources: a call's claims are computed with the synchronous checks and reserved with the
 authorities (``lodger.authority``) in the model's emission order before any call of the
 batch runs; each call acquires them after its permission and holds them until its T2 is
 committed, so conflicting calls run in emission order and independent ones never wait.
+
+Execute: the pipeline picks the tool's Executor (``lodger.engine.substrates``): in
+process, a sandboxed process, a code cell or remote work.
 """
 
 from __future__ import annotations
@@ -21,7 +36,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lodger._records import record
 from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
@@ -30,12 +45,14 @@ from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
 from lodger.engine.checks import (
     Rejection,
-    check_call,
+    check_binding,
+    check_visibility,
+    decode_arguments,
     invalid_arguments,
     schema_problems_off_loop,
 )
 from lodger.engine.context import Envelope, RunContext
-from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor, InProcessExecutor
+from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor
 from lodger.engine.hooks import (
     AfterCall,
     BeforeCall,
@@ -47,6 +64,7 @@ from lodger.engine.hooks import (
     call_before,
 )
 from lodger.engine.permissions import ApprovalParked, PermissionGate
+from lodger.engine.substrates import Executors
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     CallRejected,
@@ -58,12 +76,46 @@ from lodger.events import (
     ToolResponded,
     ToolsActivated,
     Visibility,
+    canonical_json,
 )
 from lodger.storage.artifacts import ArtifactStore
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import NestedResult, Tool, ToolContext
 
-__all__ = ["CallOutcome", "CallPipeline", "StepScope"]
+__all__ = ["CALL_STAGES", "CallOutcome", "CallPipeline", "CallStage", "StepScope"]
+
+CallStage = Literal[
+    "binding",
+    "visibility",
+    "arguments",
+    "before_call",
+    "claims",
+    "permission",
+    "resources",
+    "expectations",
+    "T1",
+    "execute",
+    "after_call",
+    "bound",
+    "T2",
+]
+CALL_STAGES: tuple[CallStage, ...] = (
+    "binding",
+    "visibility",
+    "arguments",
+    "before_call",
+    "claims",
+    "permission",
+    "resources",
+    "expectations",
+    "T1",
+    "execute",
+    "after_call",
+    "bound",
+    "T2",
+)
+"""The stages of one call, in the order every call takes them (a stage that does not
+apply is skipped: visibility on a re-dispatch, the hooks when there are none)."""
 
 
 @dataclass
@@ -175,6 +227,14 @@ class CallOutcome:
         return self.status != "ok"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rerun:
+    """What makes a call a re-dispatch: the operation it runs again, and which attempt."""
+
+    retry_of: str
+    attempt: int
+
+
 # _Rejected and _Ready are made once per call and never changed: plain slotted records
 # (a frozen dataclass sets each field through object.__setattr__, 1 us a call)
 @dataclass(slots=True, kw_only=True)
@@ -184,6 +244,8 @@ class _Rejected:
     call: ProposedCall
     env: Envelope
     rejection: Rejection
+    #: set for a re-dispatch (None: a call a step or a cell proposed)
+    rerun: _Rerun | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -196,6 +258,7 @@ class _Ready:
     arguments: dict[str, Any]
     ctx: ToolContext
     reservation: Reservation
+    rerun: _Rerun | None = None
 
 
 class CallPipeline:
@@ -224,7 +287,8 @@ class CallPipeline:
         self.permissions = permissions
         self.bounder = ResultBounder(artifacts, limit=result_limit)
         self.authorities = authorities or Authorities()
-        self.executor: Executor = executor or InProcessExecutor()
+        #: which executor runs each tool's calls (``executor``: the in-process one)
+        self.executors = Executors(in_process=executor)
         self.default_timeout = default_timeout
 
     # ------------------------------------------------------------ batch
@@ -243,7 +307,7 @@ class CallPipeline:
         prepared: list[_Ready | _Rejected] = []
         try:
             for call in calls:
-                prepared.append(await self._prepare(call, scope, env.for_call(call.call_id)))
+                prepared.append(await self._prepare(call, env.for_call(call.call_id), scope=scope))
         except BaseException:  # cancelled inside a hook: nothing ran, nothing stays reserved
             for entry in prepared:
                 if isinstance(entry, _Ready):
@@ -283,14 +347,14 @@ class CallPipeline:
         env = self.ctx.envelope.at_step(scope.step_id).for_call(
             call.call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
         )
-        return await self._run_prepared(await self._prepare(call, scope, env), halt=halt)
+        return await self._run_prepared(await self._prepare(call, env, scope=scope), halt=halt)
 
     async def ask_again(self, call: ProposedCall, *, scope: StepScope) -> CallOutcome:
         """Recovery of a call that waited for an approval (the plan's ``ask_permission``):
         the whole path again, checks and permission first, as a call of this run. The
         log proves what was asked, never that it may run (DESIGN L10)."""
         env = self.ctx.envelope.for_call(call.call_id, origin="provider", visibility="model")
-        return await self._run_prepared(await self._prepare(call, scope, env))
+        return await self._run_prepared(await self._prepare(call, env, scope=scope))
 
     def _tool_context(
         self, call_id: str, parent_call_id: str | None, step: _CallStep | None
@@ -317,30 +381,46 @@ class CallPipeline:
         return tool_context
 
     async def _prepare(
-        self, call: ProposedCall, scope: StepScope, env: Envelope
+        self,
+        call: ProposedCall,
+        env: Envelope,
+        *,
+        scope: StepScope | None,
+        rerun: _Rerun | None = None,
     ) -> _Ready | _Rejected:
-        """The synchronous checks (binding, visibility, arguments), the before-call hooks,
-        then the claims.
+        """binding -> visibility -> arguments -> before_call -> claims.
 
-        Claims are pure functions of the validated arguments, so they are computed now and
-        reserved with the authorities at once: a batch prepares its calls in emission
-        order, which is the order conflicting calls will acquire in. Nothing is granted
-        here; that waits for permission.
+        ``scope`` is the step that proposed the call (None for a re-dispatch, which no step
+        proposes now: visibility does not apply). Claims are pure functions of the valid
+        arguments, so they are computed now and reserved with the authorities at once: a
+        batch prepares its calls in emission order, which is the order conflicting calls
+        will acquire in. Nothing is granted here; that waits for permission.
         """
         try:
-            t, arguments = check_call(
-                self.registry,
-                call,
-                visible=scope.visible,
-                activated_here=scope.activated_here,
-                schema=False,
+            # binding, visibility, arguments
+            t = check_binding(
+                self.registry, call.name, shown=None if scope is None else scope.visible
             )
+            if scope is not None:
+                check_visibility(
+                    call.name, visible=scope.visible, activated_here=scope.activated_here
+                )
+            arguments = decode_arguments(call.name, call.arguments)
             problems = await schema_problems_off_loop(t, arguments)
             if problems:
+                if rerun is not None:
+                    raise Rejection(
+                        "invalid_arguments",
+                        f"the recorded arguments of {t.name} fail its schema now: "
+                        + "; ".join(problems),
+                    )
                 raise invalid_arguments(call.name, problems)
+            # before_call
             if self.before_call:
                 arguments = await self._before(t, arguments, call.call_id, env)
-            tctx = self._tool_context(call.call_id, env.parent_call_id, _CallStep(scope, env, self))
+            # claims
+            step = None if scope is None else _CallStep(scope, env, self)
+            tctx = self._tool_context(call.call_id, env.parent_call_id, step)
             claims = _claims(t, arguments, tctx)
             try:
                 reservation = self.authorities.reserve(self._owner(call.call_id), claims)
@@ -351,9 +431,15 @@ class CallPipeline:
                     "give every call its own id",
                 ) from None
         except Rejection as rejection:
-            return _Rejected(call=call, env=env, rejection=rejection)
+            return _Rejected(call=call, env=env, rejection=rejection, rerun=rerun)
         return _Ready(
-            call=call, env=env, tool=t, arguments=arguments, ctx=tctx, reservation=reservation
+            call=call,
+            env=env,
+            tool=t,
+            arguments=arguments,
+            ctx=tctx,
+            reservation=reservation,
+            rerun=rerun,
         )
 
     def _info(self, t: Tool, arguments: dict[str, Any], call_id: str, env: Envelope) -> CallInfo:
@@ -421,7 +507,8 @@ class CallPipeline:
         halt: asyncio.Event | None = None,
         slot: Slot[CallOutcome] | None = None,
     ) -> CallOutcome:
-        """permission -> resources -> T1 -> execute -> T2; leases end with the call."""
+        """permission -> resources -> expectations -> T1 -> execute -> after_call -> bound
+        -> T2; leases end with the call."""
         call, env = prepared.call, prepared.env
         try:
             if isinstance(prepared, _Rejected):
@@ -429,11 +516,15 @@ class CallPipeline:
             else:
                 t, arguments, tctx = prepared.tool, prepared.arguments, prepared.ctx
                 try:
-                    await self.permissions.permit(self.ctx.journal, t, arguments, env)
+                    # permission: a re-dispatch cannot park (recovery parks it instead)
+                    await self.permissions.permit(
+                        self.ctx.journal, t, arguments, env, may_park=prepared.rerun is None
+                    )
                     self._stop_if_halted(call, halt)
-                    # Leases: after permission, before T1 (and before the expectations,
-                    # which hash the files the leases protect).
+                    # resources: after permission, before T1 (and before the expectations,
+                    # which hash the files the leases protect)
                     await prepared.reservation.acquire()
+                    # expectations
                     expectations = (
                         await _expectations(t, arguments, tctx)
                         if t.expectations is not None
@@ -463,7 +554,11 @@ class CallPipeline:
                         env,
                         resources=prepared.reservation.resources(),
                         expectations=tuple(expectations),
+                        rerun=prepared.rerun,
                     )
+            if prepared.rerun is not None:
+                # Not run again: the call stays as it was (indeterminate); recovery parks it.
+                raise ToolCallError(rejection.message, code=rejection.reason)
             await self.ctx.journal.fact(
                 CallRejected(tool=call.name, reason=rejection.reason, message=rejection.message),
                 env,
@@ -500,47 +595,23 @@ class CallPipeline:
         """Recovery of an ``idempotent`` operation: run it again under a new, linked T1.
 
         The log proves what was asked, not that it may run again (DESIGN L10): the call
-        is checked again against the tools bound now (binding, schema, permission), and
-        the recovery policy is the bound tool's, never the one recorded.
+        takes the chain of a first dispatch (binding, arguments against the bound tool's
+        schema, the before-call hooks, claims, permission, resources, expectations, T1,
+        execute, after-call hooks, T2), all against what is bound now; only visibility
+        does not apply, since no step of this run proposed it. The recovery policy is
+        the bound tool's, never the one recorded. A refusal raises ``ToolCallError``
+        (recovery parks the operation).
         """
         env = self.ctx.envelope.for_call(
             call_id, parent_call_id=parent_call_id, origin=origin, visibility=visibility
         )
-        t = self.registry.get(previous.tool)
-        arguments = dict(previous.arguments)
-        tctx = self._tool_context(call_id, parent_call_id, None)
-        try:
-            if t is None:
-                raise Rejection("unbound", f"tool {previous.tool!r} is not bound in this run")
-            problems = await schema_problems_off_loop(t, arguments)
-            if problems:
-                raise Rejection(
-                    "invalid_arguments",
-                    f"the recorded arguments of {t.name} fail its schema now: "
-                    + "; ".join(problems),
-                )
-            claims = _claims(t, arguments, tctx)
-            await self.permissions.permit(self.ctx.journal, t, arguments, env, may_park=False)
-        except Rejection as rejection:
-            # Not run again: the call stays as it was (indeterminate) and recovery parks it.
-            raise ToolCallError(rejection.message, code=rejection.reason) from None
-        # The same leases as a first dispatch: other sessions sharing these authorities
-        # must not meet a re-run half-way.
-        reservation = self.authorities.reserve(self._owner(call_id), claims)
-        try:
-            await reservation.acquire()
-            return await self._dispatch(
-                t,
-                arguments,
-                tctx,
-                env,
-                resources=previous.resources,
-                expectations=previous.expectations,
-                retry_of=previous.operation_id,
-                attempt=attempt,
-            )
-        finally:
-            reservation.close()
+        call = ProposedCall(
+            call_id=call_id,
+            name=previous.tool,
+            arguments=canonical_json(previous.arguments).decode(),
+        )
+        rerun = _Rerun(retry_of=previous.operation_id, attempt=attempt)
+        return await self._run_prepared(await self._prepare(call, env, scope=None, rerun=rerun))
 
     async def _dispatch(
         self,
@@ -551,18 +622,18 @@ class CallPipeline:
         *,
         resources: tuple[str, ...],
         expectations: tuple[FileExpectation, ...],
-        retry_of: str | None = None,
-        attempt: int = 1,
+        rerun: _Rerun | None = None,
     ) -> CallOutcome:
-        """T1, execute, T2. From T1 on the call is never abandoned."""
+        """T1 -> execute -> after_call -> bound -> T2. From T1 on the call is never
+        abandoned. ``rerun``: the operation a re-dispatch's T1 links to."""
         journal = self.ctx.journal
         t1 = journal.draft(
             tool_dispatched(
                 operation_id=tctx.operation_id,
                 tool=t.name,
                 arguments=arguments,
-                attempt=attempt,
-                retry_of=retry_of,
+                attempt=1 if rerun is None else rerun.attempt,
+                retry_of=None if rerun is None else rerun.retry_of,
                 recovery=t.recovery,
                 resources=resources,
                 expectations=expectations,
@@ -595,7 +666,9 @@ class CallPipeline:
         cancels = task.cancelling()
         execution: Execution | None
         try:
-            execution = await self.executor.execute(t, arguments, tctx, time_limit=timeout)
+            execution = await self.executors.for_tool(t).execute(
+                tool=t, arguments=arguments, context=tctx, time_limit=timeout
+            )
         except asyncio.CancelledError:
             execution = None  # an executor that did not settle: recorded as cancelled
         cancelled = execution is None or task.cancelling() > cancels

@@ -37,6 +37,7 @@ from pydantic import TypeAdapter
 from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine
 from lodger.engine.output import OutputInvalid, OutputSpec
+from lodger.engine.remote import RemoteWork
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
 from lodger.events import (
     EventDraft,
@@ -288,6 +289,8 @@ class _Delegator:
             probe=self._probe,
             claims=self._claims,
             timeout=None if cap is None else cap + _GRACE,
+            # with a launcher, a delegation hands its child off to a worker and suspends
+            substrate=RemoteWork() if self.policy.children is not None else None,
         )
 
     def _check_settled(self, session_id: str) -> None:

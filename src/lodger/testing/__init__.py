@@ -1,9 +1,10 @@
 """What third parties (and lodger's own tests) test with.
 
 - The conformance suites every backend runs: ``lodger.testing.log_conformance``
-  (``LogConformance``, ``TamperConformance``) for event-log stores and
-  ``lodger.testing.artifact_conformance`` (``ArtifactConformance``) for artifact stores.
-  They import pytest, so they are separate modules.
+  (``LogConformance``, ``TamperConformance``) for event-log stores,
+  ``lodger.testing.artifact_conformance`` (``ArtifactConformance``) for artifact stores
+  and ``lodger.testing.executor_conformance`` (``ExecutorConformance``) for the
+  substrates behind the Executor seam. They are test code, so they are separate modules.
 - The memory twins: ``MemoryLogStore``, ``MemoryArtifactStore``.
 - Test doubles that wrap real parts: fault injection around a real ``LogStore``.
 

@@ -1,7 +1,9 @@
 """The shell and run_python tools: ``bash -c`` or a Python snippet in the workspace,
 run in a sandbox (``lodger.sandbox``) with limits, a scrubbed environment and no network.
 
-``shell_tool(policy)`` and ``python_tool(policy)`` build them for a ``SandboxPolicy``;
+``shell_tool(policy)`` and ``python_tool(policy)`` build them for a ``SandboxPolicy``, on
+the sandboxed-process substrate (``lodger.tools.sandboxed``: each describes its command
+line, the substrate runs it and this module renders the result);
 ``shell`` and ``run_python`` are the defaults (bubblewrap, no network, no approval: the
 sandbox, not a person, is what confines the command). If the backend is missing the call
 fails closed with a one-line fix. ``backend="none"`` runs on the host: that needs approval
@@ -16,7 +18,6 @@ is not mounted anyway; on the host this catches only the obvious spellings.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -29,8 +30,9 @@ from pydantic import Field
 from lodger._text import escape_matches
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError
-from lodger.sandbox import Sandbox, SandboxPolicy, SandboxResult, sandbox_for
+from lodger.sandbox import Sandbox, SandboxPolicy, SandboxResult
 from lodger.tools.files import _workspace_claims
+from lodger.tools.sandboxed import ProcessCommand, sandboxed
 from lodger.tools.spec import Tool, ToolContext, ToolOutput, tool
 from lodger.tools.workspace import (
     resolve_workspace_root,
@@ -43,21 +45,6 @@ SHELL_MAX_OUTPUT_CHARS = 30_000
 _NETWORK_SHOWN = 20
 # Once a shell command is killed, how long to wait for the rest of its output.
 _SHELL_DRAIN_GRACE_S = 1.0
-
-
-_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def _scrubbed_env(root: Path, policy: SandboxPolicy) -> dict[str, str]:
-    """An allow-list environment: no credentials (``*_KEY``, ``*_TOKEN``...) can leak in;
-    host variables enter only when the policy names them (never credential-like ones)."""
-    path = _SANDBOX_PATH if policy.confined else os.environ.get("PATH") or os.defpath
-    return {
-        **policy.host_environment(),
-        "PATH": path,
-        "HOME": str(root),
-        "LANG": os.environ.get("LANG") or "C.UTF-8",
-    }
 
 
 class _CappedOutput:
@@ -208,39 +195,6 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     return f"{text}\n[exit code {result.exit_code}]"
 
 
-async def _run_sandboxed(
-    policy: SandboxPolicy,
-    box: Sandbox | None,
-    ctx: ToolContext,
-    argv: list[str],
-    *,
-    timeout_s: float,
-    stdin: bytes = b"",
-) -> str | ToolOutput:
-    root = resolve_workspace_root(ctx.require_workspace())
-    sandbox = box if box is not None else sandbox_for(policy)
-    missing = sandbox.unavailable()
-    if missing is not None:
-        raise ToolCallError(
-            f"commands run in a {sandbox.name} sandbox and it cannot start here: {missing}",
-            hint="tell the user; nothing ran",
-            code="sandbox_unavailable",
-        )
-    # The model picks timeout_s; the policy's wall time is the ceiling it cannot raise.
-    wall_time_s = min(timeout_s, policy.limits.wall_time_s)
-    limits = dataclasses.replace(policy.limits, wall_time_s=wall_time_s)
-    result = await sandbox.run(
-        argv,
-        workspace=root,
-        stdin=stdin,
-        env=_scrubbed_env(root, policy),
-        limits=limits,
-        network=policy.network,
-        hidden=ctx.hidden,
-    )
-    return _settled(result, wall_time_s)
-
-
 _HOST_SHELL_DESCRIPTION = """\
 Run a bash command in the workspace root and return its output and exit code.
 
@@ -270,7 +224,7 @@ def shell_tool(
             float,
             Field(gt=0, le=3600, description="seconds before the command is killed"),
         ] = 60,
-    ) -> str | ToolOutput:
+    ) -> ProcessCommand:
         """Run a bash command in the workspace root and return its output and exit code.
 
         stdout and stderr are combined; long output keeps its beginning and end. The
@@ -283,13 +237,12 @@ def shell_tool(
         root = resolve_workspace_root(ctx.require_workspace())
         _check_state_dir_not_named(command, root, ctx.hidden)
         _check_spawnable(command, "command")
-        return await _run_sandboxed(
-            policy, sandbox, ctx, ["bash", "-c", command], timeout_s=timeout_s
-        )
+        return ProcessCommand(argv=("bash", "-c", command), workspace=root, timeout_s=timeout_s)
 
+    t = sandboxed(run_shell, policy=policy, settle=_settled, sandbox=sandbox)
     if not policy.confined:
-        return _with_ceiling(run_shell.with_options(description=_HOST_SHELL_DESCRIPTION), policy)
-    return _with_ceiling(run_shell, policy)
+        return _with_ceiling(t.with_options(description=_HOST_SHELL_DESCRIPTION), policy)
+    return _with_ceiling(t, policy)
 
 
 def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None = None) -> Tool:
@@ -309,7 +262,7 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
         timeout_s: Annotated[
             float, Field(gt=0, le=3600, description="seconds before it is killed")
         ] = 60,
-    ) -> str | ToolOutput:
+    ) -> ProcessCommand:
         """Run a Python snippet in the workspace root (the current directory) and return
         what it printed and its exit code.
 
@@ -317,16 +270,15 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
         runs in the same sandbox as shell (no network unless allowed, limited memory,
         CPU time and output); only the standard library and the system's packages exist.
         """
-        return await _run_sandboxed(
-            policy,
-            sandbox,
-            ctx,
-            ["python3", "-"],
-            timeout_s=timeout_s,
-            stdin=_check_spawnable(code, "snippet"),
+        stdin = _check_spawnable(code, "snippet")
+        root = resolve_workspace_root(ctx.require_workspace())
+        return ProcessCommand(
+            argv=("python3", "-"), workspace=root, stdin=stdin, timeout_s=timeout_s
         )
 
-    return _with_ceiling(run_python, policy)
+    return _with_ceiling(
+        sandboxed(run_python, policy=policy, settle=_settled, sandbox=sandbox), policy
+    )
 
 
 shell = shell_tool()

@@ -5,6 +5,11 @@ Behaviours compose by building a new declaration (``with_options``), never by gr
 class. The JSON schema of a Python tool comes from its type hints (pydantic); the
 description from its docstring.
 
+Where a call's work runs is the tool's ``substrate`` (DESIGN section 8): None for this
+process, or a declaration of a sandboxed process, a code cell or remote work. The call
+pipeline runs each call on an ``Executor`` it selects for that substrate
+(``lodger.engine.substrates``); ``Execution`` is how one ended.
+
 >>> @tool(group="math")
 ... def add(a: int, b: int) -> int:
 ...     "Add two integers."
@@ -22,7 +27,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, get_origin, get_type_hints, overload
+from typing import Any, Generic, Literal, Protocol, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from typing_extensions import TypeVar
@@ -30,15 +35,25 @@ from typing_extensions import TypeVar
 from lodger._text import is_valid_utf8, visible_text
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
-from lodger.events import FileExpectation, RecoveryPolicy, ToolDispatched, canonical_json
+from lodger.events import (
+    FileExpectation,
+    RecoveryPolicy,
+    ResultStatus,
+    ToolDispatched,
+    canonical_json,
+)
 from lodger.providers.base import ToolSchema
 
 __all__ = [
+    "Execution",
+    "Executor",
     "NestedCaller",
     "NestedResult",
     "ProbeResult",
     "RecoveryPolicy",
     "StepHandle",
+    "Substrate",
+    "SubstrateKind",
     "Suspended",
     "Tool",
     "ToolContext",
@@ -159,6 +174,55 @@ class ProbeResult:
     pending: bool = False
 
 
+# ---------------------------------------------------------------- the executor seam
+
+SubstrateKind = Literal["in_process", "sandboxed_process", "code_cell", "remote"]
+"""Where a call's work runs: this process (a task of the event loop), a sandboxed
+process, a code cell's interpreter, or elsewhere (handed off; settled by a later wake)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How one execution ended, as a value: what T2 records (after the after-call hooks)."""
+
+    status: ResultStatus
+    content: str
+    #: the work was handed off (``Suspended``): no T2 now, the run ends waiting
+    suspended: bool = False
+
+
+class Executor(Protocol):
+    """Runs one dispatched call on a substrate and says how it ended.
+
+    ``execute`` never raises for the tool's faults: an exception of the tool is its error
+    result. Every execution ends within its ``time_limit`` plus a short grace (then
+    ``timed_out``). Cancellation of the caller stops the execution, which settles and
+    says what happened (the pipeline records it in T2 before the cancellation goes on).
+    Only a failure of the runtime itself (a failed commit) may propagate.
+    """
+
+    async def execute(
+        self,
+        *,
+        tool: Tool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        time_limit: float,
+    ) -> Execution: ...
+
+
+class Substrate(Protocol):
+    """A tool's declaration of where its calls run (``Tool.substrate``): its ``kind``,
+    what the substrate needs to run a call (a command line, a cell interpreter), and the
+    ``executor`` that serves the kind unless the pipeline mounts another for it."""
+
+    @property
+    def kind(self) -> SubstrateKind: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 Probe = Callable[[ToolDispatched, ToolContext], Awaitable[ProbeResult]]
 # What a call touches, for the authorities (DESIGN section 7); computed from validated
@@ -186,12 +250,22 @@ class Tool:
     #: seconds a call may run before it is stopped and settles ``timed_out`` (None: the
     #: run's default)
     timeout: float | None = None
+    #: where its calls run (None: in this process, as a task of the event loop)
+    substrate: Substrate | None = None
 
     def __post_init__(self) -> None:
         if self.recovery == "queryable" and self.probe is None:
             raise UsageError(
                 f"tool {self.name!r} is queryable but has no probe",
                 hint="pass probe=... or choose recovery='never_retry'",
+                code="tool_declaration",
+            )
+        remote = self.substrate is not None and self.substrate.kind == "remote"
+        if remote and self.recovery != "queryable":
+            # a suspended call is settled only by its probe, when the session wakes
+            raise UsageError(
+                f"tool {self.name!r} hands its work off (RemoteWork) but is not queryable",
+                hint="pass recovery='queryable' and a probe that reads the work's outcome",
                 code="tool_declaration",
             )
 
@@ -410,6 +484,7 @@ def tool(
     approval: bool = False,
     expectations: Expectations | None = None,
     timeout: float | None = None,
+    substrate: Substrate | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -428,6 +503,7 @@ def tool(
     approval: bool = False,
     expectations: Expectations | None = None,
     timeout: float | None = None,
+    substrate: Substrate | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a sync or async Python function as a tool.
 
@@ -445,6 +521,7 @@ def tool(
         "approval": approval,
         "expectations": expectations,
         "timeout": timeout,
+        "substrate": substrate,
     }
 
     def decorate(f: Callable[..., Any]) -> Tool:

@@ -30,7 +30,6 @@ STATE_MACHINES: dict[str, str] = {
     "lodger.engine.resume._apply": _REWRITTEN,
     "lodger.engine.resume.resume_run": _REWRITTEN,
     "lodger.sandbox._process.run_confined": _REWRITTEN,
-    "lodger.sandbox.policy.policy_from_config": _REWRITTEN,
 }
 
 

@@ -359,6 +359,25 @@ def policy_from_config(
             f"{where} has unknown keys: {', '.join(unknown)}",
             hint="known keys: " + ", ".join(sorted(known)),
         )
+    limits = _limits(table, where)
+    env = table.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(v, str) for v in env):
+        raise ConfigError(f"{where} env must be a list of variable names")
+    approval = table.get("approval", False)
+    if not isinstance(approval, bool):
+        raise ConfigError(f"{where} approval must be true or false")
+    network = _network(table, where, workspace)
+    return SandboxPolicy(
+        backend=table.get("backend", "bubblewrap"),
+        limits=limits,
+        network=network,
+        env=tuple(env),
+        approval=approval,
+    )
+
+
+def _limits(table: Mapping[str, Any], where: str) -> Limits:
+    """The limit keys of a ``[sandbox]`` table (``memory_mb``, ``wall_time_s``...)."""
     limits: dict[str, Any] = {}
     for key, (attr, scale) in _LIMIT_KEYS.items():
         if key in table:
@@ -372,12 +391,12 @@ def policy_from_config(
                     raise ConfigError(f"{where} {key} must be a whole number, not {value}")
                 value = max(1, int(value * scale))
             limits[attr] = value
-    env = table.get("env", [])
-    if not isinstance(env, list) or not all(isinstance(v, str) for v in env):
-        raise ConfigError(f"{where} env must be a list of variable names")
-    approval = table.get("approval", False)
-    if not isinstance(approval, bool):
-        raise ConfigError(f"{where} approval must be true or false")
+    return Limits(**limits)
+
+
+def _network(table: Mapping[str, Any], where: str, workspace: Path | None) -> NetworkPolicy:
+    """``[sandbox.network]``: the allow-list, TLS termination and credentials (from the
+    table's ``${VARIABLE}``s and the secrets file)."""
     network = table.get("network", {})
     if not isinstance(network, dict):
         raise ConfigError(f"{where} network must be a table")
@@ -433,15 +452,9 @@ def policy_from_config(
                     hint=f'write {name} = "... ${{NAME}}" and export NAME, or put the '
                     "header in the secrets file (secrets_file)",
                 )
-    return SandboxPolicy(
-        backend=table.get("backend", "bubblewrap"),
-        limits=Limits(**limits),
-        network=NetworkPolicy(
-            allow=tuple(allow),
-            credentials=credentials,
-            terminate_tls=tuple(terminate),
-            upstream_ca=Path(os.path.expanduser(upstream_ca)) if upstream_ca else None,
-        ),
-        env=tuple(env),
-        approval=approval,
+    return NetworkPolicy(
+        allow=tuple(allow),
+        credentials=credentials,
+        terminate_tls=tuple(terminate),
+        upstream_ca=Path(os.path.expanduser(upstream_ca)) if upstream_ca else None,
     )

@@ -29,7 +29,6 @@ STATE_MACHINES: dict[str, str] = {
     "lodger.engine.pipeline.CallPipeline._dispatch": _REWRITTEN,
     "lodger.engine.resume._apply": _REWRITTEN,
     "lodger.engine.resume.resume_run": _REWRITTEN,
-    "lodger.sandbox._process.run_confined": _REWRITTEN,
 }
 
 

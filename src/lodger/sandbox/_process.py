@@ -23,11 +23,12 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from lodger.errors import UsageError
-from lodger.sandbox.cgroups import Cgroup
+from lodger.sandbox.cgroups import Cgroup, CgroupUsage
 from lodger.sandbox.interface import Connection, LimitName, OutputSink, SandboxResult, signal_name
 from lodger.sandbox.policy import Limits
 
@@ -108,17 +109,7 @@ async def run_confined(
     """
     if not host_argv:  # refused here, before a cgroup is made for it
         trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
-    cgroup = await made_in_thread(
-        functools.partial(
-            Cgroup.create,
-            memory_bytes=limits.memory_bytes,
-            max_processes=limits.max_processes,
-            cpu_rate=limits.cpu_rate,
-            count_cpu=limits.cpu_time_s is not None,
-            v2_root=cgroup_root,
-        ),
-        undo=_cleanup,  # else the directories stay in the host's hierarchy for good
-    )
+    cgroup = await _cgroup_for(limits, cgroup_root)
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
@@ -134,9 +125,7 @@ async def run_confined(
         memory_bytes=limits.memory_bytes if use_rlimit_as else None,
     )
     started = time.monotonic()
-    limit: LimitName | None = None
-    kept = bytearray()
-    total = 0
+    watch = _Watch(limits=limits, cgroup=cgroup, on_output=on_output)
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -148,67 +137,126 @@ async def run_confined(
             start_new_session=True,  # with no preexec_fn: a vfork, not a fork
             pass_fds=tuple(pass_fds),
         )
+        await watch.supervise(process, stdin, tree_budget)
+        returncode = process.returncode
+        assert returncode is not None
+        usage = cgroup.usage()
+    finally:
+        await asyncio.shield(_cleanup(cgroup))
+    exit_code, sig, limit = _verdict(returncode, watch.limit, usage, signal_exit_codes)
+    return SandboxResult(
+        backend=backend,
+        exit_code=exit_code,
+        signal=sig,
+        limit=limit,
+        output=bytes(watch.kept),
+        output_total=watch.total,
+        duration_s=time.monotonic() - started,
+        cpu_s=usage.cpu_s,
+        cpu_throttled=usage.cpu_throttled,
+        enforcement=enforcement,
+        connections=tuple(connections or ()),
+    )
+
+
+async def _cgroup_for(limits: Limits, cgroup_root: Path | None) -> Cgroup:
+    """The command's own cgroup, made in a thread (and removed if the caller is
+    cancelled meanwhile: else its directories stay in the host's hierarchy for good)."""
+    return await made_in_thread(
+        functools.partial(
+            Cgroup.create,
+            memory_bytes=limits.memory_bytes,
+            max_processes=limits.max_processes,
+            cpu_rate=limits.cpu_rate,
+            count_cpu=limits.cpu_time_s is not None,
+            v2_root=cgroup_root,
+        ),
+        undo=_cleanup,
+    )
+
+
+@dataclass(kw_only=True)
+class _Watch:
+    """One confined command while it runs: its input fed, its output kept up to the
+    limit, its CPU budget watched, and which limit (if any) stopped it."""
+
+    limits: Limits
+    cgroup: Cgroup
+    on_output: OutputSink | None
+    limit: LimitName | None = None
+    kept: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    async def supervise(
+        self, process: asyncio.subprocess.Process, stdin: bytes, tree_budget: float | None
+    ) -> None:
+        """Until the command has exited and closed its output, or a limit stopped it;
+        whatever happens, nothing it started survives."""
         stdout = process.stdout
         assert stdout is not None  # stdout=PIPE
-
-        async def feed() -> None:
-            if process.stdin is None:
-                return
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                process.stdin.write(stdin)
-                await process.stdin.drain()
-            process.stdin.close()
-
-        async def drain() -> None:
-            nonlocal total, limit
-            while chunk := await stdout.read(_READ):
-                room = limits.output_bytes - total
-                total += len(chunk)
-                if room > 0:
-                    kept.extend(chunk[:room])
-                    if on_output is not None:
-                        on_output(chunk[:room])
-                if total > limits.output_bytes and limit is None:
-                    limit = "output"
-                    _kill(process, cgroup)
-                    # Go on reading (and dropping) to EOF: a pipe left unread stays paused,
-                    # and the process transport only finishes once its pipes have closed.
-
-        async def watch_cpu(budget: float) -> None:
-            nonlocal limit
-            while True:
-                used = cgroup.cpu_seconds()
-                if used is not None and used >= budget:
-                    if limit is None:
-                        limit = "cpu_time"
-                    _kill(process, cgroup)
-                    return
-                await asyncio.sleep(_CPU_POLL_S)
-
-        watcher = asyncio.create_task(watch_cpu(tree_budget)) if tree_budget else None
+        watcher = (
+            asyncio.create_task(self._watch_cpu(process, tree_budget)) if tree_budget else None
+        )
         try:
             # EOF as well as the exit: a background process holding the pipe is still
             # part of the command, and the wall-time limit covers it too.
-            async with asyncio.timeout(limits.wall_time_s):
+            async with asyncio.timeout(self.limits.wall_time_s):
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(feed())
-                    group.create_task(drain())
+                    group.create_task(_feed(process, stdin))
+                    group.create_task(self._drain(process, stdout))
                 await process.wait()
         except TimeoutError:
-            limit = "wall_time"
+            self.limit = "wall_time"
         finally:
             if watcher is not None:  # owned here: stopped and awaited before leaving
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
             # Whatever happened (return, limit, cancellation): nothing it started survives.
-            _kill(process, cgroup)
+            _kill(process, self.cgroup)
             await asyncio.shield(_reap(process, stdout))
-        returncode = process.returncode
-        assert returncode is not None
-        usage = cgroup.usage()
-    finally:
-        await asyncio.shield(_cleanup(cgroup))
+
+    async def _drain(
+        self, process: asyncio.subprocess.Process, stdout: asyncio.StreamReader
+    ) -> None:
+        limit = self.limits.output_bytes
+        while chunk := await stdout.read(_READ):
+            room = limit - self.total
+            self.total += len(chunk)
+            if room > 0:
+                self.kept.extend(chunk[:room])
+                if self.on_output is not None:
+                    self.on_output(chunk[:room])
+            if self.total > limit and self.limit is None:
+                self.limit = "output"
+                _kill(process, self.cgroup)
+                # Go on reading (and dropping) to EOF: a pipe left unread stays paused,
+                # and the process transport only finishes once its pipes have closed.
+
+    async def _watch_cpu(self, process: asyncio.subprocess.Process, budget: float) -> None:
+        while True:
+            used = self.cgroup.cpu_seconds()
+            if used is not None and used >= budget:
+                if self.limit is None:
+                    self.limit = "cpu_time"
+                _kill(process, self.cgroup)
+                return
+            await asyncio.sleep(_CPU_POLL_S)
+
+
+async def _feed(process: asyncio.subprocess.Process, stdin: bytes) -> None:
+    if process.stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        process.stdin.write(stdin)
+        await process.stdin.drain()
+    process.stdin.close()
+
+
+def _verdict(
+    returncode: int, limit: LimitName | None, usage: CgroupUsage, signal_exit_codes: bool
+) -> tuple[int | None, str | None, LimitName | None]:
+    """The command's exit code or signal, and the limit that stopped it."""
     exit_code: int | None = returncode
     sig: str | None = None
     if returncode < 0:
@@ -222,19 +270,7 @@ async def run_confined(
             limit = "cpu_time"
         elif usage.pids_refused:
             limit = "processes"
-    return SandboxResult(
-        backend=backend,
-        exit_code=exit_code,
-        signal=sig,
-        limit=limit,
-        output=bytes(kept),
-        output_total=total,
-        duration_s=time.monotonic() - started,
-        cpu_s=usage.cpu_s,
-        cpu_throttled=usage.cpu_throttled,
-        enforcement=enforcement,
-        connections=tuple(connections or ()),
-    )
+    return exit_code, sig, limit
 
 
 async def _reap(process: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> None:

@@ -27,7 +27,6 @@ if _typing.TYPE_CHECKING:
     from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
     from lodger.authority import Authorities, ResourceClaim
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
-    from lodger.engine.permissions import PermissionPolicy, Rule
     from lodger.errors import (
         AppendConflictError,
         AuthorityMisuseError,
@@ -66,6 +65,7 @@ if _typing.TYPE_CHECKING:
     from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
     from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
     from lodger.tools.mcp import McpServerConfig, McpServers
+    from lodger.tools.policy import PermissionPolicy, Rule
 
 # name -> the module it comes from: imported on first use, so `import lodger` (and the
 # command line, which imports it) stays cheap; type checkers read the imports above.
@@ -82,8 +82,6 @@ _EXPORTS: dict[str, str] = {
     "CallResult": "lodger.engine.hooks",
     "Rewrite": "lodger.engine.hooks",
     "Veto": "lodger.engine.hooks",
-    "PermissionPolicy": "lodger.engine.permissions",
-    "Rule": "lodger.engine.permissions",
     "AppendConflictError": "lodger.errors",
     "AuthorityMisuseError": "lodger.errors",
     "CommitFailedError": "lodger.errors",
@@ -131,6 +129,8 @@ _EXPORTS: dict[str, str] = {
     "tool": "lodger.tools",
     "McpServerConfig": "lodger.tools.mcp",
     "McpServers": "lodger.tools.mcp",
+    "PermissionPolicy": "lodger.tools.policy",
+    "Rule": "lodger.tools.policy",
 }
 
 __all__ = [

@@ -13,11 +13,12 @@ so a new turn on an open session reads only what it has not seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.output import OutputSpec
-from lodger.engine.permissions import Approver, PermissionGate, PermissionPolicy
+from lodger.engine.permissions import Approver, PermissionGate
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
@@ -42,6 +43,7 @@ from lodger.storage.forks import read_inherited
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
 from lodger.subagents.policy import SubagentPolicy
+from lodger.tools.policy import PermissionPolicy
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -358,6 +360,24 @@ class Agent:
             raise
         return writer, cached
 
+    @contextlib.asynccontextmanager
+    async def open_session(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState]]:
+        """The session's writer and its verified fold, for a block that drives the engine
+        on it (each turn here does; so does the ``delegate`` tool for a child session).
+        The writer is closed after the block; the fold is kept for the next turn, unless
+        the block fails: it may then hold less than the log (a failed commit), so it is
+        read again next time."""
+        writer, state = await self._open(session_id)
+        try:
+            yield writer, state
+        except BaseException:
+            self._states.pop(session_id, None)
+            raise
+        finally:
+            await writer.close()
+
     async def run(
         self,
         task: str,
@@ -380,18 +400,11 @@ class Agent:
 
     async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             result = await engine.start_turn(engine.journal(writer, state), task)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
-        except BaseException:
-            # the fold may hold less than the log after a failed commit: read it again next time
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def resume(
         self, session_id: str, *, relocate: bool = False, deps: Any = _UNSET
@@ -403,8 +416,7 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
@@ -414,11 +426,6 @@ class Agent:
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
             return result
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
@@ -434,27 +441,15 @@ class Agent:
         result: str | None = None,
     ) -> list[Event]:
         """Record an operator decision on a parked (or indeterminate) call."""
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
         """End the session's open turn as abandoned by the operator, as facts."""
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
 
 def _snapshotter(

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
-from lodger.engine.permissions import PermissionPolicy, Rule
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -32,6 +31,7 @@ from lodger.providers.scripted import FunctionModel, ScriptedModel
 from lodger.storage import EventLog, SqliteLogStore
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
+from lodger.tools.policy import PermissionPolicy, Rule
 
 
 def kinds(events: list[Event]) -> list[str]:

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from lodger import Agent, tool
-from lodger.engine.permissions import ALWAYS_REASON, PermissionPolicy, Rule
+from lodger.engine.permissions import ALWAYS_REASON
 from lodger.events import PermissionDecided, PermissionRequested, ToolResponded
 from lodger.providers import ScriptedModel
 from lodger.providers.base import ModelRequest, ModelResponse
 from lodger.providers.scripted import FunctionModel, tool_call
+from lodger.tools.policy import PermissionPolicy, Rule
 from lodger.tools.spec import Tool
 
 RAN: list[str] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import DEFAULT_SYSTEM, Agent
-from lodger.engine.context import Envelope
+from lodger.engine.envelope import Envelope
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import (

@@ -21,10 +21,10 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.cli._run import DEMO_FILES, DEMO_SCRIPT
-from lodger.engine.permissions import PermissionPolicy
 from lodger.providers.scripted import ScriptedModel
 from lodger.storage import EventLog, SqliteLogStore
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.policy import PermissionPolicy
 
 SLOW_S = 0.05
 SCHEDSTAT = Path("/proc/thread-self/schedstat")

@@ -43,7 +43,6 @@ from lodger.cli._run import (
 )
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
-from lodger.engine.permissions import PermissionPolicy
 from lodger.engine.resume import Decision
 from lodger.errors import (
     ConfigError,
@@ -59,6 +58,7 @@ from lodger.sessions import Binding, Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
+from lodger.tools.policy import PermissionPolicy
 
 if TYPE_CHECKING:
     from lodger.control import ControlPlane

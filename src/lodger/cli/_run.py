@@ -32,7 +32,7 @@ from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
 from lodger.cli._tools import mcp_option, mcp_servers_for
 from lodger.codemode import Language
-from lodger.engine.permissions import ALWAYS_REASON, Approver, PermissionPolicy
+from lodger.engine.permissions import ALWAYS_REASON, Approver
 from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
@@ -52,6 +52,7 @@ from lodger.subagents import SubagentPolicy
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.config import CONFIG_FILE, load_project_config, load_sandbox_policy
 from lodger.tools.mcp import McpServerConfig
+from lodger.tools.policy import PermissionPolicy
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]

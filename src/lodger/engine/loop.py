@@ -22,7 +22,8 @@ from lodger._records import record
 from lodger.authority import Authorities
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
-from lodger.engine.context import Envelope, RunContext
+from lodger.engine.context import RunContext
+from lodger.engine.envelope import Envelope
 from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
 from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.journal import Journal

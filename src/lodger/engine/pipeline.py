@@ -34,7 +34,8 @@ from lodger.engine.checks import (
     invalid_arguments,
     schema_problems_off_loop,
 )
-from lodger.engine.context import Envelope, RunContext
+from lodger.engine.context import RunContext
+from lodger.engine.envelope import Envelope
 from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor, InProcessExecutor
 from lodger.engine.hooks import (
     AfterCall,

@@ -27,6 +27,7 @@ if _typing.TYPE_CHECKING:
     from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
     from lodger.authority import Authorities, ResourceClaim
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
+    from lodger.engine.settings import Hooks, Limits, Retries, Services
     from lodger.errors import (
         AppendConflictError,
         AuthorityMisuseError,
@@ -61,7 +62,7 @@ if _typing.TYPE_CHECKING:
         tool_call,
     )
     from lodger.recovery import RecoveryPlan
-    from lodger.storage import EventLog, LogKey, open_log
+    from lodger.storage import EventLog, LogKey, Storage, open_log
     from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
     from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
     from lodger.tools.mcp import McpServerConfig, McpServers
@@ -82,6 +83,10 @@ _EXPORTS: dict[str, str] = {
     "CallResult": "lodger.engine.hooks",
     "Rewrite": "lodger.engine.hooks",
     "Veto": "lodger.engine.hooks",
+    "Hooks": "lodger.engine.settings",
+    "Limits": "lodger.engine.settings",
+    "Retries": "lodger.engine.settings",
+    "Services": "lodger.engine.settings",
     "AppendConflictError": "lodger.errors",
     "AuthorityMisuseError": "lodger.errors",
     "CommitFailedError": "lodger.errors",
@@ -116,6 +121,7 @@ _EXPORTS: dict[str, str] = {
     "RecoveryPlan": "lodger.recovery",
     "EventLog": "lodger.storage",
     "LogKey": "lodger.storage",
+    "Storage": "lodger.storage",
     "open_log": "lodger.storage",
     "FactCommitted": "lodger.streaming",
     "StreamItem": "lodger.streaming",
@@ -150,6 +156,8 @@ __all__ = [
     "EventLog",
     "FactCommitted",
     "FunctionModel",
+    "Hooks",
+    "Limits",
     "LodgerError",
     "LogKey",
     "LogKeyError",
@@ -166,14 +174,17 @@ __all__ = [
     "RecoveryPlan",
     "ResourceClaim",
     "ResumeBlockedError",
+    "Retries",
     "Rewrite",
     "Rule",
     "RunUsage",
     "ScriptedModel",
+    "Services",
     "SessionHandle",
     "SessionLockedError",
     "SessionNotFoundError",
     "StaleRevisionError",
+    "Storage",
     "StorageError",
     "StreamItem",
     "TestModel",

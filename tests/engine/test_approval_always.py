@@ -12,6 +12,7 @@ import pytest
 
 from lodger import Agent, tool
 from lodger.engine.permissions import ALWAYS_REASON
+from lodger.engine.settings import Hooks
 from lodger.events import PermissionDecided, PermissionRequested, ToolResponded
 from lodger.providers import ScriptedModel
 from lodger.providers.base import ModelRequest, ModelResponse
@@ -56,8 +57,8 @@ def agent(tmp_path: Path, model: Any, approver: Any, **kw: Any) -> Agent:
     return Agent(
         model=model,
         tools=[deploy, wipe],
-        state_dir=tmp_path / "state",
-        approver=approver,
+        storage=tmp_path / "state",
+        hooks=Hooks(approver=approver),
         **kw,
     )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lodger.codemode._host import CellHost
@@ -30,10 +31,20 @@ from lodger.codemode.substrate import CellOutcome, CellSubstrate, Diagnostic
 from lodger.errors import ToolCallError, UsageError
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
-__all__ = ["EXEC_TOOL", "Language", "exec_tool", "run_cell"]
+__all__ = ["EXEC_TOOL", "CodeMode", "Language", "exec_tool", "run_cell"]
 
 EXEC_TOOL = "exec"
 Language = Literal["javascript", "python"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeMode:
+    """The ``exec`` tool an agent binds: cells in ``language`` under ``limits``.
+    ``Agent(code_mode="python")`` is ``Agent(code_mode=CodeMode(language="python"))``."""
+
+    language: Language = "javascript"
+    limits: CellLimits = field(default_factory=CellLimits)
+
 
 _STOP_GRACE = 10.0  # the executor's own limit sits past the cell's, so the cell's trips first
 

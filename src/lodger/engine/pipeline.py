@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lodger._records import record
-from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
+from lodger.authority import AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
 from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
@@ -36,10 +36,8 @@ from lodger.engine.checks import (
 )
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
-from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor, InProcessExecutor
+from lodger.engine.executor import Execution, Executor, InProcessExecutor
 from lodger.engine.hooks import (
-    AfterCall,
-    BeforeCall,
     CallInfo,
     CallResult,
     Rewrite,
@@ -48,6 +46,7 @@ from lodger.engine.hooks import (
     call_before,
 )
 from lodger.engine.permissions import ApprovalParked, PermissionGate
+from lodger.engine.settings import Hooks, Limits, Services
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     CallRejected,
@@ -209,24 +208,22 @@ class CallPipeline:
         registry: ToolRegistry,
         permissions: PermissionGate,
         artifacts: ArtifactStore,
-        authorities: Authorities | None = None,
-        executor: Executor | None = None,
-        default_timeout: float = DEFAULT_TIMEOUT,
+        limits: Limits,
+        hooks: Hooks,
+        services: Services,
         result_limit: int = 16_000,
-        before_call: Sequence[BeforeCall] = (),
-        after_call: Sequence[AfterCall] = (),
         deps: Any = None,
     ) -> None:
         self.ctx = ctx
-        self.before_call = tuple(before_call)
-        self.after_call = tuple(after_call)
+        self.before_call = tuple(hooks.before_call)
+        self.after_call = tuple(hooks.after_call)
         self.deps = deps
         self.registry = registry
         self.permissions = permissions
         self.bounder = ResultBounder(artifacts, limit=result_limit)
-        self.authorities = authorities or Authorities()
-        self.executor: Executor = executor or InProcessExecutor()
-        self.default_timeout = default_timeout
+        self.authorities = services.authorities
+        self.executor: Executor = services.executor or InProcessExecutor()
+        self.default_timeout = limits.default_timeout
 
     # ------------------------------------------------------------ batch
 

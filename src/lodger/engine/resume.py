@@ -28,6 +28,7 @@ from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.relocation import Relocation, expected_files, find_mismatches
+from lodger.engine.settings import Services
 from lodger.errors import (
     AppendConflictError,
     NextStep,
@@ -97,7 +98,7 @@ class ResumableEngine(Protocol):
     def workspace(self) -> Path | None: ...
 
     @property
-    def ids(self) -> IdFactory: ...
+    def services(self) -> Services: ...
 
     @property
     def deps(self) -> Any: ...
@@ -287,7 +288,7 @@ async def resume_run(
 
     turn_id = plan.turn_id
     assert turn_id is not None  # _open_turn_plan returns an open turn's plan
-    run_id = engine.ids.new_id()
+    run_id = engine.services.ids.new_id()
     moved = found.relocation
     claim = journal.draft(
         RunStarted(

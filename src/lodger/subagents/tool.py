@@ -447,7 +447,8 @@ class _Delegator:
     ) -> None:
         log = self.agent.storage.log
         child_id, at = link.session_id, link.parent_offset
-        clock, ids = self.agent.engine.clock, self.agent.engine.ids
+        services = self.agent.engine.services
+        clock, ids = services.clock, services.ids
         if delegation.history == "fork":
             await fork_session(
                 log,
@@ -495,10 +496,9 @@ class _Delegator:
             model=model,
             registry=registry,
             system=self.policy.system or parent.system,
-            max_steps=granted.steps,
+            limits=dataclasses.replace(parent.limits, max_steps=granted.steps),
             output=_SchemaOutput(delegation.output_schema) if delegation.output_schema else None,
-            on_event=None,
-            on_text=None,
+            hooks=dataclasses.replace(parent.hooks, on_event=None, on_text=None),
             deps=deps,
         )
 

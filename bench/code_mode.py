@@ -36,7 +36,7 @@ import pydantic_monty as monty
 from py_mini_racer import mini_racer
 
 from lodger import Agent, FunctionModel, tool
-from lodger.codemode import CellLimits
+from lodger.codemode import CellLimits, CodeMode
 from lodger.codemode._host import CellHost
 from lodger.codemode.javascript import JavaScriptSubstrate
 from lodger.codemode.python import PythonSubstrate
@@ -44,7 +44,7 @@ from lodger.codemode.substrate import CellSubstrate
 from lodger.codemode.tool import run_cell
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
 from lodger.tools import Tool
 from lodger.tools.builtin import workspace_tools
@@ -116,8 +116,9 @@ def agent_for(
     return Agent(
         model=FunctionModel(model),
         tools=tools,
-        log=EventLog(SqliteLogStore(root / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(root / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=root,
         **kw,
     )
@@ -159,12 +160,18 @@ async def nested_overhead(root: Path, k: int) -> dict[str, float]:
     top = await timed(agent_for(root / "top", top_level, [noop]))
     nested = await timed(
         agent_for(
-            root / "nested", one_cell(cell), [noop], code_mode="javascript", cell_limits=limits
+            root / "nested",
+            one_cell(cell),
+            [noop],
+            code_mode=CodeMode(language="javascript", limits=limits),
         )
     )
     base = await timed(
         agent_for(
-            root / "empty", one_cell(empty), [noop], code_mode="javascript", cell_limits=limits
+            root / "empty",
+            one_cell(empty),
+            [noop],
+            code_mode=CodeMode(language="javascript", limits=limits),
         )
     )
     per_top = top / k
@@ -289,8 +296,9 @@ async def package_task(root: Path, mode: str) -> dict[str, Any]:
     agent = Agent(
         model=FunctionModel(direct if mode == "direct" else cell),
         tools=tools,
-        log=EventLog(SqliteLogStore(root / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(root / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=root / "ws",
         code_mode="javascript" if mode == "cell" else None,
     )

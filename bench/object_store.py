@@ -47,6 +47,7 @@ from typing import Any
 
 from lodger import Agent, FunctionModel, tool
 from lodger.engine.checkpoint import open_fold
+from lodger.engine.settings import Limits
 from lodger.events import (
     EventDraft,
     ModelOutput,
@@ -63,7 +64,7 @@ from lodger.events import (
 )
 from lodger.ids import SystemClock, Uuid7Factory
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
 from lodger.storage.forks import fork_session
 from lodger.storage.objectartifacts import ObjectArtifactStore
@@ -97,9 +98,8 @@ async def calls(log: EventLog, n: int, *, width: int = 1) -> tuple[float, int]:
     agent = Agent(
         model=_model(n // width, width),
         tools=[noop],
-        log=log,
-        artifacts=MemoryArtifactStore(),
-        max_steps=n // width + 1,
+        storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+        limits=Limits(max_steps=n // width + 1),
     )
     start = time.perf_counter()
     result = await agent.run("benchmark")

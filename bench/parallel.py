@@ -36,9 +36,10 @@ from typing import Any
 
 from lodger import Agent, FunctionModel, ToolContext, tool
 from lodger.authority import ResourceClaim
+from lodger.engine.settings import Hooks, Limits
 from lodger.events import Event, ProposedCall, ToolDispatched, ToolResponded
 from lodger.providers.base import AssistantMessage, ModelRequest, ModelResponse
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
 from lodger.tools.builtin import edit_file
 
@@ -119,11 +120,12 @@ async def run_turn(directory: Path, batches: list[Batch]) -> Measure:
     agent = Agent(
         model=FunctionModel(model),
         tools=[io_wait, edit_file],
-        log=EventLog(SqliteLogStore(directory / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(directory / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=workspace,
-        max_steps=len(batches) + 1,
-        on_event=on_event,
+        limits=Limits(max_steps=len(batches) + 1),
+        hooks=Hooks(on_event=on_event),
     )
     start = time.perf_counter()
     result = await agent.run("benchmark")

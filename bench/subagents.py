@@ -36,6 +36,7 @@ from typing import Any
 from lodger import Agent, FunctionModel, tool
 from lodger.control.sqlite import SqliteControlPlane
 from lodger.control.worker import Worker, WorkerConfig
+from lodger.engine.settings import Limits
 from lodger.providers.base import ModelRequest, ModelResponse, UserMessage
 from lodger.providers.scripted import tool_call
 from lodger.sessions import Binding
@@ -98,8 +99,8 @@ async def timed_turn(state: Path, steps: int, calls: list[dict[str, Any]], sessi
     async with Agent(
         model=model_for(steps, calls),
         tools=[noop, work],
-        state_dir=state,
-        max_steps=steps + 1,
+        storage=state,
+        limits=Limits(max_steps=steps + 1),
         subagents=SubagentPolicy(tree_steps=100_000),
     ) as agent:
         started = time.perf_counter()
@@ -134,7 +135,7 @@ async def fork_bytes(root: Path, parent_steps: int) -> dict[str, float]:
     async with Agent(
         model=model_for(1, [{"name": "delegate", "args": {"task": "x", "history": "fork"}}]),
         tools=[noop, work],
-        state_dir=state,
+        storage=state,
         subagents=SubagentPolicy(),
     ) as agent:
         await agent.run("parent", session="big")

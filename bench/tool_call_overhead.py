@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 
 from lodger import Agent, FunctionModel, tool
+from lodger.engine.settings import Limits
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore, _worker
+from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore, Storage, _worker
 from lodger.storage._worker import IoThread
 from lodger.storage.artifacts import MemoryArtifactStore
 
@@ -156,9 +157,8 @@ async def flatness(directory: Path, total: int, window: int) -> tuple[float, flo
     agent = Agent(
         model=_model(total, stamps),
         tools=[noop],
-        log=log,
-        artifacts=MemoryArtifactStore(),
-        max_steps=total + 1,
+        storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+        limits=Limits(max_steps=total + 1),
     )
     result = await agent.run("long turn")
     await log.close()
@@ -216,13 +216,15 @@ async def lodger_calls(
         warm = Agent(
             model=_model(history),
             tools=tools,
-            log=log,
-            artifacts=MemoryArtifactStore(),
-            max_steps=history + 1,
+            storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+            limits=Limits(max_steps=history + 1),
         )
         assert (await warm.run("history", session="bench")).status == "completed"
     agent = Agent(
-        model=_model(n), tools=tools, log=log, artifacts=MemoryArtifactStore(), max_steps=n + 1
+        model=_model(n),
+        tools=tools,
+        storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+        limits=Limits(max_steps=n + 1),
     )
     start, start_cpu = time.perf_counter(), time.thread_time()
     result = await agent.run("benchmark", session="bench" if history else None)

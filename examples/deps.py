@@ -26,7 +26,7 @@ model = ScriptedModel(
 )
 with (
     tempfile.TemporaryDirectory() as state,
-    Agent(model=model, tools=[balance], state_dir=state) as agent,
+    Agent(model=model, tools=[balance], storage=state) as agent,
 ):
     result = agent.run_sync("what does alice have?", deps=Bank({"alice": 42}))
     results = [m for m in result.messages if isinstance(m, ToolResultMessage)]

@@ -32,7 +32,7 @@ def model(request: ModelRequest) -> ModelResponse | str:
 
 with (
     tempfile.TemporaryDirectory() as state,
-    Agent(model=FunctionModel(model), tools=[add], state_dir=state) as agent,
+    Agent(model=FunctionModel(model), tools=[add], storage=state) as agent,
 ):
     result = agent.run_sync("add 20 and 22")
     assert result.output == "the answer is 42", result

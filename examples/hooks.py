@@ -8,7 +8,7 @@ hook may redact a result before T2 records it.
 import asyncio
 import tempfile
 
-from lodger import Agent, CallInfo, CallResult, Rewrite, ScriptedModel, Veto, tool
+from lodger import Agent, CallInfo, CallResult, Hooks, Rewrite, ScriptedModel, Veto, tool
 from lodger.events import CallRejected, ToolDispatched, ToolResponded
 
 
@@ -48,9 +48,8 @@ async def main() -> None:
         async with Agent(
             model=model,
             tools=[transfer],
-            state_dir=state,
-            before_call=[limits],
-            after_call=[redact],
+            storage=state,
+            hooks=Hooks(before_call=[limits], after_call=[redact]),
         ) as agent:
             result = await agent.run("pay bob 50 and mallory 0.01")
             events = await agent.session(result.session_id).events()

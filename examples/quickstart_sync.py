@@ -17,7 +17,7 @@ def add(a: int, b: int) -> int:
 model = ScriptedModel([{"calls": [{"name": "add", "args": {"a": 1, "b": 2}}]}, {"text": "3"}])
 with (
     tempfile.TemporaryDirectory() as state,
-    Agent(model=model, tools=[add], state_dir=state) as agent,
+    Agent(model=model, tools=[add], storage=state) as agent,
 ):
     result = agent.run_sync("what is 1 + 2?")
     print(result.status, result.output)

@@ -24,7 +24,7 @@ async def main() -> None:
         ]
     )
     with tempfile.TemporaryDirectory() as state:
-        async with Agent(model=model, tools=[shout], state_dir=state) as agent:
+        async with Agent(model=model, tools=[shout], storage=state) as agent:
             kinds, text = [], ""
             async with agent.stream("shout hi") as stream:
                 async for item in stream:

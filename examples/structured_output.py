@@ -28,7 +28,7 @@ def model(request: ModelRequest) -> str:
 
 async def main() -> None:
     with tempfile.TemporaryDirectory() as state:
-        async with Agent(model=FunctionModel(model), output_type=Invoice, state_dir=state) as agent:
+        async with Agent(model=FunctionModel(model), output_type=Invoice, storage=state) as agent:
             result = await agent.run("bill ACME for the widgets")
             assert isinstance(result.output, Invoice) and result.output.total_cents == 1250
             print(result.output)

@@ -31,7 +31,7 @@ def weigh(items: list[str]) -> float:
 
 with (
     tempfile.TemporaryDirectory() as state,
-    Agent(model=TestModel(), tools=[ship, weigh], state_dir=state) as agent,
+    Agent(model=TestModel(), tools=[ship, weigh], storage=state) as agent,
 ):
     result = agent.run_sync("anything")
     print(result.output)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from lodger.agent import Agent
 from lodger.context import MessageSnapshot, Projector, estimate_tokens, project_messages
+from lodger.engine.settings import Limits, Services
 from lodger.events import (
     ContextCompacted,
     Event,
@@ -21,7 +22,7 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import AssistantMessage, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, MemoryLogStore
+from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool
 
@@ -47,11 +48,9 @@ def _session(budget: int | None = None) -> list[Event]:
         agent = Agent(
             model=ScriptedModel(SCRIPT),
             tools=[fetch],
-            log=EventLog(MemoryLogStore()),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=3),
-            ids=SequentialIds("c"),
-            context_budget=budget,
+            storage=Storage(log=EventLog(MemoryLogStore()), artifacts=MemoryArtifactStore()),
+            services=Services(clock=ManualClock(tick_us=3), ids=SequentialIds("c")),
+            limits=Limits(context_budget=budget),
         )
         await agent.run("one", session="s")
         await agent.run("two", session="s")

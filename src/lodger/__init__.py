@@ -27,7 +27,7 @@ if _typing.TYPE_CHECKING:
     from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
     from lodger.authority import Authorities, ResourceClaim
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
-    from lodger.engine.permissions import PermissionPolicy, Rule
+    from lodger.engine.settings import Hooks, Limits, Retries, Services
     from lodger.errors import (
         AppendConflictError,
         AuthorityMisuseError,
@@ -62,10 +62,11 @@ if _typing.TYPE_CHECKING:
         tool_call,
     )
     from lodger.recovery import RecoveryPlan
-    from lodger.storage import EventLog, LogKey, open_log
+    from lodger.storage import EventLog, LogKey, Storage, open_log
     from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
     from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
     from lodger.tools.mcp import McpServerConfig, McpServers
+    from lodger.tools.policy import PermissionPolicy, Rule
 
 # name -> the module it comes from: imported on first use, so `import lodger` (and the
 # command line, which imports it) stays cheap; type checkers read the imports above.
@@ -82,8 +83,10 @@ _EXPORTS: dict[str, str] = {
     "CallResult": "lodger.engine.hooks",
     "Rewrite": "lodger.engine.hooks",
     "Veto": "lodger.engine.hooks",
-    "PermissionPolicy": "lodger.engine.permissions",
-    "Rule": "lodger.engine.permissions",
+    "Hooks": "lodger.engine.settings",
+    "Limits": "lodger.engine.settings",
+    "Retries": "lodger.engine.settings",
+    "Services": "lodger.engine.settings",
     "AppendConflictError": "lodger.errors",
     "AuthorityMisuseError": "lodger.errors",
     "CommitFailedError": "lodger.errors",
@@ -118,6 +121,7 @@ _EXPORTS: dict[str, str] = {
     "RecoveryPlan": "lodger.recovery",
     "EventLog": "lodger.storage",
     "LogKey": "lodger.storage",
+    "Storage": "lodger.storage",
     "open_log": "lodger.storage",
     "FactCommitted": "lodger.streaming",
     "StreamItem": "lodger.streaming",
@@ -131,6 +135,8 @@ _EXPORTS: dict[str, str] = {
     "tool": "lodger.tools",
     "McpServerConfig": "lodger.tools.mcp",
     "McpServers": "lodger.tools.mcp",
+    "PermissionPolicy": "lodger.tools.policy",
+    "Rule": "lodger.tools.policy",
 }
 
 __all__ = [
@@ -150,6 +156,8 @@ __all__ = [
     "EventLog",
     "FactCommitted",
     "FunctionModel",
+    "Hooks",
+    "Limits",
     "LodgerError",
     "LogKey",
     "LogKeyError",
@@ -166,14 +174,17 @@ __all__ = [
     "RecoveryPlan",
     "ResourceClaim",
     "ResumeBlockedError",
+    "Retries",
     "Rewrite",
     "Rule",
     "RunUsage",
     "ScriptedModel",
+    "Services",
     "SessionHandle",
     "SessionLockedError",
     "SessionNotFoundError",
     "StaleRevisionError",
+    "Storage",
     "StorageError",
     "StreamItem",
     "TestModel",

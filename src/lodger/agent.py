@@ -13,35 +13,35 @@ so a new turn on an open session reads only what it has not seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
-import random
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
-from lodger.codemode import CellLimits, Language, exec_tool
+from lodger.codemode import CellLimits, CodeMode, Language, exec_tool
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
-from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
-from lodger.engine.hooks import AfterCall, BeforeCall
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.output import OutputSpec
-from lodger.engine.permissions import Approver, PermissionGate, PermissionPolicy
+from lodger.engine.permissions import PermissionGate
 from lodger.engine.resume import Decision, abandon, decide
+from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Event
-from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.storage import EventLog, SessionWriter, Storage
-from lodger.storage.artifacts import ArtifactStore, MemoryArtifactStore
+from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.streaming import TurnStream
 from lodger.subagents.policy import SubagentPolicy
+from lodger.tools.policy import PermissionPolicy
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import attach_tool_search
 from lodger.tools.spec import Tool
@@ -76,13 +76,20 @@ class SessionHandle:
 class Agent:
     """A model, bound tools and a place to keep sessions.
 
-    ``state_dir`` (default ``.lodger``) holds the SQLite log and the artifacts unless a
-    ``storage`` (or a ``log`` and ``artifacts`` store) is passed. ``workspace`` is the
-    directory file tools work in. ``snapshots`` records a content-addressed, incremental
-    snapshot of the workspace with each turn's end (a ``workspace_snapshot`` fact; its
-    files go to the artifact store): on by default when the session lives in an object
-    store and there is a workspace. Nothing here is global: clocks and ids are injected
-    for tests.
+    ``storage`` is where sessions live: a ``Storage`` (the caller's: the agent does not
+    close it), or the state directory of the embedded default (default ``.lodger``: a
+    SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory
+    file tools work in. ``snapshots`` records a content-addressed, incremental snapshot of
+    the workspace with each turn's end (a ``workspace_snapshot`` fact; its files go to
+    the artifact store): on by default when the session lives in an object store and
+    there is a workspace. ``code_mode`` binds the ``exec`` tool, ``subagents`` the
+    ``delegate`` tool.
+
+    The rest comes in groups (``lodger.engine.settings``), each passed whole to the
+    engine: ``limits`` (steps, context budget, call timeout, output retries),
+    ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
+    approver) and ``services`` (clock and ids, authorities, executor, shared folds).
+    Nothing here is global: clocks and ids are injected for tests.
     """
 
     def __init__(
@@ -91,71 +98,38 @@ class Agent:
         model: Model,
         tools: Sequence[Tool] = (),
         system: str = DEFAULT_SYSTEM,
-        state_dir: str | os.PathLike[str] = ".lodger",
-        storage: Storage | None = None,
-        log: EventLog | None = None,
-        artifacts: ArtifactStore | None = None,
         workspace: str | os.PathLike[str] | None = None,
-        permissions: PermissionPolicy | None = None,
-        approver: Approver | None = None,
-        max_steps: int = 50,
-        context_budget: int | None = None,
-        max_provider_retries: int = 4,
-        retry_base_delay: float = 0.5,
-        retry_jitter: Callable[[], float] | None = None,
-        max_retry_after: float = 120.0,
-        clock: Clock | None = None,
-        ids: IdFactory | None = None,
-        on_event: Callable[[Event], None] | None = None,
-        on_text: TextSink | None = None,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-        authorities: Authorities | None = None,
-        executor: Executor | None = None,
-        default_timeout: float = DEFAULT_TIMEOUT,
-        states: MutableMapping[str, SessionState] | None = None,
-        code_mode: Language | None = None,
-        cell_limits: CellLimits | None = None,
         output_type: Any = None,
-        output_retries: int = 2,
         deps: Any = None,
-        before_call: Sequence[BeforeCall] = (),
-        after_call: Sequence[AfterCall] = (),
-        subagents: SubagentPolicy | None = None,
+        permissions: PermissionPolicy | None = None,
+        storage: Storage | str | os.PathLike[str] = ".lodger",
         snapshots: bool | None = None,
+        code_mode: Language | CodeMode | None = None,
+        subagents: SubagentPolicy | None = None,
+        limits: Limits | None = None,
+        retries: Retries | None = None,
+        hooks: Hooks | None = None,
+        services: Services | None = None,
     ) -> None:
-        self._owns_storage = storage is None and log is None
-        if storage is None:
-            if log is None:
-                storage = Storage.local(state_dir)
-            else:
-                storage = Storage(
-                    log=log,
-                    artifacts=artifacts or MemoryArtifactStore(),
-                    state_dir=Path(state_dir),
-                )
-        elif artifacts is not None or log is not None:
-            storage = Storage(
-                log=log or storage.log,
-                artifacts=artifacts or storage.artifacts,
-                state_dir=storage.state_dir,
-            )
+        self._owns_storage = not isinstance(storage, Storage)
+        if not isinstance(storage, Storage):
+            storage = Storage.local(storage)
         self.storage = storage
+        hooks = hooks or Hooks()
+        services = services or Services()
         self.registry = ToolRegistry(tools)
         # Deferred tools are found through tool_search and listed in the system prompt.
         self.tool_search = attach_tool_search(self.registry)
         # Code mode: an ``exec`` tool whose cells call the nestable tools (lodger.codemode).
-        self._cell_limits = cell_limits
-        if code_mode is not None:
-            self.registry.bind(exec_tool(self.registry, language=code_mode, limits=cell_limits))
-        self.clock = clock or SystemClock()
-        self.ids = ids or Uuid7Factory(self.clock)
+        self.code_mode = _code_mode(code_mode, None)
+        if self.code_mode is not None:
+            self.registry.bind(_exec_tool(self.registry, self.code_mode))
         # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.subagents).
         self.subagents = subagents
         if subagents is not None:
             from lodger.subagents.tool import delegate_tool  # loads the engine it drives
 
             self.registry.bind(delegate_tool(self, subagents))
-        authorities = authorities or Authorities()
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         hidden = storage.hidden_paths()
         self.engine = Engine(
@@ -163,45 +137,42 @@ class Agent:
             model=model,
             registry=self.registry,
             system=system,
-            permissions=PermissionGate(permissions or PermissionPolicy(), approver),
+            permissions=PermissionGate(permissions or PermissionPolicy(), hooks.approver),
             artifacts=storage.artifacts,
             workspace=self.workspace,
             hidden=hidden,
-            max_steps=max_steps,
-            context_budget=context_budget,
-            max_provider_retries=max_provider_retries,
-            retry_base_delay=retry_base_delay,
-            max_retry_after=max_retry_after,
-            jitter=retry_jitter or random.random,
-            clock=self.clock,
-            ids=self.ids,
-            on_event=on_event,
-            on_text=on_text,
-            sleep=sleep,
-            authorities=authorities,
-            executor=executor,
-            default_timeout=default_timeout,
+            limits=limits or Limits(),
+            retries=retries or Retries(),
+            hooks=hooks,
+            services=services,
             output=OutputSpec(output_type) if output_type is not None else None,
-            output_retries=output_retries,
             deps=deps,
-            before_call=tuple(before_call),
-            after_call=tuple(after_call),
         )
         # The verified fold of each session this agent has open, kept between turns
-        # (``states`` shares them with whoever made this agent, as ``Sessions`` does).
-        self._owns_states = states is None
-        self._states: MutableMapping[str, SessionState] = {} if states is None else states
+        # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
+        self._owns_states = services.folds is None
+        self._states: MutableMapping[str, SessionState] = (
+            {} if services.folds is None else services.folds
+        )
         self._runner: asyncio.Runner | None = None
+
+    @property
+    def clock(self) -> Clock:
+        return self.engine.services.clock
+
+    @property
+    def ids(self) -> IdFactory:
+        return self.engine.services.ids
 
     @property
     def authorities(self) -> Authorities:
         """File leases, actors and capacity for this agent's calls; give every agent that
         shares a workspace the same one so their calls meet on the same leases."""
-        return self.engine.authorities
+        return self.engine.services.authorities
 
     @authorities.setter
     def authorities(self, value: Authorities) -> None:
-        self.engine.authorities = value
+        self.engine.services = dataclasses.replace(self.engine.services, authorities=value)
 
     @property
     def model(self) -> Model:
@@ -290,17 +261,21 @@ class Agent:
             # one run's code mode: its own registry, with the exec tool added, replaced
             # (another language) or left out (None)
             registry = self.registry.copy(without=("exec",))
-            if code_mode is not None:
-                registry.bind(exec_tool(registry, language=code_mode, limits=self._cell_limits))
+            mode = _code_mode(code_mode, self.code_mode)
+            if mode is not None:
+                registry.bind(_exec_tool(registry, mode))
             changes["registry"] = registry
         if deps is not _UNSET:
             changes["deps"] = deps
         if output_type is not _UNSET:
             changes["output"] = OutputSpec(output_type) if output_type is not None else None
+        hooks = self.engine.hooks
         if on_event is not None:
-            changes["on_event"] = _both(self.engine.on_event, on_event)
+            hooks = dataclasses.replace(hooks, on_event=_both(hooks.on_event, on_event))
         if on_text is not None:
-            changes["on_text"] = _both(self.engine.on_text, on_text)
+            hooks = dataclasses.replace(hooks, on_text=_both(hooks.on_text, on_text))
+        if hooks is not self.engine.hooks:
+            changes["hooks"] = hooks
         return dataclasses.replace(self.engine, **changes) if changes else self.engine
 
     def stream(
@@ -358,6 +333,24 @@ class Agent:
             raise
         return writer, cached
 
+    @contextlib.asynccontextmanager
+    async def open_session(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState]]:
+        """The session's writer and its verified fold, for a block that drives the engine
+        on it (each turn here does; so does the ``delegate`` tool for a child session).
+        The writer is closed after the block; the fold is kept for the next turn, unless
+        the block fails: it may then hold less than the log (a failed commit), so it is
+        read again next time."""
+        writer, state = await self._open(session_id)
+        try:
+            yield writer, state
+        except BaseException:
+            self._states.pop(session_id, None)
+            raise
+        finally:
+            await writer.close()
+
     async def run(
         self,
         task: str,
@@ -365,7 +358,7 @@ class Agent:
         session: str | None = None,
         deps: Any = _UNSET,
         output_type: Any = _UNSET,
-        code_mode: Language | None = _UNSET,
+        code_mode: Language | CodeMode | None = _UNSET,
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
@@ -380,18 +373,11 @@ class Agent:
 
     async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             result = await engine.start_turn(engine.journal(writer, state), task)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
-        except BaseException:
-            # the fold may hold less than the log after a failed commit: read it again next time
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def resume(
         self, session_id: str, *, relocate: bool = False, deps: Any = _UNSET
@@ -403,8 +389,7 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
@@ -414,11 +399,6 @@ class Agent:
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
             return result
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
@@ -434,27 +414,26 @@ class Agent:
         result: str | None = None,
     ) -> list[Event]:
         """Record an operator decision on a parked (or indeterminate) call."""
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
 
     async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
         """End the session's open turn as abandoned by the operator, as facts."""
-        writer, state = await self._open(session_id)
-        try:
+        async with self.open_session(session_id) as (writer, state):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
-        except BaseException:
-            self._states.pop(session_id, None)
-            raise
-        finally:
-            await writer.close()
+
+
+def _code_mode(value: Language | CodeMode | None, agent: CodeMode | None) -> CodeMode | None:
+    """A code mode given by its language takes the agent's cell limits (or the default)."""
+    if value is None or isinstance(value, CodeMode):
+        return value
+    return CodeMode(language=value, limits=agent.limits if agent is not None else CellLimits())
+
+
+def _exec_tool(registry: ToolRegistry, mode: CodeMode) -> Tool:
+    return exec_tool(registry, language=mode.language, limits=mode.limits)
 
 
 def _snapshotter(

@@ -26,6 +26,7 @@ from lodger.engine.checkpoint import open_fold
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
+from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
@@ -275,13 +276,11 @@ class Sessions:
             storage=self.storage,
             workspace=binding.workspace,
             permissions=binding.permissions,
-            approver=binding.approver,
-            max_steps=binding.max_steps,
-            on_event=binding.on_event,
-            on_text=binding.on_text,
             code_mode=binding.code_mode,
             subagents=binding.subagents,
-            clock=self.clock,
-            ids=self.ids,
-            states=self._states,
+            limits=Limits(max_steps=binding.max_steps),
+            hooks=Hooks(
+                approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
+            ),
+            services=Services(clock=self.clock, ids=self.ids, folds=self._states),
         )

@@ -14,9 +14,10 @@ from lodger.agent import Agent
 from lodger.authority import ResourceClaim
 from lodger.cli import main
 from lodger.cli._timing import step_timings
+from lodger.engine.settings import Services
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
 
@@ -57,11 +58,11 @@ def state(tmp_path: Path) -> Path:
         agent = Agent(
             model=ScriptedModel(script),
             tools=_tools(),
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
-            artifacts=MemoryArtifactStore(),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
             workspace=tmp_path / "ws",
-            clock=ManualClock(tick_us=1000),
-            ids=SequentialIds("id"),
+            services=Services(clock=ManualClock(tick_us=1000), ids=SequentialIds("id")),
         )
         async with agent:
             assert (await agent.run("go", session="s1")).status == "completed"

@@ -123,7 +123,7 @@ def test_exit_codes_are_documented_and_not_found_is_distinct(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_last_and_unique_prefixes_name_sessions(project: Path) -> None:
     state = project / "state"
-    with Agent(model=ScriptedModel([{"text": "ok"}]), state_dir=state) as agent:
+    with Agent(model=ScriptedModel([{"text": "ok"}]), storage=state) as agent:
         for session in ("alpha-1", "alpha-2", "beta-1"):  # beta-1 is the latest
             assert agent.run_sync("go", session=session).status == "completed"
     by_prefix = lodger("log", "verify", "bet", "--state", state, "--json", cwd=project)

@@ -13,7 +13,7 @@ from lodger.cli import main
 from lodger.cli._run import load_tools_file
 from lodger.errors import CommitFailedError
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
@@ -48,8 +48,11 @@ async def interrupted(tmp_path: Path) -> Path:
     agent = Agent(
         model=ScriptedModel.from_file(tmp_path / "script.json"),
         tools=[*workspace_tools(), *load_tools_file(str(tmp_path / "tools.py"))],
-        log=EventLog(FaultyLogStore(SqliteLogStore(state), fail_when=first_t2)),  # type: ignore[arg-type]
-        state_dir=state,
+        storage=Storage(
+            log=EventLog(FaultyLogStore(SqliteLogStore(state), fail_when=first_t2)),
+            artifacts=MemoryArtifactStore(),
+            state_dir=state,
+        ),
         workspace=ws,
     )
     with pytest.raises(CommitFailedError):

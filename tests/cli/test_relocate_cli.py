@@ -20,7 +20,7 @@ from lodger.cli import main
 from lodger.errors import CommitFailedError
 from lodger.events import Event, OperatorDecision, RunEnded, RunStarted, TurnEnded
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
@@ -56,8 +56,7 @@ async def crashed(tmp_path: Path) -> Path:
     agent = Agent(
         model=ScriptedModel.from_file(tmp_path / "script.json"),
         tools=workspace_tools(),
-        log=EventLog(store),  # type: ignore[arg-type]
-        state_dir=state,
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore(), state_dir=state),
         workspace=ws,
     )
     with pytest.raises(CommitFailedError):

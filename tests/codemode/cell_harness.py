@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from lodger.agent import Agent
-from lodger.codemode import CellLimits
+from lodger.codemode import CellLimits, CodeMode
+from lodger.engine.settings import Services
 from lodger.events import Event, ProposedCall
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import LogStore
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool
@@ -57,13 +58,13 @@ def make_agent(
     return Agent(
         model=FunctionModel(model),
         tools=tools,
-        log=EventLog(store or SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(store or SqliteLogStore(tmp_path / "state")),
+            artifacts=MemoryArtifactStore(),
+        ),
         workspace=workspace,
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
-        code_mode=language,  # type: ignore[arg-type]
-        cell_limits=limits,
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
+        code_mode=CodeMode(language=language, limits=limits),  # type: ignore[arg-type]
         **kw,
     )
 

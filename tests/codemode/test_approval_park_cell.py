@@ -11,6 +11,7 @@ from cell_harness import Cells, cell_result, make_agent
 
 from lodger import tool
 from lodger.engine.permissions import current_ask
+from lodger.engine.settings import Hooks
 from lodger.events import PermissionDecided, ToolDispatched
 from lodger.tools import Tool
 
@@ -34,7 +35,7 @@ async def test_park_inside_a_cell_is_a_denial(tmp_path: Path) -> None:
         "try { return await tools.deploy({target: 'prod'}); }"
         " catch (e) { return 'refused: ' + e.message; }"
     )
-    async with make_agent(tmp_path, model, [deploy], approver=approver) as agent:
+    async with make_agent(tmp_path, model, [deploy], hooks=Hooks(approver=approver)) as agent:
         result = await agent.run("go", session="s")
         events = await agent.session("s").events()
     assert result.status == "completed"

@@ -14,7 +14,9 @@ from cell_harness import Cells, cell_result, make_agent
 
 from lodger.authority import ResourceClaim
 from lodger.codemode import CellLimits
+from lodger.engine.settings import Hooks, Services
 from lodger.events import ToolDispatched, ToolResponded
+from lodger.storage import Storage
 from lodger.tools import Tool, ToolContext, tool
 
 
@@ -246,7 +248,9 @@ async def test_an_approval_pauses_the_cell_until_decided(tmp_path: Path) -> None
 
     seen: list[Event] = []
     model = Cells("const r = await tools.deploy({target: 'prod'});\nreturn r;")
-    agent = make_agent(tmp_path, model, [deploy], approver=approver, on_event=seen.append)
+    agent = make_agent(
+        tmp_path, model, [deploy], hooks=Hooks(approver=approver, on_event=seen.append)
+    )
     turn = asyncio.create_task(agent.run("go", session="s"))
     await asyncio.wait_for(asked.wait(), 30)
     assert ran == []  # paused in the cell: nothing dispatched yet
@@ -281,10 +285,10 @@ async def test_code_mode_can_be_enabled_for_one_run(tmp_path: Path) -> None:
     plain = Agent(
         model=inner,
         tools=counted_tools(counts),
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
     )
     inner.complete = complete  # type: ignore[method-assign]
     assert plain.registry.get("exec") is None

@@ -12,6 +12,7 @@ import pytest
 from lodger import Agent, ScriptedModel, tool
 from lodger.control import SqliteControlPlane
 from lodger.control.claims import GlobalClaims, Quota, with_global_claims
+from lodger.engine.settings import Limits
 from lodger.errors import StaleTokenError, UsageError
 from lodger.storage import Storage
 from lodger.tools.spec import ToolContext
@@ -100,8 +101,12 @@ async def test_a_quota_makes_calls_wait_and_bad_limits_are_refused(tmp_path: Pat
         limited = with_global_claims(
             ping, control, GlobalClaims(quotas={"api": Quota(per_minute=2)})
         )
-        agent = Agent(model=ScriptedModel(_batch("ping", 1)), storage=Storage.memory(),
-                      tools=[limited], default_timeout=0.5)  # fmt: skip
+        agent = Agent(
+            model=ScriptedModel(_batch("ping", 1)),
+            storage=Storage.memory(),
+            tools=[limited],
+            limits=Limits(default_timeout=0.5),
+        )  # fmt: skip
         result = await agent.run("go")
         events = await agent.session(result.session_id).events()
         (t2,) = [e for e in events if e.body.kind == "tool_responded"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
 from lodger.providers.base import ModelRequest, ModelResponse, TextSink
-from lodger.storage import EventLog, SqliteLogStore, Storage
+from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
@@ -172,9 +172,12 @@ async def main() -> int:
         model=StreamKillingModel(CELL_SCRIPT if cells else SCRIPT, name="crash"),
         code_mode="javascript" if cells else None,
         tools=[charge, lookup, *[t for t in workspace_tools() if t.name == "write_file"]],
-        log=EventLog(store),  # type: ignore[arg-type]
+        storage=Storage(
+            log=EventLog(store),
+            artifacts=MemoryArtifactStore(),
+            state_dir=Path(STATE.removeprefix("file://") if "://" in STATE else STATE),
+        ),
         workspace=WORKSPACE,
-        state_dir=STATE.removeprefix("file://") if "://" in STATE else STATE,
     )
     print("ready", flush=True)  # the parent's random kill clock starts here
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
-from lodger.engine.permissions import PermissionPolicy, Rule
+from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.errors import CommitFailedError
 from lodger.events import (
     CallRejected,
@@ -29,9 +29,10 @@ from lodger.providers.base import (
     ToolResultMessage,
 )
 from lodger.providers.scripted import FunctionModel, ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
+from lodger.tools.policy import PermissionPolicy, Rule
 
 
 def kinds(events: list[Event]) -> list[str]:
@@ -71,10 +72,8 @@ def agent_for(tmp_path: Path, model: object, tools: list[Tool], **kw: object) ->
     return Agent(
         model=model,  # type: ignore[arg-type]
         tools=tools,
-        log=EventLog(store),  # type: ignore[arg-type]
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -187,7 +186,7 @@ async def test_policy_deny_and_interactive_approval(tmp_path: Path, effects: Eff
         tmp_path,
         ScriptedModel(script),
         make_tools(effects),
-        approver=approver,
+        hooks=Hooks(approver=approver),
         permissions=PermissionPolicy([Rule(pattern="echo", decision="deny")]),
     )
     await agent.run("go", session="s1")
@@ -324,8 +323,7 @@ async def test_t1_failure_mid_batch_freezes_the_rest(tmp_path: Path, effects: Ef
         ScriptedModel([{"calls": calls}, {"text": "x"}]),
         make_tools(effects),
         store=store,
-        approver=approve_after_echo,
-        on_event=note,
+        hooks=Hooks(approver=approve_after_echo, on_event=note),
     )
     with pytest.raises(CommitFailedError):
         await agent.run("go", session="s1")
@@ -381,8 +379,7 @@ async def test_large_results_go_to_artifacts_with_a_preview(tmp_path: Path) -> N
     agent = Agent(
         model=ScriptedModel([{"calls": [{"name": "big", "args": {}}]}, {"text": "ok"}]),
         tools=[big],
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=artifacts,
+        storage=Storage(log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=artifacts),
     )
     await agent.run("go", session="s1")
     events = await agent.session("s1").events()
@@ -412,7 +409,10 @@ async def test_transient_provider_errors_are_retried_and_logged(tmp_path: Path) 
 
     # the largest jitter: each wait is the whole backoff step
     agent = agent_for(
-        tmp_path, FunctionModel(flaky), [], sleep=fake_sleep, retry_jitter=lambda: 1.0
+        tmp_path,
+        FunctionModel(flaky),
+        [],
+        retries=Retries(sleep=fake_sleep, jitter=lambda: 1.0),
     )
     result = await agent.run("go", session="s1")
     assert result.answer == "fine" and sleeps == [0.5, 1.0]
@@ -423,7 +423,9 @@ async def test_transient_provider_errors_are_retried_and_logged(tmp_path: Path) 
 
 async def test_step_limit_ends_the_turn(tmp_path: Path, effects: Effects) -> None:
     loop = [{"calls": [{"name": "echo", "args": {"text": "again"}}]}] * 10
-    agent = agent_for(tmp_path, ScriptedModel(loop), make_tools(effects), max_steps=3)
+    agent = agent_for(
+        tmp_path, ScriptedModel(loop), make_tools(effects), limits=Limits(max_steps=3)
+    )
     result = await agent.run("go", session="s1")
     assert result.status == "step_limit" and len(effects.calls) == 3
     await agent.close()

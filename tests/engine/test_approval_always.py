@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from lodger import Agent, tool
-from lodger.engine.permissions import ALWAYS_REASON, PermissionPolicy, Rule
+from lodger.engine.permissions import ALWAYS_REASON
+from lodger.engine.settings import Hooks
 from lodger.events import PermissionDecided, PermissionRequested, ToolResponded
 from lodger.providers import ScriptedModel
 from lodger.providers.base import ModelRequest, ModelResponse
 from lodger.providers.scripted import FunctionModel, tool_call
+from lodger.tools.policy import PermissionPolicy, Rule
 from lodger.tools.spec import Tool
 
 RAN: list[str] = []
@@ -55,8 +57,8 @@ def agent(tmp_path: Path, model: Any, approver: Any, **kw: Any) -> Agent:
     return Agent(
         model=model,
         tools=[deploy, wipe],
-        state_dir=tmp_path / "state",
-        approver=approver,
+        storage=tmp_path / "state",
+        hooks=Hooks(approver=approver),
         **kw,
     )
 

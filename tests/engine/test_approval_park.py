@@ -16,6 +16,7 @@ import pytest
 
 from lodger import Agent, tool
 from lodger.engine.permissions import Asking, current_ask
+from lodger.engine.settings import Hooks
 from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError
 from lodger.events import (
@@ -80,8 +81,8 @@ def agent(tmp_path: Path, model: Model, approver: Any) -> Agent:
     return Agent(
         model=FunctionModel(model),
         tools=[deploy, note],
-        state_dir=tmp_path / "state",
-        approver=approver,
+        storage=tmp_path / "state",
+        hooks=Hooks(approver=approver),
     )
 
 

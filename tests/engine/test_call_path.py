@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.settings import Limits, Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, StorageError
 from lodger.events import CallRejected, Event, RecoveryDecided, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, MemoryArtifactStore, Record, SqliteLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, Record, SqliteLogStore, Storage
 from lodger.testing import FaultyLogStore
 from lodger.tools import tool
 from lodger.tools.spec import Tool
@@ -25,10 +26,13 @@ def agent_for(tmp_path: Path, script: list[dict[str, Any]], tools: list[Tool], *
     return Agent(
         model=ScriptedModel(script),
         tools=tools,
-        log=kw.pop("log", None) or EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=kw.pop("artifacts", None) or MemoryArtifactStore(),
-        clock=ManualClock(tick_us=5),
-        ids=SequentialIds(kw.pop("ids_prefix", "a")),
+        storage=Storage(
+            log=kw.pop("log", None) or EventLog(SqliteLogStore(tmp_path / "state")),
+            artifacts=kw.pop("artifacts", None) or MemoryArtifactStore(),
+        ),
+        services=Services(
+            clock=ManualClock(tick_us=5), ids=SequentialIds(kw.pop("ids_prefix", "a"))
+        ),
         **kw,
     )
 
@@ -67,7 +71,9 @@ async def test_the_run_default_time_limit_applies_to_every_tool(tmp_path: Path) 
         await asyncio.sleep(3600)
         return "never"
 
-    events = await run_one(tmp_path, {"name": "slow", "args": {}}, [slow], default_timeout=0.05)
+    events = await run_one(
+        tmp_path, {"name": "slow", "args": {}}, [slow], limits=Limits(default_timeout=0.05)
+    )
     assert [t2.status for t2 in of(events, ToolResponded)] == ["timed_out"]
 
 
@@ -194,7 +200,7 @@ async def test_a_second_turn_reads_only_the_new_events(tmp_path: Path) -> None:
         [*script, {"text": "one"}, {"text": "two"}],
         [echo],
         log=EventLog(store),
-        max_steps=30,
+        limits=Limits(max_steps=30),
     )
     assert (await agent.run("first", session="s1")).status == "completed"
     first_len = len(await agent.session("s1").events())
@@ -227,10 +233,9 @@ async def test_the_state_directory_inside_the_workspace_is_out_of_every_tools_re
     agent = Agent(
         model=ScriptedModel(script),
         tools=workspace_tools(),
-        state_dir=ws / ".lodger",
+        storage=ws / ".lodger",
         workspace=ws,
-        clock=ManualClock(tick_us=5),
-        ids=SequentialIds("a"),
+        services=Services(clock=ManualClock(tick_us=5), ids=SequentialIds("a")),
     )
     assert (await agent.run("try it", session="s1")).status == "completed"
     events = await agent.session("s1").events()

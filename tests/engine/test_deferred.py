@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import DEFAULT_SYSTEM, Agent
-from lodger.engine.context import Envelope
+from lodger.engine.envelope import Envelope
+from lodger.engine.settings import Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import (
@@ -24,7 +25,7 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import LogStore
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
@@ -94,10 +95,8 @@ def make_agent(tmp_path: Path, script: Script, tools: list[Tool], **kw: object) 
     return Agent(
         model=FunctionModel(script),
         tools=tools,
-        log=EventLog(store),  # type: ignore[arg-type]
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         **kw,  # type: ignore[arg-type]
     )
 

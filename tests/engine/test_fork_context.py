@@ -14,6 +14,7 @@ import pytest
 
 from lodger import Agent, FunctionModel, tool
 from lodger.context import project_messages
+from lodger.engine.settings import Services
 from lodger.errors import CorruptLogError
 from lodger.events import ProposedCall, TurnEnded
 from lodger.ids import ManualClock, SequentialIds
@@ -87,8 +88,7 @@ def agent(storage: Storage, recorder: Recorder, prefix: str) -> Agent:
         model=FunctionModel(recorder),
         tools=[lookup],
         storage=storage,
-        clock=ManualClock(tick_us=1),
-        ids=SequentialIds(prefix),
+        services=Services(clock=ManualClock(tick_us=1), ids=SequentialIds(prefix)),
     )
 
 

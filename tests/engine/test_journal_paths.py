@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lodger.engine.context import Envelope
+from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, UsageError

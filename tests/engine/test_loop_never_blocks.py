@@ -21,10 +21,10 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.cli._run import DEMO_FILES, DEMO_SCRIPT
-from lodger.engine.permissions import PermissionPolicy
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.tools.builtin import workspace_tools
+from lodger.tools.policy import PermissionPolicy
 
 SLOW_S = 0.05
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
@@ -90,7 +90,9 @@ def test_a_turn_with_file_tools_never_blocks_the_loop(
         agent = Agent(
             model=ScriptedModel(DEMO_SCRIPT),
             tools=workspace_tools(),
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
             workspace=workspace,
             permissions=PermissionPolicy(approve_all=True),
         )
@@ -119,7 +121,9 @@ def test_the_detector_catches_a_blocking_tool(tmp_path: Path, slow_callbacks: li
         agent = Agent(
             model=ScriptedModel([{"calls": [{"name": "blocks"}]}, {"text": "ok"}]),
             tools=[blocks],
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
         )
         try:
             await agent.run("go", session="s1")

@@ -6,9 +6,10 @@ import asyncio
 import json
 
 from lodger import Agent, FunctionModel, tool
+from lodger.engine.settings import Limits
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, MemoryLogStore
+from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
 
 STEPS = 40
@@ -34,9 +35,8 @@ async def test_an_in_memory_turn_gives_the_loop_away_every_step() -> None:
     agent = Agent(
         model=FunctionModel(step),
         tools=[instant],
-        log=log,
-        artifacts=MemoryArtifactStore(),
-        max_steps=STEPS + 1,
+        storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+        limits=Limits(max_steps=STEPS + 1),
     )
     turn = asyncio.create_task(agent.run("go"))
     ticks = 0

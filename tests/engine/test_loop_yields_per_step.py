@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from lodger import Agent, FunctionModel, tool
+from lodger.engine.settings import Limits
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
-from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore
+from lodger.storage import EventLog, MemoryLogStore, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
 
 STEPS = 12
@@ -45,9 +46,8 @@ async def test_other_tasks_move_between_every_two_steps(store: str, tmp_path: Pa
     agent = Agent(
         model=FunctionModel(step),
         tools=[instant],
-        log=log,
-        artifacts=MemoryArtifactStore(),
-        max_steps=STEPS + 1,
+        storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+        limits=Limits(max_steps=STEPS + 1),
     )
     turn = asyncio.create_task(agent.run("go"))
     while not turn.done():

@@ -19,6 +19,7 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.authority import ResourceClaim
+from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import (
@@ -34,7 +35,7 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import LogStore, Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
@@ -72,11 +73,12 @@ def make_agent(
     return Agent(
         model=FunctionModel(model),
         tools=tools,
-        log=EventLog(store or SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(store or SqliteLogStore(tmp_path / "state")),
+            artifacts=MemoryArtifactStore(),
+        ),
         workspace=workspace,
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         **kw,
     )
 
@@ -195,7 +197,9 @@ async def test_edits_through_different_spellings_never_lose_an_update(tmp_path: 
         [("append_line", {"path": p, "line": f"{i}:{p}"}) for p in spellings]
         for i in range(iterations)
     ]
-    agent = make_agent(tmp_path, Batches(*batches), [append_line], max_steps=iterations + 1)
+    agent = make_agent(
+        tmp_path, Batches(*batches), [append_line], limits=Limits(max_steps=iterations + 1)
+    )
     ws = tmp_path / "ws"
     (ws / "sub").mkdir()
     (ws / "notes.txt").write_text("")
@@ -300,7 +304,9 @@ async def test_conflicting_calls_acquire_in_emission_order_whatever_permission_t
             ("peek", {"path": "b.txt", "tag": "independent"}),
         ]
     )
-    agent = make_agent(tmp_path, model, [*gates.tools(), guarded_write], approver=approver)
+    agent = make_agent(
+        tmp_path, model, [*gates.tools(), guarded_write], hooks=Hooks(approver=approver)
+    )
     gates.open["second"].set()
     gates.open["independent"].set()
     turn = asyncio.create_task(agent.run("go", session="s1"))
@@ -446,7 +452,7 @@ async def test_a_t1_failure_mid_batch_freezes_queued_calls_and_lets_running_ones
             ("poke", {"path": "a.txt", "tag": "queued"}),
         ]
     )
-    agent = make_agent(tmp_path, model, gates.tools(), store, approver=approver)
+    agent = make_agent(tmp_path, model, gates.tools(), store, hooks=Hooks(approver=approver))
     turn = asyncio.create_task(agent.run("go", session="s1"))
     await gates.seen("start:running")
     assert asked[0] == "fails"

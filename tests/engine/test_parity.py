@@ -36,6 +36,7 @@ from lodger import (
     tool_call,
 )
 from lodger.engine.checks import schema_problems
+from lodger.engine.settings import Hooks, Limits, Services
 from lodger.events import (
     CallRejected,
     Event,
@@ -47,7 +48,7 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.testmodel import example_for
-from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 
 
 class CountingStore(MemoryLogStore):
@@ -66,10 +67,8 @@ def make(
     return Agent(
         model=model,
         tools=tools or [],
-        log=EventLog(store or MemoryLogStore()),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=5),
-        ids=SequentialIds("p"),
+        storage=Storage(log=EventLog(store or MemoryLogStore()), artifacts=MemoryArtifactStore()),
+        services=Services(clock=ManualClock(tick_us=5), ids=SequentialIds("p")),
         **kw,
     )
 
@@ -174,7 +173,11 @@ async def test_output_type_takes_dataclasses_typeddicts_and_plain_types(
 
 
 async def test_output_that_never_validates_fails_the_turn_after_the_retries() -> None:
-    agent = make(FunctionModel(lambda request: "not json"), output_type=Invoice, output_retries=1)
+    agent = make(
+        FunctionModel(lambda request: "not json"),
+        output_type=Invoice,
+        limits=Limits(output_retries=1),
+    )
     result = await agent.run("bill", session="s1")
     assert result.status == "failed" and "2 times" in (result.error or "")
     events = await agent.session("s1").events()
@@ -200,7 +203,9 @@ def lookup(key: str, ctx: ToolContext[Db]) -> int:
 async def test_deps_reach_tools_and_hooks_per_run_and_are_not_logged() -> None:
     hooked: list[Any] = []
     script = [{"calls": [{"name": "lookup", "args": {"key": "k"}}]}, {"text": "ok"}]
-    agent = make(ScriptedModel(script), [lookup], before_call=[lambda c: hooked.append(c.deps)])
+    agent = make(
+        ScriptedModel(script), [lookup], hooks=Hooks(before_call=[lambda c: hooked.append(c.deps)])
+    )
     first = await agent.run("one", session="s1", deps=Db({"k": 7}))
     second = await agent.run("two", session="s1", deps=Db({"k": 8}))
     contents = [m.content for m in second.messages if isinstance(m, ToolResultMessage)]
@@ -373,7 +378,9 @@ async def run_pay(calls: list[dict[str, Any]], **kw: Any) -> list[Event]:
 async def test_a_veto_is_a_rejection_fact_and_the_tool_never_runs() -> None:
     events = await run_pay(
         [{"name": "pay", "args": {"to": "eve", "cents": 1}}],
-        before_call=[lambda c: Veto("eve is blocked") if c.arguments["to"] == "eve" else None],
+        hooks=Hooks(
+            before_call=[lambda c: Veto("eve is blocked") if c.arguments["to"] == "eve" else None]
+        ),
     )
     rejected = [e.body for e in events if isinstance(e.body, CallRejected)]
     assert [(r.reason, r.message) for r in rejected] == [
@@ -390,7 +397,8 @@ async def test_a_rewrite_is_what_t1_records_and_runs_after_async_hooks_in_order(
         return Rewrite({**call.arguments, "cents": call.arguments["cents"] * 2})
 
     events = await run_pay(
-        [{"name": "pay", "args": {"to": "bob", "cents": 500}}], before_call=[cap, double]
+        [{"name": "pay", "args": {"to": "bob", "cents": 500}}],
+        hooks=Hooks(before_call=[cap, double]),
     )
     t1 = next(e.body for e in events if isinstance(e.body, ToolDispatched))
     assert t1.arguments == {"to": "bob", "cents": 200} and PAID == [("bob", 200)]
@@ -399,7 +407,7 @@ async def test_a_rewrite_is_what_t1_records_and_runs_after_async_hooks_in_order(
 async def test_a_rewrite_the_schema_refuses_is_rejected_before_t1() -> None:
     events = await run_pay(
         [{"name": "pay", "args": {"to": "bob"}}],
-        before_call=[lambda c: Rewrite({"to": "bob", "cents": "lots"})],
+        hooks=Hooks(before_call=[lambda c: Rewrite({"to": "bob", "cents": "lots"})]),
     )
     rejected = [e.body for e in events if isinstance(e.body, CallRejected)]
     assert rejected[0].reason == "invalid_arguments" and "rewrote" in rejected[0].message
@@ -411,7 +419,8 @@ async def test_after_hook_rewrites_what_t2_records_and_a_broken_hook_fails_only_
         return result.content.replace("XYZ", "***")
 
     events = await run_pay(
-        [{"name": "pay", "args": {"to": "bob", "cents": 1}}], after_call=[redact]
+        [{"name": "pay", "args": {"to": "bob", "cents": 1}}],
+        hooks=Hooks(after_call=[redact]),
     )
     t2 = next(e.body for e in events if isinstance(e.body, ToolResponded))
     assert t2.content == "paid 1 to bob secret=***" and t2.status == "ok"
@@ -420,7 +429,8 @@ async def test_after_hook_rewrites_what_t2_records_and_a_broken_hook_fails_only_
         raise RuntimeError("hook bug")
 
     events = await run_pay(
-        [{"name": "pay", "args": {"to": "bob", "cents": 1}}], before_call=[broken]
+        [{"name": "pay", "args": {"to": "bob", "cents": 1}}],
+        hooks=Hooks(before_call=[broken]),
     )
     rejected = [e.body for e in events if isinstance(e.body, CallRejected)]
     assert rejected[0].reason == "vetoed" and "hook bug" in rejected[0].message

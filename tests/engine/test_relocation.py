@@ -13,6 +13,7 @@ import pytest
 
 from lodger.agent import Agent
 from lodger.engine.relocation import expected_files, find_mismatches
+from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, UsageError
 from lodger.events import (
     Event,
@@ -76,11 +77,9 @@ def make_agent(
     return Agent(
         model=ScriptedModel(turns=TURNS),
         tools=workspace_tools() if tools is None else tools,
-        log=EventLog(store),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
         workspace=workspace,
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds(prefix),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds(prefix)),
     )
 
 
@@ -203,8 +202,7 @@ async def test_a_session_without_file_hashes_relocates(tmp_path: Path) -> None:
     agent = Agent(
         model=ScriptedModel(script),
         tools=[lookup],
-        log=EventLog(store),  # type: ignore[arg-type]
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
         workspace=ws,
     )
     with pytest.raises(CommitFailedError):
@@ -213,8 +211,9 @@ async def test_a_session_without_file_hashes_relocates(tmp_path: Path) -> None:
     agent = Agent(
         model=ScriptedModel(script),
         tools=[lookup],
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=other,
     )
     with pytest.raises(ResumeBlockedError) as refused:
@@ -241,8 +240,7 @@ async def test_run_on_a_parked_turn_names_decide_and_abandon(tmp_path: Path) -> 
     agent = Agent(
         model=ScriptedModel(script),
         tools=[charge],
-        log=EventLog(store),  # type: ignore[arg-type]
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
         workspace=ws,
     )
     with pytest.raises(CommitFailedError):
@@ -251,8 +249,9 @@ async def test_run_on_a_parked_turn_names_decide_and_abandon(tmp_path: Path) -> 
     agent = Agent(
         model=ScriptedModel(script),
         tools=[charge],
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=ws,
     )
     for _ in range(2):  # the first parks the call (and ends its run), the second finds it parked
@@ -278,8 +277,9 @@ async def test_run_on_a_parked_turn_names_decide_and_abandon(tmp_path: Path) -> 
     agent = Agent(
         model=ScriptedModel(script),
         tools=[charge],
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
         workspace=ws,
     )
     assert (await agent.run("pay again", session="s1")).status == "completed"
@@ -294,8 +294,9 @@ async def test_relocating_needs_a_workspace(tmp_path: Path) -> None:
     agent = Agent(
         model=ScriptedModel(turns=TURNS),
         tools=workspace_tools(),
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
     )
     with pytest.raises(UsageError) as refused:
         await agent.resume("s1", relocate=True)

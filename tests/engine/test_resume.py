@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, UsageError
 from lodger.events import (
     Event,
@@ -29,7 +30,7 @@ from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
@@ -93,11 +94,12 @@ def make_agent(
     return Agent(
         model=model,
         tools=tools,
-        log=EventLog(store or SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
+        storage=Storage(
+            log=EventLog(store or SqliteLogStore(tmp_path / "state")),
+            artifacts=MemoryArtifactStore(),
+        ),
         workspace=workspace,
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds(ids_prefix),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds(ids_prefix)),
     )
 
 

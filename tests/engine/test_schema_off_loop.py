@@ -14,7 +14,7 @@ SCRIPT = """
 import asyncio, json, sys, threading
 from lodger.agent import Agent
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.tools.builtin import workspace_tools
 
 watching = False
@@ -35,8 +35,9 @@ script = [{"calls": [{"name": "read_file", "args": {"path": 5}}]}, {"text": "don
 
 async def turn():
     global watching
-    agent = Agent(model=ScriptedModel(script), tools=workspace_tools(),
-                  log=EventLog(SqliteLogStore(state)), workspace=workspace)
+    storage = Storage(log=EventLog(SqliteLogStore(state)), artifacts=MemoryArtifactStore())
+    agent = Agent(model=ScriptedModel(script), tools=workspace_tools(), storage=storage,
+                  workspace=workspace)
     watching = "jsonschema" not in sys.modules
     try:
         result = await agent.run("read it", session="s1")

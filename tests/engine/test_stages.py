@@ -18,6 +18,7 @@ from lodger.agent import Agent
 from lodger.authority import ResourceClaim
 from lodger.engine.hooks import CallInfo, CallResult, Rewrite, Veto
 from lodger.engine.pipeline import CALL_STAGES
+from lodger.engine.settings import Hooks, Services
 from lodger.errors import CommitFailedError, ResumeBlockedError
 from lodger.events import (
     CallRejected,
@@ -30,7 +31,7 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
@@ -95,7 +96,7 @@ def agent(
     store = Traced(
         SqliteLogStore(tmp_path / "state"), trace, fail_when=first_t2 if fail_t2 else None
     )
-    options: dict[str, Any] = {
+    hooks: dict[str, Any] = {
         "approver": approver,
         "before_call": [before],
         "after_call": [after],
@@ -104,11 +105,11 @@ def agent(
     return Agent(
         model=ScriptedModel(SCRIPT),
         tools=tools,
-        log=EventLog(store),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("b" if not fail_t2 else "a"),
-        **options,
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
+        hooks=Hooks(**hooks),
+        services=Services(
+            clock=ManualClock(tick_us=10), ids=SequentialIds("b" if not fail_t2 else "a")
+        ),
     )
 
 

@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lodger.agent import Agent
+from lodger.engine.settings import Limits, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
 from lodger.events import Event, RunStarted
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
-from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools import tool
@@ -68,11 +69,9 @@ def _log() -> tuple[list[Event], tuple[str, str]]:
             return Agent(
                 model=ScriptedModel(turns=TURNS),
                 tools=[lookup, extra, *WRITE],
-                log=EventLog(log_store),  # type: ignore[arg-type]
-                artifacts=MemoryArtifactStore(),
+                storage=Storage(log=EventLog(log_store), artifacts=MemoryArtifactStore()),
                 workspace=workspace,
-                clock=clock,
-                ids=ids,
+                services=Services(clock=clock, ids=ids),
             )
 
         (root / "ws").mkdir()
@@ -171,9 +170,8 @@ def test_folding_a_long_log_runs_no_cycle_collection() -> None:
         agent = Agent(
             model=FunctionModel(step),
             tools=[lookup],
-            log=log,
-            artifacts=MemoryArtifactStore(),
-            max_steps=1_000,
+            storage=Storage(log=log, artifacts=MemoryArtifactStore()),
+            limits=Limits(max_steps=1_000),
         )
         result = await agent.run("many calls", session="s")
         assert result.status == "completed"

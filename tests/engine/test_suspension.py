@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.events import Event, RecoveryObserved, RunEnded, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool
 from lodger.tools.spec import ProbeResult, Suspended, ToolContext
@@ -57,10 +58,10 @@ def agent(tmp_path: Path, remote: Remote) -> Agent:
     return Agent(
         model=ScriptedModel(SCRIPT),
         tools=[remote_tool(remote)],
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("a"),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
+        services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("a")),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lodger import Agent, ScriptedModel, tool
+from lodger.engine.settings import Services
 from lodger.errors import StorageError, UsageError
 from lodger.events import ArtifactRef, RunEnded, TurnEnded, WorkspaceSnapshot
 from lodger.ids import ManualClock, SequentialIds
@@ -77,8 +78,7 @@ def _agent(storage: Storage, ws: Path, prefix: str, **kw: object) -> Agent:
         tools=[write_note],
         storage=storage,
         workspace=ws,
-        clock=ManualClock(tick_us=1),
-        ids=SequentialIds(prefix),
+        services=Services(clock=ManualClock(tick_us=1), ids=SequentialIds(prefix)),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -169,7 +169,7 @@ async def test_sqlite_sessions_snapshot_on_request_and_never_the_state_dir(
 
 def test_snapshots_need_a_workspace(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="need a workspace"):
-        Agent(model=ScriptedModel([{"text": "x"}]), state_dir=tmp_path / "s", snapshots=True)
+        Agent(model=ScriptedModel([{"text": "x"}]), storage=tmp_path / "s", snapshots=True)
 
 
 class _FailingBlobs:

@@ -16,7 +16,7 @@ from lodger.errors import CommitFailedError
 from lodger.events import Usage
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import tool_call
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 
@@ -43,7 +43,9 @@ def counting_model(tokens: list[int]) -> FunctionModel:
 
 
 def agent_on(log: EventLog, model: FunctionModel) -> Agent:
-    return Agent(model=model, tools=[add], log=log, artifacts=MemoryArtifactStore())
+    return Agent(
+        model=model, tools=[add], storage=Storage(log=log, artifacts=MemoryArtifactStore())
+    )
 
 
 async def test_a_second_turn_counts_only_its_own_requests(tmp_path: Path) -> None:

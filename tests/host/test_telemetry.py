@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from lodger import Agent, TestModel
+from lodger.engine.settings import Hooks
 from lodger.errors import ConfigError
 from lodger.host.telemetry import SpanBuilder, tracer_from_env
 from lodger.storage import Storage
@@ -98,7 +99,9 @@ async def test_step_spans_carry_token_usage() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     spans = SpanBuilder(provider.get_tracer("test"), provider)
-    async with Agent(model=TestModel(), storage=Storage.memory(), on_event=spans.observe) as agent:
+    async with Agent(
+        model=TestModel(), storage=Storage.memory(), hooks=Hooks(on_event=spans.observe)
+    ) as agent:
         result = await agent.run("hello there")
     (step,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     usage = result.usage.requests[0]

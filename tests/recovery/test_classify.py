@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import CorruptLogError
 from lodger.events import (
     CallRejected,
@@ -24,7 +25,7 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.recovery import classify_calls, plan_recovery
-from lodger.storage import EventLog, MemoryLogStore
+from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool
 
@@ -63,10 +64,8 @@ def _valid_log() -> list[Event]:
         agent = Agent(
             model=ScriptedModel(SCRIPT),
             tools=[lookup, charge],
-            log=EventLog(MemoryLogStore()),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=7),
-            ids=SequentialIds("x"),
+            storage=Storage(log=EventLog(MemoryLogStore()), artifacts=MemoryArtifactStore()),
+            services=Services(clock=ManualClock(tick_us=7), ids=SequentialIds("x")),
         )
         await agent.run("go", session="s1")
         return await agent.session("s1").events()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import ConfigError
 from lodger.events import ToolResponded
 from lodger.ids import ManualClock, SequentialIds
@@ -67,10 +68,9 @@ async def test_file_credentials_reach_the_upstream_but_not_the_sandbox_or_the_lo
     agent = Agent(
         model=ScriptedModel(script),
         tools=workspace_tools(sandbox=policy),
-        state_dir=state,
+        storage=state,
         workspace=ws,
-        clock=ManualClock(tick_us=5),
-        ids=SequentialIds("s"),
+        services=Services(clock=ManualClock(tick_us=5), ids=SequentialIds("s")),
     )
     async with server:
         assert (await agent.run("call the api", session="s1")).status == "completed"

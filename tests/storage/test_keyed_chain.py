@@ -28,9 +28,11 @@ from lodger.events import (
 from lodger.storage import (
     EventLog,
     LogKey,
+    MemoryArtifactStore,
     MemoryLogStore,
     Record,
     SqliteLogStore,
+    Storage,
     log_key_from_env,
     open_log,
 )
@@ -357,7 +359,10 @@ async def test_open_log_takes_the_key_from_the_environment(tmp_path: Path) -> No
 async def test_an_agent_writes_a_keyed_session(tmp_path: Path) -> None:
     """The runtime needs no change to key its sessions: the log stamps the chain."""
     log = EventLog(SqliteLogStore(tmp_path / "state"), key=KEY)
-    agent = Agent(model=ScriptedModel([{"text": "done"}]), state_dir=tmp_path / "state", log=log)
+    agent = Agent(
+        model=ScriptedModel([{"text": "done"}]),
+        storage=Storage(log=log, artifacts=MemoryArtifactStore(), state_dir=tmp_path / "state"),
+    )
     result = await agent.run("hello", session="agent-keyed")
     events = await log.read_all("agent-keyed")
     await log.close()

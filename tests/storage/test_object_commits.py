@@ -16,6 +16,7 @@ import obstore
 import pytest
 
 from lodger.engine.journal import Journal
+from lodger.engine.settings import Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, CorruptLogError, UsageError
 from lodger.events import ProviderRetried, ToolDispatched
@@ -458,8 +459,7 @@ async def test_an_agent_turn_end_compacts_and_the_next_turn_reads_on(tmp_path: P
         model=ScriptedModel([*script, {"text": "done"}]),
         tools=[ping],
         storage=storage,
-        ids=SequentialIds("a"),
-        clock=ManualClock(tick_us=1),
+        services=Services(ids=SequentialIds("a"), clock=ManualClock(tick_us=1)),
     )
     first = await agent.run("go", session=SID)
     assert first.status == "completed"

@@ -25,6 +25,7 @@ from typing import Any
 
 from lodger import Agent, ScriptedModel, tool
 from lodger.engine.hooks import CallInfo, CallResult
+from lodger.engine.settings import Hooks
 from lodger.providers.base import ModelRequest, ModelResponse, UserMessage
 from lodger.providers.scripted import FunctionModel
 from lodger.subagents import SubagentPolicy
@@ -124,10 +125,10 @@ def crash_agent(state: Path, workspace: Path, effects: Path, mode: str) -> Agent
     return Agent(
         model=routed({PARENT_TASK: parent, MIDDLE_TASK: middle, CHILD_TASK: child}),
         tools=[effect_tool(effects)],
-        state_dir=state,
+        storage=state,
         workspace=workspace,
         subagents=SubagentPolicy(max_depth=2),
-        after_call=[kill_after_delegate],
+        hooks=Hooks(after_call=[kill_after_delegate]),
     )
 
 

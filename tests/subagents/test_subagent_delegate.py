@@ -12,6 +12,7 @@ import pytest
 from subagent_world import routed
 
 from lodger import Agent, tool
+from lodger.engine.settings import Hooks
 from lodger.events import (
     CallRejected,
     Event,
@@ -68,7 +69,10 @@ async def test_a_delegation_runs_a_linked_child_whose_answer_is_the_result(
         }
     )
     async with Agent(
-        model=model, tools=[add], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[add],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         result = await agent.run("sum it", session="p")
         assert result.status == "completed" and result.answer == "it is 5"
@@ -125,7 +129,10 @@ async def test_a_child_asking_for_a_tool_the_parent_lacks_is_refused(tmp_path: P
         }
     )
     async with Agent(
-        model=model, tools=[add], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[add],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
@@ -158,7 +165,10 @@ async def test_delegations_of_one_step_run_concurrently(tmp_path: Path) -> None:
         }
     )
     async with Agent(
-        model=model, tools=[meet], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[meet],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
@@ -179,7 +189,9 @@ async def test_depth_limit_refuses_a_child_delegating_past_it(tmp_path: Path) ->
         }
     )
     async with Agent(
-        model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy(max_depth=2)
+        model=model,
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(max_depth=2),
     ) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
@@ -211,7 +223,7 @@ async def test_the_tree_budget_bounds_every_child_together(tmp_path: Path) -> No
         }
     )
     policy = SubagentPolicy(tree_steps=2)
-    async with Agent(model=model, tools=[add], state_dir=tmp_path / "s", subagents=policy) as a:
+    async with Agent(model=model, tools=[add], storage=tmp_path / "s", subagents=policy) as a:
         result = await a.run("go", session="p")
         assert result.status == "completed"
         events = await a.log.read_all("p")
@@ -242,7 +254,10 @@ async def test_a_child_stops_at_its_step_and_token_budgets(tmp_path: Path) -> No
         }
     )
     async with Agent(
-        model=model, tools=[add], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[add],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         await agent.run("go", session="p")
         results = sorted(
@@ -271,7 +286,10 @@ async def test_a_child_past_its_wall_time_is_stopped_with_its_calls_settled(
         }
     )
     async with Agent(
-        model=model, tools=[slow], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[slow],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         await agent.run("go", session="p")
         (result,) = [
@@ -308,8 +326,8 @@ async def test_child_approvals_go_to_the_parents_approver_naming_the_child(
     async with Agent(
         model=model,
         tools=[risky],
-        state_dir=tmp_path / "s",
-        approver=approver,
+        storage=tmp_path / "s",
+        hooks=Hooks(approver=approver),
         subagents=SubagentPolicy(),
     ) as agent:
         result = await agent.run("go", session="p")
@@ -341,7 +359,10 @@ async def test_cancelling_the_parent_cancels_the_child_and_settles_its_calls(
         }
     )
     async with Agent(
-        model=model, tools=[wait_forever], state_dir=tmp_path / "s", subagents=SubagentPolicy()
+        model=model,
+        tools=[wait_forever],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
     ) as agent:
         run = asyncio.create_task(agent.run("go", session="p"))
         await asyncio.wait_for(started.wait(), 20)
@@ -369,7 +390,7 @@ async def test_the_policy_caps_what_a_delegation_asks_for(
             "c": [_step([{"name": "add", "args": {"a": 1, "b": 1}}]), {"text": "never"}],
         }
     )
-    async with Agent(model=model, tools=[add], state_dir=tmp_path / "s", subagents=policy) as a:
+    async with Agent(model=model, tools=[add], storage=tmp_path / "s", subagents=policy) as a:
         await a.run("go", session="p")
         (result,) = [json.loads(r.content) for r in _responses(await a.log.read_all("p")).values()]
         assert result["status"] == "step_limit" and result["steps"] == 1
@@ -395,7 +416,7 @@ async def test_a_childs_structured_output_is_the_result_and_a_bad_schema_is_refu
             "s": [{"text": '{"sum": "five"}'}, {"text": '```json\n{"sum": 5}\n```'}],
         }
     )
-    async with Agent(model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy()) as agent:
+    async with Agent(model=model, storage=tmp_path / "s", subagents=SubagentPolicy()) as agent:
         await agent.run("go", session="p")
         events = await agent.log.read_all("p")
         (refused,) = _rejections(events)

@@ -72,7 +72,7 @@ async def _two_children_bump(tmp_path: Path, name: str) -> tuple[int, list[str],
     async with Agent(
         model=model,
         tools=_counter_tools(asyncio.Event(), readers),
-        state_dir=tmp_path / "s",
+        storage=tmp_path / "s",
         workspace=workspace,
         subagents=SubagentPolicy(),
     ) as agent:
@@ -129,7 +129,7 @@ async def test_a_forked_childs_prefix_is_the_parents_byte_for_byte_and_both_veri
             "c": child,
         }
     )
-    async with Agent(model=model, state_dir=tmp_path / "s", subagents=SubagentPolicy()) as agent:
+    async with Agent(model=model, storage=tmp_path / "s", subagents=SubagentPolicy()) as agent:
         result = await agent.run("go", session="p")
         assert result.status == "completed"
         child_id = next(s for s in await agent.log.list_sessions() if s != "p")
@@ -192,7 +192,7 @@ async def test_a_childs_edit_waits_for_the_parents_edit_emitted_before_its_deleg
     async with Agent(
         model=model,
         tools=_counter_tools(asyncio.Event(), readers),
-        state_dir=tmp_path / "s",
+        storage=tmp_path / "s",
         workspace=workspace,
         subagents=SubagentPolicy(),
     ) as agent:

@@ -110,7 +110,7 @@ async def test_delegations_of_one_step_share_the_tree_budget_and_record_their_gr
         }
     )
     policy = SubagentPolicy(tree_steps=3)
-    async with Agent(model=model, tools=[add], state_dir=tmp_path / "s", subagents=policy) as a:
+    async with Agent(model=model, tools=[add], storage=tmp_path / "s", subagents=policy) as a:
         assert (await a.run("go", session="p")).status == "completed"
         events = await a.log.read_all("p")
         calls = _delegate_calls(events)
@@ -144,7 +144,7 @@ async def test_a_forked_child_and_an_empty_one_each_count_once(tmp_path: Path) -
         }
     )
     policy = SubagentPolicy(tree_steps=10)
-    async with Agent(model=model, state_dir=tmp_path / "s", subagents=policy) as a:
+    async with Agent(model=model, storage=tmp_path / "s", subagents=policy) as a:
         assert (await a.run("go", session="p")).status == "completed"
         first, forked = _delegate_calls(await a.log.read_all("p"))
         link = await a.log.read(child_session_id("p", forked), end=1)

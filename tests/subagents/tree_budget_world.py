@@ -57,7 +57,7 @@ def budget_agent(state: Path, mode: str) -> Agent:
     return Agent(
         model=routed({PARENT_TASK: parent, "first": three_steps, "second": [{"text": "no"}]}),
         tools=[add, hold],
-        state_dir=state,
+        storage=state,
         subagents=SubagentPolicy(tree_steps=TREE_STEPS),
     )
 

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import ConfigError
 from lodger.events import CallRejected, ProposedCall, ToolDispatched
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.mcp import McpServerConfig, McpServers, mcp_tool_name
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
@@ -282,10 +283,10 @@ async def test_mcp_tools_through_the_agent_validate_search_and_survive_a_crash(
         agent = Agent(
             model=FunctionModel(model),
             tools=servers.tools(),
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=10),
-            ids=SequentialIds("id"),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
+            services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         )
         result = await agent.run("add", session="s")
         events = await agent.session("s").events()

@@ -17,12 +17,13 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import ToolCallError
 from lodger.events import ProposedCall
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.mcp import McpServerConfig, McpServers, schema_problem
 from lodger.tools.spec import ToolContext, ToolOutput
@@ -155,10 +156,10 @@ async def test_calls_of_broken_tools_through_the_agent_are_error_results(tmp_pat
         agent = Agent(
             model=FunctionModel(model),
             tools=servers.tools(),
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=10),
-            ids=SequentialIds("id"),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
+            services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         )
         result = await agent.run("use them", session="s")
         await agent.close()

@@ -7,22 +7,29 @@ from pathlib import Path
 
 from lodger.agent import Agent
 from lodger.authority import Authorities
+from lodger.engine.settings import Services
 from lodger.events import ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel, ScriptedModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.todo import todo_store, todo_tools
 
 
-def agent_for(tmp_path: Path, model: object, **kw: object) -> Agent:
+def agent_for(
+    tmp_path: Path, model: object, authorities: Authorities | None = None, **kw: object
+) -> Agent:
     return Agent(
         model=model,  # type: ignore[arg-type]
-        log=EventLog(SqliteLogStore(tmp_path / "state")),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(tick_us=10),
-        ids=SequentialIds("id"),
+        storage=Storage(
+            log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+        ),
+        services=Services(
+            clock=ManualClock(tick_us=10),
+            ids=SequentialIds("id"),
+            authorities=authorities or Authorities(),
+        ),
         **kw,  # type: ignore[arg-type]
     )
 

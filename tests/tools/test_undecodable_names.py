@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import ToolCallError
 from lodger.events import ProposedCall, ToolResponded, canonical_json
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
-from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.builtin import workspace_tools
 from lodger.tools.files import read_file
@@ -122,10 +123,10 @@ async def test_a_session_over_undecodable_names_completes_and_continues(
             model=FunctionModel(model),
             tools=workspace_tools(),
             workspace=hostile,
-            log=EventLog(SqliteLogStore(tmp_path / "state")),
-            artifacts=MemoryArtifactStore(),
-            clock=ManualClock(tick_us=10),
-            ids=SequentialIds("id"),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
+            services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         )
 
     first = agent()

@@ -7,13 +7,14 @@ re-run; the model sees the cell and its result.
 
 from lodger.codemode.limits import CellLimits, LimitName
 from lodger.codemode.substrate import CellOutcome, CellSubstrate, Diagnostic
-from lodger.codemode.tool import EXEC_TOOL, Language, exec_tool, run_cell
+from lodger.codemode.tool import EXEC_TOOL, CodeMode, Language, exec_tool, run_cell
 
 __all__ = [
     "EXEC_TOOL",
     "CellLimits",
     "CellOutcome",
     "CellSubstrate",
+    "CodeMode",
     "Diagnostic",
     "Language",
     "LimitName",

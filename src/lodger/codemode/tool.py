@@ -20,6 +20,7 @@ to do next.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lodger.codemode.executor import CodeCell, run_cell
@@ -29,10 +30,20 @@ from lodger.codemode.substrate import CellSubstrate
 from lodger.errors import UsageError
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
-__all__ = ["EXEC_TOOL", "Language", "exec_tool", "run_cell"]
+__all__ = ["EXEC_TOOL", "CodeMode", "Language", "exec_tool", "run_cell"]
 
 EXEC_TOOL = "exec"
 Language = Literal["javascript", "python"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeMode:
+    """The ``exec`` tool an agent binds: cells in ``language`` under ``limits``.
+    ``Agent(code_mode="python")`` is ``Agent(code_mode=CodeMode(language="python"))``."""
+
+    language: Language = "javascript"
+    limits: CellLimits = field(default_factory=CellLimits)
+
 
 _STOP_GRACE = 10.0  # the call's own limit sits past the cell's, so the cell's trips first
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from lodger.engine.context import Envelope
 from lodger.engine.eager import Finished, finish_shielded
+from lodger.engine.envelope import Envelope
 from lodger.engine.history import History
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, LodgerError, StorageError

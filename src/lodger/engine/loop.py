@@ -12,25 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from lodger._records import record
-from lodger.authority import Authorities
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
-from lodger.engine.context import Envelope, RunContext
-from lodger.engine.executor import DEFAULT_TIMEOUT, Executor
-from lodger.engine.hooks import AfterCall, BeforeCall
+from lodger.engine.context import RunContext
+from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.resume import resume_run
 from lodger.engine.retries import gave_up, retry_delay
+from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
@@ -49,13 +47,12 @@ from lodger.events import (
     Usage,
     WorkspaceSnapshot,
 )
-from lodger.ids import Clock, IdFactory
+from lodger.ids import IdFactory
 from lodger.providers.base import (
     Message,
     Model,
     ModelRequest,
     ModelResponse,
-    TextSink,
     ToolSchema,
 )
 from lodger.storage import SessionWriter
@@ -128,7 +125,8 @@ class _StepTools:
 
 @dataclass(kw_only=True)
 class Engine:
-    """Everything a run needs besides its session: model, tools, policy and substrates."""
+    """Everything a run needs besides its session: model, tools, policy and substrates,
+    and the settings groups (``lodger.engine.settings``) as they were given."""
 
     model: Model
     registry: ToolRegistry
@@ -137,29 +135,14 @@ class Engine:
     artifacts: ArtifactStore
     workspace: Path | None = None
     hidden: tuple[Path, ...] = ()
-    max_steps: int = 50
-    context_budget: int | None = None
-    max_provider_retries: int = 4
-    retry_base_delay: float = 0.5
-    #: a ``Retry-After`` longer than this gives up at once instead of waiting
-    max_retry_after: float = 120.0
-    #: a number in [0, 1) per retry: spreads clients that failed together apart
-    jitter: Callable[[], float] = random.random
-    clock: Clock
-    ids: IdFactory
-    on_event: Callable[[Event], None] | None = None
-    on_text: TextSink | None = None
-    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
-    authorities: Authorities = dataclasses.field(default_factory=Authorities)
-    executor: Executor | None = None
-    default_timeout: float = DEFAULT_TIMEOUT
+    limits: Limits
+    retries: Retries
+    hooks: Hooks
+    services: Services
     #: the type the final answer is validated against (None: free text)
     output: OutputSpec | None = None
-    output_retries: int = 2
     #: handed to tools as ``ToolContext.deps`` and to hooks; never logged
     deps: Any = None
-    before_call: tuple[BeforeCall, ...] = ()
-    after_call: tuple[AfterCall, ...] = ()
     #: takes the workspace snapshot each turn's end records (None: no snapshots)
     snapshotter: WorkspaceSnapshotter | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
@@ -170,15 +153,18 @@ class Engine:
     # ------------------------------------------------------------------ composition
 
     def journal(self, writer: SessionWriter, state: SessionState) -> Journal:
-        return Journal(writer, state, clock=self.clock, ids=self.ids, on_event=self.on_event)
+        services = self.services
+        return Journal(
+            writer, state, clock=services.clock, ids=services.ids, on_event=self.hooks.on_event
+        )
 
     def run_context(self, journal: Journal, *, turn_id: str, run_id: str) -> RunContext:
         return RunContext(
             session_id=journal.session_id,
             turn_id=turn_id,
             run_id=run_id,
-            clock=self.clock,
-            ids=self.ids,
+            clock=self.services.clock,
+            ids=self.services.ids,
             journal=journal,
             workspace=self.workspace,
             hidden=self.hidden,
@@ -190,11 +176,9 @@ class Engine:
             registry=self.registry,
             permissions=self.permissions,
             artifacts=self.artifacts,
-            authorities=self.authorities,
-            executor=self.executor,
-            default_timeout=self.default_timeout,
-            before_call=self.before_call,
-            after_call=self.after_call,
+            limits=self.limits,
+            hooks=self.hooks,
+            services=self.services,
             deps=self.deps,
         )
 
@@ -218,7 +202,8 @@ class Engine:
             resumed = await self.resume(journal)
             if resumed.status != "completed":
                 return resumed
-        turn_id, run_id = self.ids.new_id(), self.ids.new_id()
+        ids = self.services.ids
+        turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
         await journal.record(
             journal.draft(TurnStarted(input=task), Envelope(turn_id=turn_id)),
@@ -266,15 +251,15 @@ class Engine:
         try:
             while True:
                 steps_done = state.turn_steps
-                if steps_done >= self.max_steps:
+                if steps_done >= self.limits.max_steps:
                     return await self._end(
-                        ctx, "step_limit", error=f"stopped after {self.max_steps} steps"
+                        ctx, "step_limit", error=f"stopped after {self.limits.max_steps} steps"
                     )
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
                 visible = self.visible_tools(state.turn_activated)
-                step_id = self.ids.new_id()
+                step_id = self.services.ids.new_id()
                 env = run_env.at_step(step_id)
                 journal.defer(
                     journal.draft(
@@ -284,7 +269,7 @@ class Engine:
                 )
                 request = await self._request(journal, visible, env)
                 response = _storable(await self._complete(journal, request, env))
-                calls = calls_seen.unique(response.calls, self.ids)
+                calls = calls_seen.unique(response.calls, self.services.ids)
                 # Deferred: it commits atomically with the first fact of its batch (the
                 # first T1 or rejection) or with the end of the turn, saving one sync.
                 journal.defer(
@@ -309,7 +294,7 @@ class Engine:
                         value, dumped = self.output.validate(response.text)
                     except OutputInvalid as exc:
                         attempt = _output_rejections(state.events, ctx.turn_id) + 1
-                        if attempt > self.output_retries:
+                        if attempt > self.limits.output_retries:
                             return await self._end(
                                 ctx,
                                 "failed",
@@ -405,13 +390,14 @@ class Engine:
 
     async def _request(self, journal: Journal, visible: _StepTools, env: Envelope) -> ModelRequest:
         state = journal.state
-        projection = state.projector.project(budget_tokens=self.context_budget)
+        budget = self.limits.context_budget
+        projection = state.projector.project(budget_tokens=budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
-            assert self.context_budget is not None
+            assert budget is not None
             await journal.fact(
                 ContextCompacted(
                     elided_call_ids=projection.elided_call_ids,
-                    budget_tokens=self.context_budget,
+                    budget_tokens=budget,
                     estimated_tokens=projection.estimated_tokens,
                 ),
                 env,
@@ -435,26 +421,27 @@ class Engine:
         self, journal: Journal, request: ModelRequest, env: Envelope
     ) -> ModelResponse:
         attempt = 0
+        retries = self.retries
         while True:
             try:
-                return await self.model.complete(request, on_text=self.on_text)
+                return await self.model.complete(request, on_text=self.hooks.on_text)
             except ProviderError as exc:
                 attempt += 1
                 if not exc.retryable:
                     raise
-                if attempt > self.max_provider_retries:
+                if attempt > retries.max_retries:
                     raise gave_up(exc, f"after {attempt - 1} retries") from exc
-                if exc.retry_after is not None and exc.retry_after > self.max_retry_after:
+                if exc.retry_after is not None and exc.retry_after > retries.max_retry_after:
                     raise gave_up(
                         exc,
                         f"at once (the provider asked to wait {exc.retry_after:.0f} s, more "
-                        f"than {self.max_retry_after:.0f} s)",
+                        f"than {retries.max_retry_after:.0f} s)",
                     ) from exc
                 delay = retry_delay(
                     attempt,
-                    base=self.retry_base_delay,
+                    base=retries.base_delay,
                     retry_after=exc.retry_after,
-                    jitter=self.jitter(),
+                    jitter=retries.jitter(),
                 )
                 error = exc.message
                 if exc.retry_after is not None:
@@ -463,7 +450,7 @@ class Engine:
                     ProviderRetried(attempt=attempt, error=error, delay_ms=int(delay * 1000)),
                     env,
                 )
-                await self.sleep(delay)
+                await retries.sleep(delay)
 
 
 def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:

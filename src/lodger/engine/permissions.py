@@ -1,11 +1,9 @@
 """Permission: allow / deny / ask per call. Visibility never implies authority.
 
-Rules match tool names with shell-style patterns, first match wins; a rule with an
-``arguments`` pattern (``shell(git *)`` in ``lodger.toml``) applies only when one of the
-call's string arguments matches it. Without a matching
-rule a tool that declares ``approval=True`` asks and every other tool is allowed. An ask
-goes to the ``Approver``; a run with no approver (non-interactive) denies, with a message
-that says how to allow it.
+The ``PermissionPolicy`` (``lodger.tools.policy``: rules matching tool names, first
+match wins) decides; the gate here applies it on the call path. An ask goes to the
+``Approver``; a run with no approver (non-interactive) denies, with a message that says
+how to allow it.
 
 An approver may answer ``"always"``: the call is allowed, and the fact that says so
 (``permission_decided`` by ``user`` with the reason ``ALWAYS_REASON``) makes every later
@@ -28,15 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import fnmatch
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from lodger.engine.checks import Rejection
-from lodger.engine.context import Envelope
+from lodger.engine.envelope import Envelope
 from lodger.events import ALWAYS_REASON, Event, PermissionDecided, PermissionRequested
+from lodger.tools.policy import Decision, PermissionPolicy, Rule
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -55,8 +53,8 @@ __all__ = [
     "always_allowed_at",
     "current_ask",
 ]
-
-Decision = Literal["allow", "deny", "ask"]
+# ``Decision``, ``PermissionPolicy`` and ``Rule`` live with the tools they decide about
+# (``lodger.tools.policy``); the gate's module names them too, as the policy it applies.
 
 ApprovalAnswer = Literal["once", "always", "deny", "park"]
 
@@ -113,55 +111,6 @@ def always_allowed_at(events: Sequence[Event], tool: str) -> int | None:
         ):
             return e.offset
     return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rule:
-    pattern: str
-    decision: Decision
-    #: a shell-style pattern one of the call's string arguments must match (None: any call)
-    arguments: str | None = None
-
-    def matches(self, tool: Tool, arguments: dict[str, Any] | None = None) -> bool:
-        named = fnmatch.fnmatchcase(tool.name, self.pattern) or fnmatch.fnmatchcase(
-            f"{tool.group}:{tool.name}", self.pattern
-        )
-        if not named or self.arguments is None:
-            return named
-        return any(
-            isinstance(value, str) and fnmatch.fnmatchcase(value, self.arguments)
-            for value in (arguments or {}).values()
-        )
-
-    @classmethod
-    def parse(cls, text: str, decision: Decision) -> Rule:
-        """``"read_file"``, ``"mcp:*"`` or ``"shell(git status*)"``."""
-        name, paren, rest = text.partition("(")
-        if paren and rest.endswith(")"):
-            return cls(pattern=name.strip(), decision=decision, arguments=rest[:-1])
-        return cls(pattern=text.strip(), decision=decision)
-
-
-class PermissionPolicy:
-    """``PermissionPolicy([Rule(pattern="shell", decision="deny")], approve_all=False)``."""
-
-    def __init__(self, rules: Sequence[Rule] = (), *, approve_all: bool = False) -> None:
-        self.rules = tuple(rules)
-        self.approve_all = approve_all
-
-    def decide(self, tool: Tool, arguments: dict[str, Any] | None = None) -> tuple[Decision, str]:
-        """The decision and why (``rule '<pattern>'``, ``approval required``, ``default``)."""
-        for rule in self.rules:
-            if rule.matches(tool, arguments):
-                decision: Decision = rule.decision
-                if decision == "ask" and self.approve_all:
-                    return "allow", f"rule {rule.pattern!r} asks; the run approves all"
-                return decision, f"rule {rule.pattern!r}"
-        if tool.approval:
-            if self.approve_all:
-                return "allow", "approval required; the run approves all"
-            return "ask", "approval required"
-        return "allow", "default"
 
 
 class PermissionGate:

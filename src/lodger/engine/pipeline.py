@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lodger._records import record
-from lodger.authority import Authorities, AuthorityStatistics, Reservation, ResourceClaim
+from lodger.authority import AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
 from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
@@ -51,11 +51,10 @@ from lodger.engine.checks import (
     invalid_arguments,
     schema_problems_off_loop,
 )
-from lodger.engine.context import Envelope, RunContext
-from lodger.engine.executor import DEFAULT_TIMEOUT, Execution, Executor
+from lodger.engine.context import RunContext
+from lodger.engine.envelope import Envelope
+from lodger.engine.executor import Execution
 from lodger.engine.hooks import (
-    AfterCall,
-    BeforeCall,
     CallInfo,
     CallResult,
     Rewrite,
@@ -64,6 +63,7 @@ from lodger.engine.hooks import (
     call_before,
 )
 from lodger.engine.permissions import ApprovalParked, PermissionGate
+from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.substrates import Executors
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
@@ -271,25 +271,23 @@ class CallPipeline:
         registry: ToolRegistry,
         permissions: PermissionGate,
         artifacts: ArtifactStore,
-        authorities: Authorities | None = None,
-        executor: Executor | None = None,
-        default_timeout: float = DEFAULT_TIMEOUT,
+        limits: Limits,
+        hooks: Hooks,
+        services: Services,
         result_limit: int = 16_000,
-        before_call: Sequence[BeforeCall] = (),
-        after_call: Sequence[AfterCall] = (),
         deps: Any = None,
     ) -> None:
         self.ctx = ctx
-        self.before_call = tuple(before_call)
-        self.after_call = tuple(after_call)
+        self.before_call = tuple(hooks.before_call)
+        self.after_call = tuple(hooks.after_call)
         self.deps = deps
         self.registry = registry
         self.permissions = permissions
         self.bounder = ResultBounder(artifacts, limit=result_limit)
-        self.authorities = authorities or Authorities()
-        #: which executor runs each tool's calls (``executor``: the in-process one)
-        self.executors = Executors(in_process=executor)
-        self.default_timeout = default_timeout
+        self.authorities = services.authorities
+        #: which executor runs each tool's calls (``services.executor``: the in-process one)
+        self.executors = Executors(in_process=services.executor)
+        self.default_timeout = limits.default_timeout
 
     # ------------------------------------------------------------ batch
 

@@ -21,12 +21,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from lodger.engine.context import Envelope, RunContext
+from lodger.engine.context import RunContext
+from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.relocation import Relocation, expected_files, find_mismatches
+from lodger.engine.settings import Services
 from lodger.errors import (
     AppendConflictError,
     NextStep,
@@ -51,19 +53,21 @@ from lodger.events import (
     TurnEnded,
 )
 from lodger.ids import Clock, IdFactory
+from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
+from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import ProbeResult, ToolContext
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
-    from lodger.engine.loop import Engine
     from lodger.engine.state import SessionState
     from lodger.storage import SessionWriter
 
 __all__ = [
     "Decision",
     "Invariants",
+    "ResumableEngine",
     "abandon",
     "cell_interrupted_report",
     "check_invariants",
@@ -77,6 +81,31 @@ NOT_DISPATCHED = (
     "the run stopped before this call was dispatched; it never ran. "
     "Call it again if it is still needed."
 )
+
+
+class ResumableEngine(Protocol):
+    """What a resume needs of the engine that drives the turn on: ``Engine``
+    (``lodger.engine.loop``) is one. A protocol, so the loop imports this module and not
+    the other way round."""
+
+    @property
+    def model(self) -> Model: ...
+
+    @property
+    def registry(self) -> ToolRegistry: ...
+
+    @property
+    def workspace(self) -> Path | None: ...
+
+    @property
+    def services(self) -> Services: ...
+
+    @property
+    def deps(self) -> Any: ...
+
+    def run_context(self, journal: Journal, *, turn_id: str, run_id: str) -> RunContext: ...
+
+    def pipeline(self, ctx: RunContext) -> CallPipeline: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +124,7 @@ class Invariants:
 
 
 async def check_invariants(
-    engine: Engine, state: SessionState, *, relocate: bool = False
+    engine: ResumableEngine, state: SessionState, *, relocate: bool = False
 ) -> Invariants:
     """Environment invariants a resume needs.
 
@@ -223,7 +252,7 @@ def _open_turn_plan(
 
 
 async def resume_run(
-    engine: Engine, journal: Journal, *, relocate: bool = False
+    engine: ResumableEngine, journal: Journal, *, relocate: bool = False
 ) -> tuple[RunContext, tuple[str, ...]]:
     """Claim the open turn's prefix for a new run and apply its recovery plan.
 
@@ -259,7 +288,7 @@ async def resume_run(
 
     turn_id = plan.turn_id
     assert turn_id is not None  # _open_turn_plan returns an open turn's plan
-    run_id = engine.ids.new_id()
+    run_id = engine.services.ids.new_id()
     moved = found.relocation
     claim = journal.draft(
         RunStarted(
@@ -308,7 +337,7 @@ async def resume_run(
 
 
 async def _apply(
-    engine: Engine,
+    engine: ResumableEngine,
     ctx: RunContext,
     pipeline: CallPipeline,
     planned: PlannedCall,
@@ -497,7 +526,7 @@ def cell_interrupted_report(
     )
 
 
-async def _probe(engine: Engine, ctx: RunContext, state: CallState) -> ProbeResult:
+async def _probe(engine: ResumableEngine, ctx: RunContext, state: CallState) -> ProbeResult:
     record = state.latest
     assert record is not None
     t = engine.registry.get(record.dispatched.tool)

@@ -28,7 +28,8 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -38,6 +39,7 @@ from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.remote import RemoteWork
+from lodger.engine.state import SessionState
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
 from lodger.events import (
     EventDraft,
@@ -47,7 +49,7 @@ from lodger.events import (
     canonical_json,
 )
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
-from lodger.storage import EventLog
+from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.forks import fork_session
 from lodger.storage.merge import apply_snapshot_changes
 from lodger.storage.snapshots import snapshot_workspace
@@ -76,10 +78,7 @@ from lodger.tools.search import TOOL_SEARCH, attach_tool_search
 from lodger.tools.spec import ProbeResult, Suspended, Tool, ToolContext, ToolOutput
 from lodger.tools.workspace import workspace_id
 
-if TYPE_CHECKING:
-    from lodger.agent import Agent
-
-__all__ = ["Delegation", "delegate_tool", "drive_detached_child"]
+__all__ = ["Delegation", "ParentAgent", "delegate_tool", "drive_detached_child"]
 
 _GRACE = 30.0  # the call's own time limit sits past the child's wall time
 #: the delegation's arguments, in a detached child's first event (a worker runs it from
@@ -87,6 +86,26 @@ _GRACE = 30.0  # the call's own time limit sits past the child's wall time
 _ARGUMENTS = "subagent.arguments"
 #: the snapshot of the parent's workspace a detached child starts from
 _BASE_SNAPSHOT = "subagent.base_snapshot"
+
+
+class ParentAgent(Protocol):
+    """What the ``delegate`` tool needs of the agent that binds it (``lodger.agent.Agent``
+    is one): its storage, its engine (model, tools, clock and ids, which a child's engine
+    is made from), its subagent policy, and its sessions opened the way it opens them. A
+    protocol, so the agent imports this tool and not the other way round."""
+
+    @property
+    def storage(self) -> Storage: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def subagents(self) -> SubagentPolicy | None: ...
+
+    def open_session(
+        self, session_id: str
+    ) -> AbstractAsyncContextManager[tuple[SessionWriter, SessionState]]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -256,7 +275,7 @@ class _Delegator:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: ParentAgent,
         policy: SubagentPolicy,
         *,
         depth: int = 0,
@@ -431,7 +450,8 @@ class _Delegator:
     ) -> None:
         log = self.agent.storage.log
         child_id, at = link.session_id, link.parent_offset
-        clock, ids = self.agent.clock, self.agent.ids
+        services = self.agent.engine.services
+        clock, ids = services.clock, services.ids
         if delegation.history == "fork":
             await fork_session(
                 log,
@@ -479,10 +499,9 @@ class _Delegator:
             model=model,
             registry=registry,
             system=self.policy.system or parent.system,
-            max_steps=granted.steps,
+            limits=dataclasses.replace(parent.limits, max_steps=granted.steps),
             output=_SchemaOutput(delegation.output_schema) if delegation.output_schema else None,
-            on_event=None,
-            on_text=None,
+            hooks=dataclasses.replace(parent.hooks, on_event=None, on_text=None),
             deps=deps,
         )
 
@@ -521,38 +540,36 @@ class _Delegator:
         (a worker's fresh directory) as a worker resumes any session."""
         child_id = link.session_id
         # Opened as the agent opens any session it runs: the same verified fold (and the
-        # same history, for a fork, as the agent's projection gives one).
-        writer, state = await self.agent._open(child_id)
-        token = _ASKING.set(link)
-        try:
-            before = child_outcome(child_id, state.events)
-            if before.status is not None:
-                return before  # settled already: nothing runs again
-            engine = self._child_engine(
-                link, delegation, granted, source=source, deps=deps, tokens_used=before.tokens
-            )
-            journal = engine.journal(writer, state)
+        # same history, for a fork, as the agent's projection gives one), read again
+        # next time if this fails (the fold may hold less than the log after a failed
+        # commit).
+        async with self.agent.open_session(child_id) as (writer, state):
+            token = _ASKING.set(link)
             try:
-                async with asyncio.timeout(granted.wall_time):
-                    if state.open_turn is not None:
-                        await engine.resume(journal, relocate=relocate)
-                    else:
-                        await engine.start_turn(journal, delegation.task)
-            except TimeoutError:
-                return dataclasses.replace(
-                    child_outcome(child_id, state.events),
-                    timed_out=True,
-                    error=f"the subagent ran out of its wall time ({granted.wall_time:g} s); "
-                    "its running calls settled and its turn was stopped",
+                before = child_outcome(child_id, state.events)
+                if before.status is not None:
+                    return before  # settled already: nothing runs again
+                engine = self._child_engine(
+                    link, delegation, granted, source=source, deps=deps, tokens_used=before.tokens
                 )
-            return child_outcome(child_id, state.events)
-        except BaseException:
-            # the fold may hold less than the log after a failed commit: read it again
-            self.agent._states.pop(child_id, None)
-            raise
-        finally:
-            _ASKING.reset(token)
-            await writer.close()
+                journal = engine.journal(writer, state)
+                try:
+                    async with asyncio.timeout(granted.wall_time):
+                        if state.open_turn is not None:
+                            await engine.resume(journal, relocate=relocate)
+                        else:
+                            await engine.start_turn(journal, delegation.task)
+                except TimeoutError:
+                    return dataclasses.replace(
+                        child_outcome(child_id, state.events),
+                        timed_out=True,
+                        error=f"the subagent ran out of its wall time "
+                        f"({granted.wall_time:g} s); its running calls settled and its turn "
+                        "was stopped",
+                    )
+                return child_outcome(child_id, state.events)
+            finally:
+                _ASKING.reset(token)
 
     # ------------------------------------------------------------ recovery
 
@@ -623,12 +640,12 @@ class _Delegator:
         )
 
 
-def delegate_tool(agent: Agent, policy: SubagentPolicy) -> Tool:
+def delegate_tool(agent: ParentAgent, policy: SubagentPolicy) -> Tool:
     """The root ``delegate`` tool of ``agent`` (what ``Agent(subagents=...)`` binds)."""
     return _Delegator(agent, policy).tool()
 
 
-async def drive_detached_child(agent: Agent, session_id: str) -> ChildOutcome | None:
+async def drive_detached_child(agent: ParentAgent, session_id: str) -> ChildOutcome | None:
     """Run, or resume, the one turn of a child session that was handed off to a worker,
     from its own log: its first event holds the link and the delegation's arguments.
     None when the session is not a subagent or ``agent`` binds no subagent policy."""
@@ -660,17 +677,17 @@ async def drive_detached_child(agent: Agent, session_id: str) -> ChildOutcome | 
     )
 
 
-def _bound_names(ctx: ToolContext | None, agent: Agent) -> list[str]:
+def _bound_names(ctx: ToolContext | None, agent: ParentAgent) -> list[str]:
     """The tools of the run that delegates (its own registry, for a call of a step)."""
     if ctx is not None and ctx.nested is not None:
         return ctx.nested.bound_names()
-    return agent.registry.names()
+    return agent.engine.registry.names()
 
 
-def _bound_tool(ctx: ToolContext | None, agent: Agent, name: str) -> Tool | None:
+def _bound_tool(ctx: ToolContext | None, agent: ParentAgent, name: str) -> Tool | None:
     if ctx is not None and ctx.nested is not None:
         return ctx.nested.tool(name)
-    return agent.registry.get(name)
+    return agent.engine.registry.get(name)
 
 
 async def _branch_point(log: EventLog, session_id: str, call_id: str) -> tuple[int, str]:

@@ -40,10 +40,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lodger.engine.permissions import Decision, Rule
 from lodger.errors import ConfigError
 from lodger.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
+from lodger.tools.policy import Decision, Rule
 from lodger.tools.spec import Tool
 
 __all__ = [

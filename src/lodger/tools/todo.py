@@ -8,7 +8,7 @@ held, so reads and writes never wait.
 
 >>> store = todo_store()
 >>> agent = Agent(model=..., tools=[*workspace_tools(), *todo_tools(store)],
-...               authorities=Authorities(revisions=[store]))
+...               services=Services(authorities=Authorities(revisions=[store])))
 
 The list lives in the process (one per session id); every version of it is also in the
 log, as the arguments of the ``todo_write`` calls that wrote it.

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lodger.agent import Agent
+from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools.builtin import workspace_tools
@@ -56,11 +57,9 @@ async def main() -> None:
         return Agent(
             model=ScriptedModel(SCRIPT, name="golden"),
             tools=workspace_tools(),
-            log=EventLog(log_store),  # type: ignore[arg-type]
-            artifacts=MemoryArtifactStore(),
+            storage=Storage(log=EventLog(log_store), artifacts=MemoryArtifactStore()),
             workspace=workspace,
-            clock=clock,
-            ids=SequentialIds(prefix),
+            services=Services(clock=clock, ids=SequentialIds(prefix)),
         )
 
     first = agent(FaultyLogStore(store, fail_when=fail_t2(2)), ROOT / "project", "g1")  # type: ignore[arg-type]

@@ -15,8 +15,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from lodger import Agent, CallInfo, ScriptedModel, Veto, tool
+from lodger.engine.settings import Hooks, Services
 from lodger.ids import ManualClock, SequentialIds
-from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 
 SESSION = "golden-v5"
 SCRIPT = [
@@ -51,12 +52,12 @@ async def main() -> None:
     agent = Agent(
         model=ScriptedModel(SCRIPT, name="golden"),
         tools=[measure],
-        log=EventLog(store),
-        artifacts=MemoryArtifactStore(),
-        clock=ManualClock(1_717_000_500_000_000, tick_us=1000),
-        ids=SequentialIds("g5"),
+        storage=Storage(log=EventLog(store), artifacts=MemoryArtifactStore()),
+        services=Services(
+            clock=ManualClock(1_717_000_500_000_000, tick_us=1000), ids=SequentialIds("g5")
+        ),
         output_type=Weather,
-        before_call=[no_atlantis],
+        hooks=Hooks(before_call=[no_atlantis]),
     )
     result = await agent.run("how warm is Oslo?", session=SESSION)
     assert result.output == Weather(city="Oslo", celsius=3), result

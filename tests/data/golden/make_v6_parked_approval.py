@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from lodger import Agent, ScriptedModel, tool
+from lodger.engine.settings import Hooks, Services
 from lodger.ids import ManualClock, SequentialIds
-from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore
+from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 from lodger.tools.spec import Tool
 
 SESSION = "golden-v6"
@@ -46,8 +47,11 @@ async def main() -> None:
     model = ScriptedModel(SCRIPT, name="golden")
     for answer in ("park", "once"):
         agent = Agent(
-            model=model, tools=[deploy], log=EventLog(store), artifacts=artifacts,
-            clock=clock, ids=ids, approver=answering(answer),
+            model=model,
+            tools=[deploy],
+            storage=Storage(log=EventLog(store), artifacts=artifacts),
+            services=Services(clock=clock, ids=ids),
+            hooks=Hooks(approver=answering(answer)),
         )  # fmt: skip
         async with agent:
             if answer == "park":

@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lodger.control.postgres import PostgresControlPlane
 from lodger.storage import Storage
+from lodger.storage.control.postgres import PostgresControlPlane
 from lodger.testing.postgres import PostgresServer
 
 SRC = Path(__file__).resolve().parents[1] / "src"

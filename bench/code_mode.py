@@ -36,18 +36,18 @@ import pydantic_monty as monty
 from py_mini_racer import mini_racer
 
 from lodger import Agent, FunctionModel, tool
-from lodger.codemode import CellLimits, CodeMode
-from lodger.codemode._host import CellHost
-from lodger.codemode.javascript import JavaScriptSubstrate
-from lodger.codemode.python import PythonSubstrate
-from lodger.codemode.substrate import CellSubstrate
-from lodger.codemode.tool import run_cell
 from lodger.events import ProposedCall
 from lodger.providers.base import ModelRequest, ModelResponse
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
+from lodger.substrates.codemode import CellLimits, CodeMode
+from lodger.substrates.codemode._host import CellHost
+from lodger.substrates.codemode.javascript import JavaScriptSubstrate
+from lodger.substrates.codemode.python import PythonSubstrate
+from lodger.substrates.codemode.substrate import CellSubstrate
+from lodger.substrates.codemode.tool import run_cell
 from lodger.tools import Tool
-from lodger.tools.builtin import workspace_tools
 from lodger.tools.spec import NestedResult
 
 

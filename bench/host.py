@@ -48,7 +48,7 @@ from lodger.client import HostClient
 from lodger.events import Event
 from lodger.host import HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import Storage
 
 

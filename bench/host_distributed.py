@@ -38,11 +38,11 @@ import uvicorn
 
 from lodger import tool
 from lodger.client import HostClient
-from lodger.control import ControlPlane, open_control
 from lodger.host import HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
+from lodger.storage.control import ControlPlane, open_control
 from lodger.testing.postgres import PostgresServer
 
 SRC = Path(__file__).resolve().parents[1] / "src"

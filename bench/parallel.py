@@ -39,9 +39,9 @@ from lodger.authority import ResourceClaim
 from lodger.engine.settings import Hooks, Limits
 from lodger.events import Event, ProposedCall, ToolDispatched, ToolResponded
 from lodger.providers.base import AssistantMessage, ModelRequest, ModelResponse
+from lodger.runtime.builtin import edit_file
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.artifacts import MemoryArtifactStore
-from lodger.tools.builtin import edit_file
 
 CALLS = 8
 WAIT_S = 0.100

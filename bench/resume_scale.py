@@ -68,9 +68,9 @@ from lodger.events import (
     chain_digest,
 )
 from lodger.providers.scripted import ScriptedModel
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.builtin import workspace_tools
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import EventLog, SqliteLogStore
-from lodger.tools.builtin import workspace_tools
 from lodger.tools.workspace import workspace_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lodger.sandbox import (
+from lodger.substrates.sandbox import (
     BubblewrapSandbox,
     HostSandbox,
     Limits,
@@ -147,7 +147,7 @@ async def egress(requests: int, ws: Path) -> dict[str, float]:
 
 
 async def egress_tls(requests: int, ws: Path) -> dict[str, float]:
-    from lodger.sandbox.tls import LodgerCA
+    from lodger.substrates.sandbox.tls import LodgerCA
 
     upstream_ca = LodgerCA(("localhost",))  # the upstream's own CA, not the proxy's
     (ws / "upstream-ca.pem").write_bytes(upstream_ca.certificate_pem)

@@ -1,7 +1,7 @@
 """How long starting a sandboxed command holds the event loop, with a large heap.
 
 A confined command is started through a ``/bin/sh`` trampoline that joins the cgroup and
-sets the rlimits itself (``lodger.sandbox._process``), so Python can ``vfork``; the
+sets the rlimits itself (``lodger.substrates.sandbox._process``), so Python can ``vfork``; the
 baseline, measured in the same process and run, is the way it was started before: the
 same command line with a ``preexec_fn``, which makes Python ``fork`` and copy the page
 tables of the whole process while the loop waits. The loop's longest stall is measured by
@@ -23,8 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from lodger.sandbox.host import HostSandbox
-from lodger.sandbox.policy import Limits
+from lodger.substrates.sandbox.host import HostSandbox
+from lodger.substrates.sandbox.policy import Limits
 
 
 async def _longest_stall(start: Callable[[], Awaitable[None]], times: int) -> float:

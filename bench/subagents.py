@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from lodger import Agent, FunctionModel, tool
-from lodger.control.sqlite import SqliteControlPlane
-from lodger.control.worker import Worker, WorkerConfig
 from lodger.engine.settings import Limits
 from lodger.providers.base import ModelRequest, ModelResponse, UserMessage
 from lodger.providers.scripted import tool_call
-from lodger.sessions import Binding
+from lodger.runtime.sessions import Binding
+from lodger.runtime.subagents import SubagentPolicy
+from lodger.runtime.worker import Worker, WorkerConfig
 from lodger.storage import Storage
-from lodger.subagents import SubagentPolicy
+from lodger.storage.control.sqlite import SqliteControlPlane
 
 
 @tool

@@ -47,8 +47,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import load_catalog
+from lodger.runtime.builtin import workspace_tools
+from lodger.runtime.config import load_catalog
 from lodger.tools.ranking import CURRENT, FITTED, tokenize
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolIndex, ToolSearch, attach_tool_search

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from lodger.tools.config import load_catalog
+from lodger.runtime.config import load_catalog
 from lodger.tools.ranking import ToolIndex
 from lodger.tools.semantic import SEMANTIC_WEIGHT, HybridIndex, _embedding_text, load_embedder
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from lodger.tools.config import load_catalog
+from lodger.runtime.config import load_catalog
 from lodger.tools.ranking import (
     EXACT_BONUS,
     FITTED,

@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lodger.control.postgres import PostgresControlPlane
 from lodger.providers.scripted import ScriptedModel
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import Storage
+from lodger.storage.control.postgres import PostgresControlPlane
 from lodger.testing.postgres import PostgresServer
 
 SRC = Path(__file__).resolve().parents[1] / "src"

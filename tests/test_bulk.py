@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 
 
 class Node:

@@ -7,7 +7,6 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lodger.agent import Agent
 from lodger.context import MessageSnapshot, Projector, estimate_tokens, project_messages
 from lodger.engine.settings import Limits, Services
 from lodger.events import (
@@ -22,6 +21,7 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import AssistantMessage, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool

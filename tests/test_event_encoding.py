@@ -1,7 +1,7 @@
 """The precompiled event encoders write exactly the bytes of the generic path.
 
 ``seal`` writes canonical bytes with encoders generated per event kind
-(``lodger._event_encoding``); the digest chain is computed over those bytes, so they
+(``lodger.events.encoding``); the digest chain is computed over those bytes, so they
 must equal ``canonical_json(model_dump(mode="json"))`` for every event that can exist.
 Random events of every kind, built through validation, are sealed both ways here and
 their bytes and digests compared; values the generated code does not expect must fall
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, JsonValue
 
 from lodger import events as ev
-from lodger._event_encoding import compile_model_encoder
 from lodger.errors import UsageError
+from lodger.events.encoding import compile_model_encoder
 
 BODY_KINDS: tuple[type[BaseModel], ...] = typing.get_args(typing.get_args(ev.Body)[0])
 

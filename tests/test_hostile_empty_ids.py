@@ -11,7 +11,7 @@ import pytest
 
 from lodger import Agent, TestModel
 from lodger.errors import UsageError
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 
 

@@ -1,4 +1,4 @@
-"""``lodger._records.record``: the instance a frozen dataclass's ``__init__`` makes,
+"""``lodger._core.records.record``: the instance a frozen dataclass's ``__init__`` makes,
 for every class the call path builds that way, and a refusal for any other class."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lodger._records import record, recordable
+from lodger._core.records import record, recordable
 from lodger.context import MessageSnapshot, Projection
 from lodger.engine.pipeline import CallOutcome
 from lodger.events import ProposedCall

@@ -9,7 +9,7 @@ import pytest
 
 from lodger.errors import CommitFailedError
 from lodger.providers.scripted import ScriptedModel
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import EventLog, MemoryArtifactStore, Record, SqliteLogStore, Storage
 from lodger.testing import FaultyLogStore
 from lodger.tools import tool
@@ -66,7 +66,7 @@ async def test_resume_after_reading_defaults_reads_the_log_once(tmp_path: Path) 
 
 def test_the_fold_cache_keeps_the_most_recently_used_sessions() -> None:
     from lodger.engine.state import SessionState
-    from lodger.sessions import FoldCache
+    from lodger.runtime.sessions import FoldCache
 
     cache = FoldCache(max_sessions=2)
     a, b, c = SessionState("a"), SessionState("b"), SessionState("c")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lodger._text import is_valid_utf8, visible_text
+from lodger._core.text import is_valid_utf8, visible_text
 
 
 # Lone surrogates (category Cs) as often as any other character.

@@ -21,10 +21,9 @@ streaming (``agent.stream``), before/after call hooks (``Veto``, ``Rewrite``) an
 
 import typing as _typing
 
-from lodger import _lazy
+from lodger._core import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
-    from lodger.agent import Agent, RunUsage, SessionHandle, TurnResult
     from lodger.authority import Authorities, ResourceClaim
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
     from lodger.engine.settings import Hooks, Limits, Retries, Services
@@ -62,8 +61,15 @@ if _typing.TYPE_CHECKING:
         tool_call,
     )
     from lodger.recovery import RecoveryPlan
+    from lodger.runtime.agent import Agent, RunUsage, SessionHandle, TurnResult
+    from lodger.runtime.streaming import (
+        FactCommitted,
+        StreamItem,
+        TextDelta,
+        TurnFinished,
+        TurnStream,
+    )
     from lodger.storage import EventLog, LogKey, Storage, open_log
-    from lodger.streaming import FactCommitted, StreamItem, TextDelta, TurnFinished, TurnStream
     from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
     from lodger.tools.mcp import McpServerConfig, McpServers
     from lodger.tools.policy import PermissionPolicy, Rule
@@ -71,10 +77,10 @@ if _typing.TYPE_CHECKING:
 # name -> the module it comes from: imported on first use, so `import lodger` (and the
 # command line, which imports it) stays cheap; type checkers read the imports above.
 _EXPORTS: dict[str, str] = {
-    "Agent": "lodger.agent",
-    "RunUsage": "lodger.agent",
-    "SessionHandle": "lodger.agent",
-    "TurnResult": "lodger.agent",
+    "Agent": "lodger.runtime.agent",
+    "RunUsage": "lodger.runtime.agent",
+    "SessionHandle": "lodger.runtime.agent",
+    "TurnResult": "lodger.runtime.agent",
     "Authorities": "lodger.authority",
     "ResourceClaim": "lodger.authority",
     "AfterCall": "lodger.engine.hooks",
@@ -123,11 +129,11 @@ _EXPORTS: dict[str, str] = {
     "LogKey": "lodger.storage",
     "Storage": "lodger.storage",
     "open_log": "lodger.storage",
-    "FactCommitted": "lodger.streaming",
-    "StreamItem": "lodger.streaming",
-    "TextDelta": "lodger.streaming",
-    "TurnFinished": "lodger.streaming",
-    "TurnStream": "lodger.streaming",
+    "FactCommitted": "lodger.runtime.streaming",
+    "StreamItem": "lodger.runtime.streaming",
+    "TextDelta": "lodger.runtime.streaming",
+    "TurnFinished": "lodger.runtime.streaming",
+    "TurnStream": "lodger.runtime.streaming",
     "ProbeResult": "lodger.tools",
     "Tool": "lodger.tools",
     "ToolContext": "lodger.tools",

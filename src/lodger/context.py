@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from lodger._bulk import cycle_collector_paused
-from lodger._records import record
+from lodger._core.bulk import cycle_collector_paused
+from lodger._core.records import record
 from lodger.errors import CorruptLogError
 from lodger.events import (
     ArtifactStored,

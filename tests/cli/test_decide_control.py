@@ -15,8 +15,8 @@ from typing import TypeVar
 from click.testing import CliRunner
 
 from lodger.cli import main
-from lodger.control import SqliteControlPlane
 from lodger.storage import EventLog, SqliteLogStore
+from lodger.storage.control import SqliteControlPlane
 
 T = TypeVar("T")
 CRASHED = "s-crash"  # its turn stopped after T1 of call c1 (tests/cli/conftest.py)

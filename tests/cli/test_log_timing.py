@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from lodger.agent import Agent
 from lodger.authority import ResourceClaim
 from lodger.cli import main
 from lodger.cli._timing import step_timings
 from lodger.engine.settings import Services
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool

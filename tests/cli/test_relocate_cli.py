@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lodger.agent import Agent
 from lodger.cli import main
 from lodger.errors import CommitFailedError
 from lodger.events import Event, OperatorDecision, RunEnded, RunStarted, TurnEnded
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
-from lodger.tools.builtin import workspace_tools
 
 SCRIPT = [
     {"calls": [{"name": "write_file", "args": {"path": "a.txt", "content": "alpha"}}]},

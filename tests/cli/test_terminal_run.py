@@ -176,7 +176,7 @@ def test_prompt_spinner_and_usage_on_a_terminal_and_always_survives(tmp_path: Pa
 
 def test_a_prompt_shows_commands_and_code_as_themselves() -> None:
     from lodger.cli._live import describe_call
-    from lodger.tools.builtin import workspace_tools
+    from lodger.runtime.builtin import workspace_tools
 
     tools = {t.name: t for t in workspace_tools()}
     multi = describe_call(tools["shell"], {"command": "make &&\nmake test", "timeout": 5})

@@ -22,10 +22,10 @@ from typing import Any
 
 from lodger import Agent, ResumeBlockedError, ScriptedModel, UsageError, tool
 from lodger.providers.base import ModelRequest, ModelResponse, TextSink
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
-from lodger.tools.builtin import workspace_tools
 
 STATE, WORKSPACE, EFFECTS, MODE, FAILPOINT = sys.argv[1:6]
 

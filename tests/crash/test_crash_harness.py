@@ -28,7 +28,7 @@ import pytest
 from lodger.events import Event, ToolDispatched, ToolResponded, TurnEnded
 from lodger.ids import SystemClock
 from lodger.recovery import plan_recovery
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 
 CHILD = Path(__file__).with_name("child.py")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.errors import CommitFailedError
 from lodger.events import (
@@ -29,6 +28,7 @@ from lodger.providers.base import (
     ToolResultMessage,
 )
 from lodger.providers.scripted import FunctionModel, ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool

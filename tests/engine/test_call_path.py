@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.settings import Limits, Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, StorageError
 from lodger.events import CallRejected, Event, RecoveryDecided, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, MemoryArtifactStore, Record, SqliteLogStore, Storage
 from lodger.testing import FaultyLogStore
 from lodger.tools import tool
@@ -215,7 +215,7 @@ async def test_the_state_directory_inside_the_workspace_is_out_of_every_tools_re
     tmp_path: Path,
 ) -> None:
     """End to end: the agent hands its state directory to the tools as hidden."""
-    from lodger.tools.builtin import workspace_tools
+    from lodger.runtime.builtin import workspace_tools
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -71,7 +71,7 @@ from lodger.events import (
 )
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery.classify import CallState
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import EventLog, LogKey, SqliteLogStore
 from lodger.storage.checkpoints import FileCheckpoints, MemoryCheckpoints, NoCheckpoints
 from lodger.storage.eventlog import SessionChain, VerifiedRecords

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from lodger.agent import DEFAULT_SYSTEM, Agent
 from lodger.engine.envelope import Envelope
 from lodger.engine.settings import Services
 from lodger.engine.state import SessionState
@@ -25,6 +24,7 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import DEFAULT_SYSTEM, Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import LogStore
 from lodger.testing import FaultyLogStore, MemoryArtifactStore

@@ -7,7 +7,7 @@ import contextvars
 
 import pytest
 
-from lodger.engine.eager import start_eagerly
+from lodger._core.eager import start_eagerly
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="caller")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lodger.engine.eager import Finished, finish_shielded
+from lodger._core.eager import Finished, finish_shielded
 
 
 async def drive(coro: Coroutine[Any, Any, Any]) -> Finished[Any]:

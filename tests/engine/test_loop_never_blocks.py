@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.cli._run import DEMO_FILES, DEMO_SCRIPT
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
-from lodger.tools.builtin import workspace_tools
 from lodger.tools.policy import PermissionPolicy
 
 SLOW_S = 0.05

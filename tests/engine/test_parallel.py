@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.authority import ResourceClaim
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
@@ -35,11 +34,12 @@ from lodger.events import (
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import edit_file, read_file, workspace_tools
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import LogStore, Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, ToolContext, tool
-from lodger.tools.builtin import edit_file, read_file, workspace_tools
 from lodger.tools.workspace import resolve_in_workspace
 
 # ---------------------------------------------------------------- harness

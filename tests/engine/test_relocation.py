@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.relocation import expected_files, find_mismatches
 from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, UsageError
@@ -28,12 +27,13 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
-from lodger.sessions import Sessions
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
+from lodger.runtime.sessions import Sessions
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
-from lodger.tools.builtin import workspace_tools
 
 
 def _write(path: str, content: str) -> dict[str, Any]:

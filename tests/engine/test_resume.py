@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError, ResumeBlockedError, UsageError
 from lodger.events import (
@@ -30,11 +29,12 @@ from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ToolResultMessage, UserMessage
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
 from lodger.tools import Tool, tool
-from lodger.tools.builtin import workspace_tools
 
 
 class Effects:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 SCRIPT = """
 import asyncio, json, sys, threading
-from lodger.agent import Agent
+from lodger.runtime.agent import Agent
 from lodger.providers.scripted import ScriptedModel
 from lodger.storage import EventLog, MemoryArtifactStore, SqliteLogStore, Storage
-from lodger.tools.builtin import workspace_tools
+from lodger.runtime.builtin import workspace_tools
 
 watching = False
 seen = []

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.authority import ResourceClaim
 from lodger.engine.hooks import CallInfo, CallResult, Rewrite, Veto
 from lodger.engine.pipeline import CALL_STAGES
@@ -31,6 +30,7 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lodger.agent import Agent
 from lodger.engine.settings import Limits, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError
@@ -20,11 +19,12 @@ from lodger.events import Event, RunStarted
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
 from lodger.tools import tool
-from lodger.tools.builtin import workspace_tools
 
 
 @tool(recovery="idempotent")

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.events import Event, RecoveryObserved, RunEnded, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import Tool

@@ -16,7 +16,7 @@ import uvicorn
 from lodger.client import HostClient
 from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 
 from . import host_tools

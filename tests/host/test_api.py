@@ -12,7 +12,7 @@ import httpx2
 import pytest
 
 from lodger.errors import HostAuthError, HostConflictError, SessionNotFoundError, UsageError
-from lodger.host.control import hash_token, token_id
+from lodger.storage.control.host_index import hash_token, token_id
 
 from ._support import running_host, write_script
 

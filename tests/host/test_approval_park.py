@@ -19,7 +19,7 @@ from lodger.errors import HostConflictError
 from lodger.events import (
     EventDraft,
 )
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 from lodger.testing.postgres import PostgresServer
 

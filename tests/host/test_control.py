@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lodger.errors import HostConflictError, UsageError
-from lodger.host.control import SqliteHostControl, hash_token
+from lodger.storage.control.host_index import SqliteHostControl, hash_token
 
 
 async def test_submit_is_idempotent_per_session_and_key(tmp_path: Path) -> None:

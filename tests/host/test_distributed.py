@@ -24,14 +24,14 @@ import pytest
 import uvicorn
 
 from lodger.client import HostClient, StreamedFact
-from lodger.control import ControlPlane, open_control
-from lodger.control.interface import SessionRow
 from lodger.errors import HostConflictError, UsageError
 from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
 from lodger.host.webhooks import sign
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
+from lodger.storage.control import ControlPlane, open_control
+from lodger.storage.control.interface import SessionRow
 from lodger.testing.postgres import PostgresServer
 
 from . import host_tools

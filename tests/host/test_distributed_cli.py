@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lodger.client import HostClient, StreamedFact
-from lodger.control import open_control
+from lodger.storage.control import open_control
 
 from . import host_tools
 

@@ -25,7 +25,7 @@ from schemathesis.checks import (
 from lodger.host import HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
 from lodger.host.openapi import document
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 
 schema = schemathesis.openapi.from_dict(document()).exclude(path="/v1/sessions/{session_id}/stream")

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from lodger.host.control import hash_token
+from lodger.storage.control.host_index import hash_token
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ async def test_distributed_hosts_each_print_a_token_that_opens_both(tmp_path: Pa
 
 
 async def test_a_revoked_token_in_the_environment_is_refused_at_start(tmp_path: Path) -> None:
-    from lodger.control import open_control
+    from lodger.storage.control import open_control
 
     control = tmp_path / "control.sqlite3"
     common = ["--store", f"file://{tmp_path / 'objects'}", "--control", str(control),

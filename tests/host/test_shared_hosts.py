@@ -25,15 +25,15 @@ import httpx2
 import pytest
 import uvicorn
 
-from lodger.control import ControlPlane, open_control
 from lodger.errors import HostAuthError, HostConflictError
 from lodger.host import HookConfig, HostConfig, create_app
 from lodger.host.auth import Authenticator, new_token
-from lodger.host.control import hash_token
-from lodger.host.shared_control import SharedHostControl
 from lodger.host.webhooks import sign
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
+from lodger.storage.control import ControlPlane, open_control
+from lodger.storage.control.host_index import hash_token
+from lodger.storage.control.shared_host_index import SharedHostControl
 from lodger.testing.postgres import PostgresServer
 
 from . import host_tools

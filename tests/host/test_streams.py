@@ -159,7 +159,7 @@ async def test_facts_another_process_commits_reach_open_streams(tmp_path: Path) 
     """The stream tails the log when the host did not commit a fact itself (here a turn
     run on the same state directory by another ``Sessions``, as ``lodger run`` would)."""
     from lodger import ScriptedModel
-    from lodger.sessions import Binding, Sessions
+    from lodger.runtime.sessions import Binding, Sessions
     from lodger.storage import Storage
 
     from . import host_tools

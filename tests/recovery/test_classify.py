@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import CorruptLogError
 from lodger.events import (
@@ -25,6 +24,7 @@ from lodger.events import (
 )
 from lodger.ids import ManualClock, SequentialIds
 from lodger.recovery import classify_calls, plan_recovery
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools import tool

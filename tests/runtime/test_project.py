@@ -11,7 +11,7 @@ from lodger.errors import ConfigError
 from lodger.providers import ScriptedModel
 from lodger.runtime import Overrides, Project, compose
 from lodger.runtime.composition import bound_tools, model_spec_for
-from lodger.sandbox.policy import SandboxPolicy
+from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.mcp import McpServerConfig
 
 WIDE = """

@@ -1,4 +1,4 @@
-"""``lodger._sqlite.use_wal``: a database that another process holds for a moment is put
+"""``lodger._core.sqlite.use_wal``: a database that another process holds for a moment is put
 in WAL mode once it is free, instead of failing the open with "database is locked"."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lodger._sqlite import use_wal
+from lodger._core.sqlite import use_wal
 
 
 def test_a_locked_new_database_is_switched_once_it_is_free(tmp_path: Path) -> None:

@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from lodger.codemode import CellLimits, exec_tool
-from lodger.codemode._host import CellHost
-from lodger.codemode.executor import CellExecutor
-from lodger.codemode.substrate import CellOutcome, CellSubstrate
-from lodger.engine.executor import InProcessExecutor
-from lodger.engine.remote import RemoteExecutor, RemoteWork
 from lodger.errors import ToolCallError
 from lodger.events import ToolDispatched
-from lodger.sandbox import (
+from lodger.substrates.codemode import CellLimits, exec_tool
+from lodger.substrates.codemode._host import CellHost
+from lodger.substrates.codemode.executor import CellExecutor
+from lodger.substrates.codemode.substrate import CellOutcome, CellSubstrate
+from lodger.substrates.inprocess import InProcessExecutor
+from lodger.substrates.remote import RemoteExecutor, RemoteWork
+from lodger.substrates.sandbox import (
     BubblewrapSandbox,
     Limits,
     RunscSandbox,
@@ -32,6 +32,8 @@ from lodger.sandbox import (
     SandboxPolicy,
     SandboxResult,
 )
+from lodger.substrates.sandboxed import ProcessCommand, SandboxExecutor, sandboxed
+from lodger.substrates.shell import _settled
 from lodger.testing.executor_conformance import (
     EscapeAttempt,
     ExecutorConformance,
@@ -39,8 +41,6 @@ from lodger.testing.executor_conformance import (
     SubjectCall,
 )
 from lodger.tools import Tool, ToolContext, tool
-from lodger.tools.sandboxed import ProcessCommand, SandboxExecutor, sandboxed
-from lodger.tools.shell import _settled
 from lodger.tools.spec import Execution, Executor, NestedResult, ProbeResult, Suspended
 
 
@@ -468,7 +468,7 @@ async def test_a_sandboxed_call_stopped_at_its_own_timeout_is_the_tools_result(
 ) -> None:
     """The timeout the call asked for (``timeout_s``) is the tool's own answer, an error
     result naming it; only the call's time limit makes it ``timed_out``."""
-    from lodger.tools.shell import shell_tool
+    from lodger.substrates.shell import shell_tool
 
     ws = tmp_path / "ws"
     ws.mkdir()

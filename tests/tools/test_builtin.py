@@ -17,8 +17,7 @@ import pytest
 from lodger.authority import ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
-from lodger.sandbox import SandboxPolicy
-from lodger.tools.builtin import (
+from lodger.runtime.builtin import (
     edit_file,
     grep,
     list_files,
@@ -27,9 +26,10 @@ from lodger.tools.builtin import (
     workspace_tools,
     write_file,
 )
+from lodger.substrates.sandbox import SandboxPolicy
+from lodger.substrates.shell import SHELL_MAX_OUTPUT_CHARS, _CappedOutput, shell_tool
 from lodger.tools.files import READ_MAX_CHARS
 from lodger.tools.find import GREP_MAX_MATCHES, LIST_MAX_ENTRIES
-from lodger.tools.shell import SHELL_MAX_OUTPUT_CHARS, _CappedOutput, shell_tool
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 

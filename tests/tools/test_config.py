@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lodger.errors import ConfigError
-from lodger.tools.config import load_catalog, load_mcp_servers, parse_mcp_option
+from lodger.runtime.config import load_catalog, load_mcp_servers, parse_mcp_option
 
 TOML = """
 [mcp.servers.git]

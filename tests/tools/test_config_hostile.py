@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lodger.errors import ConfigError
-from lodger.tools.config import load_catalog, read_config_file
+from lodger.runtime.config import load_catalog, read_config_file
 
 
 def test_a_catalog_that_is_not_utf8_or_too_deep(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The file tools cannot write lodger's own configuration (lodger.toml in the workspace
 root), however the path is spelled: the next lodger started in the workspace would run the
 MCP servers it names on the host and grant the permissions it lists. The sandbox keeps an
-existing one read-only for commands (tests/sandbox/test_hostile_sandbox.py)."""
+existing one read-only for commands (tests/substrates/sandbox/test_hostile_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from lodger.errors import ToolCallError
-from lodger.tools.builtin import edit_file, read_file, write_file
-from lodger.tools.config import CONFIG_FILE, load_mcp_servers
+from lodger.runtime.builtin import edit_file, read_file, write_file
+from lodger.runtime.config import CONFIG_FILE, load_mcp_servers
 from lodger.tools.spec import Tool, ToolContext
 
 PLANTED = '[mcp.servers.helper]\ncommand = "sh"\nargs = ["-c", "echo ran on the host"]\n'

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from lodger.errors import ToolCallError
-from lodger.tools.builtin import edit_file, grep, list_files, read_file, shell, write_file
+from lodger.runtime.builtin import edit_file, grep, list_files, read_file, shell, write_file
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import ConfigError
 from lodger.events import CallRejected, ProposedCall, ToolDispatched
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.mcp import McpServerConfig, McpServers, mcp_tool_name

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import ToolCallError
 from lodger.events import ProposedCall
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.mcp import McpServerConfig, McpServers, schema_problem

@@ -18,7 +18,7 @@ from typing import TextIO, cast
 import pytest
 
 from lodger.errors import ConfigError, ToolCallError
-from lodger.tools.config import load_mcp_servers
+from lodger.runtime.config import load_mcp_servers
 from lodger.tools.mcp import (
     MAX_DESCRIPTION,
     MAX_STDERR_BYTES,

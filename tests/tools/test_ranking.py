@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lodger.tools.config import load_catalog
+from lodger.runtime.config import load_catalog
 from lodger.tools.ranking import (
     CURRENT,
     FITTED,

@@ -10,7 +10,7 @@ import pytest
 
 from lodger.errors import ToolCallError
 from lodger.events import ProposedCall, ToolsActivated
-from lodger.tools.config import load_catalog
+from lodger.runtime.config import load_catalog
 from lodger.tools.ranking import ToolIndex, tokenize
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch, attach_tool_search

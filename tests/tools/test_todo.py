@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lodger.agent import Agent
 from lodger.authority import Authorities
 from lodger.engine.settings import Services
 from lodger.events import ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel, ScriptedModel
+from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
 from lodger.tools.todo import todo_store, todo_tools

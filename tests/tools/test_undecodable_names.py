@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import ToolCallError
 from lodger.events import ProposedCall, ToolResponded, canonical_json
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
 from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
-from lodger.tools.builtin import workspace_tools
 from lodger.tools.files import read_file
 from lodger.tools.find import grep, list_files
 from lodger.tools.spec import Tool, ToolContext, ToolOutput

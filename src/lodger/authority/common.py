@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from lodger._text import visible_text
+from lodger._core.text import visible_text
 from lodger.errors import AuthorityMisuseError, UsageError
 
 __all__ = [
@@ -119,7 +119,7 @@ class ResourceClaim:
     def render(self) -> str:
         """The string recorded in T1 ``resources``: ``write file:src/a.py``, ``actor:shell``.
 
-        A path that is not UTF-8 is written with its bytes escaped (``lodger._text``)."""
+        A path that is not UTF-8 is written with its bytes escaped (``lodger._core.text``)."""
         name = visible_text(self.label if self.label is not None else self.key)
         if self.kind != "file":
             return f"{self.kind}:{name}"

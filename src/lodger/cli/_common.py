@@ -124,7 +124,7 @@ def store_url() -> str | None:
 
 def remember_control(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A ``--control`` option's callback: hints then name the same control plane."""
-    ctx.find_root().meta["lodger.control"] = value or None
+    ctx.find_root().meta["lodger.storage.control"] = value or None
     return value
 
 
@@ -139,7 +139,7 @@ def location(meta: Mapping[str, Any] | None = None) -> StorageLocation:
     return StorageLocation(
         state=str(meta.get("lodger.state") or DEFAULT_STATE),
         store=store or None,
-        control=meta.get("lodger.control") or None,
+        control=meta.get("lodger.storage.control") or None,
     )
 
 

@@ -31,23 +31,23 @@ from lodger.cli._common import (
     state_option,
 )
 from lodger.cli._run import load_tools_file, subagent_policy, subagents_option
-from lodger.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
-from lodger.control.approvals import (
+from lodger.errors import ConfigError, UsageError
+from lodger.events import Event
+from lodger.providers import make_model
+from lodger.runtime.approvals import (
     DEFAULT_APPROVAL_EXPIRY_S,
     ControlApprovals,
     ParkingApprovals,
 )
-from lodger.control.schedule import check_cron, parse_at
-from lodger.control.worker import Worker, WorkerConfig
-from lodger.errors import ConfigError, UsageError
-from lodger.events import Event
-from lodger.providers import make_model
 from lodger.runtime.composition import MODEL_ENVVAR, Overrides, compose, model_spec_for
 from lodger.runtime.project import Project
-from lodger.sessions import Binding
+from lodger.runtime.sessions import Binding
+from lodger.runtime.subagents.policy import SubagentPolicy
+from lodger.runtime.worker import Worker, WorkerConfig
 from lodger.storage import check_session_id
+from lodger.storage.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
+from lodger.storage.control.schedule import check_cron, parse_at
 from lodger.storage.snapshots import snapshot_workspace
-from lodger.subagents.policy import SubagentPolicy
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:

@@ -21,12 +21,12 @@ from typing import Any
 
 import click
 
-from lodger.agent import TurnResult
 from lodger.cli._common import document
 from lodger.cli._live import TurnWatcher
 from lodger.cli._next import command_for
 from lodger.errors import LodgerError
 from lodger.events import Event
+from lodger.runtime.agent import TurnResult
 
 __all__ = [
     "JsonlView",

@@ -30,7 +30,7 @@ from rich.text import Text
 from lodger.cli._render import visible
 from lodger.engine.permissions import ApprovalAnswer
 from lodger.events import Event, ToolDispatched, ToolResponded
-from lodger.subagents import current_subagent
+from lodger.runtime.subagents import current_subagent
 from lodger.tools.spec import Tool
 
 __all__ = ["Terminal", "TurnWatcher", "ask_approval", "describe_call", "interactive_approver"]

@@ -25,7 +25,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 from lodger.cli._common import (
     DEFAULT_STATE,
     echo_json,
@@ -59,10 +59,10 @@ from lodger.cli._timeline import (
 from lodger.cli._timing import render_timings, step_timings
 from lodger.errors import CorruptLogError, LogKeyError, UsageError
 from lodger.events import Event, Prefix
+from lodger.runtime.subagents.family import FamilyNode, family_tree
 from lodger.storage import EventLog, SessionChain, check_session_id
 from lodger.storage.eventlog import VerifiedRecords
 from lodger.storage.logkey import KEY_REQUIRED_ENVVAR
-from lodger.subagents.family import FamilyNode, family_tree
 
 __all__ = ["COMMANDS", "log_group", "sessions"]
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, cast
 import click
 from rich.text import Text
 
-from lodger.agent import TurnResult
 from lodger.cli._common import (
     echo_json,
     json_option,
@@ -42,7 +41,6 @@ from lodger.cli._run import (
     subagents_option,
 )
 from lodger.cli._tools import mcp_option
-from lodger.codemode import Language
 from lodger.engine.resume import Decision
 from lodger.errors import (
     ConfigError,
@@ -53,14 +51,16 @@ from lodger.errors import (
 )
 from lodger.events import Event
 from lodger.recovery import RecoveryPlan
+from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import compose, model_spec_for
 from lodger.runtime.location import CONTROL_FILE
 from lodger.runtime.project import Project
-from lodger.sessions import Sessions, SessionWorkspace
+from lodger.runtime.sessions import Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
+from lodger.substrates.codemode import Language
 
 if TYPE_CHECKING:
-    from lodger.control import ControlPlane
+    from lodger.storage.control import ControlPlane
 
 __all__ = ["COMMANDS", "abandon", "decide", "recover", "resume"]
 
@@ -87,7 +87,7 @@ async def _outside_turns(dsn: str | None, session_id: str) -> AsyncIterator[Cont
     if dsn is None:
         yield None
         return
-    from lodger.control import open_control
+    from lodger.storage.control import open_control
 
     plane = open_control(dsn)
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from lodger._text import escape_matches
+from lodger._core.text import escape_matches
 from lodger.cli._common import format_ts
 from lodger.cli._timeline import (
     CallNode,

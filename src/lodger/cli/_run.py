@@ -16,7 +16,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from lodger.agent import TurnResult
 from lodger.cli._common import (
     document,
     json_option,
@@ -32,7 +31,6 @@ from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
 from lodger.cli._tools import mcp_option
-from lodger.codemode import Language
 from lodger.engine.permissions import ALWAYS_REASON, Approver
 from lodger.errors import ConfigError
 from lodger.events import (
@@ -46,13 +44,15 @@ from lodger.events import (
 )
 from lodger.providers import ScriptedModel
 from lodger.providers.base import Model
+from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
+from lodger.runtime.config import CONFIG_FILE, parse_mcp_option
 from lodger.runtime.location import StorageLocation
 from lodger.runtime.project import Project
-from lodger.sandbox.policy import SandboxPolicy
-from lodger.sessions import Binding, Sessions
-from lodger.subagents import SubagentPolicy
-from lodger.tools.config import CONFIG_FILE, parse_mcp_option
+from lodger.runtime.sessions import Binding, Sessions
+from lodger.runtime.subagents import SubagentPolicy
+from lodger.substrates.codemode import Language
+from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]

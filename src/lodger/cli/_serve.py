@@ -14,7 +14,7 @@ import click
 
 from lodger.cli._common import Seconds, state_option, store_url
 from lodger.cli._run import code_mode_option, load_tools_file
-from lodger.codemode import Language
+from lodger.substrates.codemode import Language
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "serve"]

@@ -17,9 +17,9 @@ from lodger.cli._render import CallExtra, clip, render_timeline
 from lodger.cli._timeline import CallNode, SessionSummary, build_timeline
 from lodger.errors import CorruptLogError, SessionNotFoundError
 from lodger.events import Event, ToolDispatched
+from lodger.runtime.subagents.family import FamilyNode
+from lodger.runtime.subagents.link import ChildOutcome, child_outcome, session_from_resources
 from lodger.storage import EventLog
-from lodger.subagents.family import FamilyNode
-from lodger.subagents.link import ChildOutcome, child_outcome, session_from_resources
 
 __all__ = ["ChildView", "children_extra", "load_children", "render_family"]
 

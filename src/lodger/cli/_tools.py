@@ -15,9 +15,9 @@ from rich.text import Text
 from lodger.cli._common import echo_json, json_option, make_console, state_option
 from lodger.errors import UsageError
 from lodger.runtime.composition import Overrides, bound_tools
+from lodger.runtime.config import CONFIG_FILE, load_catalog, parse_mcp_option
 from lodger.runtime.project import Project
-from lodger.sandbox.policy import SandboxPolicy
-from lodger.tools.config import CONFIG_FILE, load_catalog, parse_mcp_option
+from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.mcp import McpServers
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.search import ToolSearch, attach_tool_search

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.engine.history import History
 from lodger.engine.state import SessionState

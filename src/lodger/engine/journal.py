@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from lodger.engine.eager import Finished, finish_shielded
+from lodger._core.eager import Finished, finish_shielded
 from lodger.engine.envelope import Envelope
 from lodger.engine.history import History
 from lodger.engine.state import SessionState

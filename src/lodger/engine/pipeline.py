@@ -26,7 +26,7 @@ authorities (``lodger.authority``) in the model's emission order before any call
 batch runs; each call acquires them after its permission and holds them until its T2 is
 committed, so conflicting calls run in emission order and independent ones never wait.
 
-Execute: the pipeline picks the tool's Executor (``lodger.engine.substrates``): in
+Execute: the pipeline picks the tool's Executor (``lodger.substrates.select``): in
 process, a sandboxed process, a code cell or remote work.
 """
 
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lodger._records import record
+from lodger._core.records import record
 from lodger.authority import AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
 from lodger.engine.bodies import tool_dispatched, tool_responded
@@ -53,7 +53,6 @@ from lodger.engine.checks import (
 )
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
-from lodger.engine.executor import Execution
 from lodger.engine.hooks import (
     CallInfo,
     CallResult,
@@ -64,7 +63,6 @@ from lodger.engine.hooks import (
 )
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
-from lodger.engine.substrates import Executors
 from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
 from lodger.events import (
     CallRejected,
@@ -79,6 +77,8 @@ from lodger.events import (
     canonical_json,
 )
 from lodger.storage.artifacts import ArtifactStore
+from lodger.substrates.inprocess import Execution
+from lodger.substrates.select import Executors
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import NestedResult, Tool, ToolContext
 
@@ -358,7 +358,7 @@ class CallPipeline:
         self, call_id: str, parent_call_id: str | None, step: _CallStep | None
     ) -> ToolContext:
         ctx = self.ctx
-        # every field, in declaration order (see lodger._records)
+        # every field, in declaration order (see lodger._core.records)
         tool_context: ToolContext = record(
             ToolContext,
             {

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
-from lodger.engine.executor import DEFAULT_TIMEOUT
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
-    from lodger.engine.executor import Executor
     from lodger.engine.hooks import AfterCall, BeforeCall
     from lodger.engine.permissions import Approver
     from lodger.engine.state import SessionState
     from lodger.events import Event
     from lodger.providers.base import TextSink
+    from lodger.substrates.inprocess import Executor
 
 __all__ = ["Hooks", "Limits", "Retries", "Services"]
 

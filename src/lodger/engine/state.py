@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Sized
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.engine.history import History
 from lodger.events import (

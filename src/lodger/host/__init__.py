@@ -7,8 +7,8 @@ to it. See ``lodger.host.routes`` for the routes and ``docs/openapi.json`` for t
 """
 
 from lodger.host.app import create_app
-from lodger.host.control import HostControl, SqliteHostControl
 from lodger.host.hub import HostConfig, Hub
 from lodger.host.webhooks import HookConfig
+from lodger.storage.control.host_index import HostControl, SqliteHostControl
 
 __all__ = ["HookConfig", "HostConfig", "HostControl", "Hub", "SqliteHostControl", "create_app"]

@@ -23,10 +23,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lodger.control.interface import ControlPlane
 from lodger.errors import LodgerError, UsageError
 from lodger.host.auth import Authenticator
-from lodger.host.control import HostControl
 from lodger.host.errors import ErrorBody, error_body, status_for
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
@@ -34,7 +32,9 @@ from lodger.host.limits import BodyLimit
 from lodger.host.metrics import HostMetrics
 from lodger.host.routes import ROUTERS, HostParts
 from lodger.host.webhooks import HookConfig
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
+from lodger.storage.control.host_index import HostControl
+from lodger.storage.control.interface import ControlPlane
 
 __all__ = ["API_VERSION", "create_app"]
 

@@ -2,7 +2,8 @@
 
 A token is ``lgr_`` and 43 characters of URL-safe base64 (256 random bits). Only its
 SHA-256 is stored (in the host's index, or in the control plane when several hosts share
-one: ``lodger.host.shared_control``); the plain token is shown once, when it is made. An
+one: ``lodger.storage.control.shared_host_index``); the plain token is shown once, when
+it is made. An
 ``admin`` token may do everything; a ``session`` token only what concerns its one session.
 A request carries it as ``Authorization: Bearer <token>``; the timeline page, whose
 EventSource cannot set a header, trades it once for an HttpOnly, SameSite=Strict cookie.
@@ -19,7 +20,7 @@ from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from lodger.errors import HostAuthError
-from lodger.host.control import HostControl, TokenGrant, hash_token
+from lodger.storage.control.host_index import HostControl, TokenGrant, hash_token
 
 __all__ = ["COOKIE", "TOKEN_ENVVAR", "Authenticator", "bearer", "new_token"]
 

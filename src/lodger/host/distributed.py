@@ -7,13 +7,13 @@ nothing, whichever host got it first; a ``lodger worker`` claims the wake, runs 
 and commits to the shared object store. Streams follow that store's log (the feed falls
 back to reading the log every ``poll_s``, since nothing is committed in this process).
 Sessions are listed from the control plane's session index plus the log; approvals
-asked by worker-run calls (``lodger.control.approvals``) are listed and answered in the
+asked by worker-run calls (``lodger.runtime.approvals``) are listed and answered in the
 control plane, where a conditional update lets exactly one answer win.
 
 Messages are wakes: a message id is the wake id and its status is the wake's
 (``queued``, ``running``, ``done``). Idempotency keys are per session on the API and
 stored in the control plane as ``host:<session>:<key>``. Tokens and webhook deliveries
-are in the control plane too (``lodger.host.shared_control``, which ``lodger serve``
+are in the control plane too (``lodger.storage.control.shared_host_index``, which ``lodger serve``
 uses), so several hosts share them; the host's own SQLite index keeps the model a session
 was created with on it.
 
@@ -33,9 +33,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import cast
 
-from lodger.control.interface import ApprovalRequest, ControlPlane, SessionRow, WakeInfo
 from lodger.errors import HostConflictError, UsageError
-from lodger.host.control import (
+from lodger.host.feed import Feeds
+from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.runtime.sessions import Sessions
+from lodger.storage import check_session_id
+from lodger.storage.control.host_index import (
     Approval,
     ApprovalStatus,
     HostControl,
@@ -45,10 +48,7 @@ from lodger.host.control import (
     answered_already,
     no_such_approval,
 )
-from lodger.host.feed import Feeds
-from lodger.host.hub import EventObserver, HostConfig, Hub
-from lodger.sessions import Sessions
-from lodger.storage import check_session_id
+from lodger.storage.control.interface import ApprovalRequest, ControlPlane, SessionRow, WakeInfo
 
 __all__ = ["ControlPlaneHub", "host_key"]
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lodger.codemode import Language
 from lodger.engine.loop import TurnResult
 from lodger.errors import (
     HostConflictError,
@@ -39,12 +38,13 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event, TurnStarted
-from lodger.host.control import Approval, HostControl, Message, MessageKind
 from lodger.host.feed import Feeds
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
-from lodger.sessions import Binding, Sessions
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
+from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
+from lodger.substrates.codemode import Language
 from lodger.tools.spec import Tool
 
 __all__ = ["HostConfig", "Hub"]

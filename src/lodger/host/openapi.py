@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 from lodger.host.app import create_app
-from lodger.host.control import SqliteHostControl
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
+from lodger.storage.control.host_index import SqliteHostControl
 
 __all__ = ["document", "document_text"]
 

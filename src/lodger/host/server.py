@@ -19,17 +19,17 @@ from pathlib import Path
 
 import uvicorn
 
-from lodger.control import ControlPlane, open_control
 from lodger.events import Event
 from lodger.host.app import create_app
 from lodger.host.auth import TOKEN_ENVVAR, new_token
-from lodger.host.control import SqliteHostControl
 from lodger.host.hub import HostConfig, Hub
-from lodger.host.shared_control import SharedHostControl
 from lodger.host.telemetry import tracer_from_env
 from lodger.host.webhooks import HookConfig
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
+from lodger.storage.control import ControlPlane, open_control
+from lodger.storage.control.host_index import SqliteHostControl
+from lodger.storage.control.shared_host_index import SharedHostControl
 
 __all__ = ["serve"]
 

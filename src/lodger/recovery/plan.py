@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 from lodger.events import EMPTY_PREFIX, Event, Prefix, RunEnded, RunStarted, TurnEnded, TurnStarted
 from lodger.recovery.classify import CallState, CallStatus, classify_calls
 

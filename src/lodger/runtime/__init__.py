@@ -8,7 +8,7 @@ command that only needs a location does not import the providers.
 
 from typing import TYPE_CHECKING, Any
 
-from lodger import _lazy
+from lodger._core import lazy as _lazy
 
 if TYPE_CHECKING:
     from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose

@@ -19,18 +19,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lodger.codemode import Language
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.errors import ConfigError
 from lodger.events import Event
 from lodger.providers import make_model
 from lodger.providers.base import Model, TextSink
+from lodger.runtime.builtin import workspace_tools
+from lodger.runtime.config import CONFIG_FILE
 from lodger.runtime.project import Project
-from lodger.sandbox.policy import SandboxPolicy
-from lodger.sessions import Binding
-from lodger.subagents.policy import SubagentPolicy
-from lodger.tools.builtin import workspace_tools
-from lodger.tools.config import CONFIG_FILE
+from lodger.runtime.sessions import Binding
+from lodger.runtime.subagents.policy import SubagentPolicy
+from lodger.substrates.codemode import Language
+from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Tool
 

@@ -7,9 +7,9 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     model = "openai:gpt-4.1"        # the default model
     [permissions]                   # deny, then ask, then allow (first match wins)
     deny = ["shell(rm *)"]
-    [sandbox]                       # lodger.sandbox.policy
+    [sandbox]                       # lodger.substrates.sandbox.policy
     memory_mb = 512
-    [mcp.servers.git]               # lodger.tools.config
+    [mcp.servers.git]               # lodger.runtime.config
     command = "mcp-server-git"
     [limits]
     max_steps = 30
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.permissions import Rule
-from lodger.sandbox.policy import SandboxPolicy, policy_from_config
-from lodger.tools.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
+from lodger.runtime.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
+from lodger.substrates.sandbox.policy import SandboxPolicy, policy_from_config
 from lodger.tools.mcp import McpServerConfig
 
 __all__ = ["Project"]

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from lodger._bulk import cycle_collector_paused
+from lodger._core.bulk import cycle_collector_paused
 from lodger.errors import (
     AppendConflictError,
     CorruptLogError,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
-from lodger._sqlite import use_wal
+from lodger._core.sqlite import use_wal
 from lodger.errors import (
     AppendConflictError,
     CommitFailedError,

@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from lodger.control._sql import LATEST_VERSION
-from lodger.control.interface import ControlPlane, ParkedCall, SessionRow
 from lodger.errors import LeaseLostError, StaleTokenError, UsageError
+from lodger.storage.control._sql import LATEST_VERSION
+from lodger.storage.control.interface import ControlPlane, ParkedCall, SessionRow
 
 __all__ = ["ControlConformance", "MakeControl"]
 

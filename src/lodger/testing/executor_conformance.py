@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lodger.engine.substrates import Executors
+from lodger.substrates.select import Executors
 from lodger.tools.spec import Execution, Executor, Tool, ToolContext
 
 __all__ = ["EscapeAttempt", "ExecutorConformance", "ExecutorSubject", "SubjectCall"]

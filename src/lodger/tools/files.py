@@ -29,14 +29,14 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from lodger._text import is_valid_utf8, visible_text
+from lodger._core.text import is_valid_utf8, visible_text
 from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
-from lodger.sandbox.policy import TRUSTED_BY_HOST
 from lodger.tools._beneath import Hidden, Walk, not_regular, walk
 from lodger.tools.spec import ProbeResult, ToolContext, tool
 from lodger.tools.workspace import (
+    TRUSTED_BY_HOST,
     open_in_workspace,
     resolve_workspace_root,
     sha256_in_workspace,
@@ -163,7 +163,7 @@ def _check_not_configuration(w: Walk) -> None:
     root (``TRUSTED_BY_HOST``: lodger.toml), or to the file a symlink of that name points
     at. The next lodger started there trusts it (the MCP servers it runs on the host, the
     permissions it grants), so a model must not be able to write it, here or in a sandbox
-    (``lodger.sandbox.policy.protected_files``)."""
+    (``lodger.substrates.sandbox.policy.protected_files``)."""
     for name in TRUSTED_BY_HOST:
         spelled = w.root / name
         targets = {spelled, Path(os.path.realpath(spelled))}

@@ -9,7 +9,7 @@ Patterns and globs are matched with RE2, whose time is linear in the text: a pat
 like ``^(a+)+$`` that makes a backtracking engine (Python's ``re``) run for ever on a long
 line cannot hang a search. RE2 has no backreferences or lookaround; a pattern using them
 is a ``ToolCallError`` that says so. Names that are not valid UTF-8 are shown with each
-undecodable byte written as ``\\xNN`` (see ``lodger._text``).
+undecodable byte written as ``\\xNN`` (see ``lodger._core.text``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Annotated, Protocol
 import re2
 from pydantic import Field
 
-from lodger._text import visible_text
+from lodger._core.text import visible_text
 from lodger.errors import ToolCallError
 from lodger.tools._beneath import DIR_FLAGS, Hidden, Walk, walk
 from lodger.tools._ignore import IgnoreRules

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 from pydantic import ValidationError
 
-from lodger._text import visible_text
+from lodger._core.text import visible_text
 from lodger.authority import ResourceClaim
 from lodger.errors import ConfigError, ToolCallError
 from lodger.events import canonical_json

@@ -8,7 +8,7 @@ description from its docstring.
 Where a call's work runs is the tool's ``substrate`` (DESIGN section 8): None for this
 process, or a declaration of a sandboxed process, a code cell or remote work. The call
 pipeline runs each call on an ``Executor`` it selects for that substrate
-(``lodger.engine.substrates``); ``Execution`` is how one ended.
+(``lodger.substrates.select``); ``Execution`` is how one ended.
 
 >>> @tool(group="math")
 ... def add(a: int, b: int) -> int:
@@ -32,7 +32,7 @@ from typing import Any, Generic, Literal, Protocol, get_origin, get_type_hints, 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from typing_extensions import TypeVar
 
-from lodger._text import is_valid_utf8, visible_text
+from lodger._core.text import is_valid_utf8, visible_text
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import (
@@ -445,7 +445,7 @@ async def run_in_worker(fn: Callable[[], Any]) -> Any:
 
 def _visible_result(value: Any) -> Any:
     """A result with no lone surrogate in its text: a file name that is not UTF-8 is shown
-    escaped (``lodger._text.visible_text``), since the log cannot store it as it is."""
+    escaped (``lodger._core.text.visible_text``), since the log cannot store it as it is."""
     if isinstance(value, str):
         return visible_text(value)
     if isinstance(value, ToolOutput) and not is_valid_utf8(value.content):

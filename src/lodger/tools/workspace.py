@@ -28,6 +28,7 @@ from lodger.errors import ToolCallError
 from lodger.tools._beneath import Hidden, not_regular, open_regular, walk
 
 __all__ = [
+    "TRUSTED_BY_HOST",
     "open_in_workspace",
     "resolve_in_workspace",
     "resolve_workspace_root",
@@ -37,6 +38,13 @@ __all__ = [
     "workspace_id",
     "workspace_relative",
 ]
+
+#: files in the workspace root that lodger on the host reads as its own configuration (MCP
+#: servers it starts, permissions it grants): read-only inside every sandbox, so that no
+#: command can leave the next lodger started there instructions to run on the host, and
+#: refused to the file tools. Only a regular file that exists can be protected in a
+#: sandbox: a mount needs it (``lodger.substrates.sandbox.policy.protected_files``).
+TRUSTED_BY_HOST = ("lodger.toml",)
 
 
 def resolve_workspace_root(root: Path) -> Path:

@@ -14,15 +14,15 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from lodger.agent import Agent
 from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
+from lodger.runtime.agent import Agent
+from lodger.runtime.builtin import workspace_tools
 from lodger.storage import EventLog, MemoryArtifactStore, MemoryLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore
-from lodger.tools.builtin import workspace_tools
 
 SESSION = "golden-v4"
 ROOT = Path("/tmp/lodger-golden-v4")

@@ -22,12 +22,12 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict
 
 from lodger.host.auth import Authenticator, bearer, require_session
-from lodger.host.control import HostControl, TokenGrant
 from lodger.host.feed import Feeds
 from lodger.host.hub import Hub
 from lodger.host.metrics import HostMetrics
 from lodger.host.webhooks import HookConfig
-from lodger.sessions import Sessions
+from lodger.runtime.sessions import Sessions
+from lodger.storage.control.host_index import HostControl, TokenGrant
 
 __all__ = ["Grant", "HostParts", "Input", "Parts", "Session", "SessionId", "host_parts"]
 

@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, Field
 
 from lodger.errors import UsageError
-from lodger.host.control import Message
 from lodger.host.routes._deps import Input, Parts, Session
+from lodger.storage.control.host_index import Message
 
 __all__ = [
     "HOOK_KEY",

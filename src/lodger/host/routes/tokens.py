@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from lodger.errors import HostConflictError
 from lodger.host.auth import COOKIE, new_token, require_admin
-from lodger.host.control import hash_token, token_id
 from lodger.host.routes._deps import Grant, Input, Parts
+from lodger.storage.control.host_index import hash_token, token_id
 
 __all__ = [
     "MakeToken",

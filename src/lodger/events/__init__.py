@@ -1,0 +1,801 @@
+"""Event kinds, their canonical encoding, and the digest chain (DESIGN section 3).
+
+An event is one immutable fact. Its envelope says where it sits (session, offset, turn,
+run, step, call) and its ``body`` says what happened; ``body.kind`` is the discriminator.
+Every model is frozen, keyword-only and closed: an unknown kind or field fails decoding.
+
+Canonical bytes are compact JSON with sorted keys, UTF-8, no NaN. The digest chain is
+
+    digest_n = sha256(DIGEST_DOMAIN || bytes(digest_{n-1}) || canonical_bytes(event_n))
+
+with an empty previous digest for offset 0. ``digest`` itself is not part of the bytes.
+A keyed chain (DESIGN L10) takes the same input under HMAC-SHA256 with a secret key and
+its own domain tag, so a plain and a keyed digest never collide:
+
+    digest_n = hmac_sha256(key, HMAC_DIGEST_DOMAIN || bytes(digest_{n-1}) || canonical_bytes)
+
+A session's ``session_started`` event (offset 0) names its chain and key id; the digest
+of offset 0 covers that claim, so it cannot change without the chain breaking.
+
+Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden logs in
+``tests/data/golden`` must stay readable):
+
+    1  first event set.
+    2  model_output.provider_state: opaque provider data replayed to the same provider.
+    3  tool_responded.status timed_out; session_started.chain and key_id.
+    4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
+    5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
+    6  permission_decided.decision park (the call waits for an answer given outside the run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from lodger.errors import CorruptLogError, UsageError
+from lodger.events.encoding import compile_model_encoder, tree_encoder
+
+__all__ = [
+    "ALWAYS_REASON",
+    "DIGEST_DOMAIN",
+    "EMPTY_PREFIX",
+    "HMAC_DIGEST_DOMAIN",
+    "SCHEMA_CHANGELOG",
+    "SCHEMA_VERSION",
+    "ArtifactRef",
+    "ArtifactStored",
+    "Body",
+    "CallRejected",
+    "ChainKind",
+    "ContextCompacted",
+    "DecisionAction",
+    "Event",
+    "EventDraft",
+    "FileExpectation",
+    "ForkParent",
+    "ModelOutput",
+    "ObservedReason",
+    "ObservedStatus",
+    "OperatorDecision",
+    "OutputRejected",
+    "PermissionDecided",
+    "PermissionRequested",
+    "Prefix",
+    "ProposedCall",
+    "ProviderRetried",
+    "RecoveryAction",
+    "RecoveryDecided",
+    "RecoveryObserved",
+    "RecoveryPolicy",
+    "RejectionReason",
+    "ResultStatus",
+    "RunEnded",
+    "RunStarted",
+    "SessionStarted",
+    "StepStarted",
+    "ToolDispatched",
+    "ToolRef",
+    "ToolResponded",
+    "ToolsActivated",
+    "TurnEnded",
+    "TurnStarted",
+    "Usage",
+    "WorkspaceSnapshot",
+    "canonical_bytes",
+    "canonical_json",
+    "chain_digest",
+    "claimed_chain",
+    "decode_event",
+    "keyed_chain_digest",
+    "new_draft",
+    "seal",
+]
+
+SCHEMA_VERSION = 6
+SCHEMA_CHANGELOG: Mapping[int, str] = {
+    1: "first event set",
+    2: "model_output.provider_state: opaque provider data replayed to the same provider",
+    3: "tool_responded.status timed_out; session_started.chain and key_id",
+    4: "run_started.workspace and workspace_id (a relocating resume); turn_ended.reason",
+    5: "output_rejected; turn_ended.output (structured output); call_rejected reason vetoed",
+    6: "permission_decided.decision park (the call waits for an answer given outside the run)",
+}
+DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
+HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
+
+_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class _Value(BaseModel):
+    model_config = _CONFIG
+
+
+# ---------------------------------------------------------------- shared values
+
+
+class Prefix(_Value):
+    """A verified prefix ``[0, high_water)`` and the digest of its last event."""
+
+    high_water: int
+    digest: str
+
+
+EMPTY_PREFIX = Prefix(high_water=0, digest="")
+"""The prefix of a log that has no events yet."""
+
+
+class ForkParent(_Value):
+    session_id: str
+    high_water: int
+    digest: str
+
+
+class ToolRef(_Value):
+    """A tool visible in a step: its name and the digest of the schema the model saw."""
+
+    name: str
+    schema_digest: str
+
+
+class ProposedCall(_Value):
+    """A call as the model emitted it; ``arguments`` is the raw JSON text, kept verbatim."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class Usage(_Value):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ArtifactRef(_Value):
+    sha256: str
+    size: int
+    media_type: str = "text/plain"
+
+
+class FileExpectation(_Value):
+    """What a file write expects: the hash before (None: absent) and after."""
+
+    path: str
+    before_sha256: str | None
+    after_sha256: str | None
+
+
+ResultStatus = Literal["ok", "error", "denied", "cancelled", "interrupted", "timed_out"]
+# ``report``: never run again; recovery settles it as interrupted and tells the model
+# (code cells: their nested calls are the durable record of what they did)
+RecoveryPolicy = Literal["idempotent", "queryable", "never_retry", "report"]
+RejectionReason = Literal[
+    "unbound",
+    "invisible",
+    "activated_this_step",
+    "invalid_arguments",
+    "duplicate_call",
+    "claims_failed",
+    "denied",
+    "precondition",
+    "vetoed",
+]
+ObservedStatus = Literal["completed", "not_applied", "unknown", "interrupted"]
+ObservedReason = Literal[
+    "not_dispatched",
+    "probe_applied",
+    "probe_not_applied",
+    "probe_unknown",
+    "cell_interrupted",
+]
+RecoveryAction = Literal["park"]
+DecisionAction = Literal["completed", "not_applied", "abandon"]
+Origin = Literal["provider", "code_mode", "runtime", "operator"]
+ChainKind = Literal["sha256", "hmac-sha256"]
+Visibility = Literal["model", "hidden"]
+
+
+# ---------------------------------------------------------------- bodies
+
+
+class SessionStarted(_Value):
+    """The first event of a session. ``chain`` and ``key_id`` are filled in by the log
+    that writes it (its key decides), never by the caller; logs older than schema 3
+    decode as ``sha256``."""
+
+    kind: Literal["session_started"] = "session_started"
+    workspace: str | None = None
+    workspace_id: str | None = None
+    parent: ForkParent | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    chain: ChainKind = "sha256"
+    #: hex of the first 8 bytes of sha256(key) for a keyed chain, so a wrong key is named
+    key_id: str | None = None
+
+
+class TurnStarted(_Value):
+    kind: Literal["turn_started"] = "turn_started"
+    input: str
+
+
+class RunStarted(_Value):
+    """A run of a turn begins. ``workspace`` and ``workspace_id`` are set only when the
+    run moved the session to another workspace (a resume that relocated it after checking
+    the files the log's hashes cover); from then on the session works there."""
+
+    kind: Literal["run_started"] = "run_started"
+    protocol: int = SCHEMA_VERSION
+    model: str
+    parent_run_id: str | None = None
+    resumed_from: Prefix | None = None
+    tools: tuple[str, ...] = ()
+    workspace: str | None = None
+    workspace_id: str | None = None
+
+
+class StepStarted(_Value):
+    kind: Literal["step_started"] = "step_started"
+    index: int
+    model: str
+    tools: tuple[ToolRef, ...]
+
+
+class ModelOutput(_Value):
+    kind: Literal["model_output"] = "model_output"
+    text: str = ""
+    reasoning: str = ""
+    calls: tuple[ProposedCall, ...] = ()
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    # What a provider needs back verbatim in later requests and nobody else reads:
+    # Anthropic's signed thinking blocks, for example. Keyed by provider.
+    provider_state: dict[str, JsonValue] | None = None
+
+
+class ProviderRetried(_Value):
+    kind: Literal["provider_retried"] = "provider_retried"
+    attempt: int
+    error: str
+    delay_ms: int
+
+
+class CallRejected(_Value):
+    """A call refused before dispatch; ``reason`` is a stable code."""
+
+    kind: Literal["call_rejected"] = "call_rejected"
+    tool: str
+    reason: str  # a RejectionReason; golden v1 logs hold older free-form codes
+    message: str
+
+
+class PermissionRequested(_Value):
+    kind: Literal["permission_requested"] = "permission_requested"
+    tool: str
+    summary: str
+
+
+class PermissionDecided(_Value):
+    kind: Literal["permission_decided"] = "permission_decided"
+    tool: str
+    #: ``park``: not dispatched; the call waits for an answer given outside the run (an
+    #: approval in the control plane) and a resume asks the approver again
+    decision: Literal["allow", "deny", "park"]
+    by: Literal["policy", "user", "operator", "default"]
+    reason: str = ""
+
+
+class ToolDispatched(_Value):
+    """T1: every check passed and the side effect may start."""
+
+    kind: Literal["tool_dispatched"] = "tool_dispatched"
+    operation_id: str
+    tool: str
+    arguments: dict[str, JsonValue]
+    attempt: int = 1
+    retry_of: str | None = None
+    recovery: str = "never_retry"  # a RecoveryPolicy; v1 logs hold older names
+    resources: tuple[str, ...] = ()
+    expectations: tuple[FileExpectation, ...] = ()
+
+
+class ToolResponded(_Value):
+    """T2: the outcome is durable and may now reach the model."""
+
+    kind: Literal["tool_responded"] = "tool_responded"
+    operation_id: str
+    status: ResultStatus
+    content: str
+    truncated: bool = False
+    artifacts: tuple[ArtifactRef, ...] = ()
+
+
+class ToolsActivated(_Value):
+    kind: Literal["tools_activated"] = "tools_activated"
+    query: str
+    names: tuple[str, ...]
+
+
+class RecoveryObserved(_Value):
+    kind: Literal["recovery_observed"] = "recovery_observed"
+    operation_id: str
+    status: str  # an ObservedStatus (v1 logs: free-form)
+    reason: str  # an ObservedReason (v1 logs: free-form)
+    observation: str = ""
+
+
+class RecoveryDecided(_Value):
+    kind: Literal["recovery_decided"] = "recovery_decided"
+    operation_id: str
+    action: str  # a RecoveryAction (v1 logs: free-form)
+    reason: str = ""
+
+
+class OperatorDecision(_Value):
+    kind: Literal["operator_decision"] = "operator_decision"
+    operation_id: str
+    decision: DecisionAction
+    result: str | None = None
+    by: str = "operator"
+
+
+class ArtifactStored(_Value):
+    kind: Literal["artifact_stored"] = "artifact_stored"
+    artifact: ArtifactRef
+    name: str = ""
+
+
+class WorkspaceSnapshot(_Value):
+    kind: Literal["workspace_snapshot"] = "workspace_snapshot"
+    ref: str
+    files: int
+    size: int
+
+
+class ContextCompacted(_Value):
+    kind: Literal["context_compacted"] = "context_compacted"
+    elided_call_ids: tuple[str, ...]
+    budget_tokens: int
+    estimated_tokens: int
+
+
+class RunEnded(_Value):
+    kind: Literal["run_ended"] = "run_ended"
+    status: Literal[
+        "completed", "failed", "cancelled", "interrupted", "step_limit", "parked", "abandoned"
+    ]
+    error: str | None = None
+
+
+class OutputRejected(_Value):
+    """The model's final answer failed the turn's output type; ``message`` is what the
+    model reads next (as a runtime message) so it can answer again."""
+
+    kind: Literal["output_rejected"] = "output_rejected"
+    message: str
+    attempt: int
+
+
+class TurnEnded(_Value):
+    """A turn settled. ``reason`` says why an operator abandoned it, when they said;
+    ``output`` is the answer validated against the turn's output type, as JSON."""
+
+    kind: Literal["turn_ended"] = "turn_ended"
+    status: Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]
+    answer: str | None = None
+    reason: str | None = None
+    output: JsonValue | None = None
+
+
+Body = Annotated[
+    SessionStarted
+    | TurnStarted
+    | RunStarted
+    | StepStarted
+    | ModelOutput
+    | ProviderRetried
+    | CallRejected
+    | PermissionRequested
+    | PermissionDecided
+    | ToolDispatched
+    | ToolResponded
+    | ToolsActivated
+    | RecoveryObserved
+    | RecoveryDecided
+    | OperatorDecision
+    | ArtifactStored
+    | WorkspaceSnapshot
+    | ContextCompacted
+    | OutputRejected
+    | RunEnded
+    | TurnEnded,
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- envelope
+
+
+#: the reason of the ``permission_decided`` fact an "always" answer records: the fold reads
+#: it back as a grant for the rest of the session (``SessionState.always_allowed``)
+ALWAYS_REASON = "always: the user allowed this tool for the rest of the session"
+
+
+class EventDraft(_Value):
+    """An event before it is appended: the log assigns offset, session and digest."""
+
+    id: str
+    ts: int
+    body: Body
+    turn_id: str | None = None
+    run_id: str | None = None
+    step_id: str | None = None
+    call_id: str | None = None
+    parent_call_id: str | None = None
+    origin: Origin = "runtime"
+    visibility: Visibility = "model"
+
+
+class Event(_Value):
+    """One committed fact at ``offset`` in ``session_id``'s log."""
+
+    v: int = SCHEMA_VERSION
+    offset: int
+    session_id: str
+    id: str
+    ts: int
+    body: Body
+    turn_id: str | None = None
+    run_id: str | None = None
+    step_id: str | None = None
+    call_id: str | None = None
+    parent_call_id: str | None = None
+    origin: Origin = "runtime"
+    visibility: Visibility = "model"
+    digest: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.body.kind
+
+
+# ---------------------------------------------------------------- codec and chain
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact, key-sorted UTF-8 JSON; the one encoding every digest is computed over."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _canonical_tree(value: dict[str, Any]) -> bytes:
+    """``canonical_json`` of a freshly dumped tree (no cycles): the same bytes, with an
+    encoder made once (``json.dumps`` with options builds a new one on every call)."""
+    return tree_encoder(value).encode("utf-8")
+
+
+#: the canonical JSON text of an event's fields (a dict, ``digest`` left out), written
+#: once for the event set at import (see ``lodger.events.encoding``)
+_encode_event = compile_model_encoder(Event, exclude=frozenset({"digest"}), from_dict=True)
+
+
+def canonical_bytes(event: Event) -> bytes:
+    return canonical_json(event.model_dump(mode="json", exclude={"digest"}))
+
+
+def chain_digest(prev_digest: str, data: bytes) -> str:
+    h = hashlib.sha256(DIGEST_DOMAIN)
+    h.update(bytes.fromhex(prev_digest))
+    h.update(data)
+    return h.hexdigest()
+
+
+def keyed_chain_digest(mac: hmac.HMAC, prev_digest: str, data: bytes) -> str:
+    """The keyed chain's digest. ``mac`` is ``hmac.new(key, HMAC_DIGEST_DOMAIN, "sha256")``,
+    made once per key: copying it costs far less than keying a new HMAC per event."""
+    h = mac.copy()
+    h.update(bytes.fromhex(prev_digest))
+    h.update(data)
+    return h.hexdigest()
+
+
+def _digest(mac: hmac.HMAC | None, prev_digest: str, data: bytes) -> str:
+    if mac is None:
+        return chain_digest(prev_digest, data)
+    return keyed_chain_digest(mac, prev_digest, data)
+
+
+def claimed_chain(first: bytes) -> tuple[ChainKind, str | None]:
+    """The chain kind and key id that a session's first stored event claims, read before
+    its digest can be checked (the claim says which digest to check it with).
+
+    Anything but a ``session_started`` naming ``hmac-sha256`` is a plain chain: the
+    decoder then checks (and rejects) whatever else is wrong with the bytes.
+    """
+    try:
+        raw = json.loads(first)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "sha256", None
+    body = raw.get("body") if isinstance(raw, dict) else None
+    if not isinstance(body, dict) or body.get("kind") != "session_started":
+        return "sha256", None
+    if body.get("chain") != "hmac-sha256":
+        return "sha256", None
+    key_id = body.get("key_id")
+    return "hmac-sha256", key_id if isinstance(key_id, str) else None
+
+
+def seal(
+    draft: EventDraft,
+    *,
+    session_id: str,
+    offset: int,
+    prev_digest: str,
+    mac: hmac.HMAC | None = None,
+) -> tuple[Event, bytes]:
+    """Place a draft at ``offset``; return the committed event and its canonical bytes.
+
+    ``mac`` keys the digest (see ``keyed_chain_digest``); None seals a plain chain.
+    """
+    # The draft is already validated: its fields become the event's without validating
+    # again, and the precompiled encoder of ``Event`` writes the canonical bytes straight
+    # from them (see ``lodger.events.encoding``). Anything it does not expect goes the
+    # generic way (a pydantic dump and the key-sorting encoder), which gives the same
+    # bytes or the error it always gave. Tests hold both equal to ``Event(...)`` plus
+    # ``canonical_bytes``.
+    fields = dict(draft.__dict__)
+    fields["v"] = SCHEMA_VERSION
+    fields["offset"] = offset
+    fields["session_id"] = session_id
+    try:
+        data = _encode_event(fields).encode("utf-8")
+    except Exception:  # noqa: BLE001 - the generic path decides what is wrong
+        data = _seal_bytes_generic(draft, session_id=session_id, offset=offset)
+    fields["digest"] = _digest(mac, prev_digest, data)
+    return _construct(Event, fields), data
+
+
+def _seal_bytes_generic(draft: EventDraft, *, session_id: str, offset: int) -> bytes:
+    """The canonical bytes of ``draft`` at ``offset``, the generic way (dump and encode)."""
+    encoded = draft.model_dump(mode="json")
+    encoded.update(v=SCHEMA_VERSION, offset=offset, session_id=session_id)
+    try:
+        return _canonical_tree(encoded)
+    except (ValueError, UnicodeEncodeError) as exc:  # NaN, infinities, lone surrogates
+        raise UsageError(
+            f"a {draft.body.kind} event for session {session_id!r} cannot be stored: {exc}",
+            hint="events hold JSON values only: finite numbers and valid Unicode text",
+            code="unencodable_event",
+            session_id=session_id,
+            offset=offset,
+        ) from None
+
+
+_ModelT = TypeVar("_ModelT", bound=BaseModel)
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+# the slots every pydantic model instance has, set through their descriptors directly
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+#: one "fields set" per model class, shared by every instance ``_construct`` makes: they
+#: all have every field set, and a frozen model never adds to it (pydantic copies it
+#: before changing it in ``model_copy``). A set per instance was one more object per
+#: event that lives as long as the session, for the cycle collector to traverse.
+_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
+
+
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    found = _ALL_FIELDS.get(cls)
+    if found is None:
+        found = _ALL_FIELDS[cls] = set(cls.model_fields)
+    return found
+
+
+def _construct(cls: type[_ModelT], fields: dict[str, Any]) -> _ModelT:
+    """A model from values that are already valid and complete (every field given).
+
+    What ``model_construct`` does without its per-call defaults and alias handling,
+    which cost more than the rest of an append's CPU work. Callers pass every field.
+    """
+    obj = _new_object(cls)
+    _set_attribute(obj, "__dict__", fields)
+    _set_fields_set(obj, _ALL_FIELDS.get(cls) or _all_fields(cls))
+    _set_extra(obj, None)
+    _set_private(obj, None)
+    return obj
+
+
+def new_prefix(high_water: int, digest: str) -> Prefix:
+    """A ``Prefix`` from values the log computed itself (an offset and a digest it made),
+    without validating them again: every append makes one."""
+    return _construct(Prefix, {"high_water": high_water, "digest": digest})
+
+
+def new_draft(
+    *,
+    id: str,
+    ts: int,
+    body: Body,
+    turn_id: str | None,
+    run_id: str | None,
+    step_id: str | None,
+    call_id: str | None,
+    parent_call_id: str | None,
+    origin: Origin,
+    visibility: Visibility,
+) -> EventDraft:
+    """An ``EventDraft`` from typed values, without validating them again (the body is a
+    validated model and mypy checks the rest): the hot path of every fact."""
+    return _construct(
+        EventDraft,
+        {
+            "id": id,
+            "ts": ts,
+            "body": body,
+            "turn_id": turn_id,
+            "run_id": run_id,
+            "step_id": step_id,
+            "call_id": call_id,
+            "parent_call_id": parent_call_id,
+            "origin": origin,
+            "visibility": visibility,
+        },
+    )
+
+
+_FIELD_ERRORS = {
+    "extra_forbidden": "unknown_field",
+    "union_tag_invalid": "unknown_kind",
+    "union_tag_not_found": "missing_kind",
+    "missing": "missing_field",
+}
+
+
+def _corrupt(session_id: str, offset: int, code: str, why: str) -> CorruptLogError:
+    return CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: {why}",
+        hint=(
+            "the stored event was changed outside lodger or written by a newer version; "
+            f"restore the log from a backup or fork the session from offset {offset}"
+        ),
+        code=code,
+        session_id=session_id,
+        offset=offset,
+    )
+
+
+def decode_event(
+    data: bytes,
+    *,
+    session_id: str,
+    offset: int,
+    digest: str,
+    prev_digest: str,
+    mac: hmac.HMAC | None = None,
+) -> Event:
+    """Decode one stored event and check it against the chain; fail closed on anything odd.
+
+    ``mac`` checks a keyed chain (see ``keyed_chain_digest``); None a plain one.
+    """
+    try:
+        computed = _digest(mac, prev_digest, data)
+    except ValueError:
+        # only a digest taken on trust (a read from a later offset) can be malformed
+        raise _corrupt(
+            session_id,
+            max(offset - 1, 0),
+            "digest_mismatch",
+            "its stored digest is not a hex sha256",
+        ) from None
+    if computed != digest:
+        raise _chain_broken(
+            data,
+            session_id=session_id,
+            offset=offset,
+            digest=digest,
+            prev_digest=prev_digest,
+            keyed=mac is not None,
+        )
+    try:
+        # The digest is not part of the stored bytes; splicing it into the object lets
+        # one validation build the final event (a model_copy per event costs more than
+        # the validation itself on long logs).
+        if not data.endswith(b"}") or data == b"{}":
+            raise _explain_undecodable(data, session_id=session_id, offset=offset)
+        event = Event.model_validate_json(b'%s,"digest":"%s"}' % (data[:-1], digest.encode()))
+    except ValidationError as exc:
+        raise _explain_invalid(data, exc, session_id=session_id, offset=offset) from None
+    if event.v > SCHEMA_VERSION:
+        raise _corrupt(
+            session_id,
+            offset,
+            "newer_schema",
+            f"schema version {event.v} is newer than this lodger reads ({SCHEMA_VERSION})",
+        )
+    if event.offset != offset:
+        raise _corrupt(
+            session_id, offset, "offset_mismatch", f"the event says it is at offset {event.offset}"
+        )
+    if event.session_id != session_id:
+        raise _corrupt(
+            session_id,
+            offset,
+            "session_mismatch",
+            f"the event belongs to session {event.session_id!r}",
+        )
+    return event
+
+
+def _chain_broken(
+    data: bytes, *, session_id: str, offset: int, digest: str, prev_digest: str, keyed: bool
+) -> CorruptLogError:
+    if not keyed:
+        return _corrupt(
+            session_id,
+            offset,
+            "digest_mismatch",
+            "its digest does not match its bytes and the previous digest (broken chain)",
+        )
+    if chain_digest(prev_digest, data) == digest:
+        # Only someone without the key writes a plain digest into a keyed chain.
+        return CorruptLogError(
+            f"log for session {session_id!r} is forged at offset {offset}: the session's "
+            "chain is keyed, and this event carries a plain sha256 digest recomputed over "
+            "changed bytes",
+            hint="someone with write access to the state directory but without the log key "
+            f"rewrote the log; treat every event from offset {offset} on as untrusted, "
+            f"restore the log from a backup or fork the session from offset {offset}",
+            code="forged",
+            session_id=session_id,
+            offset=offset,
+        )
+    return CorruptLogError(
+        f"log for session {session_id!r} is invalid at offset {offset}: its keyed digest "
+        "does not match its bytes and the previous digest (changed after it was written, "
+        "by damage or by someone without the log key)",
+        hint="restore the log from a backup or fork the session from offset "
+        f"{offset}; do not trust events from offset {offset} on",
+        code="digest_mismatch",
+        session_id=session_id,
+        offset=offset,
+    )
+
+
+def _explain_undecodable(data: bytes, *, session_id: str, offset: int) -> CorruptLogError:
+    return _corrupt(
+        session_id, offset, "undecodable", "the stored bytes are not a JSON object (torn write?)"
+    )
+
+
+def _explain_invalid(
+    data: bytes, exc: ValidationError, *, session_id: str, offset: int
+) -> CorruptLogError:
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return _corrupt(
+            session_id, offset, "undecodable", "the stored bytes are not JSON (torn write?)"
+        )
+    if isinstance(raw, dict):
+        version = raw.get("v")
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            return _corrupt(
+                session_id,
+                offset,
+                "newer_schema",
+                f"schema version {version} is newer than this lodger reads ({SCHEMA_VERSION})",
+            )
+    first = exc.errors()[0]
+    code = _FIELD_ERRORS.get(first["type"], "invalid_field")
+    where = ".".join(str(part) for part in first["loc"]) or "event"
+    return _corrupt(session_id, offset, code, f"{where}: {first['msg']}")

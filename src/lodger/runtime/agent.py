@@ -1,0 +1,473 @@
+"""The agent: a model, bound tools and a place to keep sessions.
+
+>>> agent = Agent(model=ScriptedModel([{"text": "hello"}]), tools=[add])
+>>> result = await agent.run("say hello")
+>>> result.answer
+'hello'
+
+``Agent`` composes the engine (``lodger.engine``: the loop, the call pipeline, resume)
+with storage (``lodger.storage``) and keeps each session's verified fold between turns,
+so a new turn on an open session reads only what it has not seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lodger.authority import Authorities
+from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
+from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
+from lodger.engine.output import OutputSpec
+from lodger.engine.permissions import PermissionGate
+from lodger.engine.resume import Decision, abandon, decide
+from lodger.engine.settings import Hooks, Limits, Retries, Services
+from lodger.engine.state import SessionState
+from lodger.errors import SessionNotFoundError, UsageError
+from lodger.events import Event
+from lodger.ids import Clock, IdFactory
+from lodger.providers.base import Model, TextSink
+from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime.streaming import TurnStream
+from lodger.runtime.subagents.policy import SubagentPolicy
+from lodger.storage import EventLog, SessionWriter, Storage
+from lodger.storage.artifacts import ArtifactStore
+from lodger.storage.forks import read_inherited
+from lodger.storage.snapshots import WorkspaceSnapshotter
+from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
+from lodger.tools.policy import PermissionPolicy
+from lodger.tools.registry import ToolRegistry
+from lodger.tools.search import attach_tool_search
+from lodger.tools.spec import Tool
+
+__all__ = ["DEFAULT_SYSTEM", "Agent", "RunUsage", "SessionHandle", "TurnResult", "TurnStatus"]
+
+_UNSET: Any = object()
+
+DEFAULT_SYSTEM = (
+    "You are a careful software agent working in a workspace. Use the tools to inspect and "
+    "change files; prefer small, verifiable steps. Calls you make in one step run in "
+    "parallel, so only batch calls that do not depend on each other. When the task is "
+    "done, answer with a short summary of what you did."
+)
+
+
+class SessionHandle:
+    """Read access to one session's log."""
+
+    def __init__(self, log: EventLog, session_id: str) -> None:
+        self.log = log
+        self.session_id = session_id
+
+    async def events(self) -> list[Event]:
+        return await self.log.read_all(self.session_id)
+
+    async def verify(self) -> tuple[int, str]:
+        prefix = await self.log.verify(self.session_id)
+        return prefix.high_water, prefix.digest
+
+
+class Agent:
+    """A model, bound tools and a place to keep sessions.
+
+    ``storage`` is where sessions live: a ``Storage`` (the caller's: the agent does not
+    close it), or the state directory of the embedded default (default ``.lodger``: a
+    SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory
+    file tools work in. ``snapshots`` records a content-addressed, incremental snapshot of
+    the workspace with each turn's end (a ``workspace_snapshot`` fact; its files go to
+    the artifact store): on by default when the session lives in an object store and
+    there is a workspace. ``code_mode`` binds the ``exec`` tool, ``subagents`` the
+    ``delegate`` tool.
+
+    The rest comes in groups (``lodger.engine.settings``), each passed whole to the
+    engine: ``limits`` (steps, context budget, call timeout, output retries),
+    ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
+    approver) and ``services`` (clock and ids, authorities, executor, shared folds).
+    Nothing here is global: clocks and ids are injected for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: Sequence[Tool] = (),
+        system: str = DEFAULT_SYSTEM,
+        workspace: str | os.PathLike[str] | None = None,
+        output_type: Any = None,
+        deps: Any = None,
+        permissions: PermissionPolicy | None = None,
+        storage: Storage | str | os.PathLike[str] = ".lodger",
+        snapshots: bool | None = None,
+        code_mode: Language | CodeMode | None = None,
+        subagents: SubagentPolicy | None = None,
+        limits: Limits | None = None,
+        retries: Retries | None = None,
+        hooks: Hooks | None = None,
+        services: Services | None = None,
+    ) -> None:
+        self._owns_storage = not isinstance(storage, Storage)
+        if not isinstance(storage, Storage):
+            storage = Storage.local(storage)
+        self.storage = storage
+        hooks = hooks or Hooks()
+        services = services or Services()
+        self.registry = ToolRegistry(tools)
+        # Deferred tools are found through tool_search and listed in the system prompt.
+        self.tool_search = attach_tool_search(self.registry)
+        # Code mode: an ``exec`` tool whose cells call the nestable tools
+        # (lodger.substrates.codemode).
+        self.code_mode = _code_mode(code_mode, None)
+        if self.code_mode is not None:
+            self.registry.bind(_exec_tool(self.registry, self.code_mode))
+        # Subagents: a ``delegate`` tool whose calls run child sessions (lodger.runtime.subagents).
+        self.subagents = subagents
+        if subagents is not None:
+            from lodger.runtime.subagents.tool import delegate_tool  # loads the engine it drives
+
+            self.registry.bind(delegate_tool(self, subagents))
+        self.workspace = Path(workspace).resolve() if workspace is not None else None
+        hidden = storage.hidden_paths()
+        self.engine = Engine(
+            snapshotter=_snapshotter(storage, self.workspace, snapshots),
+            model=model,
+            registry=self.registry,
+            system=system,
+            permissions=PermissionGate(permissions or PermissionPolicy(), hooks.approver),
+            artifacts=storage.artifacts,
+            workspace=self.workspace,
+            hidden=hidden,
+            limits=limits or Limits(),
+            retries=retries or Retries(),
+            hooks=hooks,
+            services=services,
+            output=OutputSpec(output_type) if output_type is not None else None,
+            deps=deps,
+        )
+        # The verified fold of each session this agent has open, kept between turns
+        # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
+        self._owns_states = services.folds is None
+        self._states: MutableMapping[str, SessionState] = (
+            {} if services.folds is None else services.folds
+        )
+        self._runner: asyncio.Runner | None = None
+
+    @property
+    def clock(self) -> Clock:
+        return self.engine.services.clock
+
+    @property
+    def ids(self) -> IdFactory:
+        return self.engine.services.ids
+
+    @property
+    def authorities(self) -> Authorities:
+        """File leases, actors and capacity for this agent's calls; give every agent that
+        shares a workspace the same one so their calls meet on the same leases."""
+        return self.engine.services.authorities
+
+    @authorities.setter
+    def authorities(self, value: Authorities) -> None:
+        self.engine.services = dataclasses.replace(self.engine.services, authorities=value)
+
+    @property
+    def model(self) -> Model:
+        return self.engine.model
+
+    @property
+    def log(self) -> EventLog:
+        return self.storage.log
+
+    @property
+    def artifacts(self) -> ArtifactStore:
+        return self.storage.artifacts
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_states:
+            self._states.clear()
+        if self._owns_storage:
+            await self.storage.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """``close`` for code that uses ``run_sync``: also ends the agent's event loop."""
+        runner = self._sync_runner()
+        try:
+            runner.run(self.close())
+        finally:
+            runner.close()
+            self._runner = None
+
+    def _sync_runner(self) -> asyncio.Runner:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise UsageError(
+                "run_sync was called from inside a running event loop",
+                hint="inside async code, await agent.run(...) instead",
+                code="sync_in_async",
+            )
+        if self._runner is None:
+            # One loop for every sync call: model clients and stores stay bound to it.
+            self._runner = asyncio.Runner()
+        return self._runner
+
+    def run_sync(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+    ) -> TurnResult:
+        """``run`` for code that is not async: ``Agent(...).run_sync("task").output``.
+
+        The agent keeps one event loop for its sync calls; ``with Agent(...) as agent:``
+        (or ``agent.close_sync()``) closes it and the agent's storage.
+        """
+        return self._sync_runner().run(
+            self.run(task, session=session, deps=deps, output_type=output_type)
+        )
+
+    def _engine_for(
+        self,
+        *,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+        on_event: Callable[[Event], None] | None = None,
+        on_text: TextSink | None = None,
+        code_mode: Any = _UNSET,
+    ) -> Engine:
+        """This agent's engine with one call's deps, output type, code mode and sinks."""
+        changes: dict[str, Any] = {}
+        if code_mode is not _UNSET:
+            # one run's code mode: its own registry, with the exec tool added, replaced
+            # (another language) or left out (None)
+            registry = self.registry.copy(without=("exec",))
+            mode = _code_mode(code_mode, self.code_mode)
+            if mode is not None:
+                registry.bind(_exec_tool(registry, mode))
+            changes["registry"] = registry
+        if deps is not _UNSET:
+            changes["deps"] = deps
+        if output_type is not _UNSET:
+            changes["output"] = OutputSpec(output_type) if output_type is not None else None
+        hooks = self.engine.hooks
+        if on_event is not None:
+            hooks = dataclasses.replace(hooks, on_event=_both(hooks.on_event, on_event))
+        if on_text is not None:
+            hooks = dataclasses.replace(hooks, on_text=_both(hooks.on_text, on_text))
+        if hooks is not self.engine.hooks:
+            changes["hooks"] = hooks
+        return dataclasses.replace(self.engine, **changes) if changes else self.engine
+
+    def stream(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+    ) -> TurnStream:
+        """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
+        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
+
+        async def start(
+            on_event: Callable[[Event], None], on_text: Callable[[str], None]
+        ) -> TurnResult:
+            engine = self._engine_for(
+                deps=deps, output_type=output_type, on_event=on_event, on_text=on_text
+            )
+            return await self._run(engine, task, session)
+
+        return TurnStream(start)
+
+    def session(self, session_id: str) -> SessionHandle:
+        return SessionHandle(self.log, session_id)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _open(self, session_id: str) -> tuple[SessionWriter, SessionState]:
+        """The session's writer and its fold; reads only events this agent has not seen."""
+        cached = self._states.get(session_id)
+        try:
+            if cached is None and await self.log.exists(session_id):
+                # a session this agent has not read: open its fold (from its checkpoint
+                # when one matches); the writer then reads only what was appended since
+                cached = await open_fold(self.log, session_id)
+                self._states[session_id] = cached
+            writer = await self.log.open_writer(
+                session_id, known=cached.events if cached is not None else ()
+            )
+        except BaseException:
+            self._states.pop(session_id, None)
+            raise
+        if cached is None:
+            cached = SessionState(session_id)
+            self._states[session_id] = cached
+        try:
+            cached.feed(writer.initial_events)
+            if cached.needs_inheritance:
+                # a fork: the model's context starts with the parent's history
+                cached.inherit(await read_inherited(self.log, session_id, cached.events))
+        except BaseException:
+            self._states.pop(session_id, None)
+            await writer.close()
+            raise
+        return writer, cached
+
+    @contextlib.asynccontextmanager
+    async def open_session(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState]]:
+        """The session's writer and its verified fold, for a block that drives the engine
+        on it (each turn here does; so does the ``delegate`` tool for a child session).
+        The writer is closed after the block; the fold is kept for the next turn, unless
+        the block fails: it may then hold less than the log (a failed commit), so it is
+        read again next time."""
+        writer, state = await self._open(session_id)
+        try:
+            yield writer, state
+        except BaseException:
+            self._states.pop(session_id, None)
+            raise
+        finally:
+            await writer.close()
+
+    async def run(
+        self,
+        task: str,
+        *,
+        session: str | None = None,
+        deps: Any = _UNSET,
+        output_type: Any = _UNSET,
+        code_mode: Language | CodeMode | None = _UNSET,
+    ) -> TurnResult:
+        """Run one turn of ``task`` on ``session`` (a new session when None).
+
+        ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
+        ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
+        ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
+        The result's ``output`` is the validated value, ``usage`` the tokens, ``commits``
+        the durable appends.
+        """
+        engine = self._engine_for(deps=deps, output_type=output_type, code_mode=code_mode)
+        return await self._run(engine, task, session)
+
+    async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
+        session_id = session if session is not None else self.ids.new_id()
+        async with self.open_session(session_id) as (writer, state):
+            result = await engine.start_turn(engine.journal(writer, state), task)
+            if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
+                await save_checkpoint(self.log, state)
+            return result
+
+    async def resume(
+        self, session_id: str, *, relocate: bool = False, deps: Any = _UNSET
+    ) -> TurnResult:
+        """Resume the session's interrupted turn as a new run.
+
+        With ``relocate``, the session may move to this agent's workspace (another
+        directory than the one it worked in) when every file the log's hashes cover
+        holds what the log says; the new run records the move.
+        Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
+        """
+        async with self.open_session(session_id) as (writer, state):
+            if not state.events:
+                raise SessionNotFoundError(
+                    f"no log for session {session_id!r}", session_id=session_id
+                )
+            engine = self._engine_for(deps=deps)
+            result = await engine.resume(engine.journal(writer, state), relocate=relocate)
+            if checkpoint_due(state):
+                await save_checkpoint(self.log, state)
+            return result
+
+    async def recovery_plan(self, session_id: str) -> RecoveryPlan:
+        """What resume would do now: every call of the open turn, its status and action."""
+        events = await self.log.read_all(session_id)
+        return SessionState(session_id, events).plan()
+
+    async def decide(
+        self,
+        session_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        result: str | None = None,
+    ) -> list[Event]:
+        """Record an operator decision on a parked (or indeterminate) call."""
+        async with self.open_session(session_id) as (writer, state):
+            return await decide(
+                writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
+            )
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+        """End the session's open turn as abandoned by the operator, as facts."""
+        async with self.open_session(session_id) as (writer, state):
+            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+
+
+def _code_mode(value: Language | CodeMode | None, agent: CodeMode | None) -> CodeMode | None:
+    """A code mode given by its language takes the agent's cell limits (or the default)."""
+    if value is None or isinstance(value, CodeMode):
+        return value
+    return CodeMode(language=value, limits=agent.limits if agent is not None else CellLimits())
+
+
+def _exec_tool(registry: ToolRegistry, mode: CodeMode) -> Tool:
+    return exec_tool(registry, language=mode.language, limits=mode.limits)
+
+
+def _snapshotter(
+    storage: Storage, workspace: Path | None, enabled: bool | None
+) -> WorkspaceSnapshotter | None:
+    """Snapshots at each turn's end: on by default for sessions on an object store (a
+    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    if enabled is None:
+        # an object store's log exists only once its module is loaded: without it (the
+        # local default) there is nothing to check, and 30 ms of imports are saved
+        objectstore = sys.modules.get("lodger.storage.objectstore")
+        enabled = (
+            workspace is not None
+            and objectstore is not None
+            and isinstance(storage.log.store, objectstore.ObjectLogStore)
+        )
+    if not enabled:
+        return None
+    if workspace is None:
+        raise UsageError(
+            "workspace snapshots need a workspace",
+            hint="pass workspace=... to the agent, or leave snapshots off",
+            code="usage",
+        )
+    return WorkspaceSnapshotter(storage.artifacts)
+
+
+def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:
+    if first is None:
+        return second
+
+    def both(item: Any) -> None:
+        first(item)
+        second(item)
+
+    return both

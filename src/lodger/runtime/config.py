@@ -1,0 +1,322 @@
+"""The project configuration, ``lodger.toml`` in the workspace, and ``--mcp`` servers.
+
+    model = "openai:gpt-4.1"                 # the default for --model
+
+    [permissions]                          # first match wins: deny, then ask, then allow
+    allow = ["read_file", "shell(git status*)", "shell(pytest*)"]
+    ask = ["write_file", "edit_file"]
+    deny = ["shell(rm *)"]
+
+A permission entry is a tool name pattern (``mcp:*`` matches a group), optionally with an
+argument pattern in parentheses that one of the call's string arguments must match.
+Every key is checked (a pydantic model): an unknown key anywhere is an error naming it.
+
+    [mcp.servers.git]                      # stdio: a command the runtime starts
+    command = "mcp-server-git"
+    args = ["--repository", "."]
+    env = { GIT_AUTHOR_NAME = "lodger" }   # added to a minimal environment (PATH, HOME, ...)
+    approval = ["git_commit", "git_reset"] # true (every tool asks), false, or tool patterns
+    timeout_s = 30                         # per call; default 60
+    deferred = true                        # the default: found through tool_search
+
+    [mcp.servers.docs]                     # streamable HTTP
+    url = "http://127.0.0.1:8000/mcp"
+    headers = { Authorization = "Bearer ${DOCS_TOKEN}" }
+
+``${NAME}`` in ``env`` and ``headers`` values is read from the environment, so secrets
+stay out of the file. On the command line, ``--mcp 'NAME=COMMAND ARGS...'`` (split like a
+shell would) or ``--mcp NAME=http://...`` adds a server with the defaults, replacing a
+file entry of the same name. Stdio servers start in the workspace unless ``cwd`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lodger.errors import ConfigError
+from lodger.substrates.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
+from lodger.tools.mcp import McpServerConfig, tools_from_definitions
+from lodger.tools.policy import Decision, Rule
+from lodger.tools.spec import Tool
+
+__all__ = [
+    "CONFIG_FILE",
+    "LimitsConfig",
+    "PermissionsConfig",
+    "ProjectConfig",
+    "load_catalog",
+    "load_mcp_servers",
+    "load_project_config",
+    "load_sandbox_policy",
+    "parse_config_file",
+    "parse_mcp_option",
+    "read_config_file",
+    "servers_of",
+]
+
+CONFIG_FILE = "lodger.toml"
+
+_KEYS: dict[str, type | tuple[type, ...]] = {
+    "command": str,
+    "args": list,
+    "env": dict,
+    "cwd": str,
+    "url": str,
+    "headers": dict,
+    "deferred": bool,
+    "approval": (bool, list),
+    "timeout_s": (int, float),
+    "connect_timeout_s": (int, float),
+}
+
+
+def _strings(value: Any, where: str, *, expand: bool = False) -> dict[str, str] | list[str]:
+    if isinstance(value, list):
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return list(value)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"{where} must be a table of strings")
+    return {k: expand_variables(v, f"{where}.{k}") if expand else v for k, v in value.items()}
+
+
+def server_from_table(
+    name: str, table: Mapping[str, Any], *, where: str, base: Path | None = None
+) -> McpServerConfig:
+    """One ``[mcp.servers.NAME]`` table as a server config; unknown keys are errors."""
+    for key, value in table.items():
+        expected = _KEYS.get(key)
+        if expected is None:
+            raise ConfigError(
+                f"unknown key {key!r} in {where}",
+                hint="known keys: " + ", ".join(sorted(_KEYS)),
+            )
+        if not isinstance(value, expected) or (
+            isinstance(value, bool) and expected in ((int, float),)
+        ):
+            raise ConfigError(f"{where}.{key} has the wrong type ({type(value).__name__})")
+    options: dict[str, Any] = {k: v for k, v in table.items() if k in _KEYS}
+    for key in ("args", "env", "headers"):
+        if key in options:
+            value = _strings(options[key], f"{where}.{key}", expand=key != "args")
+            options[key] = tuple(value) if key == "args" else value
+    if isinstance(options.get("approval"), list):
+        options["approval"] = tuple(_strings(options["approval"], f"{where}.approval"))
+    if "cwd" in options and base is not None:
+        options["cwd"] = str((base / options["cwd"]).resolve())
+    elif "command" in options and base is not None:
+        options["cwd"] = str(base)
+    for key in ("timeout_s", "connect_timeout_s"):
+        if key in options:
+            options[key] = float(options[key])
+    return McpServerConfig(name=name, **options)
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A configuration file's text; a file that is unreadable or not UTF-8 is a ConfigError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            hint="save it as UTF-8",
+        ) from None
+
+
+def _too_deep(what: str, path: Path) -> ConfigError:
+    # The TOML and JSON parsers recurse once per nested array or table.
+    return ConfigError(
+        f"{what} {path} is nested too deeply to read",
+        hint="configuration nests a few levels deep; check the file for runaway brackets",
+    )
+
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PermissionsConfig(BaseModel):
+    """``[permissions]``: tool patterns (``name`` or ``name(argument pattern)``)."""
+
+    model_config = _STRICT
+    allow: list[str] = []
+    ask: list[str] = []
+    deny: list[str] = []
+
+    def rules(self) -> list[Rule]:
+        """Deny first, then ask, then allow: a deny always wins over a broader allow."""
+        order: tuple[tuple[Decision, list[str]], ...] = (
+            ("deny", self.deny),
+            ("ask", self.ask),
+            ("allow", self.allow),
+        )
+        return [Rule.parse(text, decision) for decision, texts in order for text in texts]
+
+
+class McpConfig(BaseModel):
+    model_config = _STRICT
+    #: each server's table is checked by ``server_from_table`` (its own key list)
+    servers: dict[str, dict[str, Any]] = {}
+
+
+class LimitsConfig(BaseModel):
+    """``[limits]``: bounds on one turn."""
+
+    model_config = _STRICT
+    max_steps: int | None = None
+
+
+class ProjectConfig(BaseModel):
+    """A whole ``lodger.toml``."""
+
+    model_config = _STRICT
+    model: str | None = None
+    permissions: PermissionsConfig = PermissionsConfig()
+    mcp: McpConfig = McpConfig()
+    limits: LimitsConfig = LimitsConfig()
+    # checked key by key by ``load_sandbox_policy`` (``lodger.substrates.sandbox.policy``)
+    sandbox: dict[str, Any] | None = None
+
+
+def load_project_config(path: Path) -> ProjectConfig:
+    """``lodger.toml`` checked key by key; a missing file is the empty configuration."""
+    if not path.is_file():
+        return ProjectConfig()
+    return _project_config(path)
+
+
+def _project_config(path: Path) -> ProjectConfig:
+    return parse_config_file(path)[1]
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    text = _read_text(path, "configuration file")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _too_deep("configuration file", path) from None
+
+
+def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
+    """A ``lodger.toml`` read once: its raw tables and the checked configuration (the
+    ``[sandbox]`` and ``[mcp.servers.*]`` tables are checked by their own readers)."""
+    data = _toml(path)
+    try:
+        config = ProjectConfig.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            raise ConfigError(
+                f"unknown key {where!r} in {path}",
+                hint="known keys: model, [permissions] allow/ask/deny, [sandbox], "
+                "[mcp.servers.NAME], [limits] max_steps",
+            ) from None
+        raise ConfigError(f"{where} in {path}: {error['msg']}") from None
+    steps = config.limits.max_steps
+    if steps is not None and steps < 1:
+        raise ConfigError(f"limits.max_steps in {path} must be at least 1, not {steps}")
+    return data, config
+
+
+def read_config_file(path: Path) -> list[McpServerConfig]:
+    """The MCP servers of a ``lodger.toml``; stdio servers start in its directory."""
+    return servers_of(_project_config(path), path)
+
+
+def servers_of(config: ProjectConfig, path: Path) -> list[McpServerConfig]:
+    """The ``[mcp.servers.*]`` of a checked ``lodger.toml`` at ``path``."""
+    servers = config.mcp.servers
+    out = []
+    for name, table in servers.items():
+        where = f"[mcp.servers.{name}] of {path}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table")
+        out.append(server_from_table(name, table, where=where, base=path.parent.resolve()))
+    return out
+
+
+def load_sandbox_policy(workspace: Path) -> SandboxPolicy | None:
+    """The ``[sandbox]`` table of ``<workspace>/lodger.toml``
+    (``lodger.substrates.sandbox.policy``); None when there is no file or no table."""
+    path = workspace / CONFIG_FILE
+    if not path.is_file():
+        return None
+    table = _toml(path).get("sandbox")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[sandbox] in {path} must be a table")
+    return policy_from_config(table, where=f"[sandbox] of {path}", workspace=workspace)
+
+
+def parse_mcp_option(spec: str, *, base: Path | None = None) -> McpServerConfig:
+    """``NAME=COMMAND ARGS...`` (stdio) or ``NAME=http(s)://...`` (streamable HTTP)."""
+    name, sep, value = spec.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ConfigError(
+            f"--mcp {spec!r} is not NAME=COMMAND or NAME=URL",
+            hint="e.g. --mcp 'git=mcp-server-git --repository .' or "
+            "--mcp docs=http://127.0.0.1:8000/mcp",
+        )
+    name, value = name.strip(), value.strip()
+    if value.startswith(("http://", "https://")):
+        return McpServerConfig(name=name, url=value)
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ConfigError(f"--mcp {spec!r}: {exc}") from None
+    cwd = str(base) if base is not None else None
+    return McpServerConfig(name=name, command=words[0], args=tuple(words[1:]), cwd=cwd)
+
+
+def load_mcp_servers(
+    workspace: Path, options: Sequence[str] = (), *, config_file: Path | None = None
+) -> list[McpServerConfig]:
+    """The workspace's ``lodger.toml`` servers (if the file exists), then ``--mcp`` ones;
+    a ``--mcp`` server replaces a file entry of the same name."""
+    path = config_file or workspace / CONFIG_FILE
+    servers = {c.name: c for c in read_config_file(path)} if path.is_file() else {}
+    for spec in options:
+        config = parse_mcp_option(spec, base=workspace.resolve())
+        servers[config.name] = config
+    return list(servers.values())
+
+
+def load_catalog(path: Path) -> list[Tool]:
+    """Tools from a JSON list in MCP ``tools/list`` form (``name``, ``description``,
+    ``inputSchema``, optional ``group``): deferred, searchable, never callable."""
+    text = _read_text(path, "catalog")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"catalog {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep("catalog", path) from None
+    if not isinstance(data, list):
+        raise ConfigError(f"catalog {path} must be a JSON list of tool definitions")
+    for n, entry in enumerate(data):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("description", ""), str)
+            and isinstance(entry.get("inputSchema", {}), dict)
+            and isinstance(entry.get("group", ""), str)
+        ):
+            raise ConfigError(
+                f"entry {n} of catalog {path} is not a tool definition",
+                hint='each entry is {"name": ..., "description": ..., "inputSchema": {...}}',
+            )
+    return tools_from_definitions(data)

@@ -1,0 +1,286 @@
+"""The sessions service: what the CLI (and the HTTP host, and workers) do with sessions.
+
+It composes storage, tools and MCP servers into an agent for one operation and runs it:
+run a turn, resume an interrupted one (in its workspace, or relocated to another), record
+an operator decision, abandon an open turn, compute a recovery plan, list sessions. It
+knows nothing of terminals or HTTP: progress goes to callbacks, failures are
+``LodgerError``s whose ``next_steps`` say what a caller can do.
+
+>>> sessions = Sessions(Storage.local(".lodger"))
+>>> result = await sessions.run("fix the test", binding=Binding(model=model, tools=tools))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lodger.engine.checkpoint import open_fold
+from lodger.engine.loop import TurnResult
+from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.resume import Decision, abandon, decide
+from lodger.engine.settings import Hooks, Limits, Services
+from lodger.engine.state import SessionState
+from lodger.events import Event
+from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.providers.base import Model, TextSink
+from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime.agent import Agent
+from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
+from lodger.storage import SessionWriter, Storage, check_session_id
+from lodger.storage.forks import Fork, fork_session
+from lodger.substrates.codemode import Language
+from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.spec import Tool
+from lodger.tools.workspace import workspace_id
+
+__all__ = ["Binding", "FoldCache", "SessionDefaults", "SessionWorkspace", "Sessions"]
+
+
+class FoldCache(MutableMapping[str, SessionState]):
+    """The verified folds a long-lived service keeps, least recently used first out.
+
+    A fold holds every event of its session, so an unbounded cache grows with every session
+    a host ever touched. Evicting one loses nothing: the next operation on that session
+    reads and verifies its log again (an agent in the middle of a turn keeps its own
+    reference to the fold it is feeding).
+    """
+
+    def __init__(self, max_sessions: int = 64) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.max_sessions = max_sessions
+        self._folds: OrderedDict[str, SessionState] = OrderedDict()
+
+    def __getitem__(self, session_id: str) -> SessionState:
+        state = self._folds[session_id]
+        self._folds.move_to_end(session_id)
+        return state
+
+    def __setitem__(self, session_id: str, state: SessionState) -> None:
+        self._folds[session_id] = state
+        self._folds.move_to_end(session_id)
+        while len(self._folds) > self.max_sessions:
+            self._folds.popitem(last=False)
+
+    def __delitem__(self, session_id: str) -> None:
+        del self._folds[session_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._folds)
+
+    def __len__(self) -> int:
+        return len(self._folds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Binding:
+    """What one run binds: a model, tools, MCP servers, a workspace and a policy."""
+
+    model: Model
+    tools: Sequence[Tool] = ()
+    mcp: Sequence[McpServerConfig] = ()
+    workspace: Path | None = None
+    permissions: PermissionPolicy = field(default_factory=PermissionPolicy)
+    approver: Approver | None = None
+    max_steps: int = 50
+    on_event: Callable[[Event], None] | None = None
+    on_text: TextSink | None = None
+    #: bind the ``exec`` tool: cells in this language call the nestable tools
+    code_mode: Language | None = None
+    #: bind the ``delegate`` tool: child sessions under this policy (lodger.runtime.subagents)
+    subagents: SubagentPolicy | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionDefaults:
+    """What a session's log says it ran with: its last model and its workspace."""
+
+    model: str | None
+    workspace: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionWorkspace:
+    """The directory a session works in and whether it is still there: ``present`` (the
+    same directory), ``missing`` (moved or deleted), ``replaced`` (another directory under
+    that name: recreated, or another mount) or ``none`` (the session has no workspace).
+    A missing or replaced workspace blocks a resume until the session is relocated or its
+    open turn is abandoned."""
+
+    path: str | None
+    state: Literal["none", "present", "missing", "replaced"]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"path": self.path, "state": self.state}
+
+
+def _workspace_of(path: str | None, recorded_id: str | None) -> SessionWorkspace:
+    if path is None or recorded_id is None:
+        return SessionWorkspace(path=path, state="none")
+    try:
+        current = workspace_id(Path(path))
+    except OSError:
+        return SessionWorkspace(path=path, state="missing")
+    return SessionWorkspace(path=path, state="present" if current == recorded_id else "replaced")
+
+
+class Sessions:
+    """Sessions in one ``Storage``."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        clock: Clock | None = None,
+        ids: IdFactory | None = None,
+        max_cached_sessions: int = 64,
+    ) -> None:
+        self.storage = storage
+        self.clock = clock or SystemClock()
+        self.ids = ids or Uuid7Factory(self.clock)
+        # Verified folds this service has read, handed to the agents it makes: a session
+        # read for its defaults is not read again to resume it (only its new tail is).
+        # Bounded, so a long-lived host does not keep every session it ever touched.
+        self._states = FoldCache(max_cached_sessions)
+
+    @classmethod
+    def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
+        """Sessions in ``state_dir``, or in the object store ``$LODGER_STORE`` names."""
+        return cls(Storage.open(state_dir))
+
+    async def close(self) -> None:
+        await self.storage.close()
+
+    async def __aenter__(self) -> Sessions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ reading
+
+    async def list_sessions(self) -> list[str]:
+        return await self.storage.log.list_sessions()
+
+    async def state(self, session_id: str) -> SessionState:
+        """The session's verified fold (reads and verifies the log once)."""
+        check_session_id(session_id)
+        state = await open_fold(self.storage.log, session_id)
+        self._states[session_id] = state
+        return state
+
+    async def plan(self, session_id: str) -> RecoveryPlan:
+        return (await self.state(session_id)).plan()
+
+    async def workspace(self, state: SessionState) -> SessionWorkspace:
+        """Whether the directory the session works in is still the one it worked in."""
+        return await asyncio.to_thread(_workspace_of, state.workspace, state.workspace_id)
+
+    async def defaults(self, session_id: str) -> SessionDefaults:
+        state = await self.state(session_id)
+        return SessionDefaults(model=state.last_model, workspace=state.workspace)
+
+    # ------------------------------------------------------------------ acting
+
+    async def run(self, task: str, *, binding: Binding, session: str | None = None) -> TurnResult:
+        """Run one turn (a new session when ``session`` is None); an interrupted turn of
+        the session is resumed first."""
+        # the servers stop when the turn settles
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.run(task, session=session)
+
+    async def resume(
+        self, session_id: str, *, binding: Binding, relocate: bool = False
+    ) -> TurnResult:
+        """Continue the session's interrupted turn as a new run.
+
+        ``relocate`` moves the session to ``binding.workspace`` (a moved or recreated
+        directory) after checking every file the log's hashes cover there; a mismatch
+        refuses, naming the files.
+        """
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.resume(session_id, relocate=relocate)
+
+    async def run_subagent(self, session_id: str, *, binding: Binding) -> ChildOutcome | None:
+        """Run (or resume) the one turn of a child session handed off to a worker
+        (``lodger.runtime.subagents.detached``); None when it is not a subagent or the binding
+        has no subagent policy."""
+        from lodger.runtime.subagents.tool import drive_detached_child  # only a worker delegates
+
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await drive_detached_child(agent, session_id)
+
+    async def decide(
+        self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None
+    ) -> list[Event]:
+        """Record an operator decision on a parked or indeterminate call, as a fact."""
+        check_session_id(session_id)
+        writer, state = await self._writer_and_fold(session_id)
+        try:
+            return await decide(
+                writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
+            )
+        finally:
+            await writer.close()
+
+    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+        """End the session's open turn as abandoned, as facts; needs no workspace, model or
+        tools. A new turn on the session starts fresh afterwards."""
+        check_session_id(session_id)
+        writer, state = await self._writer_and_fold(session_id)
+        try:
+            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+        finally:
+            await writer.close()
+
+    async def fork(self, parent: str, *, at: int | None = None, session: str | None = None) -> Fork:
+        """Start a new session (``session``, or a fresh id) from the parent's verified
+        prefix ``[0, at)``; nothing is copied. See :mod:`lodger.storage.forks`."""
+        return await fork_session(
+            self.storage.log,
+            parent,
+            fork_id=session if session is not None else self.ids.new_id(),
+            at=at,
+            clock=self.clock,
+            ids=self.ids,
+        )
+
+    async def _writer_and_fold(self, session_id: str) -> tuple[SessionWriter, SessionState]:
+        """The session's writer and its verified fold (from its checkpoint when one
+        matches; the writer then reads only what was appended since)."""
+        log = self.storage.log
+        if not await log.exists(session_id):
+            writer = await log.open_writer(session_id)  # fails closed as a full read does
+            return writer, SessionState(session_id, writer.initial_events)
+        state = await open_fold(log, session_id)
+        writer = await log.open_writer(session_id, known=state.events)
+        try:
+            state.feed(writer.initial_events)
+        except BaseException:
+            await writer.close()
+            raise
+        return writer, state
+
+    def _agent(self, binding: Binding, servers: McpServers) -> Agent:
+        return Agent(
+            model=binding.model,
+            tools=[*binding.tools, *servers.tools()],
+            storage=self.storage,
+            workspace=binding.workspace,
+            permissions=binding.permissions,
+            code_mode=binding.code_mode,
+            subagents=binding.subagents,
+            limits=Limits(max_steps=binding.max_steps),
+            hooks=Hooks(
+                approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
+            ),
+            services=Services(clock=self.clock, ids=self.ids, folds=self._states),
+        )

@@ -1,0 +1,123 @@
+"""The distributed control plane: PostgreSQL through psycopg 3 (async) and a pool.
+
+Workers on any number of machines share it. Claims use ``FOR UPDATE SKIP LOCKED`` so
+concurrent workers never wait on each other's rows; every expiry is judged by the
+server's clock (``clock_timestamp()``). Pooled connections are checked before use, so a
+restarted server costs the transactions that were in flight, not the worker: the pool
+reconnects.
+
+>>> control = PostgresControlPlane("postgresql://lodger@127.0.0.1:5432/lodger")
+>>> await control.start()
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from lodger.errors import ControlPlaneError
+from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane
+
+__all__ = ["PostgresControlPlane"]
+
+_MIGRATION_LOCK = 7_246_601  # pg_advisory_xact_lock key: one migrating process at a time
+
+
+class _PgTx:
+    def __init__(self, cursor: psycopg.AsyncCursor[tuple[Any, ...]], now: float) -> None:
+        self._cursor = cursor
+        self.now = now
+
+    async def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        await self._cursor.execute(sql.encode(), tuple(params))
+        if self._cursor.description is None:
+            return []
+        return list(await self._cursor.fetchall())
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        await self._cursor.execute(sql.encode(), tuple(params))
+        return self._cursor.rowcount
+
+
+class PostgresControlPlane(SqlControlPlane):
+    """The control plane in the PostgreSQL database ``dsn`` names."""
+
+    _skip_locked = " FOR UPDATE SKIP LOCKED"
+    _for_update = " FOR UPDATE"
+    _types = {"serial": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
+
+    def __init__(
+        self, dsn: str, *, min_size: int = 1, max_size: int = 4, timeout_s: float = 30.0
+    ) -> None:
+        self.dsn = dsn
+        self._timeout_s = timeout_s
+        self._pool = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            timeout=timeout_s,
+            check=AsyncConnectionPool.check_connection,
+            reconnect_timeout=timeout_s * 10,
+            kwargs={"connect_timeout": max(1, int(timeout_s))},
+        )
+        self._opened = False
+
+    async def start(self, *, version: int = LATEST_VERSION) -> None:
+        if not self._opened:
+            try:
+                await self._pool.open(wait=True, timeout=self._timeout_s)
+            except PoolTimeout as exc:
+                raise ControlPlaneError(
+                    f"cannot connect to the control plane at {_safe(self.dsn)}",
+                    hint="check that PostgreSQL is running and the DSN (host, port, "
+                    "database, user) is right",
+                ) from exc
+            self._opened = True
+        await self.migrate(to=version)
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._pool.close()
+
+    async def _migration_lock(self, tx: Any) -> None:
+        await tx.rows("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[_PgTx]:
+        try:
+            async with (
+                self._pool.connection() as conn,
+                conn.transaction(),
+                conn.cursor() as cursor,
+            ):
+                await cursor.execute(b"SELECT extract(epoch from clock_timestamp())::float8")
+                row = await cursor.fetchone()
+                assert row is not None
+                yield _PgTx(cursor, float(row[0]))
+        except psycopg.Error as exc:
+            raise ControlPlaneError(
+                f"control plane {_safe(self.dsn)}: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'failed'}",
+                hint="the transaction was rolled back; retry when the database is back",
+            ) from exc
+        except PoolTimeout as exc:
+            raise ControlPlaneError(
+                f"no connection to the control plane at {_safe(self.dsn)} in time",
+                hint="check that PostgreSQL is running and reachable",
+            ) from exc
+
+
+def _safe(dsn: str) -> str:
+    """The DSN without a password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparsable DSN)"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in sorted(info.items()))

@@ -1,0 +1,212 @@
+"""The in-process substrate: a dispatched call's handler runs as a task of this event loop.
+
+The pipeline hands a tool, its validated arguments and its context to an ``Executor``
+(``lodger.tools.spec``) and gets back how it ended, as a value. ``InProcessExecutor`` runs
+the handler here (sync tools are on a worker thread already). The other substrates (a
+sandboxed process, a code cell, remote work) implement the same interface, and the
+pipeline picks one per tool (``lodger.substrates.select``).
+
+Every execution has a time limit. At the limit the call is told to stop and gets a short
+grace period to settle: an async tool stops at its next await; a sync tool's thread
+cannot be stopped, so if it is still running after the grace it is abandoned and the
+result says its effect is unknown. A stop from outside (Ctrl-C, SIGTERM) waits for the
+call to settle and records what it did; a second stop abandons a worker thread.
+
+``run_bounded``, ``execution_of`` and ``result_execution`` are that discipline on their
+own, for substrates whose work is a coroutine too (a code cell's run, a sandboxed run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from lodger._core.eager import start_eagerly
+from lodger.errors import ToolCallError
+from lodger.tools.spec import (
+    Execution,
+    Executor,
+    Suspended,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    WorkerAbandoned,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "STOP_GRACE",
+    "Execution",
+    "Executor",
+    "InProcessExecutor",
+    "StoppedBy",
+    "execution_of",
+    "result_execution",
+    "run_bounded",
+]
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a call may run when neither the tool nor the run sets a limit."""
+
+STOP_GRACE = 2.0
+"""Seconds a call that hit its time limit gets to settle before its worker is abandoned."""
+
+StoppedBy = Literal["time_limit", "cancelled"] | None
+
+
+class InProcessExecutor:
+    """Runs the handler as a task of this loop, under a time limit."""
+
+    def __init__(self, *, grace: float = STOP_GRACE) -> None:
+        self.grace = grace
+
+    async def execute(
+        self,
+        *,
+        tool: Tool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        time_limit: float,
+    ) -> Execution:
+        done, stopped_by = await run_bounded(
+            _guarded(tool, arguments, context), time_limit=time_limit, grace=self.grace
+        )
+        return execution_of(tool.name, done, stopped_by, time_limit)
+
+
+async def run_bounded(
+    work: Coroutine[Any, Any, Any], *, time_limit: float, grace: float
+) -> tuple[asyncio.Future[Any], StoppedBy]:
+    """Run ``work`` to its end under ``time_limit``: the settled future and what stopped it.
+
+    At the limit it is cancelled and gets ``grace`` seconds to settle, then a second stop
+    (a worker thread is abandoned). Cancelled from outside, it is cancelled and waited for
+    (asked again: a worker thread is given up on); nothing is raised, the caller reads its
+    own cancellation from its task.
+    """
+    # Started at once, in a context of its own: a handler that finishes without
+    # waiting (most async tools) needs no task and no trip through the event loop.
+    task = start_eagerly(work)
+    stopped_by: StoppedBy = None
+    try:
+        if not await _done_within(task, time_limit):
+            stopped_by = "time_limit"
+            task.cancel()
+            if not await _done_within(task, grace):
+                task.cancel()  # a second stop: a worker thread is abandoned
+                await asyncio.wait({task})
+    except asyncio.CancelledError:
+        # Stopped from outside: the call settles, and what it did is the result.
+        stopped_by = "cancelled"
+        task.cancel()
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.cancel()  # asked again: give up on a worker thread
+            except BaseException:  # noqa: BLE001 - read from the task below
+                break
+    return task, stopped_by
+
+
+async def _done_within(task: asyncio.Future[Any], seconds: float) -> bool:
+    """Wait until ``task`` is done or ``seconds`` passed; whether it is done.
+
+    What ``asyncio.wait({task}, timeout=...)`` does for one task, without its sets and
+    extra callbacks (this wait is on every call's path)."""
+    if task.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    timer = loop.call_later(seconds, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
+
+
+class _ToolExited(Exception):
+    def __init__(self, code: object) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+async def _guarded(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    # SystemExit raised in a task would stop the whole event loop: it ends the call only
+    try:
+        return await t.handler(dict(arguments), ctx)
+    except SystemExit as exc:
+        raise _ToolExited(exc.code) from None
+
+
+def execution_of(
+    name: str, task: asyncio.Future[Any], stopped_by: StoppedBy, limit: float
+) -> Execution:
+    """How a settled run of tool ``name`` ended: its value, its exception (the tool's
+    error result), or the stop that ended it."""
+    if task.cancelled():
+        if stopped_by == "time_limit":
+            return Execution(
+                "timed_out",
+                f"{name} did not finish within {limit:g} s and was stopped; "
+                "its effect may be partial",
+            )
+        return Execution(
+            "cancelled", f"{name} was cancelled while running; its effect may be partial"
+        )
+    error = task.exception()
+    if isinstance(error, WorkerAbandoned):
+        why = f"did not finish within {limit:g} s" if stopped_by == "time_limit" else "was stopped"
+        return Execution(
+            "timed_out" if stopped_by == "time_limit" else "interrupted",
+            f"{name} {why}; its worker thread could not be stopped and was left running, "
+            "so its effect is unknown",
+        )
+    if error is not None:
+        return _failure(name, error)
+    value = task.result()
+    execution = result_execution(name, value)
+    if execution.suspended:
+        return execution  # handed off even if stopped meanwhile: the probe settles it
+    if stopped_by == "time_limit":
+        # it finished in the grace period after the limit: the effect happened
+        return Execution(
+            "timed_out", f"{name} finished only after its {limit:g} s limit: " + execution.content
+        )
+    return execution
+
+
+def _failure(name: str, error: BaseException) -> Execution:
+    if isinstance(error, ToolCallError):
+        return Execution("error", str(error))  # the message and its hint: for the model
+    if isinstance(error, SystemExit | _ToolExited):  # sys.exit() ends the call, not lodger
+        return Execution("error", f"{name} tried to exit the process (code {error.code})")
+    if isinstance(error, KeyboardInterrupt):
+        return Execution("interrupted", f"{name} was interrupted")
+    return Execution("error", f"{name} failed: {type(error).__name__}: {error}")
+
+
+def result_execution(name: str, value: Any) -> Execution:
+    """How a handler's return value ends its call (a str, ``ToolOutput``, JSON, ``Suspended``)."""
+    if isinstance(value, Suspended):
+        # A handler that handed its work off itself; tools that do so should declare
+        # ``RemoteWork`` (``lodger.substrates.remote``), which is where suspending belongs.
+        return Execution("ok", value.reason, suspended=True)
+    if isinstance(value, ToolOutput):
+        return Execution("error" if value.is_error else "ok", value.content)
+    if isinstance(value, str):
+        return Execution("ok", value)
+    try:
+        return Execution("ok", json.dumps(value, ensure_ascii=False, default=str))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return Execution("error", f"{name} returned a value that is not JSON: {exc}")

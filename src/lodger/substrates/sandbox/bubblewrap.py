@@ -1,0 +1,347 @@
+"""The bubblewrap backend: Linux namespaces, no daemon, a few milliseconds per start.
+
+What the command sees: the system directories (``/usr``, ``/etc``, ``/bin``, ``/lib*``)
+read-only, with ``/etc/shadow`` and every file under ``/etc`` others may not read masked
+(``masked_paths``); the workspace read-write at its own path (not ``/``, a system
+directory or a path in ``/etc``: ``confinable_workspace``), the directories between it
+and a hidden path pinned (``pinned_ancestors``); a private ``/tmp``, ``/dev`` and
+``/proc``; nothing else. Home directories, ``/root``, the lodger state directory, other
+projects and credential directories are not mounted at all, so no ``..`` or symlink can
+reach them; a hidden path inside the workspace or a system directory is covered by an
+empty read-only tmpfs. New user, PID, IPC, UTS, cgroup and network namespaces; every
+capability dropped; no kernel keyrings, io_uring or userfaultfd (a seccomp filter,
+``lodger.substrates.sandbox._seccomp``: lodger's session keyring would be shared, and the other two
+are the kernel surface exploits start from); ``--new-session`` (no terminal injection) and
+``--die-with-parent``. With an unshared PID namespace, when the command returns
+bubblewrap's init exits and the kernel kills everything left inside, so nothing started
+in the background (setsid, double fork, nohup) outlives the command.
+
+Network: only a loopback interface. When the policy allows domains, the egress proxy's
+Unix socket is mounted in and a small forwarder inside serves it on 127.0.0.1 as an HTTP
+proxy (``lodger.substrates.sandbox.egress``). When the policy terminates TLS for some domains, the
+proxy's trust bundle (the lodger CA's certificate and the host's CAs) is mounted
+read-only at ``/run/lodger/ca-bundle.pem`` and ``SSL_CERT_FILE`` & co. point at it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from lodger.errors import ConfigError
+from lodger.substrates.sandbox._process import run_confined
+from lodger.substrates.sandbox._seccomp import refusal_filter
+from lodger.substrates.sandbox.egress import (
+    EgressProxy,
+    forwarder_argv,
+    proxy_environment,
+    trust_environment,
+)
+from lodger.substrates.sandbox.interface import OutputSink, SandboxResult
+from lodger.substrates.sandbox.policy import SYSTEM_DIRS, Limits, NetworkPolicy, protected_files
+
+__all__ = [
+    "MASKED",
+    "PRIVATE_ROOTS",
+    "SYSTEM_DIRS",
+    "BubblewrapSandbox",
+    "bubblewrap_argv",
+    "confinable_workspace",
+    "masked_paths",
+    "pinned_ancestors",
+]
+
+#: files under the system directories that hold secrets; covered even though /etc is bound
+MASKED = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/ssh",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+)
+#: where files others may not read are looked for and covered too (``masked_paths``): the
+#: system's configuration, where keys and passwords live (/etc/ssl/private, VPN configs).
+#: /usr holds none and is far too large to walk for every command.
+PRIVATE_ROOTS = ("/etc", "/usr/local/etc")
+EGRESS_SOCKET = "/run/lodger/egress.sock"
+TRUST_BUNDLE = "/run/lodger/ca-bundle.pem"
+FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
+
+
+class BubblewrapSandbox:
+    name = "bubblewrap"
+
+    def __init__(self, *, executable: str | None = None) -> None:
+        self.executable = executable or shutil.which("bwrap") or "bwrap"
+
+    def unavailable(self) -> str | None:
+        if shutil.which(self.executable) is None:
+            return FIX
+        return None
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        cwd: Path | None = None,
+        stdin: bytes = b"",
+        env: Mapping[str, str],
+        limits: Limits,
+        network: NetworkPolicy | None = None,
+        hidden: Sequence[Path] = (),
+        on_output: OutputSink | None = None,
+    ) -> SandboxResult:
+        network = network or NetworkPolicy()
+        workspace, where = await asyncio.to_thread(_real, workspace, cwd)
+        with _filter_fd() as seccomp_fd:
+            return await self._run(
+                argv,
+                workspace=workspace,
+                where=where,
+                stdin=stdin,
+                env=dict(env),
+                limits=limits,
+                network=network,
+                hidden=hidden,
+                on_output=on_output,
+                seccomp_fd=seccomp_fd,
+            )
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        where: Path,
+        stdin: bytes,
+        env: dict[str, str],
+        limits: Limits,
+        network: NetworkPolicy,
+        hidden: Sequence[Path],
+        on_output: OutputSink | None,
+        seccomp_fd: int,
+    ) -> SandboxResult:
+        if not network.enabled:
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
+                self.executable,
+                argv,
+                workspace=workspace,
+                cwd=where,
+                hidden=hidden,
+                seccomp_fd=seccomp_fd,
+            )
+            return await run_confined(
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
+                pass_fds=(seccomp_fd,),
+            )
+        async with EgressProxy(network) as proxy:
+            env.update(proxy_environment())
+            ro_binds: list[tuple[Path, str]] = []
+            if proxy.trust_bundle_path is not None:
+                # The lodger CA's certificate (never its key) and the host's CAs.
+                ro_binds.append((proxy.trust_bundle_path, TRUST_BUNDLE))
+                env.update(trust_environment(TRUST_BUNDLE))
+            command = await asyncio.to_thread(
+                bubblewrap_argv,
+                self.executable,
+                forwarder_argv(EGRESS_SOCKET, argv),
+                workspace=workspace,
+                cwd=where,
+                hidden=hidden,
+                binds=((proxy.socket_path, EGRESS_SOCKET),),
+                ro_binds=ro_binds,
+                seccomp_fd=seccomp_fd,
+            )
+            return await run_confined(
+                command,
+                backend=self.name,
+                env=env,
+                cwd=workspace,
+                stdin=stdin,
+                limits=limits,
+                on_output=on_output,
+                signal_exit_codes=True,
+                connections=proxy.connections,
+                pass_fds=(seccomp_fd,),
+            )
+
+
+def bubblewrap_argv(
+    executable: str,
+    argv: Sequence[str],
+    *,
+    workspace: Path,
+    cwd: Path,
+    hidden: Sequence[Path] = (),
+    binds: Sequence[tuple[Path, str]] = (),
+    ro_binds: Sequence[tuple[Path, str]] = (),
+    seccomp_fd: int | None = None,
+) -> list[str]:
+    """The bwrap command line that runs ``argv`` confined (see the module doc);
+    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``)."""
+    args = [
+        executable,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "lodger-sandbox",
+        "--cap-drop",
+        "ALL",
+    ]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in masked_paths():
+        args += _cover(path)
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    for source, target in binds:
+        args += ["--bind", str(source), target]
+    for source, target in ro_binds:
+        args += ["--ro-bind", str(source), target]
+    args += ["--bind", str(workspace), str(workspace)]
+    for between in pinned_ancestors(workspace, hidden):
+        args += ["--bind", between, between]
+    for trusted in protected_files(workspace):  # lodger.toml: the host's configuration
+        args += ["--ro-bind", trusted, trusted]
+    for hidden_path in hidden:
+        real = os.path.realpath(hidden_path)
+        if any(Path(real).is_relative_to(d) for d in (*SYSTEM_DIRS, str(workspace))):
+            args += _cover(real)
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    args += ["--chdir", str(cwd), "--", *argv]
+    return args
+
+
+@contextlib.contextmanager
+def _filter_fd() -> Iterator[int]:
+    """A pipe's read end holding the seccomp filter (``lodger.substrates.sandbox._seccomp``), for
+    ``bwrap --seccomp``; a few hundred bytes, so the write never blocks."""
+    read, write = os.pipe()
+    try:
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(refusal_filter())
+        yield read
+    finally:
+        os.close(read)
+
+
+def pinned_ancestors(workspace: Path, hidden: Sequence[Path]) -> list[str]:
+    """The directories between ``workspace`` and each hidden path inside it (``ws/sub``
+    for ``ws/sub/.lodger``), outermost first. Each is bound onto itself, read-write as
+    before: a mount point cannot be renamed, so no command can move a hidden path out
+    from under its cover (``mv sub elsewhere``) and leave a decoy to be covered next."""
+    pinned: list[str] = []
+    for hidden_path in hidden:
+        real = Path(os.path.realpath(hidden_path))
+        if real == workspace or not real.is_relative_to(workspace):
+            continue
+        for between in reversed(real.parents):
+            inside = between.is_relative_to(workspace) and between != workspace
+            if inside and str(between) not in pinned and between.is_dir():
+                pinned.append(str(between))
+    return pinned
+
+
+def masked_paths() -> list[str]:
+    """``MASKED`` and every entry under ``PRIVATE_ROOTS`` that others may not read (a
+    directory: read or enter): private to its owner or group, so no business of a
+    command. It must be covered even so: the sandbox keeps lodger's uid and groups, and
+    run as root it owns every root file. Read afresh for each command (4 ms here)."""
+    found = [path for path in MASKED if os.path.lexists(path)]
+    for root in PRIVATE_ROOTS:
+        found += _private_entries(root)
+    covered: list[str] = []
+    # A path inside a directory already covered (a key in /etc/ssh) is gone with it.
+    for path in sorted(set(found), key=lambda p: (p.count("/"), p)):
+        if not any(path.startswith(done + "/") for done in covered):
+            covered.append(path)
+    return covered
+
+
+def _private_entries(root: str) -> list[str]:
+    found: list[str] = []
+    pending = [root]
+    while pending:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue  # gone, or unreadable to lodger too
+        with entries:
+            for entry in entries:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode):
+                    continue  # its target is checked where it lies (or is not mounted)
+                if stat.S_ISDIR(mode):
+                    if mode & 0o005 != 0o005:
+                        found.append(entry.path)
+                    else:
+                        pending.append(entry.path)
+                elif not mode & 0o004:
+                    found.append(entry.path)
+    return found
+
+
+def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:
+    root = confinable_workspace(workspace)
+    return root, Path(os.path.realpath(cwd)) if cwd is not None else root
+
+
+#: where no workspace may lie: the configuration (its masks would be undone) and the
+#: kernel's filesystems
+_NO_WORKSPACE_INSIDE = ("/etc", "/proc", "/sys", "/dev")
+
+
+def confinable_workspace(workspace: Path) -> Path:
+    """The real path of ``workspace``; a ``ConfigError`` when binding it read-write (after
+    the read-only system directories and their masks) would undo the sandbox: ``/`` or
+    another parent of a system directory, a system directory itself, a path in ``/etc``
+    or a kernel filesystem. A project under ``/usr/local/src`` is fine."""
+    root = Path(os.path.realpath(workspace))
+    for system in (*SYSTEM_DIRS, *_NO_WORKSPACE_INSIDE):
+        real = Path(os.path.realpath(system))
+        inside = system in _NO_WORKSPACE_INSIDE and root.is_relative_to(real)
+        if inside or real.is_relative_to(root):
+            raise ConfigError(
+                f"the workspace {root} would give sandboxed commands {real} read-write",
+                hint="give lodger a project directory as its workspace (--workspace DIR, "
+                "or start it there), not / or a system directory",
+            )
+    return root
+
+
+def _cover(path: str) -> list[str]:
+    # Not there: nothing to cover. A directory: an empty read-only tmpfs. A file: /dev/null.
+    if os.path.isdir(path) and not os.path.islink(path):
+        return ["--tmpfs", path, "--remount-ro", path]
+    if os.path.lexists(path):
+        return ["--ro-bind", "/dev/null", path]
+    return []

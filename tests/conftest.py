@@ -35,6 +35,15 @@ def _no_log_key_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _trust_records_of_the_test(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each test keeps its own lodger.toml trust records (``lodger trust``), never the
+    user's ~/.config/lodger; subprocesses inherit the variable."""
+    monkeypatch.setenv("LODGER_CONFIG_DIR", str(tmp_path_factory.mktemp("lodger-config")))
+
+
 def _stopped_after_t1(tool: str, workspace: str) -> list[EventDraft]:
     """A session's first turn, stopped after T1 of its one call ``c1`` of ``tool`` (no T2,
     no run or turn end): offset 5 is the dispatch."""

@@ -68,6 +68,15 @@ def test_toml_model_and_permission_rules_with_argument_patterns(project: Path) -
         'deny = ["launch(nuke*)"]\n'
     )
     state = project / "state"
+    untrusted = lodger(
+        "run", "go", "--tools", "tools.py", "--session", "s0", "--state", state, cwd=project
+    )
+    # a file nobody trusted names no model and allows nothing (it only narrows)
+    assert untrusted.returncode == 2, untrusted.stderr
+    assert "is not trusted" in untrusted.stderr and "lodger trust" in untrusted.stderr
+    assert "no model given" in untrusted.stderr
+    trusted = lodger("trust", cwd=project)
+    assert trusted.returncode == 0 and trusted.stdout.startswith("trusted: "), trusted.stderr
     ran = lodger(
         "run", "go", "--tools", "tools.py", "--session", "s1", "--state", state, cwd=project
     )

@@ -95,6 +95,11 @@ def test_real_servers_from_mcp_option_and_lodger_toml(tmp_path: Path) -> None:
         f"args = [{json.dumps(str(TINY))}]\n"
         "deferred = false\n"
     )
+    untrusted = lodger("tools", "list", "--workspace", str(tmp_path), "--json")
+    assert untrusted.exit_code == 0, untrusted.output
+    # a file nobody trusted starts no server: its tools are not there
+    assert not any(r["name"].startswith("filed__") for r in json.loads(untrusted.stdout)["tools"])
+    assert lodger("trust", str(tmp_path)).exit_code == 0
     result = lodger("tools", "list", "--workspace", str(tmp_path), "--mcp", TINY_SPEC, "--json")
     assert result.exit_code == 0, result.output
     tiers = {r["name"]: r["tier"] for r in json.loads(result.output)["tools"]}

@@ -3,6 +3,7 @@ the one composition every door binds through."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from lodger.errors import ConfigError
 from lodger.providers import ScriptedModel
 from lodger.runtime import Overrides, Project, compose
 from lodger.runtime.composition import bound_tools, model_spec_for
+from lodger.runtime.trust import TrustStore
 from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.mcp import McpServerConfig
 
@@ -41,7 +43,7 @@ def _decisions(project: Project) -> list[tuple[str, str]]:
 
 def test_a_trusted_project_applies_the_whole_file(tmp_path: Path) -> None:
     (tmp_path / "lodger.toml").write_text(WIDE.replace('backend = "none"\n', ""))
-    project = Project.load(tmp_path)
+    project = Project.load(tmp_path, trusted=True)
     assert project.trusted and project.workspace == tmp_path.resolve()
     assert project.model == "openai:gpt-4.1"
     assert [d for _, d in _decisions(project)] == ["deny", "ask", "allow"]
@@ -77,8 +79,13 @@ def test_an_untrusted_file_may_lower_the_step_limit_but_not_raise_it(tmp_path: P
     lowered = compose(Project.load(tmp_path, trusted=False), Overrides(model=model, max_steps=20))
     assert lowered.max_steps == 5
     # trusted: the flag wins over the file, the file over the default
-    assert compose(Project.load(tmp_path), Overrides(model=model, max_steps=20)).max_steps == 20
-    assert compose(Project.load(tmp_path), Overrides(model=model)).max_steps == 5
+    assert (
+        compose(
+            Project.load(tmp_path, trusted=True), Overrides(model=model, max_steps=20)
+        ).max_steps
+        == 20
+    )
+    assert compose(Project.load(tmp_path, trusted=True), Overrides(model=model)).max_steps == 5
     assert compose(Project.none(), Overrides(model=model)).max_steps == 50
 
 
@@ -109,7 +116,8 @@ def test_compose_binds_the_projects_rules_tools_and_servers(tmp_path: Path) -> N
     )
     flag = McpServerConfig(name="docs", url="http://127.0.0.1:2/mcp")
     binding = compose(
-        Project.load(tmp_path), Overrides(model=ScriptedModel([]), mcp=[flag], approve_all=True)
+        Project.load(tmp_path, trusted=True),
+        Overrides(model=ScriptedModel([]), mcp=[flag], approve_all=True),
     )
     assert binding.workspace == tmp_path.resolve()
     assert [(r.pattern, r.decision) for r in binding.permissions.rules] == [("shell", "deny")]
@@ -124,10 +132,45 @@ def test_compose_binds_the_projects_rules_tools_and_servers(tmp_path: Path) -> N
 
 def test_the_model_comes_from_flags_then_the_session_then_the_file(tmp_path: Path) -> None:
     (tmp_path / "lodger.toml").write_text('model = "test"\n')
-    project = Project.load(tmp_path)
+    project = Project.load(tmp_path, trusted=True)
     assert model_spec_for(project, Overrides(model="x:1", recorded_model="y:2")) == "x:1"
     assert model_spec_for(project, Overrides(recorded_model="y:2")) == "y:2"
     assert model_spec_for(project, Overrides(fallback_model="z:3")) == "test"
     assert model_spec_for(Project.none(), Overrides(fallback_model="z:3")) == "z:3"
     with pytest.raises(ConfigError, match="no model given"):
         compose(Project.none())
+
+
+def test_without_a_word_a_file_is_trusted_only_as_recorded(tmp_path: Path) -> None:
+    """``Project.load(ws)`` asks the user's trust records (``lodger trust``): the exact
+    content at that path, nothing else; an untrusted file still narrows."""
+    text = '[permissions]\nallow = ["shell"]\ndeny = ["shell(rm *)"]\n'
+    config = tmp_path / "lodger.toml"
+    config.write_text(text)
+    store = TrustStore.default()
+    assert not Project.load(tmp_path).trusted
+    store.trust(config)
+    assert Project.load(tmp_path).trusted
+    config.write_text(text + "# one more line\n")
+    assert not Project.load(tmp_path).trusted  # changed: trusted again only by the user
+    store.trust(config)
+    assert Project.load(tmp_path).trusted
+    assert store.revoke(config) and not store.revoke(config)
+    assert not Project.load(tmp_path).trusted
+    # a workspace whose lodger.toml is a symlink to a trusted file is another record
+    other = tmp_path / "other"
+    other.mkdir()
+    store.trust(config)
+    (other / "lodger.toml").symlink_to(config)
+    assert not Project.load(other).trusted
+    # the records live in the user's config directory, not in either workspace
+    assert store.path.is_relative_to(Path(os.environ["LODGER_CONFIG_DIR"]))
+
+
+def test_damaged_trust_records_are_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "lodger.toml").write_text("[limits]\nmax_steps = 3\n")
+    store = TrustStore.default()
+    store.directory.mkdir(parents=True, exist_ok=True)
+    store.path.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"trust records .* are damaged"):
+        Project.load(tmp_path)

@@ -75,6 +75,7 @@ _COMMANDS: dict[str, str] = {
     "worker": "lodger.cli._control",
     "send": "lodger.cli._control",
     "schedule": "lodger.cli._control",
+    "trust": "lodger.cli._trust",
 }
 
 

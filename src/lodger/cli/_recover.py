@@ -36,9 +36,11 @@ from lodger.cli._run import (
     exit_code_for,
     finish_turn,
     live_console,
+    load_project,
     project_overrides,
     run_turn,
     subagents_option,
+    trust_option,
 )
 from lodger.cli._tools import mcp_option
 from lodger.engine.resume import Decision
@@ -54,7 +56,6 @@ from lodger.recovery import RecoveryPlan
 from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import compose, model_spec_for
 from lodger.runtime.location import CONTROL_FILE
-from lodger.runtime.project import Project
 from lodger.runtime.sessions import Sessions, SessionWorkspace
 from lodger.storage import EventLog, MemoryArtifactStore, Storage
 from lodger.substrates.codemode import Language
@@ -311,6 +312,7 @@ def decide(
 @click.option("--tools", "tools_files", multiple=True, metavar="FILE.py")
 @mcp_option
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@trust_option
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
 @code_mode_option
 @subagents_option
@@ -323,6 +325,7 @@ def resume(
     tools_files: tuple[str, ...],
     mcp_specs: tuple[str, ...],
     yes: bool,
+    trust: bool,
     max_steps: int | None,
     code_mode: Language | None,
     subagent_depth: int | None,
@@ -357,7 +360,7 @@ def resume(
             known = recorded.workspace if recorded else None
             root = workspace or (Path(known) if known else None)
             # the same project the session ran with: lodger.toml in its workspace
-            project = Project.load(root) if root is not None else Project.none()
+            project = load_project(root, trust=trust)
             overrides = project_overrides(
                 view,
                 workspace=root,

@@ -31,6 +31,7 @@ from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
 from lodger.cli._tools import mcp_option
+from lodger.cli._trust import untrusted_notice
 from lodger.engine.permissions import ALWAYS_REASON, Approver
 from lodger.errors import ConfigError
 from lodger.events import (
@@ -263,6 +264,29 @@ async def _run_turn(
         await binding.model.aclose()  # the CLI made the model: it closes its connections
 
 
+trust_option = click.option(
+    "--trust",
+    is_flag=True,
+    help=f"Apply the workspace's {CONFIG_FILE} whole for this run (its MCP servers, allow "
+    "rules, model, sandbox network) without recording trust; see `lodger trust`.",
+)
+
+
+def load_project(workspace: Path | None, *, trust: bool, as_json: bool = False) -> Project:
+    """The workspace's project, trusted if the user said so (``--trust``, or a record
+    ``lodger trust`` made); an untrusted file that asked for more says so in one line."""
+    if workspace is None:
+        return Project.none()
+    project = Project.load(workspace, trusted=True if trust else None)
+    notice = untrusted_notice(project)
+    if notice is not None:
+        if as_json:
+            json_notice(notice)
+        else:
+            click.echo(f"note: {notice}", err=True)
+    return project
+
+
 def project_overrides(
     view: TurnWatcher,
     *,
@@ -385,6 +409,7 @@ def exit_code_for(result: TurnResult) -> int:
     help="Bind the @tool functions of a Python file (repeatable).",
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@trust_option
 @click.option(
     "--max-steps",
     type=click.IntRange(min=1),
@@ -405,6 +430,7 @@ def run(
     last: bool,
     tools_files: tuple[str, ...],
     yes: bool,
+    trust: bool,
     max_steps: int | None,
     code_mode: Language | None,
     subagent_depth: int | None,
@@ -441,7 +467,7 @@ def run(
     )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
-    project = Project.load(workspace)
+    project = load_project(workspace, trust=trust, as_json=as_json)
     console = live_console()
     view: TurnWatcher = JsonlView() if as_json else LiveView(console)
     binding = compose(

@@ -31,6 +31,7 @@ from typing import Any
 
 from lodger.engine.permissions import Rule
 from lodger.runtime.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
+from lodger.runtime.trust import TrustStore
 from lodger.substrates.sandbox.policy import SandboxPolicy, policy_from_config
 from lodger.tools.mcp import McpServerConfig
 
@@ -69,12 +70,19 @@ class Project:
         return cls()
 
     @classmethod
-    def load(cls, workspace: str | Path, *, trusted: bool = True) -> Project:
-        """The project of ``workspace``; a ``ConfigError`` names the first bad key."""
+    def load(
+        cls, workspace: str | Path, *, trusted: bool | None = None, trust: TrustStore | None = None
+    ) -> Project:
+        """The project of ``workspace``; a ``ConfigError`` names the first bad key.
+
+        ``trusted``: apply the whole file (True), only what narrows (False), or ask the
+        user's trust records (None: ``lodger trust`` recorded this exact content)."""
         root = Path(workspace).resolve()
         path = root / CONFIG_FILE
         if not path.is_file():
-            return cls(workspace=root, trusted=trusted)
+            return cls(workspace=root, trusted=trusted is not False)
+        if trusted is None:
+            trusted = (trust or TrustStore.default()).trusts(path)
         data, config = parse_config_file(path)
         table = data.get("sandbox")
         if not trusted:
@@ -96,6 +104,7 @@ def _untrusted(
 ) -> Project:
     """What an untrusted file may do: narrow, never widen."""
     ignored: list[str] = []
+    servers_of(config, path)  # checked like a trusted file's (an unknown key is an error)
     if config.model:
         ignored.append("its model")
     if config.permissions.allow:

@@ -14,12 +14,14 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     [limits]
     max_steps = 30
 
-A project is *trusted* or not. A trusted one applies the whole file. An untrusted one (a
-workspace restored from storage on a worker or a host, whose files a sandboxed command
-may have written) applies only what narrows: its deny and ask rules, a stricter sandbox
-(lower limits, approval), a lower step limit. It starts no MCP server, adds no allow
-rule, opens no network, passes no variable and names no model; ``ignored`` says what was
-left out and why, so the caller can say so in one line.
+A project is *trusted* or not. A trusted one applies the whole file: the user said so
+(``lodger trust`` recorded this exact content, ``lodger.runtime.trust``; or ``--trust``,
+``--trust-projects``). An untrusted one (a new or changed file, or a workspace restored
+from storage on a worker or a host, whose files a sandboxed command may have written)
+applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
+approval), a lower step limit. It starts no MCP server, adds no allow rule, opens no
+network, passes no variable and names no model; ``ignored`` says what was left out, so
+the caller can say so in one line.
 """
 
 from __future__ import annotations

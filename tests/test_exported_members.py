@@ -21,3 +21,23 @@ def test_every_public_attribute_is_exported() -> None:
         if not name.startswith("_") and not isinstance(value, type(lodger))
     }
     assert public == set(lodger.__all__)
+
+
+def test_lazy_exports_are_values_not_the_modules_that_define_them() -> None:
+    """An export named like a submodule of its package would be that module once the
+    submodule is imported (the import system binds it on the package, and ``__getattr__``
+    is then never asked): ``from lodger.runtime import Overrides, compose`` gave the
+    module ``lodger.runtime.compose``."""
+    import importlib
+    import types
+
+    for package in (
+        "lodger",
+        "lodger.runtime",
+        "lodger.substrates.sandbox",
+        "lodger.runtime.subagents",
+    ):
+        module = importlib.import_module(package)
+        for name, where in vars(module)["_EXPORTS"].items():
+            importlib.import_module(where)  # as any other import of it would
+            assert not isinstance(getattr(module, name), types.ModuleType), (package, name)

@@ -39,6 +39,7 @@ from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
+from lodger.storage.logstore import ForwardingLogStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
 from lodger.tools.policy import PermissionPolicy
@@ -446,10 +447,13 @@ def _snapshotter(
         # an object store's log exists only once its module is loaded: without it (the
         # local default) there is nothing to check, and 30 ms of imports are saved
         objectstore = sys.modules.get("lodger.storage.objectstore")
+        store = storage.log.store
+        while isinstance(store, ForwardingLogStore):  # a worker's fence, injected faults
+            store = store.inner
         enabled = (
             workspace is not None
             and objectstore is not None
-            and isinstance(storage.log.store, objectstore.ObjectLogStore)
+            and isinstance(store, objectstore.ObjectLogStore)
         )
     if not enabled:
         return None

@@ -312,3 +312,39 @@ async def test_closing_one_handle_keeps_another_handles_writer(tmp_path: Path) -
         await EventLog(ObjectLogStore(where.store, identity=where.identity)).open_writer(SID)
     await writer.close()
     await holder.close()
+
+
+class _LostResponses(ObjectLogStore):
+    """A real object log whose segment puts are each sent twice, as a client does when
+    the first put was stored but its response was lost (a dropped connection, a 500
+    after the write): the retry finds the object there, create-only refuses it."""
+
+    async def _put(self, key: str, data: bytes, *, create: bool) -> bool:
+        if "/seg/" in key:
+            await super()._put(key, data, create=create)  # stored; the answer never came
+        return await super()._put(key, data, create=create)
+
+
+async def test_a_retried_put_of_the_same_bytes_is_the_writers_own_commit(url: str) -> None:
+    """Broke: a retried create-only put answered 412 read as "another writer committed
+    that offset first", so the writer was fenced by its own commit (and a T1 segment's
+    never-retry call parked though its effect never ran). The object is now read back:
+    the same bytes are this writer's commit; other bytes still fence."""
+    where = open_object_store(url)
+    log = EventLog(_LostResponses(where.store, identity=where.identity))
+    async with await log.open_writer(SID) as writer:
+        await writer.append([make_draft("a", 0)], expected_offset=0)
+        await writer.append([make_draft("a", 1), make_draft("a", 2)], expected_offset=1)
+    assert [e.id for e in await log.read(SID)] == ["a-0", "a-1", "a-2"]
+    assert (await log.verify(SID)).high_water == 3
+    # another writer's bytes at the offset: still a fence, not a success
+    other = EventLog(ObjectLogStore(where.store, identity=where.identity + "#2"))
+    late = await log.open_writer(SID)
+    async with await other.open_writer(SID) as rival:
+        await rival.append([make_draft("b", 3)], expected_offset=3)
+    with pytest.raises(WriterFencedError):
+        await late.append([make_draft("a", 3)], expected_offset=3)
+    await late.close()
+    assert [e.id for e in await log.read(SID)][-1] == "b-3"
+    await log.close()
+    await other.close()

@@ -260,7 +260,13 @@ class ObjectLogStore:
         return self.cache_dir / key
 
     async def _put(self, key: str, data: bytes, *, create: bool) -> bool:
-        """Put ``data`` at ``key``; with ``create``, False when the key already exists."""
+        """Put ``data`` at ``key``; with ``create``, False when the key already holds
+        other bytes.
+
+        A create-only put whose response was lost (a dropped connection, a 500 after the
+        write) is retried by the client and then refused, the object being there: that
+        is this writer's own commit, not another writer's. So "already exists" is read
+        back, and the same bytes count as written."""
         if self.fail_put is not None and self.fail_put(key):
             raise StorageError(f"injected put failure of {key}", code="object_store")
         self.stats.puts += 1
@@ -268,7 +274,7 @@ class ObjectLogStore:
         try:
             await obstore.put_async(self.store, key, data, mode="create" if create else "overwrite")
         except AlreadyExistsError:
-            return False
+            return await self._get(key) == data
         except (BaseError, OSError) as exc:
             raise _storage_error("write", key, exc) from exc
         if self.local_root is not None:

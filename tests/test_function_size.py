@@ -23,7 +23,6 @@ _REWRITTEN = "TODO: being rewritten in another branch"
 
 #: ``module.qualname`` -> why it may be longer than ``LIMIT`` (one line)
 STATE_MACHINES: dict[str, str] = {
-    "lodger.engine.pipeline.CallPipeline._dispatch": _REWRITTEN,
     "lodger.engine.resume._apply": _REWRITTEN,
     "lodger.engine.resume.resume_run": _REWRITTEN,
 }

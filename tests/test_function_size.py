@@ -19,16 +19,8 @@ import lodger
 SRC = Path(lodger.__file__).parent
 LIMIT = 80
 
-_REWRITTEN = "TODO: being rewritten in another branch"
-
 #: ``module.qualname`` -> why it may be longer than ``LIMIT`` (one line)
-STATE_MACHINES: dict[str, str] = {
-    "lodger.engine.loop.Engine.drive": _REWRITTEN,
-    "lodger.engine.permissions.PermissionGate.permit": _REWRITTEN,
-    "lodger.engine.pipeline.CallPipeline._dispatch": _REWRITTEN,
-    "lodger.engine.resume._apply": _REWRITTEN,
-    "lodger.engine.resume.resume_run": _REWRITTEN,
-}
+STATE_MACHINES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

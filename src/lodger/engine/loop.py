@@ -286,28 +286,10 @@ class Engine:
                     )
                 )
                 if not calls:
-                    if self.output is None:
-                        return await self._end(
-                            ctx, "completed", answer=response.text, output=response.text
-                        )
-                    try:
-                        value, dumped = self.output.validate(response.text)
-                    except OutputInvalid as exc:
-                        attempt = _output_rejections(state.events, ctx.turn_id) + 1
-                        if attempt > self.limits.output_retries:
-                            return await self._end(
-                                ctx,
-                                "failed",
-                                error=f"the final answer failed the output type "
-                                f"{attempt} times; last: {exc.message}",
-                            )
-                        await journal.fact(
-                            OutputRejected(message=exc.message, attempt=attempt), env
-                        )
-                        continue
-                    return await self._end(
-                        ctx, "completed", answer=response.text, output=value, logged=dumped
-                    )
+                    settled = await self._answer(ctx, response.text, env)
+                    if settled is not None:
+                        return settled
+                    continue  # the answer failed the output type: the model tries again
                 scope = StepScope(step_id=step_id, visible=visible.names)
                 suspended: list[str] = []
                 for batch in self.registry.batches(calls):
@@ -328,6 +310,27 @@ class Engine:
             raise
         except CommitFailedError:
             raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _answer(self, ctx: RunContext, text: str, env: Envelope) -> TurnResult | None:
+        """End the turn on a final answer ``text``, validated against the output type if
+        there is one; None when it failed the type and the model may try again (the
+        rejection is a fact of the step)."""
+        if self.output is None:
+            return await self._end(ctx, "completed", answer=text, output=text)
+        try:
+            value, dumped = self.output.validate(text)
+        except OutputInvalid as exc:
+            attempt = _output_rejections(ctx.journal.state.events, ctx.turn_id) + 1
+            if attempt > self.limits.output_retries:
+                return await self._end(
+                    ctx,
+                    "failed",
+                    error=f"the final answer failed the output type "
+                    f"{attempt} times; last: {exc.message}",
+                )
+            await ctx.journal.fact(OutputRejected(message=exc.message, attempt=attempt), env)
+            return None
+        return await self._end(ctx, "completed", answer=text, output=value, logged=dumped)
 
     async def _end(
         self,

@@ -172,6 +172,20 @@ class PermissionGate:
                 "the operator can approve it, or allow it in the project configuration "
                 f'([permissions] allow = ["{t.name}"] in lodger.toml)',
             )
+        await self._ask(journal, self.approver, t, arguments, env, may_park=may_park)
+
+    async def _ask(
+        self,
+        journal: Journal,
+        approver: Approver,
+        t: Tool,
+        arguments: dict[str, Any],
+        env: Envelope,
+        *,
+        may_park: bool,
+    ) -> None:
+        """The policy asks and nobody allowed the tool always: ask ``approver`` (one
+        question at a time) and record its answer; raise as ``permit`` says."""
         summary = _summarize(arguments)
         await journal.fact(PermissionRequested(tool=t.name, summary=summary), env)
         may_park = may_park and env.parent_call_id is None
@@ -190,7 +204,7 @@ class PermissionGate:
             else:
                 token = _ASKING.set(asking)
                 try:
-                    answer = await self.approver(t, arguments)
+                    answer = await approver(t, arguments)
                 finally:
                     _ASKING.reset(token)
             if answer == "park" and may_park:

@@ -625,51 +625,10 @@ class CallPipeline:
         """T1 -> execute -> after_call -> bound -> T2. From T1 on the call is never
         abandoned. ``rerun``: the operation a re-dispatch's T1 links to."""
         journal = self.ctx.journal
-        t1 = journal.draft(
-            tool_dispatched(
-                operation_id=tctx.operation_id,
-                tool=t.name,
-                arguments=arguments,
-                attempt=1 if rerun is None else rerun.attempt,
-                retry_of=None if rerun is None else rerun.retry_of,
-                recovery=t.recovery,
-                resources=resources,
-                expectations=expectations,
-            ),
-            env,
+        await self._commit_t1(
+            t, arguments, tctx, env, resources=resources, expectations=expectations, rerun=rerun
         )
-        try:
-            await journal.record(t1)
-        except asyncio.CancelledError:
-            if not journal.committed(t1):
-                raise  # T1 is not in the log: the call was never dispatched
-            # T1 committed as the cancellation arrived: the call is past T1, so it is not
-            # abandoned; it never started, and that is what T2 records.
-            await journal.fact(
-                ToolResponded(
-                    operation_id=tctx.operation_id,
-                    status="cancelled",
-                    content=f"{t.name} was cancelled before it started; it did not run",
-                ),
-                env,
-            )
-            raise
-        timeout = t.timeout if t.timeout is not None else self.default_timeout
-        # The executor is awaited in this task (no task and shield of its own): it settles
-        # on cancellation by contract and says how the call ended. Whether this task was
-        # cancelled meanwhile is read from its cancellation count, and the cancellation
-        # goes on after T2 records the outcome.
-        task = asyncio.current_task()
-        assert task is not None
-        cancels = task.cancelling()
-        execution: Execution | None
-        try:
-            execution = await self.executors.for_tool(t).execute(
-                tool=t, arguments=arguments, context=tctx, time_limit=timeout
-            )
-        except asyncio.CancelledError:
-            execution = None  # an executor that did not settle: recorded as cancelled
-        cancelled = execution is None or task.cancelling() > cancels
+        execution, cancelled = await self._execute(t, arguments, tctx)
         if execution is not None and execution.suspended:
             # Suspended: T1 stays without a T2. The call's work runs elsewhere; the run
             # ends waiting and resume's probe of the call settles it when woken.
@@ -717,6 +676,73 @@ class CallPipeline:
             },
         )
         return outcome
+
+    async def _commit_t1(
+        self,
+        t: Tool,
+        arguments: dict[str, Any],
+        tctx: ToolContext,
+        env: Envelope,
+        *,
+        resources: tuple[str, ...],
+        expectations: tuple[FileExpectation, ...],
+        rerun: _Rerun | None,
+    ) -> None:
+        """T1: the call is dispatched once this commits. Cancelled as it commits, the call
+        is past T1 all the same, and T2 records that it never started."""
+        journal = self.ctx.journal
+        t1 = journal.draft(
+            tool_dispatched(
+                operation_id=tctx.operation_id,
+                tool=t.name,
+                arguments=arguments,
+                attempt=1 if rerun is None else rerun.attempt,
+                retry_of=None if rerun is None else rerun.retry_of,
+                recovery=t.recovery,
+                resources=resources,
+                expectations=expectations,
+            ),
+            env,
+        )
+        try:
+            await journal.record(t1)
+        except asyncio.CancelledError:
+            if not journal.committed(t1):
+                raise  # T1 is not in the log: the call was never dispatched
+            # T1 committed as the cancellation arrived: the call is past T1, so it is not
+            # abandoned; it never started, and that is what T2 records.
+            await journal.fact(
+                ToolResponded(
+                    operation_id=tctx.operation_id,
+                    status="cancelled",
+                    content=f"{t.name} was cancelled before it started; it did not run",
+                ),
+                env,
+            )
+            raise
+
+    async def _execute(
+        self, t: Tool, arguments: dict[str, Any], tctx: ToolContext
+    ) -> tuple[Execution | None, bool]:
+        """Run the call on its tool's executor: how it ended (None: the executor did not
+        settle) and whether this task was cancelled meanwhile."""
+        timeout = t.timeout if t.timeout is not None else self.default_timeout
+        # The executor is awaited in this task (no task and shield of its own): it settles
+        # on cancellation by contract and says how the call ended. Whether this task was
+        # cancelled meanwhile is read from its cancellation count, and the cancellation
+        # goes on after T2 records the outcome.
+        task = asyncio.current_task()
+        assert task is not None
+        cancels = task.cancelling()
+        execution: Execution | None
+        try:
+            execution = await self.executors.for_tool(t).execute(
+                tool=t, arguments=arguments, context=tctx, time_limit=timeout
+            )
+        except asyncio.CancelledError:
+            execution = None  # an executor that did not settle: recorded as cancelled
+        cancelled = execution is None or task.cancelling() > cancels
+        return execution, cancelled
 
     def _owner(self, call_id: str) -> str:
         # Authorities may be shared by sessions; call ids are only unique in one session.

@@ -286,10 +286,38 @@ async def resume_run(
     if plan.blocked and not actionable:
         raise _blocked(session_id, plan.blocked)
 
+    ctx = await _claim(engine, journal, plan, found.relocation)
+    pipeline = engine.pipeline(ctx)
+    parked: list[PlannedCall] = []
+    pending: list[str] = []
+    # Code cells last: their nested calls follow their own policies first, so the fact
+    # that settles a cell lists what each nested call finally did.
+    for planned in sorted(plan.calls, key=lambda c: c.action == "report"):
+        call_state = state.calls[planned.call_id]
+        applied = await _apply(engine, ctx, pipeline, planned, call_state)
+        if applied == "parked":
+            parked.append(planned)
+        elif applied == "pending":
+            pending.append(planned.call_id)
+    if parked:
+        await journal.fact(
+            RunEnded(status="parked", error=f"{len(parked)} operation(s) wait for a decision"),
+            ctx.envelope,
+        )
+        raise _blocked(session_id, tuple(parked))
+    return ctx, tuple(pending)
+
+
+async def _claim(
+    engine: ResumableEngine, journal: Journal, plan: RecoveryPlan, moved: Relocation | None
+) -> RunContext:
+    """Claim the plan's prefix with the new run's ``run_started`` (naming the workspace it
+    moves to, if any): the new run's context, or ``ResumeBlockedError`` if another run
+    claimed it first."""
+    session_id = journal.session_id
     turn_id = plan.turn_id
-    assert turn_id is not None  # _open_turn_plan returns an open turn's plan
+    assert turn_id is not None  # the plan of an open turn (resume_run: _open_turn_plan)
     run_id = engine.services.ids.new_id()
-    moved = found.relocation
     claim = journal.draft(
         RunStarted(
             model=engine.model.spec,
@@ -314,26 +342,7 @@ async def resume_run(
             session_id=session_id,
             next_steps=(NextStep(action="recover", session_id=session_id),),
         ) from exc
-    ctx = engine.run_context(journal, turn_id=turn_id, run_id=run_id)
-    pipeline = engine.pipeline(ctx)
-    parked: list[PlannedCall] = []
-    pending: list[str] = []
-    # Code cells last: their nested calls follow their own policies first, so the fact
-    # that settles a cell lists what each nested call finally did.
-    for planned in sorted(plan.calls, key=lambda c: c.action == "report"):
-        call_state = state.calls[planned.call_id]
-        applied = await _apply(engine, ctx, pipeline, planned, call_state)
-        if applied == "parked":
-            parked.append(planned)
-        elif applied == "pending":
-            pending.append(planned.call_id)
-    if parked:
-        await journal.fact(
-            RunEnded(status="parked", error=f"{len(parked)} operation(s) wait for a decision"),
-            ctx.envelope,
-        )
-        raise _blocked(session_id, tuple(parked))
-    return ctx, tuple(pending)
+    return engine.run_context(journal, turn_id=turn_id, run_id=run_id)
 
 
 async def _apply(
@@ -353,7 +362,6 @@ async def _apply(
         visibility="hidden" if nested else "model",
     )
     journal = ctx.journal
-    record = state.latest
     if planned.action == "none":
         return "settled"
     if planned.action == "wait_operator":
@@ -375,6 +383,22 @@ async def _apply(
             env,
         )
         return "settled"
+    return await _recover(engine, ctx, pipeline, state, env)
+
+
+async def _recover(
+    engine: ResumableEngine,
+    ctx: RunContext,
+    pipeline: CallPipeline,
+    state: CallState,
+    env: Envelope,
+) -> Literal["settled", "parked", "pending"]:
+    """Settle an indeterminate call (T1 without T2) by the bound tool's recovery policy:
+    a cell is reported, an idempotent call runs again, a queryable one is probed, and
+    what cannot be proven is parked for an operator."""
+    nested = state.parent_call_id is not None
+    journal = ctx.journal
+    record = state.latest
     assert record is not None
     bound = engine.registry.get(record.dispatched.tool)
     # The policy is the bound tool's, never the one the log records (DESIGN L10).

@@ -108,6 +108,22 @@ def test_real_servers_from_mcp_option_and_lodger_toml(tmp_path: Path) -> None:
     assert json.loads(found.output)["results"][0]["name"] == "tiny__add"
 
 
+def test_list_shows_whether_commands_may_write_git(tmp_path: Path) -> None:
+    default = lodger("tools", "list", "--workspace", str(tmp_path), "--json")
+    assert default.exit_code == 0, default.output
+    sandbox = json.loads(default.output)["sandbox"]
+    assert sandbox["git_writable"] is False and sandbox["backend"] == "bubblewrap"
+    assert ".git read-only" in lodger("tools", "list", "--workspace", str(tmp_path)).output
+    (tmp_path / "lodger.toml").write_text("[sandbox]\ngit_writable = true\n")
+    untrusted = lodger("tools", "list", "--workspace", str(tmp_path), "--json")
+    assert json.loads(untrusted.stdout)["sandbox"]["git_writable"] is False  # not trusted
+    assert lodger("trust", str(tmp_path)).exit_code == 0
+    opted = lodger("tools", "list", "--workspace", str(tmp_path), "--json")
+    assert json.loads(opted.output)["sandbox"]["git_writable"] is True
+    text = lodger("tools", "list", "--workspace", str(tmp_path)).output
+    assert ".git writable" in text and ".git read-only" not in text
+
+
 def test_a_bad_mcp_option_or_config_is_one_clear_line(tmp_path: Path) -> None:
     bad = lodger("tools", "list", "--mcp", "no-equals-sign")
     assert bad.exit_code == 2 and "is not NAME=COMMAND or NAME=URL" in bad.output

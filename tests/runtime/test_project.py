@@ -70,6 +70,20 @@ def test_an_untrusted_project_only_narrows(tmp_path: Path) -> None:
     assert "memory_bytes" in said
 
 
+def test_an_untrusted_project_cannot_make_git_writable(tmp_path: Path) -> None:
+    """``git_writable`` widens what a command may do (leave code the host's git runs), so
+    a file lodger does not trust is not followed on it; a trusted one is."""
+    (tmp_path / "lodger.toml").write_text("[sandbox]\ngit_writable = true\nmemory_mb = 256\n")
+    untrusted = Project.load(tmp_path, trusted=False)
+    assert untrusted.sandbox is not None and untrusted.sandbox.git_writable is False
+    assert untrusted.sandbox.limits.memory_bytes == 256 << 20  # what narrows still applies
+    assert "[sandbox] git_writable" in "; ".join(untrusted.ignored)
+    assert Project.load(tmp_path).sandbox.git_writable is False  # type: ignore[union-attr]
+    trusted = Project.load(tmp_path, trusted=True)
+    assert trusted.sandbox is not None and trusted.sandbox.git_writable is True
+    assert trusted.ignored == ()
+
+
 def test_an_untrusted_file_may_lower_the_step_limit_but_not_raise_it(tmp_path: Path) -> None:
     model = ScriptedModel([])
     (tmp_path / "lodger.toml").write_text("[limits]\nmax_steps = 80\n")

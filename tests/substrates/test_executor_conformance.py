@@ -194,6 +194,11 @@ class Sandboxed(ExecutorSubject):
                 escaped=lambda e: self.secret in e.content,
             ),
             EscapeAttempt(
+                name="a repository for the host's git to trust",
+                call=self.command("git init -q . && git config core.fsmonitor 'touch ran'"),
+                escaped=lambda e: (self.workspace / ".git" / "config").exists(),
+            ),
+            EscapeAttempt(
                 name="a server on the host's loopback",
                 call=self.command(f"python3 - <<'EOF'\n{probe}EOF"),
                 escaped=lambda e: "CONNECTED" in e.content or "refused" not in e.content,

@@ -78,3 +78,22 @@ async def test_reading_it_and_writing_other_toml_files_still_work(
     for path in ("examples/lodger.toml", "pyproject.toml", "lodger.toml.example"):
         await write_file.handler({"path": path, "content": PLANTED}, ctx)
         assert (ws / path).read_text() == PLANTED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the file tools run on the host and may write under the workspace's .git: "
+    "write_file can put a core.fsmonitor in .git/config, which the host's git runs on its "
+    "next `git status`. A sandboxed command cannot (.git is read-only there unless "
+    "[sandbox] git_writable = true); the file tools need the same rule, and a way to see "
+    "that setting",
+)
+async def test_the_file_tools_cannot_leave_code_for_the_hosts_git(
+    ws: Path, ctx: ToolContext
+) -> None:
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    with pytest.raises(ToolCallError):
+        await write_file.handler(
+            {"path": ".git/config", "content": "[core]\n\tfsmonitor = touch ran\n"}, ctx
+        )

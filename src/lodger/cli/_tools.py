@@ -144,6 +144,7 @@ def list_tools(
         "limits": policy.limits.describe(),
         "network": policy.network.describe(),
         "env": list(policy.env),
+        "git_writable": policy.git_writable or not policy.confined,
         "tools": sandboxed,
     }
     if as_json:

@@ -132,6 +132,7 @@ class SandboxedProcess:
             limits=dataclasses.replace(policy.limits, wall_time_s=wall_time_s),
             network=policy.network,
             hidden=ctx.hidden,
+            git_writable=policy.git_writable,
         )
         return _Ran(result=result, wall_time_s=wall_time_s, call_limit=wall_time_s < asked)
 

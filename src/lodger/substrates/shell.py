@@ -8,7 +8,8 @@ line, the substrate runs it and this module renders the result);
 sandbox, not a person, is what confines the command). If the backend is missing the call
 fails closed with a one-line fix. ``backend="none"`` runs on the host: that needs approval
 unless the policy says otherwise, and every T1 records the backend as a resource
-(``actor:sandbox:none``), so the choice is in the log.
+(``actor:sandbox:none``), so the choice is in the log; so is a policy that lets commands
+write the workspace's ``.git`` (``actor:sandbox:git-writable``).
 
 One cheap tripwire stays for every backend: a command line that names lodger's state
 directory (its path, workspace-relative path or base name) when that directory is inside
@@ -134,9 +135,12 @@ def _claims_for(policy: SandboxPolicy) -> Any:
         if isinstance(command, str):
             root = resolve_workspace_root(ctx.require_workspace())
             _check_state_dir_not_named(command, root, ctx.hidden)
-        # The backend is a resource of the call, so T1 records where it ran.
-        where = ResourceClaim.actor(f"sandbox:{policy.backend}")
-        return [*_workspace_claims(arguments, ctx), where]
+        # The backend is a resource of the call, so T1 records where it ran; and so is a
+        # writable .git, so T1 says when the host's git may find what the command left.
+        where = [ResourceClaim.actor(f"sandbox:{policy.backend}")]
+        if policy.confined and policy.git_writable:
+            where.append(ResourceClaim.actor("sandbox:git-writable"))
+        return [*_workspace_claims(arguments, ctx), *where]
 
     return claims
 
@@ -152,11 +156,20 @@ def _written_out(text: str) -> str:
     return escape_matches(_CONTROL, text)
 
 
+_READ_ONLY_GIT = (
+    "The workspace's .git is read-only: git status, log and diff work; what writes the "
+    "repository (commit, add, stash, config) fails. Tell the user what to commit."
+)
+
+
 def _with_ceiling(t: Tool, policy: SandboxPolicy) -> Tool:
     """``t`` whose description names the policy's wall time: a model that asks for a
-    longer ``timeout_s`` is cut there, so it is told before it asks."""
-    ceiling = f"timeout_s is capped at {policy.limits.wall_time_s:g} s (the sandbox's wall time)."
-    return t.with_options(description=f"{t.description}\n\n{ceiling}")
+    longer ``timeout_s`` is cut there, so it is told before it asks; and, in a sandbox
+    that keeps ``.git`` read-only, that git cannot commit there."""
+    notes = f"timeout_s is capped at {policy.limits.wall_time_s:g} s (the sandbox's wall time)."
+    if policy.confined and not policy.git_writable:
+        notes += f" {_READ_ONLY_GIT}"
+    return t.with_options(description=f"{t.description}\n\n{notes}")
 
 
 def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:

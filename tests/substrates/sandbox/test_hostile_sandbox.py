@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hostgit import host_git, make_repository, tree
 
 from lodger.errors import ConfigError, ToolCallError, UsageError
 from lodger.runtime.config import CONFIG_FILE, load_mcp_servers, load_sandbox_policy
@@ -694,26 +695,52 @@ def test_the_lodger_ca_keeps_a_bounded_number_of_leaf_certificates() -> None:
     assert again is not first and isinstance(again, ssl.SSLContext)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the workspace's .git is writable in the sandbox, so a command can leave a "
-    "hook or a core.fsmonitor/core.pager command that the host's git runs later, outside "
-    "any sandbox. Making .git read-only (as some agent sandboxes do) would stop the model "
-    "committing: a design decision, not made in this audit",
-)
-async def test_a_command_cannot_leave_code_for_the_hosts_git_to_run(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    ws.mkdir()
+async def test_a_command_cannot_leave_code_for_the_hosts_git_to_run(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """Broke: the workspace's .git was writable in the sandbox, so a command could leave
+    a hook, a ``core.fsmonitor`` (run by every ``git status``) or a ``core.pager``, which
+    the host's git runs later, outside any sandbox. .git is now bound read-only onto
+    itself (``lodger.substrates.sandbox._git``): nothing under it can be written, and it
+    can be neither renamed nor removed to make room for another repository."""
+    ws = make_repository(tmp_path / "ws")
     marker = tmp_path / "ran-on-the-host"
-    subprocess.run(["git", "init", "-q", str(ws)], check=True, timeout=30)  # noqa: ASYNC221 - setting the scene
-    await BubblewrapSandbox().run(
-        ["git", "config", "core.fsmonitor", f"touch {marker}; false"],
-        workspace=ws,
-        env=ENV,
-        limits=Limits(wall_time_s=60),
-    )
-    # Later, on the host, someone looks at the project.
-    subprocess.run(["git", "-C", str(ws), "status"], capture_output=True, timeout=30)  # noqa: ASYNC221
+    plant = f"touch {marker}"
+    hook = f"printf '#!/bin/sh\\n{plant}\\n' > .git/hooks/{{}} && chmod +x .git/hooks/{{}}"
+    attempts = [
+        f"git config core.fsmonitor '{plant}; false'",
+        f"git config core.pager '{plant}; cat'",
+        f"git config alias.st '!{plant}'",
+        "git config core.hooksPath planted-hooks",
+        hook.format("pre-commit", "pre-commit"),
+        hook.format("post-checkout", "post-checkout"),
+        f"printf '[core]\\n\\tfsmonitor = {plant}\\n' >> .git/config",
+        "echo x > .git/info/attributes",
+        "mkdir .git/hooks/x",
+        "rm -f .git/HEAD .git/config",
+        "rm -rf .git/objects",
+        "chmod 777 .git/config",
+        "touch -d 2000-01-01 .git/config",
+        "git commit -qam planted",
+        "git add a.txt",
+        "git update-ref refs/heads/planted HEAD",
+        f"mv .git old && git init -q . && git config core.fsmonitor '{plant}; false'",
+        f"rm -rf .git; git init -q . && git config core.fsmonitor '{plant}; false'",
+        "python3 -c \"import os; os.rename('.git', 'old')\"",
+        "ln -sfn /tmp .git",
+    ]
+    before = tree(ws / ".git")
+    for attempt in attempts:
+        result = await box.run(
+            ["bash", "-c", attempt], workspace=ws, env=ENV, limits=Limits(wall_time_s=60)
+        )
+        assert result.exit_code != 0, (attempt, result.output)
+        assert tree(ws / ".git") == before, attempt
+    assert sorted(p.name for p in ws.iterdir()) == [".git", "a.txt"]
+    # Later, on the host, someone looks at the project and commits.
+    assert host_git("config", "--get", "core.pager", cwd=ws).stdout == ""
+    assert host_git("status", "--short", cwd=ws).stdout == " M a.txt\n"
+    host_git("commit", "-qam", "by hand", cwd=ws, check=True)
     assert not marker.exists()
 
 

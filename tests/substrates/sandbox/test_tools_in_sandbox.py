@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from lodger import Agent, ScriptedModel
 from lodger.errors import ConfigError, ToolCallError
+from lodger.events import ToolDispatched
 from lodger.runtime.builtin import workspace_tools
 from lodger.runtime.config import load_sandbox_policy
+from lodger.storage import Storage
 from lodger.substrates.sandbox import BubblewrapSandbox, Limits, SandboxPolicy, policy_from_config
 from lodger.substrates.shell import python_tool, run_python, shell, shell_tool
 from lodger.tools.spec import ToolContext, ToolOutput
@@ -79,6 +82,67 @@ def test_running_unsandboxed_is_explicit_asks_and_is_recorded_in_t1(ctx: ToolCon
     )
     assert "not in a sandbox" in host.description
     assert shell_tool(SandboxPolicy(approval=True)).approval is True
+
+
+async def test_a_writable_git_is_chosen_in_lodger_toml_and_recorded_in_t1(
+    ws: Path, ctx: ToolContext
+) -> None:
+    """``[sandbox] git_writable = true`` reaches the sandbox (a command commits), T1 of
+    each call records it as ``actor:sandbox:git-writable``, and the tools' description
+    tells the model which it has."""
+    (ws / "lodger.toml").write_text("[sandbox]\ngit_writable = true\n")
+    policy = load_sandbox_policy(ws)
+    assert policy is not None and policy.git_writable
+    assert policy.describe().endswith("; .git writable")
+    assert SandboxPolicy().describe().endswith("; .git read-only")
+    assert SandboxPolicy(backend="none").describe().endswith("; .git writable")
+    with pytest.raises(ConfigError, match="git_writable must be true or false"):
+        policy_from_config({"git_writable": "yes"})
+    writable = shell_tool(policy)
+    assert writable.claims is not None and shell.claims is not None
+    assert [c.render() for c in writable.claims({"command": "ls"}, ctx)][-2:] == [
+        "actor:sandbox:bubblewrap",
+        "actor:sandbox:git-writable",
+    ]
+    assert "actor:sandbox:git-writable" not in [
+        c.render() for c in shell.claims({"command": "ls"}, ctx)
+    ]
+    on_host = shell_tool(SandboxPolicy(backend="none", git_writable=True))
+    assert on_host.claims is not None  # actor:sandbox:none says it all
+    assert "git-writable" not in str([c.render() for c in on_host.claims({}, ctx)])
+    assert ".git is read-only" not in writable.description + on_host.description
+    for default in (shell, run_python):
+        assert ".git is read-only" in default.description
+    made = "git init -q . && git -c user.name=m -c user.email=m@x commit -q --allow-empty -m m"
+    assert await writable.handler({"command": made}, ctx) == "(no output)\n[exit code 0]"
+    assert (ws / ".git" / "HEAD").is_file()
+    refused = await shell.handler({"command": "git config lodger.test yes"}, ctx)
+    assert isinstance(refused, str) and "Read-only file system" in refused
+
+
+async def test_the_t1_of_a_sandboxed_call_says_whether_git_was_writable(tmp_path: Path) -> None:
+    """Through the whole pipeline: the tool_dispatched fact of a shell call names the
+    backend, and a writable .git when the policy gives one."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    recorded: list[tuple[str, ...]] = []
+    for policy in (SandboxPolicy(), SandboxPolicy(git_writable=True)):
+        script = [{"calls": [{"name": "shell", "args": {"command": "echo hi"}}]}, {"text": "ok"}]
+        agent = Agent(
+            model=ScriptedModel(script),
+            tools=[shell_tool(policy)],
+            workspace=ws,
+            storage=Storage.memory(),
+        )
+        result = await agent.run("go")
+        assert result.status == "completed"
+        events = await agent.session(result.session_id).events()
+        t1 = [e.body for e in events if isinstance(e.body, ToolDispatched)]
+        recorded += [body.resources for body in t1]
+    assert recorded == [
+        ("write file:./**", "actor:sandbox:bubblewrap"),
+        ("write file:./**", "actor:sandbox:bubblewrap", "actor:sandbox:git-writable"),
+    ]
 
 
 async def test_run_python_does_data_work_in_the_workspace(ws: Path, ctx: ToolContext) -> None:

@@ -8,11 +8,13 @@ and a hidden path pinned (``pinned_ancestors``); a private ``/tmp``, ``/dev`` an
 ``/proc``; nothing else. Home directories, ``/root``, the lodger state directory, other
 projects and credential directories are not mounted at all, so no ``..`` or symlink can
 reach them; a hidden path inside the workspace or a system directory is covered by an
-empty read-only tmpfs. New user, PID, IPC, UTS, cgroup and network namespaces; every
-capability dropped; no kernel keyrings, io_uring or userfaultfd (a seccomp filter,
-``lodger.substrates.sandbox._seccomp``: lodger's session keyring would be shared, and the other two
-are the kernel surface exploits start from); ``--new-session`` (no terminal injection) and
-``--die-with-parent``. With an unshared PID namespace, when the command returns
+empty read-only tmpfs. ``lodger.toml`` and ``.git`` are bound read-only onto themselves
+(``.git`` unless the policy lets commands write it: ``lodger.substrates.sandbox._git``).
+New user, PID, IPC, UTS, cgroup and network namespaces; every capability dropped; no
+kernel keyrings, io_uring or userfaultfd (a seccomp filter,
+``lodger.substrates.sandbox._seccomp``: lodger's session keyring would be shared, and the
+other two are the kernel surface exploits start from); ``--new-session`` (no terminal
+injection) and ``--die-with-parent``. With an unshared PID namespace, when the command returns
 bubblewrap's init exits and the kernel kills everything left inside, so nothing started
 in the background (setsid, double fork, nohup) outlives the command.
 
@@ -34,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from lodger.errors import ConfigError
+from lodger.substrates.sandbox._git import git_placeholder, protected_git
 from lodger.substrates.sandbox._process import run_confined
 from lodger.substrates.sandbox._seccomp import refusal_filter
 from lodger.substrates.sandbox.egress import (
@@ -98,23 +101,26 @@ class BubblewrapSandbox:
         limits: Limits,
         network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
+        git_writable: bool = False,
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
         network = network or NetworkPolicy()
         workspace, where = await asyncio.to_thread(_real, workspace, cwd)
-        with _filter_fd() as seccomp_fd:
-            return await self._run(
-                argv,
-                workspace=workspace,
-                where=where,
-                stdin=stdin,
-                env=dict(env),
-                limits=limits,
-                network=network,
-                hidden=hidden,
-                on_output=on_output,
-                seccomp_fd=seccomp_fd,
-            )
+        async with git_placeholder(workspace, writable=git_writable):
+            with _filter_fd() as seccomp_fd:
+                return await self._run(
+                    argv,
+                    workspace=workspace,
+                    where=where,
+                    stdin=stdin,
+                    env=dict(env),
+                    limits=limits,
+                    network=network,
+                    hidden=hidden,
+                    git_writable=git_writable,
+                    on_output=on_output,
+                    seccomp_fd=seccomp_fd,
+                )
 
     async def _run(
         self,
@@ -127,6 +133,7 @@ class BubblewrapSandbox:
         limits: Limits,
         network: NetworkPolicy,
         hidden: Sequence[Path],
+        git_writable: bool,
         on_output: OutputSink | None,
         seccomp_fd: int,
     ) -> SandboxResult:
@@ -138,6 +145,7 @@ class BubblewrapSandbox:
                 workspace=workspace,
                 cwd=where,
                 hidden=hidden,
+                git_writable=git_writable,
                 seccomp_fd=seccomp_fd,
             )
             return await run_confined(
@@ -167,6 +175,7 @@ class BubblewrapSandbox:
                 hidden=hidden,
                 binds=((proxy.socket_path, EGRESS_SOCKET),),
                 ro_binds=ro_binds,
+                git_writable=git_writable,
                 seccomp_fd=seccomp_fd,
             )
             return await run_confined(
@@ -192,10 +201,13 @@ def bubblewrap_argv(
     hidden: Sequence[Path] = (),
     binds: Sequence[tuple[Path, str]] = (),
     ro_binds: Sequence[tuple[Path, str]] = (),
+    git_writable: bool = False,
     seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bwrap command line that runs ``argv`` confined (see the module doc);
-    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``)."""
+    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``).
+    Where ``workspace`` has no ``.git``, a caller that keeps it read-only holds
+    ``git_placeholder`` while the command runs."""
     args = [
         executable,
         "--die-with-parent",
@@ -223,10 +235,13 @@ def bubblewrap_argv(
         args += ["--bind", str(source), target]
     for source, target in ro_binds:
         args += ["--ro-bind", str(source), target]
+    git = protected_git(workspace) if not git_writable else None
     args += ["--bind", str(workspace), str(workspace)]
-    for between in pinned_ancestors(workspace, hidden):
+    for between in pinned_ancestors(workspace, [*hidden, *(git.inner if git else ())]):
         args += ["--bind", between, between]
     for trusted in protected_files(workspace):  # lodger.toml: the host's configuration
+        args += ["--ro-bind", trusted, trusted]
+    for trusted in git.read_only if git else ():  # .git: what the host's git runs
         args += ["--ro-bind", trusted, trusted]
     for hidden_path in hidden:
         real = os.path.realpath(hidden_path)

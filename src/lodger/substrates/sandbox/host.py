@@ -37,6 +37,7 @@ class HostSandbox:
         limits: Limits,
         network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
+        git_writable: bool = False,  # unconfined: everything is writable
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
         where = Path(await asyncio.to_thread(os.path.realpath, cwd or workspace))

@@ -114,8 +114,12 @@ class Sandbox(Protocol):
         limits: Limits,
         network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
+        git_writable: bool = False,
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
         """Run ``argv`` in ``cwd`` (default: the workspace) and wait until every process
-        it started has ended. Cancellation kills the whole tree, then propagates."""
+        it started has ended. Cancellation kills the whole tree, then propagates.
+
+        ``hidden`` paths are not reachable; the workspace's ``.git`` is read-only unless
+        ``git_writable`` (``lodger.substrates.sandbox.policy``)."""
         ...

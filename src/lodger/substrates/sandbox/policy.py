@@ -4,6 +4,7 @@ environment variables it sees and where its network traffic may go.
     [sandbox]                       # in lodger.toml; every key is optional
     backend = "bubblewrap"          # "bubblewrap" (default), "runsc" (gVisor) or "none"
     approval = false                # ask before each command even though it is confined
+    git_writable = false            # let commands write the workspace's .git (see below)
     env = ["CI"]                    # host variables passed in by name (never credentials)
     wall_time_s = 60                # limits; see ``Limits``
     cpu_time_s = 60
@@ -24,6 +25,52 @@ environment variables it sees and where its network traffic may go.
 
 ``backend = "none"`` runs commands on the host, unconfined: an explicit choice that the
 shell tool records in every T1 (``actor:sandbox:none``), never a fallback.
+
+``.git`` is read-only inside a sandbox (DESIGN section 8): the host's git runs what a
+repository's hooks and config name (``core.fsmonitor`` on every ``git status``,
+``core.pager``, ``core.hooksPath``, aliases...), outside any sandbox, so a command must
+not be able to leave any there. Reading works (``git status``, ``log``, ``diff``,
+``blame``); committing, staging, fetching and changing config inside fail with "Read-only
+file system" (the shell tools' description tells the model). ``git_writable = true`` opts
+in to a writable ``.git``, as before: the shell tools' T1 then records
+``actor:sandbox:git-writable`` and ``lodger tools list`` shows it.
+It widens, so a project that is not trusted cannot set it (``lodger.runtime.project``).
+Case by case (``lodger.substrates.sandbox._git``), for the ``.git`` at the workspace
+root only:
+
+- a directory: bound read-only onto itself. Nothing under it can be written, and as a
+  mount point it can be neither renamed nor removed, so no command can put another
+  repository in its place.
+- a gitdir file (a linked worktree, a submodule checked out on its own): the file is
+  bound read-only, so it cannot be pointed elsewhere. The git directory it names
+  usually lies outside the workspace, so it is not mounted at all (git inside then
+  finds no repository); one inside the workspace is bound read-only too, with its
+  worktree's ``commondir`` and every directory between it and the workspace pinned.
+  A path through a symlink inside the workspace, a git directory that is missing or is
+  the workspace itself are refused (``ConfigError``): a command could make or redirect
+  what the host's git would follow.
+- a symlink (or a socket, a device): refused with a ``ConfigError``. A mount cannot
+  hold a symlink in place, so a command could replace it with a repository of its own.
+- none (no repository, or the workspace is a folder of one whose ``.git`` lies above
+  it, outside the sandbox): an empty placeholder directory is made there for the run
+  and bound read-only, so a command cannot ``git init`` (or write a gitdir file) where
+  the host's git would find it later, ahead of any repository above, and trust it. It
+  is removed when the last run holding it ends (a shared ``flock`` per run; a run
+  killed with lodger leaves it empty, and the next run takes it over and removes it).
+  An empty ``.git`` is no repository to git, which looks on past it in the parent
+  directories, so the placeholder changes nothing for the host meanwhile. This was
+  chosen over allowing a fresh repository (the command's, hooks and all, trusted by
+  the next ``git commit`` on the host) and over refusing commands in workspaces
+  without a repository; ``git init`` there needs ``git_writable = true``.
+
+Not covered (strict xfails in ``tests/substrates/sandbox/test_git_in_sandbox.py``):
+repositories below the root (``sub/.git``, a submodule's worktree): a command can plant
+one there, and the host's git running in that directory, or ``git status`` at the root
+recursing into a submodule, reads its config. Nor can a command be kept from making the
+workspace root a bare repository (``HEAD``, ``config``, ``objects/``, ``refs/``) where it
+has no ``.git`` of its own, which the host's git then finds in that directory: git's own
+``safe.bareRepository = explicit`` closes that. The file tools run on the host and are
+not confined by this (``tests/tools/test_configuration_guard.py``).
 """
 
 from __future__ import annotations
@@ -275,6 +322,8 @@ class SandboxPolicy:
     env: tuple[str, ...] = ()
     #: ask for approval before each command even though it runs confined
     approval: bool = False
+    #: let commands write the workspace's ``.git`` (default: read-only; see the module doc)
+    git_writable: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -309,7 +358,10 @@ class SandboxPolicy:
         return found
 
     def describe(self) -> str:
-        return f"{self.backend}; {self.limits.describe()}; net {self.network.describe()}"
+        git = "writable" if self.git_writable or not self.confined else "read-only"
+        return (
+            f"{self.backend}; {self.limits.describe()}; net {self.network.describe()}; .git {git}"
+        )
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -348,7 +400,7 @@ def policy_from_config(
 
     ``workspace``: where sandboxed commands work, which a secrets file must lie outside
     (default: the current directory)."""
-    known = {"backend", "approval", "env", "network", "secrets_file", *_LIMIT_KEYS}
+    known = {"backend", "approval", "env", "git_writable", "network", "secrets_file", *_LIMIT_KEYS}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(
@@ -362,6 +414,9 @@ def policy_from_config(
     approval = table.get("approval", False)
     if not isinstance(approval, bool):
         raise ConfigError(f"{where} approval must be true or false")
+    git_writable = table.get("git_writable", False)
+    if not isinstance(git_writable, bool):
+        raise ConfigError(f"{where} git_writable must be true or false")
     network = _network(table, where, workspace)
     return SandboxPolicy(
         backend=table.get("backend", "bubblewrap"),
@@ -369,6 +424,7 @@ def policy_from_config(
         network=network,
         env=tuple(env),
         approval=approval,
+        git_writable=git_writable,
     )
 
 

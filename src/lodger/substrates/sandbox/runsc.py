@@ -5,7 +5,8 @@ Each run writes an OCI bundle into a private temporary directory and starts it w
 ``runsc --network=none run``, behind ``setpriv --pdeathsig KILL`` so that it dies with
 lodger, even a SIGKILLed one (bubblewrap's ``--die-with-parent``). The bundle's root is
 an empty read-only directory with the same mounts as the bubblewrap backend: the system
-directories read-only (secret files masked), the workspace read-write at its own path, a
+directories read-only (secret files masked), the workspace read-write at its own path
+with ``lodger.toml`` and ``.git`` read-only (``lodger.substrates.sandbox._git``), a
 private ``/tmp``; nothing else of the host exists inside. gVisor gives new PID,
 network, IPC, UTS and mount namespaces.
 
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.errors import ConfigError
+from lodger.substrates.sandbox._git import git_placeholder, protected_git
 from lodger.substrates.sandbox._process import made_in_thread, run_confined
 from lodger.substrates.sandbox.bubblewrap import (
     SYSTEM_DIRS,
@@ -85,6 +87,7 @@ class RunscSandbox:
         limits: Limits,
         network: NetworkPolicy | None = None,
         hidden: Sequence[Path] = (),
+        git_writable: bool = False,
         on_output: OutputSink | None = None,
     ) -> SandboxResult:
         if network is not None and network.enabled:
@@ -93,7 +96,33 @@ class RunscSandbox:
                 + ", ".join(network.allow),
                 hint="use the bubblewrap backend for a policy that allows domains",
             )
-        await asyncio.to_thread(confinable_workspace, workspace)
+        root = await asyncio.to_thread(confinable_workspace, workspace)
+        async with git_placeholder(root, writable=git_writable):
+            return await self._run(
+                argv,
+                workspace=root,
+                cwd=cwd,
+                stdin=stdin,
+                env=env,
+                limits=limits,
+                hidden=hidden,
+                git_writable=git_writable,
+                on_output=on_output,
+            )
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Path,
+        cwd: Path | None,
+        stdin: bytes,
+        env: Mapping[str, str],
+        limits: Limits,
+        hidden: Sequence[Path],
+        git_writable: bool,
+        on_output: OutputSink | None,
+    ) -> SandboxResult:
         bundle = await made_in_thread(
             functools.partial(
                 _write_bundle,
@@ -103,6 +132,7 @@ class RunscSandbox:
                 env=env,
                 limits=limits,
                 hidden=hidden,
+                git_writable=git_writable,
             ),
             undo=_remove_bundle,  # else it stays in the temporary folder for good
         )
@@ -169,13 +199,23 @@ def _write_bundle(
     env: Mapping[str, str],
     limits: Limits,
     hidden: Sequence[Path],
+    git_writable: bool,
 ) -> Path:
+    root = Path(os.path.realpath(workspace))
+    where = Path(os.path.realpath(cwd)) if cwd is not None else root
+    # Before the bundle exists: a workspace refused here leaves nothing behind.
+    config = oci_config(
+        argv,
+        workspace=root,
+        cwd=where,
+        env=env,
+        limits=limits,
+        hidden=hidden,
+        git_writable=git_writable,
+    )
     bundle = Path(tempfile.mkdtemp(prefix="lodger-runsc-"))
     (bundle / "rootfs").mkdir()
     (bundle / "state").mkdir()
-    root = Path(os.path.realpath(workspace))
-    where = Path(os.path.realpath(cwd)) if cwd is not None else root
-    config = oci_config(argv, workspace=root, cwd=where, env=env, limits=limits, hidden=hidden)
     (bundle / "config.json").write_text(json.dumps(config))
     return bundle
 
@@ -188,8 +228,10 @@ def oci_config(
     env: Mapping[str, str],
     limits: Limits,
     hidden: Sequence[Path] = (),
+    git_writable: bool = False,
 ) -> dict[str, Any]:
-    """The OCI runtime spec for one command (see the module doc)."""
+    """The OCI runtime spec for one command (see the module doc); where ``workspace`` has
+    no ``.git``, a caller that keeps it read-only holds ``git_placeholder`` meanwhile."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
@@ -198,10 +240,13 @@ def oci_config(
         source = os.path.realpath(path)
         if os.path.isdir(source):
             mounts.append(_bind(source, path, writable=False))
+    git = protected_git(workspace) if not git_writable else None
     mounts.append(_bind(str(workspace), str(workspace), writable=True))
-    for between in pinned_ancestors(workspace, hidden):
+    for between in pinned_ancestors(workspace, [*hidden, *(git.inner if git else ())]):
         mounts.append(_bind(between, between, writable=True))
     for trusted in protected_files(workspace):  # lodger.toml: the host's configuration
+        mounts.append(_bind(trusted, trusted, writable=False))
+    for trusted in git.read_only if git else ():  # .git: what the host's git runs
         mounts.append(_bind(trusted, trusted, writable=False))
     covered = [*masked_paths(), *(os.path.realpath(p) for p in hidden)]
     for path in covered:

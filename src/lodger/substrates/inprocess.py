@@ -221,8 +221,8 @@ def failure_execution(name: str, error: BaseException) -> Execution:
     if isinstance(error, SystemExit):  # sys.exit() ends the call, not lodger
         return Execution(
             "error",
-            f"{name} failed: SystemExit (exit code {error.code}); a tool cannot exit the "
-            "process, the call failed and the run goes on",
+            f"{name} failed: SystemExit (exit code {error.code}): the tool tried to exit the "
+            "process; the call failed and the run goes on",
         )
     text = f"{name} failed: {type(error).__name__}"
     detail = str(error)

@@ -140,3 +140,91 @@ def test_a_second_ctrl_c_exits_at_once_and_names_what_it_left(tmp_path: Path) ->
     assert plan.returncode == 0, plan.stderr
     (call,) = json.loads(plan.stdout)["calls"]
     assert call["status"] == "indeterminate"  # exactly as after a crash: T1, no T2
+
+
+EXITING_TOOLS = '''
+import asyncio
+import sys
+from lodger import tool
+
+@tool
+async def interrupt_now() -> str:
+    """Raises KeyboardInterrupt in its first step."""
+    raise KeyboardInterrupt
+
+@tool
+async def interrupt_later() -> str:
+    """Raises KeyboardInterrupt after a wait, in its task."""
+    await asyncio.sleep(0.01)
+    raise KeyboardInterrupt("from the tool")
+
+@tool
+def interrupt_thread() -> str:
+    """Raises KeyboardInterrupt on its worker thread."""
+    raise KeyboardInterrupt
+
+@tool
+def exit_thread() -> str:
+    """Calls sys.exit on its worker thread."""
+    sys.exit(3)
+
+@tool
+async def wait_long() -> str:
+    """Waits half a minute."""
+    await asyncio.sleep(30)
+    return "finished"
+'''
+
+
+def test_what_a_tool_raises_is_its_result_and_only_a_signal_stops_lodger(tmp_path: Path) -> None:
+    """A tool's KeyboardInterrupt or SystemExit is its error result (T2 committed, the
+    turn goes on to the next step); a real SIGINT to lodger, later in the same run, still
+    stops it: exit 130, the running call settled, the turn left open with the resume hint."""
+    (tmp_path / "tools.py").write_text(EXITING_TOOLS)
+    raisers = ["interrupt_now", "interrupt_later", "interrupt_thread", "exit_thread"]
+    script = [
+        {"calls": [{"name": name, "args": {}} for name in raisers]},
+        {"calls": [{"name": "wait_long", "args": {}}]},
+        {"text": "resumed and done"},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    args = [
+        sys.executable, "-m", "lodger", "run", "go", "--session", "s1",
+        "--model", f"script:{tmp_path / 'script.json'}", "--tools", str(tmp_path / "tools.py"),
+        "--workspace", str(tmp_path), "--state", str(tmp_path / "state"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the raisers settle, then the model's next step runs
+        if "-> wait_long" in line:
+            break
+    else:
+        _, err = proc.communicate(timeout=20)
+        pytest.fail(f"the run ended before its second step (exit {proc.returncode}): {err}")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: session s1") and "lodger resume s1" in last
+
+    events = events_of(tmp_path)
+    responded = {e["call_id"]: e["body"] for e in events if e["body"]["kind"] == "tool_responded"}
+    by_name = {
+        e["body"]["tool"]: responded[e["call_id"]]
+        for e in events
+        if e["body"]["kind"] == "tool_dispatched"
+    }
+    for name in ("interrupt_now", "interrupt_later", "interrupt_thread"):
+        assert by_name[name]["status"] == "error", by_name[name]
+        assert by_name[name]["content"].startswith(f"{name} failed: KeyboardInterrupt")
+    assert "from the tool" in by_name["interrupt_later"]["content"]
+    assert by_name["exit_thread"]["status"] == "error"
+    assert "SystemExit (exit code 3)" in by_name["exit_thread"]["content"]
+    assert by_name["wait_long"]["status"] == "cancelled"  # the signal's doing
+    assert events[-1]["body"] == {
+        "kind": "run_ended",
+        "status": "interrupted",
+        "error": "stopped from outside",
+    }
+    assert not any(e["body"]["kind"] == "turn_ended" for e in events)

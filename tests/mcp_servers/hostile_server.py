@@ -11,6 +11,10 @@ Every MODE changes one thing a careless or hostile server may do:
 - ``mute``: read requests and never answer any (not even ``initialize``).
 - ``init-error``: answer ``initialize`` with an error whose message is 1 MB.
 - ``garbage``: write non-protocol lines to stdout before answering anything.
+- ``garbage-flood``: write 1000 lines that are not JSON-RPC to stdout before answering.
+- ``bad-notes``: before the ``tools/list`` answer, send 50 notifications the SDK cannot
+  validate (a log message whose level is a number).
+- ``huge-listing``: list 100 000 tools, in one answer of about 8 MB.
 - ``wrong-id``: answer ``tools/call`` with an id that was never asked.
 - ``notify-flood``: send 20 000 log notifications before each ``tools/call`` answer.
 - ``asks-client``: before each ``tools/call`` answer, ask the client for sampling, its
@@ -52,6 +56,8 @@ def tools() -> list[dict[str, Any]]:
         names += ["_echo"]
     if "many-tools" in MODES:
         names += [f"tool_{i}" for i in range(20_000)]
+    if "huge-listing" in MODES:
+        names += [f"tool_{i}" for i in range(100_000)]
     listed = [{"name": n, "description": f"the {n} tool", "inputSchema": schema} for n in names]
     if "not-object" in MODES:  # valid JSON schemas, but no provider takes them for a tool
         listed[1]["inputSchema"] = {"type": "string"}
@@ -106,6 +112,9 @@ def main() -> None:
     if "garbage" in MODES:
         OUT.write(b'Starting hostile server v0...\n\x00\xff not json\n{"half": \n')
         OUT.flush()
+    if "garbage-flood" in MODES:
+        OUT.write(b"".join(b"debug: starting part %d\n" % i for i in range(1000)))
+        OUT.flush()
     for line in sys.stdin.buffer:
         try:
             request = json.loads(line)
@@ -117,6 +126,10 @@ def main() -> None:
         if "id" not in request or "mute" in MODES:
             continue  # a notification, the client's answer, or a server that never answers
         result = answer(request)
+        if request.get("method") == "tools/list" and "bad-notes" in MODES:
+            for i in range(50):
+                params = {"level": i, "data": "a level that is a number"}
+                send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
         if request.get("method") == "tools/call":
             if "notify-flood" in MODES:
                 for i in range(20_000):

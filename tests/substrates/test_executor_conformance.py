@@ -5,12 +5,14 @@ in process, a sandboxed process (real bubblewrap; gVisor in the slow lane), a co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
 import socket
+import types
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,15 @@ class InProcess(ExecutorSubject):
 
         return SubjectCall(tool=crash)
 
+    def raising(self, error: BaseException) -> SubjectCall:
+        @tool
+        async def exit_() -> str:
+            """Raise after a wait (in the call's task, not its first step)."""
+            await asyncio.sleep(0)
+            raise error
+
+        return SubjectCall(tool=exit_)
+
     def hanging(self) -> tuple[SubjectCall, Callable[[], Awaitable[None]]]:
         running = asyncio.Event()
 
@@ -131,13 +142,20 @@ class Sandboxed(ExecutorSubject):
         return SandboxExecutor(grace=1.0)
 
     def command(
-        self, script: str, *, refuse: str | None = None, box: Sandbox | None = None
+        self,
+        script: str,
+        *,
+        refuse: str | None = None,
+        box: Sandbox | None = None,
+        raising: BaseException | None = None,
     ) -> SubjectCall:
         @tool(name="sh")
         def describe(ctx: ToolContext) -> ProcessCommand:
             """Run the script."""
             if refuse is not None:
                 raise ToolCallError(refuse)
+            if raising is not None:
+                raise raising  # on the tool's worker thread
             root = ctx.require_workspace()
             return ProcessCommand(argv=("bash", "-c", script), workspace=root, timeout_s=3600)
 
@@ -152,6 +170,9 @@ class Sandboxed(ExecutorSubject):
 
     def crashing(self, message: str) -> SubjectCall:
         return self.command("true", box=_BrokenBackend(message))  # type: ignore[arg-type]
+
+    def raising(self, error: BaseException) -> SubjectCall:
+        return self.command("touch ran", raising=error)
 
     def hanging(self) -> tuple[SubjectCall, Callable[[], Awaitable[None]]]:
         marker = self.workspace / f"started-{uuid.uuid4().hex}"
@@ -243,11 +264,12 @@ class _BrokenRunner:
 
     language = "javascript"
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
     async def run(self, source: str, host: CellHost, limits: CellLimits) -> CellOutcome:
-        raise RuntimeError(self.message)
+        await asyncio.sleep(0)
+        raise self.error
 
     async def aclose(self) -> None:
         pass
@@ -296,7 +318,10 @@ class Cells(ExecutorSubject):
         )
 
     def crashing(self, message: str) -> SubjectCall:
-        return self.cell("return 1;", "1", runner=_BrokenRunner(message))
+        return self.cell("return 1;", "1", runner=_BrokenRunner(RuntimeError(message)))
+
+    def raising(self, error: BaseException) -> SubjectCall:
+        return self.cell("return 1;", "1", runner=_BrokenRunner(error))
 
     def hanging(self) -> tuple[SubjectCall, Callable[[], Awaitable[None]]]:
         call = self.cell(
@@ -364,6 +389,12 @@ class Remote(ExecutorSubject):
     def crashing(self, message: str) -> SubjectCall:
         async def hand_off(arguments: dict[str, Any], ctx: ToolContext) -> Suspended:
             raise ConnectionResetError(message)
+
+        return self._remote(hand_off)
+
+    def raising(self, error: BaseException) -> SubjectCall:
+        async def hand_off(arguments: dict[str, Any], ctx: ToolContext) -> Suspended:
+            raise error
 
         return self._remote(hand_off)
 
@@ -491,3 +522,76 @@ async def test_a_sandboxed_call_stopped_at_its_own_timeout_is_the_tools_result(
         time_limit=0.3,
     )  # fmt: skip
     assert limited.status == "timed_out" and "[timed out after 0.3 s;" in limited.content
+
+
+def _alone(work: Callable[[], Awaitable[Execution]]) -> Execution | BaseException:
+    """``work`` on a loop of its own: its execution, or what stopped that loop."""
+
+    async def main() -> Execution:
+        return await work()
+
+    try:
+        return asyncio.run(main())
+    except BaseException as exc:  # noqa: BLE001 - what escaped is the finding
+        return exc
+
+
+async def test_an_exit_in_a_sandboxed_tools_settle_is_its_error_result(tmp_path: Path) -> None:
+    """``settle`` is the tool's own code too, run after the sandbox: its exit is its result."""
+    subject = Sandboxed(tmp_path / "ws", BubblewrapSandbox(), secret="s", port=1)
+
+    def settle(result: SandboxResult, wall_time_s: float) -> str:
+        raise KeyboardInterrupt("from settle")
+
+    t = subject.command("true").tool
+    t = t.with_options(substrate=dataclasses.replace(t.substrate, settle=settle))
+
+    async def run() -> Execution:
+        return await SandboxExecutor().execute(
+            tool=t, arguments={}, context=subject.context(), time_limit=30
+        )
+
+    outcome = await asyncio.to_thread(_alone, run)
+    assert outcome == Execution("error", _interrupt_text("sh", "from settle")), outcome
+
+
+def _interrupt_text(name: str, detail: str) -> str:
+    return (
+        f"{name} failed: KeyboardInterrupt: {detail}; "
+        "raised by the tool, it failed the call and the run goes on"
+    )
+
+
+async def test_a_cancellation_the_tool_raises_itself_still_ends_it_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Containing exits leaves cancellation as it was: a ``CancelledError`` passes."""
+
+    @tool
+    async def gives_up() -> str:
+        """Raises CancelledError itself."""
+        await asyncio.sleep(0)
+        raise asyncio.CancelledError
+
+    execution = await InProcessExecutor().execute(
+        tool=gives_up, arguments={}, context=InProcess(tmp_path).context(), time_limit=30
+    )
+    assert execution.status == "cancelled", execution
+
+
+def test_a_contained_coroutine_closed_midway_closes() -> None:
+    """``GeneratorExit`` thrown in to close the work is not turned into a result."""
+    from lodger.substrates.inprocess import contained
+
+    @types.coroutine
+    def suspend() -> Generator[None, None, None]:
+        yield
+
+    async def work() -> str:
+        await suspend()
+        return "never"
+
+    coro = contained(work())
+    coro.send(None)  # suspended
+    coro.close()  # raises RuntimeError if the GeneratorExit were swallowed or replaced
+    assert coro.cr_frame is None

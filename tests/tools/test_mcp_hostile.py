@@ -162,7 +162,9 @@ async def test_a_huge_description_is_cut_and_a_huge_schema_makes_the_tool_unusab
     # A direct tool's description and schema go into every model request: 10 MB of
     # description (or 5 MB of schema) used to be bound as listed, so every step would
     # carry it (and fail at the provider for its size).
-    async with McpServers([hostile("huge-description", deferred=False)]) as mcp:
+    # (its listing is 15 MB: a server allowed messages that large, the bounds still hold)
+    allowed = hostile("huge-description", deferred=False, max_message_bytes=32 << 20)
+    async with McpServers([allowed]) as mcp:
         tools = {t.name: t for t in mcp.tools()}
         echo, big = tools["h__echo"], tools["h__big"]
         assert len(echo.description) < MAX_DESCRIPTION + 200
@@ -176,16 +178,21 @@ async def test_a_huge_description_is_cut_and_a_huge_schema_makes_the_tool_unusab
         assert "the cut tool still works" in out.content
 
 
-async def test_a_listing_the_sdk_refuses_stops_the_start_with_one_line_naming_why() -> None:
+async def test_a_tool_the_sdk_would_refuse_is_unusable_and_the_others_still_bind() -> None:
     # The SDK refuses a whole tools/list answer when one tool's schema is not an object
-    # (the MCP spec requires it); the error used to be pydantic's multi-line page.
-    with pytest.raises(ConfigError) as caught:
-        async with McpServers([hostile("not-object")]):
-            pass
-    message = str(caught.value)
-    assert "\n" not in message
-    assert "MCP server 'h' did not start" in message
-    assert "2 problems; the first at tools.1.inputSchema.type" in message
+    # (the MCP spec requires it): the server used to fail to start ("2 problems; the
+    # first at tools.1.inputSchema.type"), and none of its tools could be used.
+    async with McpServers([hostile("not-object")]) as mcp:
+        tools = {t.name: t for t in mcp.tools()}
+        assert sorted(tools) == ["h__big", "h__crash", "h__echo", "h__odd"]
+        unusable = mcp.unusable()
+        assert sorted(unusable) == ["h__big", "h__odd"]
+        assert unusable["h__big"].startswith("its definition is not valid MCP (at inputSchema")
+        assert tools["h__big"].parameters == {"type": "object"}
+        with pytest.raises(ToolCallError, match="cannot be called: its definition is not valid"):
+            await call(mcp.tools(), "h__big", text="x")
+        out = await call(mcp.tools(), "h__echo", text="the others work")
+        assert not out.is_error and "the others work" in out.content
 
 
 async def test_a_server_that_never_answers_initialize_fails_within_its_connect_timeout() -> None:

@@ -165,9 +165,12 @@ class LodgerGroup(click.Group):
                     common._RETAINED.clear()
 
     def invoke(self, ctx: click.Context) -> Any:
+        from lodger.cli._warnings import warnings_on_stderr
+
         wants_json = "--json" in ctx.args  # known before parsing, for usage errors too
         try:
-            return super().invoke(ctx)
+            with warnings_on_stderr(as_json=wants_json, debug=bool(ctx.params.get("debug"))):
+                return super().invoke(ctx)
         except click.UsageError as exc:
             if not wants_json:
                 raise

@@ -74,6 +74,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "approval": (bool, list),
     "timeout_s": (int, float),
     "connect_timeout_s": (int, float),
+    "max_message_bytes": int,
 }
 
 
@@ -99,7 +100,7 @@ def server_from_table(
                 hint="known keys: " + ", ".join(sorted(_KEYS)),
             )
         if not isinstance(value, expected) or (
-            isinstance(value, bool) and expected in ((int, float),)
+            isinstance(value, bool) and expected in ((int, float), int)
         ):
             raise ConfigError(f"{where}.{key} has the wrong type ({type(value).__name__})")
     options: dict[str, Any] = {k: v for k, v in table.items() if k in _KEYS}

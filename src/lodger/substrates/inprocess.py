@@ -12,8 +12,15 @@ cannot be stopped, so if it is still running after the grace it is abandoned and
 result says its effect is unknown. A stop from outside (Ctrl-C, SIGTERM) waits for the
 call to settle and records what it did; a second stop abandons a worker thread.
 
+What a tool raises is its result, never a stop of lodger: ``KeyboardInterrupt``,
+``SystemExit`` and ``GeneratorExit`` from a tool become an error result naming them, like
+any other exception (in a task, the first two would stop the whole event loop). Only a
+signal to lodger stops lodger, and it arrives as a cancellation (the CLI's handlers,
+``lodger.cli._interrupts``; ``asyncio.run``'s own), which always propagates.
+
 ``run_bounded``, ``execution_of`` and ``result_execution`` are that discipline on their
-own, for substrates whose work is a coroutine too (a code cell's run, a sandboxed run).
+own, for substrates whose work is a coroutine too (a code cell's run, a sandboxed run);
+``contained`` keeps a tool's exits inside work a substrate runs as a task of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Coroutine
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from lodger._core.eager import start_eagerly
 from lodger.errors import ToolCallError
@@ -42,7 +49,9 @@ __all__ = [
     "Executor",
     "InProcessExecutor",
     "StoppedBy",
+    "contained",
     "execution_of",
+    "failure_execution",
     "result_execution",
     "run_bounded",
 ]
@@ -54,6 +63,8 @@ STOP_GRACE = 2.0
 """Seconds a call that hit its time limit gets to settle before its worker is abandoned."""
 
 StoppedBy = Literal["time_limit", "cancelled"] | None
+
+T = TypeVar("T")
 
 
 class InProcessExecutor:
@@ -71,7 +82,7 @@ class InProcessExecutor:
         time_limit: float,
     ) -> Execution:
         done, stopped_by = await run_bounded(
-            _guarded(tool, arguments, context), time_limit=time_limit, grace=self.grace
+            _handled(tool, arguments, context), time_limit=time_limit, grace=self.grace
         )
         return execution_of(tool.name, done, stopped_by, time_limit)
 
@@ -84,11 +95,11 @@ async def run_bounded(
     At the limit it is cancelled and gets ``grace`` seconds to settle, then a second stop
     (a worker thread is abandoned). Cancelled from outside, it is cancelled and waited for
     (asked again: a worker thread is given up on); nothing is raised, the caller reads its
-    own cancellation from its task.
+    own cancellation from its task. What ``work`` raises is ``contained``.
     """
     # Started at once, in a context of its own: a handler that finishes without
     # waiting (most async tools) needs no task and no trip through the event loop.
-    task = start_eagerly(work)
+    task = start_eagerly(contained(work))
     stopped_by: StoppedBy = None
     try:
         if not await _done_within(task, time_limit):
@@ -135,18 +146,32 @@ async def _done_within(task: asyncio.Future[Any], seconds: float) -> bool:
     return task.done()
 
 
-class _ToolExited(Exception):
-    def __init__(self, code: object) -> None:
-        super().__init__(code)
-        self.code = code
+class _Raised(Exception):
+    """A tool's ``KeyboardInterrupt`` or ``SystemExit``, carried as its outcome."""
+
+    def __init__(self, error: KeyboardInterrupt | SystemExit) -> None:
+        super().__init__(error)
+        self.error = error
 
 
-async def _guarded(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Any:
-    # SystemExit raised in a task would stop the whole event loop: it ends the call only
+async def contained(work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work``; a ``KeyboardInterrupt`` or ``SystemExit`` it raises is its outcome.
+
+    Raised in a task, either would stop the whole event loop (asyncio re-raises them from
+    the loop), so the turn would end with the tool's exception. Contained, it is an error
+    result of the call (``execution_of``). A sync tool's exception comes back from its
+    worker thread the same way. ``CancelledError`` and ``GeneratorExit`` pass through
+    unchanged: a cancellation must propagate, and a coroutine being closed must close.
+    """
     try:
-        return await t.handler(dict(arguments), ctx)
-    except SystemExit as exc:
-        raise _ToolExited(exc.code) from None
+        return await work
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise _Raised(exc) from None
+
+
+async def _handled(t: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    # the handler is called inside the work: whatever it raises is the call's outcome
+    return await t.handler(dict(arguments), ctx)
 
 
 def execution_of(
@@ -173,7 +198,7 @@ def execution_of(
             "so its effect is unknown",
         )
     if error is not None:
-        return _failure(name, error)
+        return failure_execution(name, error)
     value = task.result()
     execution = result_execution(name, value)
     if execution.suspended:
@@ -186,14 +211,26 @@ def execution_of(
     return execution
 
 
-def _failure(name: str, error: BaseException) -> Execution:
+def failure_execution(name: str, error: BaseException) -> Execution:
+    """How a call of tool ``name`` that raised ``error`` ends: an error result naming it
+    (a ``ToolCallError`` gives its message and hint, for the model)."""
+    if isinstance(error, _Raised):
+        error = error.error
     if isinstance(error, ToolCallError):
         return Execution("error", str(error))  # the message and its hint: for the model
-    if isinstance(error, SystemExit | _ToolExited):  # sys.exit() ends the call, not lodger
-        return Execution("error", f"{name} tried to exit the process (code {error.code})")
+    if isinstance(error, SystemExit):  # sys.exit() ends the call, not lodger
+        return Execution(
+            "error",
+            f"{name} failed: SystemExit (exit code {error.code}): the tool tried to exit the "
+            "process; the call failed and the run goes on",
+        )
+    text = f"{name} failed: {type(error).__name__}"
+    detail = str(error)
+    if detail:
+        text += f": {detail}"
     if isinstance(error, KeyboardInterrupt):
-        return Execution("interrupted", f"{name} was interrupted")
-    return Execution("error", f"{name} failed: {type(error).__name__}: {error}")
+        text += "; raised by the tool, it failed the call and the run goes on"
+    return Execution("error", text)
 
 
 def result_execution(name: str, value: Any) -> Execution:

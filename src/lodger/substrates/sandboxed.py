@@ -21,6 +21,7 @@ path for a direct call, outside any pipeline.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import os
@@ -30,7 +31,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.errors import ToolCallError
-from lodger.substrates.inprocess import STOP_GRACE, execution_of, result_execution, run_bounded
+from lodger.substrates.inprocess import (
+    STOP_GRACE,
+    execution_of,
+    failure_execution,
+    result_execution,
+    run_bounded,
+)
 from lodger.substrates.sandbox import Sandbox, SandboxPolicy, SandboxResult, sandbox_for
 from lodger.tools.spec import Execution, Executor, Handler, Tool, ToolContext, ToolOutput
 
@@ -166,8 +173,10 @@ class SandboxExecutor:
         ran: _Ran = done.result()
         try:
             execution = result_execution(tool.name, process.settle(ran.result, ran.wall_time_s))
-        except Exception as exc:  # noqa: BLE001 - the tool's own code: its error result
-            return Execution("error", f"{tool.name} failed: {type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the tool's own code: its error result
+            return failure_execution(tool.name, exc)
         if stopped_by == "time_limit" or (ran.call_limit and ran.result.limit == "wall_time"):
             return Execution("timed_out", execution.content)
         return execution

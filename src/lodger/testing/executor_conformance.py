@@ -17,7 +17,9 @@ itself), plus the escape attempts its confinement must stop. A pytest fixture na
 What every executor must do, whatever runs the work:
 - return how a call ended as an ``Execution``, never raise for the tool's faults: a
   refusal (``ToolCallError``) is an error result with its message, an unexpected
-  exception of the tool or of the substrate is an error result naming it;
+  exception of the tool or of the substrate is an error result naming it, and so is a
+  ``KeyboardInterrupt``, ``SystemExit`` or ``GeneratorExit`` the tool raises (only a
+  signal to lodger stops lodger, and it arrives as a cancellation);
 - end a call that overruns its time limit within the limit and a grace, as ``timed_out``;
 - when its caller is cancelled, stop the work, settle, and say ``cancelled``, without
   swallowing the cancellation (the pipeline records T2, then lets it go on);
@@ -37,6 +39,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from lodger.substrates.select import Executors
 from lodger.tools.spec import Execution, Executor, Tool, ToolContext
@@ -96,6 +100,11 @@ class ExecutorSubject(abc.ABC):
         """A call whose own code or substrate raises unexpectedly with ``message``."""
 
     @abc.abstractmethod
+    def raising(self, error: BaseException) -> SubjectCall:
+        """A call whose own code raises ``error`` itself: a ``KeyboardInterrupt``, a
+        ``SystemExit`` or a ``GeneratorExit`` (a tool's, or its substrate's, not a signal)."""
+
+    @abc.abstractmethod
     def hanging(self) -> tuple[SubjectCall, Callable[[], Awaitable[None]]]:
         """A call that never ends by itself, and a wait that returns once it runs."""
 
@@ -132,6 +141,19 @@ async def _execute(
         )
 
 
+#: what a tool may raise that is not an ``Exception``, besides a cancellation of its own
+_EXITS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _on_a_loop_of_its_own(subject: ExecutorSubject, call: SubjectCall) -> Execution | BaseException:
+    """Execute ``call`` on a new event loop in this thread: its execution, or what
+    stopped the loop."""
+    try:
+        return asyncio.run(_execute(subject, call))
+    except BaseException as exc:  # noqa: BLE001 - what escaped is the finding
+        return exc
+
+
 class ExecutorConformance:
     async def test_a_call_returns_its_result(self, subject: ExecutorSubject) -> None:
         execution = await _execute(subject, subject.answering("conformance answer 42"))
@@ -155,6 +177,20 @@ class ExecutorConformance:
         assert execution.status == "error", execution
         assert "conformance crash 7" in execution.content
         assert not execution.suspended
+
+    @pytest.mark.parametrize("kind", _EXITS, ids=lambda kind: kind.__name__)
+    async def test_an_exit_the_tool_raises_is_its_error_result_and_the_loop_goes_on(
+        self, subject: ExecutorSubject, kind: type[BaseException]
+    ) -> None:
+        error = kind(3) if kind is SystemExit else kind()
+        # on a loop of its own: an exit that escaped would stop that loop (asyncio
+        # re-raises KeyboardInterrupt and SystemExit from a task), not the test session
+        call = subject.raising(error)
+        outcome = await asyncio.to_thread(_on_a_loop_of_its_own, subject, call)
+        assert isinstance(outcome, Execution), f"the loop was stopped by {outcome!r}"
+        assert outcome.status == "error", outcome
+        assert type(error).__name__ in outcome.content, outcome
+        assert not outcome.suspended
 
     async def test_a_call_past_its_time_limit_settles_timed_out(
         self, subject: ExecutorSubject

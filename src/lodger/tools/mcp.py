@@ -25,6 +25,20 @@ owned by ``McpServers``: the SDK runs its transport in a task group that fails t
 hosting it when the transport fails, and that must never be the agent's task. Leaving
 the ``async with`` stops every server (stdin closed, then SIGTERM, then SIGKILL, as the
 SDK does) and awaits every task.
+
+A server cannot flood lodger. Its messages are bounded before they are parsed
+(``_mcp_stdio``, ``_mcp_http``): lodger reads at most ``max_message_bytes`` (default
+4 MiB, per server) of one message; a longer one is never parsed and costs about the limit
+in buffers; the request it answered gets an error result naming the limit (a listing
+that long stops the start with one line). Memory bound: a message within the limit takes
+at most about 30 times its size while it is parsed (Python's objects for a message of
+empty JSON objects, the worst case; a text result about 3 times), so at most about
+130 MB per message in flight with the default, and a listing is cut to 2001 tools before
+the SDK builds a model of each (``_mcp_streams``). What a server sends that is not
+protocol (lines on stdout that are not JSON-RPC, messages over the limit, whatever makes
+the SDK log a warning) is counted and reported as one line per server when the block
+ends (``_mcp_limits``). A tool whose definition the SDK would refuse (an input schema
+that is not an object) is bound unusable with the reason; the server's other tools bind.
 """
 
 from __future__ import annotations
@@ -37,8 +51,8 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
@@ -49,6 +63,13 @@ from lodger._core.text import visible_text
 from lodger.authority import ResourceClaim
 from lodger.errors import ConfigError, ToolCallError
 from lodger.events import canonical_json
+from lodger.tools._mcp_limits import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MESSAGE_TOO_LARGE,
+    Noise,
+    capture_sdk_logs,
+    counting,
+)
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -56,6 +77,8 @@ from lodger.tools.spec import Tool, ToolContext, ToolOutput
 if TYPE_CHECKING:
     import mcp_types
     from mcp import Client
+
+    from lodger.tools._mcp_streams import Listing, Parsed
 
 __all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
 
@@ -65,6 +88,7 @@ _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI and Anthropic accept for a tool name
 MAX_STDERR_BYTES = 1024 * 1024  # of a server's stderr kept on disk, checked every second
+MIN_MESSAGE_BYTES = 1024  # of max_message_bytes: a handshake takes a few hundred
 _TRIM_EVERY_S = 1.0
 
 
@@ -85,6 +109,8 @@ class McpServerConfig:
     approval: bool | tuple[str, ...] = False
     timeout_s: float = 60.0
     connect_timeout_s: float = 30.0
+    #: the largest message of the server lodger reads (``lodger.tools._mcp_limits``)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         if not _SERVER_NAME.match(self.name) or "__" in self.name:
@@ -100,6 +126,13 @@ class McpServerConfig:
         # not (t > 0): NaN too (TOML has nan), which no comparison rejects
         if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
+        size = self.max_message_bytes
+        if type(size) is not int or size < MIN_MESSAGE_BYTES:
+            raise ConfigError(
+                f"MCP server {self.name!r}: max_message_bytes must be a whole number of at "
+                f"least {MIN_MESSAGE_BYTES} bytes",
+                hint=f"the default is {DEFAULT_MAX_MESSAGE_BYTES} (4 MiB)",
+            )
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -210,36 +243,54 @@ class _Connection:
         # Starts ``run`` again in the owner's task group (set by McpServers).
         self.spawn: Callable[[], None] | None = None
         self.reconnects = 0
+        self.noise = Noise()  # what the server sent that was not protocol, in every run
+        self.listing: Listing | None = None  # the current run's
+        self._parsed: Parsed | None = None  # the current run's, over HTTP
 
     async def _transport(self, stack: AsyncExitStack) -> Any:
-        import httpx2
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
+
+        from lodger.tools._mcp_http import SSE_BACKSTOP, bounded_http_client
+        from lodger.tools._mcp_stdio import bounded_stdio
 
         c = self.config
         if c.command is not None:
-            params = StdioServerParameters(
+            assert self._stderr is not None
+            return bounded_stdio(
+                server=c.name,
                 command=c.command,
                 args=list(c.args),
                 env=dict(c.env) or None,
                 cwd=c.cwd,
-                encoding_error_handler="replace",
+                errlog=self._stderr,
+                limit=c.max_message_bytes,
+                noise=self.noise,
             )
-            assert self._stderr is not None
-            return stdio_client(params, errlog=self._stderr)
         assert c.url is not None
-        if not c.headers:
-            return streamable_http_client(c.url)
+        assert self._parsed is not None
         http = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=dict(c.headers), timeout=httpx2.Timeout(30, read=300))
+            bounded_http_client(
+                server=c.name,
+                headers=c.headers,
+                limit=c.max_message_bytes,
+                noise=self.noise,
+                parsed=self._parsed,
+            )
         )
-        return streamable_http_client(c.url, http_client=http)
+        return streamable_http_client(
+            c.url, http_client=http, max_sse_event_size=c.max_message_bytes + SSE_BACKSTOP
+        )
 
     async def run(self) -> None:
         """Connect, list the tools, serve calls until stopped or the server goes away;
         record why it ended."""
+        with counting(self.noise):  # the SDK's warnings in this run are the server's noise
+            await self._run()
+
+    async def _run(self) -> None:
         from mcp import Client
+
+        from lodger.tools._mcp_streams import Listing, Parsed, watched
 
         c = self.config
         stop = self._stop  # this run's: a reconnect gives the next run its own
@@ -255,11 +306,13 @@ class _Connection:
         try:
             async with AsyncExitStack() as stack:
                 async with asyncio.timeout(c.connect_timeout_s):
-                    transport = _watched(await self._transport(stack), ended)
+                    self.listing = listing = Listing(keep=MAX_TOOLS_PER_SERVER + 1)
+                    self._parsed = parsed = Parsed() if c.url is not None else None
+                    transport = watched(await self._transport(stack), ended, listing, parsed)
                     client = await stack.enter_async_context(
                         Client(transport, client_info=_client_info())
                     )
-                    self.listed = await _list_tools(client, c.name)
+                    self.listed = await _list_tools(client, c.name, listing)
                 self._client = client
                 self._ready.set()
                 while not stop.is_set():
@@ -369,9 +422,10 @@ class _Connection:
         if client is None:
             raise self._unavailable()
         timeout = self.config.timeout_s
-        work = asyncio.ensure_future(
-            client.call_tool(tool, arguments, read_timeout_seconds=timeout)
-        )
+        with counting(self.noise):  # the task copies the context: its SDK warnings count
+            work = asyncio.ensure_future(
+                client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+            )
         down = asyncio.ensure_future(went_down.wait())
         try:
             # The SDK times the call out; ours is a backstop for a wedged transport.
@@ -394,6 +448,11 @@ class _Connection:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self.failure = await self._explain("its connection closed (did it exit?)")
                 raise self._unavailable() from None
+            if exc.code == MESSAGE_TOO_LARGE:
+                raise ToolCallError(
+                    f"{mcp_tool_name(self.config.name, tool)} did not get an answer lodger "
+                    f"could read: {exc.message}; the call may have taken effect"
+                ) from None
             raise ToolCallError(
                 f"MCP server {self.config.name!r} refused the call to {tool}: {exc.message}"
             ) from None
@@ -428,56 +487,6 @@ class _Connection:
         )
 
 
-class _EndWatch:
-    """A transport's read stream that reports its end (the server exited or hung up)
-    while the connection is idle, so the next call starts the server again instead of
-    failing on a dead one."""
-
-    def __init__(self, stream: Any, ended: Callable[[], None]) -> None:
-        self._stream = stream
-        self._ended = ended
-
-    def __getattr__(self, name: str) -> Any:  # ``last_context`` and the like
-        return getattr(self._stream, name)
-
-    async def receive(self) -> Any:
-        import anyio
-
-        try:
-            return await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._ended()
-            raise
-
-    def __aiter__(self) -> _EndWatch:
-        return self
-
-    async def __anext__(self) -> Any:
-        import anyio
-
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def __aenter__(self) -> _EndWatch:
-        await self._stream.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        result: bool | None = await self._stream.__aexit__(*exc)
-        return result
-
-
-@asynccontextmanager
-async def _watched(transport: Any, ended: Callable[[], None]) -> AsyncIterator[Any]:
-    async with transport as (read, write):
-        yield _EndWatch(read, ended), write
-
-
 def _client_info() -> mcp_types.Implementation:
     import mcp_types
 
@@ -490,7 +499,7 @@ def _client_info() -> mcp_types.Implementation:
 MAX_TOOLS_PER_SERVER = 2000
 
 
-async def _list_tools(client: Client, server: str) -> list[mcp_types.Tool]:
+async def _list_tools(client: Client, server: str, listing: Listing) -> list[mcp_types.Tool]:
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     for _ in range(1000):  # a server whose cursor never ends cannot hang us
@@ -499,9 +508,10 @@ async def _list_tools(client: Client, server: str) -> list[mcp_types.Tool]:
         cursor = page.next_cursor
         if len(tools) > MAX_TOOLS_PER_SERVER:
             _log.warning(
-                "MCP server %r lists more than %d tools; only the first %d are bound",
+                "MCP server %r lists more than %d tools (%d so far); only the first %d are bound",
                 server,
                 MAX_TOOLS_PER_SERVER,
+                listing.listed,
                 MAX_TOOLS_PER_SERVER,
             )
             return tools[:MAX_TOOLS_PER_SERVER]
@@ -536,12 +546,13 @@ def _bind(
     out: list[Tool] = []
     unusable: dict[str, str] = {}
     seen: set[tuple[str, str]] = set()
+    twice: dict[str, list[str]] = {}  # by group: names listed more than once
     taken = set() if taken is None else taken  # bound names, of every server so far
     for d in definitions:
         raw = str(d["name"])
         group = config.name if config is not None else str(d.get("group") or "catalog")
         if (group, raw) in seen:  # listed twice: the first stands, a call names it once
-            _log.warning("MCP server %r lists tool %r twice; the second is ignored", group, raw)
+            twice.setdefault(group, []).append(raw)
             continue
         seen.add((group, raw))
         name = mcp_tool_name(group, raw) if config or d.get("group") else raw
@@ -551,10 +562,11 @@ def _bind(
         schema = d.get("inputSchema") or {"type": "object"}
         description = _bounded(str(d.get("description") or ""))
         handler = _handler(raw, group, connection)
-        problem = schema_problem(schema)
-        if problem is not None:
-            unusable[name] = reason = f"its input schema {problem}"
-            _log.warning("MCP tool %s is bound but cannot be called: %s", name, reason)
+        reason = d.get("unusable")  # the listing was not valid MCP (``_mcp_streams``)
+        if reason is None and (problem := schema_problem(schema)) is not None:
+            reason = f"its input schema {problem}"
+        if reason is not None:
+            unusable[name] = reason
             description = f"{description}\n[lodger cannot call this tool: {reason}]".lstrip()
             schema, handler = {"type": "object"}, _refusing_handler(raw, group, reason)
         out.append(
@@ -571,7 +583,28 @@ def _bind(
                 timeout=config.timeout_s + 10 if config is not None else None,
             )
         )
+    _warn_unbindable(out, unusable, twice)
     return out, unusable
+
+
+def _warn_unbindable(
+    tools: list[Tool], unusable: Mapping[str, str], twice: Mapping[str, list[str]]
+) -> None:
+    """One warning per server whose listing had tools that cannot be called, or names
+    listed twice (a listing of a thousand broken tools is one line, not a thousand)."""
+    groups = {t.group for t in tools if t.name in unusable} | set(twice)
+    for group in sorted(g for g in groups if g is not None):
+        parts = []
+        broken = [t.name for t in tools if t.group == group and t.name in unusable]
+        if broken:
+            named = "; ".join(f"{name}: {unusable[name][:200]}" for name in broken[:3])
+            more = f"; and {len(broken) - 3} more" if len(broken) > 3 else ""
+            parts.append(f"{len(broken)} tools are bound but cannot be called ({named}{more})")
+        if group in twice:
+            names = ", ".join(repr(name[:64]) for name in twice[group][:3])
+            more = f" and {len(twice[group]) - 3} more" if len(twice[group]) > 3 else ""
+            parts.append(f"it lists {names}{more} twice; only the first of each is bound")
+        _log.warning("MCP server %r: %s", group, "; ".join(parts))
 
 
 def _distinct(group: str, raw: str, taken: set[str]) -> str:
@@ -719,10 +752,12 @@ class McpServers:
             raise ConfigError(f"two MCP servers share a name in {names}")
         self._connections = [_Connection(c) for c in configs]
         self._group: asyncio.TaskGroup | None = None
+        self._logs = ExitStack()
         self._tools: list[Tool] = []
         self._unusable: dict[str, str] = {}
 
     async def __aenter__(self) -> McpServers:
+        self._logs.enter_context(capture_sdk_logs())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         for connection in self._connections:
@@ -743,13 +778,25 @@ class McpServers:
             raise
         taken: set[str] = set()  # "a" + "_x" and "a_" + "x" both mangle to a___x
         for connection in self._connections:
+            mended = connection.listing.unusable if connection.listing is not None else {}
             definitions = [
-                {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "inputSchema": t.input_schema,
+                    "unusable": mended.get(t.name),
+                }
                 for t in connection.listed
             ]
             tools, unusable = _bind(
                 definitions, config=connection.config, connection=connection, taken=taken
             )
+            if connection.listing is not None and connection.listing.unnamed:
+                _log.warning(
+                    "MCP server %r lists %d tools without a usable name; they are left out",
+                    connection.config.name,
+                    connection.listing.unnamed,
+                )
             self._tools.extend(tools)
             self._unusable.update(unusable)
         return self
@@ -766,8 +813,21 @@ class McpServers:
         for connection in self._connections:
             connection.stop()
         group, self._group = self._group, None
-        if group is not None:
-            await group.__aexit__(None, None, None)
+        try:
+            if group is not None:
+                await group.__aexit__(None, None, None)
+        finally:
+            self._logs.close()
+            for connection in self._connections:
+                self._report(connection)
+
+    @staticmethod
+    def _report(connection: _Connection) -> None:
+        """One line for what the server sent that was not protocol, once, at the end."""
+        c = connection.config
+        line = connection.noise.describe(c.name, c.max_message_bytes)
+        if line is not None:
+            _log.warning("%s", line)
 
     def tools(self) -> list[Tool]:
         return list(self._tools)

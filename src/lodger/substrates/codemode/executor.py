@@ -24,7 +24,7 @@ from lodger.errors import ToolCallError
 from lodger.substrates.codemode._host import CellHost
 from lodger.substrates.codemode.limits import CellLimits
 from lodger.substrates.codemode.substrate import CellOutcome, CellSubstrate, Diagnostic
-from lodger.substrates.inprocess import STOP_GRACE, execution_of, run_bounded
+from lodger.substrates.inprocess import STOP_GRACE, contained, execution_of, run_bounded
 from lodger.tools.spec import Execution, Executor, Tool, ToolContext, ToolOutput
 
 __all__ = ["CellExecutor", "CodeCell", "run_cell"]
@@ -105,7 +105,8 @@ async def run_cell(
     A failed commit lets running nested calls settle before the cell is torn down; a
     timeout or a cancellation of the caller cancels them (each records what it did).
     """
-    run = asyncio.ensure_future(substrate.run(source, host, limits))
+    # a task of its own: what the interpreter raises (even an exit) is the cell's outcome
+    run = asyncio.ensure_future(contained(substrate.run(source, host, limits)))
     stopped = asyncio.ensure_future(host.stopped.wait())
     try:
         try:

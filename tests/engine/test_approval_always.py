@@ -114,7 +114,12 @@ async def test_always_never_overrides_a_deny_rule(tmp_path: Path) -> None:
     async with agent(tmp_path, ScriptedModel(script), Asker("always"), permissions=policy) as a:
         await a.run("go", session="s1")
         assert RAN == ["staging"]
-        assert (await decisions(a, "s1"))[-1] == ("deploy", "deny", "policy", "rule 'deploy'")
+        assert (await decisions(a, "s1"))[-1] == (
+            "deploy",
+            "deny",
+            "policy",
+            "rule 'deploy(prod*)'",
+        )
 
 
 async def test_parallel_asks_for_one_tool_ask_once_when_answered_always(tmp_path: Path) -> None:

@@ -188,3 +188,16 @@ def test_damaged_trust_records_are_one_clear_error(tmp_path: Path) -> None:
     store.path.write_text("{not json")
     with pytest.raises(ConfigError, match=r"trust records .* are damaged"):
         Project.load(tmp_path)
+
+
+def test_a_decision_names_the_whole_rule_arguments_included(tmp_path: Path) -> None:
+    """The reason said ``rule 'shell'`` for ``deny = ["shell(rm *)"]``, which reads as if
+    every shell call were denied."""
+    (tmp_path / "lodger.toml").write_text('[permissions]\ndeny = ["shell(rm *)"]\n')
+    binding = compose(Project.load(tmp_path, trusted=False), Overrides(model=ScriptedModel([])))
+    shell = next(t for t in binding.tools if t.name == "shell")
+    assert binding.permissions.decide(shell, {"command": "rm victim.txt"}) == (
+        "deny",
+        "rule 'shell(rm *)'",
+    )
+    assert binding.permissions.decide(shell, {"command": "ls"}) == ("allow", "default")

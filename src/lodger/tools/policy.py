@@ -40,6 +40,11 @@ class Rule:
             for value in (arguments or {}).values()
         )
 
+    @property
+    def text(self) -> str:
+        """The rule as ``lodger.toml`` writes it: ``shell(rm *)``, ``read_file``."""
+        return self.pattern if self.arguments is None else f"{self.pattern}({self.arguments})"
+
     @classmethod
     def parse(cls, text: str, decision: Decision) -> Rule:
         """``"read_file"``, ``"mcp:*"`` or ``"shell(git status*)"``."""
@@ -62,8 +67,8 @@ class PermissionPolicy:
             if rule.matches(tool, arguments):
                 decision: Decision = rule.decision
                 if decision == "ask" and self.approve_all:
-                    return "allow", f"rule {rule.pattern!r} asks; the run approves all"
-                return decision, f"rule {rule.pattern!r}"
+                    return "allow", f"rule {rule.text!r} asks; the run approves all"
+                return decision, f"rule {rule.text!r}"
         if tool.approval:
             if self.approve_all:
                 return "allow", "approval required; the run approves all"

@@ -36,7 +36,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from lodger._core.records import record
 from lodger.authority import AuthorityStatistics, Reservation, ResourceClaim
@@ -99,21 +99,7 @@ CallStage = Literal[
     "bound",
     "T2",
 ]
-CALL_STAGES: tuple[CallStage, ...] = (
-    "binding",
-    "visibility",
-    "arguments",
-    "before_call",
-    "claims",
-    "permission",
-    "resources",
-    "expectations",
-    "T1",
-    "execute",
-    "after_call",
-    "bound",
-    "T2",
-)
+CALL_STAGES: tuple[CallStage, ...] = get_args(CallStage)
 """The stages of one call, in the order every call takes them (a stage that does not
 apply is skipped: visibility on a re-dispatch, the hooks when there are none)."""
 

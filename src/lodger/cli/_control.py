@@ -40,6 +40,7 @@ from lodger.runtime.approvals import (
     ParkingApprovals,
 )
 from lodger.runtime.composition import MODEL_ENVVAR, Overrides, compose, model_spec_for
+from lodger.runtime.location import StorageLocation
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding
 from lodger.runtime.subagents.policy import SubagentPolicy
@@ -73,7 +74,10 @@ def control_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def control_dsn(control: str | None, state: str) -> str:
-    return control or str(Path(state) / "control.sqlite3")
+    """The control plane named, else the state directory's own (made on first use)."""
+    dsn = StorageLocation(state=state, control=control).control_dsn()
+    assert dsn is not None  # create=True always names one
+    return dsn
 
 
 def _with_control(dsn: str, work: Callable[[ControlPlane], Awaitable[T]]) -> T:

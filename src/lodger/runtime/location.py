@@ -9,13 +9,10 @@ same log ``lodger run --store URL`` wrote, and every hint can name the same plac
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lodger.storage import Storage
-from lodger.storage._storage import STORE_ENVVAR
 
 __all__ = ["CONTROL_FILE", "DEFAULT_STATE", "StorageLocation"]
 
@@ -36,19 +33,6 @@ class StorageLocation:
     state: str = DEFAULT_STATE
     store: str | None = None
     control: str | None = None
-
-    @classmethod
-    def from_env(
-        cls,
-        state: str = DEFAULT_STATE,
-        *,
-        store: str | None = None,
-        control: str | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> StorageLocation:
-        """The location named, with ``$LODGER_STORE`` standing in for a missing store."""
-        env = os.environ if environ is None else environ
-        return cls(state=state, store=store or env.get(STORE_ENVVAR) or None, control=control)
 
     def open(self) -> Storage:
         """The log and artifacts (not the control plane): the store's, else the state's."""

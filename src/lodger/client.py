@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
 
-import httpx2
-
+from lodger._core.extras import require
 from lodger.errors import (
     ActionName,
     HostAuthError,
@@ -36,6 +35,9 @@ from lodger.errors import (
     StorageError,
     UsageError,
 )
+
+with require("client", "the HTTP client of the lodger host (lodger.client)"):
+    import httpx2
 
 __all__ = ["HostClient", "StreamedFact"]
 

@@ -4,6 +4,7 @@
     ├── UsageError                   the caller misused lodger (bad option, unknown session)
     │   ├── SessionNotFoundError     no log exists for the session
     │   ├── ConfigError              a configuration file or model spec is invalid
+    │   ├── MissingExtraError        a part's optional packages are not installed (an ImportError)
     │   ├── HostAuthError            an HTTP request without a valid token, or out of its scope
     │   ├── HostConflictError        a request lost a race: answered already, key reused, busy
     │   └── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
@@ -53,6 +54,7 @@ __all__ = [
     "LeaseLostError",
     "LodgerError",
     "LogKeyError",
+    "MissingExtraError",
     "NextStep",
     "ProviderAuthError",
     "ProviderError",
@@ -157,6 +159,20 @@ class SessionNotFoundError(UsageError):
 
 class ConfigError(UsageError):
     code = "config"
+
+
+class MissingExtraError(UsageError, ImportError):
+    """A part of lodger was imported without the extra that installs its packages: "the
+    HTTP host needs fastapi: pip install 'lodger[host]'". ``extra`` names the extra,
+    ``name`` the module that is missing; an ``ImportError`` too, so code that falls back
+    when an optional module is absent goes on doing so."""
+
+    code = "missing_extra"
+
+    def __init__(self, message: str, *, extra: str, module: str | None) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.name = module
 
 
 class HostAuthError(UsageError):
@@ -359,6 +375,7 @@ ErrorCode = Literal[
     "usage",
     "session_not_found",
     "config",
+    "missing_extra",
     "tracing_unavailable",
     "secrets_file_unsafe",
     "authority_misuse",

@@ -22,31 +22,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Literal
 
-import anthropic
-import httpx2
-from anthropic.types import (
-    ContentBlockParam,
-    InputJSONDelta,
-    MessageParam,
-    RawContentBlockDeltaEvent,
-    RawContentBlockStartEvent,
-    RawMessageDeltaEvent,
-    RawMessageStartEvent,
-    RawMessageStopEvent,
-    RawMessageStreamEvent,
-    RedactedThinkingBlock,
-    SignatureDelta,
-    TextBlock,
-    TextBlockParam,
-    TextDelta,
-    ThinkingBlock,
-    ThinkingDelta,
-    ToolParam,
-    ToolResultBlockParam,
-    ToolUseBlock,
-    ToolUseBlockParam,
-)
-
+from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
@@ -74,6 +50,32 @@ from lodger.providers.base import (
     ToolResultMessage,
     UserMessage,
 )
+
+with require("anthropic", "the Anthropic provider"):
+    import anthropic
+    import httpx2
+    from anthropic.types import (
+        ContentBlockParam,
+        InputJSONDelta,
+        MessageParam,
+        RawContentBlockDeltaEvent,
+        RawContentBlockStartEvent,
+        RawMessageDeltaEvent,
+        RawMessageStartEvent,
+        RawMessageStopEvent,
+        RawMessageStreamEvent,
+        RedactedThinkingBlock,
+        SignatureDelta,
+        TextBlock,
+        TextBlockParam,
+        TextDelta,
+        ThinkingBlock,
+        ThinkingDelta,
+        ToolParam,
+        ToolResultBlockParam,
+        ToolUseBlock,
+        ToolUseBlockParam,
+    )
 
 __all__ = ["AnthropicModel"]
 

@@ -17,15 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import openai
-from openai.types.chat import (
-    ChatCompletionChunk,
-    ChatCompletionMessageFunctionToolCallParam,
-    ChatCompletionMessageParam,
-    ChatCompletionToolParam,
-)
-from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
-
+from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
@@ -53,6 +45,16 @@ from lodger.providers.base import (
     ToolResultMessage,
     UserMessage,
 )
+
+with require("openai", "the OpenAI provider"):
+    import openai
+    from openai.types.chat import (
+        ChatCompletionChunk,
+        ChatCompletionMessageFunctionToolCallParam,
+        ChatCompletionMessageParam,
+        ChatCompletionToolParam,
+    )
+    from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 
 __all__ = ["OpenAIChatModel", "openai_client", "provider_error_from_openai"]
 

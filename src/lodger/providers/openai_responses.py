@@ -18,28 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import openai
-from openai.types.responses import (
-    FunctionToolParam,
-    ResponseCompletedEvent,
-    ResponseErrorEvent,
-    ResponseFailedEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
-    ResponseFunctionCallArgumentsDoneEvent,
-    ResponseFunctionToolCall,
-    ResponseIncompleteEvent,
-    ResponseInputParam,
-    ResponseOutputItemAddedEvent,
-    ResponseOutputItemDoneEvent,
-    ResponseReasoningItem,
-    ResponseReasoningSummaryTextDeltaEvent,
-    ResponseReasoningTextDeltaEvent,
-    ResponseStreamEvent,
-    ResponseTextDeltaEvent,
-)
-from openai.types.responses.response import Response
-from openai.types.shared_params import Reasoning
-
+from lodger._core.extras import require
 from lodger.errors import ProviderError
 from lodger.events import ProposedCall, Usage
 from lodger.providers._errors import (
@@ -64,6 +43,29 @@ from lodger.providers.base import (
     UserMessage,
 )
 from lodger.providers.openai_chat import openai_client, provider_error_from_openai
+
+with require("openai", "the OpenAI Responses provider"):
+    import openai
+    from openai.types.responses import (
+        FunctionToolParam,
+        ResponseCompletedEvent,
+        ResponseErrorEvent,
+        ResponseFailedEvent,
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseFunctionCallArgumentsDoneEvent,
+        ResponseFunctionToolCall,
+        ResponseIncompleteEvent,
+        ResponseInputParam,
+        ResponseOutputItemAddedEvent,
+        ResponseOutputItemDoneEvent,
+        ResponseReasoningItem,
+        ResponseReasoningSummaryTextDeltaEvent,
+        ResponseReasoningTextDeltaEvent,
+        ResponseStreamEvent,
+        ResponseTextDeltaEvent,
+    )
+    from openai.types.responses.response import Response
+    from openai.types.shared_params import Reasoning
 
 __all__ = ["OpenAIResponsesModel"]
 

@@ -18,13 +18,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import obstore
-from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
-from obstore.store import LocalStore
-
+from lodger._core.extras import require
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
 from lodger.storage.artifacts import check_sha256
+
+with require("s3", "the object store (s3://, file://, memory://)"):
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
+    from obstore.store import LocalStore
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore

@@ -54,9 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import obstore
-from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
-
+from lodger._core.extras import require
 from lodger.errors import (
     AppendConflictError,
     CommitFailedError,
@@ -84,6 +82,10 @@ from lodger.storage._segments import (
     session_root,
 )
 from lodger.storage.logstore import Record, check_session_id
+
+with require("s3", "the object store (s3://, file://, memory://)"):
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore

@@ -14,7 +14,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import psycopg
+from lodger._core.extras import require
+
+with require("postgres", "the PostgreSQL test server"):
+    import psycopg
 
 
 def server_bindir() -> Path:

@@ -24,10 +24,12 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-import httpx2
-
+from lodger._core.extras import require
 from lodger.tools._mcp_limits import MESSAGE_TOO_LARGE, Noise, too_large
 from lodger.tools._mcp_streams import Parsed
+
+with require("mcp", "the MCP client (MCP servers as tools)"):
+    import httpx2
 
 __all__ = ["SSE_BACKSTOP", "bounded_http_client"]
 

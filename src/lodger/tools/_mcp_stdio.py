@@ -25,15 +25,17 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import anyio
-import anyio.lowlevel
-import mcp_types
-from anyio.abc import Process
-from mcp.client.stdio import get_default_environment
-from mcp.os.posix.utilities import terminate_posix_process_tree
-from mcp.shared.message import SessionMessage
-
+from lodger._core.extras import require
 from lodger.tools._mcp_limits import MESSAGE_TOO_LARGE, Noise, too_large
+
+with require("mcp", "the MCP client (MCP servers as tools)"):
+    import anyio
+    import anyio.lowlevel
+    import mcp_types
+    from anyio.abc import Process
+    from mcp.client.stdio import get_default_environment
+    from mcp.os.posix.utilities import terminate_posix_process_tree
+    from mcp.shared.message import SessionMessage
 
 __all__ = ["bounded_stdio"]
 

@@ -25,11 +25,15 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
-import mcp_types
-from mcp.shared.message import SessionMessage
-from mcp_types import methods
 from pydantic import ValidationError
+
+from lodger._core.extras import require
+
+with require("mcp", "the MCP client (MCP servers as tools)"):
+    import anyio
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+    from mcp_types import methods
 
 __all__ = ["Listing", "Parsed", "watched"]
 

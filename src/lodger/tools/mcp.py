@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -59,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 from pydantic import ValidationError
 
+from lodger._core.extras import require
 from lodger._core.text import visible_text
 from lodger.authority import ResourceClaim
 from lodger.errors import ConfigError, ToolCallError
@@ -757,6 +759,9 @@ class McpServers:
         self._unusable: dict[str, str] = {}
 
     async def __aenter__(self) -> McpServers:
+        if self._connections:
+            with require("mcp", "the MCP client (MCP servers as tools)"):
+                importlib.import_module("mcp")
         self._logs.enter_context(capture_sdk_logs())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lodger._core.extras import require
 from lodger.tools.ranking import (
     EXACT_BONUS,
     FITTED,
@@ -67,8 +68,9 @@ class WordLlamaEmbedder:
     name = "wordllama-l2_supercat-256"
 
     def __init__(self) -> None:
-        import wordllama
-        from wordllama import WordLlama
+        with require("semantic", "the semantic tool_search ranker"):
+            import wordllama
+            from wordllama import WordLlama
 
         # The package looks for its files under ``cache_dir/{weights,tokenizers}``; its
         # own directory has both. ``disable_download`` makes a missing file an error

@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
+from lodger._core.extras import require
 from lodger.errors import ControlPlaneError
 from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane
+
+with require("postgres", "the PostgreSQL control plane"):
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 __all__ = ["PostgresControlPlane"]
 

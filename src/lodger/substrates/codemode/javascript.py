@@ -26,16 +26,18 @@ import asyncio
 import json
 from typing import Any
 
-from py_mini_racer import (
-    JSEvalException,
-    JSOOMException,
-    JSParseException,
-    mini_racer,
-)
-
+from lodger._core.extras import require
 from lodger.substrates.codemode._host import CellHost, Reply
 from lodger.substrates.codemode.limits import CellLimits
 from lodger.substrates.codemode.substrate import CellOutcome, Diagnostic
+
+with require("codemode", "code mode in JavaScript"):
+    from py_mini_racer import (
+        JSEvalException,
+        JSOOMException,
+        JSParseException,
+        mini_racer,
+    )
 
 __all__ = ["JavaScriptSubstrate"]
 

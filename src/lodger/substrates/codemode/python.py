@@ -22,11 +22,13 @@ import datetime
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pydantic_monty as monty
-
+from lodger._core.extras import require
 from lodger.substrates.codemode._host import CellHost
 from lodger.substrates.codemode.limits import CellLimits
 from lodger.substrates.codemode.substrate import CellOutcome, Diagnostic, LogBuffer
+
+with require("codemode", "code mode in Python"):
+    import pydantic_monty as monty
 
 __all__ = ["PythonSubstrate"]
 

@@ -50,21 +50,15 @@ _STOP_GRACE = 10.0  # the call's own limit sits past the cell's, so the cell's t
 
 
 def _substrate(language: Language) -> CellSubstrate:
-    try:
-        if language == "javascript":
-            from lodger.substrates.codemode.javascript import JavaScriptSubstrate
+    # without the codemode extra, these imports raise MissingExtraError (a UsageError)
+    if language == "javascript":
+        from lodger.substrates.codemode.javascript import JavaScriptSubstrate
 
-            return JavaScriptSubstrate()
-        if language == "python":
-            from lodger.substrates.codemode.python import PythonSubstrate
+        return JavaScriptSubstrate()
+    if language == "python":
+        from lodger.substrates.codemode.python import PythonSubstrate
 
-            return PythonSubstrate()
-    except ImportError as exc:
-        raise UsageError(
-            f"code mode in {language} needs its interpreter package ({exc.name})",
-            hint="install lodger with the codemode extra: pip install 'lodger[codemode]'",
-            code="codemode_unavailable",
-        ) from None
+        return PythonSubstrate()
     raise UsageError(
         f"code mode has no language {language!r}",
         hint="choose javascript or python",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check: lint, format, strict types, and the whole test suite.
+# Runs every check: lint, format, strict types, the core-only install (scripts/check_core.sh:
+# the built wheel in a fresh venv without extras), and the whole test suite.
 # --fast skips the tests marked slow and spreads the rest over two processes (pytest-xdist):
 # a quick lane for development. CI runs everything, in one process.
 set -euo pipefail
@@ -14,4 +15,5 @@ fi
 echo "== ruff check";   "$bin/ruff" check src tests bench examples
 echo "== ruff format";  "$bin/ruff" format --check src tests bench examples
 echo "== mypy (strict)"; "$bin/mypy"
+echo "== core install"; bash scripts/check_core.sh
 echo "== pytest";       "$bin/pytest" -q "${fast[@]}" "$@"

@@ -9,6 +9,7 @@ a fresh venv.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -53,6 +54,7 @@ def _closure(names: set[str]) -> set[str]:
     return seen
 
 
+@functools.cache
 def _optional_modules() -> list[str]:
     """The top-level modules only the extras install: what a core install lacks."""
     core = _closure({_name(r) for r in PYPROJECT["project"]["dependencies"]})
@@ -224,9 +226,9 @@ def test_require_turns_a_missing_module_into_one_line_naming_the_extra() -> None
     # an ImportError (what falls back on a missing module still does) and a usage error
     assert isinstance(error, ImportError) and isinstance(error, UsageError)
     assert cli.exit_code_for_error(error) == cli.EXIT_USAGE
-    with pytest.raises(MissingExtraError, match=r"needs opentelemetry-sdk: .*'lodger\[host\]'"):
-        with require("host", "tracing"):
-            raise ModuleNotFoundError("x", name="opentelemetry.sdk.trace")
+    sdk = r"needs opentelemetry-sdk: .*'lodger\[host\]'"
+    with pytest.raises(MissingExtraError, match=sdk), require("host", "tracing"):
+        raise ModuleNotFoundError("x", name="opentelemetry.sdk.trace")
 
 
 def test_require_leaves_a_missing_module_of_lodger_itself_alone() -> None:

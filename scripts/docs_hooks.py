@@ -56,7 +56,8 @@ def render_cli() -> str:
         "# CLI reference",
         "",
         "Generated at build time from `lodger --help` and each command's `--help`",
-        "(the click group in `lodger.cli`). For a guided tour see [the CLI guide](../guides/cli.md).",
+        "(the click group in `lodger.cli`).",
+        "For a guided tour see [the CLI guide](../guides/cli.md).",
         "",
     ]
     return "\n".join(head) + _cli_section(main, ["lodger"], None)

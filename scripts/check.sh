@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check: lint, format, strict types, and the whole test suite.
+# Runs every check: lint, format, strict types, the docs build (warnings are errors), and
+# the whole test suite (which runs every example in README.md and docs/).
 # The tests run spread over two processes (pytest-xdist): most wait on subprocesses, fsyncs and
 # sockets, so two workers on a 2-core machine halve the wall time. --fast skips the tests
 # marked slow: a quick lane for development. CI runs everything.
@@ -15,4 +16,8 @@ fi
 echo "== ruff check";   "$bin/ruff" check src tests bench examples
 echo "== ruff format";  "$bin/ruff" format --check src tests bench examples
 echo "== mypy (strict)"; "$bin/mypy"
+echo "== docs (mkdocs build --strict)"
+site="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 "$bin/mkdocs" build --strict --site-dir "$site"
+rm -rf "$site"
 echo "== pytest";       "$bin/pytest" -q "${lane[@]}" "$@"

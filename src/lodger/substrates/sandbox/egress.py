@@ -5,27 +5,35 @@ the sandbox; a forwarder inside serves that socket on ``127.0.0.1:3128`` and the
 gets ``HTTP_PROXY``/``HTTPS_PROXY`` pointing there. The sandbox has no other interface
 than loopback, so a program that ignores the proxy variables reaches nothing.
 
-For each connection the proxy reads one request head:
+Every request on a connection is read as a request and checked on its own (a second
+request on a keep-alive connection, or one pipelined behind the first, is not piped
+through unread):
 - ``CONNECT host:port``: tunnelled if ``host`` is allowed (TLS passes through untouched);
+  the connection is the tunnel's from then on.
 - ``GET http://host/path`` and other plain-HTTP requests in absolute form: forwarded if
   allowed, with the policy's credential headers for that domain added here, so the
   secret never enters the sandbox.
 - ``CONNECT host:port`` for a host the policy marks (``terminate_tls``): the proxy ends
   the sandbox's TLS itself with a certificate from a lodger CA made for this proxy
-  (``lodger.substrates.sandbox.tls``), reads the request, adds the domain's credential headers and
-  sends it over its own TLS connection to the real host, verified against the host's
-  trust store (or the policy's ``upstream_ca``). One request per connection: the
-  upstream request says ``Connection: close``. Plain HTTP to a marked domain is refused,
-  so its credentials never travel in clear text.
+  (``lodger.substrates.sandbox.tls``), reads each request in it, adds the domain's
+  credential headers and sends it over its own TLS connection to the real host,
+  verified against the host's trust store (or the policy's ``upstream_ca``). Plain HTTP
+  to a marked domain is refused, so its credentials never travel in clear text.
+Each request goes upstream on a connection of its own (``Connection: close``). Its body
+is re-framed on the way (``lodger.substrates.sandbox._http``): copied to its
+``Content-Length`` or chunk by chunk, so the next request starts where the proxy says;
+a body that could be read two ways is refused (400). The response comes back framed the
+same way, and the sandbox's connection carries another request only when the response
+ended where its framing says and neither side asked to close; otherwise the proxy says
+``Connection: close`` and closes.
 Anything else, or a host the allow-list does not name, is refused with 403. The proxy
 resolves an allowed name once and connects to the address it checked: a name a wildcard
 allows must resolve to public addresses only (not loopback, private, link-local or
 metadata ones, which are the host's own network), and only a name the allow-list spells
-out may lead inside (``NetworkPolicy.names``). Every
-allowed and refused connection is recorded (``Connection``) and ends up in the result.
-The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
-backend) and the variables of ``trust_environment``; the CA's key
-stays in this process.
+out may lead inside (``NetworkPolicy.names``). Every allowed and refused request (a
+CONNECT is one) is recorded (``Connection``) and ends up in the result. The sandbox
+trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the backend)
+and the variables of ``trust_environment``; the CA's key stays in this process.
 """
 
 from __future__ import annotations

@@ -300,3 +300,47 @@ async def test_a_keep_alive_client_in_the_sandbox_is_checked_per_request(tmp_pat
         ("localhost", True),
         ("evil.example", False),
     ]
+
+
+async def test_responses_are_framed_so_the_connection_goes_on() -> None:
+    """A chunked response (re-chunked on the way, its trailer dropped), an interim 100,
+    and a HEAD's answer with a length but no body: each ends where its framing says, so
+    the next request on the connection is read as one, and checked."""
+    answers = [
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Length: 3\r\n\r\n5;x=y\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",  # to HEAD: no body follows
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ]
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answers[len(heads) - 1])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, EgressProxy(NetworkPolicy(allow=("localhost",))) as proxy:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        try:
+            for method in ("GET", "HEAD", "DELETE"):
+                writer.write(f"{method} http://localhost:{port}/ HTTP/1.1\r\n\r\n".encode())
+            writer.write(b"GET http://evil.example/ HTTP/1.1\r\n\r\n")
+            everything = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+    assert [h.split(b" ", 1)[0] for h in heads] == [b"GET", b"HEAD", b"DELETE"]
+    first, rest = everything.split(b"0\r\n\r\n", 1)
+    assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), everything
+    assert first.endswith(b"\r\n\r\n5\r\nhello\r\n") and b"Content-Length" not in first
+    assert b"X-Trailer" not in rest
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nHTTP/1.1 204 "), rest
+    assert b"HTTP/1.1 403 Forbidden" in rest
+    assert _record(proxy) == [
+        ("localhost", "GET", True, False),
+        ("localhost", "HEAD", True, False),
+        ("localhost", "DELETE", True, False),
+        ("evil.example", "GET", False, False),
+    ]

@@ -94,6 +94,18 @@ async def test_a_parked_approval_is_answered_over_the_host_and_wakes_the_session
         assert "denied" in results[0].content
 
 
+async def _until_lease_lapses(host: Host, sid: str) -> None:
+    """Until no worker holds the session's lease. A worker SIGKILLed just after it
+    indexed the session ``waiting`` may still hold it (until its TTL) when it had not
+    yet released it; the host refuses writes outside turns until then, as it should."""
+    async with asyncio.timeout(60):
+        lease = None
+        while lease is None:
+            lease = await host.plane.acquire_session(session_id=sid, holder="t", ttl_s=5)
+            await asyncio.sleep(0 if lease else 0.1)
+    await host.plane.release_session(lease=lease)
+
+
 async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> None:
     setup.script(DEPLOY)
     async with distributed_host(setup) as host, host.client() as a:
@@ -103,6 +115,7 @@ async def test_abandoning_a_parked_turn_withdraws_its_question(setup: Setup) -> 
             (pending,) = await _pending(a, sid)
             await _until_dormant(host, sid)
             os.kill(first.pid, signal.SIGKILL)
+        await _until_lease_lapses(host, sid)
         # a message a worker held back for the waiting turn (as it does when one comes)
         held = await host.plane.send(session_id=sid, message="next")
         assert held is not None

@@ -34,7 +34,7 @@ from lodger.authority.common import ClaimMode, ClaimScope, ResourceClaim
 from lodger.errors import ToolCallError
 from lodger.events import FileExpectation, ToolDispatched
 from lodger.tools._beneath import Hidden, Walk, not_regular, walk
-from lodger.tools.spec import ProbeResult, ToolContext, tool
+from lodger.tools.spec import ProbeResult, Tool, ToolContext, tool
 from lodger.tools.workspace import (
     TRUSTED_BY_HOST,
     open_in_workspace,
@@ -43,12 +43,13 @@ from lodger.tools.workspace import (
     text_lines,
 )
 
-__all__ = ["edit_file", "read_file", "write_file"]
+__all__ = ["edit_file", "read_file", "write_file", "writing_tools"]
 
 READ_MAX_LINE_CHARS = 2000
 READ_MAX_CHARS = 100_000
 
 _SNIFF_BYTES = 8192
+GIT = ".git"
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -113,7 +114,9 @@ def _read_text(root: Path, path: str, hidden: Sequence[Path]) -> tuple[str, str]
         ) from None
 
 
-def _write_atomically(root: Path, path: str, data: bytes, hidden: Sequence[Path]) -> bool:
+def _write_atomically(
+    root: Path, path: str, data: bytes, hidden: Sequence[Path], *, git_writable: bool
+) -> bool:
     """Replace the file ``path`` leads to with ``data``; whether something was replaced.
 
     A temp file is created in the final directory's fd, synced, and renamed over the name
@@ -124,6 +127,8 @@ def _write_atomically(root: Path, path: str, data: bytes, hidden: Sequence[Path]
     with walk(root, path, hidden=Hidden.of(hidden), must_exist=False) as w:
         _check_writable(w.is_dir, w.stat, w.rel)
         _check_not_configuration(w)
+        if not git_writable:
+            _check_not_git(w)
         with _os_errors_for_model("write", w.rel):
             changed = w.make_parents(path)
             directory, name = w.dir_fd, w.name
@@ -172,6 +177,64 @@ def _check_not_configuration(w: Walk) -> None:
                 f"{w.rel!r} is lodger's own configuration, which tools may not change",
                 hint=f"tell the user what to change in {name}; they edit it themselves",
             )
+
+
+def _check_not_git(w: Walk) -> None:
+    """A ``ToolCallError`` when ``w`` leads into a git directory: any ``.git`` on the way
+    (the root's, a submodule's, one a write would make; in any letter case, as a
+    case-insensitive file system reads it), the directory the root's ``.git`` file names
+    (a linked worktree's), or ``HEAD`` at a root without ``.git``, which with ``objects``
+    and ``refs`` makes the root a bare repository. The host's git runs what it finds
+    there (a hook, ``core.fsmonitor``, ``core.pager``), so, as in the sandbox, only
+    ``[sandbox] git_writable = true`` lets a tool write it."""
+    names = [*w.names, *w.tail]
+    inside = any(name.lower() == GIT for name in names)
+    if not inside and len(names) == 1 and names[0].upper() == "HEAD":
+        inside = not _has_repository(w.root)
+    if not inside:
+        inside = any(w.path.is_relative_to(d) for d in _named_git_directories(w.root))
+    if inside:
+        raise ToolCallError(
+            f"{w.rel!r} is in a git repository's own directory, which tools may not change: "
+            "the host's git runs what is there (hooks, core.fsmonitor, core.pager)",
+            hint="change the working files and tell the user what to commit; to let tools "
+            "and commands write .git, the user sets [sandbox] git_writable = true",
+        )
+
+
+def _has_repository(root: Path) -> bool:
+    """Whether ``root`` has a ``.git`` of its own (not an empty directory: the sandbox's
+    placeholder is one), which git finds before it would read the root as bare."""
+    git = root / GIT
+    try:
+        if not stat.S_ISDIR(git.lstat().st_mode):
+            return True  # a gitdir file (or what git refuses): not read as bare either way
+        return any(git.iterdir())
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def _named_git_directories(root: Path) -> list[Path]:
+    """The git directory the root's ``.git`` file names (``gitdir: ...``), where it lies
+    inside the root under another name than ``.git``, and its common directory."""
+    found: list[Path] = []
+    pointer, prefix = root / GIT, "gitdir: "
+    for _ in range(2):
+        try:
+            with pointer.open("rb") as file:
+                text = file.read(64 * 1024).decode("utf-8", errors="surrogateescape").strip()
+        except OSError:  # none, a directory, unreadable: nothing named
+            break
+        if not text.startswith(prefix) or len(text) == len(prefix):
+            break
+        named = Path(os.path.realpath(pointer.parent / text[len(prefix) :]))
+        if not named.is_relative_to(root) or named == root:
+            break
+        found.append(named)
+        pointer, prefix = named / "commondir", ""
+    return found
 
 
 def _check_writable(is_dir: bool, st: os.stat_result | None, rel: str) -> None:
@@ -320,7 +383,7 @@ async def _probe_file_expectations(dispatched: ToolDispatched, ctx: ToolContext)
 
 
 def _path_claims(
-    arguments: dict[str, Any], ctx: ToolContext, mode: ClaimMode
+    arguments: dict[str, Any], ctx: ToolContext, mode: ClaimMode, *, git_writable: bool = False
 ) -> list[ResourceClaim]:
     """A lease on the path's real identity: the file itself, or a directory's whole subtree."""
     root = ctx.require_workspace()
@@ -330,6 +393,8 @@ def _path_claims(
     with walk(root, path, hidden=Hidden.of(ctx.hidden), must_exist=False) as w:
         if mode == "write":  # refused before anything is committed or asked
             _check_not_configuration(w)
+            if not git_writable:
+                _check_not_git(w)
         scope: ClaimScope = "subtree" if w.is_dir else "exact"
         return [ResourceClaim.file(w.path, mode=mode, scope=scope, root=root)]
 
@@ -340,6 +405,10 @@ def _read_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[Resour
 
 def _write_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
     return _path_claims(arguments, ctx, "write")
+
+
+def _write_claims_with_git(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
+    return _path_claims(arguments, ctx, "write", git_writable=True)
 
 
 def _workspace_claims(arguments: dict[str, Any], ctx: ToolContext) -> Sequence[ResourceClaim]:
@@ -417,51 +486,59 @@ def read_file(
     return "\n".join(shown)
 
 
-@tool(
-    group="files",
-    recovery="queryable",
-    probe=_probe_file_expectations,
-    expectations=_write_expectations,
-    claims=_write_claims,
-)
-def write_file(
-    ctx: ToolContext,
-    path: _PathArg,
-    content: Annotated[str, Field(description="the complete new content of the file")],
-) -> str:
-    """Create a file or replace its whole content; missing parent directories are created.
+def writing_tools(*, git_writable: bool) -> tuple[Tool, Tool]:
+    """``write_file`` and ``edit_file``; with ``git_writable`` they may write a git
+    directory too (``[sandbox] git_writable = true``: the policy that lets commands)."""
 
-    The write is atomic: the file has either its old content or the new one, never a mix.
-    To change part of an existing file, use edit_file.
-    """
-    root = ctx.require_workspace()
-    plan = _plan_write(root, path, content, ctx.hidden)
-    existed = _write_atomically(root, path, plan.after, ctx.hidden)
-    verb = "replaced" if existed else "created"
-    return f"{verb} {plan.rel!r} ({len(plan.after)} bytes)"
+    @tool(
+        group="files",
+        recovery="queryable",
+        probe=_probe_file_expectations,
+        expectations=_write_expectations,
+        claims=_write_claims_with_git if git_writable else _write_claims,
+    )
+    def write_file(
+        ctx: ToolContext,
+        path: _PathArg,
+        content: Annotated[str, Field(description="the complete new content of the file")],
+    ) -> str:
+        """Create a file or replace its whole content; missing parent directories are created.
+
+        The write is atomic: the file has either its old content or the new one, never a mix.
+        To change part of an existing file, use edit_file.
+        """
+        root = ctx.require_workspace()
+        plan = _plan_write(root, path, content, ctx.hidden)
+        existed = _write_atomically(root, path, plan.after, ctx.hidden, git_writable=git_writable)
+        verb = "replaced" if existed else "created"
+        return f"{verb} {plan.rel!r} ({len(plan.after)} bytes)"
+
+    @tool(
+        group="files",
+        recovery="queryable",
+        probe=_probe_file_expectations,
+        expectations=_edit_expectations,
+        claims=_write_claims_with_git if git_writable else _write_claims,
+    )
+    def edit_file(
+        ctx: ToolContext,
+        path: _PathArg,
+        old_string: Annotated[
+            str, Field(description="exact text to replace; must occur exactly once in the file")
+        ],
+        new_string: Annotated[str, Field(description="the text to put in its place")],
+    ) -> str:
+        """Replace one exact occurrence of `old_string` in a file with `new_string`.
+
+        `old_string` must match the file exactly (whitespace and indentation included) and
+        occur exactly once; add surrounding lines to make it unique. Read the file first.
+        """
+        root = ctx.require_workspace()
+        plan = _plan_edit(root, path, old_string, new_string, ctx.hidden)
+        _write_atomically(root, path, plan.after, ctx.hidden, git_writable=git_writable)
+        return f"edited {plan.rel!r}: replaced 1 occurrence"
+
+    return write_file, edit_file
 
 
-@tool(
-    group="files",
-    recovery="queryable",
-    probe=_probe_file_expectations,
-    expectations=_edit_expectations,
-    claims=_write_claims,
-)
-def edit_file(
-    ctx: ToolContext,
-    path: _PathArg,
-    old_string: Annotated[
-        str, Field(description="exact text to replace; must occur exactly once in the file")
-    ],
-    new_string: Annotated[str, Field(description="the text to put in its place")],
-) -> str:
-    """Replace one exact occurrence of `old_string` in a file with `new_string`.
-
-    `old_string` must match the file exactly (whitespace and indentation included) and
-    occur exactly once; add surrounding lines to make it unique. Read the file first.
-    """
-    root = ctx.require_workspace()
-    plan = _plan_edit(root, path, old_string, new_string, ctx.hidden)
-    _write_atomically(root, path, plan.after, ctx.hidden)
-    return f"edited {plan.rel!r}: replaced 1 occurrence"
+write_file, edit_file = writing_tools(git_writable=False)

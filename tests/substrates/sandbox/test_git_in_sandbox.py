@@ -253,13 +253,6 @@ async def test_a_refused_git_runs_nothing_unless_it_may_be_written(tmp_path: Pat
     assert (ws / "ran").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="only the workspace root's .git is protected: a command can replace a "
-    "submodule's .git with a repository of its own, and the host's `git status` at the "
-    "root recurses into it and runs its core.fsmonitor. Closing it needs the gitlinks "
-    "of the root's index read on the host, and a placeholder at each one not checked out",
-)
 async def test_a_command_cannot_plant_a_repository_in_a_submodule(tmp_path: Path) -> None:
     module = make_repository(tmp_path / "module")
     host_git("commit", "-qam", "change", cwd=module, check=True)
@@ -277,12 +270,6 @@ async def test_a_command_cannot_plant_a_repository_in_a_submodule(tmp_path: Path
     assert not marker.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a workspace without .git can be made a bare repository (HEAD, config, "
-    "objects/, refs/ are ordinary names in it), which the host's git finds there and "
-    "whose config it reads; git's own safe.bareRepository = explicit closes it",
-)
 async def test_a_command_cannot_make_the_workspace_a_bare_repository(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -5,27 +5,35 @@ the sandbox; a forwarder inside serves that socket on ``127.0.0.1:3128`` and the
 gets ``HTTP_PROXY``/``HTTPS_PROXY`` pointing there. The sandbox has no other interface
 than loopback, so a program that ignores the proxy variables reaches nothing.
 
-For each connection the proxy reads one request head:
+Every request on a connection is read as a request and checked on its own (a second
+request on a keep-alive connection, or one pipelined behind the first, is not piped
+through unread):
 - ``CONNECT host:port``: tunnelled if ``host`` is allowed (TLS passes through untouched);
+  the connection is the tunnel's from then on.
 - ``GET http://host/path`` and other plain-HTTP requests in absolute form: forwarded if
   allowed, with the policy's credential headers for that domain added here, so the
   secret never enters the sandbox.
 - ``CONNECT host:port`` for a host the policy marks (``terminate_tls``): the proxy ends
   the sandbox's TLS itself with a certificate from a lodger CA made for this proxy
-  (``lodger.substrates.sandbox.tls``), reads the request, adds the domain's credential headers and
-  sends it over its own TLS connection to the real host, verified against the host's
-  trust store (or the policy's ``upstream_ca``). One request per connection: the
-  upstream request says ``Connection: close``. Plain HTTP to a marked domain is refused,
-  so its credentials never travel in clear text.
+  (``lodger.substrates.sandbox.tls``), reads each request in it, adds the domain's
+  credential headers and sends it over its own TLS connection to the real host,
+  verified against the host's trust store (or the policy's ``upstream_ca``). Plain HTTP
+  to a marked domain is refused, so its credentials never travel in clear text.
+Each request goes upstream on a connection of its own (``Connection: close``). Its body
+is re-framed on the way (``lodger.substrates.sandbox._http``): copied to its
+``Content-Length`` or chunk by chunk, so the next request starts where the proxy says;
+a body that could be read two ways is refused (400). The response comes back framed the
+same way, and the sandbox's connection carries another request only when the response
+ended where its framing says and neither side asked to close; otherwise the proxy says
+``Connection: close`` and closes.
 Anything else, or a host the allow-list does not name, is refused with 403. The proxy
 resolves an allowed name once and connects to the address it checked: a name a wildcard
 allows must resolve to public addresses only (not loopback, private, link-local or
 metadata ones, which are the host's own network), and only a name the allow-list spells
-out may lead inside (``NetworkPolicy.names``). Every
-allowed and refused connection is recorded (``Connection``) and ends up in the result.
-The sandbox trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the
-backend) and the variables of ``trust_environment``; the CA's key
-stays in this process.
+out may lead inside (``NetworkPolicy.names``). Every allowed and refused request (a
+CONNECT is one) is recorded (``Connection``) and ends up in the result. The sandbox
+trusts the lodger CA through ``trust_bundle_path`` (mounted read-only by the backend)
+and the variables of ``trust_environment``; the CA's key stays in this process.
 """
 
 from __future__ import annotations
@@ -38,11 +46,22 @@ import socket
 import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from lodger.substrates.sandbox._http import (
+    CHUNKED,
+    UNTIL_CLOSE,
+    BadFraming,
+    copy_body,
+    read_head,
+    request_framing,
+    response_framing,
+    tokens,
+)
 from lodger.substrates.sandbox.interface import Connection
 from lodger.substrates.sandbox.policy import NetworkPolicy
 
@@ -61,7 +80,6 @@ __all__ = [
 ]
 
 PROXY_PORT = 3128
-_MAX_HEAD = 64 * 1024
 #: connections the proxy serves at once; each holds descriptors in lodger's own process,
 #: so past this a connection is refused at once (a sandbox cannot exhaust lodger's)
 MAX_CONNECTIONS = 128
@@ -234,14 +252,26 @@ class EgressProxy:
                 await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > _MAX_HEAD:
-            raise ValueError("request head too large")
+        """Every request on the connection in turn, each checked on its own: a request
+        is read as a request only once the one before it and its response have ended."""
+        while (head := await read_head(reader)) is not None:
+            if not await self._request(reader, writer, head):
+                await writer.drain()
+                return
+
+    async def _request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes
+    ) -> bool:
+        """One request from the sandbox, refused or served; whether the connection can
+        carry another."""
         if _malformed(head):
             self._refuse(writer, "", 0, "", "malformed request head", 400)
-            await writer.drain()
-            return
-        method, target, version, headers = _parse_head(head)
+            return False
+        try:
+            method, target, _, _ = _parse_head(head)
+        except ValueError:
+            self._refuse(writer, "", 0, "", "malformed request line", 400)
+            return False
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
             port = int(port_text) if port_text.isascii() and port_text.isdigit() else 0
@@ -249,57 +279,87 @@ class EgressProxy:
             url = urlsplit(target)
             if url.scheme != "http" or not url.hostname:
                 self._refuse(writer, url.hostname or target, 0, method, "not a proxy request")
-                return
+                return False
             host = url.hostname
             try:
                 port = 80 if url.port is None else url.port
             except ValueError:  # not a number, or past 65535
                 port = 0
+        host = host.strip("[]").lower()
+        why = self._refusal(method, host, port)
+        if why is not None:
+            self._refuse(writer, host, port if 0 < port < 65536 else 0, method, *why)
+            return False
+        if method == "CONNECT":
+            if self.ca is not None and self.policy.terminates(host):
+                await self._terminate(reader, writer, host, port)
+            else:
+                await self._tunnel(reader, writer, host, port)
+            return False
+        try:
+            request = _Request.of(head)
+        except BadFraming as exc:
+            self._refuse(writer, host, port, method, f"ambiguous body: {exc}", 400)
+            return False
+        upstream = await self._upstream(writer, host, port, method)
+        if upstream is None:
+            return False
+        return await self._exchange(reader, writer, request, upstream, host, port)
+
+    def _refusal(self, method: str, host: str, port: int) -> tuple[str, int] | None:
+        """Why a request for ``host:port`` is refused (and with which status), if it is."""
         # Checked here: the resolver would take 65616 for port 80.
         if not 0 < port < 65536:
-            self._refuse(writer, host.strip("[]").lower(), 0, method, "bad port", 400)
-            await writer.drain()
-            return
-        host = host.strip("[]").lower()
+            return "bad port", 400
         if not self.policy.allows(host):
-            self._refuse(writer, host, port, method, "not in the allow-list")
-            await writer.drain()
-            return
+            return "not in the allow-list", 403
         if method != "CONNECT" and self.policy.terminates(host):
             # Its credentials travel over TLS only: a plain request would carry them in
             # clear text past the host, and one without them is not what was marked.
-            self._refuse(writer, host, port, method, "plain HTTP to a domain marked for TLS")
-            await writer.drain()
-            return
-        if method == "CONNECT" and self.ca is not None and self.policy.terminates(host):
-            await self._terminate(reader, writer, host, port)
-            return
+            return "plain HTTP to a domain marked for TLS", 403
+        return None
+
+    async def _upstream(
+        self,
+        writer: asyncio.StreamWriter,
+        host: str,
+        port: int,
+        method: str,
+        *,
+        tls: bool = False,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to the checked address of ``host``; None, refused and recorded,
+        when there is none."""
         try:
-            up_reader, up_writer = await _connect(await self._addresses(host, port), port)
-        except _Inside as exc:
-            self._refuse(writer, host, port, method, str(exc))
-            await writer.drain()
-            return
-        except OSError as exc:
-            self._refuse(writer, host, port, method, f"unreachable: {exc.strerror or exc}", 502)
-            await writer.drain()
-            return
-        injected = False
-        if method == "CONNECT":
-            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        else:
-            extra = self.policy.headers_for(host)
-            injected = bool(extra)
-            # As over TLS: the Host header names the host the request goes to, so a
-            # shared front end cannot route the credentials to another virtual host.
-            headers = [h for h in headers if _header_name(h) != "host"]
-            headers.insert(0, f"Host: {host if port == 80 else f'{host}:{port}'}")
-            up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self._record(
-            Connection(
-                host=host, port=port, method=method, allowed=True, credentials_injected=injected
+            if not tls:
+                return await _connect(await self._addresses(host, port), port)
+            return await _connect(
+                await self._addresses(host, port),
+                port,
+                ssl=self._upstream_tls,
+                server_hostname=host,
             )
-        )
+        except _Inside as exc:
+            self._refuse(writer, host, port, method, str(exc), tls=tls)
+        except ssl.SSLCertVerificationError as exc:
+            why = f"upstream certificate not trusted: {exc.verify_message}"
+            self._refuse(writer, host, port, method, why, 502, tls=tls)
+        except OSError as exc:
+            why = f"unreachable: {exc.strerror or exc}"
+            self._refuse(writer, host, port, method, why, 502, tls=tls)
+        return None
+
+    async def _tunnel(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int
+    ) -> None:
+        """A CONNECT to an allowed host that is not marked: its bytes both ways, untouched
+        (TLS from the sandbox to the host, which the proxy cannot read)."""
+        upstream = await self._upstream(writer, host, port, "CONNECT")
+        if upstream is None:
+            return
+        up_reader, up_writer = upstream
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        self._record(Connection(host=host, port=port, method="CONNECT", allowed=True))
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(_pipe(reader, up_writer))
@@ -310,7 +370,8 @@ class EgressProxy:
     async def _terminate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int
     ) -> None:
-        """TLS from the sandbox ends here; the request goes on over lodger's own TLS."""
+        """TLS from the sandbox ends here; each request in it goes on, checked, over
+        lodger's own TLS."""
         assert self.ca is not None and self._upstream_tls is not None
         context = await asyncio.to_thread(self.ca.server_context, host)
         # Nothing may await between the 200 and start_tls: the client's hello follows the
@@ -327,60 +388,72 @@ class EgressProxy:
                 )
             )  # fmt: skip
             return
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > _MAX_HEAD:
-            raise ValueError("request head too large")
-        if _malformed(head):
-            self._refuse(writer, host, port, "", "malformed request head", 400, tls=True)
-            await writer.drain()
-            return
-        method, target, version, headers = _parse_head(head)
-        try:
-            up_reader, up_writer = await _connect(
-                await self._addresses(host, port),
-                port,
-                ssl=self._upstream_tls,
-                server_hostname=host,
-            )
-        except _Inside as exc:
-            self._refuse(writer, host, port, method, str(exc), tls=True)
-            await writer.drain()
-            return
-        except ssl.SSLCertVerificationError as exc:
-            why = f"upstream certificate not trusted: {exc.verify_message}"
-            self._refuse(writer, host, port, method, why, 502, tls=True)
-            await writer.drain()
-            return
-        except OSError as exc:
-            why = f"unreachable: {exc.strerror or exc}"
-            self._refuse(writer, host, port, method, why, 502, tls=True)
-            await writer.drain()
-            return
+        while (head := await read_head(reader)) is not None:
+            if _malformed(head):
+                self._refuse(writer, host, port, "", "malformed request head", 400, tls=True)
+                return
+            try:
+                request = _Request.of(head)
+            except BadFraming as exc:
+                method = _parse_head(head)[0]
+                self._refuse(writer, host, port, method, f"ambiguous body: {exc}", 400, tls=True)
+                return
+            except ValueError:
+                self._refuse(writer, host, port, "", "malformed request line", 400, tls=True)
+                return
+            upstream = await self._upstream(writer, host, port, request.method, tls=True)
+            if upstream is None:
+                return
+            if not await self._exchange(reader, writer, request, upstream, host, port, tls=True):
+                return
+
+    async def _exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        request: _Request,
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        host: str,
+        port: int,
+        *,
+        tls: bool = False,
+    ) -> bool:
+        """Send one checked request upstream, with the credentials for its host, and its
+        response back; whether the sandbox's connection can carry another request (the
+        response ended where its framing says, and neither side asked to close)."""
+        authority = host if port == (443 if tls else 80) else f"{host}:{port}"
+        up_reader, up_writer = upstream
         extra = self.policy.headers_for(host)
-        authority = host if port == 443 else f"{host}:{port}"
-        # The Host header names the host the tunnel was opened to, whatever the sandbox
-        # wrote: the credentials go to that host and to no virtual host behind it.
-        headers = [h for h in headers if _header_name(h) != "host"]
+        # The Host header names the host the request goes to (over TLS, the one the
+        # tunnel was opened to), whatever the sandbox wrote: the credentials go to that
+        # host and to no virtual host a shared front end has behind it.
+        headers = [h for h in request.headers if _header_name(h) != "host"]
         headers.insert(0, f"Host: {authority}")
-        up_writer.write(_request_head(method, _origin_form(target), version, headers, extra))
-        self._record(
-            Connection(
-                host=host,
-                port=port,
-                method=method,
-                allowed=True,
-                credentials_injected=bool(extra),
-                tls_terminated=True,
+        up_writer.write(
+            _request_head(
+                request.method, _origin_form(request.target), request.version, headers, extra
             )
         )
-        # The upstream closes after its response (Connection: close); then so does the
-        # sandbox's side, which over TLS cannot be half-closed.
-        to_upstream = asyncio.create_task(_pipe(reader, up_writer))
+        self._record(
+            Connection(
+                host=host, port=port, method=request.method, allowed=True,
+                credentials_injected=bool(extra), tls_terminated=tls,
+            )
+        )  # fmt: skip
+        body = asyncio.create_task(copy_body(reader, up_writer, request.size))
+        relay = asyncio.create_task(_relay_response(up_reader, writer, request))
         try:
-            await _pipe(up_reader, writer)
+            pending: set[asyncio.Task[Any]] = {body, relay}
+            while relay in pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if body in done:
+                    body.result()  # the sandbox's body could not be read: the end of it
+            # A response that came before the whole body (a 413): the rest is unread.
+            return bool(relay.result()) and body.done()
         finally:
-            to_upstream.cancel()
-            await asyncio.gather(to_upstream, return_exceptions=True)
+            for task in (body, relay):
+                task.cancel()
+            await asyncio.gather(body, relay, return_exceptions=True)
             up_writer.close()
 
     async def _addresses(self, host: str, port: int) -> list[str]:
@@ -457,6 +530,70 @@ async def _connect(
             failure = exc
     assert failure is not None  # _addresses never returns an empty list
     raise failure
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A request head from the sandbox, with where its body ends."""
+
+    method: str
+    target: str
+    version: str
+    headers: list[str]
+    #: the body's length, or ``CHUNKED``
+    size: int
+    #: whether the sandbox means to send another request on the connection after it
+    persistent: bool
+
+    @classmethod
+    def of(cls, head: bytes) -> _Request:
+        method, target, version, headers = _parse_head(head)
+        persistent = version == "HTTP/1.1" and "close" not in tokens(headers, "connection")
+        return cls(method, target, version, headers, request_framing(headers), persistent)
+
+
+#: response headers about the connection, not the message: the proxy's to set
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
+
+
+async def _relay_response(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: _Request
+) -> bool:
+    """Copy the response to ``request`` (interim 1xx ones first) from the upstream to the
+    sandbox; whether the connection can carry another request after it."""
+    while True:
+        head = await read_head(reader)
+        if head is None:
+            raise asyncio.IncompleteReadError(b"", None)  # no response at all
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
+            raise ValueError(f"not an HTTP response: {status_line[:60]!r}")
+        status = int(code)
+        if 100 <= status < 200 and status != 101:
+            writer.write(head)  # 100 Continue and the like: the response is still to come
+            continue
+        headers = [line for line in lines if line]
+        size = UNTIL_CLOSE if status == 101 else response_framing(request.method, status, headers)
+        persistent = (
+            request.persistent
+            and size != UNTIL_CLOSE
+            and "close" not in tokens(headers, "connection")
+            and not _malformed(head)
+        )
+        kept = [
+            line
+            for line in headers
+            if _header_name(line) not in _HOP_BY_HOP
+            and not (size == CHUNKED and _header_name(line) == "content-length")
+        ]
+        if not persistent:
+            kept.append("Connection: close")
+        writer.write(("\r\n".join([status_line, *kept]) + "\r\n\r\n").encode("latin-1"))
+        await copy_body(reader, writer, size)
+        await writer.drain()
+        return persistent
 
 
 class _Inside(Exception):

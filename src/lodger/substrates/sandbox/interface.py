@@ -24,7 +24,8 @@ OutputSink = Callable[[bytes], None]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Connection:
-    """One connection the egress proxy saw: allowed and forwarded, or refused."""
+    """One request the egress proxy saw (a ``CONNECT``, or each request on a connection):
+    allowed and forwarded, or refused."""
 
     host: str
     port: int

@@ -63,14 +63,31 @@ root only:
   the next ``git commit`` on the host) and over refusing commands in workspaces
   without a repository; ``git init`` there needs ``git_writable = true``.
 
-Not covered (strict xfails in ``tests/substrates/sandbox/test_git_in_sandbox.py``):
-repositories below the root (``sub/.git``, a submodule's worktree): a command can plant
-one there, and the host's git running in that directory, or ``git status`` at the root
-recursing into a submodule, reads its config. Nor can a command be kept from making the
-workspace root a bare repository (``HEAD``, ``config``, ``objects/``, ``refs/``) where it
-has no ``.git`` of its own, which the host's git then finds in that directory: git's own
-``safe.bareRepository = explicit`` closes that. The file tools run on the host and are
-not confined by this (``tests/tools/test_configuration_guard.py``).
+Beyond the root's ``.git``:
+
+- submodules: the gitlinks (mode 160000) of the root's index, read by lodger itself (it
+  runs no git in a repository a command may have shaped), and those of each submodule's
+  own index, nested ones included: the host's ``git status`` at the root recurses into
+  each and runs its ``core.fsmonitor``. A checked-out submodule's ``.git`` (a gitdir file
+  or a directory) is bound read-only and the directories on its way pinned; where one
+  is not checked out (an empty directory, or a path missing from some point on), an
+  empty placeholder stands where its path first goes missing, read-only, for the run.
+  A submodule path through a symlink is refused; so is a workspace with more than
+  ``_git.MAX_GITLINKS`` submodules.
+- a root without a repository (no ``.git``, or the empty placeholder): git reads a
+  directory with a valid ``HEAD`` beside ``objects/`` and ``refs/`` as a bare
+  repository, config and all, so ``HEAD`` there is held too: a placeholder directory for
+  the run (which is no valid ``HEAD``), or the file of that name read-only; a symlink
+  named ``HEAD`` there is refused.
+- the file tools run on the host: ``write_file`` and ``edit_file`` refuse any path with
+  a ``.git`` component (in any letter case), the directory the root's gitdir file names
+  inside the workspace, and ``HEAD`` at a root without a repository, unless
+  ``git_writable = true`` (``lodger.tools.files``).
+
+Not covered: a repository a command makes below the root that is no submodule
+(``git init sub``) is the command's, and the host's git trusts it when someone runs git
+in that directory; git's own ``safe.bareRepository = explicit`` (and not running git
+inside directories an agent made) is the user's defence there.
 """
 
 from __future__ import annotations

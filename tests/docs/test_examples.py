@@ -1,0 +1,118 @@
+"""Every code example in README.md and docs/ runs.
+
+A ```python block runs as a real process in a fresh directory, with only ``src/`` on the
+path, and must exit 0; a ```console block runs its ``$ `` lines in order as one shell
+script (``lodger`` is this checkout's CLI), each of which must succeed. A block that is
+not meant to run says so on the line before it with ``<!-- no-run -->``; keep those rare.
+Other fences (```sh, ```toml, ```json, ```text ...) are shown, not run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+NO_RUN = "<!-- no-run -->"
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    language: str
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for match in FENCE.finditer(text):
+        language = match.group(1)
+        if language not in ("python", "console"):
+            continue
+        before = text[: match.start()].rstrip().rsplit("\n", 1)[-1]
+        if before.strip() == NO_RUN:
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        found.append(Block(page, line, language, match.group(2)))
+    return found
+
+
+ALL = [block for page in PAGES for block in blocks(page)]
+
+
+def environment(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / ".bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "lodger"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m lodger "$@"\n')
+    shim.chmod(0o755)
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "TMPDIR": str(tmp_path),
+        "LODGER_STATE": str(tmp_path / "work" / ".lodger"),
+    }
+
+
+def test_the_pages_have_examples_of_both_kinds() -> None:
+    kinds = {(block.page.name, block.language) for block in ALL}
+    assert ("README.md", "python") in kinds
+    assert ("README.md", "console") in kinds
+    assert ("quickstart.md", "python") in kinds
+    assert ("quickstart.md", "console") in kinds
+
+
+def test_a_no_run_marker_skips_only_its_block(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nprint(1)\n```\n\n<!-- no-run -->\n```python\nraise SystemExit(1)\n```\n"
+        "\n```sh\nfalse\n```\n\n```console\n$ lodger --help\n```\n"
+    )
+    found = blocks(page)
+    assert [(b.language, b.code) for b in found] == [
+        ("python", "print(1)\n"),
+        ("console", "$ lodger --help\n"),
+    ]
+
+
+def console_script(code: str) -> str:
+    commands = [line[2:] for line in code.splitlines() if line.startswith("$ ")]
+    assert commands, "a console block without a `$ ` line"
+    return "set -eu\n" + "\n".join(commands) + "\n"
+
+
+# A console block starts several CLI processes (5-6 s): the full run takes those.
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(b, id=b.id, marks=pytest.mark.slow if b.language == "console" else ())
+        for b in ALL
+    ],
+)
+def test_example_runs(block: Block, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    env = environment(tmp_path)
+    if block.language == "python":
+        command = [sys.executable, "-c", block.code]
+    else:
+        command = ["bash", "-c", console_script(block.code)]
+    done = subprocess.run(
+        command, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"{block.id} exited {done.returncode}:\n{done.stderr[-4000:]}"

@@ -94,7 +94,7 @@ _LIBC = _inotify()
 class DiskWatch:
     """Counts the bytes one command writes under ``root`` (leaving out ``exclude``,
     absolute paths inside it) and in its sandbox's ``/tmp`` (with ``private_tmp``: a
-    tmpfs of its own, as bubblewrap mounts); calls ``kill`` once the
+    tmpfs of ``limit`` bytes, as bubblewrap mounts); calls ``kill`` once the
     count reaches ``limit``. ``prepare`` before the command starts (it records every
     file's size and sets the watches), ``start`` once it runs, ``finish`` after it ended.
 
@@ -216,7 +216,7 @@ class DiskWatch:
                 for path in changed:
                     self._count(path, _size(path))
             if self.private_tmp and self._tmp_fd < 0 and self._pid > 0:
-                self._tmp_fd = _open_tmp(self._pid)
+                self._tmp_fd = _open_tmp(self._pid, self.limit)
             self._tmp_used = max(self._tmp_used, _used(self._tmp_fd))
             self.written = self._grown_total + self._tmp_used
             if self.written >= self.limit and not self.over:
@@ -300,24 +300,21 @@ def _size(path: str) -> int:
     return info.st_size if stat.S_ISREG(info.st_mode) else 0
 
 
-def _open_tmp(pid: int) -> int:
-    """A descriptor of the private ``/tmp`` of the sandbox whose outermost process is
-    ``pid``, opened through a process inside (its mount namespace holds that ``/tmp``);
-    -1 while there is none yet (the sandbox is being set up). Held open, it keeps the
-    tmpfs readable after the sandbox ended, for the last count."""
-    try:
-        host = os.statvfs("/tmp")
-    except OSError:
-        return -1
-    for inside in _descendants(pid):
+def _open_tmp(pid: int, size: int) -> int:
+    """A descriptor of the private ``/tmp`` (a tmpfs of ``size`` bytes) of the sandbox
+    whose outermost process is ``pid``, opened through the command's process (its mount
+    namespace holds that ``/tmp``); -1 while there is none yet (the sandbox is being set
+    up: bubblewrap's init mounts a ``/tmp`` of its own for a moment, which is not it).
+    Held open, it keeps the tmpfs readable after the sandbox ended, for the last count."""
+    for inside in _grandchildren(pid):
         try:
             fd = os.open(f"/proc/{inside}/root/tmp", os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             continue
         mine = os.fstatvfs(fd)
-        if (mine.f_fsid, mine.f_blocks) != (host.f_fsid, host.f_blocks):
+        if abs(mine.f_blocks * mine.f_frsize - size) < max(mine.f_frsize, 1):
             return fd
-        os.close(fd)  # still the host's /tmp: the sandbox's is not mounted yet
+        os.close(fd)  # not the sandbox's /tmp (not mounted yet, or the host's)
     return -1
 
 
@@ -328,9 +325,9 @@ def _used(fd: int) -> int:
     return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 
-def _descendants(pid: int) -> list[int]:
-    """``pid``'s children, then theirs (two levels: bubblewrap's init and the command)."""
-    found: list[int] = []
+def _grandchildren(pid: int) -> list[int]:
+    """The children of ``pid``'s children: under bubblewrap, the command (its init's
+    child), which starts only once the sandbox is set up."""
     level = [pid]
     for _ in range(2):
         nxt: list[int] = []
@@ -340,6 +337,5 @@ def _descendants(pid: int) -> list[int]:
             except OSError:
                 continue
             nxt += [int(p) for p in text.split()]
-        found += nxt
         level = nxt
-    return found
+    return level

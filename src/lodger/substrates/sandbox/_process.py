@@ -120,24 +120,18 @@ async def run_confined(
     128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
     the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
     ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
-    filter); every other one is closed in the child. ``disk``: the watcher that holds
-    ``limits.disk_bytes`` (``lodger.substrates.sandbox._disk``; made by ``disk_watch``),
-    ``rlimit_fsize``: whether the trampoline sets RLIMIT_FSIZE to it too (not for a
-    backend whose own host processes write the command's files: gVisor's gofer).
+    filter); every other one is closed in the child. ``disk``: the watcher of the disk
+    limit (``disk_watch``); ``rlimit_fsize``: set RLIMIT_FSIZE too (not under gVisor).
     """
     if not host_argv:  # refused here, before a cgroup is made for it
         trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
-    try:
-        cgroup = await _cgroup_for(limits, cgroup_root)
-    except BaseException:
-        if disk is not None:
-            disk.close()
-        raise
+    cgroup = await _cgroup_for(limits, cgroup_root, disk)
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
     rlimit_cpu = rlimit_cpu and tree_budget is None
     enforcement = _enforcement(limits, cgroup, rlimit_cpu=rlimit_cpu)
+    enforcement.update(_disk_enforcement(disk, rlimit_fsize))
     procs = cgroup.procs_files()
     use_rlimit_as = limits.memory_bytes is not None and "memory" not in cgroup.enforced
 
@@ -146,10 +140,8 @@ async def run_confined(
         procs,
         cpu_s=limits.cpu_time_s if rlimit_cpu else None,
         memory_bytes=limits.memory_bytes if use_rlimit_as else None,
-        file_bytes=(disk.file_ceiling if disk else limits.disk_bytes) if rlimit_fsize else None,
+        file_bytes=_file_ceiling(limits, disk) if rlimit_fsize else None,
     )
-    if disk is not None:
-        enforcement["disk"] = _disk_enforcement(disk, rlimit_fsize)
     started = time.monotonic()
     watch = _Watch(limits=limits, cgroup=cgroup, on_output=on_output, disk=disk)
     try:
@@ -171,9 +163,7 @@ async def run_confined(
         if disk is not None:
             await asyncio.shield(asyncio.to_thread(disk.finish))
         await asyncio.shield(_cleanup(cgroup))
-    exit_code, sig, limit = _verdict(returncode, watch.limit, usage, signal_exit_codes)
-    if limit is None and ((disk is not None and disk.over) or sig == "SIGXFSZ"):
-        limit = "disk"  # what it wrote reached the limit (the watcher, or RLIMIT_FSIZE)
+    exit_code, sig, limit = _verdict(returncode, watch.limit, usage, signal_exit_codes, disk)
     return SandboxResult(
         backend=backend,
         exit_code=exit_code,
@@ -205,16 +195,32 @@ async def disk_watch(
     return watch
 
 
-def _disk_enforcement(disk: DiskWatch, rlimit_fsize: bool) -> str:
+def _file_ceiling(limits: Limits, disk: DiskWatch | None) -> int | None:
+    return disk.file_ceiling if disk is not None else limits.disk_bytes
+
+
+def _disk_enforcement(disk: DiskWatch | None, rlimit_fsize: bool) -> dict[str, str]:
+    if disk is None:
+        return {}
     how = "RLIMIT_FSIZE per file, " if rlimit_fsize else ""
     if disk.private_tmp:
         how += "a /tmp of that size, "
-    return how + "lodger kills the tree when the workspace and /tmp hold that much more"
+    return {"disk": how + "lodger kills the tree when the workspace and /tmp hold that much more"}
 
 
-async def _cgroup_for(limits: Limits, cgroup_root: Path | None) -> Cgroup:
+async def _cgroup_for(limits: Limits, cgroup_root: Path | None, disk: DiskWatch | None) -> Cgroup:
     """The command's own cgroup, made in a thread (and removed if the caller is
-    cancelled meanwhile: else its directories stay in the host's hierarchy for good)."""
+    cancelled meanwhile: else its directories stay in the host's hierarchy for good).
+    If none can be made, the disk watcher is closed: the command will not run."""
+    try:
+        return await _made_cgroup(limits, cgroup_root)
+    except BaseException:
+        if disk is not None:
+            disk.close()
+        raise
+
+
+async def _made_cgroup(limits: Limits, cgroup_root: Path | None) -> Cgroup:
     return await made_in_thread(
         functools.partial(
             Cgroup.create,
@@ -310,7 +316,11 @@ async def _feed(process: asyncio.subprocess.Process, stdin: bytes) -> None:
 
 
 def _verdict(
-    returncode: int, limit: LimitName | None, usage: CgroupUsage, signal_exit_codes: bool
+    returncode: int,
+    limit: LimitName | None,
+    usage: CgroupUsage,
+    signal_exit_codes: bool,
+    disk: DiskWatch | None = None,
 ) -> tuple[int | None, str | None, LimitName | None]:
     """The command's exit code or signal, and the limit that stopped it."""
     exit_code: int | None = returncode
@@ -326,6 +336,8 @@ def _verdict(
             limit = "cpu_time"
         elif usage.pids_refused:
             limit = "processes"
+        elif (disk is not None and disk.over) or sig == "SIGXFSZ":  # watcher, RLIMIT_FSIZE
+            limit = "disk"
     return exit_code, sig, limit
 
 

@@ -76,6 +76,7 @@ _COMMANDS: dict[str, str] = {
     "send": "lodger.cli._control",
     "schedule": "lodger.cli._control",
     "trust": "lodger.cli._trust",
+    "store": "lodger.cli._store",
 }
 
 

@@ -41,7 +41,16 @@ __all__ = ["Project"]
 
 #: sandbox keys an untrusted file may set: each can only make a command more confined
 _NARROWING_SANDBOX_KEYS = frozenset(
-    {"approval", "wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "output_mb", "cpu_rate"}
+    {
+        "approval",
+        "wall_time_s",
+        "cpu_time_s",
+        "memory_mb",
+        "max_processes",
+        "output_mb",
+        "cpu_rate",
+        "disk_mb",
+    }
 )
 _CONFINED_BACKENDS = frozenset({"bubblewrap", "runsc"})
 
@@ -142,7 +151,14 @@ def _no_looser(policy: SandboxPolicy, ignored: list[str]) -> SandboxPolicy:
     """``policy`` with every limit no looser than the default's."""
     default = SandboxPolicy().limits
     changes: dict[str, Any] = {}
-    for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_processes", "output_bytes"):
+    for name in (
+        "wall_time_s",
+        "cpu_time_s",
+        "memory_bytes",
+        "max_processes",
+        "output_bytes",
+        "disk_bytes",
+    ):
         mine, theirs = getattr(policy.limits, name), getattr(default, name)
         if theirs is not None and (mine is None or mine > theirs):
             changes[name] = theirs

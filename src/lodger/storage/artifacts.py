@@ -181,6 +181,35 @@ class FileArtifactStore:
             ) from exc
         return ref
 
+    async def stored_digest(self, sha256: str) -> tuple[str, int] | None:
+        """The sha256 of the bytes stored under ``sha256`` and how many there are, read in
+        chunks (None: nothing is stored there): the deep check of snapshots
+        (``lodger.storage.snapshotcheck``). A directory in its place hashes to ""."""
+        path = self._path(check_sha256(sha256))
+
+        def digest() -> tuple[str, int] | None:
+            hashed = hashlib.sha256()
+            read = 0
+            try:
+                with open(path, "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        hashed.update(chunk)
+                        read += len(chunk)
+            except FileNotFoundError:
+                return None
+            except IsADirectoryError:
+                return "", 0
+            return hashed.hexdigest(), read
+
+        try:
+            return await asyncio.to_thread(digest)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot read artifact {sha256} at {path}: {exc.strerror or exc}",
+                hint="the artifact store was changed outside lodger, or the disk is failing",
+                code="storage",
+            ) from exc
+
     async def get(self, sha256: str) -> bytes:
         path = self._path(check_sha256(sha256))
         try:

@@ -57,6 +57,25 @@ class ObjectArtifactStore:
             raise _failed("check", sha256, exc) from exc
         return size is None or int(meta["size"]) == size
 
+    async def stored_digest(self, sha256: str) -> tuple[str, int] | None:
+        """The sha256 of the object stored under ``sha256`` and its size, streamed (None:
+        no such object): the deep check of snapshots (``lodger.storage.snapshotcheck``)
+        reads every blob back this way, never holding one whole in memory."""
+        hashed = hashlib.sha256()
+        read = 0
+        try:
+            result = await obstore.get_async(self.store, blob_key(sha256))
+            async for chunk in result.stream(min_chunk_size=1 << 20):
+                hashed.update(chunk)
+                read += len(chunk)
+        except (FileNotFoundError, NotFoundError):
+            if await self._is_folder(blob_key(sha256)):
+                return "", 0
+            return None
+        except (BaseError, OSError) as exc:
+            raise _failed("read", sha256, exc) from exc
+        return hashed.hexdigest(), read
+
     async def put(self, data: bytes, *, media_type: str = "text/plain") -> ArtifactRef:
         sha256 = hashlib.sha256(data).hexdigest()
         key = blob_key(sha256)

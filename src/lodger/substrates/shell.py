@@ -199,6 +199,8 @@ def _settled(result: SandboxResult, timeout_s: float) -> str | ToolOutput:
     if result.limit is not None:
         what = result.limit.replace("_", " ")
         extra = f", {result.output_total} bytes written" if result.limit == "output" else ""
+        if result.limit == "disk":
+            extra = " (what the workspace and /tmp may take); the files it wrote stay"
         note = f"[stopped: {what} limit reached{extra}; the command and its children were killed]"
         return ToolOutput(content=f"{text}\n{note}", is_error=True)
     if result.signal is not None:

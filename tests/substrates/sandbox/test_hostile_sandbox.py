@@ -661,22 +661,22 @@ async def test_filling_tmp_and_dev_shm_counts_against_the_memory_limit(
         assert "WROTE 0" not in result.output.decode(), (target, result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no disk quota on the workspace: a command can fill the host's disk there. "
-    "Bounding it needs a design decision (a Limits field enforced by a project quota, a "
-    "size-limited overlay or a watcher), bigger than this audit",
-)
 async def test_filling_the_workspace_is_stopped_by_a_limit(tmp_path: Path) -> None:
+    """Broke: there was no disk quota on the workspace, so a command could fill the host's
+    disk there. ``Limits.disk_bytes`` (``[sandbox] disk_mb``) now bounds what one command
+    writes (``lodger.substrates.sandbox._disk``; more cases in test_disk_limit.py)."""
+    limit = 32 << 20
     result = await BubblewrapSandbox().run(
         ["bash", "-c", "head -c 96M /dev/zero > big; echo WROTE $?"],
         workspace=tmp_path,
         env=ENV,
-        limits=Limits(wall_time_s=60, memory_bytes=32 << 20, output_bytes=1 << 20),
+        limits=Limits(
+            wall_time_s=60, memory_bytes=32 << 20, output_bytes=1 << 20, disk_bytes=limit
+        ),
     )
     size = (tmp_path / "big").stat().st_size if (tmp_path / "big").exists() else 0
     (tmp_path / "big").unlink(missing_ok=True)
-    assert result.limit is not None and size < 96 << 20, (result, size)
+    assert result.limit == "disk" and size < limit * 1.1, (result, size)
 
 
 def test_the_lodger_ca_keeps_a_bounded_number_of_leaf_certificates() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from lodger.errors import UsageError
+from lodger.substrates.sandbox._disk import DiskWatch
 from lodger.substrates.sandbox.cgroups import Cgroup, CgroupUsage
 from lodger.substrates.sandbox.interface import (
     Connection,
@@ -38,7 +39,7 @@ from lodger.substrates.sandbox.interface import (
 )
 from lodger.substrates.sandbox.policy import Limits
 
-__all__ = ["ENTER_FAILED", "made_in_thread", "run_confined"]
+__all__ = ["ENTER_FAILED", "disk_watch", "made_in_thread", "run_confined"]
 
 T = TypeVar("T")
 
@@ -46,7 +47,8 @@ _SH = "/bin/sh"
 #: the trampoline's exit status when it could not confine itself (nothing was run)
 ENTER_FAILED = 125
 # $1: how many cgroup.procs files follow; then the RLIMIT_CPU hard and soft limits (or -),
-# the RLIMIT_AS limit in KiB (or -), and the command line. Every value is an argument,
+# the RLIMIT_AS limit in KiB (or -), the RLIMIT_FSIZE limit in 512-byte blocks (POSIX
+# ``ulimit -f``; or -), and the command line. Every value is an argument,
 # never part of the script. The soft CPU limit goes first: a hard limit below the soft one
 # still in force (unlimited) is refused.
 _ENTER = (
@@ -58,6 +60,8 @@ _ENTER = (
     '|| { echo "lodger: cannot set RLIMIT_CPU" >&2; exit {failed}; }; fi; shift 2; '
     'if [ "$1" != - ]; then ulimit -v "$1" '
     '|| { echo "lodger: cannot set RLIMIT_AS" >&2; exit {failed}; }; fi; shift; '
+    'if [ "$1" != - ]; then ulimit -f "$1" '
+    '|| { echo "lodger: cannot set RLIMIT_FSIZE" >&2; exit {failed}; }; fi; shift; '
     'exec "$@"'
 ).replace("{failed}", str(ENTER_FAILED))
 
@@ -68,10 +72,12 @@ def trampoline(
     *,
     cpu_s: float | None,
     memory_bytes: int | None,
+    file_bytes: int | None = None,
 ) -> list[str]:
     """The argv that joins ``procs`` (cgroup.procs files), sets RLIMIT_CORE to 0, RLIMIT_CPU
-    to ``cpu_s`` (soft, rounded up; hard one second more) and RLIMIT_AS to
-    ``memory_bytes`` (in whole KiB), then runs ``host_argv`` in its place."""
+    to ``cpu_s`` (soft, rounded up; hard one second more), RLIMIT_AS to ``memory_bytes``
+    (in whole KiB) and RLIMIT_FSIZE to ``file_bytes`` (in whole 512-byte blocks), then
+    runs ``host_argv`` in its place."""
     if not host_argv:  # ``exec`` with nothing would "succeed" without running anything
         raise UsageError("an empty command line", hint="name a program to run", code="usage")
     cpu = ["-", "-"]
@@ -79,8 +85,9 @@ def trampoline(
         soft = max(1, math.ceil(cpu_s))
         cpu = [str(soft + 1), str(soft)]
     memory = "-" if memory_bytes is None else str(max(1, memory_bytes // 1024))
+    files = "-" if file_bytes is None else str(max(1, file_bytes // 512))
     return [_SH, "-c", _ENTER, "lodger-enter", str(len(procs)), *map(str, procs), *cpu,
-            memory, *host_argv]  # fmt: skip
+            memory, files, *host_argv]  # fmt: skip
 
 
 _READ = 65536
@@ -104,6 +111,8 @@ async def run_confined(
     rlimit_cpu: bool = True,
     cgroup_root: Path | None = None,
     pass_fds: Sequence[int] = (),
+    disk: DiskWatch | None = None,
+    rlimit_fsize: bool = True,
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
@@ -111,16 +120,18 @@ async def run_confined(
     128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
     the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
     ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
-    filter); every other one is closed in the child.
+    filter); every other one is closed in the child. ``disk``: the watcher of the disk
+    limit (``disk_watch``); ``rlimit_fsize``: set RLIMIT_FSIZE too (not under gVisor).
     """
     if not host_argv:  # refused here, before a cgroup is made for it
         trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
-    cgroup = await _cgroup_for(limits, cgroup_root)
+    cgroup = await _cgroup_for(limits, cgroup_root, disk)
     # The cgroup counts the whole tree's CPU time; RLIMIT_CPU (per process) only where
     # it cannot, since four processes could each use nearly the whole budget.
     tree_budget = limits.cpu_time_s if "cpuacct" in cgroup.enforced else None
     rlimit_cpu = rlimit_cpu and tree_budget is None
     enforcement = _enforcement(limits, cgroup, rlimit_cpu=rlimit_cpu)
+    enforcement.update(_disk_enforcement(disk, rlimit_fsize))
     procs = cgroup.procs_files()
     use_rlimit_as = limits.memory_bytes is not None and "memory" not in cgroup.enforced
 
@@ -129,9 +140,10 @@ async def run_confined(
         procs,
         cpu_s=limits.cpu_time_s if rlimit_cpu else None,
         memory_bytes=limits.memory_bytes if use_rlimit_as else None,
+        file_bytes=_file_ceiling(limits, disk) if rlimit_fsize else None,
     )
     started = time.monotonic()
-    watch = _Watch(limits=limits, cgroup=cgroup, on_output=on_output)
+    watch = _Watch(limits=limits, cgroup=cgroup, on_output=on_output, disk=disk)
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -148,8 +160,10 @@ async def run_confined(
         assert returncode is not None
         usage = cgroup.usage()
     finally:
+        if disk is not None:
+            await asyncio.shield(asyncio.to_thread(disk.finish))
         await asyncio.shield(_cleanup(cgroup))
-    exit_code, sig, limit = _verdict(returncode, watch.limit, usage, signal_exit_codes)
+    exit_code, sig, limit = _verdict(returncode, watch.limit, usage, signal_exit_codes, disk)
     return SandboxResult(
         backend=backend,
         exit_code=exit_code,
@@ -165,9 +179,48 @@ async def run_confined(
     )
 
 
-async def _cgroup_for(limits: Limits, cgroup_root: Path | None) -> Cgroup:
+async def disk_watch(
+    limits: Limits, workspace: Path, *, exclude: Sequence[Path] = (), private_tmp: bool = True
+) -> DiskWatch | None:
+    """The watcher of ``limits.disk_bytes`` over ``workspace``, ready (every file's size
+    recorded, its directories watched) before the command starts; None without a limit."""
+    if limits.disk_bytes is None:
+        return None
+    watch = DiskWatch(workspace, limit=limits.disk_bytes, exclude=exclude, private_tmp=private_tmp)
+    try:
+        await asyncio.to_thread(watch.prepare)
+    except BaseException:
+        watch.close()
+        raise
+    return watch
+
+
+def _file_ceiling(limits: Limits, disk: DiskWatch | None) -> int | None:
+    return disk.file_ceiling if disk is not None else limits.disk_bytes
+
+
+def _disk_enforcement(disk: DiskWatch | None, rlimit_fsize: bool) -> dict[str, str]:
+    if disk is None:
+        return {}
+    how = "RLIMIT_FSIZE per file, " if rlimit_fsize else ""
+    if disk.private_tmp:
+        how += "a /tmp of that size, "
+    return {"disk": how + "lodger kills the tree when the workspace and /tmp hold that much more"}
+
+
+async def _cgroup_for(limits: Limits, cgroup_root: Path | None, disk: DiskWatch | None) -> Cgroup:
     """The command's own cgroup, made in a thread (and removed if the caller is
-    cancelled meanwhile: else its directories stay in the host's hierarchy for good)."""
+    cancelled meanwhile: else its directories stay in the host's hierarchy for good).
+    If none can be made, the disk watcher is closed: the command will not run."""
+    try:
+        return await _made_cgroup(limits, cgroup_root)
+    except BaseException:
+        if disk is not None:
+            disk.close()
+        raise
+
+
+async def _made_cgroup(limits: Limits, cgroup_root: Path | None) -> Cgroup:
     return await made_in_thread(
         functools.partial(
             Cgroup.create,
@@ -189,6 +242,7 @@ class _Watch:
     limits: Limits
     cgroup: Cgroup
     on_output: OutputSink | None
+    disk: DiskWatch | None = None
     limit: LimitName | None = None
     kept: bytearray = field(default_factory=bytearray)
     total: int = 0
@@ -203,6 +257,8 @@ class _Watch:
         watcher = (
             asyncio.create_task(self._watch_cpu(process, tree_budget)) if tree_budget else None
         )
+        if self.disk is not None:  # a thread, stopped by run_confined (``finish``)
+            self.disk.start(process.pid, functools.partial(_kill, process, self.cgroup))
         try:
             # EOF as well as the exit: a background process holding the pipe is still
             # part of the command, and the wall-time limit covers it too.
@@ -260,7 +316,11 @@ async def _feed(process: asyncio.subprocess.Process, stdin: bytes) -> None:
 
 
 def _verdict(
-    returncode: int, limit: LimitName | None, usage: CgroupUsage, signal_exit_codes: bool
+    returncode: int,
+    limit: LimitName | None,
+    usage: CgroupUsage,
+    signal_exit_codes: bool,
+    disk: DiskWatch | None = None,
 ) -> tuple[int | None, str | None, LimitName | None]:
     """The command's exit code or signal, and the limit that stopped it."""
     exit_code: int | None = returncode
@@ -276,6 +336,8 @@ def _verdict(
             limit = "cpu_time"
         elif usage.pids_refused:
             limit = "processes"
+        elif (disk is not None and disk.over) or sig == "SIGXFSZ":  # watcher, RLIMIT_FSIZE
+            limit = "disk"
     return exit_code, sig, limit
 
 

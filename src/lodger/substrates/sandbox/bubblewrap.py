@@ -4,9 +4,10 @@ What the command sees: the system directories (``/usr``, ``/etc``, ``/bin``, ``/
 read-only, with ``/etc/shadow`` and every file under ``/etc`` others may not read masked
 (``masked_paths``); the workspace read-write at its own path (not ``/``, a system
 directory or a path in ``/etc``: ``confinable_workspace``), the directories between it
-and a hidden path pinned (``pinned_ancestors``); a private ``/tmp``, ``/dev`` and
-``/proc``; nothing else. Home directories, ``/root``, the lodger state directory, other
-projects and credential directories are not mounted at all, so no ``..`` or symlink can
+and a hidden path pinned (``pinned_ancestors``); a private ``/tmp`` (a tmpfs of the disk
+limit's size: ``lodger.substrates.sandbox._disk``), ``/dev`` and ``/proc``; nothing
+else. Home directories, ``/root``, the lodger state directory, other projects and
+credential directories are not mounted at all, so no ``..`` or symlink can
 reach them; a hidden path inside the workspace or a system directory is covered by an
 empty read-only tmpfs. ``lodger.toml`` and ``.git`` are bound read-only onto themselves
 (``.git`` unless the policy lets commands write it: ``lodger.substrates.sandbox._git``).
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox._git import git_placeholder, protected_git
-from lodger.substrates.sandbox._process import run_confined
+from lodger.substrates.sandbox._process import disk_watch, run_confined
 from lodger.substrates.sandbox._seccomp import refusal_filter
 from lodger.substrates.sandbox.egress import (
     EgressProxy,
@@ -147,6 +148,7 @@ class BubblewrapSandbox:
                 hidden=hidden,
                 git_writable=git_writable,
                 seccomp_fd=seccomp_fd,
+                tmp_bytes=limits.disk_bytes,
             )
             return await run_confined(
                 command,
@@ -158,6 +160,7 @@ class BubblewrapSandbox:
                 on_output=on_output,
                 signal_exit_codes=True,
                 pass_fds=(seccomp_fd,),
+                disk=await disk_watch(limits, workspace, exclude=hidden),
             )
         async with EgressProxy(network) as proxy:
             env.update(proxy_environment())
@@ -177,6 +180,7 @@ class BubblewrapSandbox:
                 ro_binds=ro_binds,
                 git_writable=git_writable,
                 seccomp_fd=seccomp_fd,
+                tmp_bytes=limits.disk_bytes,
             )
             return await run_confined(
                 command,
@@ -189,6 +193,7 @@ class BubblewrapSandbox:
                 signal_exit_codes=True,
                 connections=proxy.connections,
                 pass_fds=(seccomp_fd,),
+                disk=await disk_watch(limits, workspace, exclude=hidden),
             )
 
 
@@ -203,9 +208,11 @@ def bubblewrap_argv(
     ro_binds: Sequence[tuple[Path, str]] = (),
     git_writable: bool = False,
     seccomp_fd: int | None = None,
+    tmp_bytes: int | None = None,
 ) -> list[str]:
     """The bwrap command line that runs ``argv`` confined (see the module doc);
-    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``).
+    ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``);
+    ``tmp_bytes``: the size of its private ``/tmp`` (the disk limit).
     Where ``workspace`` has no ``.git``, a caller that keeps it read-only holds
     ``git_placeholder`` while the command runs."""
     args = [
@@ -230,7 +237,10 @@ def bubblewrap_argv(
             args += ["--ro-bind", path, path]
     for path in masked_paths():
         args += _cover(path)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_bytes is not None:
+        args += ["--size", str(tmp_bytes)]
+    args += ["--tmpfs", "/tmp", "--tmpfs", "/run"]
     for source, target in binds:
         args += ["--bind", str(source), target]
     for source, target in ro_binds:

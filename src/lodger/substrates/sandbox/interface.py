@@ -18,7 +18,7 @@ from lodger.substrates.sandbox.policy import Limits, NetworkPolicy
 
 __all__ = ["Connection", "LimitName", "OutputSink", "Sandbox", "SandboxResult"]
 
-LimitName = Literal["wall_time", "cpu_time", "memory", "processes", "output"]
+LimitName = Literal["wall_time", "cpu_time", "memory", "processes", "output", "disk"]
 OutputSink = Callable[[bytes], None]
 
 

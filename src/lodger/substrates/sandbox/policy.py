@@ -11,6 +11,7 @@ environment variables it sees and where its network traffic may go.
     memory_mb = 1024
     max_processes = 256
     output_mb = 16
+    disk_mb = 1024                  # what one command may write (workspace and /tmp)
 
     cpu_rate = 1.0                  # CPUs the whole tree may keep busy (default: no cap)
     secrets_file = "~/.config/lodger/secrets.toml"   # or LODGER_SECRETS_FILE; see
@@ -162,7 +163,7 @@ def looks_like_credential(name: str) -> bool:
     return bool(_CREDENTIAL.search(name))
 
 
-_WHOLE = ("memory_bytes", "max_processes", "output_bytes")
+_WHOLE = ("memory_bytes", "max_processes", "output_bytes", "disk_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,6 +176,9 @@ class Limits:
     counted by the cgroup (lodger kills the tree when it is spent; ``RLIMIT_CPU`` per
     process where no cgroup counts CPU time); ``cpu_rate`` caps how many CPUs the tree
     may keep busy at once (the cgroup cpu controller; 0.5 = half of one CPU).
+    ``disk_bytes`` bounds what one command writes into the workspace and its private
+    ``/tmp`` together: lodger kills the tree once they hold that much more than before it
+    started (``lodger.substrates.sandbox._disk`` says how, and what it does not cover).
     """
 
     wall_time_s: float = 60.0
@@ -183,6 +187,7 @@ class Limits:
     max_processes: int | None = 256
     output_bytes: int = 16 * 1024 * 1024
     cpu_rate: float | None = None
+    disk_bytes: int | None = 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in (
@@ -192,6 +197,7 @@ class Limits:
             "max_processes",
             "output_bytes",
             "cpu_rate",
+            "disk_bytes",
         ):
             value = getattr(self, name)
             if value is None:
@@ -215,6 +221,8 @@ class Limits:
         if self.max_processes is not None:
             parts.append(f"procs {self.max_processes}")
         parts.append(f"out {self.output_bytes // (1024 * 1024)}MiB")
+        if self.disk_bytes is not None:
+            parts.append(f"disk {self.disk_bytes // (1024 * 1024)}MiB")
         return " ".join(parts)
 
 
@@ -407,6 +415,7 @@ _LIMIT_KEYS = {
     "max_processes": ("max_processes", 1),
     "output_mb": ("output_bytes", 1024 * 1024),
     "cpu_rate": ("cpu_rate", 1.0),
+    "disk_mb": ("disk_bytes", 1024 * 1024),
 }
 
 

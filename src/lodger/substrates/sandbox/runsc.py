@@ -46,7 +46,7 @@ from typing import Any
 
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox._git import git_placeholder, protected_git
-from lodger.substrates.sandbox._process import made_in_thread, run_confined
+from lodger.substrates.sandbox._process import disk_watch, made_in_thread, run_confined
 from lodger.substrates.sandbox.bubblewrap import (
     SYSTEM_DIRS,
     confinable_workspace,
@@ -123,19 +123,26 @@ class RunscSandbox:
         git_writable: bool,
         on_output: OutputSink | None,
     ) -> SandboxResult:
-        bundle = await made_in_thread(
-            functools.partial(
-                _write_bundle,
-                argv,
-                workspace=workspace,
-                cwd=cwd,
-                env=env,
-                limits=limits,
-                hidden=hidden,
-                git_writable=git_writable,
-            ),
-            undo=_remove_bundle,  # else it stays in the temporary folder for good
-        )
+        disk = await disk_watch(limits, workspace, exclude=hidden, private_tmp=False)
+        try:
+            bundle = await made_in_thread(
+                functools.partial(
+                    _write_bundle,
+                    argv,
+                    workspace=workspace,
+                    cwd=cwd,
+                    env=env,
+                    limits=limits,
+                    hidden=hidden,
+                    git_writable=git_writable,
+                    file_bytes=disk.file_ceiling if disk is not None else None,
+                ),
+                undo=_remove_bundle,  # else it stays in the temporary folder for good
+            )
+        except BaseException:
+            if disk is not None:
+                disk.close()
+            raise
         try:
             command = [
                 # runsc has no --die-with-parent: without this, a SIGKILLed lodger left
@@ -163,10 +170,19 @@ class RunscSandbox:
                 limits=host_limits,
                 on_output=on_output,
                 signal_exit_codes=True,
+                # the gofer, a host process, writes the command's files: RLIMIT_FSIZE
+                # would kill it, so the limit is set inside gVisor instead (oci_config)
+                disk=disk,
+                rlimit_fsize=False,
             )
         finally:
             await _remove_bundle(bundle)
         how = dict(result.enforcement)
+        if limits.disk_bytes is not None:
+            how["disk"] = (
+                "RLIMIT_FSIZE per file inside gVisor, lodger kills the tree when the "
+                "workspace holds that much more (/tmp: in the Sentry's memory)"
+            )
         if limits.max_processes is not None:
             how["processes"] = "RLIMIT_NPROC inside gVisor"
         return dataclasses.replace(result, enforcement=how)
@@ -200,6 +216,7 @@ def _write_bundle(
     limits: Limits,
     hidden: Sequence[Path],
     git_writable: bool,
+    file_bytes: int | None,
 ) -> Path:
     root = Path(os.path.realpath(workspace))
     where = Path(os.path.realpath(cwd)) if cwd is not None else root
@@ -212,6 +229,7 @@ def _write_bundle(
         limits=limits,
         hidden=hidden,
         git_writable=git_writable,
+        file_bytes=file_bytes,
     )
     bundle = Path(tempfile.mkdtemp(prefix="lodger-runsc-"))
     (bundle / "rootfs").mkdir()
@@ -229,9 +247,11 @@ def oci_config(
     limits: Limits,
     hidden: Sequence[Path] = (),
     git_writable: bool = False,
+    file_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The OCI runtime spec for one command (see the module doc); where ``workspace`` has
-    no ``.git``, a caller that keeps it read-only holds ``git_placeholder`` meanwhile."""
+    no ``.git``, a caller that keeps it read-only holds ``git_placeholder`` meanwhile.
+    ``file_bytes``: its RLIMIT_FSIZE (default: the disk limit; ``DiskWatch.file_ceiling``)."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
@@ -260,6 +280,11 @@ def oci_config(
         else:
             mounts.append(_bind("/dev/null", path, writable=False))
     rlimits = [{"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
+    if file_bytes is None:
+        file_bytes = limits.disk_bytes
+    if file_bytes is not None:
+        n = file_bytes
+        rlimits.append({"type": "RLIMIT_FSIZE", "hard": n, "soft": n})
     if limits.max_processes is not None:
         n = limits.max_processes
         rlimits.append({"type": "RLIMIT_NPROC", "hard": n, "soft": n})

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from lodger.host.auth import require_admin
 from lodger.host.routes._deps import Grant, Input, Parts, Session
+from lodger.host.routes.events import MAX_OFFSET
 from lodger.host.routes.messages import Accepted, Key, message_out, stream_path
 
 __all__ = [
@@ -39,7 +40,13 @@ class AbandonTurn(Input):
 
 
 class ForkSession(Input):
-    at: int | None = Field(default=None, ge=0)
+    at: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_OFFSET,
+        description="how many of the parent's events the fork shares (at least its first; "
+        "409 fork_beyond_head past the parent's head); left out: all of them",
+    )
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )

@@ -22,7 +22,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from lodger.errors import LodgerError, UsageError
 from lodger.host.auth import Authenticator
@@ -210,11 +209,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 def _allowed(request: Request) -> str:
     """The methods of every route on the request's path (RFC 9110's ``Allow`` of a 405):
     routing names only the first route it found there, one method of several."""
+    routes = [*request.app.router.routes, *(r for router in ROUTERS for r in router.routes)]
+    path = request.scope["path"]
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods.update(getattr(route, "methods", None) or ())
+    for route in routes:
+        regex, named = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and named and regex.match(path):
+            methods.update(named)
     return ", ".join(sorted(methods))
 
 

@@ -72,7 +72,12 @@ async def test_a_revoke_names_exactly_one_of_token_and_id_as_its_document_says(
         auth = {"Authorization": f"Bearer {host.token}"}
         tid = "tok_0123456789abcdef"
         async with httpx2.AsyncClient(base_url=host.url, headers=auth, timeout=30) as raw:
-            for body in ({}, {"token": "lgr_x", "id": tid}, {"token": None}, {"token": None, "id": tid}):
+            for body in (
+                {},
+                {"token": "lgr_x", "id": tid},
+                {"token": None},
+                {"token": None, "id": tid},
+            ):
                 assert not _valid("RevokeToken", body), body
                 refused = await raw.post("/v1/tokens/revoke", json=body)
                 assert refused.status_code == 422, (body, refused.text)

@@ -26,8 +26,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
     5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
     6  permission_decided.decision park (the call waits for an answer given outside the run).
-    7  permission_decided.who and operator_decision.who (who decided: a host token's public
-       id, the CLI user, the policy rule).
+    7  permission_decided.who and operator_decision.who (who decided).
 """
 
 from __future__ import annotations

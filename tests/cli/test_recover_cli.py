@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,20 @@ def test_a_runner_keeps_nothing_a_command_retained(
     assert code != 0, err
     assert seen == [1, 1], seen  # each command kept its own, and it was freed after
     assert _common._RETAINED == []
+
+
+def test_a_decision_at_the_terminal_names_the_cli_user(interrupted: Path) -> None:
+    state = str(interrupted / "state")
+    user = pwd.getpwuid(os.getuid()).pw_name
+    code, out, err = cli("decide", "s1", "call-0-1", "--not-applied", "--state", state)
+    assert code == 0, err
+    code, out, _ = cli("log", "show", "s1", "--state", state, "--json")
+    assert code == 0
+    events = json.loads(out)["events"]
+    decisions = [e["body"] for e in events if e["body"]["kind"] == "operator_decision"]
+    assert [(d["decision"], d["by"], d["who"]) for d in decisions] == [
+        ("not_applied", "operator", f"cli:{user}")
+    ]
+    code, out, _ = cli("log", "show", "s1", "--state", state)
+    assert code == 0
+    assert f"not_applied by operator cli:{user}" in out

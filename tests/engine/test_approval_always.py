@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lodger import Agent, tool
-from lodger.engine.permissions import ALWAYS_REASON
+from lodger.engine.permissions import ALWAYS_REASON, Answered
 from lodger.engine.settings import Hooks
 from lodger.events import PermissionDecided, PermissionRequested, ToolResponded
 from lodger.providers import ScriptedModel
@@ -166,3 +166,38 @@ async def test_a_resumed_run_honours_always(tmp_path: Path) -> None:
         assert responded == ["deployed a", "deployed b"]
         last = (await decisions(b, "s1"))[-1]
         assert last[:3] == ("deploy", "allow", "user") and "always" in last[3]
+
+
+async def test_every_decision_says_who_decided(tmp_path: Path) -> None:
+    """``permission_decided.who``: the rule when the policy decides, whoever the approver
+    says answered (``Answered``), nobody for a bare answer."""
+    RAN.clear()
+    policy = PermissionPolicy(
+        [
+            Rule(pattern="wipe", decision="deny", arguments="prod*"),
+            Rule.parse("deploy(ci-*)", "allow"),
+        ]
+    )
+    script = [
+        calls("prod", name="wipe"),
+        calls("ci-1"),
+        calls("staging"),
+        calls("dev"),
+        {"text": "ok"},
+    ]
+    approver = Asker(Answered("once", "cli:alice"), "deny")
+    async with agent(tmp_path, ScriptedModel(script), approver, permissions=policy) as a:
+        await a.run("go", session="s1")
+        events = await a.session("s1").events()
+    decided = [
+        (e.body.tool, e.body.decision, e.body.by, e.body.who)
+        for e in events
+        if isinstance(e.body, PermissionDecided)
+    ]
+    assert decided == [
+        ("wipe", "deny", "policy", "rule 'wipe(prod*)'"),
+        ("deploy", "allow", "policy", "rule 'deploy(ci-*)'"),
+        ("deploy", "allow", "user", "cli:alice"),
+        ("deploy", "deny", "user", None),
+    ]
+    assert RAN == ["ci-1", "staging"]

@@ -17,6 +17,7 @@ from lodger.errors import ConfigError, CorruptLogError, LodgerError
 from lodger.events import Event, EventDraft, TurnStarted
 from lodger.host import HookConfig
 from lodger.host.feed import Feeds
+from lodger.host.routes.events import MAX_OFFSET
 from lodger.host.webhooks import load_hooks, sign
 from lodger.storage import EventLog, SqliteLogStore, Storage
 
@@ -33,7 +34,7 @@ async def test_offsets_past_what_storage_holds_are_a_4xx_not_a_500(tmp_path: Pat
         async with httpx2.AsyncClient(
             base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}, timeout=30
         ) as raw:
-            for start in (2**63, 10**30):
+            for start in (MAX_OFFSET + 1, 2**63, 10**30):
                 page = await raw.get(f"/v1/sessions/{sid}/events", params={"start": start})
                 assert page.status_code == 422, page.text
                 assert page.json()["error"]["code"] == "invalid_request"
@@ -53,7 +54,7 @@ async def test_offsets_past_what_storage_holds_are_a_4xx_not_a_500(tmp_path: Pat
                 assert resumed.status_code == 422, resumed.text
                 assert resumed.json()["error"]["code"] == "invalid_request"
             # the largest offsets still accepted read as "nothing there yet", cleanly
-            edge = await raw.get(f"/v1/sessions/{sid}/events", params={"start": 2**62})
+            edge = await raw.get(f"/v1/sessions/{sid}/events", params={"start": MAX_OFFSET})
             assert edge.status_code == 200 and edge.json()["events"] == []
             tail = await raw.get(
                 f"/v1/sessions/{sid}/stream",

@@ -130,3 +130,14 @@ async def test_fork_beyond_the_head_is_refused(storage: Storage) -> None:
         )
     assert info.value.code == "fork_beyond_head"
     assert not await storage.log.exists("c")
+
+
+async def test_a_fork_at_offset_zero_is_refused_as_sharing_nothing(storage: Storage) -> None:
+    await _parent(storage, 3)
+    with pytest.raises(UsageError) as info:
+        await fork_session(
+            storage.log, PARENT, fork_id="c", at=0, clock=ManualClock(), ids=SequentialIds()
+        )
+    assert info.value.code == "usage"  # not fork_beyond_head: 0 is not past the head
+    assert "shares at least the parent's first event" in info.value.message
+    assert not await storage.log.exists("c")

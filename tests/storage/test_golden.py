@@ -122,3 +122,15 @@ async def test_keyed_golden_without_its_key_fails_closed() -> None:
     assert (wrong.value.code, wrong.value.offset) == ("wrong_key", 0)
     assert GOLDEN_KEY.key_id in wrong.value.message
     assert other.key_id in wrong.value.message
+
+
+async def test_who_decided_is_absent_from_older_logs_and_kept_in_newer_ones() -> None:
+    """Schema 7's ``permission_decided.who``: a v6 log decodes without it (None)."""
+    _, _, old, _ = await replay(GOLDEN_DIR / "v6_parked_approval.jsonl")
+    _, _, new, _ = await replay(GOLDEN_DIR / "v7_decided_by.jsonl")
+    decided = "permission_decided"
+    assert {e.body.who for e in old if e.kind == decided} == {None}  # type: ignore[union-attr]
+    assert [e.body.who for e in new if e.kind == decided] == [  # type: ignore[union-attr]
+        "rule 'echo'",
+        "cli:golden",
+    ]

@@ -27,8 +27,9 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
+from lodger.cli._identity import cli_user
 from lodger.cli._render import visible
-from lodger.engine.permissions import ApprovalAnswer
+from lodger.engine.permissions import Answered, ApprovalAnswer
 from lodger.events import Event, ToolDispatched, ToolResponded
 from lodger.runtime.subagents import current_subagent
 from lodger.tools.spec import Tool
@@ -309,18 +310,19 @@ def _reader(console: Console, cancelled: threading.Event) -> Callable[[str], str
 def interactive_approver(terminal: Terminal) -> Callable[[Tool, dict[str, Any]], Any]:
     """The CLI's ``Approver``: asks at the terminal, one question at a time."""
 
-    async def approve(t: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
+    async def approve(t: Tool, arguments: dict[str, Any]) -> Answered:
         cancelled = threading.Event()
         child = current_subagent()  # a subagent's call: say which child asks
         who = f"subagent {child.session_id}: " if child is not None else ""
         try:
-            return await asyncio.to_thread(
+            answer = await asyncio.to_thread(
                 functools.partial(ask_approval, who=who),
                 terminal,
                 t,
                 arguments,
                 _reader(terminal.console, cancelled),
             )
+            return Answered(answer, cli_user())
         finally:
             cancelled.set()  # a stopped turn: the reading thread ends within 0.1 s
 

@@ -28,6 +28,7 @@ from lodger.cli._common import (
     state_option,
     storage_flags,
 )
+from lodger.cli._identity import cli_user
 from lodger.cli._next import command_for
 from lodger.cli._render import visible
 from lodger.cli._run import (
@@ -282,7 +283,7 @@ def decide(
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
         async with _outside_turns(dsn, session_id) as plane:
             made = await sessions.decide(
-                session_id, call_id, cast(Decision, decision), result=result
+                session_id, call_id, cast(Decision, decision), result=result, who=cli_user()
             )
             if plane is not None:
                 await _tell_control(plane, session_id, turn_over=decision == "abandon")
@@ -424,7 +425,7 @@ def abandon(
         require_log(log, state, session_id)
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
         async with _outside_turns(dsn, session_id) as plane:
-            made = await sessions.abandon(session_id, reason=reason)
+            made = await sessions.abandon(session_id, reason=reason, who=cli_user())
             if plane is not None:
                 await _tell_control(plane, session_id, turn_over=True)
         return made

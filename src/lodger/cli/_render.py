@@ -361,8 +361,13 @@ class _TimelineView:
             ]
         if isinstance(body, PermissionDecided):
             style = {"allow": "green", "park": "yellow"}.get(body.decision, "red")
-            reason = f" ({body.reason})" if body.reason else ""
-            return [("permission ", "bold"), (body.decision, style), f" by {body.by}{reason}"]
+            reason = f" ({body.reason})" if body.reason and body.reason != body.who else ""
+            who = f" {visible(body.who)}" if body.who else ""
+            return [
+                ("permission ", "bold"),
+                (body.decision, style),
+                f" by {body.by}{who}{visible(reason)}",
+            ]
         if isinstance(body, RecoveryObserved):
             note = f"  {clip(body.observation, self.limit(_PREVIEW))}" if body.observation else ""
             return [
@@ -385,7 +390,7 @@ class _TimelineView:
                 ("operator decision", "bold magenta"),
                 f"  op={body.operation_id} ",
                 (body.decision, "bold"),
-                f" by {body.by}{result}",
+                f" by {body.by}" + (f" {visible(body.who)}" if body.who else "") + result,
             ]
         return None
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALWAYS_REASON",
+    "Answered",
     "ApprovalAnswer",
     "ApprovalParked",
     "Approver",
@@ -58,12 +59,23 @@ __all__ = [
 
 ApprovalAnswer = Literal["once", "always", "deny", "park"]
 
-Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool | ApprovalAnswer]]
+
+@dataclass(frozen=True)
+class Answered:
+    """An approver's answer with who gave it (``permission_decided.who``):
+    ``Answered("once", "cli:alice")``, ``Answered(False, "token:tok_0123456789abcdef")``."""
+
+    answer: bool | ApprovalAnswer
+    who: str | None = None
+
+
+Approver = Callable[[Tool, dict[str, Any]], Awaitable[bool | ApprovalAnswer | Answered]]
 """The approval dialogue: asked for a decision on one call, returns ``"once"`` (or
 True) to allow it, ``"always"`` to allow this tool for the rest of the session,
 ``"deny"`` (or False) to refuse it, ``"park"`` to leave the call undispatched until the
-answer comes from outside the run (the run ends waiting; a resume asks again). The CLI
-asks at the terminal; a host asks its clients; a parking worker asks the control plane."""
+answer comes from outside the run (the run ends waiting; a resume asks again); wrapped in
+``Answered`` to say who answered. The CLI asks at the terminal; a host asks its clients;
+a parking worker asks the control plane."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,16 +148,20 @@ class PermissionGate:
         or ``ApprovalParked`` when the approver parked it (``may_park``, and only for a
         call the model proposed: inside a code cell a parked answer is a denial)."""
         decision, why = self.policy.decide(t, arguments)
+        who = self.policy.decider(t, arguments)
         if decision == "allow":
             if why != "default":
                 await journal.fact(
-                    PermissionDecided(tool=t.name, decision="allow", by="policy", reason=why),
+                    PermissionDecided(
+                        tool=t.name, decision="allow", by="policy", reason=why, who=who
+                    ),
                     env,
                 )
             return
         if decision == "deny":
             await journal.fact(
-                PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why), env
+                PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why, who=who),
+                env,
             )
             raise Rejection("denied", f"calling {t.name} is denied by policy ({why})")
         granted = journal.state.always_allowed.get(t.name)
@@ -199,14 +215,18 @@ class PermissionGate:
             # A parallel call of the same tool may have been allowed always meanwhile.
             granted = journal.state.always_allowed.get(t.name)
             answer: bool | ApprovalAnswer
+            who: str | None = None  # an "always" names its decider at its own offset
             if granted is not None:
                 answer = "once"
             else:
                 token = _ASKING.set(asking)
                 try:
-                    answer = await approver(t, arguments)
+                    given = await approver(t, arguments)
                 finally:
                     _ASKING.reset(token)
+                answer, who = (
+                    (given.answer, given.who) if isinstance(given, Answered) else (given, None)
+                )
             if answer == "park" and may_park:
                 await journal.fact(
                     PermissionDecided(
@@ -214,6 +234,7 @@ class PermissionGate:
                         decision="park",
                         by="user",
                         reason="waiting for an answer given outside this run",
+                        who=who,
                     ),
                     env,
                 )
@@ -234,7 +255,11 @@ class PermissionGate:
                 reason = ALWAYS_REASON if answer == "always" else ""
             await journal.fact(
                 PermissionDecided(
-                    tool=t.name, decision="allow" if allowed else "deny", by="user", reason=reason
+                    tool=t.name,
+                    decision="allow" if allowed else "deny",
+                    by="user",
+                    reason=reason,
+                    who=who,
                 ),
                 env,
             )

@@ -647,8 +647,10 @@ async def decide(
     clock: Clock,
     ids: IdFactory,
     by: str = "operator",
+    who: str | None = None,
 ) -> list[Event]:
-    """Record an operator decision on an indeterminate or parked call of the open turn."""
+    """Record an operator decision on an indeterminate or parked call of the open turn
+    (``who``: the operator, ``operator_decision.who``)."""
     session_id = writer.session_id
     if not state.events:
         raise _no_log(session_id)
@@ -676,7 +678,7 @@ async def decide(
         planned,
         plan.turn_id,
         OperatorDecision(
-            operation_id=planned.operation_id, decision=decision, result=result, by=by
+            operation_id=planned.operation_id, decision=decision, result=result, by=by, who=who
         ),
     )
     if decision == "abandon":
@@ -694,8 +696,9 @@ async def abandon(
     clock: Clock,
     ids: IdFactory,
     by: str = "operator",
+    who: str | None = None,
 ) -> list[Event]:
-    """End the session's open turn as abandoned by an operator, whatever blocks it.
+    """End the session's open turn as abandoned by an operator (``who``), whatever blocks it.
 
     Needs no parked call and no workspace: every call whose outcome is unknown gets an
     ``abandon`` decision, an open run ends ``abandoned``, and ``turn_ended`` (origin
@@ -716,7 +719,9 @@ async def abandon(
             facts.decision(
                 planned,
                 plan.turn_id,
-                OperatorDecision(operation_id=planned.operation_id, decision="abandon", by=by),
+                OperatorDecision(
+                    operation_id=planned.operation_id, decision="abandon", by=by, who=who
+                ),
             )
     facts.end_turn(plan, reason)
     events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)

@@ -26,6 +26,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     4  run_started.workspace and workspace_id (a relocating resume); turn_ended.reason.
     5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
     6  permission_decided.decision park (the call waits for an answer given outside the run).
+    7  permission_decided.who and operator_decision.who (who decided).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
@@ -105,6 +106,7 @@ SCHEMA_CHANGELOG: Mapping[int, str] = {
     4: "run_started.workspace and workspace_id (a relocating resume); turn_ended.reason",
     5: "output_rejected; turn_ended.output (structured output); call_rejected reason vetoed",
     6: "permission_decided.decision park (the call waits for an answer given outside the run)",
+    7: "permission_decided.who and operator_decision.who (who decided)",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -287,6 +289,10 @@ class PermissionDecided(_Value):
     decision: Literal["allow", "deny", "park"]
     by: Literal["policy", "user", "operator", "default"]
     reason: str = ""
+    #: who decided (schema 7; None in older logs and where nobody did, as a default
+    #: denial): ``token:tok_...`` (a host token's public id, never the token),
+    #: ``cli:<user>`` (the terminal's OS user), ``rule 'shell(rm *)'`` (the policy)
+    who: str | None = None
 
 
 class ToolDispatched(_Value):
@@ -341,6 +347,8 @@ class OperatorDecision(_Value):
     decision: DecisionAction
     result: str | None = None
     by: str = "operator"
+    #: who decided, as ``permission_decided.who`` says (schema 7; None in older logs)
+    who: str | None = None
 
 
 class ArtifactStored(_Value):

@@ -51,8 +51,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "bad input (the engine's error code says what)"),
         (401, "no token, or an unknown one"),
         (403, "the token's scope does not cover this"),
-        (404, "no such session, call or artifact"),
-        (409, "a conflict: answered already, key reused, session busy or blocked"),
+        (404, "no such session, call, message, artifact or model"),
+        (
+            409,
+            "a conflict with the session's state: answered already, key reused, busy, blocked, "
+            "or a fork past its head",
+        ),
         (413, "the request body is too large"),
         (422, "the request does not match the schema"),
     )
@@ -196,7 +200,23 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = "not_found" if exc.status_code == 404 else "invalid_request"
     error = UsageError(str(exc.detail), code=code)
-    return JSONResponse(error_body(error), status_code=exc.status_code)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed(request)
+    return JSONResponse(error_body(error), status_code=exc.status_code, headers=headers)
+
+
+def _allowed(request: Request) -> str:
+    """The methods of every route on the request's path (RFC 9110's ``Allow`` of a 405):
+    routing names only the first route it found there, one method of several."""
+    routes = [*request.app.router.routes, *(r for router in ROUTERS for r in router.routes)]
+    path = request.scope["path"]
+    methods: set[str] = set()
+    for route in routes:
+        regex, named = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and named and regex.match(path):
+            methods.update(named)
+    return ", ".join(sorted(methods))
 
 
 def _counting(metrics: HostMetrics) -> Callable[[Request, Any], Awaitable[Response]]:

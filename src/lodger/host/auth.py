@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from lodger.errors import HostAuthError
-from lodger.storage.control.host_index import HostControl, TokenGrant, hash_token
+from lodger.storage.control.host_index import HostControl, TokenGrant, hash_token, token_id
 
 __all__ = ["COOKIE", "TOKEN_ENVVAR", "Authenticator", "bearer", "new_token"]
 
@@ -82,6 +82,12 @@ class Authenticator:
         token = value.strip() if scheme.lower() == "bearer" else ""
         token = token or request.cookies.get(COOKIE, "")
         return hash_token(token) if token else None
+
+    def who(self, request: Request) -> str:
+        """Who a request is, for the facts it decides (``permission_decided.who``): its
+        token's public id, ``token:tok_...`` (never the token, which only hashes reach)."""
+        digest = self.presented(request)
+        return f"token:{token_id(digest)}" if digest else "token:unknown"
 
     def forget_hash(self, token_hash: str) -> None:
         """Drop a token's cached grant (it was revoked here: refuse it from now on)."""

@@ -28,8 +28,23 @@ from lodger.errors import (
 
 __all__ = ["ErrorBody", "ErrorDetail", "HostStep", "error_body", "status_for"]
 
-_NOT_FOUND_CODES = {"no_such_call", "not_found", "unknown_hook", "artifact_missing"}
-_CONFLICT_CODES = {"nothing_to_resume", "nothing_to_decide", "nothing_to_abandon"}
+#: a well-formed request naming something this host does not have (a model it does not
+#: offer is one: the host's configuration decides which exist)
+_NOT_FOUND_CODES = {
+    "no_such_call",
+    "not_found",
+    "unknown_hook",
+    "artifact_missing",
+    "model_not_allowed",
+}
+#: a request the session's current state refuses (a fork past the log's head may succeed
+#: once the log has grown)
+_CONFLICT_CODES = {
+    "nothing_to_resume",
+    "nothing_to_decide",
+    "nothing_to_abandon",
+    "fork_beyond_head",
+}
 
 
 class HostStep(BaseModel):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.loop import TurnResult
+from lodger.engine.permissions import Answered
 from lodger.errors import (
     HostConflictError,
     LodgerError,
@@ -83,7 +84,7 @@ class HostConfig:
 class _Asked:
     """A call waiting for an approval in this process."""
 
-    future: asyncio.Future[bool]
+    future: asyncio.Future[Answered]
     parked: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -346,7 +347,7 @@ class Hub:
     # ------------------------------------------------------------ approvals
 
     def _approver(self, session_id: str) -> Callable[[Tool, dict[str, Any]], Any]:
-        async def approve(tool: Tool, arguments: dict[str, Any]) -> bool:
+        async def approve(tool: Tool, arguments: dict[str, Any]) -> bool | Answered:
             call_id = _ASKING.get()
             if call_id is None:  # the gate asked without a fact: never allow blindly
                 return False
@@ -395,13 +396,14 @@ class Hub:
         turn goes on when a client resumes it (``POST .../resume``)."""
 
     async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
-        """Decide a parked call once: the first answer wins, any later one is a conflict."""
+        """Decide a parked call once: the first answer wins, any later one is a conflict.
+        ``by`` names who answered (``token:tok_...``); the decision's fact records it."""
         asked = self._asked.get((session_id, call_id))
         if asked is not None:
             await asked.parked.wait()  # the fact can reach a client before the index does
         approval = await self.control.answer(session_id, call_id, allow=allow, by=by)
         if asked is not None and not asked.future.done():
-            asked.future.set_result(allow)
+            asked.future.set_result(Answered("once" if allow else "deny", by))
         return approval
 
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lodger.engine.permissions import ApprovalAnswer, Approver, current_ask
+from lodger.engine.permissions import Answered, ApprovalAnswer, Approver, current_ask
 from lodger.errors import ControlPlaneError
 from lodger.events import Event, PermissionRequested
 from lodger.storage.control.interface import Approvals
@@ -72,18 +72,23 @@ class ControlApprovals:
         return on_event
 
     def approver(self, session_id: str) -> Approver:
-        async def approve(tool: Tool, arguments: dict[str, Any]) -> bool:
+        async def approve(tool: Tool, arguments: dict[str, Any]) -> bool | Answered:
             ask = current_ask()  # set by the gate in this call's own task
             asking = (ask.call_id, ask.summary) if ask and ask.call_id else _ASKING.get()
             if asking is None:  # the gate asked without a fact: never allow blindly
                 return False
             call_id, summary = asking
-            return await self.wait(session_id, call_id, tool=tool.name, summary=summary)
+            return await self.answered(session_id, call_id, tool=tool.name, summary=summary)
 
         return approve
 
     async def wait(self, session_id: str, call_id: str, *, tool: str, summary: str) -> bool:
         """Ask and wait for the answer: True only for ``allow``."""
+        answered = await self.answered(session_id, call_id, tool=tool, summary=summary)
+        return answered.answer is True
+
+    async def answered(self, session_id: str, call_id: str, *, tool: str, summary: str) -> Answered:
+        """Ask and wait for the answer: allowed only for ``allow``, with who answered."""
         asked = await self.control.ask_approval(
             session_id=session_id,
             call_id=call_id,
@@ -95,7 +100,7 @@ class ControlApprovals:
         # The control plane's clock judges the deadline; this one only stops a worker
         # that cannot reach the control plane any more from waiting for ever.
         give_up = time.monotonic() + self.wait_s + 30.0
-        status = asked.status
+        status, who = asked.status, asked.answered_by
         while status == "pending":
             await asyncio.sleep(self.poll_s)
             try:
@@ -103,12 +108,13 @@ class ControlApprovals:
             except ControlPlaneError as exc:
                 log.warning("waiting for the approval of %s: %s", call_id, exc.message)
                 if time.monotonic() >= give_up:
-                    return False
+                    return Answered(False)
                 continue
             status = "expired" if found is None else found.status
+            who = None if found is None else found.answered_by
         if status == "expired":
             log.warning("approval of call %s in session %s expired: denied", call_id, session_id)
-        return status == "allow"
+        return Answered(status == "allow", who if status in ("allow", "deny") else None)
 
 
 class ParkingApprovals:
@@ -124,7 +130,7 @@ class ParkingApprovals:
         self.control = control
 
     def approver(self, session_id: str) -> Approver:
-        async def approve(tool: Tool, arguments: dict[str, Any]) -> ApprovalAnswer:
+        async def approve(tool: Tool, arguments: dict[str, Any]) -> ApprovalAnswer | Answered:
             ask = current_ask()
             if ask is None or ask.call_id is None:  # no call to ask about: never allow
                 return "deny"
@@ -144,11 +150,12 @@ class ParkingApprovals:
                 # a re-dispatch by recovery), a denial that says why
                 return "park"
             if found.status == "allow":
-                return "once"
+                return Answered("once", found.answered_by)
             if found.status == "expired":
                 log.warning(
                     "approval of call %s in session %s expired: denied", ask.call_id, session_id
                 )
-            return "deny"
+                return "deny"
+            return Answered("deny", found.answered_by)
 
         return approve

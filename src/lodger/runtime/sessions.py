@@ -219,25 +219,44 @@ class Sessions:
             return await drive_detached_child(agent, session_id)
 
     async def decide(
-        self, session_id: str, call_id: str, decision: Decision, *, result: str | None = None
+        self,
+        session_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        result: str | None = None,
+        who: str | None = None,
     ) -> list[Event]:
-        """Record an operator decision on a parked or indeterminate call, as a fact."""
+        """Record an operator decision on a parked or indeterminate call, as a fact;
+        ``who`` names the operator (``cli:<user>``, ``token:tok_...``)."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
         try:
             return await decide(
-                writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
+                writer,
+                state,
+                call_id,
+                decision,
+                result=result,
+                clock=self.clock,
+                ids=self.ids,
+                who=who,
             )
         finally:
             await writer.close()
 
-    async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
+    async def abandon(
+        self, session_id: str, *, reason: str | None = None, who: str | None = None
+    ) -> list[Event]:
         """End the session's open turn as abandoned, as facts; needs no workspace, model or
-        tools. A new turn on the session starts fresh afterwards."""
+        tools. A new turn on the session starts fresh afterwards. ``who`` names the
+        operator, as ``decide`` does."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
         try:
-            return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+            return await abandon(
+                writer, state, reason=reason, clock=self.clock, ids=self.ids, who=who
+            )
         finally:
             await writer.close()
 

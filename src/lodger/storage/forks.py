@@ -70,12 +70,28 @@ async def fork_session(
     check_session_id(fork_id)
     parent_events = await log.read_all(parent_id)  # verifies the chain and the head
     high_water = len(parent_events) if at is None else at
-    if not 1 <= high_water <= len(parent_events):
+    if at is not None and at < 1:
+        # an empty prefix shares nothing: that is a new session, not a fork
         raise UsageError(
-            f"cannot fork session {parent_id!r} at offset {high_water}: its log holds "
-            f"offsets 0 to {len(parent_events) - 1}",
+            f"cannot fork session {parent_id!r} at offset {at}: a fork shares at least the "
+            "parent's first event",
+            hint="fork at an offset from 1 to the parent's event count, or start a new session",
+            code="usage",
+            session_id=parent_id,
+            offset=at,
+        )
+    if not 1 <= high_water <= len(parent_events):
+        held = (
+            f"its log holds offsets 0 to {len(parent_events) - 1}"
+            if parent_events
+            else "its log holds no event yet"
+        )
+        raise UsageError(
+            f"cannot fork session {parent_id!r} at offset {high_water}: {held}",
             hint=f"fork at an offset from 1 to {len(parent_events)} (the events before it "
-            "are shared)",
+            "are shared)"
+            if parent_events
+            else "fork it once it has run a turn",
             code="fork_beyond_head",
             session_id=parent_id,
             offset=high_water,

@@ -74,3 +74,13 @@ class PermissionPolicy:
                 return "allow", "approval required; the run approves all"
             return "ask", "approval required"
         return "allow", "default"
+
+    def decider(self, tool: Tool, arguments: dict[str, Any] | None = None) -> str:
+        """Who decides the call when the policy does (``permission_decided.who``): the
+        first matching rule (``rule 'shell(rm *)'``), else ``approve_all`` or ``default``."""
+        for rule in self.rules:
+            if rule.matches(tool, arguments):
+                if rule.decision == "ask" and self.approve_all:
+                    return "approve_all"  # the rule asks; the run's approve-all answers
+                return f"rule {rule.text!r}"
+        return "approve_all" if self.approve_all and tool.approval else "default"

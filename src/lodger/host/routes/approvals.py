@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel
 
 from lodger.host.routes._deps import Grant, Input, Parts, Session
@@ -52,11 +52,12 @@ async def answer(
     session_id: Session,
     call_id: Annotated[str, Path(min_length=1, max_length=200)],
     body: Answer,
-    who: Grant,
+    request: Request,
     host: Parts,
 ) -> ApprovalOut:
-    """Answer a parked call; the first answer wins, a later one gets 409."""
+    """Answer a parked call; the first answer wins, a later one gets 409. The decision
+    records who answered: the token's public id (``answered_by``: ``token:tok_...``)."""
     decided = await host.hub.answer(
-        session_id, call_id, allow=body.decision == "allow", by=who.label or who.scope
+        session_id, call_id, allow=body.decision == "allow", by=host.auth.who(request)
     )
     return ApprovalOut(**decided.to_dict())

@@ -23,8 +23,11 @@ from lodger.host.routes._deps import HostParts, Parts, Session
 
 __all__ = ["MAX_OFFSET", "EventPage", "event_json", "router"]
 
-#: the largest offset a request may name: storage keeps offsets as signed 64-bit integers
-MAX_OFFSET = 2**62
+#: the largest offset (or message id) a request may name: 2**53 - 1, the largest integer
+#: every JSON parser holds exactly (a float's 53 bits; JavaScript's MAX_SAFE_INTEGER), so a
+#: client's tooling and the host agree on what is in range; far below the signed 64 bits
+#: storage binds
+MAX_OFFSET = 2**53 - 1
 
 
 class EventPage(BaseModel):
@@ -64,7 +67,7 @@ async def stream(
     host: Parts,
     start: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
     follow: bool = True,
-    last_event_id: Annotated[  # at most 18 digits: below MAX_OFFSET
+    last_event_id: Annotated[  # at most 18 digits: below 2**63, what storage binds
         str | None, Header(alias="Last-Event-ID", max_length=18, pattern=r"^[0-9]+$")
     ] = None,
 ) -> StreamingResponse:

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from lodger.errors import UsageError
 from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes.events import MAX_OFFSET
 from lodger.storage.control.host_index import Message
 
 __all__ = [
@@ -105,7 +106,7 @@ async def send(
 
 @router.get("/v1/sessions/{session_id}/messages/{message_id}", tags=["sessions"])
 async def show_message(
-    session_id: Session, message_id: Annotated[int, Path(ge=0, le=2**62)], host: Parts
+    session_id: Session, message_id: Annotated[int, Path(ge=0, le=MAX_OFFSET)], host: Parts
 ) -> MessageOut:
     found = await host.hub.message(session_id, message_id)
     if found is None:

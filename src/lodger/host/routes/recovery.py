@@ -6,11 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from lodger.host.auth import require_admin
 from lodger.host.routes._deps import Grant, Input, Parts, Session
+from lodger.host.routes.events import MAX_OFFSET
 from lodger.host.routes.messages import Accepted, Key, message_out, stream_path
 
 __all__ = [
@@ -39,7 +40,13 @@ class AbandonTurn(Input):
 
 
 class ForkSession(Input):
-    at: int | None = Field(default=None, ge=0)
+    at: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_OFFSET,
+        description="how many of the parent's events the fork shares (at least its first; "
+        "409 fork_beyond_head past the parent's head); left out: all of them",
+    )
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )
@@ -67,12 +74,17 @@ async def recovery(session_id: Session, host: Parts) -> dict[str, Any]:
 
 
 @router.post("/v1/sessions/{session_id}/decide", tags=["recovery"])
-async def decide(session_id: Session, body: DecideCall, host: Parts) -> Facts:
-    """An operator decision on a parked call, appended as a fact."""
+async def decide(session_id: Session, body: DecideCall, request: Request, host: Parts) -> Facts:
+    """An operator decision on a parked call, appended as a fact that names the token
+    (its public id) as the operator."""
     hub = host.hub
     async with hub.exclusive(session_id):
         made = await host.sessions.decide(
-            session_id, body.call_id, body.decision, result=body.result
+            session_id,
+            body.call_id,
+            body.decision,
+            result=body.result,
+            who=host.auth.who(request),
         )
         if body.decision == "abandon":
             await hub.abandoned(session_id)
@@ -83,10 +95,12 @@ async def decide(session_id: Session, body: DecideCall, host: Parts) -> Facts:
 
 
 @router.post("/v1/sessions/{session_id}/abandon", tags=["recovery"])
-async def abandon(session_id: Session, body: AbandonTurn, host: Parts) -> Facts:
+async def abandon(session_id: Session, body: AbandonTurn, request: Request, host: Parts) -> Facts:
     hub = host.hub
     async with hub.exclusive(session_id):
-        made = await host.sessions.abandon(session_id, reason=body.reason)
+        made = await host.sessions.abandon(
+            session_id, reason=body.reason, who=host.auth.who(request)
+        )
         await hub.abandoned(session_id)
     hub.publish(session_id, made)
     return Facts(offsets=[e.offset for e in made])

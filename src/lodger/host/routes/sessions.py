@@ -18,7 +18,13 @@ class CreateSession(Input):
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )
-    model: str | None = Field(default=None, max_length=500)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="one of the models this host offers (404 model_not_allowed otherwise); "
+        "left out: the host's default",
+    )
     message: str | None = Field(default=None, max_length=200_000)
     idempotency_key: Key | None = None
 

@@ -6,10 +6,10 @@ made, and listed by its public ``id``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lodger.errors import HostConflictError
 from lodger.host.auth import COOKIE, new_token, require_admin
@@ -34,16 +34,34 @@ class MakeToken(Input):
     label: str = Field(default="", max_length=200)
 
 
+def _exactly_one_name(schema: dict[str, Any]) -> None:
+    """The document says what the validator holds: exactly one of ``token`` and ``id``,
+    each a string (an explicit null names nothing and is refused)."""
+    props = schema["properties"]
+    for name in _REVOKE_BY:
+        (string,) = [s for s in props[name].pop("anyOf") if s.get("type") == "string"]
+        props[name].update(string)
+        props[name].pop("default", None)
+    schema["oneOf"] = [{"required": [name]} for name in _REVOKE_BY]
+
+
+_REVOKE_BY = ("token", "id")
+
+
 class RevokeToken(Input):
-    """Name the token itself, or (admin only) its ``id`` from ``GET /v1/tokens``."""
+    """Name the token itself, or (admin only) its ``id`` from ``GET /v1/tokens``: exactly
+    one of the two."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_exactly_one_name)
 
     token: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
     id: str | None = Field(default=None, pattern=r"^tok_[0-9a-f]{16}$")
 
     @model_validator(mode="after")
     def _one_of(self) -> RevokeToken:
-        if (self.token is None) == (self.id is None):
-            raise ValueError("name exactly one of token and id")
+        named = [name for name in _REVOKE_BY if name in self.model_fields_set]
+        if len(named) != 1 or getattr(self, named[0]) is None:
+            raise ValueError("name exactly one of token and id, as a string")
         return self
 
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,6 @@ from typing import Any, Literal
 
 from lodger.errors import StorageError
 from lodger.storage.artifacts import ArtifactStore, FileArtifactStore, check_sha256
-from lodger.storage.objectartifacts import ObjectArtifactStore, blob_key
 
 __all__ = ["BlobDamage", "SnapshotCheck", "check_snapshots"]
 
@@ -254,6 +254,9 @@ def blob_location(blobs: ArtifactStore, sha256: str) -> str:
     """Where ``sha256`` lives in ``blobs``: its object key, or its file's path."""
     if isinstance(blobs, FileArtifactStore):
         return str(blobs.root / sha256[:2] / sha256)
-    if isinstance(blobs, ObjectArtifactStore):
-        return blob_key(sha256)
+    # an object store's blobs exist only once its module (the ``s3`` extra) is loaded:
+    # looked up, not imported, so checking a SQLite state directory needs no obstore
+    objects = sys.modules.get("lodger.storage.objectartifacts")
+    if objects is not None and isinstance(blobs, objects.ObjectArtifactStore):
+        return str(objects.blob_key(sha256))
     return sha256

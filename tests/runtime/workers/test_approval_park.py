@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from lodger import tool
 from lodger.cli import main
-from lodger.engine.permissions import _ASKING, Asking
+from lodger.engine.permissions import _ASKING, Answered, Asking
 from lodger.events import (
     EventDraft,
     TurnEnded,
@@ -169,10 +169,10 @@ async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> 
     await _park(plane, "c1")
     assert await answer_for("c1") == "park"  # asked, not answered
     await plane.answer_approval(session_id="s1", call_id="c1", allow=True, by="op")
-    assert await answer_for("c1") == "once"
+    assert await answer_for("c1") == Answered("once", "op")  # and who answered
     await _park(plane, "c2")
     await plane.answer_approval(session_id="s1", call_id="c2", allow=False, by="op")
-    assert await answer_for("c2") == "deny"
+    assert await answer_for("c2") == Answered("deny", "op")
     await _park(plane, "c3", expires_s=0.2)
     await asyncio.sleep(0.4)
     assert await answer_for("c3") == "deny"  # expired
@@ -180,7 +180,7 @@ async def test_the_parking_approver_reads_the_answer(plane: SqlControlPlane) -> 
     assert await answer_for("c4", may_park=False) == "park"
     assert await plane.poll_approval(session_id="s1", call_id="c4") is None
     # ... but an answer given already stands there too (a re-dispatch after a crash)
-    assert await answer_for("c1", may_park=False) == "once"
+    assert await answer_for("c1", may_park=False) == Answered("once", "op")
 
 
 async def _noop(arguments: dict[str, Any], ctx: Any) -> str:

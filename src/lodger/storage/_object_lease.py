@@ -227,12 +227,16 @@ class StoreLease:
             self.key = None
             raise self._locked(holder)
 
-    async def _newer(self) -> dict[str, Any] | None:
-        """The record of a generation newer than ours, if there is one."""
-        assert self.key is not None
-        for _, key in await self._generations():
-            if key > self.key:
-                return await self._read(key) or {}
+    async def _taken(self) -> str | None:
+        """Why the lease is no longer ours (a newer generation, or ours removed by a
+        taker after it lapsed), None while it is."""
+        keys = [key for _, key in await self._generations()]
+        for key in keys:
+            if self.key is not None and key > self.key:
+                newer = await self._read(key) or {}
+                return f"{describe(newer)} (run {newer.get('run')}) took it over"
+        if self.key not in keys:
+            return "it lapsed and another writer took the session meanwhile"
         return None
 
     async def _renew(self) -> None:
@@ -242,17 +246,14 @@ class StoreLease:
                 await self._refresh()
 
     async def _refresh(self) -> None:
-        newer = await self._newer()
-        if newer is not None:
-            self.lost = f"{describe(newer)} (run {newer.get('run')}) took it over"
-            return
-        if self.key is not None:
+        self.lost = await self._taken()
+        if self.lost is None and self.key is not None:
             await self._write(self.key, create=False)
 
     async def check(self) -> None:
         """Before an append: refuse it when the lease is lost; when it lapsed on our own
         clock (this process was paused), look at the listing before going on."""
-        if self.lost is None and self._clock_us() >= self.expires_us:
+        if self.lost is None and self.key is not None and self._clock_us() >= self.expires_us:
             await self._refresh()
         if self.lost is not None:
             raise LeaseLostError(

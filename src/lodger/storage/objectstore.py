@@ -200,7 +200,8 @@ class ObjectLogStore:
     the same URL share it); ``local_root`` is the directory of a ``LocalStore``, whose
     objects and directories are fsynced after each put (L4); ``clock_us`` dates manifests
     for the garbage collector's grace period. ``lease_ttl_s`` is how long a writer's
-    lease object outlives its last renewal; ``check_create_only`` (default: unless the
+    lease object outlives its last renewal (``writer_lease=False`` takes none: only for
+    tests of the fence beneath it); ``check_create_only`` (default: unless the
     store is in memory) proves the store fences before its first writer.
     """
 
@@ -218,6 +219,7 @@ class ObjectLogStore:
         lease_ttl_s: float = LEASE_TTL_S,
         check_create_only: bool | None = None,
         probe_scope: str | None = None,
+        writer_lease: bool = True,
     ) -> None:
         if compact_after is not None and compact_after < 2:
             raise UsageError(
@@ -240,6 +242,7 @@ class ObjectLogStore:
         self._tail_segments: dict[str, int] = {}
         self._leases: list[_ObjectLease] = []
         self.lease_ttl_s = lease_ttl_s
+        self.writer_lease = writer_lease
         self._shared: dict[str, StoreLease] = {}  # session -> this store's lease object
         if check_create_only is None:
             from obstore.store import MemoryStore
@@ -548,7 +551,8 @@ class ObjectLogStore:
         _WRITERS[key] = number
         shared = StoreLease(self.store, session_id, ttl_s=self.lease_ttl_s)
         try:
-            await shared.acquire()
+            if self.writer_lease:
+                await shared.acquire()
         except BaseException:
             if _WRITERS.get(key) == number:
                 del _WRITERS[key]
@@ -556,7 +560,8 @@ class ObjectLogStore:
         finally:
             self.lease_requests += shared.requests
             shared.requests = 0
-        self._shared[session_id] = shared
+        if self.writer_lease:
+            self._shared[session_id] = shared
         self._tails.pop(session_id, None)  # a new writer re-checks the stored head
         lease = _ObjectLease(self, key, number, shared)
         self._leases.append(lease)

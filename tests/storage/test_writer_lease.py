@@ -113,6 +113,7 @@ def _refused_by(done: subprocess.CompletedProcess[str], holder: subprocess.Popen
     assert f"pid {holder.pid} on " in first
 
 
+@pytest.mark.slow  # real processes, ~8-20 s on a loaded machine
 def test_a_second_run_is_refused_and_the_live_turn_completes(
     tmp_path: Path, where: list[str]
 ) -> None:
@@ -136,6 +137,7 @@ def test_a_second_run_is_refused_and_the_live_turn_completes(
     assert not any("park" in k or "indeterminate" in json.dumps(e) for k, e in zip(kinds, events))
 
 
+@pytest.mark.slow  # real processes, ~8-20 s on a loaded machine
 def test_a_paused_holder_is_taken_over_after_its_lease_lapses_and_then_fenced(
     tmp_path: Path, where: list[str]
 ) -> None:
@@ -175,6 +177,7 @@ def test_a_killed_holder_is_taken_over_at_once_on_its_own_machine(
     assert "t1_without_t2" in taken.stdout + taken.stderr  # it judged the dead call
 
 
+@pytest.mark.slow  # real processes, ~8-20 s on a loaded machine
 def test_deleting_locks_under_a_live_sqlite_run_lets_no_second_writer_in(
     tmp_path: Path,
 ) -> None:

@@ -40,9 +40,9 @@ from lodger.errors import (
     CommitFailedError,
     ControlPlaneError,
     LeaseLostError,
-    SessionLockedError,
     LodgerError,
     ResumeBlockedError,
+    SessionLockedError,
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S

@@ -63,7 +63,7 @@ def alive(record: dict[str, Any]) -> bool | None:
     pid = record.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return None
-    return _start_time(pid) == record["start"]
+    return _start_time(pid) == str(record["start"])
 
 
 def describe(record: dict[str, Any]) -> str:

@@ -151,9 +151,7 @@ class StoreLease:
         body = json.dumps({**self.record, "expires_us": expires}).encode()
         self.requests += 1
         try:
-            await obstore.put_async(
-                self.store, key, body, mode="create" if create else "overwrite"
-            )
+            await obstore.put_async(self.store, key, body, mode="create" if create else "overwrite")
         except AlreadyExistsError:
             return False
         except (BaseError, OSError) as exc:

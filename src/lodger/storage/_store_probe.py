@@ -11,6 +11,7 @@ only (one HEAD), and this process remembers the answer per store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -84,10 +85,9 @@ async def _probe(store: ObjectStore, key: str, name: str) -> int:
     except (BaseError, OSError) as exc:
         raise _failed("PUT", key, name, exc) from exc
     finally:
-        try:
+        # a leftover probe object is harmless
+        with contextlib.suppress(FileNotFoundError, NotFoundError, BaseError, OSError):
             await obstore.delete_async(store, key)
-        except (FileNotFoundError, NotFoundError, BaseError, OSError):
-            pass  # a leftover probe object is harmless
     raise StorageError(
         f"object store {name} cannot fence writers: it accepted a second create-only PUT "
         "of the same key (it lacks If-None-Match on PUT); lodger writes no session there",

@@ -49,9 +49,9 @@ from lodger.errors import (
     SessionLockedError,
     StorageError,
 )
-from lodger.storage._writer_record import claim_writer, disclaim_writer
 from lodger.storage._heads import HeadFiles, head_missing
 from lodger.storage._worker import IoThread
+from lodger.storage._writer_record import claim_writer, disclaim_writer
 from lodger.storage.checkpoints import FileCheckpoints
 from lodger.storage.logstore import Record
 

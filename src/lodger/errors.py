@@ -485,6 +485,7 @@ ErrorCode = Literal[
     "append_conflict",
     "writer_fenced",
     "object_store",
+    "store_cannot_fence",
     "invalid_store_url",
     "fork_beyond_head",
     "session_locked",

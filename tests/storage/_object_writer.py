@@ -28,10 +28,15 @@ def make_draft(name: str, n: int) -> EventDraft:
 
 def open_log(url: str, name: str) -> EventLog:
     where = open_object_store(url)
-    # a distinct identity per writer: two processes never share an in-process lease
+    # a distinct identity per writer: two processes never share an in-process lease; and
+    # no lease object: these writers each believe they hold the session, and the segment
+    # keys alone must fence them (the lease refusing them is tested in test_writer_lease)
     return EventLog(
         ObjectLogStore(
-            where.store, identity=f"{where.identity}#{name}", local_root=where.local_root
+            where.store,
+            identity=f"{where.identity}#{name}",
+            local_root=where.local_root,
+            writer_lease=False,
         )
     )
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 BUCKET = "lodger-tests"
 CREDENTIALS = {
@@ -77,3 +78,45 @@ def running_s3_server() -> Iterator[S3Server]:
 
 def set_credentials(environ: dict[str, str] | None = None) -> None:
     (os.environ if environ is None else environ).update(CREDENTIALS)
+
+
+S3RVER = Path(__file__).resolve().parents[1] / "s3_servers" / "node_modules" / ".bin" / "s3rver"
+#: s3rver's built-in account
+S3RVER_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@contextlib.contextmanager
+def running_s3rver(data_dir: Path) -> Iterator[S3Server]:
+    """s3rver (npm), an S3-compatible server that ignores ``If-None-Match`` on PUT.
+    Installed by scripts/install.sh; a missing one fails the test (CI installs it)."""
+    if not S3RVER.exists():
+        raise RuntimeError(f"s3rver is not installed at {S3RVER}: run scripts/install.sh")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(S3RVER), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent",
+         "--configure-bucket", BUCKET],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"s3rver exited with {proc.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("s3rver did not start within 60 s")
+            time.sleep(0.05)
+        yield S3Server(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -187,6 +187,10 @@ async def test_a_stale_writer_is_still_fenced_between_checkpoints(tmp_path: Path
     stale = await first.open_writer(SID)
     await stale.append([make_draft("a", 0)], expected_offset=0)
     await stale.append([make_draft("a", 1)], expected_offset=1)
+    # its lease object is lost (deleted, or judged lapsed on a skewed clock) while it
+    # still believes it holds it: the segment keys alone must fence it
+    for key in list(where.store.list(f"sessions/{SID}/lease/").collect()):
+        where.store.delete(key["path"])
     # another process takes over (no head covers offset 1 yet) and appends at 2
     async with await second.open_writer(SID) as fresh:
         assert fresh.head.high_water == 2

@@ -331,14 +331,17 @@ async def test_a_retried_put_of_the_same_bytes_is_the_writers_own_commit(url: st
     never-retry call parked though its effect never ran). The object is now read back:
     the same bytes are this writer's commit; other bytes still fence."""
     where = open_object_store(url)
-    log = EventLog(_LostResponses(where.store, identity=where.identity))
+    # no lease objects: the late writer and its rival each believe they hold the session
+    log = EventLog(_LostResponses(where.store, identity=where.identity, writer_lease=False))
     async with await log.open_writer(SID) as writer:
         await writer.append([make_draft("a", 0)], expected_offset=0)
         await writer.append([make_draft("a", 1), make_draft("a", 2)], expected_offset=1)
     assert [e.id for e in await log.read(SID)] == ["a-0", "a-1", "a-2"]
     assert (await log.verify(SID)).high_water == 3
     # another writer's bytes at the offset: still a fence, not a success
-    other = EventLog(ObjectLogStore(where.store, identity=where.identity + "#2"))
+    other = EventLog(
+        ObjectLogStore(where.store, identity=where.identity + "#2", writer_lease=False)
+    )
     late = await log.open_writer(SID)
     async with await other.open_writer(SID) as rival:
         await rival.append([make_draft("b", 3)], expected_offset=3)

@@ -42,6 +42,7 @@ from lodger.errors import (
     LeaseLostError,
     LodgerError,
     ResumeBlockedError,
+    SessionLockedError,
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
@@ -179,6 +180,12 @@ class Worker:
             except (LeaseLostError, CommitFailedError) as exc:
                 log.warning("session %s: %s", wake.session_id, exc.message)
                 self.stats.fenced += 1
+                delay = self.config.retry_delay_s
+            except SessionLockedError as exc:
+                # a writer outside the control plane (`lodger run --store`) holds it: the
+                # wake waits for it, and is never given up on for that
+                log.warning("session %s: %s", wake.session_id, exc.message)
+                self.stats.handed_back += 1
                 delay = self.config.retry_delay_s
             except Exception as exc:  # one turn's failure never stops the worker
                 if isinstance(exc, LodgerError):

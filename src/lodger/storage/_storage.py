@@ -69,6 +69,7 @@ class Storage:
         """The log and artifacts in an object store: ``file:///path``, ``memory://`` or
         ``s3://bucket/prefix?endpoint=...`` (credentials from the AWS environment
         variables). ``cache_dir`` keeps immutable objects read once on local disk."""
+        from lodger.storage._object_lease import lease_ttl_from_env
         from lodger.storage.objectartifacts import ObjectArtifactStore
         from lodger.storage.objectstore import ObjectLogStore, open_object_store
 
@@ -79,6 +80,8 @@ class Storage:
             identity=where.identity,
             local_root=where.local_root,
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            lease_ttl_s=lease_ttl_from_env(environ),
+            probe_scope=url,  # endpoint included: one bucket name on two servers is two stores
         )
         return cls(
             log=EventLog(store, key=key, require_key=key_required_from_env(environ)),

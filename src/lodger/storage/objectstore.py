@@ -36,8 +36,10 @@ never an authority) are objects too, ``sessions/<id>/checkpoint/<name>`` (``chec
 an ``ObjectCheckpoints``), so a worker that wakes a long session anywhere decodes only
 the events after the newest one.
 
-Only one ``SessionWriter`` per session per process (``acquire_writer``); across
-processes and machines the create-only puts are the fence.
+One ``SessionWriter`` per session: inside a process a module dict refuses a second one;
+across processes and machines a lease object in the store does (``_object_lease``), and
+the create-only puts fence a writer that lost it. Before the first writer of a store is
+let in, the store is proven to refuse a second create-only put (``_store_probe``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from lodger.errors import (
     WriterFencedError,
 )
 from lodger.storage._heads import head_missing
+from lodger.storage._object_lease import LEASE_TTL_S, StoreLease
 from lodger.storage._segments import (
     Manifest,
     SealedRef,
@@ -81,6 +84,7 @@ from lodger.storage._segments import (
     seg_key,
     session_root,
 )
+from lodger.storage._store_probe import ensure_create_only
 from lodger.storage.logstore import Record, check_session_id
 
 with require("s3", "the object store (s3://, file://, memory://)"):
@@ -145,22 +149,29 @@ class _Relist(Exception):
 
 
 class _ObjectLease:
-    def __init__(self, store: ObjectLogStore, key: tuple[str, str], number: int) -> None:
+    def __init__(
+        self, store: ObjectLogStore, key: tuple[str, str], number: int, shared: StoreLease
+    ) -> None:
         self._store = store
         self._key = key
         self.number = number
         self.session_id = key[1]
+        self.shared = shared  # the lease object in the store, across processes
 
     async def release(self) -> None:
         """Record the head of this writer's appends, compact if due, release the lease."""
         if _WRITERS.get(self._key) != self.number:
             return
         try:
-            await self._store.checkpoint(self.session_id)
-            await self._store._maybe_compact(self.session_id)
+            if self.shared.lost is None:  # a writer that lost its lease writes nothing
+                await self._store.checkpoint(self.session_id)
+                await self._store._maybe_compact(self.session_id)
         finally:
             if _WRITERS.get(self._key) == self.number:
                 del _WRITERS[self._key]
+            if self._store._shared.get(self.session_id) is self.shared:
+                del self._store._shared[self.session_id]
+            await self.shared.release()
 
 
 def _fenced(session_id: str, offset: int) -> WriterFencedError:
@@ -190,7 +201,10 @@ class ObjectLogStore:
     ``identity`` names the storage for the in-process writer lease (two stores opened on
     the same URL share it); ``local_root`` is the directory of a ``LocalStore``, whose
     objects and directories are fsynced after each put (L4); ``clock_us`` dates manifests
-    for the garbage collector's grace period.
+    for the garbage collector's grace period. ``lease_ttl_s`` is how long a writer's
+    lease object outlives its last renewal (``writer_lease=False`` takes none: only for
+    tests of the fence beneath it); ``check_create_only`` (default: unless the
+    store is in memory) proves the store fences before its first writer.
     """
 
     def __init__(
@@ -204,6 +218,10 @@ class ObjectLogStore:
         head_per_append: bool = False,
         compact_after: int | None = COMPACT_AFTER,
         grace_s: float = GRACE_S,
+        lease_ttl_s: float = LEASE_TTL_S,
+        check_create_only: bool | None = None,
+        probe_scope: str | None = None,
+        writer_lease: bool = True,
     ) -> None:
         if compact_after is not None and compact_after < 2:
             raise UsageError(
@@ -225,6 +243,18 @@ class ObjectLogStore:
         # appended (not yet compacted) segments of a session, as last listed or appended
         self._tail_segments: dict[str, int] = {}
         self._leases: list[_ObjectLease] = []
+        self.lease_ttl_s = lease_ttl_s
+        self.writer_lease = writer_lease
+        self._shared: dict[str, StoreLease] = {}  # session -> this store's lease object
+        if check_create_only is None:
+            from obstore.store import MemoryStore
+
+            check_create_only = not isinstance(store, MemoryStore)
+        self.check_create_only = check_create_only
+        self._probe_scope = probe_scope or self.identity
+        #: requests made by lease objects and the create-only probe (not in ``stats``)
+        self.lease_requests = 0
+        self.probe_requests = 0
         self.fail_put: Callable[[str], bool] | None = None  # fault injection for tests
         #: why the latest compaction on release failed (it is retried on the next one)
         self.last_compaction_error: StorageError | None = None
@@ -379,6 +409,9 @@ class ObjectLogStore:
     ) -> None:
         if not records:
             return
+        shared = self._shared.get(session_id)
+        if shared is not None:  # a writer whose lease was taken over writes nothing
+            await shared.check()
         if self._tails.get(session_id) != expected_offset:
             last = await self.last_record(session_id=session_id)
             high_water = last.offset + 1 if last else 0
@@ -504,6 +537,10 @@ class ObjectLogStore:
 
     async def acquire_writer(self, *, session_id: str) -> _ObjectLease:
         key = (self.identity, check_session_id(session_id))
+        if self.check_create_only:
+            self.probe_requests += await ensure_create_only(
+                self.store, scope=self._probe_scope, name=self.identity
+            )
         holder = _WRITERS.get(key)
         if holder is not None:
             raise SessionLockedError(
@@ -512,9 +549,23 @@ class ObjectLogStore:
                 session_id=session_id,
             )
         _LEASES[0] += 1
-        _WRITERS[key] = _LEASES[0]
+        number = _LEASES[0]
+        _WRITERS[key] = number
+        shared = StoreLease(self.store, session_id, ttl_s=self.lease_ttl_s)
+        try:
+            if self.writer_lease:
+                await shared.acquire()
+        except BaseException:
+            if _WRITERS.get(key) == number:
+                del _WRITERS[key]
+            raise
+        finally:
+            self.lease_requests += shared.requests
+            shared.requests = 0
+        if self.writer_lease:
+            self._shared[session_id] = shared
         self._tails.pop(session_id, None)  # a new writer re-checks the stored head
-        lease = _ObjectLease(self, key, _LEASES[0])
+        lease = _ObjectLease(self, key, number, shared)
         self._leases.append(lease)
         return lease
 

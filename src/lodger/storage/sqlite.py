@@ -4,7 +4,9 @@ WAL journal, ``synchronous=FULL`` (the WAL is fsynced on every commit), one tran
 per append. All SQLite work runs on one dedicated thread so the event loop never blocks
 and the connection never crosses threads. One writer per session is enforced with an
 ``flock`` on ``locks/<session>.lock``; the kernel drops it when the process dies, so a
-SIGKILLed writer never leaves a stale lock, and the file names the current holder.
+SIGKILLed writer never leaves a stale lock, and the file names the current holder. The
+holder is also recorded in ``writers/<session>.json`` (``_writer_record``), so deleting
+``locks/`` under a live writer does not let a second one in.
 
 A damaged disk fails closed instead of losing facts quietly:
 
@@ -49,6 +51,7 @@ from lodger.errors import (
 )
 from lodger.storage._heads import HeadFiles, head_missing
 from lodger.storage._worker import IoThread
+from lodger.storage._writer_record import claim_writer, disclaim_writer
 from lodger.storage.checkpoints import FileCheckpoints
 from lodger.storage.logstore import Record
 
@@ -118,6 +121,7 @@ class _FileLease:
     async def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            disclaim_writer(self._store.state_dir, self.session_id)
             # closing drops the flock; done inline (it does not block) so a lease can still be
             # released after its store was closed, instead of holding the lock until exit
             os.close(fd)
@@ -528,6 +532,11 @@ class SqliteLogStore:
                     hint="wait for that run to finish or stop it; one writer per session",
                     session_id=session_id,
                 ) from None
+            try:
+                claim_writer(self.state_dir, session_id)
+            except BaseException:
+                os.close(fd)
+                raise
             info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
             with contextlib.suppress(OSError):  # the holder's name is a courtesy
                 os.ftruncate(fd, 0)

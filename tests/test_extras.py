@@ -149,6 +149,8 @@ def test_every_core_module_imports_without_the_extras(tmp_path: Path) -> None:
         "lodger.providers.anthropic": "anthropic",
         "lodger.providers.openai_chat": "openai",
         "lodger.providers.openai_responses": "openai",
+        "lodger.storage._object_lease": "s3",
+        "lodger.storage._store_probe": "s3",
         "lodger.storage.control.postgres": "postgres",
         "lodger.storage.objectartifacts": "s3",
         "lodger.storage.objectstore": "s3",

@@ -37,12 +37,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import obstore
-from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
-
+from lodger._core.extras import require
 from lodger.errors import LeaseLostError, SessionLockedError, StorageError
 from lodger.storage._liveness import alive, describe, this_process
 from lodger.storage._segments import session_root
+
+with require("s3", "the object store (s3://, file://, memory://)"):
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore

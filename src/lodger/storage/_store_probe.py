@@ -17,10 +17,12 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-import obstore
-from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
-
+from lodger._core.extras import require
 from lodger.errors import StorageError
+
+with require("s3", "the object store (s3://, file://, memory://)"):
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore

@@ -30,6 +30,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
 from lodger.storage import SessionWriter, Storage, check_session_id
@@ -224,22 +225,18 @@ class Sessions:
         """Record an operator decision on a parked or indeterminate call, as a fact."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
-        try:
+        async with closing_writer(writer):
             return await decide(
                 writer, state, call_id, decision, result=result, clock=self.clock, ids=self.ids
             )
-        finally:
-            await writer.close()
 
     async def abandon(self, session_id: str, *, reason: str | None = None) -> list[Event]:
         """End the session's open turn as abandoned, as facts; needs no workspace, model or
         tools. A new turn on the session starts fresh afterwards."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
-        try:
+        async with closing_writer(writer):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
-        finally:
-            await writer.close()
 
     async def fork(self, parent: str, *, at: int | None = None, session: str | None = None) -> Fork:
         """Start a new session (``session``, or a fresh id) from the parent's verified

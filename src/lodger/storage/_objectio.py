@@ -27,7 +27,14 @@ from lodger.errors import StorageError
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
-__all__ = ["READ_TRIES", "confirm_stored", "first_line", "get_retrying", "read_failed"]
+__all__ = [
+    "READ_TRIES",
+    "confirm_stored",
+    "first_line",
+    "get_retrying",
+    "read_failed",
+    "stored_size",
+]
 
 #: attempts of one GET before it is reported as a read failure
 READ_TRIES = 3
@@ -88,3 +95,13 @@ async def confirm_stored(store: ObjectStore, key: str, size: int) -> None:
         ) from exc
     if int(meta["size"]) != size:
         raise _not_kept(key, f"holds {meta['size']} bytes of the {size} written")
+
+
+async def stored_size(store: ObjectStore, key: str) -> int | None:
+    """The size the store reports for ``key`` (one HEAD), None when it has no such
+    object or cannot say."""
+    try:
+        meta = await obstore.head_async(store, key)
+    except (BaseError, OSError):
+        return None
+    return int(meta["size"])

@@ -67,7 +67,13 @@ from lodger.errors import (
     WriterFencedError,
 )
 from lodger.storage._heads import head_missing
-from lodger.storage._objectio import READ_TRIES, confirm_stored, get_retrying, read_failed
+from lodger.storage._objectio import (
+    READ_TRIES,
+    confirm_stored,
+    get_retrying,
+    read_failed,
+    stored_size,
+)
 from lodger.storage._segments import (
     Manifest,
     SealedRef,
@@ -356,6 +362,9 @@ class ObjectLogStore:
         first read was cut on the way, and are returned to be decoded instead."""
         again = await self._get(key, immutable=True, fresh=True)
         if again == blob:
+            size = await stored_size(self.store, key)
+            if size is not None and size != len(blob):  # cut the same way twice
+                raise read_failed(key, f"{len(blob)} of its {size} bytes arrived", 2)
             raise damage
         return again
 

@@ -57,7 +57,7 @@ class _Run:
         self.tmp = tmp_path
         self.prefix = prefix
         self.ws = tmp_path / "ws"
-        self.ws.mkdir(exist_ok=True)
+        self.ws.mkdir(parents=True, exist_ok=True)
         (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
 
     def __call__(self, endpoint: str, *args: str, process: bool = False) -> _Done:

@@ -7,6 +7,9 @@ Measured in one run, against baselines from the same run:
   against the strict mode that also puts a head object after every append
   (``head_per_append``, the previous behaviour), puts per commit, and the same for a step
   of 8 parallel calls, whose concurrent T1s and T2s the journal group-commits;
+- the HEAD that confirms each segment put was kept (a store that acknowledges a write
+  and drops it is caught before anything names the segment): per-call latency against
+  the same turns without it, file and S3;
 - per-call latency through the whole Agent path on SQLite (the embedded default, the
   baseline), on a local-directory object store and on an S3-compatible server on
   loopback (moto, started by this script; its latency is a local Python server's, not
@@ -107,6 +110,13 @@ async def calls(log: EventLog, n: int, *, width: int = 1) -> tuple[float, int]:
     assert result.status == "completed", result
     await agent.close()
     return elapsed / n, result.commits
+
+
+class _Unconfirmed(ObjectLogStore):
+    """The log as it was before segment puts were confirmed (the baseline of that HEAD)."""
+
+    async def _confirm(self, key: str, size: int) -> None:
+        return None
 
 
 def _drafts(first: int, count: int) -> list[EventDraft]:
@@ -315,6 +325,19 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
     s3_where = open_object_store(f"s3://lodger-bench/calls?endpoint={endpoint}")
     s3_store = ObjectLogStore(s3_where.store, identity="bench-s3")
     per_call_s3, _ = await calls(EventLog(s3_store), n)
+    heads_per_call = s3_store.stats.heads / n
+
+    # what the HEAD confirming each segment put costs: the same turns without it
+    plain = open_object_store(f"file://{work / 'unconfirmed'}")
+    unconfirmed = _Unconfirmed(plain.store, identity="bench-plain", local_root=plain.local_root)
+    per_call_file_unconfirmed, _ = await calls(EventLog(unconfirmed), n)
+    confirmed_file = file_store("objects-again")  # measured next to it, the same way
+    per_call_file_confirmed, _ = await calls(EventLog(confirmed_file), n)
+    s3_unconfirmed = _Unconfirmed(
+        open_object_store(f"s3://lodger-bench/unconfirmed?endpoint={endpoint}").store,
+        identity="bench-s3-plain",
+    )
+    per_call_s3_unconfirmed, _ = await calls(EventLog(s3_unconfirmed), n)
 
     file_wake = await wake(f"file://{work / 'wake'}", work, args.events, args.batch)
     s3_wake = await wake(f"s3://lodger-bench/wake?endpoint={endpoint}", work, args.events, 50)
@@ -340,6 +363,17 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
         "per_call_ratio_vs_sqlite": {
             "objects_file": per_call_file / per_call_sqlite,
             "objects_s3_moto": per_call_s3 / per_call_sqlite,
+        },
+        "confirmed_puts": {
+            "heads_per_call": heads_per_call,
+            "per_call_ms_unconfirmed": {
+                "objects_file": per_call_file_unconfirmed * 1e3,
+                "objects_s3_moto": per_call_s3_unconfirmed * 1e3,
+            },
+            "per_call_ratio_vs_unconfirmed": {
+                "objects_file": per_call_file_confirmed / per_call_file_unconfirmed,
+                "objects_s3_moto": per_call_s3 / per_call_s3_unconfirmed,
+            },
         },
         "wake": {"file": file_wake, "s3_moto": s3_wake},
         "stored_over_event_bytes": {
@@ -384,6 +418,14 @@ def main() -> None:
     )
     for name, ms in per.items():
         print(f"per-call latency {name:>16}: {ms:8.3f} ms")
+    confirmed = result["confirmed_puts"]
+    assert isinstance(confirmed, dict)
+    ratios = confirmed["per_call_ratio_vs_unconfirmed"]
+    print(
+        f"a HEAD confirming each segment put ({confirmed['heads_per_call']:.2f} per call): "
+        f"per-call latency {ratios['objects_file']:.2f}x on file, "
+        f"{ratios['objects_s3_moto']:.2f}x on S3 (moto) against the same turns without it"
+    )
     wake_rows = result["wake"]
     assert isinstance(wake_rows, dict)
     for name, row in wake_rows.items():

@@ -60,7 +60,7 @@ class FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
             def _any(self) -> None:
@@ -107,7 +107,9 @@ class FaultProxy:
             for key, value in passed:
                 handler.send_header(key, value)
             if fault != "cut_close":
-                handler.send_header("Content-Length", str(len(data) // 2 if fault == "short" else len(data)))
+                handler.send_header(
+                    "Content-Length", str(len(data) // 2 if fault == "short" else len(data))
+                )
             handler.end_headers()
             handler.wfile.write(data[: len(data) // 2])
             handler.wfile.flush()

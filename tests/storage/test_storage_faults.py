@@ -28,7 +28,7 @@ from lodger.storage.objectstore import ObjectLogStore, open_object_store
 
 from ._faultproxy import Fault, Rule, fault_proxy
 from ._object_writer import make_draft
-from ._s3server import CREDENTIALS, BUCKET, S3Server
+from ._s3server import BUCKET, CREDENTIALS, S3Server
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SID = "s1"
@@ -93,7 +93,9 @@ async def test_a_put_the_store_did_not_keep_fails_the_append_and_moves_no_head(
     log reads and takes the next append at the same offset."""
     prefix = uuid.uuid4().hex
     lost = seg_key(SID, 1)
-    with fault_proxy(s3.endpoint, lambda m, p, b: "lie" if m == "PUT" and p.endswith(lost) else None) as proxy:
+    with fault_proxy(
+        s3.endpoint, lambda m, p, b: "lie" if m == "PUT" and p.endswith(lost) else None
+    ) as proxy:
         log = _log(proxy.endpoint, prefix)
         writer = await log.open_writer(SID)
         await writer.append([make_draft("a", 0)], expected_offset=0)
@@ -116,9 +118,7 @@ async def test_a_put_the_store_did_not_keep_fails_the_append_and_moves_no_head(
 
 
 @pytest.mark.slow  # the S3 server (and a CLI process or two): seconds, not ms
-def test_a_lost_t1_segment_stops_the_call_before_its_effect(
-    s3: S3Server, tmp_path: Path
-) -> None:
+def test_a_lost_t1_segment_stops_the_call_before_its_effect(s3: S3Server, tmp_path: Path) -> None:
     """Broke: a lying put of the T1 segment ended the turn "completed", exit 0, with the
     session unreadable afterwards. Now the T1 commit fails, the tool never runs, and the
     session verifies and reads."""
@@ -243,6 +243,7 @@ def test_a_read_that_keeps_failing_is_a_read_failure_not_damage(
 ) -> None:
     run = _Run(tmp_path, uuid.uuid4().hex)
     assert run.turn(s3.endpoint).returncode == 0
+
     def every_segment_read(kind: Fault) -> Rule:
         return lambda m, p, b: kind if m == "GET" and "/seg/" in p else None
 

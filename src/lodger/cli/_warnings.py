@@ -5,9 +5,9 @@ noise (``lodger.tools._mcp_limits``), a cut listing, tools that cannot be called
 psycopg's pool (``psycopg.pool``), once per failed connection of the control plane's. Without
 a handler, Python's last-resort one prints them as text (a traceback too, when one is
 attached), also under ``--json``. While a command runs, ``warnings_on_stderr`` takes the
-``lodger.tools`` and ``psycopg.pool`` loggers: each warning is ``warning: <text>`` on one line of at most
-``MAX_CHARS`` characters, or ``{"v": 1, "notice": "<text>", "level": "warning"}`` under
-``--json``; a traceback only with ``--debug``.
+``lodger.tools`` and ``psycopg.pool`` loggers: each warning is ``warning: <text>`` on one
+line of at most ``MAX_CHARS`` characters, or ``{"v": 1, "notice": "<text>", "level":
+"warning"}`` under ``--json``; a traceback only with ``--debug``.
 """
 
 from __future__ import annotations

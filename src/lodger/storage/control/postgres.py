@@ -60,7 +60,10 @@ def _too_many_connections(dsn: str, exc: BaseException) -> ControlPlaneError:
 def _is_too_many(exc: BaseException) -> bool:
     sqlstate = getattr(exc, "sqlstate", None)
     text = str(exc)
-    return sqlstate == _TOO_MANY or "too many clients" in text or "remaining connection slots" in text
+    return (
+        sqlstate == _TOO_MANY or "too many clients" in text or "remaining connection slots" in text
+    )
+
 
 _MIGRATION_LOCK = 7_246_601  # pg_advisory_xact_lock key: one migrating process at a time
 

@@ -50,7 +50,7 @@ def read_failed(key: str, why: str, tries: int) -> StorageError:
     return StorageError(
         f"object store read of {key} failed ({tries} tries): {why}",
         hint="a read failure, not damage to the log: nothing was changed; check that the "
-        "object store is reachable and try again",
+        "object store is reachable and the credentials allow it, then try again",
         code="object_store_read",
     )
 

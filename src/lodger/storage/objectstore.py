@@ -8,7 +8,12 @@ succeeds, and the other writer is fenced (``WriterFencedError``) with nothing wr
 Segments are never overwritten except by a tombstone once compaction has sealed their
 records elsewhere; the tombstone keeps the key occupied, so fencing holds forever.
 
-An append costs that one put. The head ``(high_water, digest)`` is kept apart from the
+An append costs that one put and one HEAD: before anything names the new segment (a
+head, a manifest, the next append's offset) the store is asked whether it kept it, whole,
+so a store that acknowledges a write it dropped fails that append instead of leaving a
+gap every later read trips over (``_objectio``). Reads that fail on the way (a reset
+connection, a body cut short) are tried again, and a segment or manifest that does not
+decode is read once more before it is called damage. The head ``(high_water, digest)`` is kept apart from the
 events (DESIGN L8) as a create-only object whose name is the head itself, written at
 *checkpoints*, not after every append: when a session's first segment is written, when
 the writer's lease is released (the end of every turn the ``Agent`` runs) and on

@@ -13,10 +13,12 @@ head, a manifest, the next append's offset) the store is asked whether it kept i
 so a store that acknowledges a write it dropped fails that append instead of leaving a
 gap every later read trips over (``_objectio``). Reads that fail on the way (a reset
 connection, a body cut short) are tried again, and a segment or manifest that does not
-decode is read once more before it is called damage. The head ``(high_water, digest)`` is kept apart from the
-events (DESIGN L8) as a create-only object whose name is the head itself, written at
-*checkpoints*, not after every append: when a session's first segment is written, when
-the writer's lease is released (the end of every turn the ``Agent`` runs) and on
+decode is read once more before it is called damage.
+
+The head ``(high_water, digest)`` is kept apart from the events (DESIGN L8) as a
+create-only object whose name is the head itself, written at *checkpoints*, not after
+every append: when a session's first segment is written, when the writer's lease is
+released (the end of every turn the ``Agent`` runs) and on
 ``checkpoint()``. Readers find the events after the newest head by listing the
 create-only segments. Deleting or rolling back segments the head covers fails closed
 (``truncated``), a missing segment in the middle is a gap, and a stale writer is fenced by

@@ -118,6 +118,32 @@ async def test_a_put_the_store_did_not_keep_fails_the_append_and_moves_no_head(
 
 
 @pytest.mark.slow  # the S3 server (and a CLI process or two): seconds, not ms
+async def test_a_head_the_store_did_not_keep_fails_its_checkpoint(s3: S3Server) -> None:
+    """A dropped head object would later read as a head deleted outside lodger
+    (``head_missing``) on a healthy log: the checkpoint that wrote it fails instead,
+    saying the events are stored, and the next one records the head."""
+    prefix = uuid.uuid4().hex
+    with fault_proxy(
+        s3.endpoint, lambda m, p, b: "lie" if m == "PUT" and "/head/" in p else None
+    ) as proxy:
+        log = _log(proxy.endpoint, prefix)
+        writer = await log.open_writer(SID)
+        with pytest.raises(CommitFailedError, match="could not record its head") as info:
+            await writer.append([make_draft("a", 0)], expected_offset=0)
+        assert "acknowledged the write of sessions/s1/head/" in info.value.message
+        with pytest.raises(CommitFailedError, match="could not record its head"):
+            await writer.close()  # tries again at the release: dropped again
+        assert len(proxy.faults("lie")) == 2
+        await log.close()
+    reader = _log(s3.endpoint, prefix)
+    async with await reader.open_writer(SID) as again:  # the segment is there, headless
+        await again.append([make_draft("a", 1)], expected_offset=1)
+    assert (await reader.verify(SID)).high_water == 2
+    assert (await reader.store.stored_head(session_id=SID))[0] == 2
+    await reader.close()
+
+
+@pytest.mark.slow  # the S3 server (and a CLI process or two): seconds, not ms
 def test_a_lost_t1_segment_stops_the_call_before_its_effect(s3: S3Server, tmp_path: Path) -> None:
     """Broke: a lying put of the T1 segment ended the turn "completed", exit 0, with the
     session unreadable afterwards. Now the T1 commit fails, the tool never runs, and the

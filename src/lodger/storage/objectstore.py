@@ -471,8 +471,10 @@ class ObjectLogStore:
         if head is None:
             return None
         high_water, digest = head
+        key = head_key(session_id, high_water, digest)
         try:
-            await self._put(head_key(session_id, high_water, digest), b"", create=True)
+            if await self._put(key, b"", create=True):
+                await self._confirm(key, 0)  # a head the store dropped is no head
         except StorageError as exc:
             raise CommitFailedError(
                 f"session {session_id!r} committed offsets up to {high_water - 1} but could "

@@ -9,6 +9,7 @@ line under ``--json``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lodger.errors import UsageError
+from lodger.errors import ControlPlaneError, UsageError
 from lodger.storage.control.postgres import POOL_MAX_ENVVAR, PostgresControlPlane, pool_max
 from lodger.testing.postgres import PostgresServer
 
@@ -110,3 +111,30 @@ def test_pool_log_lines_are_json_under_json(capsys: pytest.CaptureFixture[str]) 
     assert len(lines) == 1
     notice = json.loads(lines[0])
     assert notice["level"] == "warning" and "error connecting in 'pool-1'" in notice["notice"]
+
+
+@pytest.mark.slow  # a server of its own (initdb)
+async def test_a_pool_that_cannot_grow_names_too_many_connections(
+    full_server: tuple[PostgresServer, list[psycopg.Connection[tuple[object, ...]]]],
+) -> None:
+    """Mid-run, the pool needs a second connection and the server has no slot: its
+    timeout names too many connections, not an unreachable server."""
+    server, held = full_server
+    held.pop().close()  # one slot: the plane's pool takes it
+    plane = PostgresControlPlane(server.dsn(), timeout_s=2.0)
+    await plane.start()
+    try:
+
+        async def hold() -> None:
+            async with plane._tx() as tx:
+                await tx.rows("SELECT pg_sleep(4)")
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0.5)
+        with pytest.raises(ControlPlaneError) as info:
+            await plane.now()
+        assert info.value.code == "too_many_connections", info.value.message
+        assert "too many connections" in info.value.message
+        await holder
+    finally:
+        await plane.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -84,6 +84,24 @@ class _PgTx:
         return self._cursor.rowcount
 
 
+def _recording(failures: list[BaseException]) -> type[psycopg.AsyncConnection[Any]]:
+    """A connection class whose failed connects are kept in ``failures`` (the newest
+    only): what the pool's timeout says was wrong, instead of only that it timed out."""
+
+    class Recorded(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, *args: Any, **kwargs: Any) -> Self:
+            try:
+                conn = await super().connect(*args, **kwargs)
+            except psycopg.Error as exc:
+                failures[:] = [exc]
+                raise
+            failures.clear()
+            return conn
+
+    return Recorded
+
+
 class PostgresControlPlane(SqlControlPlane):
     """The control plane in the PostgreSQL database ``dsn`` names."""
 
@@ -98,8 +116,10 @@ class PostgresControlPlane(SqlControlPlane):
         self._timeout_s = timeout_s
         max_size = pool_max() if max_size is None else max_size
         min_size = min(min_size, max_size)
+        self._failures: list[BaseException] = []
         self._pool = AsyncConnectionPool(
             dsn,
+            connection_class=_recording(self._failures),
             min_size=min_size,
             max_size=max_size,
             open=False,
@@ -116,6 +136,7 @@ class PostgresControlPlane(SqlControlPlane):
             try:
                 await self._pool.open(wait=True, timeout=self._timeout_s)
             except PoolTimeout as exc:
+                self._raise_if_full(exc)
                 raise ControlPlaneError(
                     f"cannot connect to the control plane at {_safe(self.dsn)}",
                     hint="check that PostgreSQL is running and the DSN (host, port, "
@@ -123,6 +144,12 @@ class PostgresControlPlane(SqlControlPlane):
                 ) from exc
             self._opened = True
         await self.migrate(to=version)
+
+    def _raise_if_full(self, exc: PoolTimeout) -> None:
+        """The pool timed out: when its newest connect was refused for want of a slot,
+        say that rather than that the server is unreachable."""
+        if self._failures and _is_too_many(self._failures[-1]):
+            raise _too_many_connections(self.dsn, self._failures[-1]) from exc
 
     async def _probe(self) -> None:
         """One connection before the pool opens: a server with no connection slot left
@@ -158,6 +185,12 @@ class PostgresControlPlane(SqlControlPlane):
                 row = await cursor.fetchone()
                 assert row is not None
                 yield _PgTx(cursor, float(row[0]))
+        except PoolTimeout as exc:  # (an OperationalError too: first)
+            self._raise_if_full(exc)
+            raise ControlPlaneError(
+                f"no connection to the control plane at {_safe(self.dsn)} in time",
+                hint="check that PostgreSQL is running and reachable",
+            ) from exc
         except psycopg.Error as exc:
             if _is_too_many(exc):
                 raise _too_many_connections(self.dsn, exc) from exc
@@ -165,11 +198,6 @@ class PostgresControlPlane(SqlControlPlane):
                 f"control plane {_safe(self.dsn)}: {type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'failed'}",
                 hint="the transaction was rolled back; retry when the database is back",
-            ) from exc
-        except PoolTimeout as exc:
-            raise ControlPlaneError(
-                f"no connection to the control plane at {_safe(self.dsn)} in time",
-                hint="check that PostgreSQL is running and reachable",
             ) from exc
 
 

@@ -20,7 +20,13 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import obstore
-from obstore.exceptions import BaseError, NotFoundError
+from obstore.exceptions import (
+    BaseError,
+    InvalidPathError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
 
 from lodger.errors import StorageError
 
@@ -39,6 +45,7 @@ __all__ = [
 #: attempts of one GET before it is reported as a read failure
 READ_TRIES = 3
 _BACKOFF_S = (0.05, 0.25)
+_LASTING = (PermissionDeniedError, UnauthenticatedError, InvalidPathError, PermissionError)
 
 
 def first_line(exc: BaseException) -> str:
@@ -48,7 +55,7 @@ def first_line(exc: BaseException) -> str:
 
 def read_failed(key: str, why: str, tries: int) -> StorageError:
     return StorageError(
-        f"object store read of {key} failed ({tries} tries): {why}",
+        f"object store read of {key} failed ({tries} {'try' if tries == 1 else 'tries'}): {why}",
         hint="a read failure, not damage to the log: nothing was changed; check that the "
         "object store is reachable and the credentials allow it, then try again",
         code="object_store_read",
@@ -64,6 +71,8 @@ async def get_retrying(store: ObjectStore, key: str) -> bytes | None:
             return bytes(await result.bytes_async())
         except (FileNotFoundError, NotFoundError):
             return None
+        except _LASTING as exc:  # another try would be refused the same way
+            raise read_failed(key, first_line(exc), attempt + 1) from exc
         except (BaseError, OSError) as exc:
             if attempt == READ_TRIES - 1:
                 raise read_failed(key, first_line(exc), READ_TRIES) from exc

@@ -327,17 +327,25 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
     per_call_s3, _ = await calls(EventLog(s3_store), n)
     heads_per_call = s3_store.stats.heads / n
 
-    # what the HEAD confirming each segment put costs: the same turns without it
-    plain = open_object_store(f"file://{work / 'unconfirmed'}")
-    unconfirmed = _Unconfirmed(plain.store, identity="bench-plain", local_root=plain.local_root)
-    per_call_file_unconfirmed, _ = await calls(EventLog(unconfirmed), n)
-    confirmed_file = file_store("objects-again")  # measured next to it, the same way
-    per_call_file_confirmed, _ = await calls(EventLog(confirmed_file), n)
-    s3_unconfirmed = _Unconfirmed(
-        open_object_store(f"s3://lodger-bench/unconfirmed?endpoint={endpoint}").store,
-        identity="bench-s3-plain",
-    )
-    per_call_s3_unconfirmed, _ = await calls(EventLog(s3_unconfirmed), n)
+    # what the HEAD confirming each segment put costs: the same turns without it,
+    # alternated three times (best of each), so drift on a busy machine hits both alike
+    per_call_file_unconfirmed = per_call_file_confirmed = float("inf")
+    per_call_s3_unconfirmed = per_call_s3_confirmed = float("inf")
+    for round_ in range(3):
+        plain = open_object_store(f"file://{work / f'unconfirmed-{round_}'}")
+        unconfirmed = _Unconfirmed(plain.store, identity="b-plain", local_root=plain.local_root)
+        seconds, _ = await calls(EventLog(unconfirmed), n)
+        per_call_file_unconfirmed = min(per_call_file_unconfirmed, seconds)
+        seconds, _ = await calls(EventLog(file_store(f"confirmed-{round_}")), n)
+        per_call_file_confirmed = min(per_call_file_confirmed, seconds)
+        s3_url = f"s3://lodger-bench/confirm-{round_}?endpoint={endpoint}"
+        plain_url = f"s3://lodger-bench/unconfirmed-{round_}?endpoint={endpoint}"
+        s3_plain = _Unconfirmed(open_object_store(plain_url).store, identity="b-s3p")
+        seconds, _ = await calls(EventLog(s3_plain), n)
+        per_call_s3_unconfirmed = min(per_call_s3_unconfirmed, seconds)
+        s3_confirmed = ObjectLogStore(open_object_store(s3_url).store, identity="b-s3c")
+        seconds, _ = await calls(EventLog(s3_confirmed), n)
+        per_call_s3_confirmed = min(per_call_s3_confirmed, seconds)
 
     file_wake = await wake(f"file://{work / 'wake'}", work, args.events, args.batch)
     s3_wake = await wake(f"s3://lodger-bench/wake?endpoint={endpoint}", work, args.events, 50)
@@ -366,13 +374,17 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
         },
         "confirmed_puts": {
             "heads_per_call": heads_per_call,
-            "per_call_ms_unconfirmed": {
+            "per_call_ms_confirmed_best_of_3": {
+                "objects_file": per_call_file_confirmed * 1e3,
+                "objects_s3_moto": per_call_s3_confirmed * 1e3,
+            },
+            "per_call_ms_unconfirmed_best_of_3": {
                 "objects_file": per_call_file_unconfirmed * 1e3,
                 "objects_s3_moto": per_call_s3_unconfirmed * 1e3,
             },
             "per_call_ratio_vs_unconfirmed": {
                 "objects_file": per_call_file_confirmed / per_call_file_unconfirmed,
-                "objects_s3_moto": per_call_s3 / per_call_s3_unconfirmed,
+                "objects_s3_moto": per_call_s3_confirmed / per_call_s3_unconfirmed,
             },
         },
         "wake": {"file": file_wake, "s3_moto": s3_wake},
@@ -421,10 +433,16 @@ def main() -> None:
     confirmed = result["confirmed_puts"]
     assert isinstance(confirmed, dict)
     ratios = confirmed["per_call_ratio_vs_unconfirmed"]
+    with_ms, without_ms = (
+        confirmed["per_call_ms_confirmed_best_of_3"],
+        confirmed["per_call_ms_unconfirmed_best_of_3"],
+    )
     print(
         f"a HEAD confirming each segment put ({confirmed['heads_per_call']:.2f} per call): "
-        f"per-call latency {ratios['objects_file']:.2f}x on file, "
-        f"{ratios['objects_s3_moto']:.2f}x on S3 (moto) against the same turns without it"
+        f"per-call latency {ratios['objects_file']:.2f}x on file "
+        f"({with_ms['objects_file']:.3f} vs {without_ms['objects_file']:.3f} ms), "
+        f"{ratios['objects_s3_moto']:.2f}x on S3 (moto) ({with_ms['objects_s3_moto']:.3f} vs "
+        f"{without_ms['objects_s3_moto']:.3f} ms) against the same turns without it, best of 3"
     )
     wake_rows = result["wake"]
     assert isinstance(wake_rows, dict)

@@ -7,6 +7,9 @@ Measured in one run, against baselines from the same run:
   against the strict mode that also puts a head object after every append
   (``head_per_append``, the previous behaviour), puts per commit, and the same for a step
   of 8 parallel calls, whose concurrent T1s and T2s the journal group-commits;
+- the HEAD that confirms each segment put was kept (a store that acknowledges a write
+  and drops it is caught before anything names the segment): per-call latency against
+  the same turns without it, file and S3;
 - per-call latency through the whole Agent path on SQLite (the embedded default, the
   baseline), on a local-directory object store and on an S3-compatible server on
   loopback (moto, started by this script; its latency is a local Python server's, not
@@ -107,6 +110,13 @@ async def calls(log: EventLog, n: int, *, width: int = 1) -> tuple[float, int]:
     assert result.status == "completed", result
     await agent.close()
     return elapsed / n, result.commits
+
+
+class _Unconfirmed(ObjectLogStore):
+    """The log as it was before segment puts were confirmed (the baseline of that HEAD)."""
+
+    async def _confirm(self, key: str, size: int) -> None:
+        return None
 
 
 def _drafts(first: int, count: int) -> list[EventDraft]:
@@ -315,6 +325,27 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
     s3_where = open_object_store(f"s3://lodger-bench/calls?endpoint={endpoint}")
     s3_store = ObjectLogStore(s3_where.store, identity="bench-s3")
     per_call_s3, _ = await calls(EventLog(s3_store), n)
+    heads_per_call = s3_store.stats.heads / n
+
+    # what the HEAD confirming each segment put costs: the same turns without it,
+    # alternated three times (best of each), so drift on a busy machine hits both alike
+    per_call_file_unconfirmed = per_call_file_confirmed = float("inf")
+    per_call_s3_unconfirmed = per_call_s3_confirmed = float("inf")
+    for round_ in range(3):
+        plain = open_object_store(f"file://{work / f'unconfirmed-{round_}'}")
+        unconfirmed = _Unconfirmed(plain.store, identity="b-plain", local_root=plain.local_root)
+        seconds, _ = await calls(EventLog(unconfirmed), n)
+        per_call_file_unconfirmed = min(per_call_file_unconfirmed, seconds)
+        seconds, _ = await calls(EventLog(file_store(f"confirmed-{round_}")), n)
+        per_call_file_confirmed = min(per_call_file_confirmed, seconds)
+        s3_url = f"s3://lodger-bench/confirm-{round_}?endpoint={endpoint}"
+        plain_url = f"s3://lodger-bench/unconfirmed-{round_}?endpoint={endpoint}"
+        s3_plain = _Unconfirmed(open_object_store(plain_url).store, identity="b-s3p")
+        seconds, _ = await calls(EventLog(s3_plain), n)
+        per_call_s3_unconfirmed = min(per_call_s3_unconfirmed, seconds)
+        s3_confirmed = ObjectLogStore(open_object_store(s3_url).store, identity="b-s3c")
+        seconds, _ = await calls(EventLog(s3_confirmed), n)
+        per_call_s3_confirmed = min(per_call_s3_confirmed, seconds)
 
     file_wake = await wake(f"file://{work / 'wake'}", work, args.events, args.batch)
     s3_wake = await wake(f"s3://lodger-bench/wake?endpoint={endpoint}", work, args.events, 50)
@@ -340,6 +371,21 @@ async def run(args: argparse.Namespace, work: Path, endpoint: str) -> dict[str, 
         "per_call_ratio_vs_sqlite": {
             "objects_file": per_call_file / per_call_sqlite,
             "objects_s3_moto": per_call_s3 / per_call_sqlite,
+        },
+        "confirmed_puts": {
+            "heads_per_call": heads_per_call,
+            "per_call_ms_confirmed_best_of_3": {
+                "objects_file": per_call_file_confirmed * 1e3,
+                "objects_s3_moto": per_call_s3_confirmed * 1e3,
+            },
+            "per_call_ms_unconfirmed_best_of_3": {
+                "objects_file": per_call_file_unconfirmed * 1e3,
+                "objects_s3_moto": per_call_s3_unconfirmed * 1e3,
+            },
+            "per_call_ratio_vs_unconfirmed": {
+                "objects_file": per_call_file_confirmed / per_call_file_unconfirmed,
+                "objects_s3_moto": per_call_s3_confirmed / per_call_s3_unconfirmed,
+            },
         },
         "wake": {"file": file_wake, "s3_moto": s3_wake},
         "stored_over_event_bytes": {
@@ -384,6 +430,20 @@ def main() -> None:
     )
     for name, ms in per.items():
         print(f"per-call latency {name:>16}: {ms:8.3f} ms")
+    confirmed = result["confirmed_puts"]
+    assert isinstance(confirmed, dict)
+    ratios = confirmed["per_call_ratio_vs_unconfirmed"]
+    with_ms, without_ms = (
+        confirmed["per_call_ms_confirmed_best_of_3"],
+        confirmed["per_call_ms_unconfirmed_best_of_3"],
+    )
+    print(
+        f"a HEAD confirming each segment put ({confirmed['heads_per_call']:.2f} per call): "
+        f"per-call latency {ratios['objects_file']:.2f}x on file "
+        f"({with_ms['objects_file']:.3f} vs {without_ms['objects_file']:.3f} ms), "
+        f"{ratios['objects_s3_moto']:.2f}x on S3 (moto) ({with_ms['objects_s3_moto']:.3f} vs "
+        f"{without_ms['objects_s3_moto']:.3f} ms) against the same turns without it, best of 3"
+    )
     wake_rows = result["wake"]
     assert isinstance(wake_rows, dict)
     for name, row in wake_rows.items():

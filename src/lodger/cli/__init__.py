@@ -189,6 +189,8 @@ class LodgerGroup(click.Group):
             click.echo(f"error: {_one_line(exc.message)}", err=True)
             if exc.hint:
                 click.echo(f"hint: {_one_line(exc.hint)}", err=True)
+            for note in getattr(exc, "__notes__", ()):  # what failed after it, second
+                click.echo(f"note: {_one_line(str(note))}", err=True)
             flags = storage_flags(location(ctx.meta))
             for step in exc.next_steps:
                 click.echo(f"next: {command_for(step, flags)}", err=True)

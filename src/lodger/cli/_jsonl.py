@@ -54,6 +54,9 @@ def error_document(exc: LodgerError, flags: str | None = None) -> dict[str, Any]
     blockers = getattr(exc, "blockers", None)
     if blockers:
         error["blockers"] = list(blockers)
+    notes = getattr(exc, "__notes__", None)
+    if notes:  # what failed after it (closing the writer, say), reported second
+        error["notes"] = [str(note) for note in notes]
     return document({"error": error})
 
 

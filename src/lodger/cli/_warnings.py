@@ -1,12 +1,13 @@
 """Warnings from below the command line as one line each on stderr, JSON under ``--json``.
 
 The tool layer logs what an operator should know and a run survives: an MCP server's
-noise (``lodger.tools._mcp_limits``), a cut listing, tools that cannot be called. Without
+noise (``lodger.tools._mcp_limits``), a cut listing, tools that cannot be called; so does
+psycopg's pool (``psycopg.pool``), once per failed connection of the control plane's. Without
 a handler, Python's last-resort one prints them as text (a traceback too, when one is
 attached), also under ``--json``. While a command runs, ``warnings_on_stderr`` takes the
-``lodger.tools`` logger: each warning is ``warning: <text>`` on one line of at most
-``MAX_CHARS`` characters, or ``{"v": 1, "notice": "<text>", "level": "warning"}`` under
-``--json``; a traceback only with ``--debug``.
+``lodger.tools`` and ``psycopg.pool`` loggers: each warning is ``warning: <text>`` on one
+line of at most ``MAX_CHARS`` characters, or ``{"v": 1, "notice": "<text>", "level":
+"warning"}`` under ``--json``; a traceback only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ class _Lines(logging.Handler):
 @contextlib.contextmanager
 def warnings_on_stderr(*, as_json: bool, debug: bool) -> Iterator[None]:
     """Print the tool layer's warnings while the block runs (see the module docstring)."""
-    logger = logging.getLogger("lodger.tools")
     handler = _Lines(as_json=as_json, debug=debug)
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
+    # psycopg's pool logs each failed connection attempt of the control plane's pool
+    loggers = [logging.getLogger(name) for name in ("lodger.tools", "psycopg.pool")]
+    propagate = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
+        for logger, before in zip(loggers, propagate, strict=True):
+            logger.removeHandler(handler)
+            logger.propagate = before

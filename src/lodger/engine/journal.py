@@ -285,10 +285,32 @@ class Journal:
         return CommitFailedError(
             f"commit to session {self.session_id!r} at offset {len(self.events)} "
             f"failed: {exc.message}",
-            hint="nothing after the last committed fact ran; recover the session to see "
-            "what is indeterminate",
+            hint=self._undecided_hint(),
             session_id=self.session_id,
             offset=len(self.events),
+        )
+
+    def _undecided_hint(self) -> str:
+        """What a failed commit leaves undecided: the calls whose T1 is committed and
+        whose T2 is not (their effects may have run), or nothing when there are none."""
+        open_calls = [
+            f"{call.call_id} ({call.tool})"
+            for call in self.state.calls.values()
+            if call.status() == ("indeterminate", "t1_without_t2")
+        ]
+        if not open_calls:
+            return (
+                "nothing after the last committed fact ran; recover the session to see "
+                "what is indeterminate"
+            )
+        shown = ", ".join(open_calls[:5]) + (" and more" if len(open_calls) > 5 else "")
+        one = len(open_calls) == 1
+        return (
+            f"{'call' if one else 'calls'} {shown} {'was' if one else 'were'} dispatched but "
+            f"{'its result was' if one else 'their results were'} not recorded, so "
+            f"{'its effect' if one else 'their effects'} may have run and "
+            f"{'is' if one else 'are'} undecided; recover the session (lodger recover) to "
+            "decide"
         )
 
     def _notify(self, events: Sequence[Event]) -> None:

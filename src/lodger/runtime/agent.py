@@ -34,6 +34,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime._writers import close_after_failure
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
@@ -347,11 +348,11 @@ class Agent:
         writer, state = await self._open(session_id)
         try:
             yield writer, state
-        except BaseException:
+        except BaseException as first:
             self._states.pop(session_id, None)
+            await close_after_failure(writer, first)
             raise
-        finally:
-            await writer.close()
+        await writer.close()
 
     async def run(
         self,

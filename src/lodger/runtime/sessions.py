@@ -30,6 +30,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
 from lodger.storage import SessionWriter, Storage, check_session_id
@@ -231,7 +232,7 @@ class Sessions:
         ``who`` names the operator (``cli:<user>``, ``token:tok_...``)."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
-        try:
+        async with closing_writer(writer):
             return await decide(
                 writer,
                 state,
@@ -242,8 +243,6 @@ class Sessions:
                 ids=self.ids,
                 who=who,
             )
-        finally:
-            await writer.close()
 
     async def abandon(
         self, session_id: str, *, reason: str | None = None, who: str | None = None
@@ -253,12 +252,10 @@ class Sessions:
         operator, as ``decide`` does."""
         check_session_id(session_id)
         writer, state = await self._writer_and_fold(session_id)
-        try:
+        async with closing_writer(writer):
             return await abandon(
                 writer, state, reason=reason, clock=self.clock, ids=self.ids, who=who
             )
-        finally:
-            await writer.close()
 
     async def fork(self, parent: str, *, at: int | None = None, session: str | None = None) -> Fork:
         """Start a new session (``session``, or a fresh id) from the parent's verified

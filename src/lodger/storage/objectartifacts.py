@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lodger._core.extras import require
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
+from lodger.storage._objectio import get_retrying, read_failed, stored_size
 from lodger.storage.artifacts import check_sha256
 
 with require("s3", "the object store (s3://, file://, memory://)"):
@@ -125,11 +126,10 @@ class ObjectArtifactStore:
         return root is not None and await asyncio.to_thread(Path(root, key).is_dir)
 
     async def get(self, sha256: str) -> bytes:
-        try:
-            result = await obstore.get_async(self.store, blob_key(sha256))
-            data = bytes(await result.bytes_async())
-        except (FileNotFoundError, NotFoundError):
-            if await self._is_folder(blob_key(sha256)):
+        key = blob_key(sha256)
+        data = await get_retrying(self.store, key)  # a failing read is tried again
+        if data is None:
+            if await self._is_folder(key):
                 raise StorageError(
                     f"artifact {sha256} is a directory in the object store",
                     hint="the stored bytes were replaced outside lodger",
@@ -140,9 +140,14 @@ class ObjectArtifactStore:
                 hint="the blob was deleted or belongs to another store",
                 code="artifact_missing",
             ) from None
-        except (BaseError, OSError) as exc:
-            raise _failed("read", sha256, exc) from exc
         if hashlib.sha256(data).hexdigest() != sha256:
+            # read again before calling it damage: a body cut on the way reads otherwise
+            again = await get_retrying(self.store, key)
+            if again is not None and hashlib.sha256(again).hexdigest() == sha256:
+                return again
+            size = await stored_size(self.store, key)
+            if again == data and size is not None and size != len(data):
+                raise read_failed(key, f"{len(data)} of its {size} bytes arrived", 2)
             raise StorageError(
                 f"artifact {sha256} does not match its hash",
                 hint="the stored bytes were modified outside lodger",

@@ -8,10 +8,17 @@ succeeds, and the other writer is fenced (``WriterFencedError``) with nothing wr
 Segments are never overwritten except by a tombstone once compaction has sealed their
 records elsewhere; the tombstone keeps the key occupied, so fencing holds forever.
 
-An append costs that one put. The head ``(high_water, digest)`` is kept apart from the
-events (DESIGN L8) as a create-only object whose name is the head itself, written at
-*checkpoints*, not after every append: when a session's first segment is written, when
-the writer's lease is released (the end of every turn the ``Agent`` runs) and on
+An append costs that one put and one HEAD: before anything names the new segment (a
+head, a manifest, the next append's offset) the store is asked whether it kept it, whole,
+so a store that acknowledges a write it dropped fails that append instead of leaving a
+gap every later read trips over (``_objectio``). Reads that fail on the way (a reset
+connection, a body cut short) are tried again, and a segment or manifest that does not
+decode is read once more before it is called damage.
+
+The head ``(high_water, digest)`` is kept apart from the events (DESIGN L8) as a
+create-only object whose name is the head itself, written at *checkpoints*, not after
+every append: when a session's first segment is written, when the writer's lease is
+released (the end of every turn the ``Agent`` runs) and on
 ``checkpoint()``. Readers find the events after the newest head by listing the
 create-only segments. Deleting or rolling back segments the head covers fails closed
 (``truncated``), a missing segment in the middle is a gap, and a stale writer is fenced by
@@ -60,6 +67,7 @@ from lodger._core.extras import require
 from lodger.errors import (
     AppendConflictError,
     CommitFailedError,
+    CorruptLogError,
     SessionLockedError,
     StorageError,
     UsageError,
@@ -67,6 +75,13 @@ from lodger.errors import (
 )
 from lodger.storage._heads import head_missing
 from lodger.storage._object_lease import LEASE_TTL_S, StoreLease
+from lodger.storage._objectio import (
+    READ_TRIES,
+    confirm_stored,
+    get_retrying,
+    read_failed,
+    stored_size,
+)
 from lodger.storage._segments import (
     Manifest,
     SealedRef,
@@ -119,6 +134,7 @@ class ObjectStats:
     puts: int = 0
     gets: int = 0
     lists: int = 0
+    heads: int = 0  # HEADs confirming a put was kept
     deletes: int = 0
     cache_hits: int = 0
     bytes_put: int = 0
@@ -263,21 +279,19 @@ class ObjectLogStore:
 
     # ---------------------------------------------------------------- raw objects
 
-    async def _get(self, key: str, *, immutable: bool = False) -> bytes | None:
+    async def _get(self, key: str, *, immutable: bool = False, fresh: bool = False) -> bytes | None:
+        """The object's bytes (None when absent); an immutable one from ``cache_dir`` when
+        it is there, unless ``fresh`` (then the store's copy replaces the cached one)."""
         cached = self._cache_path(key) if immutable else None
-        if cached is not None:
+        if cached is not None and not fresh:
             hit = await asyncio.to_thread(_read_cache, cached)
             if hit is not None:
                 self.stats.cache_hits += 1
                 return hit
         self.stats.gets += 1
-        try:
-            result = await obstore.get_async(self.store, key)
-            data = bytes(await result.bytes_async())
-        except (FileNotFoundError, NotFoundError):
+        data = await get_retrying(self.store, key)  # a failing read is tried again
+        if data is None:
             return None
-        except (BaseError, OSError) as exc:
-            raise _storage_error("read", key, exc) from exc
         self.stats.bytes_got += len(data)
         if cached is not None:
             with contextlib.suppress(OSError):  # a cache that cannot be written is a miss
@@ -346,9 +360,14 @@ class ObjectLogStore:
         if not keys:
             return None
         blob = await self._get(keys[-1], immutable=True)
-        if blob is None:  # garbage-collected between the listing and the read
-            return await self.manifest(session_id)
-        return decode_manifest(session_id, keys[-1], blob)
+        for _ in range(READ_TRIES):
+            if blob is None:  # garbage-collected between the listing and the read
+                return await self.manifest(session_id)
+            try:
+                return decode_manifest(session_id, keys[-1], blob)
+            except CorruptLogError as damage:
+                blob = await self._read_again(keys[-1], blob, damage)
+        raise read_failed(keys[-1], "its bytes differed at every read", READ_TRIES)
 
     async def _layout(self, session_id: str, *, with_heads: bool = False) -> _Layout:
         root = session_root(session_id)
@@ -365,11 +384,28 @@ class ObjectLogStore:
 
     async def _segment(self, session_id: str, key: str, first: int) -> list[Record]:
         blob = await self._get(key, immutable=True)
-        if blob is None:
-            return []  # deleted behind our back: the log reader reports the gap
-        if is_tombstone(blob):
-            raise _Relist
-        return decode_segment(session_id, first, key, blob)
+        for _ in range(READ_TRIES):
+            if blob is None:
+                return []  # deleted behind our back: the log reader reports the gap
+            if is_tombstone(blob):
+                raise _Relist
+            try:
+                return decode_segment(session_id, first, key, blob)
+            except CorruptLogError as damage:
+                blob = await self._read_again(key, blob, damage)
+        raise read_failed(key, "its bytes differed at every read", READ_TRIES)
+
+    async def _read_again(self, key: str, blob: bytes, damage: CorruptLogError) -> bytes | None:
+        """An object that did not decode, read again from the store: the same bytes are
+        stored damage (``damage`` is raised); other bytes (or None: it is gone) mean the
+        first read was cut on the way, and are returned to be decoded instead."""
+        again = await self._get(key, immutable=True, fresh=True)
+        if again == blob:
+            size = await stored_size(self.store, key)
+            if size is not None and size != len(blob):  # cut the same way twice
+                raise read_failed(key, f"{len(blob)} of its {size} bytes arrived", 2)
+            raise damage
+        return again
 
     async def _records(
         self, session_id: str, start: int, end: int | None, *, last_only: bool = False
@@ -426,8 +462,13 @@ class ObjectLogStore:
                     offset=expected_offset,
                 )
         key = seg_key(session_id, expected_offset)
+        blob = encode_segment(session_id, records)
         try:
-            created = await self._put(key, encode_segment(session_id, records), create=True)
+            created = await self._put(key, blob, create=True)
+            if created:
+                # before a head or the next append names it: a store that acknowledged
+                # a write it did not keep fails this append, not every later read
+                await self._confirm(key, len(blob))
         except StorageError as exc:
             self._tails.pop(session_id, None)
             raise CommitFailedError(
@@ -449,6 +490,11 @@ class ObjectLogStore:
             # no head at all is one whose head was deleted, and fails closed
             await self.checkpoint(session_id)
 
+    async def _confirm(self, key: str, size: int) -> None:
+        """The object a put just wrote is there, whole (one HEAD; see ``_objectio``)."""
+        self.stats.heads += 1
+        await confirm_stored(self.store, key, size)
+
     async def checkpoint(self, session_id: str) -> tuple[int, str] | None:
         """Record the head of this store's newest append of the session as a head object
         (one create-only put; nothing when it is recorded already); return it.
@@ -460,8 +506,10 @@ class ObjectLogStore:
         if head is None:
             return None
         high_water, digest = head
+        key = head_key(session_id, high_water, digest)
         try:
-            await self._put(head_key(session_id, high_water, digest), b"", create=True)
+            if await self._put(key, b"", create=True):
+                await self._confirm(key, 0)  # a head the store dropped is no head
         except StorageError as exc:
             raise CommitFailedError(
                 f"session {session_id!r} committed offsets up to {high_water - 1} but could "
@@ -626,7 +674,9 @@ class ObjectLogStore:
                 first=records[0].offset,
                 end=expected,
             )
-            await self._put(ref.key, encode_segment(session_id, records), create=True)
+            sealed = encode_segment(session_id, records)
+            if await self._put(ref.key, sealed, create=True):
+                await self._confirm(ref.key, len(sealed))  # before the manifest names it
             # the manifest's head covers the merged records: a compaction is a checkpoint
             head = await self.stored_head(session_id=session_id)
             if head is None or head[0] < expected:

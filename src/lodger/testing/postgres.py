@@ -43,7 +43,8 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, *, max_connections: int = 200) -> None:
+        self.max_connections = max_connections
         self.bindir = server_bindir()
         self.root = Path(tempfile.mkdtemp(prefix="lodger-pg-"))
         self.root.chmod(0o755)
@@ -78,7 +79,9 @@ class PostgresServer:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=200 -c shared_buffers=16MB"
+            f"-c max_connections={self.max_connections} -c shared_buffers=16MB"
+            # every slot for the tests' user (a superuser): a full server is really full
+            + (" -c superuser_reserved_connections=0" if self.max_connections < 10 else "")
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w",
                   "-t", "60", "-o", options, "start")  # fmt: skip

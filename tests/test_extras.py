@@ -150,6 +150,7 @@ def test_every_core_module_imports_without_the_extras(tmp_path: Path) -> None:
         "lodger.providers.openai_chat": "openai",
         "lodger.providers.openai_responses": "openai",
         "lodger.storage._object_lease": "s3",
+        "lodger.storage._objectio": "s3",
         "lodger.storage._store_probe": "s3",
         "lodger.storage.control.postgres": "postgres",
         "lodger.storage.objectartifacts": "s3",

@@ -19,16 +19,18 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import obstore
-from obstore.exceptions import (
-    BaseError,
-    InvalidPathError,
-    NotFoundError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-)
-
+from lodger._core.extras import require
 from lodger.errors import StorageError
+
+with require("s3", "the object store (s3://, file://, memory://)"):
+    import obstore
+    from obstore.exceptions import (
+        BaseError,
+        InvalidPathError,
+        NotFoundError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+    )
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore

@@ -115,6 +115,7 @@ def test_resume_needs_the_same_tools(interrupted: Path) -> None:
     code, _, err = cli("resume", "s1", "--state", str(interrupted / "state"))
     assert code == 3
     assert "not bound now: charge" in err
+    assert "lodger resume --tools FILE.py" in err  # the hint names the flag that binds them
 
 
 def test_a_runner_keeps_nothing_a_command_retained(

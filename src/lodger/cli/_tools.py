@@ -42,13 +42,19 @@ def mcp_option(fn: F) -> F:
 
 
 def _bound(
-    workspace: Path, specs: Sequence[str], catalogs: Sequence[Path]
+    workspace: Path, specs: Sequence[str], catalogs: Sequence[Path], files: Sequence[str] = ()
 ) -> tuple[ToolRegistry, ToolSearch | None]:
+    # imported here: ``_run`` imports this module's ``mcp_option``
+    from lodger.cli._run import load_tools_file
+
     base = workspace.resolve()
     # what a run in this workspace binds: the one composition, without a model
     builtin, configs = bound_tools(
         Project.load(workspace),
-        Overrides(mcp=[parse_mcp_option(spec, base=base) for spec in specs]),
+        Overrides(
+            tools=[tool for path in files for tool in load_tools_file(path)],
+            mcp=[parse_mcp_option(spec, base=base) for spec in specs],
+        ),
     )
 
     async def listed() -> list[Tool]:
@@ -65,6 +71,14 @@ def _bound(
 
 
 def _common(fn: F) -> F:
+    fn = click.option(
+        "--tools",
+        "tools_files",
+        multiple=True,
+        metavar="FILE.py",
+        help="Add the @tool functions of a Python file, as `lodger run --tools` binds them "
+        "(the file is imported: its top-level code runs); repeatable.",
+    )(fn)
     fn = click.option(
         "--catalog",
         "catalogs",
@@ -102,6 +116,7 @@ def list_tools(
     mcp_specs: tuple[str, ...],
     workspace: Path,
     catalogs: tuple[Path, ...],
+    tools_files: tuple[str, ...],
     as_json: bool,
     state: str,
 ) -> None:
@@ -109,14 +124,16 @@ def list_tools(
 
     Direct tools' schemas are sent on every step; deferred tools only as names in the
     inventory until tool_search loads them. MCP servers come from lodger.toml in the
-    workspace and --mcp; they are started to list their tools, then stopped.
+    workspace and --mcp; they are started to list their tools, then stopped. --tools
+    adds a file's @tool functions, as `lodger run --tools` does.
 
     \b
     Example:
       lodger tools list --mcp 'time=mcp-server-time'
+      lodger tools list --tools tools.py
       lodger tools list --catalog tests/data/mcp_catalog.json --json
     """
-    registry, search = _bound(workspace, mcp_specs, catalogs)
+    registry, search = _bound(workspace, mcp_specs, catalogs, tools_files)
     rows = [
         {
             "name": t.name,
@@ -180,6 +197,7 @@ def search_tools(
     mcp_specs: tuple[str, ...],
     workspace: Path,
     catalogs: tuple[Path, ...],
+    tools_files: tuple[str, ...],
     as_json: bool,
     state: str,
 ) -> None:
@@ -195,7 +213,7 @@ def search_tools(
     """
     if limit < 1:
         raise UsageError("--limit must be at least 1")
-    _, search = _bound(workspace, mcp_specs, catalogs)
+    _, search = _bound(workspace, mcp_specs, catalogs, tools_files)
     if search is None:
         raise UsageError(
             "no deferred tools are bound, so there is nothing to search",

@@ -105,10 +105,31 @@ def test_a_snippet_line_is_the_file_it_names(tmp_path: Path) -> None:
     assert included.included and not plain.included
 
 
+HEREDOC = re.compile(r"<<-?'?(\w+)'?\s*$")
+
+
 def console_script(code: str) -> str:
-    commands = [line[2:] for line in code.splitlines() if line.startswith("$ ")]
+    """The block's ``$ `` lines; one that opens a here-document (``cat > f <<'EOF'``)
+    takes the lines after it up to its delimiter, as a shell would."""
+    commands: list[str] = []
+    delimiter: str | None = None
+    for line in code.splitlines():
+        if delimiter is not None:
+            commands.append(line)
+            if line == delimiter:
+                delimiter = None
+        elif line.startswith("$ "):
+            commands.append(line[2:])
+            heredoc = HEREDOC.search(line)
+            delimiter = heredoc.group(1) if heredoc else None
     assert commands, "a console block without a `$ ` line"
+    assert delimiter is None, f"a here-document without its closing {delimiter}"
     return "set -eu\n" + "\n".join(commands) + "\n"
+
+
+def test_a_console_here_document_keeps_its_lines() -> None:
+    code = "$ cat > a.txt <<'EOF'\none\n  two\nEOF\n$ cat a.txt\none\n  two\n"
+    assert console_script(code) == "set -eu\ncat > a.txt <<'EOF'\none\n  two\nEOF\ncat a.txt\n"
 
 
 # A console block starts several CLI processes (5-6 s): the full run takes those.

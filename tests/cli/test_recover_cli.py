@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from lodger.cli import main
-from lodger.cli._run import load_tools_file
+from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import CommitFailedError
 from lodger.providers.scripted import ScriptedModel
 from lodger.runtime.agent import Agent

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option
+from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import UsageError
 from lodger.runtime.composition import Overrides, bound_tools
 from lodger.runtime.config import CONFIG_FILE, load_catalog, parse_mcp_option
@@ -44,9 +45,6 @@ def mcp_option(fn: F) -> F:
 def _bound(
     workspace: Path, specs: Sequence[str], catalogs: Sequence[Path], files: Sequence[str] = ()
 ) -> tuple[ToolRegistry, ToolSearch | None]:
-    # imported here: ``_run`` imports this module's ``mcp_option``
-    from lodger.cli._run import load_tools_file
-
     base = workspace.resolve()
     # what a run in this workspace binds: the one composition, without a model
     builtin, configs = bound_tools(

@@ -3,6 +3,8 @@
 - ``reference/cli.md``: every ``lodger`` command's ``--help``, walked from the click group.
 - ``reference/http.md``: every operation of ``docs/openapi.json`` (no JavaScript, no CDN).
 - ``reference/events.md``: every event kind of ``lodger.events``: its fields and docstring.
+- ``reference/tools.md``: every built-in tool, from the tools themselves: name, options,
+  description and a table of its parameters from its JSON schema.
 - ``benchmarks/results.md``: the recorded runs of ``bench/results/*.jsonl``.
 
 mkdocs.yml names this file under ``hooks:``; ``mkdocs build --strict`` runs it.
@@ -204,6 +206,125 @@ def _fields(model: Any) -> list[str]:
     return [*out, ""]
 
 
+# ---------------------------------------------------------------- built-in tools
+
+
+def builtin_tools() -> list[tuple[str, Any]]:
+    """Every tool lodger itself defines, each with where it comes from, built as a run
+    builds it (``tool_search`` needs a deferred tool beside it; ``exec`` and ``delegate``
+    an agent)."""
+    import tempfile
+
+    from lodger import Agent, ScriptedModel, tool
+    from lodger.runtime.builtin import workspace_tools
+    from lodger.runtime.subagents import SubagentPolicy
+    from lodger.tools.todo import todo_tools
+
+    @tool(deferred=True)
+    def _page_example() -> None:
+        """Only here so that tool_search is bound."""
+
+    found: list[tuple[str, Any]] = []
+    found += [("`lodger run`, `workspace_tools()`", t) for t in workspace_tools()]
+    bound_by = {
+        ("javascript", "tool_search"): "any deferred tool (`@tool(deferred=True)`, MCP tools)",
+        ("javascript", "exec"): '`--code-mode`, `Agent(code_mode="javascript")`',
+        ("python", "exec"): '`--code-mode python`, `Agent(code_mode="python")`',
+        ("python", "delegate"): "`--subagents`, `Agent(subagents=SubagentPolicy())`",
+    }
+    with tempfile.TemporaryDirectory() as state:
+        for language in ("javascript", "python"):
+            agent = Agent(
+                model=ScriptedModel([{"text": "-"}]),
+                tools=[*workspace_tools(), _page_example],
+                storage=state,
+                code_mode=language,
+                subagents=SubagentPolicy() if language == "python" else None,
+            )
+            agent.close_sync()
+            for (lang, name), origin in bound_by.items():
+                if lang == language:
+                    found.append((origin, agent.registry.get(name)))
+    found += [("`lodger.tools.todo.todo_tools()`", t) for t in todo_tools()]
+    return found
+
+
+def _param_type(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return schema["$ref"].rsplit("/", 1)[-1]
+    if "anyOf" in schema:
+        return " or ".join(_param_type(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return " \\| ".join(json.dumps(v) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"array of {_param_type(schema.get('items', {}))}"
+    if kind == "object" and "properties" in schema:
+        return "object: " + ", ".join(schema["properties"])
+    return str(kind)
+
+
+_LIMITS = ("minimum", "exclusiveMinimum", "maximum", "minLength")
+
+
+def _param_rows(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    rows: list[str] = []
+    required = set(schema.get("required", []))
+    for name, spec in schema.get("properties", {}).items():
+        default = f"`{json.dumps(spec['default'])}`" if "default" in spec else ""
+        need = "yes" if name in required else "no"
+        limits = [f"{key} {spec[key]}" for key in _LIMITS if key in spec]
+        desc = " ".join(str(spec.get("description", "")).split()).replace("|", "\\|")
+        if limits:
+            desc = f"{desc} ({', '.join(limits)})" if desc else ", ".join(limits)
+        rows.append(f"| `{prefix}{name}` | {_param_type(spec)} | {need} | {default} | {desc} |")
+    return rows
+
+
+def _tool_section(origin: str, t: Any) -> list[str]:
+    title = f"`{t.name}`"
+    if t.name == "exec":
+        title += " (Python)" if "Python cell" in t.description else " (JavaScript)"
+    flags = [f"group `{t.group}`", f"recovery `{t.recovery}`"]
+    flags += [name for name in ("nestable", "deferred", "approval") if getattr(t, name)]
+    out = [f"## {title}", "", f"Bound by {origin}; {', '.join(flags)}.", ""]
+    out += ["```text", t.description.strip(), "```", ""]
+    schema = t.parameters
+    if not schema.get("properties"):
+        return [*out, "No parameters.", ""]
+    out += ["| parameter | type | required | default | description |", "|---|---|---|---|---|"]
+    out += _param_rows(schema)
+    for name, spec in schema.get("properties", {}).items():
+        item = spec.get("items", {}) if spec.get("type") == "array" else spec
+        if item.get("type") == "object" and "properties" in item:
+            out += _param_rows(item, prefix=f"{name}.")
+    for name, spec in schema.get("$defs", {}).items():
+        out += _param_rows(spec, prefix=f"{name}.")
+    return [*out, ""]
+
+
+def render_tools() -> str:
+    out = [
+        "# Built-in tools",
+        "",
+        "Generated at build time from the tools themselves (their descriptions and the",
+        "JSON schemas the model is sent), so the argument names here are the ones a model,",
+        "a `ScriptedModel` script or a `FunctionModel` must use. The workspace tools are",
+        "what `lodger run` binds on `--workspace`; the others are bound by the option named",
+        "with each. `exec`'s description lists the tools a cell may call, here the",
+        "workspace tools. How they behave: [tools](../guides/tools.md),",
+        "[code mode](../guides/code-mode.md), [sandboxes](../guides/sandboxes.md),",
+        "[subagents](../guides/subagents.md).",
+        "",
+        "A nested parameter is shown as `parent.field` (an object's field, or the field of",
+        "each item of an array).",
+        "",
+    ]
+    for origin, t in builtin_tools():
+        out += _tool_section(origin, t)
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------- benchmarks
 
 
@@ -224,6 +345,7 @@ def pages() -> dict[str, str]:
         "reference/cli.md": render_cli(),
         "reference/http.md": render_http(document),
         "reference/events.md": render_events(),
+        "reference/tools.md": render_tools(),
         "benchmarks/results.md": render_benchmarks(),
     }
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from lodger.cli import main
-from lodger.cli._run import load_tools_file
+from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import CommitFailedError
 from lodger.providers.scripted import ScriptedModel
 from lodger.runtime.agent import Agent
@@ -117,6 +117,38 @@ def test_resume_needs_the_same_tools(interrupted: Path) -> None:
     code, _, err = cli("resume", "s1", "--state", str(interrupted / "state"))
     assert code == 3
     assert "not bound now: charge" in err
+    assert "lodger resume --tools FILE.py" in err  # the hint names the flag that binds them
+
+
+@pytest.fixture
+async def scripted_in_code(tmp_path: Path) -> Path:
+    """A session interrupted after T1 whose model was a ScriptedModel built in code."""
+    (tmp_path / "tools.py").write_text(TOOLS)
+    state = tmp_path / "state"
+    agent = Agent(
+        model=ScriptedModel(SCRIPT),  # recorded as script:inline: no file the CLI can open
+        tools=load_tools_file(str(tmp_path / "tools.py")),
+        storage=Storage(
+            log=EventLog(FaultyLogStore(SqliteLogStore(state), fail_when=first_t2)),
+            artifacts=MemoryArtifactStore(),
+            state_dir=state,
+        ),
+    )
+    with pytest.raises(CommitFailedError):
+        await agent.run("pay", session="s1")
+    await agent.close()
+    return tmp_path
+
+
+def test_a_session_scripted_in_code_names_the_model_flag_on_resume(
+    scripted_in_code: Path,
+) -> None:
+    state, tools = str(scripted_in_code / "state"), str(scripted_in_code / "tools.py")
+    code, _, err = cli("resume", "s1", "--state", state, "--tools", tools)
+    assert code == 2, err
+    assert "script inline does not exist" in err
+    assert "pass --model script:FILE.json" in err
+    assert (scripted_in_code / "charges.txt").read_text() == "5\n"  # nothing ran again
 
 
 def test_a_runner_keeps_nothing_a_command_retained(

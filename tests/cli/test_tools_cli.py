@@ -148,3 +148,40 @@ def test_run_binds_mcp_servers(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "-> tiny__add" in result.output and "<- tiny__add ok 42" in result.output
     assert "turn completed" in result.output
+
+
+TOOLS_FILE = '''
+from lodger import tool
+
+
+@tool(group="shop")
+def ship(order: str) -> str:
+    """Ship an order to its customer."""
+    return order
+
+
+@tool(deferred=True, group="shop")
+def refund(order: str, cents: int) -> str:
+    """Refund part of an order's price to the customer."""
+    return order
+'''
+
+
+def test_list_and_search_bind_a_tools_file_as_run_does(tmp_path: Path) -> None:
+    tools_py = tmp_path / "shop.py"
+    tools_py.write_text(TOOLS_FILE)
+    result = lodger("tools", "list", "--tools", str(tools_py), "--json")
+    assert result.exit_code == 0, result.output
+    by_name = {row["name"]: row for row in json.loads(result.output)["tools"]}
+    assert (by_name["ship"]["tier"], by_name["ship"]["group"]) == ("direct", "shop")
+    assert by_name["refund"]["tier"] == "deferred"
+    assert "read_file" in by_name  # the workspace tools are still there
+    found = lodger("tools", "search", "refund an order", "--tools", str(tools_py), "--json")
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.output)["results"][0]["name"] == "refund"
+
+
+def test_a_missing_tools_file_is_one_clear_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["tools", "list", "--tools", str(tmp_path / "no.py")])
+    assert result.exit_code == 2
+    assert f"tools file {tmp_path / 'no.py'} does not exist" in result.output

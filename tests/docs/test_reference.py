@@ -60,6 +60,24 @@ def test_the_events_page_has_every_kind_and_field() -> None:
                 assert f"| `{field}` |" in page
 
 
+def test_the_tools_page_has_every_builtin_tool_and_parameter() -> None:
+    page = hooks.render_tools()
+    tools = [t for _, t in hooks.builtin_tools()]
+    names = {t.name for t in tools}
+    # every tool a run binds on a workspace, and the ones options and agents add
+    assert {"read_file", "write_file", "edit_file", "list_files", "grep", "shell"} <= names
+    assert {"run_python", "tool_search", "exec", "delegate", "todo_write"} <= names
+    for t in tools:
+        assert f"## `{t.name}`" in page
+        for name, spec in t.parameters.get("properties", {}).items():
+            assert f"| `{name}` |" in page, (t.name, name)
+            nested = spec.get("items", {}) if spec.get("type") == "array" else spec
+            for field in nested.get("properties", {}):
+                assert f"| `{name}.{field}` |" in page, (t.name, name, field)
+    assert "| `command` | string | yes |" in page  # shell's argument, as the schema says
+    assert "| `timeout_s` | number | no | `60` |" in page
+
+
 def test_benchmark_results_each_show_date_machine_and_command() -> None:
     runs = results.load_results()
     assert runs

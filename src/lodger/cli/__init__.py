@@ -107,8 +107,8 @@ def _leave_without_teardown(code: object) -> None:
     ``os._exit`` would drop.
     """
     waits = any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate())
-    run = sys.modules.get("lodger.cli._run")
-    user_code = run is not None and getattr(run, "user_code_loaded", False)
+    loader = sys.modules.get("lodger.cli._toolsfile")
+    user_code = loader is not None and getattr(loader, "user_code_loaded", False)
     if "obstore" not in sys.modules and (waits or user_code):
         return
     if code is None:

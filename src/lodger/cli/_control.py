@@ -30,7 +30,8 @@ from lodger.cli._common import (
     remember_control,
     state_option,
 )
-from lodger.cli._run import load_tools_file, subagent_policy, subagents_option
+from lodger.cli._run import subagent_policy, subagents_option
+from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import ConfigError, UsageError
 from lodger.events import Event
 from lodger.providers import make_model

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -31,9 +30,9 @@ from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
 from lodger.cli._tools import mcp_option
+from lodger.cli._toolsfile import load_tools_file
 from lodger.cli._trust import untrusted_notice
 from lodger.engine.permissions import ALWAYS_REASON, Approver
-from lodger.errors import ConfigError
 from lodger.events import (
     CallRejected,
     Event,
@@ -57,40 +56,6 @@ from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.spec import Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
-
-
-#: whether this process ran a user's tools file: then it leaves with the interpreter's
-#: own teardown, which flushes what that code left open (``cli._leave_without_teardown``)
-user_code_loaded = False
-
-
-def load_tools_file(path: str) -> list[Tool]:
-    """Every ``Tool`` defined at module level in a Python file (``--tools FILE.py``)."""
-    global user_code_loaded
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"tools file {path} does not exist", hint="pass a .py file")
-    spec = importlib.util.spec_from_file_location(f"lodger_user_tools_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import tools file {path}", hint="pass a .py file")
-    module = importlib.util.module_from_spec(spec)
-    user_code_loaded = True
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # user code: report it as one clear line
-        # A MemoryError from the compiler (a file nested too deeply) has no message.
-        detail = str(exc) or "the file is too large or nested too deeply to compile"
-        raise ConfigError(
-            f"importing tools file {path} failed: {type(exc).__name__}: {detail}",
-            hint="run the file with python to see the full error",
-        ) from exc
-    tools = [value for value in vars(module).values() if isinstance(value, Tool)]
-    if not tools:
-        raise ConfigError(
-            f"tools file {path} defines no tools",
-            hint="decorate functions with @lodger.tool at module level",
-        )
-    return tools
 
 
 class LiveView(TurnWatcher):

@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 from lodger.cli._common import Seconds, state_option, store_url
-from lodger.cli._run import code_mode_option, load_tools_file
+from lodger.cli._run import code_mode_option
+from lodger.cli._toolsfile import load_tools_file
 from lodger.substrates.codemode import Language
 from lodger.tools.spec import Tool
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lodger.cli._common import echo_json, json_option, make_console, state_option
+from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import UsageError
 from lodger.runtime.composition import Overrides, bound_tools
 from lodger.runtime.config import CONFIG_FILE, load_catalog, parse_mcp_option
@@ -42,13 +43,16 @@ def mcp_option(fn: F) -> F:
 
 
 def _bound(
-    workspace: Path, specs: Sequence[str], catalogs: Sequence[Path]
+    workspace: Path, specs: Sequence[str], catalogs: Sequence[Path], files: Sequence[str] = ()
 ) -> tuple[ToolRegistry, ToolSearch | None]:
     base = workspace.resolve()
     # what a run in this workspace binds: the one composition, without a model
     builtin, configs = bound_tools(
         Project.load(workspace),
-        Overrides(mcp=[parse_mcp_option(spec, base=base) for spec in specs]),
+        Overrides(
+            tools=[tool for path in files for tool in load_tools_file(path)],
+            mcp=[parse_mcp_option(spec, base=base) for spec in specs],
+        ),
     )
 
     async def listed() -> list[Tool]:
@@ -65,6 +69,14 @@ def _bound(
 
 
 def _common(fn: F) -> F:
+    fn = click.option(
+        "--tools",
+        "tools_files",
+        multiple=True,
+        metavar="FILE.py",
+        help="Add the @tool functions of a Python file, as `lodger run --tools` binds them "
+        "(the file is imported: its top-level code runs); repeatable.",
+    )(fn)
     fn = click.option(
         "--catalog",
         "catalogs",
@@ -102,6 +114,7 @@ def list_tools(
     mcp_specs: tuple[str, ...],
     workspace: Path,
     catalogs: tuple[Path, ...],
+    tools_files: tuple[str, ...],
     as_json: bool,
     state: str,
 ) -> None:
@@ -109,14 +122,16 @@ def list_tools(
 
     Direct tools' schemas are sent on every step; deferred tools only as names in the
     inventory until tool_search loads them. MCP servers come from lodger.toml in the
-    workspace and --mcp; they are started to list their tools, then stopped.
+    workspace and --mcp; they are started to list their tools, then stopped. --tools
+    adds a file's @tool functions, as `lodger run --tools` does.
 
     \b
     Example:
       lodger tools list --mcp 'time=mcp-server-time'
+      lodger tools list --tools tools.py
       lodger tools list --catalog tests/data/mcp_catalog.json --json
     """
-    registry, search = _bound(workspace, mcp_specs, catalogs)
+    registry, search = _bound(workspace, mcp_specs, catalogs, tools_files)
     rows = [
         {
             "name": t.name,
@@ -180,6 +195,7 @@ def search_tools(
     mcp_specs: tuple[str, ...],
     workspace: Path,
     catalogs: tuple[Path, ...],
+    tools_files: tuple[str, ...],
     as_json: bool,
     state: str,
 ) -> None:
@@ -195,7 +211,7 @@ def search_tools(
     """
     if limit < 1:
         raise UsageError("--limit must be at least 1")
-    _, search = _bound(workspace, mcp_specs, catalogs)
+    _, search = _bound(workspace, mcp_specs, catalogs, tools_files)
     if search is None:
         raise UsageError(
             "no deferred tools are bound, so there is nothing to search",

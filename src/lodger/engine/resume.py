@@ -213,7 +213,9 @@ def _refusal(session_id: str, found: Invariants, target: Path | None) -> ResumeB
             "session to the new directory (its files are checked against the log's hashes "
             "first); or abandon the turn"
             if found.workspace
-            else "bind the tools the session used, or abandon the turn"
+            else "bind the tools the session used (`lodger resume --tools FILE.py` for @tool "
+            "functions, `--mcp NAME=CMD|URL` for an MCP server's; `Agent(tools=...)` in "
+            "Python), or abandon the turn"
         )
     steps = (relocate, abandon) if found.workspace or found.files else (abandon,)
     return ResumeBlockedError(

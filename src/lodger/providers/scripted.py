@@ -59,7 +59,13 @@ def load_script(path: str | Path) -> list[Any] | dict[str, Any]:
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"script {path} does not exist", code="script") from None
+        hint = (
+            "a ScriptedModel built in code is recorded as script:inline, which names no "
+            "file: pass --model script:FILE.json (or build it with ScriptedModel.from_file)"
+            if str(path) == "inline"
+            else "a script is a JSON file of steps: pass its path"
+        )
+        raise ConfigError(f"script {path} does not exist", hint=hint, code="script") from None
     except OSError as exc:
         raise ConfigError(f"cannot read script {path}: {exc.strerror}", code="script") from None
     try:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lodger.cli._run import load_tools_file
+from lodger.cli._toolsfile import load_tools_file
 from lodger.providers import make_model
 from lodger.runtime.approvals import ParkingApprovals
 from lodger.runtime.sessions import Binding

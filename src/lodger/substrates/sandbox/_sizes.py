@@ -186,8 +186,8 @@ class Sizes:
             listener.changed(path, before, size)
 
     def _catch_up(self) -> None:
-        self._last_walk = time.monotonic()
         now = dict(self._walk(self.root, watch=not self.walking))
+        self._last_walk = time.monotonic()
         for path in [p for p in self.sizes if p not in now]:
             self._update(path, 0)
         for path, size in now.items():
@@ -209,12 +209,12 @@ class Sizes:
                 continue  # gone meanwhile, or unreadable
             with entries:
                 for entry in entries:
+                    path = entry.path
                     try:
                         if entry.is_dir(follow_symlinks=False):
-                            pending.append(entry.path)
-                        elif entry.is_file(follow_symlinks=False):
-                            if entry.path not in self.exclude:
-                                yield entry.path, entry.stat(follow_symlinks=False).st_size
+                            pending.append(path)
+                        elif entry.is_file(follow_symlinks=False) and path not in self.exclude:
+                            yield path, entry.stat(follow_symlinks=False).st_size
                     except OSError:
                         continue  # gone meanwhile
 
@@ -279,11 +279,10 @@ class Sizes:
         try:
             with self.lock:
                 self._catch_up()
-        except BaseException as exc:  # noqa: BLE001 - handed to the command that waits
-            self.error = exc
+        finally:  # a walk that failed fails the commands that wait for it (not hangs)
+            if self._last_walk == 0.0:  # it did not end
+                self.error = OSError(f"lodger: the disk watcher could not walk {self.root}")
             self.ready.set()
-            return
-        self.ready.set()
         poller = select.poll()
         poller.register(self._stop_r, select.POLLIN)
         if self._fd >= 0:

@@ -8,8 +8,11 @@ import os
 import time
 from pathlib import Path
 
+from lodger import Agent, TestModel
+from lodger.storage import Storage
 from lodger.substrates.sandbox import BubblewrapSandbox, Limits, _sizes
 from lodger.substrates.sandbox._disk import DiskWatch, warm
+from lodger.substrates.shell import shell_tool
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 MiB = 1 << 20
@@ -170,3 +173,24 @@ async def test_commands_in_a_sandbox_count_from_the_workspace_as_it_is(tmp_path:
         limits=limits,
     )
     assert third.limit == "disk" and b"all" not in third.output, third
+
+
+async def test_an_agent_with_a_shell_starts_watching_its_workspace(tmp_path: Path) -> None:
+    """Built with a sandboxed tool, an agent starts the watcher of its workspace (its
+    first walk in a thread) at once; the first command then uses that watcher. Without
+    one, nothing is watched."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    storage = Storage.local(workspace / ".lodger")
+    key = (str(workspace.resolve()), frozenset(str(p.resolve()) for p in storage.hidden_paths()))
+    try:
+        Agent(model=TestModel(), storage=storage, workspace=workspace)
+        assert key not in _sizes._KNOWN
+        Agent(model=TestModel(), storage=storage, workspace=workspace, tools=[shell_tool()])
+        watcher = _sizes._KNOWN[key]
+        watch = DiskWatch(workspace, limit=LIMIT, exclude=storage.hidden_paths())
+        watch.prepare()
+        watch.close()
+        assert watch._sizes is watcher
+    finally:
+        await storage.close()

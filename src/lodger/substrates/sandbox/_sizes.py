@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -73,9 +72,8 @@ RESCAN_S = 0.25
 
 
 def _inotify() -> tuple[Callable[[int], int], Callable[[int, bytes, int], int]] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name, use_errno=True)
+    try:  # this process's own symbols, libc's among them (find_library runs ldconfig)
+        libc = ctypes.CDLL(None, use_errno=True)
         return libc.inotify_init1, libc.inotify_add_watch
     except (OSError, AttributeError):
         return None

@@ -4,6 +4,7 @@ what the workspace holds when it starts, at a cost independent of the workspace'
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -194,3 +195,15 @@ async def test_an_agent_with_a_shell_starts_watching_its_workspace(tmp_path: Pat
         assert watch._sizes is watcher
     finally:
         await storage.close()
+
+
+def test_a_count_dropped_unclosed_does_not_keep_the_watcher_busy(tmp_path: Path) -> None:
+    """A command's count whose caller never closed it (its task failed between
+    ``prepare`` and the run) is not told of changes for ever: the watcher holds it
+    weakly, so it can still be closed when idle or pushed out."""
+    watch, _ = _prepared(tmp_path)
+    sizes = watch._sizes
+    assert sizes is not None and sizes.busy()
+    del watch
+    gc.collect()
+    assert not sizes.busy()

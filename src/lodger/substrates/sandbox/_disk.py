@@ -102,6 +102,7 @@ class DiskWatch:
         self._stop_r, self._stop_w = -1, -1
         self._tmp_fd = -1
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # -- before the command --------------------------------------------------------
 
@@ -114,6 +115,8 @@ class DiskWatch:
             if sizes.attach(self):
                 break  # else it was closed meanwhile (pushed out by another workspace)
         self._sizes = sizes
+        if self._closed:  # closed meanwhile (its caller was cancelled): not counting
+            sizes.detach(self)
         with sizes.lock:
             #: RLIMIT_FSIZE for the command: the limit, above the largest file there
             #: already (else a file larger than the limit could not even be appended to)
@@ -185,6 +188,7 @@ class DiskWatch:
         self.close()
 
     def close(self) -> None:
+        self._closed = True
         if self._sizes is not None:
             self._sizes.detach(self)
         for fd in (self._stop_r, self._stop_w, self._tmp_fd):

@@ -30,6 +30,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
@@ -105,7 +106,8 @@ class Sizes:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.used = time.monotonic()
-        self._listeners: list[Listener] = []
+        #: held weakly: a count dropped without ``close`` does not keep this one busy
+        self._listeners: weakref.WeakSet[Listener] = weakref.WeakSet()
         self._largest: int | None = 0
         self._dirs: dict[int, str] = {}
         self._lost = False  # events were lost (an overflow): walk once to catch up
@@ -131,14 +133,13 @@ class Sizes:
                 return False
             self.rescan_now()
             self.refresh(walk=self.walking)
-            self._listeners.append(listener)
+            self._listeners.add(listener)
             self.used = time.monotonic()
             return True
 
     def detach(self, listener: Listener) -> None:
         with self.lock:
-            with contextlib.suppress(ValueError):
-                self._listeners.remove(listener)
+            self._listeners.discard(listener)
             self.used = time.monotonic()
 
     def baseline(self, path: str) -> int:

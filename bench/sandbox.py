@@ -15,6 +15,7 @@ line of output is one JSON object.
 Example:
     .venv/bin/python bench/sandbox.py --quick
     .venv/bin/python bench/sandbox.py --rounds 50
+    .venv/bin/python bench/sandbox.py --quick --workspace /path/to/project
 """
 
 from __future__ import annotations
@@ -210,11 +211,17 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=30, help="starts per series")
     parser.add_argument("--requests", type=int, default=200, help="egress requests")
     parser.add_argument("--quick", action="store_true", help="few rounds, for a smoke run")
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        help="start the commands in this directory (a real project: the disk limit's "
+        "watcher walks it once, before the first start) instead of an empty one",
+    )
     args = parser.parse_args()
     rounds, requests = (5, 30) if args.quick else (args.rounds, args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        starts = await startup(rounds, ws)
+        starts = await startup(rounds, args.workspace or ws)
         proxy = await egress(requests, ws)
         https = await egress_tls(requests, ws)
     for name, row in starts.items():

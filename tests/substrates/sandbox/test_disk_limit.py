@@ -123,7 +123,8 @@ async def test_a_watcher_out_of_watches_counts_by_walking(tmp_path: Path) -> Non
     (tmp_path / "old").write_bytes(b"o" * MiB)
     watch = DiskWatch(tmp_path, limit=LIMIT, private_tmp=False)
     watch.prepare()
-    watch._walking = True  # as after an IN_Q_OVERFLOW
+    assert watch._sizes is not None
+    watch._sizes.walking = True  # as when out of watches
     try:
         (tmp_path / "sub").mkdir()
         for i in range(40):

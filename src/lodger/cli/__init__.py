@@ -9,7 +9,7 @@ workers at start-up. Shared options and helpers are in :mod:`lodger.cli._common`
 Errors: any :class:`~lodger.errors.LodgerError` that escapes a command prints
 ``error: <message>`` and ``hint: <hint>`` on stderr and exits with the code of its kind
 (``exit_code_for_error``), with no traceback unless ``--debug``. Ctrl-C exits 130 with
-one line. The codes are documented in ``main``'s help (and the README).
+one line. The codes are documented in ``main``'s help (and docs/guides/cli.md).
 """
 
 from __future__ import annotations

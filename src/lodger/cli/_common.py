@@ -181,7 +181,7 @@ def json_option(fn: F) -> F:
         "as_json",
         is_flag=True,
         default=False,
-        help="Print JSON for scripts (schema v1, see the README); errors are JSON on stderr.",
+        help="Print JSON for scripts (schema v1: the CLI guide); errors are JSON on stderr.",
         callback=_remember_json,
     )
     return option(fn)

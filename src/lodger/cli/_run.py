@@ -411,7 +411,7 @@ def run(
     the turn ends with its token usage and durable commits. Every fact is committed to
     the session log in --state before anything acts on it.
 
-    With --json, stdout is JSON Lines (schema v1, see the README): a "text" line per
+    With --json, stdout is JSON Lines (schema v1: the CLI guide, "JSON output"): a "text" line per
     streamed delta, a "fact" line per committed event, and a last "result" line; errors
     are JSON on stderr. Nobody is asked for approval: --yes approves, otherwise calls
     that ask are denied.

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from lodger._core.extras import require
 from lodger.errors import LeaseLostError, SessionLockedError, StorageError
 from lodger.storage._liveness import alive, describe, this_process
+from lodger.storage._objectio import object_store_error
 from lodger.storage._segments import session_root
 
 with require("s3", "the object store (s3://, file://, memory://)"):
@@ -73,15 +74,6 @@ def lease_ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
             code="usage",
         )
     return ttl
-
-
-def _failed(action: str, key: str, exc: BaseException) -> StorageError:
-    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return StorageError(
-        f"object store {action} of {key} failed: {first_line}",
-        hint="check that the object store is reachable and the credentials allow it",
-        code="object_store",
-    )
 
 
 def _until(expires_us: int) -> str:
@@ -129,7 +121,7 @@ class StoreLease:
         except (FileNotFoundError, NotFoundError):
             return []
         except (BaseError, OSError) as exc:
-            raise _failed("list", self._prefix, exc) from exc
+            raise object_store_error("list", self._prefix, exc) from exc
         return sorted(found)
 
     async def _read(self, key: str) -> dict[str, Any] | None:
@@ -140,7 +132,7 @@ class StoreLease:
         except (FileNotFoundError, NotFoundError):
             return None
         except (BaseError, OSError) as exc:
-            raise _failed("read", key, exc) from exc
+            raise object_store_error("read", key, exc) from exc
         try:
             record = json.loads(data)
         except ValueError:
@@ -157,7 +149,7 @@ class StoreLease:
         except AlreadyExistsError:
             return False
         except (BaseError, OSError) as exc:
-            raise _failed("write", key, exc) from exc
+            raise object_store_error("write", key, exc) from exc
         self.expires_us = expires
         return True
 

@@ -40,6 +40,7 @@ __all__ = [
     "confirm_stored",
     "first_line",
     "get_retrying",
+    "object_store_error",
     "read_failed",
     "stored_size",
 ]
@@ -53,6 +54,15 @@ _LASTING = (PermissionDeniedError, UnauthenticatedError, InvalidPathError, Permi
 def first_line(exc: BaseException) -> str:
     """obstore's messages can quote request URLs, never credentials; keep the first line."""
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def object_store_error(action: str, key: str, exc: BaseException) -> StorageError:
+    """``action`` of ``key`` failed in the object store (not damage, not another writer)."""
+    return StorageError(
+        f"object store {action} of {key} failed: {first_line(exc)}",
+        hint="check that the object store is reachable and the credentials allow it",
+        code="object_store",
+    )
 
 
 def read_failed(key: str, why: str, tries: int) -> StorageError:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from lodger._core.extras import require
 from lodger.errors import StorageError
+from lodger.storage._objectio import first_line
 
 with require("s3", "the object store (s3://, file://, memory://)"):
     import obstore
@@ -40,10 +41,9 @@ def forget_probes() -> None:
 
 
 def _failed(action: str, key: str, name: str, exc: BaseException) -> StorageError:
-    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return StorageError(
         f"object store {name} could not be checked for create-only writes ({action} of "
-        f"{key} failed: {first_line})",
+        f"{key} failed: {first_line(exc)})",
         hint="check that the object store is reachable and the credentials allow it",
         code="object_store",
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lodger._core.extras import require
 from lodger.errors import StorageError
 from lodger.events import ArtifactRef
-from lodger.storage._objectio import get_retrying, read_failed, stored_size
+from lodger.storage._objectio import first_line, get_retrying, read_failed, stored_size
 from lodger.storage.artifacts import check_sha256
 
 with require("s3", "the object store (s3://, file://, memory://)"):
@@ -157,9 +157,8 @@ class ObjectArtifactStore:
 
 
 def _failed(action: str, sha256: str, exc: Any) -> StorageError:
-    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return StorageError(
-        f"cannot {action} artifact {sha256} in the object store: {first_line}",
+        f"cannot {action} artifact {sha256} in the object store: {first_line(exc)}",
         hint="check that the object store is reachable and the credentials allow it",
         code="artifact_write" if action == "store" else "object_store",
     )

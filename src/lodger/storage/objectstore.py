@@ -79,6 +79,7 @@ from lodger.storage._objectio import (
     READ_TRIES,
     confirm_stored,
     get_retrying,
+    object_store_error,
     read_failed,
     stored_size,
 )
@@ -201,16 +202,6 @@ def _fenced(session_id: str, offset: int) -> WriterFencedError:
     )
 
 
-def _storage_error(action: str, key: str, exc: BaseException) -> StorageError:
-    # obstore's messages can quote request URLs, never credentials; keep the first line
-    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return StorageError(
-        f"object store {action} of {key} failed: {first_line}",
-        hint="check that the object store is reachable and the credentials allow it",
-        code="object_store",
-    )
-
-
 class ObjectLogStore:
     """A ``LogStore`` on any ``obstore`` store; see the module docstring.
 
@@ -322,7 +313,7 @@ class ObjectLogStore:
         except AlreadyExistsError:
             return await self._get(key) == data
         except (BaseError, OSError) as exc:
-            raise _storage_error("write", key, exc) from exc
+            raise object_store_error("write", key, exc) from exc
         if self.local_root is not None:
             await asyncio.to_thread(_fsync_object, self.local_root / key)
         return True
@@ -334,7 +325,7 @@ class ObjectLogStore:
         except (FileNotFoundError, NotFoundError):
             pass
         except (BaseError, OSError) as exc:
-            raise _storage_error("delete", key, exc) from exc
+            raise object_store_error("delete", key, exc) from exc
 
     async def _list(self, prefix: str) -> list[str]:
         """Object paths under ``prefix``, sorted."""
@@ -346,7 +337,7 @@ class ObjectLogStore:
         except (FileNotFoundError, NotFoundError):
             return []
         except (BaseError, OSError) as exc:
-            raise _storage_error("list", prefix, exc) from exc
+            raise object_store_error("list", prefix, exc) from exc
         return sorted(keys)
 
     # ---------------------------------------------------------------- layout
@@ -732,7 +723,7 @@ class ObjectLogStore:
             async for chunk in obstore.list(self.store, session_root(session_id)):
                 total += sum(int(meta["size"]) for meta in chunk)
         except (BaseError, OSError) as exc:
-            raise _storage_error("list", session_root(session_id), exc) from exc
+            raise object_store_error("list", session_root(session_id), exc) from exc
         return total
 
 

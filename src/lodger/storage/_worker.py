@@ -22,7 +22,7 @@ __all__ = ["IoThread"]
 
 T = TypeVar("T")
 
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+_Job = tuple["asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | None", Callable[[], Any]]
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -46,18 +46,32 @@ class IoThread:
         """Run ``fn`` on the thread and return (or raise) what it did."""
         if self._closed:
             raise UsageError("this log store is closed", hint="open a new one", code="store_closed")
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
-                self._thread.start()
+        self._ensure_started()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((loop, future, fn))
         return await future
 
+    def post(self, fn: Callable[[], None]) -> None:
+        """Queue ``fn`` behind every call submitted so far, with nobody awaiting it: it
+        answers its own callers (the store's group commit resolves each waiter itself)."""
+        if self._closed:
+            raise UsageError("this log store is closed", hint="open a new one", code="store_closed")
+        self._ensure_started()
+        self._queue.put((None, None, fn))
+
+    def _ensure_started(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
+                self._thread.start()
+
     def _main(self) -> None:
         while (job := self._queue.get()) is not None:
             loop, future, fn = job
+            if loop is None or future is None:
+                fn()  # a posted job answers its own callers and raises nothing
+                continue
             result: Any = None
             error: BaseException | None = None
             try:

@@ -1,12 +1,17 @@
 """The embedded ``LogStore``: one SQLite file in the state directory.
 
-WAL journal, ``synchronous=FULL`` (the WAL is fsynced on every commit), one transaction
-per append. All SQLite work runs on one dedicated thread so the event loop never blocks
-and the connection never crosses threads. One writer per session is enforced with an
-``flock`` on ``locks/<session>.lock``; the kernel drops it when the process dies, so a
-SIGKILLed writer never leaves a stale lock, and the file names the current holder. The
-holder is also recorded in ``writers/<session>.json`` (``_writer_record``), so deleting
-``locks/`` under a live writer does not let a second one in.
+WAL journal, ``synchronous=FULL`` (the WAL is fsynced on every commit). All SQLite work
+runs on one dedicated thread so the event loop never blocks and the connection never
+crosses threads. Appends are committed in groups (``_group_commit``): the appends of every
+session that arrive while a commit is in flight share the next transaction and its fsync,
+each checked against its own session's high-water mark (kept in memory while this store
+holds the session's writer lock, read with ``SELECT MAX`` otherwise).
+
+One writer per session is enforced with an ``flock`` on ``locks/<session>.lock``; the
+kernel drops it when the process dies, so a SIGKILLed writer never leaves a stale lock,
+and the file names the current holder. The holder is also recorded in
+``writers/<session>.json`` (``_writer_record``), so deleting ``locks/`` under a live
+writer does not let a second one in.
 
 A damaged disk fails closed instead of losing facts quietly:
 
@@ -49,6 +54,7 @@ from lodger.errors import (
     SessionLockedError,
     StorageError,
 )
+from lodger.storage._group_commit import AppendQueue, GroupStats, PendingAppend
 from lodger.storage._heads import HeadFiles, head_missing
 from lodger.storage._worker import IoThread
 from lodger.storage._writer_record import claim_writer, disclaim_writer
@@ -60,6 +66,7 @@ __all__ = ["SqliteLogStore"]
 T = TypeVar("T")
 
 _FORMAT = 1  # PRAGMA user_version: every session has a head file
+_INSERT = 'INSERT INTO events (session_id, "offset", data, digest) VALUES (?, ?, ?, ?)'
 _READ_HINT = "the disk may be failing or the database file damaged; verify the log"
 # Not mapped: a whole-session read through ``PRAGMA mmap_size`` was 60 ms faster at 100k
 # records, but a disk that fails a read under a mapping kills the process with SIGBUS,
@@ -121,6 +128,7 @@ class _FileLease:
     async def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            self._store._leased.discard(self.session_id)
             disclaim_writer(self._store.state_dir, self.session_id)
             # closing drops the flock; done inline (it does not block) so a lease can still be
             # released after its store was closed, instead of holding the lock until exit
@@ -143,6 +151,16 @@ class SqliteLogStore:
         self._identity: tuple[int, int] | None = None
         self._snapshot: tempfile.TemporaryDirectory[str] | None = None
         self._head_files_seen: set[str] = set()
+        self._appends = AppendQueue(self._io, self._commit_group)
+        # high-water marks after this store's own commits, trusted only for the sessions
+        # whose writer lock this store holds (``_leased``): nobody else can move them then
+        self._high_water: dict[str, int] = {}
+        self._leased: set[str] = set()
+
+    @property
+    def group_stats(self) -> GroupStats:
+        """How appends were grouped into commits (``lodger.storage._group_commit``)."""
+        return self._appends.stats
 
     # -- plumbing -------------------------------------------------------------
 
@@ -287,56 +305,115 @@ class SqliteLogStore:
     async def append_records(
         self, *, session_id: str, records: Sequence[Record], expected_offset: int
     ) -> None:
-        def work() -> None:
-            conn = self._writer()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    row = conn.execute(
-                        'SELECT MAX("offset") FROM events WHERE session_id = ?', (session_id,)
-                    ).fetchone()
-                    high_water = (
-                        0
-                        if row[0] is None
-                        else _stored_offset(row[0], session_id, expected_offset) + 1
-                    )
-                    if high_water != expected_offset:
-                        raise AppendConflictError(
-                            f"append to session {session_id!r} expected offset "
-                            f"{expected_offset} but the stored high-water mark is {high_water}",
-                            hint="another writer appended first; re-read the log",
-                            session_id=session_id,
-                            offset=expected_offset,
-                        )
-                    if records:
-                        self._ensure_head_file(session_id, high_water)
-                    conn.executemany(
-                        'INSERT INTO events (session_id, "offset", data, digest) '
-                        "VALUES (?, ?, ?, ?)",
-                        [(session_id, r.offset, r.data, r.digest) for r in records],
-                    )
-                    # The head goes to its file after the commit (``_after_commit``); the
-                    # old ``heads`` table is read only in databases no writer has adopted.
-                    if not self._same_file():
-                        raise self._moved(session_id, expected_offset)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            except (sqlite3.Error, OSError) as exc:
-                raise CommitFailedError(
-                    f"append to session {session_id!r} at offset {expected_offset} in "
-                    f"{self.path} failed: {exc}",
-                    hint="nothing from this append was committed; check disk space and "
-                    f"permissions of the state directory {self.state_dir}",
-                    session_id=session_id,
-                    offset=expected_offset,
-                ) from exc
-            if records:
-                self._after_commit(session_id, records, expected_offset)
+        await self._appends.append(session_id, records, expected_offset)
 
-        await self._run(work)
+    def _commit_group(self, group: list[PendingAppend]) -> None:
+        """Commit a group of appends in one transaction (one fsync); see ``_group_commit``.
+
+        Each append is checked against its session's high-water mark; a refused one is
+        left out and the rest commit. The database file's identity is checked once before
+        the commit and once after it, and each session's head is written once."""
+        try:
+            conn = self._writer()
+        except StorageError as exc:
+            for entry in group:
+                entry.error = exc
+            return
+        accepted: list[PendingAppend] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                tails: dict[str, int] = {}
+                for entry in group:
+                    entry.error = self._stage(conn, entry, tails, isolate=len(group) > 1)
+                    if entry.error is None:
+                        accepted.append(entry)
+                if accepted and not self._same_file():
+                    for entry in accepted:
+                        entry.error = self._moved(entry.session_id, entry.expected_offset)
+                    accepted = []
+                if accepted:
+                    conn.execute("COMMIT")
+                else:
+                    conn.execute("ROLLBACK")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            for entry in group:
+                if entry.error is None or entry in accepted:
+                    # rolled back: read the mark again next time
+                    self._high_water.pop(entry.session_id, None)
+                    entry.error = self._commit_failed(entry, exc)
+            return
+        self._after_commit(accepted)
+
+    def _stage(
+        self,
+        conn: sqlite3.Connection,
+        entry: PendingAppend,
+        tails: dict[str, int],
+        *,
+        isolate: bool,
+    ) -> BaseException | None:
+        """Insert one append's rows into the open transaction, or say why not."""
+        session_id = entry.session_id
+        high_water = tails.get(session_id)
+        if high_water is None and session_id in self._leased:
+            # this store holds the session's writer lock: nobody else moved the mark
+            high_water = self._high_water.get(session_id)
+        try:
+            if high_water is None:
+                high_water = self._stored_high_water(conn, session_id, entry.expected_offset)
+            if high_water != entry.expected_offset:
+                return AppendConflictError(
+                    f"append to session {session_id!r} expected offset "
+                    f"{entry.expected_offset} but the stored high-water mark is {high_water}",
+                    hint="another writer appended first; re-read the log",
+                    session_id=session_id,
+                    offset=entry.expected_offset,
+                )
+            if entry.records:
+                self._ensure_head_file(session_id, high_water)
+        except CorruptLogError as exc:
+            return exc
+        except OSError as exc:
+            return self._commit_failed(entry, exc)
+        rows = [(session_id, r.offset, r.data, r.digest) for r in entry.records]
+        if not isolate:
+            conn.executemany(_INSERT, rows)
+        else:  # in a group, a row SQLite refuses fails its own append, not its neighbours'
+            conn.execute("SAVEPOINT one_append")
+            try:
+                conn.executemany(_INSERT, rows)
+            except sqlite3.IntegrityError as exc:
+                conn.execute("ROLLBACK TO one_append")
+                conn.execute("RELEASE one_append")
+                return self._commit_failed(entry, exc)
+            conn.execute("RELEASE one_append")
+        # The head goes to its file after the commit (``_after_commit``); the old
+        # ``heads`` table is read only in databases no writer has adopted.
+        tails[session_id] = entry.end
+        return None
+
+    def _stored_high_water(self, conn: sqlite3.Connection, session_id: str, where: int) -> int:
+        row = conn.execute(
+            'SELECT MAX("offset") FROM events WHERE session_id = ?', (session_id,)
+        ).fetchone()
+        return 0 if row[0] is None else _stored_offset(row[0], session_id, where) + 1
+
+    def _commit_failed(self, entry: PendingAppend, exc: BaseException) -> CommitFailedError:
+        error = CommitFailedError(
+            f"append to session {entry.session_id!r} at offset {entry.expected_offset} in "
+            f"{self.path} failed: {exc}",
+            hint="nothing from this append was committed; check disk space and "
+            f"permissions of the state directory {self.state_dir}",
+            session_id=entry.session_id,
+            offset=entry.expected_offset,
+        )
+        error.__cause__ = exc
+        return error
 
     def _ensure_head_file(self, session_id: str, high_water: int) -> None:
         """Before a session's first commit, create its head file (empty), so that events
@@ -349,31 +426,50 @@ class SqliteLogStore:
             self.heads.write(session_id, 0, "")
         self._head_files_seen.add(session_id)
 
-    def _after_commit(
-        self, session_id: str, records: Sequence[Record], expected_offset: int
-    ) -> None:
-        if not self._same_file():
-            # the directory went away between the check and the commit: the facts are in a
-            # file nobody can open again
-            error = self._moved(session_id, expected_offset)
-            error.message = error.message.replace("was not committed", "is lost")
-            error.hint = (
-                "the append went to a database file that no longer exists at that path; "
-                "put the state directory back and resume, or start again in a new one"
-            )
-            raise error
-        try:
-            self.heads.write(session_id, records[-1].offset + 1, records[-1].digest)
-        except OSError as exc:
-            raise CommitFailedError(
-                f"append to session {session_id!r} at offset {expected_offset} is in the "
-                f"log, but its head record {self.heads.path(session_id)} could not be "
-                f"written: {exc}",
-                hint="the log is still valid; check disk space and permissions of the state "
-                f"directory {self.state_dir}, then resume",
-                session_id=session_id,
-                offset=expected_offset,
-            ) from exc
+    def _after_commit(self, accepted: list[PendingAppend]) -> None:
+        """After a group's commit: check the file is still there, then write each
+        session's head once (from the group's last append of it)."""
+        if not accepted:
+            return
+        moved = not self._same_file()
+        last: dict[str, PendingAppend] = {}
+        for entry in accepted:
+            self._high_water[entry.session_id] = entry.end
+            if entry.records:
+                last[entry.session_id] = entry
+        if moved:
+            # the directory went away between the check and the commit: the facts are in
+            # a file nobody can open again
+            for entry in accepted:
+                error = self._moved(entry.session_id, entry.expected_offset)
+                error.message = error.message.replace("was not committed", "is lost")
+                error.hint = (
+                    "the append went to a database file that no longer exists at that path; "
+                    "put the state directory back and resume, or start again in a new one"
+                )
+                entry.error = error
+            return
+        for session_id, entry in last.items():
+            record = entry.records[-1]
+            try:
+                self.heads.write(session_id, record.offset + 1, record.digest)
+            except OSError as exc:
+                for failed in accepted:
+                    if failed.session_id == session_id:
+                        failed.error = self._head_not_written(failed, exc)
+
+    def _head_not_written(self, entry: PendingAppend, exc: OSError) -> CommitFailedError:
+        error = CommitFailedError(
+            f"append to session {entry.session_id!r} at offset {entry.expected_offset} is in "
+            f"the log, but its head record {self.heads.path(entry.session_id)} could not be "
+            f"written: {exc}",
+            hint="the log is still valid; check disk space and permissions of the state "
+            f"directory {self.state_dir}, then resume",
+            session_id=entry.session_id,
+            offset=entry.expected_offset,
+        )
+        error.__cause__ = exc
+        return error
 
     async def read_records(self, *, session_id: str, start: int, end: int | None) -> list[Record]:
         def work() -> list[Record]:
@@ -537,6 +633,9 @@ class SqliteLogStore:
             except BaseException:
                 os.close(fd)
                 raise
+            # another process may have written since this store last held the lock
+            self._high_water.pop(session_id, None)
+            self._leased.add(session_id)
             info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
             with contextlib.suppress(OSError):  # the holder's name is a courtesy
                 os.ftruncate(fd, 0)

@@ -32,12 +32,12 @@ import asyncio
 import contextlib
 import os
 import shutil
-import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox._git import git_placeholder, protected_git
+from lodger.substrates.sandbox._private import PrivateEntries
 from lodger.substrates.sandbox._process import disk_watch, run_confined
 from lodger.substrates.sandbox._seccomp import refusal_filter
 from lodger.substrates.sandbox.egress import (
@@ -77,6 +77,7 @@ MASKED = (
 PRIVATE_ROOTS = ("/etc", "/usr/local/etc")
 EGRESS_SOCKET = "/run/lodger/egress.sock"
 TRUST_BUNDLE = "/run/lodger/ca-bundle.pem"
+_PRIVATE = PrivateEntries(PRIVATE_ROOTS)
 FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
 
 
@@ -297,42 +298,16 @@ def masked_paths() -> list[str]:
     """``MASKED`` and every entry under ``PRIVATE_ROOTS`` that others may not read (a
     directory: read or enter): private to its owner or group, so no business of a
     command. It must be covered even so: the sandbox keeps lodger's uid and groups, and
-    run as root it owns every root file. Read afresh for each command (4 ms here)."""
+    run as root it owns every root file. The walk is repeated whenever anything under
+    the roots changed since the last one (``_private``: inotify and the mount table)."""
     found = [path for path in MASKED if os.path.lexists(path)]
-    for root in PRIVATE_ROOTS:
-        found += _private_entries(root)
+    found += _PRIVATE.get()
     covered: list[str] = []
     # A path inside a directory already covered (a key in /etc/ssh) is gone with it.
     for path in sorted(set(found), key=lambda p: (p.count("/"), p)):
         if not any(path.startswith(done + "/") for done in covered):
             covered.append(path)
     return covered
-
-
-def _private_entries(root: str) -> list[str]:
-    found: list[str] = []
-    pending = [root]
-    while pending:
-        try:
-            entries = os.scandir(pending.pop())
-        except OSError:
-            continue  # gone, or unreadable to lodger too
-        with entries:
-            for entry in entries:
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                if stat.S_ISLNK(mode):
-                    continue  # its target is checked where it lies (or is not mounted)
-                if stat.S_ISDIR(mode):
-                    if mode & 0o005 != 0o005:
-                        found.append(entry.path)
-                    else:
-                        pending.append(entry.path)
-                elif not mode & 0o004:
-                    found.append(entry.path)
-    return found
 
 
 def _real(workspace: Path, cwd: Path | None) -> tuple[Path, Path]:

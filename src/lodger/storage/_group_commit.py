@@ -62,6 +62,11 @@ def _answer(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
+def _answer_all(entries: list[PendingAppend]) -> None:
+    for entry in entries:
+        _answer(entry.future, entry.error)
+
+
 class AppendQueue:
     """The pending appends of one store, drained in groups on its I/O thread."""
 
@@ -113,7 +118,11 @@ class AppendQueue:
         stats.appends += len(group)
         stats.largest = max(stats.largest, len(group))
         stats.sizes[len(group)] = stats.sizes.get(len(group), 0) + 1
+        by_loop: dict[asyncio.AbstractEventLoop, list[PendingAppend]] = {}
         for entry in group:
-            # a closed loop raises RuntimeError: nobody is waiting for this append any more
+            by_loop.setdefault(entry.loop, []).append(entry)
+        for loop, entries in by_loop.items():
+            # one wake-up per event loop, not per append; a closed loop raises
+            # RuntimeError: nobody is waiting for these appends any more
             with contextlib.suppress(RuntimeError):
-                entry.loop.call_soon_threadsafe(_answer, entry.future, entry.error)
+                loop.call_soon_threadsafe(_answer_all, entries)

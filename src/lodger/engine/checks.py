@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
 __all__ = [
+    "INLINE_VALIDATION_LIMIT",
     "MAX_ARGUMENT_DEPTH",
     "Rejection",
     "check_binding",

@@ -40,6 +40,13 @@ ART = ArtifactRef(sha256="c" * 64, size=3)
 EXPECT = FileExpectation(path="f.txt", before_sha256=None, after_sha256="b" * 64)
 
 
+def _nested_lists(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _same(build: Callable[..., BaseModel], cls: type[BaseModel], **kwargs: Any) -> None:
     """``build(**kwargs)`` and ``cls(**kwargs)`` agree: equal bodies, or the same error."""
     try:
@@ -141,6 +148,12 @@ DISPATCH = {
         {"arguments": {}},
         {"retry_of": "op0", "attempt": 2, "resources": ("file:a",), "expectations": (EXPECT,)},
         {"arguments": {"nested": {"a": [1, 2, {"b": None}]}}},
+        {"arguments": {"nested": [[1.5, -0.0, 2**70], {"k": [True, "s"]}]}},
+        {"arguments": {"nested": [{"f": math.inf}]}},
+        {"arguments": {"nested": {"t": (1, 2)}}},
+        {"arguments": {"nested": {1: "int key"}}},
+        {"arguments": {"nested": [Text("sub")]}},
+        {"arguments": {"deep": _nested_lists(70)}},
         {"arguments": {"f": 1.5}},
         {"arguments": {"f": math.inf}},
         {"arguments": {"f": math.nan}},
@@ -233,8 +246,23 @@ def test_the_common_values_take_the_fast_way() -> None:
     ]
     for body in made:
         assert body.model_fields_set is events._ALL_FIELDS[type(body)]
-    slow = bodies.tool_dispatched(**{**DISPATCH, "arguments": {"f": 1.5}})
-    assert slow.model_fields_set is not events._ALL_FIELDS.get(ToolDispatched)
+    nested = {"f": 1.5, "points": [{"x": 1, "tags": ["a"]}], "style": {"w": None}}
+    fast = bodies.tool_dispatched(**{**DISPATCH, "arguments": nested})
+    assert fast.model_fields_set is events._ALL_FIELDS[ToolDispatched]
+    for odd in ({"f": math.nan}, {"s": [Text("sub")]}, {"deep": _nested_lists(70)}):
+        slow = bodies.tool_dispatched(**{**DISPATCH, "arguments": odd})
+        assert slow.model_fields_set is not events._ALL_FIELDS.get(ToolDispatched), odd
+
+
+def test_tool_dispatched_copies_nested_arguments_deeply() -> None:
+    """The fast way copies every nested list and dict: changing the tool's arguments
+    after T1 was built changes nothing in T1."""
+    arguments: dict[str, Any] = {"points": [{"x": 1, "tags": ["a"]}], "style": {"w": 2}}
+    body = bodies.tool_dispatched(**{**DISPATCH, "arguments": arguments})
+    arguments["points"][0]["tags"].append("b")
+    arguments["points"].append({"x": 2})
+    arguments["style"]["w"] = 3
+    assert body.arguments == {"points": [{"x": 1, "tags": ["a"]}], "style": {"w": 2}}
 
 
 @pytest.mark.parametrize(

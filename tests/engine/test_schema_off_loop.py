@@ -1,7 +1,8 @@
-"""The full JSON-schema check (jsonschema: about 0.1 s of imports the first time, then a
-compile per schema) never runs on the event loop: the quick check answers there, and
-what it cannot vouch for is checked on a worker thread. Run in a fresh interpreter, so
-the first import is the one watched."""
+"""The full JSON-schema check's first run (jsonschema: about 0.1 s of imports, then a
+compile per schema) never happens on the event loop: the quick check answers there, and
+what it cannot vouch for is checked on a worker thread until the schema's validator is
+compiled (see test_schema_inline.py). Run in a fresh interpreter, so the first import
+is the one watched."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ A step appends four events whose bodies the runtime fills itself (``step_started
 pydantic cost about a tenth of the per-call CPU. Each builder here checks its values
 with exact type tests (``type(x) is str``, not ``isinstance``: a subclass goes the
 validated way) and, when every one passes, makes the body with every field set; when any
-value is anything else (a nested JSON argument, a float, a provider's state, a str
-subclass, a wrong type from a tool) it calls the model's own constructor, so what is
+value is anything else (a NaN argument, a tuple, a provider's state, a str subclass, a
+wrong type from a tool) it calls the model's own constructor, so what is
 accepted, what is refused and the error raised are the model's. A test holds each
 builder equal to the model's constructor on valid and hostile values alike.
 """
@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 _RESULT_STATUSES: frozenset[object] = frozenset(typing.get_args(ResultStatus))
-#: argument values taken as they are: exact JSON scalars (floats go the validated way:
-#: NaN and the infinities are the model's and the encoder's to refuse)
+#: argument values taken as they are: exact JSON scalars (a float is taken when finite:
+#: NaN and the infinities go the validated way, the model's and the encoder's to refuse)
 _SCALARS = (str, int, bool, type(None))
 
 
@@ -108,15 +108,56 @@ def model_output(
     )
 
 
-def _flat_json(arguments: object) -> dict[str, Any] | None:
-    """A copy of ``arguments`` if it is a dict of str keys and exact JSON scalars (the
-    copy: the tool gets the original and may change it, the event must not)."""
+def _json_copy(arguments: object) -> dict[str, Any] | None:
+    """A deep copy of ``arguments`` if it is a dict of str keys holding exact JSON values
+    (str, int, bool, None, finite floats, lists and str-keyed dicts of them, nested at
+    most ``_MAX_COPY_DEPTH`` deep), else None: the model's own validation decides. The
+    copy: the tool gets the original and may change it, the event must not."""
     if type(arguments) is not dict:
         return None
-    for key, value in arguments.items():
-        if type(key) is not str or type(value) not in _SCALARS:
-            return None
-    return dict(arguments)
+    try:
+        return _copy_object(arguments, _MAX_COPY_DEPTH)
+    except _NotPlainJson:
+        return None
+
+
+#: deeper arguments than decoding accepts (``checks.MAX_ARGUMENT_DEPTH``) go the
+#: validated way (a hook's rewrite may hand any value)
+_MAX_COPY_DEPTH = 64
+
+
+class _NotPlainJson(Exception):
+    pass
+
+
+def _copy_object(value: dict[Any, Any], depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _NotPlainJson
+        kind = type(item)
+        if kind in _SCALARS:
+            out[key] = item
+        else:
+            out[key] = _copy_value(item, kind, depth)
+    return out
+
+
+def _copy_value(value: Any, kind: type, depth: int) -> Any:
+    if kind is float:
+        if value - value != 0.0:  # NaN and the infinities: the model's to take or refuse
+            raise _NotPlainJson
+        return value
+    if depth <= 1:
+        raise _NotPlainJson
+    if kind is dict:
+        return _copy_object(value, depth - 1)
+    if kind is list:
+        return [
+            item if type(item) in _SCALARS else _copy_value(item, type(item), depth - 1)
+            for item in value
+        ]
+    raise _NotPlainJson
 
 
 def tool_dispatched(
@@ -130,7 +171,7 @@ def tool_dispatched(
     resources: tuple[str, ...],
     expectations: tuple[FileExpectation, ...],
 ) -> ToolDispatched:
-    flat = _flat_json(arguments)
+    flat = _json_copy(arguments)
     if (
         flat is not None
         and type(operation_id) is str

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
 __all__ = [
+    "INLINE_VALIDATION_LIMIT",
     "MAX_ARGUMENT_DEPTH",
     "Rejection",
     "check_binding",
@@ -29,7 +30,7 @@ __all__ = [
     "decode_arguments",
     "invalid_arguments",
     "schema_problems",
-    "schema_problems_off_loop",
+    "schema_problems_from_loop",
 ]
 
 MAX_ARGUMENT_DEPTH = 64
@@ -55,7 +56,7 @@ def check_call(
     schema: bool = True,
 ) -> tuple[Tool, dict[str, Any]]:
     """binding -> visibility -> arguments: the tool and the decoded, valid arguments
-    (``schema=False``: decoded only; the caller checks them, ``schema_problems_off_loop``)."""
+    (``schema=False``: decoded only; the caller checks them, ``schema_problems_from_loop``)."""
     t = check_binding(registry, call.name, shown=visible)
     check_visibility(call.name, visible=visible, activated_here=activated_here)
     arguments = decode_arguments(call.name, call.arguments)
@@ -195,14 +196,37 @@ def schema_problems(t: Tool, arguments: dict[str, Any]) -> list[str]:
     return problems
 
 
-async def schema_problems_off_loop(t: Tool, arguments: dict[str, Any]) -> list[str]:
-    """``schema_problems`` from the event loop: the quick check runs here; when it cannot
-    vouch for the arguments, jsonschema (its import, about 0.1 s the first time, and a
-    schema's compilation) runs on a worker thread, so the loop is never held by it."""
+INLINE_VALIDATION_LIMIT = 1024
+"""Arguments of at most this many characters of JSON are checked by the full validator
+on the event loop once their schema is compiled. jsonschema walks a nested call at about
+1.5 us per character (measured on a busy 2-core machine): at most about 1.5 ms here. On
+a worker thread the same Python walk holds the GIL as long (the loop gets it back every
+5 ms switch interval) and adds a round trip of about 100 us, so the thread only pays for
+itself on large arguments, and for a schema's first check (jsonschema's import and the
+schema's compilation), which go there."""
+
+
+async def schema_problems_from_loop(
+    t: Tool, arguments: dict[str, Any], *, size: int | None = None
+) -> list[str]:
+    """``schema_problems`` from the event loop, which is never held by the slow parts.
+
+    The compiled quick check (``fastschema``) answers on the loop for the schemas tools
+    have. When it cannot vouch for the arguments, the full validator runs here too if
+    the schema's validator is already compiled and the arguments are small (``size``:
+    the length of their JSON text; None: not known); otherwise jsonschema (its import,
+    about 0.1 s the first time, and the schema's compilation) runs on a worker thread.
+    """
     quick = quick_check(t.parameters_json)
     if quick is not None and quick(arguments):
         return []
+    if size is not None and size <= INLINE_VALIDATION_LIMIT and t.parameters_json in _COMPILED:
+        return schema_problems(t, arguments)
     return await asyncio.to_thread(schema_problems, t, arguments)
+
+
+#: the schemas whose validator ``_compiled_validator`` holds (it is cheap to use then)
+_COMPILED: set[str] = set()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -213,7 +237,10 @@ def _compiled_validator(schema_json: str) -> Draft202012Validator:
 
     schema = json.loads(schema_json)
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    validator = Draft202012Validator(schema)
+    if len(_COMPILED) < 1024:  # the cache's size: past it, one may be compiled again inline
+        _COMPILED.add(schema_json)
+    return validator
 
 
 def _no_constants(name: str) -> Any:

@@ -49,7 +49,7 @@ from lodger.engine.checks import (
     check_visibility,
     decode_arguments,
     invalid_arguments,
-    schema_problems_off_loop,
+    schema_problems_from_loop,
 )
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
@@ -390,7 +390,7 @@ class CallPipeline:
                     call.name, visible=scope.visible, activated_here=scope.activated_here
                 )
             arguments = decode_arguments(call.name, call.arguments)
-            problems = await schema_problems_off_loop(t, arguments)
+            problems = await schema_problems_from_loop(t, arguments, size=len(call.arguments))
             if problems:
                 if rerun is not None:
                     raise Rejection(
@@ -452,7 +452,7 @@ class CallPipeline:
                 raise Rejection("vetoed", f"{t.name} was vetoed: {verdict.reason}")
             if isinstance(verdict, Rewrite):
                 arguments = dict(verdict.arguments)
-                problems = await schema_problems_off_loop(t, arguments)
+                problems = await schema_problems_from_loop(t, arguments)
                 if problems:
                     raise Rejection(
                         "invalid_arguments",

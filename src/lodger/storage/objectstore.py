@@ -11,7 +11,9 @@ records elsewhere; the tombstone keeps the key occupied, so fencing holds foreve
 An append costs that one put and one HEAD: before anything names the new segment (a
 head, a manifest, the next append's offset) the store is asked whether it kept it, whole,
 so a store that acknowledges a write it dropped fails that append instead of leaving a
-gap every later read trips over (``_objectio``). Reads that fail on the way (a reset
+gap every later read trips over (``_objectio``). On a local directory the puts of
+concurrent sessions are written and synced in groups, one ``syncfs`` per group, and the
+HEAD is a ``stat`` after the sync (``_object_sync``). Reads that fail on the way (a reset
 connection, a body cut short) are tried again, and a segment or manifest that does not
 decode is read once more before it is called damage.
 
@@ -208,7 +210,8 @@ class ObjectLogStore:
 
     ``identity`` names the storage for the in-process writer lease (two stores opened on
     the same URL share it); ``local_root`` is the directory of a ``LocalStore``, whose
-    objects and directories are fsynced after each put (L4); ``clock_us`` dates manifests
+    puts are durable before they return (L4), those of concurrent sessions written and
+    synced in groups (``local_sync``, see ``_object_sync``); ``clock_us`` dates manifests
     for the garbage collector's grace period. ``lease_ttl_s`` is how long a writer's
     lease object outlives its last renewal (``writer_lease=False`` takes none: only for
     tests of the fence beneath it); ``check_create_only`` (default: unless the

@@ -1,26 +1,31 @@
-"""Group sync of a local-directory object store: puts of many sessions, one device sync.
+"""Group commit of a local-directory object store: many sessions' puts, one sync.
 
 A put into a ``file://`` store is durable once its object and its directory entry are on
-the device (L4). Syncing them one put at a time costs two ``fsync`` calls and a thread
-hop per append, and on a filesystem without a journal each ``fsync`` is its own device
-flush: sixteen sessions appending at once queue sixteen pairs behind the thread pool.
+the device (L4). Done one put at a time through obstore, an append cost a put and a HEAD
+(two round trips through obstore's runtime threads) and a thread hop for two ``fsync``
+calls; on a filesystem without a journal each ``fsync`` is its own device flush, and
+sixteen sessions appending at once queued their pairs behind the default thread pool.
 
-``GroupSync`` syncs in groups instead. The first put to ask starts a sync at once (a lone
-session waits for nothing more than before); puts that finish while that sync is in
-flight wait for it to end and are then synced together, in one job on one thread. Where
-the platform has ``syncfs`` (Linux) the job is one ``syncfs`` of the store's filesystem:
-every object and every directory entry written before it is on the device when it
-returns, whichever sessions wrote them. Elsewhere each put syncs its own object and
-directory as before (``fsync_object``), concurrently with the others.
+``GroupSync`` commits in groups instead. The first create-only put starts a group at once
+(a lone session waits for nothing more than its own put); the puts of other sessions that
+arrive while that group is in flight wait for it to end and then form the next group. A
+group is one job on one thread: each put is written as obstore's ``LocalStore`` writes it
+(a staging file ``<name>#<n>``, hard-linked to the object's name, which refuses a name
+that exists: create-only, so each session keeps its own key and is fenced alone), then
+one ``syncfs`` of the store's filesystem makes every object and directory entry of the
+group durable, then a ``stat`` of each object checks it is there at the size written (what
+``_objectio.confirm_stored``'s HEAD asks a remote store). Where there is no ``syncfs``
+(not Linux) each put goes through obstore and syncs its own object and directory
+(``fsync_object``), as before.
 
-Nothing is acknowledged before its group's sync returns, and a sync that fails fails
-every put of its group (each caller gets ``StorageError``; the log turns it into
-``CommitFailedError``): the failed sync may have left any of them behind. A caller
+Nothing is acknowledged before its group's sync returned. A put that fails fails alone;
+a sync that fails fails every put of its group (each caller gets an ``OSError``, which the
+store reports as ``StorageError`` and the log as ``CommitFailedError``). A caller
 cancelled while it waits leaves the group; the others still get their answer.
 
 ``syncfs`` writes back everything dirty on that filesystem, other programs' files too:
 on a disk shared with heavy writers a group waits for their data as well. Give a busy
-``file://`` store its own filesystem.
+``file://`` store a filesystem of its own.
 """
 
 from __future__ import annotations

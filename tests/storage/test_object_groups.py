@@ -196,3 +196,20 @@ async def test_without_group_sync_each_put_syncs_its_own(tmp_path: Path) -> None
     assert store.stats.heads == store.stats.puts
     assert (await log.verify("a")).high_water == 3
     await log.close()
+
+
+@needs_syncfs
+async def test_an_append_cancelled_while_it_waits_leaves_its_group(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    sync, held = _held(store)
+    log = EventLog(store)
+    writers = await _started(log)
+    async with asyncio.TaskGroup() as group:
+        tasks = await _line_up(sync, held, writers, group)
+        tasks["b"].cancel()  # queued behind a's group: it leaves, c and d still commit
+        held.release()
+    assert tasks["b"].cancelled()
+    for sid in ("a", "c", "d"):
+        assert len(tasks[sid].result()) == 1  # type: ignore[arg-type]
+        assert (await log.verify(sid)).high_water == 2
+    await log.close()

@@ -11,7 +11,9 @@ records elsewhere; the tombstone keeps the key occupied, so fencing holds foreve
 An append costs that one put and one HEAD: before anything names the new segment (a
 head, a manifest, the next append's offset) the store is asked whether it kept it, whole,
 so a store that acknowledges a write it dropped fails that append instead of leaving a
-gap every later read trips over (``_objectio``). Reads that fail on the way (a reset
+gap every later read trips over (``_objectio``). On a local directory the puts of
+concurrent sessions are written and synced in groups, one ``syncfs`` per group, and the
+HEAD is a ``stat`` after the sync (``_object_sync``). Reads that fail on the way (a reset
 connection, a body cut short) are tried again, and a segment or manifest that does not
 decode is read once more before it is called damage.
 
@@ -75,6 +77,7 @@ from lodger.errors import (
 )
 from lodger.storage._heads import head_missing
 from lodger.storage._object_lease import LEASE_TTL_S, StoreLease
+from lodger.storage._object_sync import GroupSync
 from lodger.storage._objectio import (
     READ_TRIES,
     confirm_stored,
@@ -207,7 +210,8 @@ class ObjectLogStore:
 
     ``identity`` names the storage for the in-process writer lease (two stores opened on
     the same URL share it); ``local_root`` is the directory of a ``LocalStore``, whose
-    objects and directories are fsynced after each put (L4); ``clock_us`` dates manifests
+    puts are durable before they return (L4), those of concurrent sessions written and
+    synced in groups (``local_sync``, see ``_object_sync``); ``clock_us`` dates manifests
     for the garbage collector's grace period. ``lease_ttl_s`` is how long a writer's
     lease object outlives its last renewal (``writer_lease=False`` takes none: only for
     tests of the fence beneath it); ``check_create_only`` (default: unless the
@@ -241,6 +245,8 @@ class ObjectLogStore:
         self.grace_s = grace_s
         self.identity = identity or f"object-store-{id(store)}"
         self.local_root = local_root
+        #: makes puts into ``local_root`` durable, one sync per group of concurrent puts
+        self.local_sync = GroupSync(local_root) if local_root is not None else None
         self.cache_dir = cache_dir
         self.stats = ObjectStats()
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
@@ -308,14 +314,22 @@ class ObjectLogStore:
             raise StorageError(f"injected put failure of {key}", code="object_store")
         self.stats.puts += 1
         self.stats.bytes_put += len(data)
+        if create and self.local_sync is not None and self.local_sync.grouped:
+            try:  # written and synced with the other sessions' puts of its group
+                return await self.local_sync.put_create(self.local_sync.root / key, data)
+            except OSError as exc:
+                raise object_store_error("write", key, exc) from exc
         try:
             await obstore.put_async(self.store, key, data, mode="create" if create else "overwrite")
         except AlreadyExistsError:
             return await self._get(key) == data
         except (BaseError, OSError) as exc:
             raise object_store_error("write", key, exc) from exc
-        if self.local_root is not None:
-            await asyncio.to_thread(_fsync_object, self.local_root / key)
+        if self.local_sync is not None:
+            try:
+                await self.local_sync.sync(self.local_sync.root / key)
+            except OSError as exc:  # the group's sync failed: this put may not be durable
+                raise object_store_error("sync", key, exc) from exc
         return True
 
     async def _delete(self, key: str) -> None:
@@ -482,7 +496,10 @@ class ObjectLogStore:
             await self.checkpoint(session_id)
 
     async def _confirm(self, key: str, size: int) -> None:
-        """The object a put just wrote is there, whole (one HEAD; see ``_objectio``)."""
+        """The object a put just wrote is there, whole (one HEAD; see ``_objectio``).
+        A local store's grouped put checked that already, after its sync."""
+        if self.local_sync is not None and self.local_sync.grouped:
+            return
         self.stats.heads += 1
         await confirm_stored(self.store, key, size)
 
@@ -825,19 +842,6 @@ def _read_cache(path: Path) -> bytes | None:
     with contextlib.suppress(OSError):
         path.unlink()
     return None
-
-
-def _fsync_object(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _MEMORY_STORES: dict[str, Any] = {}

@@ -12,6 +12,8 @@ reconnects.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,12 +22,20 @@ from typing import Any, Self
 from lodger._core.extras import require
 from lodger.errors import ControlPlaneError, UsageError
 from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane
+from lodger.storage.control.interface import WakeBell
 
 with require("postgres", "the PostgreSQL control plane"):
     import psycopg
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-__all__ = ["POOL_MAX_ENVVAR", "PostgresControlPlane", "pool_max"]
+__all__ = ["POOL_MAX_ENVVAR", "WAKE_CHANNEL", "PostgresControlPlane", "pool_max"]
+
+log = logging.getLogger("lodger.control")
+
+#: the ``NOTIFY`` channel told when wakes become due (in the transaction that made them so)
+WAKE_CHANNEL = "lodger_wakes"
+#: how long a listener whose connection dropped waits before connecting again
+_RELISTEN_S = 1.0
 
 #: the most connections one process's control plane holds (its pool's ``max_size``)
 POOL_MAX_ENVVAR = "LODGER_CONTROL_POOL_MAX"
@@ -174,6 +184,42 @@ class PostgresControlPlane(SqlControlPlane):
 
     async def _migration_lock(self, tx: Any) -> None:
         await tx.rows("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+    async def _notify_wakes(self, tx: Any) -> None:
+        await tx.rows("SELECT pg_notify(%s, '')", (WAKE_CHANNEL,))
+
+    async def _notify_if_due(self, tx: Any, session_id: str) -> None:
+        await tx.rows(
+            "SELECT pg_notify(%s, '') FROM (SELECT 1 FROM wakes WHERE session_id = %s "
+            "AND done_at IS NULL AND due_at <= %s AND held = 0 LIMIT 1) AS due",
+            (WAKE_CHANNEL, session_id, tx.now),
+        )
+
+    async def listen_wakes(self, bell: WakeBell) -> None:
+        """``LISTEN`` on a connection of its own (not the pool's) until cancelled: every
+        notification rings ``bell``; so does each (re)connection, for what was sent while
+        nobody listened. ``bell.live`` is false while the connection is down."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+                )
+            except psycopg.Error as exc:
+                log.warning("listening for wakes: %s", str(exc).strip().splitlines()[:1])
+                await asyncio.sleep(_RELISTEN_S)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {WAKE_CHANNEL}".encode())
+                    bell.live = True
+                    bell.ring()
+                    async for _ in conn.notifies():
+                        bell.ring()
+            except psycopg.Error as exc:
+                log.warning("listening for wakes: %s", str(exc).strip().splitlines()[:1])
+            finally:
+                bell.live = False
+            await asyncio.sleep(_RELISTEN_S)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_PgTx]:

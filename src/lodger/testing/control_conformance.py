@@ -269,6 +269,35 @@ class ControlConformance:
         assert [c.wake.id for c in rest] == sent[3:]  # never "held", never a claimed one
         assert await two.claim_sessions(holder="w3", limit=10, ttl_s=_LONG) == []
 
+    async def test_concurrent_session_claimers_share_neither_wakes_nor_leases(
+        self, make_control: MakeControl
+    ) -> None:
+        workers = [await make_control() for _ in range(4)]
+        sent = set()
+        for i in range(24):  # two messages a session: the second waits for the first
+            sent.add(await workers[0].send(session_id=f"s{i % 12}", message=f"m{i}"))
+
+        async def drain(index: int) -> list[int]:
+            mine: list[int] = []
+            idle = 0
+            while idle < 3:
+                got = await workers[index].claim_sessions(holder=f"w{index}", limit=3, ttl_s=_LONG)
+                idle = 0 if got else idle + 1
+                for claim in got:
+                    mine.append(claim.wake.id)
+                    await workers[index].end_wake(wake_id=claim.wake.id, lease=claim.lease)
+                await asyncio.sleep(0)
+            return mine
+
+        claims = await asyncio.gather(*(drain(i) for i in range(4)))
+        flat = [wake for claim in claims for wake in claim]
+        assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
+        epochs = [
+            await workers[0].acquire_session(session_id=f"s{i}", holder="x", ttl_s=_LONG)
+            for i in range(12)
+        ]
+        assert [e.epoch if e else None for e in epochs] == [3] * 12  # two grants each
+
     async def test_ending_a_wake_finishes_or_hands_it_back_and_releases_its_lease(
         self, control: ControlPlane
     ) -> None:

@@ -54,8 +54,9 @@ async def test_a_due_wake_and_a_released_lease_ring_the_listeners(
         await _rung(bell, rings)
         # a second message waits for the session's lease, then rings when it is released
         (claim,) = await control.claim_sessions(holder="w", limit=5, ttl_s=_HOUR)
+        rings = bell.rings
         await control.send(session_id="s1", message="second")
-        await _rung(bell, bell.rings)
+        await _rung(bell, rings)
         rings = bell.rings
         assert await control.claim_sessions(holder="w2", limit=5, ttl_s=_HOUR) == []
         await control.end_wake(wake_id=claim.wake.id, lease=claim.lease)

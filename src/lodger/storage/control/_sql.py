@@ -36,6 +36,7 @@ __all__ = [
     "MIGRATIONS",
     "SqlControlPlane",
     "approval_key",
+    "lease_lost",
 ]
 
 # Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
@@ -315,7 +316,7 @@ class SqlControlPlane:
                 (expires, lease.session_id, lease.holder, lease.epoch, tx.now),
             )
             if not changed:
-                raise _lost(lease)
+                raise lease_lost(lease)
             return SessionLease(
                 session_id=lease.session_id,
                 holder=lease.holder,
@@ -331,7 +332,7 @@ class SqlControlPlane:
                 (lease.session_id, lease.holder, lease.epoch, tx.now),
             )
             if not rows:
-                raise _lost(lease)
+                raise lease_lost(lease)
 
     async def release_session(self, *, lease: SessionLease) -> None:
         async with self._tx() as tx:
@@ -1029,7 +1030,8 @@ class SqlControlPlane:
             return 0.0
 
 
-def _lost(lease: SessionLease) -> LeaseLostError:
+def lease_lost(lease: SessionLease) -> LeaseLostError:
+    """The commit guard's refusal of ``lease``."""
     return LeaseLostError(
         f"the lease of {lease.holder!r} on session {lease.session_id!r} (epoch "
         f"{lease.epoch}) is no longer current",

@@ -482,7 +482,8 @@ class SqlControlPlane:
 
     async def _notify_if_due(self, tx: _Tx, session_id: str) -> None:
         """The session's lease was released: a wake of it that waited for the lease is
-        claimable now. Only a control plane that notifies looks."""
+        claimable now. Only a control plane that notifies looks (PostgreSQL's release
+        does, in the same statement)."""
 
     async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None:
         async with self._tx() as tx:

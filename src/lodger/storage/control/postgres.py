@@ -198,11 +198,15 @@ class PostgresControlPlane(SqlControlPlane):
     async def _notify_wakes(self, tx: Any) -> None:
         await tx.rows("SELECT pg_notify(%s, '')", (WAKE_CHANNEL,))
 
-    async def _notify_if_due(self, tx: Any, session_id: str) -> None:
+    async def _release(self, tx: Any, lease: SessionLease) -> None:
+        # the release and the look for a wake that waited for it, in one statement
         await tx.rows(
-            "SELECT pg_notify(%s, '') FROM (SELECT 1 FROM wakes WHERE session_id = %s "
-            "AND done_at IS NULL AND due_at <= %s AND held = 0 LIMIT 1) AS due",
-            (WAKE_CHANNEL, session_id, tx.now),
+            "WITH released AS (UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
+            "AND holder = %s AND epoch = %s RETURNING session_id) "
+            "SELECT pg_notify(%s, '') FROM (SELECT 1 FROM wakes WHERE session_id IN "
+            "(SELECT session_id FROM released) AND done_at IS NULL AND due_at <= %s "
+            "AND held = 0 LIMIT 1) AS due",
+            (lease.session_id, lease.holder, lease.epoch, WAKE_CHANNEL, tx.now),
         )
 
     async def listen_wakes(self, bell: WakeBell) -> None:
@@ -260,6 +264,13 @@ class PostgresControlPlane(SqlControlPlane):
             found = await cursor.fetchall()
         if not found:
             raise lease_lost(lease)
+
+    async def mark_wake_started(self, *, wake_id: int, offset: int) -> None:
+        # before every delivered message: one statement, needing no clock
+        async with self._errors(), self._pool.connection() as conn:
+            await conn.execute(
+                b"UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
+            )
 
     async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
         # the shared logic's five statements as one (a round trip, not six)

@@ -154,7 +154,7 @@ class Worker:
         async with asyncio.TaskGroup() as group:
             listener = None
             if isinstance(self.control, WakeNotices):
-                listener = group.create_task(self.control.listen_wakes(bell))
+                listener = group.create_task(_listen(self.control, bell))
             try:
                 await self._dispatch(group, bell, stop)
             finally:
@@ -596,6 +596,17 @@ class Worker:
                 return cached
         self.stats.folds_read += 1
         return await self.sessions.state(sid)
+
+
+async def _listen(control: WakeNotices, bell: WakeBell) -> None:
+    """The control plane's notifications; a listener that fails leaves the worker
+    polling at ``poll_s`` (never stops it)."""
+    try:
+        await control.listen_wakes(bell)
+    except Exception:  # a bug in the listener: polling still finds every wake
+        log.exception("listening for wakes failed; polling instead")
+    finally:
+        bell.live = False
 
 
 async def _relay(stop: asyncio.Event, nudge: asyncio.Event) -> None:

@@ -224,3 +224,40 @@ def _examined(plan: dict[str, Any], index: str) -> int:
             loops = int(node.get("Actual Loops", 1))
             total += (int(node["Actual Rows"]) + int(node.get("Rows Removed by Filter", 0))) * loops
     return total
+
+
+async def test_a_worker_claims_for_all_its_free_slots_at_once(tmp_path: Path) -> None:
+    """Eight due wakes and four slots: the first claim takes four (one transaction), the
+    rest follow as slots free; on SQLite, which sends no notifications, by polling."""
+    from lodger.storage.control import SqliteControlPlane
+
+    control = SqliteControlPlane(tmp_path / "control.sqlite3")
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        model = FunctionModel(lambda request: ModelResponse(text=f"done {session_id}"))
+        return Binding(model=model, workspace=workspace)
+
+    sent = [await control.send(session_id=f"s{i}", message="hello") for i in range(8)]
+    config = WorkerConfig(poll_s=0.02, lease_ttl_s=30, concurrency=4)
+    worker = Worker(control=control, storage=storage, bind=bind, config=config,
+                    workdir=tmp_path)  # fmt: skip
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(worker.run(stop))
+    try:
+        async with asyncio.timeout(_BOUND):
+            while True:
+                assert not running.done(), running.exception()
+                infos = [await control.get_wake(wake_id=int(w or 0)) for w in sent]
+                if all(info is not None and info.status == "done" for info in infos):
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, _BOUND)
+        await storage.close()
+        await control.close()
+    assert worker.stats.claimed == 8 and worker.stats.turns == 8
+    assert worker.stats.claims <= 5  # 4 at once, then as slots freed (one each at worst)
+    assert not worker.bell.live and worker.bell.rings == 0

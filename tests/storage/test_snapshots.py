@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lodger.errors import StorageError
 from lodger.storage.artifacts import MemoryArtifactStore
 from lodger.storage.objectartifacts import ObjectArtifactStore
 from lodger.storage.objectstore import open_object_store
@@ -103,3 +104,44 @@ async def test_second_snapshot_uploads_only_the_changed_file(tmp_path: Path) -> 
     await restore_snapshot(second.ref, blobs, tmp_path / "r2")
     assert (tmp_path / "r1" / "pkg" / "m2.py").read_text() == "value = 2\n"
     assert _describe(tmp_path / "r2") == _describe(ws)
+
+
+class _OverlappingLookups(MemoryArtifactStore):
+    """Artifacts whose ``exists`` holds each lookup until another one is in flight: a
+    snapshot that looks files up one after another never finishes (the timeout fails it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.most = 0
+        self._overlapped = asyncio.Event()
+
+    async def exists(self, sha256: str, *, size: int) -> bool:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        if self.in_flight > 1:
+            self._overlapped.set()
+        try:
+            await self._overlapped.wait()
+            try:
+                await self.get(sha256)
+            except StorageError:
+                return False
+            return True
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_snapshot_looks_its_files_up_concurrently(tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    for i in range(20):
+        (workspace / f"f{i}.txt").write_text(f"file {i}")
+    blobs = _OverlappingLookups()
+    async with asyncio.timeout(30):
+        result = await snapshot_workspace(workspace, blobs)
+    assert (result.files, result.uploaded) == (20, 20)
+    assert 1 < blobs.most <= 8  # a few lanes at once, never all of a large tree
+    target = tmp_path / "restored"
+    await restore_snapshot(result.ref, blobs, target)
+    assert sorted(p.name for p in target.iterdir()) == sorted(f"f{i}.txt" for i in range(20))

@@ -263,7 +263,8 @@ def schedule(
     default=0.5,
     show_default=True,
     type=Seconds(0.01),
-    help="Seconds between looks at an empty queue.",
+    help="Seconds between looks at an empty queue without wake notifications (SQLite, "
+    "or PostgreSQL's listening connection down); while they arrive, every 5 s.",
 )
 @click.option(
     "--max-attempts",

@@ -176,6 +176,12 @@ class Sessions:
         self._states[session_id] = state
         return state
 
+    def cached(self, session_id: str) -> SessionState | None:
+        """The fold this service last verified (or its agents fed) for the session, if
+        it still holds it. Not checked against the store: a caller compares the stored
+        head with it first (``lodger.runtime.worker`` does)."""
+        return self._states.get(session_id)
+
     async def plan(self, session_id: str) -> RecoveryPlan:
         return (await self.state(session_id)).plan()
 

@@ -51,7 +51,15 @@ from lodger.runtime.subagents.detached import ControlPlaneChildren
 from lodger.runtime.subagents.link import SubagentLink, link_of
 from lodger.storage import Storage
 from lodger.storage.control.fencing import FencedLogStore, LeaseGuard
-from lodger.storage.control.interface import ControlPlane, ParkedCall, SessionRow, Wake
+from lodger.storage.control.interface import (
+    ControlPlane,
+    ParkedCall,
+    SessionClaim,
+    SessionRow,
+    Wake,
+    WakeBell,
+    WakeNotices,
+)
 from lodger.storage.eventlog import EventLog
 from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 
@@ -67,7 +75,11 @@ BindingFactory = Callable[[str, str | None, Path], Binding]
 class WorkerConfig:
     concurrency: int = 1
     lease_ttl_s: float = 15.0
+    #: seconds between looks at an empty queue without wake notifications (SQLite, or
+    #: the notifying connection lost)
     poll_s: float = 0.5
+    #: seconds between looks while notifications arrive (a missed one costs this much)
+    notified_poll_s: float = 5.0
     #: after SIGTERM, how long a running turn may take to settle before it is handed back
     grace_s: float = 20.0
     #: how long a wake waits when its session is busy or a turn failed to commit
@@ -89,6 +101,14 @@ class WorkerStats:
     failed: int = 0
     fenced: int = 0
     settled: list[str] = field(default_factory=list)
+    #: claims that took wakes, and the wakes they took (several a claim with concurrency)
+    claims: int = 0
+    claimed: int = 0
+    #: wake notifications received from the control plane
+    rings: int = 0
+    #: folds taken from the cache (the stored head matched) and read from the log
+    folds_reused: int = 0
+    folds_read: int = 0
 
 
 class Worker:
@@ -119,99 +139,171 @@ class Worker:
         self.bind = bind
         self.workdir = workdir
         self.stats = WorkerStats()
+        #: rung by the control plane's notifications (``WakeNotices``), when it sends them
+        self.bell = WakeBell()
+        # one service for every slot: one store handle and its group commit, and one
+        # cache of verified folds (``_fold``)
+        self.sessions = Sessions(
+            self.storage, max_cached_sessions=max(64, 4 * self.config.concurrency)
+        )
         self._next_schedules = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until ``stop`` is set, then settle or hand back what is running."""
+        bell = self.bell
         async with asyncio.TaskGroup() as group:
-            for slot in range(self.config.concurrency):
-                group.create_task(self._slot(slot, stop))
-
-    async def _slot(self, slot: int, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+            listener = None
+            if isinstance(self.control, WakeNotices):
+                listener = group.create_task(_listen(self.control, bell))
             try:
-                if slot == 0 and time.monotonic() >= self._next_schedules:
-                    self._next_schedules = time.monotonic() + self.config.schedules_every_s
-                    await self.control.fire_schedules()
-                wakes = await self.control.claim_wakes(
-                    holder=self.holder, limit=1, ttl_s=self.config.lease_ttl_s
-                )
-            except ControlPlaneError as exc:
-                log.warning("control plane: %s", exc.message)
-                wakes = []
-            if not wakes:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.poll_s)
-                continue
-            try:
-                await self._process(wakes[0], stop)
-            except ControlPlaneError as exc:
-                # the wake's claim and the lease expire on their own; another worker retries
-                log.warning("control plane during wake %s: %s", wakes[0].id, exc.message)
-            except Exception:  # the other slots and the next wakes go on
-                log.exception("wake %s: unexpected error", wakes[0].id)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.poll_s)
-
-    async def _process(self, wake: Wake, stop: asyncio.Event) -> None:
-        ttl = self.config.lease_ttl_s
-        lease = await self.control.acquire_session(
-            session_id=wake.session_id, holder=self.holder, ttl_s=ttl
-        )
-        if lease is None:
-            self.stats.handed_back += 1
-            await self.control.hand_back_wake(wake_id=wake.id, delay_s=self.config.retry_delay_s)
-            return
-        self.guard.hold(lease)
-        delay: float | None = None  # None: the wake is done; else hand it back after delay
-        held = False  # handed back until the session's open turn settles
-        failure: str | None = None  # why the wake is given up on, when it is
-        try:
-            turn = asyncio.ensure_future(self._turn(wake))
-            watch = asyncio.ensure_future(self._watch(wake, turn, stop))
-            try:
-                delay, held = await turn
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we were cancelled ourselves
-                delay = 0.0  # stopped by the deadline or a lost lease: hand it back
-                self.stats.handed_back += 1
-            except (LeaseLostError, CommitFailedError) as exc:
-                log.warning("session %s: %s", wake.session_id, exc.message)
-                self.stats.fenced += 1
-                delay = self.config.retry_delay_s
-            except SessionLockedError as exc:
-                # a writer outside the control plane (`lodger run --store`) holds it: the
-                # wake waits for it, and is never given up on for that
-                log.warning("session %s: %s", wake.session_id, exc.message)
-                self.stats.handed_back += 1
-                delay = self.config.retry_delay_s
-            except Exception as exc:  # one turn's failure never stops the worker
-                if isinstance(exc, LodgerError):
-                    log.warning("session %s: %s", wake.session_id, exc)
-                else:  # a bug in a model adapter, a tool binding or lodger: keep the trace
-                    log.exception("session %s: unexpected error in its turn", wake.session_id)
-                self.stats.failed += 1
-                delay = self.config.retry_delay_s
-                if wake.attempts >= self.config.max_attempts:
-                    # a wake that keeps failing (no model, a corrupt log) is dropped, and
-                    # the index says why, instead of retrying for ever
-                    delay = None
-                    failure = await self._give_up(wake, exc)
+                await self._dispatch(group, bell, stop)
             finally:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
-            if delay is None:
-                await self.control.finish_wake(wake_id=wake.id, error=failure)
-            else:
-                await self.control.hand_back_wake(wake_id=wake.id, delay_s=delay, held=held)
+                if listener is not None:
+                    listener.cancel()
+
+    async def _dispatch(
+        self, group: asyncio.TaskGroup, bell: WakeBell, stop: asyncio.Event
+    ) -> None:
+        """Claim as many wakes as there are free slots, in one transaction, and run each
+        in its own task; look again when a slot frees, when the control plane rings
+        (a wake became due), or after the poll interval (long while the bell is live)."""
+        running: set[asyncio.Task[None]] = set()
+        nudge = asyncio.Event()
+        relay = group.create_task(_relay(stop, nudge))
+
+        def freed(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            nudge.set()
+
+        try:
+            while not stop.is_set():
+                nudge.clear()
+                bell.clear()  # rung after this: the next look happens at once
+                await self._fire_schedules()
+                free = self.config.concurrency - len(running)
+                claims = await self._claim(free) if free > 0 else []
+                for claim in claims:
+                    task = group.create_task(self._guarded(claim, stop))
+                    running.add(task)
+                    task.add_done_callback(freed)
+                if free == 0 or len(claims) < free:
+                    await self._idle(bell, nudge, empty=free > 0)
+                self.stats.rings = bell.rings
+        finally:
+            relay.cancel()
+
+    async def _idle(self, bell: WakeBell, nudge: asyncio.Event, *, empty: bool) -> None:
+        """Wait for a slot to free (``nudge``), the next schedules look, and, when the
+        queue had less than the free slots (``empty``), a ring or the poll interval."""
+        timeout = max(0.0, self._next_schedules - time.monotonic())
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(nudge.wait())]
+        if empty:
+            poll = self.config.notified_poll_s if bell.live else self.config.poll_s
+            timeout = min(timeout, poll)
+            waiters.append(asyncio.ensure_future(bell.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _fire_schedules(self) -> None:
+        """Enqueue the due schedules' wakes, every ``schedules_every_s``."""
+        if time.monotonic() < self._next_schedules:
+            return
+        self._next_schedules = time.monotonic() + self.config.schedules_every_s
+        try:
+            await self.control.fire_schedules()
+        except ControlPlaneError as exc:
+            log.warning("control plane: %s", exc.message)
+
+    async def _claim(self, free: int) -> list[SessionClaim]:
+        try:
+            claims = await self.control.claim_sessions(
+                holder=self.holder, limit=free, ttl_s=self.config.lease_ttl_s
+            )
+        except ControlPlaneError as exc:
+            log.warning("control plane: %s", exc.message)
+            return []
+        if claims:
+            self.stats.claims += 1
+            self.stats.claimed += len(claims)
+        return claims
+
+    async def _guarded(self, claim: SessionClaim, stop: asyncio.Event) -> None:
+        """One wake; its failures stop neither the other wakes nor the worker."""
+        try:
+            await self._process(claim, stop)
+        except ControlPlaneError as exc:
+            # the wake's claim and the lease expire on their own; another worker retries
+            log.warning("control plane during wake %s: %s", claim.wake.id, exc.message)
+        except Exception:  # the other slots and the next wakes go on
+            log.exception("wake %s: unexpected error", claim.wake.id)
+
+    async def _process(self, claim: SessionClaim, stop: asyncio.Event) -> None:
+        wake, lease = claim.wake, claim.lease
+        self.guard.hold(lease)
+        ended = False
+        try:
+            delay, held, failure = await self._work(claim, stop)
+            current = self.guard.lease(wake.session_id) or lease
+            await self.control.end_wake(
+                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure
+            )
+            ended = True
         finally:
             current = self.guard.lease(wake.session_id) or lease
             self.guard.drop(wake.session_id)
-            with contextlib.suppress(ControlPlaneError):
-                await self.control.release_session(lease=current)
+            if not ended:
+                with contextlib.suppress(ControlPlaneError):
+                    await self.control.release_session(lease=current)
+
+    async def _work(
+        self, claim: SessionClaim, stop: asyncio.Event
+    ) -> tuple[float | None, bool, str | None]:
+        """Run the wake under its lease's watch: (hand back after this delay, or None
+        when the wake is done; whether it is held; why it is given up on, if it is)."""
+        wake = claim.wake
+        delay: float | None = None
+        held = False  # handed back until the session's open turn settles
+        failure: str | None = None
+        turn = asyncio.ensure_future(self._turn(wake, claim.row))
+        watch = asyncio.ensure_future(self._watch(wake, turn, stop))
+        try:
+            delay, held = await turn
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we were cancelled ourselves
+            delay = 0.0  # stopped by the deadline or a lost lease: hand it back
+            self.stats.handed_back += 1
+        except (LeaseLostError, CommitFailedError) as exc:
+            log.warning("session %s: %s", wake.session_id, exc.message)
+            self.stats.fenced += 1
+            delay = self.config.retry_delay_s
+        except SessionLockedError as exc:
+            # a writer outside the control plane (`lodger run --store`) holds it: the
+            # wake waits for it, and is never given up on for that
+            log.warning("session %s: %s", wake.session_id, exc.message)
+            self.stats.handed_back += 1
+            delay = self.config.retry_delay_s
+        except Exception as exc:  # one turn's failure never stops the worker
+            if isinstance(exc, LodgerError):
+                log.warning("session %s: %s", wake.session_id, exc)
+            else:  # a bug in a model adapter, a tool binding or lodger: keep the trace
+                log.exception("session %s: unexpected error in its turn", wake.session_id)
+            self.stats.failed += 1
+            delay = self.config.retry_delay_s
+            if wake.attempts >= self.config.max_attempts:
+                # a wake that keeps failing (no model, a corrupt log) is dropped, and
+                # the index says why, instead of retrying for ever
+                delay = None
+                failure = await self._give_up(wake, exc)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        return delay, held, failure
 
     async def _watch(
         self, wake: Wake, turn: asyncio.Future[tuple[float | None, bool]], stop: asyncio.Event
@@ -221,6 +313,7 @@ class Worker:
         ttl = self.config.lease_ttl_s
         stop_at: float | None = None
         stopped = asyncio.ensure_future(stop.wait())
+        renew = False  # the lease and the claim were just taken, for ttl
         try:
             while not turn.done():
                 if stop.is_set() and stop_at is None:
@@ -228,7 +321,8 @@ class Worker:
                 if stop_at is not None and time.monotonic() >= stop_at:
                     turn.cancel()
                     return
-                lease = self.guard.lease(wake.session_id)
+                lease = self.guard.lease(wake.session_id) if renew else None
+                renew = True
                 if lease is not None:
                     try:
                         renewed = await self.control.renew_session(lease=lease, ttl_s=ttl)
@@ -252,16 +346,15 @@ class Worker:
         finally:
             stopped.cancel()
 
-    async def _turn(self, wake: Wake) -> tuple[float | None, bool]:
+    async def _turn(self, wake: Wake, row: SessionRow | None) -> tuple[float | None, bool]:
         """Run the wake on its session. Returns the delay after which it should be looked
         at again (a session parked on an operator), None when the wake is done, and
         whether it is held: it waits for something only someone else can change (an
         answer that lets the open turn settle, an operator's decision) and is released
         the moment that happens (``release_held_wakes``), else looked at after the delay."""
         sid = wake.session_id
-        sessions = Sessions(self.storage)
-        state = await sessions.state(sid) if await self.storage.log.exists(sid) else None
-        row = await self.control.get_session(session_id=sid)
+        sessions = self.sessions
+        state = await self._fold(sid)
         root = await asyncio.to_thread(
             tempfile.mkdtemp, prefix=f"lodger-{sid[:40]}-", dir=self.workdir
         )
@@ -311,7 +404,7 @@ class Worker:
             # its parent is woken once the child's final snapshot is indexed: the parent
             # brings the child's edits into its own workspace from it
             step.wake_parent = link
-        step.state = await sessions.state(sid)
+        step.state = await self._fold(sid)
 
     async def _open_turn(
         self, sessions: Sessions, wake: Wake, binding: Binding, step: _Step
@@ -340,7 +433,7 @@ class Worker:
             # parked on an operator: a decision releases it (``decided``)
             step.delay = self.config.parked_delay_s
             step.held = True
-        step.state = await sessions.state(sid)
+        step.state = await self._fold(sid)
 
     async def _deliver(
         self, sessions: Sessions, wake: Wake, binding: Binding, workspace: Path, step: _Step
@@ -359,7 +452,7 @@ class Worker:
         self.stats.turns += 1
         self.stats.settled.append(result.status)
         step.waiting = result.status == "waiting"
-        step.state = await sessions.state(sid)
+        step.state = await self._fold(sid)
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
         """After the wake's work: park its questions, snapshot, index, wake who waits."""
@@ -367,11 +460,10 @@ class Worker:
         if step.waiting and state is not None:
             await self._park_approvals(sid, state)
         snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
-        await self._index(sid, state, snapshot.ref, waiting=step.waiting)
-        if state is not None and state.open_turn is None:
-            # the turn settled: messages that waited for it go now, not at their next look
-            # (this wake is still claimed, so it is not among them)
-            await self.control.release_held_wakes(session_id=sid)
+        # the turn settled: messages that waited for it go now, not at their next look
+        # (this wake is still claimed, so it is not among them)
+        settled = state is not None and state.open_turn is None
+        await self._index(sid, state, snapshot.ref, waiting=step.waiting, release_held=settled)
         if step.wake_parent is not None:
             assert binding.subagents is not None and binding.subagents.children is not None
             await binding.subagents.children.settled(child=step.wake_parent)
@@ -450,39 +542,76 @@ class Worker:
         worker indexes it again), and shielded so the stop does not cut it short."""
         try:
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
-            state = await Sessions(self.storage).state(sid)
+            state = await self._fold(sid)
             await self._index(sid, state, snapshot.ref)
         except (LodgerError, OSError) as exc:
             log.warning("indexing %s after a stop: %s", sid, exc)
 
     async def _index(
-        self, sid: str, state: SessionState | None, snapshot: str, *, waiting: bool = False
+        self,
+        sid: str,
+        state: SessionState | None,
+        snapshot: str,
+        *,
+        waiting: bool = False,
+        release_held: bool = False,
     ) -> None:
+        """The session's index row and parked calls (and its held wakes released, when
+        its turn settled), in one transaction stamped with the control plane's clock."""
         if state is None:
             return
-        now = await self.control.now()
         plan = state.plan()
         status = state.last_turn_status or "started"
         if state.open_turn is not None:
             status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
-        await self.control.record_session(
+        await self.control.index_session(
             row=SessionRow(
                 session_id=sid,
                 status=status,
-                last_activity=now,
+                last_activity=0.0,
                 events=len(state.events),
                 snapshot=snapshot,
                 model=state.last_model,
-            )
-        )
-        await self.control.set_parked(
-            session_id=sid,
-            calls=[
+            ),
+            parked=[
                 ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
-                           since=now)
+                           since=0.0)
                 for c in plan.blocked
             ],
+            release_held=release_held,
         )  # fmt: skip
+
+    async def _fold(self, sid: str) -> SessionState | None:
+        """The session's verified fold (None: no events yet), from this worker's cache
+        when the stored head still ends where the cached fold does: same high-water
+        mark, same digest. Anything else (another writer, a lost lease) reads the log."""
+        head = await self.storage.log.head(sid)
+        if head.high_water == 0:
+            return None
+        cached = self.sessions.cached(sid)
+        if cached is not None and cached.events:
+            last = cached.events[-1]
+            if last.offset + 1 == head.high_water and last.digest == head.digest:
+                self.stats.folds_reused += 1
+                return cached
+        self.stats.folds_read += 1
+        return await self.sessions.state(sid)
+
+
+async def _listen(control: WakeNotices, bell: WakeBell) -> None:
+    """The control plane's notifications; a listener that fails leaves the worker
+    polling at ``poll_s`` (never stops it)."""
+    try:
+        await control.listen_wakes(bell)
+    except Exception:  # a bug in the listener: polling still finds every wake
+        log.exception("listening for wakes failed; polling instead")
+    finally:
+        bell.live = False
+
+
+async def _relay(stop: asyncio.Event, nudge: asyncio.Event) -> None:
+    await stop.wait()
+    nudge.set()
 
 
 @dataclasses.dataclass(kw_only=True)

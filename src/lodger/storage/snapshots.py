@@ -48,6 +48,8 @@ __all__ = [
 
 _MEDIA_TYPE = "application/vnd.lodger.snapshot+json"
 _RACY_S = 2.0
+#: files read, looked up and stored at once by a snapshot
+_LANES = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +126,7 @@ async def _snapshot(
     uploaded = 0
     size = 0
     read = 0
+    todo: list[tuple[dict[str, Any], tuple[int, int, int, int]]] = []
     for entry in entries:
         if entry["type"] != "file":
             continue
@@ -133,17 +136,32 @@ async def _snapshot(
             entry["sha256"] = previous[1]  # unchanged since it was hashed and stored
             size += int(entry["size"])
             continue
-        data = await asyncio.to_thread((base / entry["path"]).read_bytes)
-        read += 1
-        sha256 = hashlib.sha256(data).hexdigest()
-        entry["sha256"] = sha256
-        entry["size"] = len(data)
-        size += len(data)
-        if not await _stored(blobs, sha256, len(data)):
-            await blobs.put(data, media_type="application/octet-stream")
-            uploaded += 1
-        if known is not None:
-            known[entry["path"]] = (seen, sha256)
+        todo.append((entry, seen))
+    # the files to read are read, looked up and stored a few at a time, not one round
+    # trip to the store after another (a remote store answers each in milliseconds)
+    lanes = asyncio.Semaphore(_LANES)
+
+    async def store(entry: dict[str, Any], seen: tuple[int, int, int, int]) -> bool:
+        async with lanes:
+            data = await asyncio.to_thread((base / entry["path"]).read_bytes)
+            sha256 = hashlib.sha256(data).hexdigest()
+            entry["sha256"] = sha256
+            entry["size"] = len(data)
+            put = not await _stored(blobs, sha256, len(data))
+            if put:
+                await blobs.put(data, media_type="application/octet-stream")
+            if known is not None:
+                known[entry["path"]] = (seen, sha256)
+            return put
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(store(entry, seen)) for entry, seen in todo]
+    except BaseExceptionGroup as failed:  # the first failure, as one store's would be
+        raise failed.exceptions[0] from failed
+    read += len(todo)
+    uploaded += sum(task.result() for task in tasks)
+    size += sum(int(entry["size"]) for entry, _ in todo)
     if known is not None:
         paths = {e["path"] for e in entries if e["type"] == "file"}
         for gone in [p for p in known if p not in paths]:

@@ -234,6 +234,117 @@ class ControlConformance:
         flat = [wake for claim in claims for wake in claim]
         assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
 
+    async def test_a_claim_takes_wakes_and_their_leases_at_once(
+        self, make_control: MakeControl
+    ) -> None:
+        """``claim_sessions``: up to ``limit`` wakes, each with its session's lease (a new
+        epoch that fences the one before) and its index row, in one transaction; a
+        session held by another holder is left alone."""
+        one, two = await make_control(), await make_control()
+        old = await one.acquire_session(session_id="s0", holder="earlier", ttl_s=_LONG)
+        assert old is not None
+        await one.release_session(lease=old)
+        held = await one.acquire_session(session_id="held", holder="other", ttl_s=_LONG)
+        assert held is not None
+        await one.record_session(
+            row=SessionRow(session_id="s1", status="completed", last_activity=1.0, events=5)
+        )
+        sent = [await one.send(session_id=f"s{i}", message=f"m{i}") for i in range(5)]
+        await one.send(session_id="held", message="waits for its lease")
+        first = await one.claim_sessions(holder="w1", limit=3, ttl_s=_LONG)
+        assert [c.wake.id for c in first] == sent[:3]
+        assert [(c.lease.session_id, c.lease.holder, c.lease.epoch) for c in first] == [
+            ("s0", "w1", 2), ("s1", "w1", 1), ("s2", "w1", 1),
+        ]  # fmt: skip
+        assert [c.wake.attempts for c in first] == [1, 1, 1]
+        assert [c.row.events if c.row else None for c in first] == [None, 5, None]
+        for claim in first:
+            await two.check_session(lease=claim.lease)
+            assert await two.acquire_session(
+                session_id=claim.wake.session_id, holder="w2", ttl_s=_LONG
+            ) is None  # fmt: skip
+        with pytest.raises(LeaseLostError):
+            await two.check_session(lease=old)
+        rest = await two.claim_sessions(holder="w2", limit=10, ttl_s=_LONG)
+        assert [c.wake.id for c in rest] == sent[3:]  # never "held", never a claimed one
+        assert await two.claim_sessions(holder="w3", limit=10, ttl_s=_LONG) == []
+
+    async def test_concurrent_session_claimers_share_neither_wakes_nor_leases(
+        self, make_control: MakeControl
+    ) -> None:
+        workers = [await make_control() for _ in range(4)]
+        sent = set()
+        for i in range(24):  # two messages a session: the second waits for the first
+            sent.add(await workers[0].send(session_id=f"s{i % 12}", message=f"m{i}"))
+
+        async def drain(index: int) -> list[int]:
+            mine: list[int] = []
+            idle = 0
+            while idle < 3:
+                got = await workers[index].claim_sessions(holder=f"w{index}", limit=3, ttl_s=_LONG)
+                idle = 0 if got else idle + 1
+                for claim in got:
+                    mine.append(claim.wake.id)
+                    await workers[index].end_wake(wake_id=claim.wake.id, lease=claim.lease)
+                await asyncio.sleep(0)
+            return mine
+
+        claims = await asyncio.gather(*(drain(i) for i in range(4)))
+        flat = [wake for claim in claims for wake in claim]
+        assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
+        epochs = [
+            await workers[0].acquire_session(session_id=f"s{i}", holder="x", ttl_s=_LONG)
+            for i in range(12)
+        ]
+        assert [e.epoch if e else None for e in epochs] == [3] * 12  # two grants each
+
+    async def test_ending_a_wake_finishes_or_hands_it_back_and_releases_its_lease(
+        self, control: ControlPlane
+    ) -> None:
+        done_id = int(await control.send(session_id="s1", message="done") or 0)
+        later_id = int(await control.send(session_id="s2", message="later") or 0)
+        claims = {c.wake.id: c for c in await control.claim_sessions(
+            holder="w1", limit=5, ttl_s=_LONG)}  # fmt: skip
+        assert set(claims) == {done_id, later_id}
+        await control.end_wake(wake_id=done_id, lease=claims[done_id].lease, error="x: why")
+        await control.end_wake(wake_id=later_id, lease=claims[later_id].lease, delay_s=_LONG)
+        info = await control.get_wake(wake_id=done_id)
+        assert info is not None and (info.status, info.error) == ("failed", "x: why")
+        (pending,) = await control.pending_wakes()
+        assert pending.id == later_id and pending.due_at >= (await control.now()) + _LONG / 2
+        for claim in claims.values():  # released: the next grant fences it
+            with pytest.raises(LeaseLostError):
+                await control.check_session(lease=claim.lease)
+            again = await control.acquire_session(
+                session_id=claim.wake.session_id, holder="w2", ttl_s=_LONG
+            )
+            assert again is not None and again.epoch == 2
+
+    async def test_indexing_a_session_records_parks_and_releases_held_wakes(
+        self, control: ControlPlane
+    ) -> None:
+        held = await control.send(session_id="s1", message="after the approval")
+        (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+        await control.end_wake(wake_id=claim.wake.id, lease=claim.lease, delay_s=_LONG, held=True)
+        before = await control.now()
+        calls = [ParkedCall(session_id="s1", call_id="c1", tool="pay", reason="r", since=0.0)]
+        row = SessionRow(session_id="s1", status="parked", last_activity=0.0, events=3,
+                         snapshot="sha256:a", model="script:x")  # fmt: skip
+        assert await control.index_session(row=row, parked=calls) == 0  # nothing released
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.events, got.snapshot) == ("parked", 3,
+                                                                           "sha256:a")  # fmt: skip
+        assert got.last_activity >= before  # stamped with the control plane's clock
+        (parked,) = await control.list_parked(session_id="s1")
+        assert parked.call_id == "c1" and parked.since >= before
+        settled = SessionRow(session_id="s1", status="completed", last_activity=0.0, events=6)
+        assert await control.index_session(row=settled, parked=[], release_held=True) == 1
+        assert await control.list_parked(session_id="s1") == []
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.snapshot) == ("completed", "sha256:a")
+        (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
+        assert again.wake.id == held
+
     async def test_a_missed_schedule_fires_once(self, control: ControlPlane) -> None:
         now = await control.now()
         schedule = await control.add_schedule(

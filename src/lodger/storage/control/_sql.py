@@ -8,6 +8,7 @@ expiry is always judged by one clock, never by a worker's.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -20,6 +21,7 @@ from lodger.storage.control.interface import (
     NamedLease,
     ParkedCall,
     Schedule,
+    SessionClaim,
     SessionLease,
     SessionRow,
     Wake,
@@ -27,7 +29,15 @@ from lodger.storage.control.interface import (
 )
 from lodger.storage.control.schedule import next_fire
 
-__all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane", "approval_key"]
+__all__ = [
+    "DUE_SCHEDULES",
+    "DUE_WAKES",
+    "LATEST_VERSION",
+    "MIGRATIONS",
+    "SqlControlPlane",
+    "approval_key",
+    "lease_lost",
+]
 
 # Versioned schema. Version 1: what one session needs (leases, wakes, idempotency keys,
 # the session and parked indexes). Version 2: what spans sessions (cron schedules and the
@@ -38,7 +48,8 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "SqlControlPlane", "approval_key"]
 # Version 6: approvals that park (``mode`` 'park': live until their own expiry, without a
 # lease, and answering one wakes the session). Version 7: a wake held until its session's
 # open turn settles (a message for a session that waits for an approval), made due the
-# moment a worker sees the turn settle rather than at its next look.
+# moment a worker sees the turn settle rather than at its next look. Version 8: the due
+# schedules found by an index (a worker looks every second), as the due wakes already are.
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -99,10 +110,28 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # 1: handed back until the session's open turn settles (``release_held_wakes``)
         "ALTER TABLE wakes ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
     ),
+    8: (
+        # finding the due schedules walks the due ones, not every schedule stored
+        "CREATE INDEX schedules_due ON schedules (next_at)",
+    ),
 }
 LATEST_VERSION = max(MIGRATIONS)
 
 _WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
+#: the claimable wakes (parameters: now four times, then the limit): due, unclaimed or
+#: abandoned by a dead worker, of a session nobody holds, each its session's oldest due
+#: one. ``wakes_pending`` orders them by due time, so the scan stops after what is due.
+DUE_WAKES = (
+    f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL AND due_at <= %s "
+    "AND (claimed_by IS NULL OR claim_expires_at <= %s) "
+    "AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE "
+    "l.session_id = wakes.session_id AND l.expires_at > %s) "
+    "AND NOT EXISTS (SELECT 1 FROM wakes w WHERE w.session_id = wakes.session_id "
+    "AND w.done_at IS NULL AND w.due_at <= %s AND w.id < wakes.id) "
+    "ORDER BY due_at, id LIMIT %s"
+)
+#: the schedules due (parameter: now), found through ``schedules_due``
+DUE_SCHEDULES = "SELECT id, session_id, cron, message FROM schedules WHERE next_at <= %s"
 # A waiting approval is live while the worker that asked still holds the session's lease
 # (its heartbeat renews it while it waits): a dead worker's question is answered by
 # nobody. A parked one is live until its own expiry: nobody holds the dormant session.
@@ -287,7 +316,7 @@ class SqlControlPlane:
                 (expires, lease.session_id, lease.holder, lease.epoch, tx.now),
             )
             if not changed:
-                raise _lost(lease)
+                raise lease_lost(lease)
             return SessionLease(
                 session_id=lease.session_id,
                 holder=lease.holder,
@@ -303,16 +332,21 @@ class SqlControlPlane:
                 (lease.session_id, lease.holder, lease.epoch, tx.now),
             )
             if not rows:
-                raise _lost(lease)
+                raise lease_lost(lease)
 
     async def release_session(self, *, lease: SessionLease) -> None:
-        # The row stays (expired) so the next grant's epoch is higher than every earlier one.
         async with self._tx() as tx:
-            await tx.change(
-                "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
-                "AND holder = %s AND epoch = %s",
-                (lease.session_id, lease.holder, lease.epoch),
-            )
+            await self._release(tx, lease)
+
+    async def _release(self, tx: _Tx, lease: SessionLease) -> None:
+        # The row stays (expired) so the next grant's epoch is higher than every earlier one.
+        released = await tx.change(
+            "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
+            "AND holder = %s AND epoch = %s",
+            (lease.session_id, lease.holder, lease.epoch),
+        )
+        if released:
+            await self._notify_if_due(tx, lease.session_id)
 
     # ----------------------------------------------------------- the wake queue
 
@@ -343,45 +377,113 @@ class SqlControlPlane:
                     "UPDATE idempotency_keys SET wake_id = %s WHERE key = %s",
                     (wake_id, idempotency_key),
                 )
+            if due_at is None or due_at <= tx.now:
+                await self._notify_wakes(tx)
             return wake_id
+
+    async def _due_wakes(self, tx: _Tx, limit: int) -> list[Wake]:
+        """Due, unclaimed (or abandoned by a dead worker) wakes of sessions nobody holds,
+        each its session's oldest due wake (so a session's messages keep their order),
+        one per session, oldest first. The scan walks ``wakes_pending`` from the oldest
+        due time and stops at ``limit``: it costs what is due, not what is stored."""
+        rows = await tx.rows(DUE_WAKES + self._skip_locked, (tx.now, tx.now, tx.now, tx.now, limit))
+        wakes: list[Wake] = []
+        seen: set[str] = set()
+        for row in rows:
+            wake = _wake(row)
+            if wake.session_id not in seen:
+                seen.add(wake.session_id)
+                wakes.append(wake)
+        return wakes
+
+    async def _mark_claimed(
+        self, tx: _Tx, wakes: Sequence[Wake], holder: str, ttl_s: float
+    ) -> list[Wake]:
+        if not wakes:
+            return []
+        marks = ", ".join("%s" for _ in wakes)
+        await tx.change(
+            "UPDATE wakes SET claimed_by = %s, claim_expires_at = %s, "
+            f"attempts = attempts + 1 WHERE id IN ({marks})",
+            (holder, tx.now + ttl_s, *(w.id for w in wakes)),
+        )
+        return [dataclasses.replace(w, attempts=w.attempts + 1) for w in wakes]
 
     async def claim_wakes(self, *, holder: str, limit: int, ttl_s: float) -> list[Wake]:
         async with self._tx() as tx:
-            # Due, unclaimed (or abandoned by a dead worker), of a session nobody holds,
-            # and the session's oldest due wake, so a session's messages keep their order.
-            rows = await tx.rows(
-                f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL AND due_at <= %s "
-                "AND (claimed_by IS NULL OR claim_expires_at <= %s) "
-                "AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE "
-                "l.session_id = wakes.session_id AND l.expires_at > %s) "
-                "AND NOT EXISTS (SELECT 1 FROM wakes w WHERE w.session_id = wakes.session_id "
-                "AND w.done_at IS NULL AND w.due_at <= %s AND w.id < wakes.id) "
-                "ORDER BY due_at, id LIMIT %s" + self._skip_locked,
-                (tx.now, tx.now, tx.now, tx.now, limit),
+            return await self._mark_claimed(tx, await self._due_wakes(tx, limit), holder, ttl_s)
+
+    async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
+        async with self._tx() as tx:
+            due = await self._due_wakes(tx, limit)
+            if not due:
+                return []
+            expires = tx.now + ttl_s
+            # every lease in one upsert, in session order (two claimers lock rows in the
+            # same order); a lease another holder took since is not granted
+            sids = sorted(w.session_id for w in due)
+            granted = await tx.rows(
+                "INSERT INTO session_leases (session_id, holder, epoch, expires_at) VALUES "
+                + ", ".join("(%s, %s, 1, %s)" for _ in sids)
+                + " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, "
+                "epoch = session_leases.epoch + 1, expires_at = excluded.expires_at "
+                "WHERE session_leases.expires_at <= %s RETURNING session_id, epoch",
+                (*(v for sid in sids for v in (sid, holder, expires)), tx.now),
             )
-            claimed: list[Wake] = []
-            seen: set[str] = set()
-            for row in rows:
-                wake = _wake(row)
-                if wake.session_id in seen:
-                    continue
-                seen.add(wake.session_id)
+            epochs = {str(r[0]): int(r[1]) for r in granted}
+            wakes = await self._mark_claimed(
+                tx, [w for w in due if w.session_id in epochs], holder, ttl_s
+            )
+            if not wakes:
+                return []
+            marks = ", ".join("%s" for _ in wakes)
+            rows = await tx.rows(
+                "SELECT session_id, status, last_activity, events, snapshot, model "
+                f"FROM sessions WHERE session_id IN ({marks})",
+                tuple(w.session_id for w in wakes),
+            )
+            indexed = {r[0]: _session_row(r) for r in rows}
+            return [
+                SessionClaim(
+                    wake=w,
+                    lease=SessionLease(
+                        session_id=w.session_id,
+                        holder=holder,
+                        epoch=epochs[w.session_id],
+                        expires_at=expires,
+                    ),
+                    row=indexed.get(w.session_id),
+                )
+                for w in wakes
+            ]
+
+    async def end_wake(
+        self,
+        *,
+        wake_id: int,
+        lease: SessionLease,
+        delay_s: float | None = None,
+        held: bool = False,
+        error: str | None = None,
+    ) -> None:
+        async with self._tx() as tx:
+            if delay_s is None:
                 await tx.change(
-                    "UPDATE wakes SET claimed_by = %s, claim_expires_at = %s, "
-                    "attempts = attempts + 1 WHERE id = %s",
-                    (holder, tx.now + ttl_s, wake.id),
+                    "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s",
+                    (tx.now, error, wake_id),
                 )
-                claimed.append(
-                    Wake(
-                        id=wake.id,
-                        session_id=wake.session_id,
-                        message=wake.message,
-                        due_at=wake.due_at,
-                        attempts=wake.attempts + 1,
-                        started_offset=wake.started_offset,
-                    )
-                )
-            return claimed
+            else:
+                await self._hand_back(tx, wake_id, delay_s, held)
+            await self._release(tx, lease)
+
+    async def _notify_wakes(self, tx: _Tx) -> None:
+        """Wakes became due in this transaction: tell the listening workers (at commit).
+        A control plane without notifications leaves them to poll."""
+
+    async def _notify_if_due(self, tx: _Tx, session_id: str) -> None:
+        """The session's lease was released: a wake of it that waited for the lease is
+        claimable now. Only a control plane that notifies looks (PostgreSQL's release
+        does, in the same statement)."""
 
     async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None:
         async with self._tx() as tx:
@@ -405,21 +507,32 @@ class SqlControlPlane:
         self, *, wake_id: int, delay_s: float = 0.0, held: bool = False
     ) -> None:
         async with self._tx() as tx:
-            await tx.change(
-                "UPDATE wakes SET claimed_by = NULL, claim_expires_at = NULL, "
-                "due_at = CASE WHEN due_at > %s THEN due_at ELSE %s END, held = %s "
-                "WHERE id = %s AND done_at IS NULL",
-                (tx.now + delay_s, tx.now + delay_s, 1 if held else 0, wake_id),
-            )
+            await self._hand_back(tx, wake_id, delay_s, held)
+
+    async def _hand_back(self, tx: _Tx, wake_id: int, delay_s: float, held: bool) -> None:
+        changed = await tx.change(
+            "UPDATE wakes SET claimed_by = NULL, claim_expires_at = NULL, "
+            "due_at = CASE WHEN due_at > %s THEN due_at ELSE %s END, held = %s "
+            "WHERE id = %s AND done_at IS NULL",
+            (tx.now + delay_s, tx.now + delay_s, 1 if held else 0, wake_id),
+        )
+        if changed and delay_s <= 0 and not held:
+            await self._notify_wakes(tx)
 
     async def release_held_wakes(self, *, session_id: str) -> int:
         async with self._tx() as tx:
-            return await tx.change(
-                "UPDATE wakes SET held = 0, "
-                "due_at = CASE WHEN due_at > %s THEN %s ELSE due_at END "
-                "WHERE session_id = %s AND held = 1 AND done_at IS NULL",
-                (tx.now, tx.now, session_id),
-            )
+            return await self._release_held(tx, session_id)
+
+    async def _release_held(self, tx: _Tx, session_id: str) -> int:
+        released = await tx.change(
+            "UPDATE wakes SET held = 0, "
+            "due_at = CASE WHEN due_at > %s THEN %s ELSE due_at END "
+            "WHERE session_id = %s AND held = 1 AND done_at IS NULL",
+            (tx.now, tx.now, session_id),
+        )
+        if released:
+            await self._notify_wakes(tx)
+        return released
 
     async def pending_wakes(self, *, session_id: str | None = None) -> list[Wake]:
         async with self._tx() as tx:
@@ -498,11 +611,7 @@ class SqlControlPlane:
 
     async def fire_schedules(self) -> int:
         async with self._tx() as tx:
-            rows = await tx.rows(
-                "SELECT id, session_id, cron, message FROM schedules WHERE next_at <= %s"
-                + self._skip_locked,
-                (tx.now,),
-            )
+            rows = await tx.rows(DUE_SCHEDULES + self._skip_locked, (tx.now,))
             for schedule_id, session_id, cron, message in rows:
                 await tx.change(
                     "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s)",
@@ -512,22 +621,37 @@ class SqlControlPlane:
                     "UPDATE schedules SET next_at = %s WHERE id = %s",
                     (next_fire(cron, tx.now), schedule_id),
                 )
+            if rows:
+                await self._notify_wakes(tx)
             return len(rows)
 
     # ----------------------------------------------------------- indexes
 
     async def record_session(self, *, row: SessionRow) -> None:
         async with self._tx() as tx:
-            await tx.change(
-                "INSERT INTO sessions (session_id, status, last_activity, events, snapshot, "
-                "model) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE "
-                "SET status = excluded.status, last_activity = excluded.last_activity, "
-                "events = excluded.events, "
-                "snapshot = COALESCE(excluded.snapshot, sessions.snapshot), "
-                "model = COALESCE(excluded.model, sessions.model)",
-                (row.session_id, row.status, row.last_activity, row.events, row.snapshot,
-                 row.model),
-            )  # fmt: skip
+            await self._record(tx, row)
+
+    async def _record(self, tx: _Tx, row: SessionRow) -> None:
+        await tx.change(
+            "INSERT INTO sessions (session_id, status, last_activity, events, snapshot, "
+            "model) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE "
+            "SET status = excluded.status, last_activity = excluded.last_activity, "
+            "events = excluded.events, "
+            "snapshot = COALESCE(excluded.snapshot, sessions.snapshot), "
+            "model = COALESCE(excluded.model, sessions.model)",
+            (row.session_id, row.status, row.last_activity, row.events, row.snapshot,
+             row.model),
+        )  # fmt: skip
+
+    async def index_session(
+        self, *, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool = False
+    ) -> int:
+        async with self._tx() as tx:
+            await self._record(tx, dataclasses.replace(row, last_activity=tx.now))
+            await self._set_parked(
+                tx, row.session_id, [dataclasses.replace(c, since=tx.now) for c in parked]
+            )
+            return await self._release_held(tx, row.session_id) if release_held else 0
 
     async def get_session(self, *, session_id: str) -> SessionRow | None:
         async with self._tx() as tx:
@@ -548,13 +672,16 @@ class SqlControlPlane:
 
     async def set_parked(self, *, session_id: str, calls: Sequence[ParkedCall]) -> None:
         async with self._tx() as tx:
-            await tx.change("DELETE FROM parked WHERE session_id = %s", (session_id,))
-            for call in calls:
-                await tx.change(
-                    "INSERT INTO parked (session_id, call_id, tool, reason, since) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (session_id, call.call_id, call.tool, call.reason, call.since),
-                )
+            await self._set_parked(tx, session_id, calls)
+
+    async def _set_parked(self, tx: _Tx, session_id: str, calls: Sequence[ParkedCall]) -> None:
+        await tx.change("DELETE FROM parked WHERE session_id = %s", (session_id,))
+        for call in calls:
+            await tx.change(
+                "INSERT INTO parked (session_id, call_id, tool, reason, since) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (session_id, call.call_id, call.tool, call.reason, call.since),
+            )
 
     async def list_parked(self, *, session_id: str | None = None) -> list[ParkedCall]:
         async with self._tx() as tx:
@@ -648,6 +775,8 @@ class SqlControlPlane:
             "WHERE k.key = %s AND w.done_at IS NULL" + self._for_update,
             (key,),
         )
+        if due <= tx.now:
+            await self._notify_wakes(tx)
         if rows:
             await tx.change(
                 "UPDATE wakes SET due_at = %s WHERE id = %s AND due_at > %s",
@@ -902,7 +1031,8 @@ class SqlControlPlane:
             return 0.0
 
 
-def _lost(lease: SessionLease) -> LeaseLostError:
+def lease_lost(lease: SessionLease) -> LeaseLostError:
+    """The commit guard's refusal of ``lease``."""
     return LeaseLostError(
         f"the lease of {lease.holder!r} on session {lease.session_id!r} (epoch "
         f"{lease.epoch}) is no longer current",

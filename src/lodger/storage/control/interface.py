@@ -14,9 +14,10 @@ clock never decides whether its lease is still current.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "ApprovalRequest",
@@ -29,13 +30,16 @@ __all__ = [
     "ParkedCall",
     "Schedule",
     "Schedules",
+    "SessionClaim",
     "SessionIndex",
     "SessionLease",
     "SessionLeases",
     "SessionRow",
     "Tokens",
     "Wake",
+    "WakeBell",
     "WakeInfo",
+    "WakeNotices",
     "Wakes",
 ]
 
@@ -133,6 +137,55 @@ class SessionRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SessionClaim:
+    """A due wake claimed together with its session's lease (a new epoch) and the
+    session's index row (None for a session not indexed yet), in one transaction
+    (``claim_sessions``)."""
+
+    wake: Wake
+    lease: SessionLease
+    row: SessionRow | None
+
+
+class WakeBell:
+    """Rung when wakes may have become due (a notification from the control plane).
+
+    ``live`` is True while notifications are being received: a worker then polls the
+    queue rarely, and at its short interval while they are not (a lost connection, or a
+    control plane that sends none)."""
+
+    def __init__(self) -> None:
+        self._rung = asyncio.Event()
+        self.live = False
+        #: notifications received (each may stand for several wakes)
+        self.rings = 0
+
+    def ring(self) -> None:
+        self.rings += 1
+        self._rung.set()
+
+    def clear(self) -> None:
+        self._rung.clear()
+
+    def is_set(self) -> bool:
+        return self._rung.is_set()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+
+@runtime_checkable
+class WakeNotices(Protocol):
+    """A control plane that tells listeners when a wake becomes due (PostgreSQL's
+    ``LISTEN``/``NOTIFY``); without it a worker only polls."""
+
+    async def listen_wakes(self, bell: WakeBell) -> None:
+        """Ring ``bell`` at every notification until cancelled, keeping ``bell.live``
+        true while notifications can arrive (reconnecting when the connection drops)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParkedCall:
     session_id: str
     call_id: str
@@ -216,6 +269,26 @@ class Wakes(Protocol):
         """Claim up to ``limit`` due wakes of sessions nobody holds, for ``ttl_s``."""
         ...
 
+    async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
+        """Claim up to ``limit`` due wakes of sessions nobody holds and take each one's
+        session lease (a new epoch), both for ``ttl_s``, in one transaction: what
+        ``claim_wakes`` then ``acquire_session`` and ``get_session`` for each do."""
+        ...
+
+    async def end_wake(
+        self,
+        *,
+        wake_id: int,
+        lease: SessionLease,
+        delay_s: float | None = None,
+        held: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """In one transaction: finish the wake (``delay_s`` None; ``error`` as in
+        ``finish_wake``) or hand it back (``hand_back_wake`` with ``delay_s`` and
+        ``held``), then release ``lease`` (``release_session``)."""
+        ...
+
     async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None: ...
 
     async def mark_wake_started(self, *, wake_id: int, offset: int) -> None: ...
@@ -270,6 +343,14 @@ class SessionIndex(Protocol):
     operations of each session."""
 
     async def record_session(self, *, row: SessionRow) -> None: ...
+
+    async def index_session(
+        self, *, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool = False
+    ) -> int:
+        """In one transaction: ``record_session(row)``, ``set_parked`` with ``parked``
+        and, when ``release_held``, ``release_held_wakes`` (how many it released). The
+        row's ``last_activity`` and each call's ``since`` are the control plane's now."""
+        ...
 
     async def get_session(self, *, session_id: str) -> SessionRow | None: ...
 

@@ -12,20 +12,38 @@ reconnects.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+import select
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 
 from lodger._core.extras import require
 from lodger.errors import ControlPlaneError, UsageError
-from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane
+from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane, lease_lost
+from lodger.storage.control.interface import (
+    SessionClaim,
+    SessionLease,
+    SessionRow,
+    Wake,
+    WakeBell,
+)
 
 with require("postgres", "the PostgreSQL control plane"):
     import psycopg
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-__all__ = ["POOL_MAX_ENVVAR", "PostgresControlPlane", "pool_max"]
+__all__ = ["POOL_MAX_ENVVAR", "WAKE_CHANNEL", "PostgresControlPlane", "pool_max"]
+
+log = logging.getLogger("lodger.control")
+
+#: the ``NOTIFY`` channel told when wakes become due (in the transaction that made them so)
+WAKE_CHANNEL = "lodger_wakes"
+#: how long a listener whose connection dropped waits before connecting again
+_RELISTEN_S = 1.0
 
 #: the most connections one process's control plane holds (its pool's ``max_size``)
 POOL_MAX_ENVVAR = "LODGER_CONTROL_POOL_MAX"
@@ -126,9 +144,11 @@ class PostgresControlPlane(SqlControlPlane):
             max_size=max_size,
             open=False,
             timeout=timeout_s,
-            check=AsyncConnectionPool.check_connection,
+            check=_check_connection,
             reconnect_timeout=timeout_s * 10,
-            kwargs={"connect_timeout": max(1, int(timeout_s))},
+            # transactions are opened by hand (``_tx``: BEGIN and the clock in one round
+            # trip); a single read (the commit guard) needs none
+            kwargs={"connect_timeout": max(1, int(timeout_s)), "autocommit": True},
         )
         self._opened = False
 
@@ -175,18 +195,108 @@ class PostgresControlPlane(SqlControlPlane):
     async def _migration_lock(self, tx: Any) -> None:
         await tx.rows("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
 
+    async def _notify_wakes(self, tx: Any) -> None:
+        await tx.rows("SELECT pg_notify(%s, '')", (WAKE_CHANNEL,))
+
+    async def _release(self, tx: Any, lease: SessionLease) -> None:
+        # the release and the look for a wake that waited for it, in one statement
+        await tx.rows(
+            "WITH released AS (UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
+            "AND holder = %s AND epoch = %s RETURNING session_id) "
+            "SELECT pg_notify(%s, '') FROM (SELECT 1 FROM wakes WHERE session_id IN "
+            "(SELECT session_id FROM released) AND done_at IS NULL AND due_at <= %s "
+            "AND held = 0 LIMIT 1) AS due",
+            (lease.session_id, lease.holder, lease.epoch, WAKE_CHANNEL, tx.now),
+        )
+
+    async def listen_wakes(self, bell: WakeBell) -> None:
+        """``LISTEN`` on a connection of its own (not the pool's) until cancelled: every
+        notification rings ``bell``; so does each (re)connection, for what was sent while
+        nobody listened. ``bell.live`` is false while the connection is down."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+                )
+            except psycopg.Error as exc:
+                log.warning("listening for wakes: %s", str(exc).strip().splitlines()[:1])
+                await asyncio.sleep(_RELISTEN_S)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {WAKE_CHANNEL}".encode())
+                    bell.live = True
+                    bell.ring()
+                    async for _ in conn.notifies():
+                        bell.ring()
+            except psycopg.Error as exc:
+                log.warning("listening for wakes: %s", str(exc).strip().splitlines()[:1])
+            finally:
+                bell.live = False
+            await asyncio.sleep(_RELISTEN_S)
+
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_PgTx]:
-        try:
-            async with (
-                self._pool.connection() as conn,
-                conn.transaction(),
-                conn.cursor() as cursor,
-            ):
-                await cursor.execute(b"SELECT extract(epoch from clock_timestamp())::float8")
-                row = await cursor.fetchone()
-                assert row is not None
+        async with self._errors(), self._pool.connection() as conn, conn.cursor() as cursor:
+            # one round trip opens the transaction and reads the clock it is judged by
+            await cursor.execute(_BEGIN)
+            if cursor.description is None:  # on BEGIN's result: the clock's is next
+                cursor.nextset()
+            row = await cursor.fetchone()
+            assert row is not None
+            try:
                 yield _PgTx(cursor, float(row[0]))
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(b"ROLLBACK")
+                raise
+            await conn.execute(b"COMMIT")
+
+    async def check_session(self, *, lease: SessionLease) -> None:
+        # the commit guard runs before every append: one statement, no transaction, on
+        # the server's clock (what the shared logic does in four round trips)
+        async with self._errors(), self._pool.connection() as conn:
+            cursor = await conn.execute(
+                b"SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
+                b"AND epoch = %s AND expires_at > extract(epoch from clock_timestamp())",
+                (lease.session_id, lease.holder, lease.epoch),
+            )
+            found = await cursor.fetchall()
+        if not found:
+            raise lease_lost(lease)
+
+    async def mark_wake_started(self, *, wake_id: int, offset: int) -> None:
+        # before every delivered message: one statement, needing no clock
+        async with self._errors(), self._pool.connection() as conn:
+            await conn.execute(
+                b"UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
+            )
+
+    async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
+        # the shared logic's five statements as one (a round trip, not six)
+        async with self._errors(), self._pool.connection() as conn:
+            cursor = await conn.execute(_CLAIM_SESSIONS, (limit, holder, ttl_s, holder))
+            rows = await cursor.fetchall()
+        claims = []
+        for row in rows:
+            wake = Wake(id=int(row[0]), session_id=row[1], message=row[2],
+                        due_at=float(row[3]), attempts=int(row[4]),
+                        started_offset=None if row[5] is None else int(row[5]))  # fmt: skip
+            lease = SessionLease(session_id=wake.session_id, holder=holder,
+                                 epoch=int(row[6]), expires_at=float(row[7]))  # fmt: skip
+            indexed = None
+            if row[8] is not None:
+                indexed = SessionRow(session_id=wake.session_id, status=row[8],
+                                     last_activity=float(row[9]), events=int(row[10]),
+                                     snapshot=row[11], model=row[12])  # fmt: skip
+            claims.append(SessionClaim(wake=wake, lease=lease, row=indexed))
+        return claims
+
+    @asynccontextmanager
+    async def _errors(self) -> AsyncIterator[None]:
+        """psycopg's and the pool's failures as ``ControlPlaneError``s."""
+        try:
+            yield
         except PoolTimeout as exc:  # (an OperationalError too: first)
             self._raise_if_full(exc)
             raise ControlPlaneError(
@@ -201,6 +311,60 @@ class PostgresControlPlane(SqlControlPlane):
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'failed'}",
                 hint="the transaction was rolled back; retry when the database is back",
             ) from exc
+
+
+_BEGIN = b"BEGIN; SELECT extract(epoch from clock_timestamp())::float8"
+
+# ``claim_sessions`` in one statement (parameters: the limit, the holder, the ttl, the
+# holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock), their
+# sessions' leases granted in session order unless another holder's is current, the
+# wakes of the granted ones claimed, with their sessions' index rows.
+_CLAIM_SESSIONS = b"""
+WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS t),
+due AS (
+  SELECT w.id, w.session_id FROM wakes w, clock
+  WHERE w.done_at IS NULL AND w.due_at <= clock.t
+    AND (w.claimed_by IS NULL OR w.claim_expires_at <= clock.t)
+    AND NOT EXISTS (SELECT 1 FROM session_leases l
+                    WHERE l.session_id = w.session_id AND l.expires_at > clock.t)
+    AND NOT EXISTS (SELECT 1 FROM wakes o WHERE o.session_id = w.session_id
+                    AND o.done_at IS NULL AND o.due_at <= clock.t AND o.id < w.id)
+  ORDER BY w.due_at, w.id LIMIT %s
+  FOR UPDATE OF w SKIP LOCKED
+),
+leased AS (
+  INSERT INTO session_leases (session_id, holder, epoch, expires_at)
+  SELECT DISTINCT due.session_id, %s, 1, clock.t + %s FROM due, clock ORDER BY 1
+  ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder,
+    epoch = session_leases.epoch + 1, expires_at = excluded.expires_at
+  WHERE session_leases.expires_at <= (SELECT t FROM clock)
+  RETURNING session_id, epoch, expires_at
+),
+claimed AS (
+  UPDATE wakes SET claimed_by = %s, claim_expires_at = leased.expires_at,
+    attempts = wakes.attempts + 1
+  FROM due JOIN leased ON leased.session_id = due.session_id
+  WHERE wakes.id = due.id
+  RETURNING wakes.id, wakes.session_id, wakes.message, wakes.due_at, wakes.attempts,
+    wakes.started_offset, leased.epoch, leased.expires_at
+)
+SELECT c.id, c.session_id, c.message, c.due_at, c.attempts, c.started_offset, c.epoch,
+  c.expires_at, s.status, s.last_activity, s.events, s.snapshot, s.model
+FROM claimed c LEFT JOIN sessions s ON s.session_id = c.session_id
+ORDER BY c.due_at, c.id
+"""
+
+
+async def _check_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The pool's check before lending a connection, without a round trip for a healthy
+    one: an idle connection has nothing to read, while one the server closed (a restart,
+    a terminated backend) reads as ready (its error and end of stream); only that one is
+    checked by a query, which fails, and the pool connects anew."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
 
 
 def _safe(dsn: str) -> str:

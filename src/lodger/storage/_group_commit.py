@@ -45,12 +45,16 @@ class PendingAppend:
 
 @dataclass(slots=True)
 class GroupStats:
-    """Counters: ``appends`` answered in ``groups`` commits (the largest had ``largest``)."""
+    """Counters: ``appends`` answered in ``groups`` commits, and how many groups had
+    each size."""
 
     groups: int = 0
     appends: int = 0
-    largest: int = 0
     sizes: dict[int, int] = field(default_factory=dict)  # group size -> how many groups
+
+    @property
+    def largest(self) -> int:
+        return max(self.sizes, default=0)
 
 
 def _answer(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -116,7 +120,6 @@ class AppendQueue:
         stats = self.stats
         stats.groups += 1
         stats.appends += len(group)
-        stats.largest = max(stats.largest, len(group))
         stats.sizes[len(group)] = stats.sizes.get(len(group), 0) + 1
         by_loop: dict[asyncio.AbstractEventLoop, list[PendingAppend]] = {}
         for entry in group:

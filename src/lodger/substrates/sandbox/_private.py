@@ -59,11 +59,10 @@ def _inotify() -> tuple[Callable[[int], int], Callable[[int, bytes, int], int]] 
 _LIBC = _inotify()
 
 
-def private_entries(root: str, watch: Callable[[str], bool] | None = None) -> list[str]:
+def private_entries(root: str, watch: Callable[[str], None] | None = None) -> list[str]:
     """Every entry under ``root`` others may not read (a directory: read or enter), not
     looking inside those; symbolic links are skipped (their targets are checked where
-    they lie). ``watch`` is called with each directory before it is read; False stops
-    nothing (the walk goes on), it only tells the caller its watch failed."""
+    they lie). ``watch`` is called with each directory before it is read."""
     found: list[str] = []
     pending = [root]
     while pending:
@@ -130,19 +129,16 @@ class PrivateEntries:
         keep = self._watching()
         failed: list[str] = []
 
-        def watch(directory: str) -> bool:
-            if not keep:
-                return False
+        def watch(directory: str) -> None:
             assert _LIBC is not None
             if _LIBC[1](self._fd, os.fsencode(directory), _MASK) >= 0:
-                return True
+                return
             if ctypes.get_errno() not in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):
                 failed.append(directory)  # out of watches (ENOSPC, ENOMEM): not kept
-            return False
 
         found: list[str] = []
         for root in self.roots:
-            found += private_entries(root, watch)
+            found += private_entries(root, watch if keep else None)
         if keep and not failed:
             self._found, self._pid = found, os.getpid()
         else:

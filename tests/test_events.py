@@ -22,6 +22,7 @@ from lodger.events import (
     ArtifactRef,
     ArtifactStored,
     Body,
+    BudgetReached,
     CallRejected,
     ContextCompacted,
     Event,
@@ -29,6 +30,7 @@ from lodger.events import (
     FileExpectation,
     ForkParent,
     ModelOutput,
+    ModelSwitched,
     OperatorDecision,
     OutputRejected,
     PermissionDecided,
@@ -120,6 +122,10 @@ BODIES: dict[str, st.SearchStrategy[typing.Any]] = {
         finish_reason=opt_text,
     ),
     "provider_retried": st.builds(ProviderRetried, attempt=counts, error=text, delay_ms=counts),
+    "model_switched": st.builds(ModelSwitched, from_model=text, to_model=text, error=text),
+    "budget_reached": st.builds(
+        BudgetReached, budget=text, limit=counts, spent=counts, unit=text, scope=text
+    ),
     "call_rejected": st.builds(CallRejected, tool=text, reason=text, message=text),
     "permission_requested": st.builds(PermissionRequested, tool=text, summary=text),
     "permission_decided": st.builds(

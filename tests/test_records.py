@@ -13,7 +13,13 @@ from lodger._core.records import record, recordable
 from lodger.context import MessageSnapshot, Projection
 from lodger.engine.pipeline import CallOutcome
 from lodger.events import ProposedCall
-from lodger.providers.base import AssistantMessage, ModelRequest, ToolResultMessage, ToolSchema
+from lodger.providers.base import (
+    AssistantMessage,
+    ModelRequest,
+    ModelSettings,
+    ToolResultMessage,
+    ToolSchema,
+)
 from lodger.tools.spec import Tool, ToolContext
 
 CALL = ProposedCall(call_id="c", name="n", arguments="{}")
@@ -48,7 +54,10 @@ CASES: list[tuple[type, dict[str, Any]]] = [
             "awaiting_approval": False,
         },
     ),
-    (ToolResultMessage, {"call_id": "c", "name": "n", "content": "x", "is_error": True}),
+    (
+        ToolResultMessage,
+        {"call_id": "c", "name": "n", "content": "x", "is_error": True, "parts": ()},
+    ),
     (
         AssistantMessage,
         {"text": "t", "reasoning": "r", "calls": (CALL,), "provider_state": {"p": [1]}},
@@ -65,6 +74,8 @@ CASES: list[tuple[type, dict[str, Any]]] = [
             "tools": (ToolSchema(name="n", description="d", parameters={}),),
             "max_output_tokens": None,
             "output_schema": {"type": "object"},
+            "output_mode": "native",
+            "settings": ModelSettings(temperature=0.5),
         },
     ),
 ]

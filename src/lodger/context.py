@@ -249,6 +249,7 @@ def _result_of(e: Event, name: str) -> ToolResultMessage | None:
                 "name": name,
                 "content": body.content,
                 "is_error": body.status != "ok",
+                "parts": (),
             },
         )
         return message

@@ -61,12 +61,30 @@ def proposed_call(*, call_id: str, name: str, arguments: str) -> ProposedCall:
     return ProposedCall(call_id=call_id, name=name, arguments=arguments)
 
 
-def step_started(*, index: int, model: str, tools: tuple[ToolRef, ...]) -> StepStarted:
-    if type(index) is int and type(model) is str and _all_exactly(tools, ToolRef):
+def step_started(
+    *,
+    index: int,
+    model: str,
+    tools: tuple[ToolRef, ...],
+    settings: dict[str, Any] | None = None,
+) -> StepStarted:
+    if (
+        type(index) is int
+        and type(model) is str
+        and _all_exactly(tools, ToolRef)
+        and settings is None
+    ):
         return _construct(
-            StepStarted, {"kind": "step_started", "index": index, "model": model, "tools": tools}
+            StepStarted,
+            {
+                "kind": "step_started",
+                "index": index,
+                "model": model,
+                "tools": tools,
+                "settings": None,
+            },
         )
-    return StepStarted(index=index, model=model, tools=tools)
+    return StepStarted(index=index, model=model, tools=tools, settings=settings)
 
 
 def model_output(

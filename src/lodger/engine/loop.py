@@ -53,6 +53,7 @@ from lodger.providers.base import (
     Model,
     ModelRequest,
     ModelResponse,
+    ModelSettings,
     ToolSchema,
 )
 from lodger.storage import SessionWriter
@@ -416,6 +417,8 @@ class Engine:
                 "tools": visible.schemas,
                 "max_output_tokens": None,
                 "output_schema": self.output.schema if self.output is not None else None,
+                "output_mode": "prompted",
+                "settings": _NO_SETTINGS,
             },
         )
         return request
@@ -454,6 +457,9 @@ class Engine:
                     env,
                 )
                 await retries.sleep(delay)
+
+
+_NO_SETTINGS = ModelSettings()
 
 
 def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:

@@ -27,6 +27,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     5  output_rejected; turn_ended.output (structured output); call_rejected reason vetoed.
     6  permission_decided.decision park (the call waits for an answer given outside the run).
     7  permission_decided.who and operator_decision.who (who decided).
+    8  usage cache tokens; step settings; turn attachments; model_switched; budget_reached.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "ArtifactRef",
     "ArtifactStored",
+    "Attachment",
     "Body",
+    "BudgetReached",
     "CallRejected",
     "ChainKind",
     "ContextCompacted",
@@ -61,6 +64,7 @@ __all__ = [
     "FileExpectation",
     "ForkParent",
     "ModelOutput",
+    "ModelSwitched",
     "ObservedReason",
     "ObservedStatus",
     "OperatorDecision",
@@ -98,7 +102,7 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
@@ -107,6 +111,7 @@ SCHEMA_CHANGELOG: Mapping[int, str] = {
     5: "output_rejected; turn_ended.output (structured output); call_rejected reason vetoed",
     6: "permission_decided.decision park (the call waits for an answer given outside the run)",
     7: "permission_decided.who and operator_decision.who (who decided)",
+    8: "usage cache tokens; step settings; turn attachments; model_switched; budget_reached",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -154,14 +159,31 @@ class ProposedCall(_Value):
 
 
 class Usage(_Value):
+    """Tokens one model request used. ``input_tokens`` counts every input token, cached or
+    not; ``cache_read_tokens`` of them were read from the provider's prompt cache and
+    ``cache_write_tokens`` were written to it (schema 8; 0 in older logs and where the
+    provider does not say)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class ArtifactRef(_Value):
     sha256: str
     size: int
     media_type: str = "text/plain"
+
+
+class Attachment(_Value):
+    """An image or document given with a turn's input (schema 8): its bytes are an
+    artifact, or it is a URL the provider fetches itself (never fetched by lodger)."""
+
+    media_type: str
+    artifact: ArtifactRef | None = None
+    url: str | None = None
+    name: str = ""
 
 
 class FileExpectation(_Value):
@@ -223,6 +245,8 @@ class SessionStarted(_Value):
 class TurnStarted(_Value):
     kind: Literal["turn_started"] = "turn_started"
     input: str
+    #: images and documents given with the input (schema 8)
+    attachments: tuple[Attachment, ...] = ()
 
 
 class RunStarted(_Value):
@@ -241,10 +265,15 @@ class RunStarted(_Value):
 
 
 class StepStarted(_Value):
+    """A step begins. ``settings`` are the model settings the step's request asked for
+    (temperature, max tokens...; only those set), so a replay knows what was asked
+    (schema 8; None in older logs and when nothing was set)."""
+
     kind: Literal["step_started"] = "step_started"
     index: int
     model: str
     tools: tuple[ToolRef, ...]
+    settings: dict[str, JsonValue] | None = None
 
 
 class ModelOutput(_Value):
@@ -264,6 +293,34 @@ class ProviderRetried(_Value):
     attempt: int
     error: str
     delay_ms: int
+
+
+class ModelSwitched(_Value):
+    """A fallback model took over a step because ``from_model`` failed in a way that is
+    not the request's fault (``error`` says how); the step's output is ``to_model``'s
+    (schema 8)."""
+
+    kind: Literal["model_switched"] = "model_switched"
+    from_model: str
+    to_model: str
+    error: str
+
+
+class BudgetReached(_Value):
+    """A usage limit or a spend budget was reached before the next model request: the run
+    parks (``run_ended`` parked) and the turn stays open until the limit is raised and the
+    session resumed (schema 8). ``budget`` names it (``requests``, ``input_tokens``,
+    ``output_tokens``, ``total_tokens``, ``tool_calls``, ``session_cost``, ``tree_cost``,
+    ``daily_cost``); ``unit`` is ``requests``, ``tokens``, ``calls``, or ``micro_`` and a
+    currency code for money (``micro_usd``: amounts in millionths, exact integers);
+    ``scope`` is what it counts over (``turn``, ``session``, ``tree``, ``day``)."""
+
+    kind: Literal["budget_reached"] = "budget_reached"
+    budget: str
+    limit: int
+    spent: int
+    unit: str
+    scope: str = "turn"
 
 
 class CallRejected(_Value):
@@ -406,6 +463,8 @@ Body = Annotated[
     | StepStarted
     | ModelOutput
     | ProviderRetried
+    | ModelSwitched
+    | BudgetReached
     | CallRejected
     | PermissionRequested
     | PermissionDecided

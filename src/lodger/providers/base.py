@@ -9,17 +9,20 @@ model's own ``call_id`` and raw ``arguments`` text; results are paired by ``call
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from lodger.events import ProposedCall, Usage
 
 __all__ = [
     "AssistantMessage",
+    "MediaPart",
     "Message",
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
+    "OutputMode",
     "TextSink",
     "ToolResultMessage",
     "ToolSchema",
@@ -37,12 +40,87 @@ class ToolSchema:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """What a request asks of the model beyond its messages; None (or empty) leaves the
+    provider's default. ``extra`` is merged into the provider's request body as is (a
+    provider-specific option lodger does not name). An adapter that cannot honour a
+    setting it was given ignores it only where the provider has no such knob, and says so
+    in its docstring.
+
+    Settings are given per agent and per run; a run's override the agent's field by field
+    (``merged``). ``record()`` is what ``step_started.settings`` keeps.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    parallel_tool_calls: bool | None = None
+    #: ``"minimal"``, ``"low"``, ``"medium"`` or ``"high"`` (reasoning models)
+    reasoning_effort: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def merged(self, other: ModelSettings | None) -> ModelSettings:
+        """These settings with every field ``other`` sets taken from ``other``."""
+        if other is None:
+            return self
+        changes: dict[str, Any] = {}
+        for name in _SETTING_FIELDS:
+            value = getattr(other, name)
+            if value is not None and value != ():
+                changes[name] = value
+        if other.extra:
+            changes["extra"] = {**self.extra, **other.extra}
+        return replace(self, **changes)
+
+    def record(self) -> dict[str, Any] | None:
+        """The settings that are set, as JSON (None when nothing is)."""
+        out: dict[str, Any] = {}
+        for name in _SETTING_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value != ():
+                out[name] = list(value) if isinstance(value, tuple) else value
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out or None
+
+
+_SETTING_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "parallel_tool_calls",
+    "reasoning_effort",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaPart:
+    """An image or document for the model: ``data`` (its bytes) or ``url`` (the provider
+    fetches it). ``media_type`` says which (``image/png``, ``application/pdf``...)."""
+
+    media_type: str
+    data: bytes | None = None
+    url: str | None = None
+    name: str = ""
+
+    @property
+    def is_image(self) -> bool:
+        return self.media_type.startswith("image/")
+
+
+@dataclass(frozen=True, kw_only=True)
 class UserMessage:
     """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input
-    and ``"runtime"`` for what the runtime says back (an output that failed validation)."""
+    and ``"runtime"`` for what the runtime says back (an output that failed validation);
+    ``parts`` are images and documents given with the input."""
 
     text: str
     source: Literal["input", "runtime"] = "input"
+    parts: tuple[MediaPart, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,9 +138,16 @@ class ToolResultMessage:
     name: str
     content: str
     is_error: bool = False
+    #: images and documents the tool returned (stored as artifacts)
+    parts: tuple[MediaPart, ...] = ()
 
 
 Message = UserMessage | AssistantMessage | ToolResultMessage
+
+OutputMode = Literal["native", "tool", "prompted"]
+"""How a final answer's schema travels: ``native`` (the provider's structured-output
+option), ``tool`` (a forced output tool whose arguments are the answer) or ``prompted``
+(the schema in the system prompt only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +157,10 @@ class ModelRequest:
     tools: tuple[ToolSchema, ...] = ()
     max_output_tokens: int | None = None
     #: the JSON schema the final answer must match (``Agent(output_type=...)``), or None
-    #: for free text; adapters may pass it to a provider's structured-output option
+    #: for free text; ``output_mode`` says how the adapter passes it on
     output_schema: dict[str, Any] | None = None
+    output_mode: OutputMode = "prompted"
+    settings: ModelSettings = field(default_factory=ModelSettings)
 
 
 @dataclass(frozen=True, kw_only=True)

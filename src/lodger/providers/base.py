@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from lodger.events import ProposedCall, Usage
 
 __all__ = [
+    "OUTPUT_TOOL",
     "AssistantMessage",
     "MediaPart",
     "Message",
@@ -27,6 +28,8 @@ __all__ = [
     "ToolResultMessage",
     "ToolSchema",
     "UserMessage",
+    "output_tool",
+    "take_output_call",
 ]
 
 
@@ -174,6 +177,38 @@ class ModelResponse:
     #: thinking blocks), keyed by provider; logged with the output and replayed
     provider_state: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+#: the forced output tool of ``output_mode="tool"``: its arguments are the final answer
+OUTPUT_TOOL = "final_result"
+
+
+def output_tool(request: ModelRequest) -> ToolSchema | None:
+    """The output tool a request in tool mode offers the model (None in other modes)."""
+    if request.output_mode != "tool" or request.output_schema is None:
+        return None
+    return ToolSchema(
+        name=OUTPUT_TOOL,
+        description="Give your final answer: call this once, with the answer as its arguments.",
+        parameters=request.output_schema,
+    )
+
+
+def take_output_call(
+    calls: tuple[ProposedCall, ...], request: ModelRequest
+) -> tuple[str | None, tuple[ProposedCall, ...]]:
+    """In tool mode, the output tool's arguments (the answer as JSON text) and the other
+    calls; an answer given alongside other calls is left for a later step (the other
+    calls run first), so only a lone output call is taken."""
+    if request.output_mode != "tool":
+        return None, calls
+    answers = [c for c in calls if c.name == OUTPUT_TOOL]
+    if not answers:
+        return None, calls
+    rest = tuple(c for c in calls if c.name != OUTPUT_TOOL)
+    if rest:
+        return None, rest
+    return answers[0].arguments, ()
 
 
 TextSink = Callable[[str], None]

@@ -48,6 +48,7 @@ if _typing.TYPE_CHECKING:
     from lodger.events import Event, ProposedCall, Usage
     from lodger.providers import (
         AssistantMessage,
+        FallbackModel,
         FunctionModel,
         Message,
         Model,
@@ -114,6 +115,7 @@ _EXPORTS: dict[str, str] = {
     "ProposedCall": "lodger.events",
     "Usage": "lodger.events",
     "AssistantMessage": "lodger.providers",
+    "FallbackModel": "lodger.providers",
     "FunctionModel": "lodger.providers",
     "Message": "lodger.providers",
     "Model": "lodger.providers",
@@ -163,6 +165,7 @@ __all__ = [
     "Event",
     "EventLog",
     "FactCommitted",
+    "FallbackModel",
     "FunctionModel",
     "Hooks",
     "Limits",

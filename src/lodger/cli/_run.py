@@ -226,7 +226,8 @@ async def _run_turn(
         async with Sessions(where.open()) as sessions:
             return await sessions.run(task, binding=binding, session=session)
     finally:
-        await binding.model.aclose()  # the CLI made the model: it closes its connections
+        if not isinstance(binding.model, str):  # compose made a Model
+            await binding.model.aclose()  # the CLI made the model: it closes its connections
 
 
 trust_option = click.option(

@@ -74,7 +74,12 @@ async def test_a_session_moves_between_providers_with_its_history(tmp_path: Path
             step = [*asked, *_assistant_text(dialect), *called]
             assert dialect.history(second) == [*history, *step]
             _check_reasoning_state(leg, dialect, first, second)
-            history += [*asked, *_assistant_text_of_leg(leg), *called, ("assistant", f"answer {leg}")]
+            history += [
+                *asked,
+                *_assistant_text_of_leg(leg),
+                *called,
+                ("assistant", f"answer {leg}"),
+            ]
 
     async with Agent(model="test", storage=storage) as reader:
         assert session is not None

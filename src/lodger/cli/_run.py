@@ -350,7 +350,7 @@ def exit_code_for(result: TurnResult) -> int:
     envvar=MODEL_ENVVAR,
     metavar="SPEC",
     help="script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
-    f"anthropic:MODEL (env {MODEL_ENVVAR}).",
+    f"anthropic:MODEL; 'A|B' falls back from A to B (env {MODEL_ENVVAR}).",
 )
 @click.option(
     "--workspace",

@@ -147,7 +147,7 @@ class AnthropicModel:
                 if request.max_output_tokens is not None
                 else self._max_tokens
             )
-            budget = self._thinking_budget
+            budget = self._thinking_budget if _may_think(request) else None
             if budget is not None:
                 max_tokens = max(max_tokens, budget + 1024)  # the answer comes after it
             stream = await self._client.messages.create(
@@ -230,6 +230,18 @@ def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
         else:
             out.append({"role": "assistant", "content": blocks})
     return out
+
+
+def _may_think(request: ModelRequest) -> bool:
+    """Whether thinking may be on for ``request``: the API refuses it in the middle of a
+    tool loop whose last assistant turn holds no thinking block of ours (another model of
+    a fallback chain made those calls), so that step's answer is asked without it."""
+    if not request.messages or not isinstance(request.messages[-1], ToolResultMessage):
+        return True
+    last = next(
+        (m for m in reversed(request.messages) if not isinstance(m, ToolResultMessage)), None
+    )
+    return not isinstance(last, AssistantMessage) or bool(_thinking_blocks(last))
 
 
 def _thinking_blocks(message: AssistantMessage) -> list[ContentBlockParam]:

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from wire_dialects import ANTHROPIC, OPENAI_CHAT
 from wire_server import Fail, WireServer, closed_port
 
 from lodger import Agent, FallbackModel, Retries
+from lodger.cli import main
 from lodger.errors import ConfigError, RateLimitedError, UsageError
 from lodger.events import Event, ModelOutput, ModelSwitched, ProviderRetried, StepStarted
 from lodger.providers import TestModel, make_model
@@ -259,3 +261,29 @@ async def test_a_model_given_as_an_object_stays_open(tmp_path: Path) -> None:
         pass
     assert not claude._client.is_closed()
     await claude.aclose()
+
+
+def test_the_cli_takes_a_chain_and_shows_the_switch(
+    tmp_path: Path, servers: tuple[WireServer, WireServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    first, second = servers
+    # a rate limit the provider will not lift soon: given up at once, then switched
+    first.push(Fail(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "3600"}))
+    second.push(OPENAI_CHAT.answer("from the second"))
+    chain = "|".join(f"openai-compatible:{s.base_url}/v1#gpt-chat" for s in servers)
+    (tmp_path / "ws").mkdir()
+    state = str(tmp_path / "state")
+    places = ["--workspace", str(tmp_path / "ws"), "--state", state, "--session", "f1"]
+    ran = CliRunner().invoke(main, ["run", "hi", "--model", chain, *places])
+    assert ran.exit_code == 0, ran.output
+    assert "from the second" in ran.output
+    switched = f"{chain.split('|')[0]} failed; {chain.split('|')[1]} takes over"
+    assert switched in " ".join(ran.output.split())
+    shown = CliRunner().invoke(main, ["log", "show", "f1", "--state", state, "--json"])
+    bodies = [e["body"] for e in json.loads(shown.stdout)["events"]]
+    [switch] = [b for b in bodies if b["kind"] == "model_switched"]
+    assert "gave up at once" in switch["error"]
+    assert [b["model"] for b in bodies if b["kind"] == "run_started"] == [chain]
+    verified = CliRunner().invoke(main, ["log", "verify", "f1", "--state", state])
+    assert verified.exit_code == 0, verified.output

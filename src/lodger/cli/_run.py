@@ -37,6 +37,7 @@ from lodger.events import (
     CallRejected,
     Event,
     ModelOutput,
+    ModelSwitched,
     PermissionDecided,
     ProviderRetried,
     ToolDispatched,
@@ -130,6 +131,8 @@ class LiveView(TurnWatcher):
             out.print(Text(f"  +  {body.tool} allowed", style="green") + _reason(body.reason))
         elif isinstance(body, ProviderRetried):
             out.print(Text(retry_line(body), style="yellow"))
+        elif isinstance(body, ModelSwitched):
+            out.print(Text(f"  >  {body.from_model} failed; {body.to_model} takes over", "yellow"))
 
 
 def _reason(reason: str) -> Text:

@@ -23,6 +23,7 @@ from lodger.providers.anthropic import AnthropicModel
 from lodger.providers.openai_chat import OpenAIChatModel
 from lodger.runtime.composition import compose
 from lodger.runtime.project import Project
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import Storage
 from lodger.tools import tool
 
@@ -287,3 +288,21 @@ def test_the_cli_takes_a_chain_and_shows_the_switch(
     assert [b["model"] for b in bodies if b["kind"] == "run_started"] == [chain]
     verified = CliRunner().invoke(main, ["log", "verify", "f1", "--state", state])
     assert verified.exit_code == 0, verified.output
+
+
+async def test_sessions_take_a_binding_by_name(
+    tmp_path: Path, servers: tuple[WireServer, WireServer]
+) -> None:
+    first, second = servers
+    # a rate limit too long to wait for: given up at once, so no backoff to sit through
+    first.push(Fail(429, {"error": {"message": "slow"}}, headers={"Retry-After": "3600"}))
+    second.push(OPENAI_CHAT.answer("bound by name"))
+    chain = "|".join(f"openai-compatible:{s.base_url}/v1#gpt-chat" for s in servers)
+    async with Sessions(Storage.local(tmp_path / "state")) as sessions:
+        result = await sessions.run("hi", binding=Binding(model=chain))
+        assert result.answer == "bound by name"
+        defaults = await sessions.defaults(result.session_id)
+    assert defaults.model == chain  # what a resume makes again
+    with pytest.raises(ConfigError, match="unknown model provider"):
+        async with Sessions(Storage.local(tmp_path / "state")) as sessions:
+            await sessions.run("hi", binding=Binding(model="nope:x"))

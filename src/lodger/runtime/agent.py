@@ -79,6 +79,11 @@ class SessionHandle:
 class Agent:
     """A model, bound tools and a place to keep sessions.
 
+    ``model`` is a ``Model`` (yours to close) or a spec as ``make_model`` reads it
+    (``"openai:gpt-4.1"``, ``"test"``, ``"openai:gpt-4.1|anthropic:claude-sonnet-4-5"`` for
+    a ``FallbackModel``), which the agent makes and closes with itself; so is a spec given
+    as ``subagents.model``.
+
     ``storage`` is where sessions live: a ``Storage`` (the caller's: the agent does not
     close it), or the state directory of the embedded default (default ``.lodger``: a
     SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory

@@ -165,6 +165,7 @@ async def test_each_step_starts_again_from_the_first_model_and_keeps_the_history
         events = await agent.log.read_all(result.session_id)
     await chain.aclose()
     took_over = second.requests[-1].body
+    assert second.requests[0].body["thinking"]["type"] == "enabled"  # its own step thinks
     assert "thinking" not in took_over
     assert ANTHROPIC.history(took_over)[-2:] == [
         ("call", "call_b", "lookup"),

@@ -10,6 +10,7 @@ A provider joins by adding its ``Dialect`` (``wire_dialects``) to ``LEGS``.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -114,3 +115,41 @@ def _check_reasoning_state(
         else:
             assert marker not in json.dumps(first), f"{other.name}'s state sent to {dialect.name}"
             assert marker not in json.dumps(second), f"{other.name}'s state sent to {dialect.name}"
+
+
+def _ids(history: list[Turn]) -> list[str]:
+    return [turn[1] for turn in history if turn[0] in ("call", "result")]
+
+
+async def test_call_ids_another_provider_refuses_go_as_stable_digests(tmp_path: Path) -> None:
+    """A compatible server's ``functions.lookup:0`` is no Anthropic id, and the id lodger
+    gives a call whose id the server reused (``call-`` and a UUID, 41 characters) is too
+    long for OpenAI: each provider gets a digest it takes, a call paired with its result."""
+    storage = Storage.local(tmp_path / "state")
+    with WireServer() as chat, WireServer() as claude:
+        kimi = "functions.lookup:0"
+        chat.push(OPENAI_CHAT.call(kimi, "lookup", {"key": "a"}), OPENAI_CHAT.answer("a done"))
+        claude.push(ANTHROPIC.answer("noted"))
+        chat.push(OPENAI_CHAT.call(kimi, "lookup", {"key": "b"}), OPENAI_CHAT.answer("b done"))
+        session = None
+        for model, task in ((OPENAI_CHAT, "a?"), (ANTHROPIC, "ok?"), (OPENAI_CHAT, "b?")):
+            made = model.model(chat if model is OPENAI_CHAT else claude)
+            async with Agent(model=made, tools=[lookup], storage=storage) as agent:
+                result = await agent.run(task, session=session)
+            await made.aclose()
+            assert result.status == "completed", result.error
+            session = result.session_id
+        to_claude = _ids(ANTHROPIC.history(claude.requests[0].body))
+        last_chat = _ids(OPENAI_CHAT.history(chat.requests[-1].body))
+    assert len(to_claude) == 2 and to_claude[0] == to_claude[1]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", to_claude[0])
+    assert last_chat[:2] == [kimi, kimi]  # the server's own id goes back to it as it was
+    renamed = last_chat[2]
+    assert renamed == last_chat[3] and renamed != kimi and len(renamed) <= 40
+    async with Agent(model="test", storage=storage) as reader:
+        assert session is not None
+        await reader.log.verify(session)
+        events = await reader.log.read_all(session)
+    logged = [c.call_id for e in events if isinstance(e.body, ModelOutput) for c in e.body.calls]
+    assert logged[0] == kimi and len(logged[1]) == 41  # the log keeps the ids it gave
+    await storage.close()

@@ -25,6 +25,7 @@ from typing import Literal
 from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._callids import wire_call_id
 from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
@@ -260,6 +261,12 @@ def _text_blocks(text: str) -> list[ContentBlockParam]:
     return [block] if text else []
 
 
+def _call_id(call_id: str) -> str:
+    """Anthropic takes ids of ``[A-Za-z0-9_-]`` only; another provider's (``functions.
+    lookup:0``) goes as a stable digest."""
+    return wire_call_id(call_id, max_len=64, plain=True, prefix="toolu_")
+
+
 def _tool_use_block(call: ProposedCall) -> ToolUseBlockParam:
     try:
         arguments = json.loads(call.arguments)
@@ -268,13 +275,13 @@ def _tool_use_block(call: ProposedCall) -> ToolUseBlockParam:
     if not isinstance(arguments, dict):
         # The API wants an object; keep the model's malformed text where it can see it.
         arguments = {"_raw_arguments": call.arguments}
-    return {"type": "tool_use", "id": call.call_id, "name": call.name, "input": arguments}
+    return {"type": "tool_use", "id": _call_id(call.call_id), "name": call.name, "input": arguments}
 
 
 def _result_block(result: ToolResultMessage) -> ToolResultBlockParam:
     return {
         "type": "tool_result",
-        "tool_use_id": result.call_id,
+        "tool_use_id": _call_id(result.call_id),
         "content": result.content,
         "is_error": result.is_error,
     }

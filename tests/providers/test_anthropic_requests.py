@@ -253,12 +253,12 @@ async def test_prompted_mode_sends_no_schema_where_the_others_do(
     for mode in ("prompted", "native", "tool"):
         await model.complete(ask(mode=mode, schema=PLACE, tools=(READ,)))
 
-    prompted, native, tool = (sent.body for sent in server.requests)
+    prompted, native, tooled = (sent.body for sent in server.requests)
     assert [tool["name"] for tool in prompted["tools"]] == ["read_file"]
     assert "tool_choice" not in prompted
     assert "output_config" not in prompted
     assert "format" in native["output_config"]
-    assert tool["tool_choice"] == {"type": "any"}
+    assert tooled["tool_choice"] == {"type": "any"}
 
 
 # ------------------------------------------------------------------ model settings

@@ -9,7 +9,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from rich.text import Text
@@ -33,6 +33,7 @@ from lodger.cli._next import command_for
 from lodger.cli._render import visible
 from lodger.cli._run import (
     LiveView,
+    budget_options,
     code_mode_option,
     exit_code_for,
     finish_turn,
@@ -315,6 +316,7 @@ def decide(
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @trust_option
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
+@budget_options
 @code_mode_option
 @subagents_option
 @state_option
@@ -331,6 +333,7 @@ def resume(
     code_mode: Language | None,
     subagent_depth: int | None,
     state: str,
+    **budget_flags: Any,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
 
@@ -374,6 +377,7 @@ def resume(
                 max_steps=max_steps,
                 code_mode=code_mode,
                 subagent_depth=subagent_depth,
+                budget_flags=budget_flags,
             )
             if model_spec_for(project, overrides) is None:
                 raise ConfigError("no model to resume with", hint="pass --model SPEC")

@@ -344,16 +344,18 @@ def check_before_calls(
     return BudgetReached(budget="tool_calls", limit=limit, spent=spent, unit="calls", scope="turn")
 
 
-_HOW = {
-    "requests": "UsageLimits(request_limit=...) or request_limit in [limits]",
-    "input_tokens": "UsageLimits(input_tokens_limit=...) or input_tokens_limit in [limits]",
-    "output_tokens": "UsageLimits(output_tokens_limit=...) or output_tokens_limit in [limits]",
-    "total_tokens": "UsageLimits(total_tokens_limit=...) or total_tokens_limit in [limits]",
-    "tool_calls": "UsageLimits(tool_calls_limit=...) or tool_calls_limit in [limits]",
-    "session_cost": "Budgets(session_usd=...) or session_usd in [budgets]",
-    "tree_cost": "Budgets(tree_usd=...) or tree_usd in [budgets]",
-    "daily_cost": "Budgets(daily_usd=...) or daily_usd in [budgets]",
-}
+def _how(budget: str) -> str:
+    """Where a budget is raised: the library's group, lodger.toml and the flag."""
+    if budget in _MONEY:
+        key, table = _MONEY[budget], "budgets"
+        group = f"Budgets({key}=...)"
+    else:
+        key, table = f"{budget}_limit" if budget != "requests" else "request_limit", "limits"
+        group = f"UsageLimits({key}=...)"
+    return f"{group}, {key} in [{table}] of lodger.toml or --{key.replace('_', '-')}"
+
+
+_MONEY = {"session_cost": "session_usd", "tree_cost": "tree_usd", "daily_cost": "daily_usd"}
 
 
 def _amount(value: int, unit: str) -> str:
@@ -371,5 +373,5 @@ def describe(reached: BudgetReached) -> str:
     return (
         f"the {reached.budget} budget of the {reached.scope} is reached "
         f"({what}; limit {_amount(reached.limit, reached.unit)}); raise "
-        f"{_HOW.get(reached.budget, reached.budget)} and resume the session"
+        f"{_how(reached.budget)} and resume the session"
     )

@@ -101,9 +101,12 @@ async def test_resume_without_a_raise_parks_again_without_asking_the_model(
     async with agent(tmp_path, script.model(), usage=limits) as a:
         first = await a.run("go", session="s")
         assert first.status == "parked" and script.requests == 2
+        logged = len(await a.session("s").events())
         again = await a.resume("s")
-        # a new run of the open turn too (the next step's start would be its "agent.run")
+        # a new turn on the session resumes the open one first: parked still
         third = await a.run("something else", session="s")
+        # nothing written either time (a worker looking again every minute adds nothing)
+        assert len(await a.session("s").events()) == logged
     assert again.status == third.status == "parked" and script.requests == 2
     assert again.budget == BudgetReached(
         budget="total_tokens", limit=2000, spent=2200, unit="tokens", scope="turn"

@@ -227,6 +227,9 @@ class Engine:
     async def resume(self, journal: Journal, *, relocate: bool = False) -> TurnResult:
         """Continue the open turn as a new run (see ``lodger.engine.resume``); with
         ``relocate``, in this engine's workspace once its files match the log."""
+        still = await self._still_parked(journal)
+        if still is not None:
+            return still  # nothing written: the next run would park before any request
         ctx, pending = await resume_run(self, journal, relocate=relocate)
         if pending:
             return await self.wait(ctx, pending)
@@ -273,6 +276,34 @@ class Engine:
             commits=journal.commits,
             messages=state.projector.project().messages,
             budget=reached,
+        )
+
+    async def _still_parked(self, journal: Journal) -> TurnResult | None:
+        """A turn whose last run parked on a budget that is still reached: the result,
+        without claiming a run (a worker looking again every minute writes nothing)."""
+        state = journal.state
+        events = state.events
+        turn_id = state.open_turn
+        if turn_id is None or state.run_open or len(events) < 2:
+            return None
+        reached, ended = events[-2].body, events[-1].body
+        if not (isinstance(ended, RunEnded) and ended.status == "parked"):
+            return None
+        if not isinstance(reached, BudgetReached):
+            return None
+        now = await self._budget_reached(state)
+        if now is None:
+            return None
+        return TurnResult(
+            session_id=journal.session_id,
+            turn_id=turn_id,
+            run_id=state.last_run_id or "",
+            status="parked",
+            error=describe(now),
+            usage=RunUsage(requests=_turn_usage(events, turn_id, state.open_turn_offset)),
+            commits=journal.commits,
+            messages=state.projector.project().messages,
+            budget=now,
         )
 
     async def _budget_reached(self, state: SessionState) -> BudgetReached | None:

@@ -137,3 +137,22 @@ def test_budget_flags_become_overrides() -> None:
     assert out["usage"] == UsageLimits(total_tokens_limit=5)
     assert out["budgets"].micro("tree_usd") == 250_000
     assert Decimal(str(out["budgets"].tree_usd)) == Decimal("0.25")
+
+
+def test_a_worker_binds_its_budget_flags_over_the_restored_project(tmp_path: Path) -> None:
+    from lodger.cli._control import _Binder
+    from lodger.cli._run import budget_overrides
+
+    (tmp_path / "lodger.toml").write_text(FILE)  # restored: untrusted, it only lowers
+    bind = _Binder(
+        trust_projects=False,
+        model_spec="test",
+        tools=[],
+        subagents=None,
+        spans=None,
+        budgets=budget_overrides({"request_limit": 9, "tree_usd": 3}),
+    )
+    binding = bind("s1", None, tmp_path)
+    assert binding.usage == UsageLimits(request_limit=4, tool_calls_limit=6)
+    assert binding.budgets.micro("tree_usd") == 3_000_000
+    assert binding.budgets.micro("session_usd") == 2_500_000

@@ -359,6 +359,18 @@ _USAGE_FLAGS = (
     "tool_calls_limit",
 )
 _MONEY_FLAGS = ("session_usd", "tree_usd", "daily_usd")
+_MONEY_WORDS = {
+    "session_usd": "the session",
+    "tree_usd": "the subagent tree",
+    "daily_usd": "every session today (UTC)",
+}
+_USAGE_WORDS = dict(
+    zip(
+        _USAGE_FLAGS,
+        ("model requests", "input tokens", "output tokens", "tokens", "tool calls"),
+        strict=True,
+    )
+)
 
 
 def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -372,7 +384,7 @@ def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=click.FloatRange(min=0),
             default=None,
             metavar="USD",
-            help=f"Park the turn once the {name[:-4]} has spent USD (over [budgets] {name}).",
+            help=f"Park the turn once {_MONEY_WORDS[name]} spent USD (over [budgets] {name}).",
         )(command)
     for name in reversed(_USAGE_FLAGS):
         flag = "--" + name.replace("_", "-")
@@ -382,7 +394,7 @@ def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=0),
             default=None,
             metavar="N",
-            help=f"Park the turn at N {name[:-6].replace('_', ' ')} (over [limits] {name}).",
+            help=f"Park the turn at N {_USAGE_WORDS[name]} (over [limits] {name}).",
         )(command)
     return command
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,3 +220,32 @@ def test_bad_limits_and_budgets_are_config_errors() -> None:
     assert Budgets(tree_usd=Decimal("1.5")).micro("tree_usd") == 1_500_000
     low = UsageLimits(request_limit=5).lowered(UsageLimits(request_limit=3, tool_calls_limit=9))
     assert low == UsageLimits(request_limit=3, tool_calls_limit=9)
+
+
+class Named:
+    """A model under another spec (one the price table does not know)."""
+
+    def __init__(self, inner: FunctionModel, spec: str) -> None:
+        self.inner, self.spec = inner, spec
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def complete(self, request: ModelRequest, **kw: Any) -> ModelResponse:
+        return await self.inner.complete(request, **kw)
+
+
+async def test_a_money_budget_on_a_model_without_a_price_fails_before_any_request(
+    tmp_path: Path,
+) -> None:
+    script = Counted(calls=1)
+    unpriced = Named(script.model(), "openai:gpt-9")
+    budgets = Budgets(session_usd=1)
+    with pytest.raises(ConfigError, match="no price for model 'openai:gpt-9'"):
+        Agent(model=unpriced, tools=[add], storage=tmp_path, limits=Limits(budgets=budgets))
+    # a change of limits after the agent was made is checked before the first request
+    async with Agent(model=unpriced, tools=[add], storage=tmp_path) as a:
+        a.engine.limits = Limits(budgets=budgets)
+        with pytest.raises(ConfigError, match=r"budgets\.prices"):
+            await a.run("go", session="s")
+    assert script.requests == 0

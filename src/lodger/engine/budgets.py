@@ -220,7 +220,7 @@ def _own(state: SessionState, prices: PriceTable) -> SpendFold:
     """The session's fold, kept on its state (only new events are priced each step)."""
     fold: SpendFold | None = getattr(state, "_spend_fold", None)
     events = state.events
-    stale = fold is None or fold.prices is not prices or fold.high_water > len(events)
+    stale = fold is None or fold.prices != prices or fold.high_water > len(events)
     if not stale and fold is not None and fold.high_water:
         stale = events[fold.high_water - 1].digest != fold.last_digest
     if stale or fold is None:
@@ -298,11 +298,16 @@ async def check_before_request(
     budgets: Budgets,
     spend: SpendReader | None,
     now_us: int,
+    model: str | None = None,
 ) -> BudgetReached | None:
-    """The limit or budget the next model request would go past, if any."""
+    """The limit or budget the next model request would go past, if any. With a money
+    budget, ``model`` (the spec the request goes to) must have a price: a ``ConfigError``
+    says so before the request rather than after it."""
     found = _usage_reached(usage, state) if usage.any else None
     if found is not None or not budgets.any:
         return found
+    if model is not None:
+        budgets.prices.price(model)
     own = _own(state, budgets.prices)
     found = _reached(
         "session_cost", budgets.micro("session_usd"), own.total, "micro_usd", "session"

@@ -314,6 +314,7 @@ class Engine:
             budgets=limits.budgets,
             spend=self.spend,
             now_us=self.services.clock.now_us(),
+            model=self.model.spec,
         )
 
     async def drive(self, ctx: RunContext) -> TurnResult:

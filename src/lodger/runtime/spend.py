@@ -92,7 +92,7 @@ class LogSpend:
         return fold
 
     def _fold(self, sid: str, prices: PriceTable) -> SpendFold:
-        if prices is not self._prices:  # other prices: every cached sum is stale
+        if prices != self._prices:  # other prices: every cached sum is stale
             self._folds.clear()
             self._prices = prices
         fold = self._folds.get(sid)

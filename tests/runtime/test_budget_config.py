@@ -124,6 +124,15 @@ def test_run_parks_on_a_flag_and_resume_with_a_raised_one_finishes(tmp_path: Pat
     assert "budget reached requests" in shown.output and "parked" in shown.output
     again = runner.invoke(main, ["resume", "s1", *common, "--request-limit", "1"])
     assert again.exit_code == 3, again.output
+    as_json = runner.invoke(
+        main,
+        ["run", "again", *common, "--workspace", str(ws), "--session", "s1", "--json",
+         "--request-limit", "1"],
+    )  # fmt: skip
+    assert as_json.exit_code == 3, as_json.output  # a new turn resumes the parked one first
+    lines = [json.loads(line) for line in as_json.output.splitlines() if line.startswith("{")]
+    (last,) = [line for line in lines if line.get("type") == "result"]
+    assert last["status"] == "parked" and last["budget"]["budget"] == "requests"
     done = runner.invoke(main, ["resume", "s1", *common, "--request-limit", "2"])
     assert done.exit_code == 0, done.output
     assert "turn completed" in done.output

@@ -29,6 +29,7 @@ session's log once and then only what was appended since.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
@@ -216,16 +217,21 @@ class SpendReader(Protocol):
     ) -> int: ...
 
 
+#: each open session's own fold, kept with its state (only new events are priced a step)
+_OWN: weakref.WeakKeyDictionary[SessionState, SpendFold] = weakref.WeakKeyDictionary()
+
+
 def _own(state: SessionState, prices: PriceTable) -> SpendFold:
-    """The session's fold, kept on its state (only new events are priced each step)."""
-    fold: SpendFold | None = getattr(state, "_spend_fold", None)
+    """The session's spend from its verified fold: what it committed, to the last event."""
+    fold = _OWN.get(state)
     events = state.events
-    stale = fold is None or fold.prices != prices or fold.high_water > len(events)
-    if not stale and fold is not None and fold.high_water:
-        stale = events[fold.high_water - 1].digest != fold.last_digest
-    if stale or fold is None:
-        fold = SpendFold(prices)
-        state._spend_fold = fold  # type: ignore[attr-defined]
+    if (
+        fold is None
+        or fold.prices != prices
+        or fold.high_water > len(events)
+        or (fold.high_water and events[fold.high_water - 1].digest != fold.last_digest)
+    ):
+        fold = _OWN[state] = SpendFold(prices)
     if fold.high_water < len(events):
         fold.feed(events[fold.high_water :])
     return fold

@@ -199,6 +199,11 @@ def test_prices_are_exact_micro_usd_and_matched_by_prefix() -> None:
     assert table.cost("openai:gpt-4.1-2025-04-14", USAGE) == 2500  # a dated name
     assert table.price("openai:gpt-4.1-mini") != table.price("openai:gpt-4.1")
     assert table.cost("responses:gpt-4.1", USAGE) == 2500
+    # a fallback chain's step is the first member's unless a model_switched says otherwise
+    chain = "openai:gpt-4.1|anthropic:claude-sonnet-4"
+    assert table.cost(chain, USAGE) == 2500
+    with pytest.raises(ConfigError, match="'openai:gpt-9'"):
+        table.require("openai:gpt-4.1|openai:gpt-9")
     # cache writes are priced as such where the provider charges more for them
     written = Usage(input_tokens=1000, cache_write_tokens=1000)
     assert table.cost("anthropic:claude-sonnet-4-20250514", written) == 3750
@@ -249,3 +254,24 @@ async def test_a_money_budget_on_a_model_without_a_price_fails_before_any_reques
         with pytest.raises(ConfigError, match=r"budgets\.prices"):
             await a.run("go", session="s")
     assert script.requests == 0
+
+
+def test_a_step_a_fallback_answered_is_priced_as_the_fallback() -> None:
+    from lodger.engine.budgets import SpendFold, day_of
+    from lodger.events import ModelOutput, ModelSwitched, StepStarted
+
+    def at(offset: int, body: Any, origin: str = "runtime") -> Event:
+        return Event(
+            offset=offset, session_id="s", id=f"e{offset}", ts=offset, body=body,
+            step_id="st", origin=origin,
+        )  # fmt: skip
+
+    chain = "function:priced|openai:gpt-4o"
+    fold = SpendFold(PRICES)
+    fold.feed([at(0, StepStarted(index=0, model=chain, tools=()))])
+    switched = ModelSwitched(from_model="function:priced", to_model="openai:gpt-4o", error="503")
+    fold.feed([at(1, switched), at(2, ModelOutput(usage=USAGE), origin="provider")])
+    # gpt-4o: 800 * 2.5 + 200 * 1.25 + 100 * 10 = 3250 (the chain's first would be 2500)
+    assert fold.total == 3250 and fold.by_day == {day_of(2): 3250}
+    fold.feed([at(2, ModelOutput(usage=USAGE), origin="provider")])  # seen: not again
+    assert fold.total == 3250 and fold.high_water == 3

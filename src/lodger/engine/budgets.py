@@ -313,7 +313,7 @@ async def check_before_request(
     if found is not None or not budgets.any:
         return found
     if model is not None:
-        budgets.prices.price(model)
+        budgets.prices.require(model)
     own = _own(state, budgets.prices)
     found = _reached(
         "session_cost", budgets.micro("session_usd"), own.total, "micro_usd", "session"

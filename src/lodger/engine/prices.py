@@ -5,7 +5,8 @@ per million tokens: uncached input, cached input (tokens read from the provider'
 cache), output, and optionally input written to the cache (Anthropic charges more for
 those; default: the input price). A spec is matched exactly, else by the longest entry
 it starts with at a ``-`` or ``@`` boundary (``anthropic:claude-sonnet-4`` prices
-``anthropic:claude-sonnet-4-20250514``), else by the table's ``*`` entry if it has one.
+``anthropic:claude-sonnet-4-20250514``), else by the table's ``*`` entry if it has one;
+a fallback chain (``a|b``) is priced as the member that answered.
 
 >>> table = PriceTable.defaults().with_prices({"openai:my-tune": ModelPrice.of(1, 0.5, 4)})
 >>> table.cost("openai:my-tune", Usage(input_tokens=1000, output_tokens=10))
@@ -37,6 +38,7 @@ __all__ = ["DEFAULT_PRICES", "PRICES_AS_OF", "ModelPrice", "PriceTable"]
 PRICES_AS_OF = "2025-08-01"
 
 _FREE_PREFIXES = ("script:", "function:", "test")
+_CHAIN = "|"  # between the members of a fallback chain's spec (lodger.providers.fallback)
 
 
 def _usd(value: object, what: str) -> Decimal:
@@ -141,7 +143,11 @@ class PriceTable:
         return PriceTable({**self.prices, **prices})
 
     def price(self, spec: str) -> ModelPrice:
-        """The price of ``spec``; ``ConfigError`` naming it when the table has none."""
+        """The price of ``spec``; ``ConfigError`` naming it when the table has none.
+
+        A fallback chain's spec (``openai:a|anthropic:b``) is priced as its first member:
+        a step another member answered says so in its ``model_switched`` fact."""
+        spec = spec.split(_CHAIN, 1)[0]
         found = self._lookup(spec)
         if found is None:
             for alias, provider in _ALIASES.items():
@@ -158,6 +164,11 @@ class PriceTable:
                 code="config",
             )
         return found
+
+    def require(self, spec: str) -> None:
+        """``ConfigError`` unless every model of ``spec`` (each of a chain) has a price."""
+        for member in spec.split(_CHAIN):
+            self.price(member)
 
     def _lookup(self, spec: str) -> ModelPrice | None:
         exact = self.prices.get(spec)

@@ -137,7 +137,7 @@ class Agent:
             self.registry.bind(delegate_tool(self, subagents))
         self.workspace = Path(workspace).resolve() if workspace is not None else None
         if limits is not None and limits.budgets.any:
-            limits.budgets.prices.price(model.spec)  # a model with no price: say so now
+            limits.budgets.prices.require(model.spec)  # a model with no price: say so now
         hidden = storage.hidden_paths()
         if self.workspace is not None:
             _watch_workspace(self.registry, self.workspace, hidden)

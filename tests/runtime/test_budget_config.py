@@ -165,3 +165,18 @@ def test_a_worker_binds_its_budget_flags_over_the_restored_project(tmp_path: Pat
     assert binding.usage == UsageLimits(request_limit=4, tool_calls_limit=6)
     assert binding.budgets.micro("tree_usd") == 3_000_000
     assert binding.budgets.micro("session_usd") == 2_500_000
+
+
+def test_a_limit_raised_in_lodger_toml_resumes_the_parked_turn(tmp_path: Path) -> None:
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    common = ["--model", f"script:{tmp_path / 'script.json'}", "--state", str(tmp_path / "st")]
+    common += ["--workspace", str(ws), "--trust"]
+    runner = CliRunner()
+    (ws / "lodger.toml").write_text("[limits]\nrequest_limit = 1\n")
+    parked = runner.invoke(main, ["run", "list", *common, "--session", "s1"])
+    assert parked.exit_code == 3 and "request_limit" in parked.output, parked.output
+    (ws / "lodger.toml").write_text("[limits]\nrequest_limit = 2\n")
+    done = runner.invoke(main, ["resume", "s1", *common])
+    assert done.exit_code == 0 and "turn completed" in done.output, done.output

@@ -122,6 +122,10 @@ def test_run_parks_on_a_flag_and_resume_with_a_raised_one_finishes(tmp_path: Pat
     shown = runner.invoke(main, ["log", "show", "s1", "--state", str(state)])
     assert shown.exit_code == 0, shown.output
     assert "budget reached requests" in shown.output and "parked" in shown.output
+    plan = runner.invoke(main, ["recover", "s1", "--state", str(state)])
+    assert "parked: the requests budget" in plan.output and "ready:" not in plan.output
+    plan_json = runner.invoke(main, ["recover", "s1", "--state", str(state), "--json"])
+    assert json.loads(plan_json.output)["budget"]["limit"] == 1
     again = runner.invoke(main, ["resume", "s1", *common, "--request-limit", "1"])
     assert again.exit_code == 3, again.output
     as_json = runner.invoke(

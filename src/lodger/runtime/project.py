@@ -24,8 +24,7 @@ from storage on a worker or a host, whose files a sandboxed command may have wri
 applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
 approval), a lower step limit, lower usage limits and money budgets. It starts no MCP
 server, adds no allow rule, opens no network, passes no variable, names no model and sets
-no price; ``ignored`` says what was left out, so
-the caller can say so in one line.
+no price; ``ignored`` says what was left out, so the caller can say so in one line.
 """
 
 from __future__ import annotations

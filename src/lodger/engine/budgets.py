@@ -175,6 +175,8 @@ class SpendFold:
         self.total = 0
         self.by_day: dict[int, int] = {}
         self.children: list[str] = []
+        #: the session's first event (its ``session_started``: where it comes from)
+        self.first: Event | None = None
         self._step_models: dict[str, str] = {}
         self._run_model = ""
 
@@ -187,6 +189,8 @@ class SpendFold:
 
     def _one(self, e: Event) -> None:
         body = e.body
+        if e.offset == 0:
+            self.first = e
         if isinstance(body, StepStarted):
             self._step_models[e.step_id or ""] = body.model
         elif isinstance(body, ModelSwitched):  # the step's output is the fallback's

@@ -7,8 +7,9 @@ shared by everything in the process that uses the same ``EventLog`` (``for_log``
 
 - **Tree**: the root of the checking session's subagent tree (its ``SubagentLink.root``,
   or the session itself), then every child a ``delegate`` call's T1 names
-  (``actor:subagent:<id>``), at any depth. Exact: the parent's log names every child
-  before the child runs.
+  (``actor:subagent:<id>``) whose own link names that parent, at any depth, as the
+  step budget's walk does (``lodger.runtime.subagents.ledger``). Exact: the parent's log
+  names every child before the child runs.
 - **Day**: every session the log lists, summing the requests whose ``model_output`` was
   committed on that UTC day. Exact too, but it costs a head lookup per session and the
   first check in a process folds every log once: keep a daily budget for state
@@ -31,6 +32,9 @@ from lodger.runtime.subagents.link import link_of, session_from_resources
 from lodger.storage import EventLog
 
 __all__ = ["LogSpend"]
+
+#: how many sessions one tree walk reads at most (as the step budget's walk)
+_MAX_SESSIONS = 10_000
 
 _READERS: weakref.WeakKeyDictionary[EventLog, LogSpend] = weakref.WeakKeyDictionary()
 
@@ -57,17 +61,20 @@ class LogSpend:
         root = link.root if link is not None else state.session_id
         total = 0
         seen: set[str] = set()
-        todo = [root]
-        while todo:
-            sid = todo.pop()
+        todo: list[tuple[str, str | None]] = [(root, None)]
+        while todo and len(seen) < _MAX_SESSIONS:  # a guard against a runaway tree
+            sid, parent = todo.pop()
             if sid in seen:
                 continue
-            seen.add(sid)
             fold = await self._children(sid, state, prices)
             if fold is None:
                 continue  # named by a T1, not started yet
+            link = link_of(fold.first)
+            if parent is not None and (link is None or link.parent_session != parent):
+                continue  # not this call's child (a hostile or foreign session)
+            seen.add(sid)
             total += fold.total if sid != state.session_id else own.total
-            todo.extend(fold.children)
+            todo.extend((child, sid) for child in fold.children)
         return total
 
     async def day(self, own: SpendFold, day: int, state: SessionState, prices: PriceTable) -> int:

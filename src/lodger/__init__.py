@@ -25,7 +25,9 @@ from lodger._core import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from lodger.authority import Authorities, ResourceClaim
+    from lodger.engine.budgets import Budgets, UsageLimits
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
+    from lodger.engine.prices import ModelPrice, PriceTable
     from lodger.engine.settings import Hooks, Limits, Retries, Services
     from lodger.errors import (
         AppendConflictError,
@@ -93,6 +95,10 @@ _EXPORTS: dict[str, str] = {
     "Veto": "lodger.engine.hooks",
     "Hooks": "lodger.engine.settings",
     "Limits": "lodger.engine.settings",
+    "Budgets": "lodger.engine.budgets",
+    "UsageLimits": "lodger.engine.budgets",
+    "ModelPrice": "lodger.engine.prices",
+    "PriceTable": "lodger.engine.prices",
     "Retries": "lodger.engine.settings",
     "Services": "lodger.engine.settings",
     "AppendConflictError": "lodger.errors",
@@ -157,6 +163,7 @@ __all__ = [
     "Authorities",
     "AuthorityMisuseError",
     "BeforeCall",
+    "Budgets",
     "CallInfo",
     "CallResult",
     "CommitFailedError",
@@ -177,9 +184,11 @@ __all__ = [
     "Message",
     "MissingExtraError",
     "Model",
+    "ModelPrice",
     "ModelRequest",
     "ModelResponse",
     "PermissionPolicy",
+    "PriceTable",
     "ProbeResult",
     "ProposedCall",
     "ProviderError",
@@ -212,6 +221,7 @@ __all__ = [
     "TurnStream",
     "Usage",
     "UsageError",
+    "UsageLimits",
     "UserMessage",
     "Veto",
     "make_model",

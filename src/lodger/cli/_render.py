@@ -26,8 +26,10 @@ from lodger.cli._timeline import (
     Timeline,
     number_runs,
 )
+from lodger.engine.budgets import describe
 from lodger.events import (
     ArtifactStored,
+    BudgetReached,
     CallRejected,
     ContextCompacted,
     Event,
@@ -311,6 +313,12 @@ class _TimelineView:
                 usage = body.usage
                 parts.append((f"  tokens in={usage.input_tokens} out={usage.output_tokens}", "dim"))
             return parts
+        if isinstance(body, BudgetReached):
+            return [
+                ("budget reached ", "bold yellow"),
+                (body.budget, "yellow"),
+                "  " + describe(body),
+            ]
         if isinstance(body, ProviderRetried):
             return [
                 ("provider retry", "yellow"),

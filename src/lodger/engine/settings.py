@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
@@ -56,6 +57,10 @@ class Limits:
     default_timeout: float = DEFAULT_TIMEOUT
     #: times a final answer that fails the output type goes back to the model
     output_retries: int = 2
+    #: requests, tokens and tool calls per turn; past one the turn parks (lodger.engine.budgets)
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    #: money per session, subagent tree and UTC day; past one the turn parks
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 @dataclass(frozen=True, kw_only=True)

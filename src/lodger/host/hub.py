@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Answered
 from lodger.errors import (
@@ -75,6 +76,9 @@ class HostConfig:
     workspaces: Path | None = None
     code_mode: Language | None = None
     max_steps: int = 50
+    #: usage limits and money budgets of every session (over its lodger.toml's)
+    usage: UsageLimits | None = None
+    budgets: Budgets | None = None
     #: apply the whole lodger.toml found in a session's workspace (its MCP servers,
     #: allow rules, sandbox network); otherwise only what narrows (lodger.runtime.project)
     trust_projects: bool = False
@@ -317,6 +321,8 @@ class Hub:
                 tools=self.config.tools,
                 approver=self._approver(session_id),
                 max_steps=self.config.max_steps,
+                usage=self.config.usage,
+                budgets=self.config.budgets,
                 on_event=self._observer(session_id),
                 code_mode=self.config.code_mode,
             ),

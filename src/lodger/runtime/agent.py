@@ -36,6 +36,7 @@ from lodger.providers import make_model
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import close_after_failure
+from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
@@ -94,7 +95,8 @@ class Agent:
     ``delegate`` tool.
 
     The rest comes in groups (``lodger.engine.settings``), each passed whole to the
-    engine: ``limits`` (steps, context budget, call timeout, output retries),
+    engine: ``limits`` (steps, context budget, call timeout, output retries, usage
+    limits and money budgets: a turn that reaches one parks, see ``lodger.engine.budgets``),
     ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
     approver) and ``services`` (clock and ids, authorities, executor, shared folds).
     Nothing here is global: clocks and ids are injected for tests.
@@ -145,6 +147,8 @@ class Agent:
 
             self.registry.bind(delegate_tool(self, subagents))
         self.workspace = Path(workspace).resolve() if workspace is not None else None
+        if limits is not None and limits.budgets.any:
+            limits.budgets.prices.require(model.spec)  # a model with no price: say so now
         hidden = storage.hidden_paths()
         if self.workspace is not None:
             _watch_workspace(self.registry, self.workspace, hidden)
@@ -163,6 +167,7 @@ class Agent:
             services=services,
             output=OutputSpec(output_type) if output_type is not None else None,
             deps=deps,
+            spend=LogSpend.for_log(storage.log),
         )
         # The verified fold of each session this agent has open, kept between turns
         # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).

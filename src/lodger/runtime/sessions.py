@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
@@ -99,6 +100,9 @@ class Binding:
     code_mode: Language | None = None
     #: bind the ``delegate`` tool: child sessions under this policy (lodger.runtime.subagents)
     subagents: SubagentPolicy | None = None
+    #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,7 +307,9 @@ class Sessions:
             permissions=binding.permissions,
             code_mode=binding.code_mode,
             subagents=binding.subagents,
-            limits=Limits(max_steps=binding.max_steps),
+            limits=Limits(
+                max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets
+            ),
             hooks=Hooks(
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),

@@ -408,16 +408,21 @@ def resume(
     try:
         result = run_turn(work(), view)
     except ResumeBlockedError as exc:
-        click.echo(f"blocked: {exc.message}", err=True)
-        for line in exc.blockers:
-            click.echo(f"  - {line}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        for step in exc.next_steps:
-            click.echo(f"next: {command_for(step)}", err=True)
+        _report_blocked(exc)
         sys.exit(3)
     finish_turn(console, result)
     sys.exit(exit_code_for(result))
+
+
+def _report_blocked(exc: ResumeBlockedError) -> None:
+    """What blocks a resume, each blocker on its line, and the commands to take next."""
+    click.echo(f"blocked: {exc.message}", err=True)
+    for line in exc.blockers:
+        click.echo(f"  - {line}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    for step in exc.next_steps:
+        click.echo(f"next: {command_for(step)}", err=True)
 
 
 @click.command()

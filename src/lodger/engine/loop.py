@@ -377,6 +377,9 @@ class Engine:
                 for batch in self.registry.batches(calls):
                     outcomes = await pipeline.run_batch(batch, scope)
                     suspended += [o.call_id for o in outcomes if o.suspended]
+                    if pipeline.hook_failure is not None:  # the developer's, not the model's
+                        await self._end(ctx, "failed", error=pipeline.hook_failure.message)
+                        raise pipeline.hook_failure
                 if suspended:
                     return await self.wait(ctx, suspended)
         except ProviderError as exc:

@@ -63,7 +63,7 @@ from lodger.engine.hooks import (
 )
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
-from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
+from lodger.errors import AuthorityMisuseError, CommitFailedError, HookError, ToolCallError
 from lodger.events import (
     CallRejected,
     FileExpectation,
@@ -274,6 +274,10 @@ class CallPipeline:
         #: which executor runs each tool's calls (``services.executor``: the in-process one)
         self.executors = Executors(in_process=services.executor)
         self.default_timeout = limits.default_timeout
+        #: the first hook of the user's that raised in this run: the calls it touched
+        #: settle (rejected, or run with their result withheld), then the loop fails the
+        #: turn with it (``HookError``)
+        self.hook_failure: HookError | None = None
 
     # ------------------------------------------------------------ batch
 
@@ -444,10 +448,9 @@ class CallPipeline:
         for hook in self.before_call:
             try:
                 verdict = await call_before(hook, self._info(t, arguments, call_id, env))
-            except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
-                raise Rejection(
-                    "vetoed", f"a before-call hook failed on {t.name} ({type(exc).__name__}: {exc})"
-                ) from None
+            except Exception as exc:  # noqa: BLE001 - the developer's failure: the turn fails
+                failure = self._hook_failed(hook, "before-call", t, call_id, exc)
+                raise Rejection("vetoed", failure.message) from None
             if isinstance(verdict, Veto):
                 raise Rejection("vetoed", f"{t.name} was vetoed: {verdict.reason}")
             if isinstance(verdict, Rewrite):
@@ -476,13 +479,33 @@ class CallPipeline:
             try:
                 rewritten = await call_after(hook, info, CallResult(status=status, content=content))
             except Exception as exc:  # noqa: BLE001 - the call ran; say so and what failed
+                failure = self._hook_failed(hook, "after-call", t, tctx.call_id, exc)
                 return "error", (
-                    f"{t.name} ran ({status}), then an after-call hook failed "
-                    f"({type(exc).__name__}: {exc}); its result is not shown"
+                    f"{t.name} ran ({status}), then {failure.message}; its result is withheld"
                 )
             if rewritten is not None:
                 content = rewritten
         return status, content
+
+    def _hook_failed(
+        self, hook: object, stage: str, t: Tool, call_id: str, exc: Exception
+    ) -> HookError:
+        """Keep the first hook failure of the run (the turn fails on it once its calls
+        have settled) and say what failed."""
+        name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
+        module = getattr(hook, "__module__", None)
+        where = f"{module}.{name}" if module else name
+        failure = HookError(
+            f"the {stage} hook {where} raised on {t.name} (call {call_id}): "
+            f"{type(exc).__name__}: {exc}",
+            hook=where,
+            tool=t.name,
+            call_id=call_id,
+        )
+        failure.__cause__ = exc
+        if self.hook_failure is None:
+            self.hook_failure = failure
+        return failure
 
     async def _run_prepared(
         self,

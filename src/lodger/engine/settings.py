@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class Limits:
     default_timeout: float = DEFAULT_TIMEOUT
     #: times a final answer that fails the output type goes back to the model
     output_retries: int = 2
+    #: the images and documents a turn's input and a tool's result may carry
+    media: MediaLimits = field(default_factory=MediaLimits)
 
 
 @dataclass(frozen=True, kw_only=True)

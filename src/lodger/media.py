@@ -18,6 +18,7 @@ does, and a URL is http or https.
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
 from collections.abc import MutableMapping, Sequence
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from lodger.errors import StorageError, UsageError
+from lodger.errors import CorruptLogError, StorageError, UsageError
 from lodger.events import Attachment
 from lodger.storage.artifacts import ArtifactStore
 
@@ -42,6 +43,8 @@ __all__ = [
     "check_media",
     "load_artifact",
     "media_kind",
+    "media_message",
+    "parse_media_message",
     "split_input",
     "store_media",
 ]
@@ -166,7 +169,8 @@ def check_media(data: bytes, media_type: str, *, name: str, limits: MediaLimits)
         )
     if not _starts_as(data, media_type):
         raise UsageError(
-            f"the bytes of {label} are not a {media_type} file (they do not start as one does)",
+            f"the bytes of {label} are not {media_type} data (they do not start as such a "
+            "file does)",
             hint="declare the media type the bytes really have",
         )
 
@@ -282,3 +286,27 @@ async def load_artifact(
             code=exc.code,
             session_id=session_id,
         ) from exc
+
+
+def media_message(text: str, attachments: Sequence[Attachment]) -> str:
+    """A turn's input text and attachments as one JSON text (a queued message's)."""
+    return json.dumps(
+        {"text": text, "attachments": [a.model_dump(mode="json") for a in attachments]},
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def parse_media_message(message: str) -> tuple[str, tuple[Attachment, ...]]:
+    """``media_message``'s inverse; a ``CorruptLogError`` for a text it did not make."""
+    try:
+        raw = json.loads(message)
+        text = raw["text"]
+        if type(text) is not str:
+            raise TypeError("the text is not a string")
+        return text, tuple(Attachment.model_validate(a) for a in raw["attachments"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptLogError(
+            f"a queued message with media cannot be read ({exc})",
+            hint="the host's index was changed outside lodger; send the message again",
+        ) from None

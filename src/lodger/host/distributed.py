@@ -36,6 +36,7 @@ from typing import cast
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.media import MediaItem
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -144,8 +145,23 @@ class ControlPlaneHub(Hub):
     # ------------------------------------------------------------ sending
 
     async def send(
-        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+        self,
+        session_id: str,
+        *,
+        key: str,
+        text: str,
+        kind: MessageKind = "message",
+        media: Sequence[MediaItem] = (),
     ) -> tuple[Message, bool]:
+        if media:
+            # a wake carries text to the workers; media would need to travel with it
+            raise UsageError(
+                "a distributed host does not take attachments yet",
+                hint="send the images and documents to a host that runs its turns "
+                "(lodger serve without workers), or through the library",
+                code="usage",
+                session_id=session_id,
+            )
         await self.require(session_id)
         if await self.plane.get_session(session_id=session_id) is None:
             # bound here only (a webhook's session): tell the workers its model

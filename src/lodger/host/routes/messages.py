@@ -6,6 +6,8 @@ runs nothing again. Keys starting with ``hook:`` are the host's own (webhook del
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from typing import Annotated, Any
 
@@ -14,8 +16,17 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, Field
 
 from lodger.errors import UsageError
+from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
+from lodger.media import (
+    BinaryContent,
+    DocumentUrl,
+    ImageUrl,
+    MediaItem,
+    MediaLimits,
+    split_input,
+)
 from lodger.storage.control.host_index import Message
 
 __all__ = [
@@ -52,9 +63,54 @@ Key = Annotated[
 ]
 
 
+class AttachmentIn(Input):
+    """An image or document of a turn: its bytes (``data``, base64) and media type, or
+    an http(s) ``url`` the provider fetches (lodger never does)."""
+
+    media_type: str | None = Field(default=None, max_length=200)
+    data: str | None = Field(
+        default=None, description="the bytes, base64 (standard alphabet, padded)"
+    )
+    name: str = Field(default="", max_length=500)
+    url: str | None = Field(default=None, max_length=8_000)
+
+    def item(self) -> MediaItem:
+        """The library's item for this attachment; ``UsageError`` if it is malformed."""
+        if (self.data is None) == (self.url is None):
+            raise UsageError("an attachment has either data (base64) or a url, not both")
+        if self.url is not None:
+            media_type = self.media_type or ""
+            if media_type.startswith("image/") or (not media_type and _looks_like_image(self.url)):
+                return ImageUrl(self.url, media_type=media_type)
+            return DocumentUrl(self.url, media_type=media_type)
+        if not self.media_type:
+            raise UsageError(
+                f"attachment {self.name!r} has data but no media_type",
+                hint="give its media type: image/png, application/pdf, text/plain ...",
+            )
+        try:
+            data = base64.b64decode(self.data or "", validate=True)
+        except binascii.Error:
+            raise UsageError(
+                f"the data of attachment {self.name!r} is not base64",
+                hint="encode the bytes with the standard base64 alphabet, padded",
+            ) from None
+        return BinaryContent(data, self.media_type, self.name)
+
+
+def _looks_like_image(url: str) -> bool:
+    return url.lower().rsplit("?", 1)[0].endswith((".png", ".jpg", ".jpeg", ".gif", ".webp"))
+
+
 class SendMessage(Input):
     text: str = Field(min_length=1, max_length=200_000)
     idempotency_key: Key | None = None
+    attachments: list[AttachmentIn] = Field(
+        default_factory=list,
+        max_length=32,
+        description="images and documents for the model with the text; the request body "
+        f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
+    )
 
 
 class MessageOut(BaseModel):
@@ -100,7 +156,10 @@ async def send(
         msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
         raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
     key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
-    message, created = await host.hub.send(session_id, key=key, text=body.text)
+    media: tuple[MediaItem, ...] = ()
+    if body.attachments:  # checked now: a bad file is the client's 400, not a failed turn
+        _, media = split_input([body.text, *(a.item() for a in body.attachments)], MediaLimits())
+    message, created = await host.hub.send(session_id, key=key, text=body.text, media=media)
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 
 

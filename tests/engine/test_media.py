@@ -29,7 +29,7 @@ from lodger import (
 )
 from lodger.engine.checkpoint import open_fold, save_checkpoint
 from lodger.engine.media import load_media
-from lodger.engine.settings import Services
+from lodger.engine.settings import Hooks, Services
 from lodger.errors import StorageError, UsageError
 from lodger.events import ToolResponded, TurnEnded, TurnStarted
 from lodger.ids import ManualClock, SequentialIds
@@ -336,3 +336,40 @@ async def test_a_tools_bad_image_is_noted_not_attached(tmp_path: Path) -> None:
     assert [r.media_type for r in responded.artifacts] == ["image/png"]
     assert "screenshot's image/png was not attached" in responded.content
     assert caller.result_parts() == [(MediaPart(media_type="image/png", data=PNG),)]
+
+
+@tool(approval=True)
+def publish(target: str) -> str:
+    """Publish (needs approval)."""
+    return f"published {target}"
+
+
+class Parker:
+    """Answers "park" first, then allows."""
+
+    def __init__(self) -> None:
+        self.answers = ["park", True]
+
+    async def __call__(self, t: object, arguments: object) -> object:
+        return self.answers.pop(0)
+
+
+async def test_a_resumed_turn_projects_its_parts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+
+    def first(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(calls=(tool_call("publish", target="site"),))
+
+    parker = Parker()
+    async with agent(
+        state, FunctionModel(first), tools=[publish], hooks=Hooks(approver=parker)
+    ) as a:
+        parked = await a.run(["publish it", BinaryContent(PNG, "image/png")], session="s")
+    assert parked.status == "waiting"  # the turn is open, its call parked
+    recorder = Recorder()
+    async with agent(
+        state, FunctionModel(recorder), tools=[publish], hooks=Hooks(approver=parker)
+    ) as b:
+        resumed = await b.resume("s")
+    assert resumed.status == "completed"
+    assert recorder.user_parts() == [(MediaPart(media_type="image/png", data=PNG),)]

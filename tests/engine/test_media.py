@@ -10,10 +10,14 @@ anything is written or sent.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lodger import (
     Agent,
@@ -27,11 +31,12 @@ from lodger import (
     tool,
     tool_call,
 )
+from lodger.context import Projector, _message_plain, _messages_from, project_messages
 from lodger.engine.checkpoint import open_fold, save_checkpoint
 from lodger.engine.media import load_media
 from lodger.engine.settings import Hooks, Services
 from lodger.errors import StorageError, UsageError
-from lodger.events import ToolResponded, TurnEnded, TurnStarted
+from lodger.events import Event, ToolResponded, TurnEnded, TurnStarted
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import (
     MediaPart,
@@ -41,8 +46,9 @@ from lodger.providers.base import (
     UserMessage,
 )
 from lodger.runtime.streaming import TurnFinished
-from lodger.storage import Storage
+from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.storage.forks import fork_session
+from lodger.testing import MemoryArtifactStore
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
 JPEG = b"\xff\xd8\xff\xe0" + b"jfif" * 8
@@ -288,6 +294,8 @@ def screenshot(kind: str) -> BinaryContent | ToolOutput:
             content="two views",
             parts=(BinaryContent(PNG, "image/png"), BinaryContent(JPEG, "image/png")),
         )
+    if kind == "long":
+        return ToolOutput(content="pixels " * 300, parts=(BinaryContent(PNG, "image/png"),))
     return BinaryContent(PNG, "image/png", name="screen.png")
 
 
@@ -373,3 +381,51 @@ async def test_a_resumed_turn_projects_its_parts(tmp_path: Path) -> None:
         resumed = await b.resume("s")
     assert resumed.status == "completed"
     assert recorder.user_parts() == [(MediaPart(media_type="image/png", data=PNG),)]
+
+
+def _media_session() -> tuple[list[Event], dict[str, bytes]]:
+    """Two turns with attachments (bytes and a URL) and a tool's image result."""
+
+    async def build() -> tuple[list[Event], dict[str, bytes]]:
+        artifacts = MemoryArtifactStore()
+        storage = Storage(log=EventLog(MemoryLogStore()), artifacts=artifacts)
+        async with agent(storage, FunctionModel(ToolCaller("long")), tools=[screenshot]) as a:
+            await a.run(["one", BinaryContent(PNG, "image/png", name="a.png")], session="s")
+            await a.run(["two", ImageUrl("https://example.com/b.gif")], session="s")
+            await a.run(["three", BinaryContent(PDF, "application/pdf")], session="s")
+            return await a.log.read_all("s"), dict(artifacts.blobs)
+
+    return asyncio.run(build())
+
+
+MEDIA_EVENTS, MEDIA = _media_session()
+
+
+@settings(max_examples=len(MEDIA_EVENTS) + 1, deadline=None)
+@given(st.integers(min_value=0, max_value=len(MEDIA_EVENTS)), st.sampled_from([None, 10, 5000]))
+def test_incremental_projection_of_media_equals_the_full_one(n: int, budget: int | None) -> None:
+    growing: list[Event] = []
+    projector = Projector(growing, media=dict(MEDIA))
+    for event in MEDIA_EVENTS[:n]:
+        growing.append(event)
+        projector.project(budget_tokens=budget)
+    got = projector.project(budget_tokens=budget)
+    assert got == project_messages(MEDIA_EVENTS[:n], budget_tokens=budget, media=MEDIA)
+    # the plain form a checkpoint stores reads back to the same messages (parts by sha256)
+    plain = json.loads(json.dumps([_message_plain(m) for m in got.messages]))
+    assert _messages_from(plain, MEDIA) == list(got.messages)
+
+
+def test_the_media_session_holds_every_kind_of_part() -> None:
+    full = project_messages(MEDIA_EVENTS, media=MEDIA).messages
+    user = [p.media_type for m in full if isinstance(m, UserMessage) for p in m.parts]
+    results = [p.media_type for m in full if isinstance(m, ToolResultMessage) for p in m.parts]
+    assert user == ["image/png", "image/gif", "application/pdf"]
+    assert results == ["image/png"] * 3
+    # eliding old results to fit a budget shortens their text, never drops their media
+    tight = project_messages(MEDIA_EVENTS, media=MEDIA, budget_tokens=10)
+    assert tight.elided_call_ids
+    kept = [m.parts for m in tight.messages if isinstance(m, ToolResultMessage)]
+    assert kept == [(MediaPart(media_type="image/png", data=PNG),)] * 3
+    with pytest.raises(StorageError, match=r"\(artifact [0-9a-f]{64}\) is not loaded"):
+        project_messages(MEDIA_EVENTS)  # without the bytes: fails closed

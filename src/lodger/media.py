@@ -13,7 +13,7 @@ pydantic-ai's): ``BinaryContent`` (bytes and their media type), ``ImageUrl`` and
 and never fetched by lodger (the provider fetches it). What is checked first, with a
 clear ``UsageError`` (``MediaLimits``): the media type is one the runtime takes, the size
 of each item and of the turn, the bytes of an image or a PDF start as the declared type
-does, and a URL is http or https.
+does (text is taken as it is), and a URL is http or https.
 """
 
 from __future__ import annotations
@@ -179,14 +179,9 @@ def _starts_as(data: bytes, media_type: str) -> bool:
     if media_type == "image/webp":
         return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
     magic = _MAGIC.get(media_type)
-    if magic is not None:
-        return data.startswith(magic)
-    if media_type.startswith("text/"):
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-    return True
+    # text is taken as it is: an adapter that sends it as text decodes it (replacing
+    # what is not UTF-8)
+    return magic is None or data.startswith(magic)
 
 
 def _url_item(item: ImageUrl | DocumentUrl, limits: MediaLimits) -> ImageUrl | DocumentUrl:
@@ -197,11 +192,13 @@ def _url_item(item: ImageUrl | DocumentUrl, limits: MediaLimits) -> ImageUrl | D
             "provider fetches them, so only web URLs are taken",
             hint="read a local file with BinaryContent.from_path(...) instead",
         )
-    media_type = item.media_type or _guess(urlsplit(item.url).path) or ""
-    if isinstance(item, ImageUrl) and not item.media_type and not media_type.startswith("image/"):
-        media_type = "image/*"  # the provider learns the type when it fetches
-    if isinstance(item, DocumentUrl) and not media_type:
-        media_type = "application/pdf"
+    media_type = item.media_type
+    if not media_type:  # guessed from the path; what it cannot tell, the provider learns
+        guessed = _guess(urlsplit(item.url).path) or ""
+        if isinstance(item, ImageUrl):
+            media_type = guessed if guessed.startswith("image/") else "image/*"
+        else:
+            media_type = guessed if guessed in limits.media_types else "application/pdf"
     if media_type != "image/*" and media_type not in limits.media_types:
         raise UsageError(
             f"media type {media_type!r} of URL {item.url[:200]!r} is not one lodger takes",

@@ -5,12 +5,17 @@ lists, and a library agent on the same storage projects them for its next reques
 from __future__ import annotations
 
 import base64
+import random
+import re
 from pathlib import Path
 
 import httpx2
 
 from lodger import Agent, BinaryContent, FunctionModel, ImageUrl
+from lodger.errors import UsageError
 from lodger.events import TurnStarted
+from lodger.host.routes.messages import _DATA_PATTERNS
+from lodger.media import MediaLimits, check_media
 from lodger.providers.base import MediaPart, ModelRequest, ModelResponse, UserMessage
 from lodger.storage import Storage
 
@@ -59,7 +64,9 @@ async def test_a_message_with_attachments_runs_a_turn_with_them(tmp_path: Path) 
         await storage.close()
 
 
-async def test_bad_attachments_are_the_clients_400(tmp_path: Path) -> None:
+async def test_bad_attachments_are_refused_by_the_schema(tmp_path: Path) -> None:
+    # the contract says what is taken: each type's bytes start as its files do (the
+    # library's magic check as a pattern), a URL is http(s), data or url, never both
     async with running_host(tmp_path / "state") as host, host.client() as c:
         sid = await c.create_session()
         async with httpx2.AsyncClient(
@@ -71,20 +78,43 @@ async def test_bad_attachments_are_the_clients_400(tmp_path: Path) -> None:
                 return await raw.post(f"/v1/sessions/{sid}/messages", json=body)
 
             jpeg = base64.b64encode(b"\xff\xd8\xff\xe0 jpeg").decode()
-            cases = {
-                "are not image/png data": post({"media_type": "image/png", "data": jpeg}),
-                "is not http or https": post({"url": "file:///etc/passwd"}),
-                "is not base64": post({"media_type": "image/png", "data": "%%%"}),
-                "has data but no media_type": post({"data": jpeg}),
-                "not both": post({"media_type": "image/png", "data": jpeg, "url": "https://a/b"}),
-                "is not one lodger takes": post(
-                    {"media_type": "application/x-sh", "data": base64.b64encode(b"#!").decode()}
-                ),
-            }
-            for expected, pending in cases.items():
-                answer = await pending
-                assert answer.status_code == 400, (expected, answer.text)
-                assert expected in answer.json()["error"]["message"], answer.json()
+            png = base64.b64encode(PNG).decode()
+            refused = [
+                {"media_type": "image/png", "data": jpeg},  # JPEG bytes declared PNG
+                {"media_type": "image/jpeg", "data": png},
+                {"url": "file:///etc/passwd"},
+                {"url": "ftp://example.com/a.pdf"},
+                {"media_type": "image/png", "data": "%%%"},  # not base64
+                {"media_type": "image/png", "data": png[:-1]},  # not padded
+                {"data": jpeg},  # no media type
+                {"media_type": "image/png", "data": png, "url": "https://a/b"},
+                {"media_type": "application/x-sh", "data": base64.b64encode(b"#!").decode()},
+            ]
+            for attachment in refused:
+                answer = await post(attachment)
+                assert answer.status_code == 422, (attachment, answer.text)
+                assert answer.json()["error"]["code"] == "invalid_request"
         # nothing of it reached the log or the queue
         assert (await c.show(sid))["events"] == 0
         assert await host.control.messages(session_id=sid) == []
+
+
+def test_the_schema_patterns_are_the_librarys_magic_check() -> None:
+    # every prefix length and both outcomes: the pattern matches the base64 of bytes
+    # exactly when the library's check takes them
+    rng = random.Random(30)
+    heads = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"%PDF-", b"RIFF"]
+    for media_type, pattern in _DATA_PATTERNS.items():
+        matcher = re.compile(pattern)
+        for n in range(600):
+            head = rng.choice(heads) if n % 3 else b""
+            data = head + rng.randbytes(n % 17)
+            if media_type == "image/webp" and n % 2:
+                data = b"RIFF" + rng.randbytes(4) + b"WEBP" + rng.randbytes(n % 5)
+            try:
+                check_media(data, media_type, name="", limits=MediaLimits())
+                taken = True
+            except UsageError:
+                taken = False
+            encoded = base64.b64encode(data).decode()
+            assert bool(matcher.match(encoded)) == taken, (media_type, data, encoded)

@@ -7,13 +7,12 @@ runs nothing again. Keys starting with ``hook:`` are the host's own (webhook del
 from __future__ import annotations
 
 import base64
-import binascii
 import uuid
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, create_model
 
 from lodger.errors import UsageError
 from lodger.host.limits import MAX_MEDIA_REQUEST
@@ -63,43 +62,85 @@ Key = Annotated[
 ]
 
 
-class AttachmentIn(Input):
-    """An image or document of a turn: its bytes (``data``, base64) and media type, or
-    an http(s) ``url`` the provider fetches (lodger never does)."""
+_B64 = "[A-Za-z0-9+/]"
+_REST = f"({_B64}{{4}})*({_B64}{{2}}==|{_B64}{{3}}=)?"
+#: the base64 of each media type's bytes: valid base64 that starts as the type's files do
+#: (the library's own check, ``lodger.media.check_media``, as a schema a client can read)
+_DATA_PATTERNS: dict[str, str] = {
+    "image/png": f"^iVBORw0KGg(o=|[o-r]{_B64}{_REST})$",
+    "image/jpeg": f"^/9j/{_REST}$",
+    "image/gif": f"^R0lGOD[dl]h{_REST}$",
+    "image/webp": f"^UklGR[g-v]{_B64}{{4}}[BFJNRVZdhlptx159]XRUJQ{_REST}$",
+    "application/pdf": f"^JVBERi(0=|[0-3]{_B64}{_REST})$",
+}
+_TEXT_TYPES = ("text/plain", "text/markdown", "text/csv")
 
-    media_type: str | None = Field(default=None, max_length=200)
-    data: str | None = Field(
-        default=None, description="the bytes, base64 (standard alphabet, padded)"
-    )
+
+class _Inline(Input):
+    """An image or document's bytes: ``data`` is their base64 (standard alphabet, padded)."""
+
+    media_type: str
+    data: str
     name: str = Field(default="", max_length=500)
-    url: str | None = Field(default=None, max_length=8_000)
 
     def item(self) -> MediaItem:
-        """The library's item for this attachment; ``UsageError`` if it is malformed."""
-        if (self.data is None) == (self.url is None):
-            raise UsageError("an attachment has either data (base64) or a url, not both")
-        if self.url is not None:
-            media_type = self.media_type or ""
-            if media_type.startswith("image/") or (not media_type and _looks_like_image(self.url)):
-                return ImageUrl(self.url, media_type=media_type)
-            return DocumentUrl(self.url, media_type=media_type)
-        if not self.media_type:
-            raise UsageError(
-                f"attachment {self.name!r} has data but no media_type",
-                hint="give its media type: image/png, application/pdf, text/plain ...",
-            )
-        try:
-            data = base64.b64decode(self.data or "", validate=True)
-        except binascii.Error:
-            raise UsageError(
-                f"the data of attachment {self.name!r} is not base64",
-                hint="encode the bytes with the standard base64 alphabet, padded",
-            ) from None
-        return BinaryContent(data, self.media_type, self.name)
+        return BinaryContent(base64.b64decode(self.data), self.media_type, self.name)
+
+
+def _inline(media_types: tuple[str, ...], pattern: str, title: str) -> type[_Inline]:
+    fields: dict[str, Any] = {
+        "media_type": (Literal[media_types], ...),
+        "data": (str, Field(pattern=pattern, description="the bytes, base64")),
+    }
+    made: type[_Inline] = create_model(title, __base__=_Inline, **fields)
+    return made
+
+
+_INLINE = (
+    *(
+        _inline((media_type,), pattern, "Attachment" + media_type.split("/")[1].title())
+        for media_type, pattern in _DATA_PATTERNS.items()
+    ),
+    _inline(_TEXT_TYPES, f"^{_REST}$", "AttachmentText"),
+)
+
+
+class AttachmentUrl(Input):
+    """An image or document the provider fetches from ``url`` (lodger never does)."""
+
+    url: str = Field(pattern=r"^https?://\S+$", max_length=8_000)
+    media_type: (
+        Literal[
+            "image/png",
+            "image/jpeg",
+            "image/gif",
+            "image/webp",
+            "application/pdf",
+            "text/plain",
+            "text/markdown",
+            "text/csv",
+        ]
+        | None
+    ) = None
+    name: str = Field(default="", max_length=500)
+
+    def item(self) -> MediaItem:
+        media_type = self.media_type or ""
+        if media_type.startswith("image/") or (not media_type and _looks_like_image(self.url)):
+            return ImageUrl(self.url, media_type=media_type)
+        return DocumentUrl(self.url, media_type=media_type)
 
 
 def _looks_like_image(url: str) -> bool:
     return url.lower().rsplit("?", 1)[0].endswith((".png", ".jpg", ".jpeg", ".gif", ".webp"))
+
+
+if TYPE_CHECKING:
+    AttachmentIn = _Inline | AttachmentUrl
+else:
+    AttachmentIn = Union[  # noqa: UP007 - built from the tuple of models at run time
+        Annotated[Union[_INLINE], Field(discriminator="media_type")], AttachmentUrl  # noqa: UP007
+    ]
 
 
 class SendMessage(Input):
@@ -157,7 +198,7 @@ async def send(
         raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
     key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
     media: tuple[MediaItem, ...] = ()
-    if body.attachments:  # checked now: a bad file is the client's 400, not a failed turn
+    if body.attachments:  # the schema checked types and bytes; the sizes are checked here
         _, media = split_input([body.text, *(a.item() for a in body.attachments)], MediaLimits())
     message, created = await host.hub.send(session_id, key=key, text=body.text, media=media)
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))

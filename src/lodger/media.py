@@ -33,6 +33,7 @@ from lodger.storage.artifacts import ArtifactStore
 
 __all__ = [
     "DEFAULT_MEDIA_TYPES",
+    "WAKE_MEDIA_PREFIX",
     "BinaryContent",
     "DocumentUrl",
     "ImageUrl",
@@ -40,6 +41,7 @@ __all__ = [
     "MediaKind",
     "MediaLimits",
     "UserInput",
+    "attached_input",
     "check_media",
     "load_artifact",
     "media_kind",
@@ -47,6 +49,9 @@ __all__ = [
     "parse_media_message",
     "split_input",
     "store_media",
+    "wake_input",
+    "wake_message",
+    "wake_text",
 ]
 
 MediaKind = Literal["image", "document"]
@@ -307,3 +312,59 @@ def parse_media_message(message: str) -> tuple[str, tuple[Attachment, ...]]:
             f"a queued message with media cannot be read ({exc})",
             hint="the host's index was changed outside lodger; send the message again",
         ) from None
+
+
+#: how a wake's message (text for a worker) says it carries media: this line, then the
+#: ``media_message`` JSON. A host refuses a client's text that starts with it.
+WAKE_MEDIA_PREFIX = "lodger-media/1\n"
+
+
+def wake_message(text: str, attachments: Sequence[Attachment]) -> str:
+    """A turn with attachments as a wake's message (their bytes are artifacts already)."""
+    return WAKE_MEDIA_PREFIX + media_message(text, attachments)
+
+
+def wake_text(message: str) -> str:
+    """The input text of a wake's message (what its ``turn_started`` records)."""
+    if not message.startswith(WAKE_MEDIA_PREFIX):
+        return message
+    return parse_media_message(message[len(WAKE_MEDIA_PREFIX) :])[0]
+
+
+async def attached_input(
+    text: str,
+    attachments: Sequence[Attachment],
+    artifacts: ArtifactStore,
+    *,
+    session_id: str,
+) -> UserInput:
+    """A queued turn's input again: the text, then each attachment (its bytes read from
+    the artifacts, failing closed naming it)."""
+    items: list[str | MediaItem] = [text]
+    for a in attachments:
+        if a.artifact is None:
+            url = a.url or ""
+            is_image = a.media_type.startswith("image/")
+            item: MediaItem = (
+                ImageUrl(url, media_type=a.media_type)
+                if is_image
+                else DocumentUrl(url, media_type=a.media_type)
+            )
+        else:
+            data = await load_artifact(
+                a.artifact.sha256,
+                artifacts,
+                what=f"attachment {a.name!r} ({a.media_type}) of a queued turn",
+                session_id=session_id,
+            )
+            item = BinaryContent(data, a.media_type, a.name)
+        items.append(item)
+    return items
+
+
+async def wake_input(message: str, artifacts: ArtifactStore, *, session_id: str) -> UserInput:
+    """A wake's message as a turn's input (``wake_message``'s, or plain text)."""
+    if not message.startswith(WAKE_MEDIA_PREFIX):
+        return message
+    text, attachments = parse_media_message(message[len(WAKE_MEDIA_PREFIX) :])
+    return await attached_input(text, attachments, artifacts, session_id=session_id)

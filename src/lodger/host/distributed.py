@@ -36,7 +36,7 @@ from typing import cast
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
-from lodger.media import MediaItem
+from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -153,16 +153,18 @@ class ControlPlaneHub(Hub):
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
     ) -> tuple[Message, bool]:
-        if media:
-            # a wake carries text to the workers; media would need to travel with it
+        if text.startswith(WAKE_MEDIA_PREFIX):
+            # the line by which a wake says it carries media is the host's own
             raise UsageError(
-                "a distributed host does not take attachments yet",
-                hint="send the images and documents to a host that runs its turns "
-                "(lodger serve without workers), or through the library",
+                f"a message may not start with {WAKE_MEDIA_PREFIX!r}",
+                hint="send images and documents as attachments",
                 code="usage",
                 session_id=session_id,
             )
         await self.require(session_id)
+        if media:  # stored where the workers read them, before the wake names them
+            attachments = await store_media(media, self.sessions.storage.artifacts, {})
+            text = wake_message(text, attachments)
         if await self.plane.get_session(session_id=session_id) is None:
             # bound here only (a webhook's session): tell the workers its model
             spec = await self.control.session_model(session_id)

@@ -41,12 +41,9 @@ from lodger.errors import (
 from lodger.events import Event, TurnStarted
 from lodger.host.feed import Feeds
 from lodger.media import (
-    BinaryContent,
-    DocumentUrl,
-    ImageUrl,
     MediaItem,
     UserInput,
-    load_artifact,
+    attached_input,
     media_message,
     parse_media_message,
     store_media,
@@ -322,25 +319,9 @@ class Hub:
         if message.kind != "media":
             return message.text
         text, attachments = parse_media_message(message.text)
-        items: list[str | MediaItem] = [text]
-        for a in attachments:
-            if a.artifact is None:
-                url = a.url or ""
-                is_image = a.media_type.startswith("image/")
-                items.append(
-                    ImageUrl(url, media_type=a.media_type)
-                    if is_image
-                    else DocumentUrl(url, media_type=a.media_type)
-                )
-            else:
-                data = await load_artifact(
-                    a.artifact.sha256,
-                    self.sessions.storage.artifacts,
-                    what=f"attachment {a.name!r} of message {message.id}",
-                    session_id=message.session_id,
-                )
-                items.append(BinaryContent(data, a.media_type, a.name))
-        return items
+        return await attached_input(
+            text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
+        )
 
     async def binding(self, session_id: str) -> Binding:
         spec = await self.control.session_model(session_id)

@@ -23,6 +23,7 @@ def test_there_are_examples_for_each_library_feature() -> None:
         "hooks",
         "testmodel",
         "function_model",
+        "fallback",
         "images",
     } <= names
 

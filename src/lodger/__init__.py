@@ -49,6 +49,7 @@ if _typing.TYPE_CHECKING:
     from lodger.media import BinaryContent, DocumentUrl, ImageUrl, MediaLimits
     from lodger.providers import (
         AssistantMessage,
+        FallbackModel,
         FunctionModel,
         Message,
         Model,
@@ -119,6 +120,7 @@ _EXPORTS: dict[str, str] = {
     "ImageUrl": "lodger.media",
     "MediaLimits": "lodger.media",
     "AssistantMessage": "lodger.providers",
+    "FallbackModel": "lodger.providers",
     "FunctionModel": "lodger.providers",
     "Message": "lodger.providers",
     "Model": "lodger.providers",
@@ -170,6 +172,7 @@ __all__ = [
     "Event",
     "EventLog",
     "FactCommitted",
+    "FallbackModel",
     "FunctionModel",
     "Hooks",
     "ImageUrl",

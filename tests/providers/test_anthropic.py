@@ -29,6 +29,7 @@ from lodger.providers.base import (
 )
 
 HELLO = ModelRequest(system="", messages=(UserMessage(text="hi"),))
+EPHEMERAL = {"type": "ephemeral"}
 
 
 def event(kind: str, **fields: Any) -> tuple[str | None, str]:
@@ -127,7 +128,7 @@ async def test_text_streams_in_deltas(server: WireServer, model: AnthropicModel)
     assert response.text == "Hello, world"
     assert response.calls == ()
     # Cached prompt tokens count as input, as OpenAI's prompt_tokens do.
-    assert response.usage == Usage(input_tokens=15, output_tokens=7)
+    assert response.usage == Usage(input_tokens=15, output_tokens=7, cache_read_tokens=5)
     assert response.finish_reason == "end_turn"
 
 
@@ -230,6 +231,8 @@ async def test_answer_with_text_and_calls_round_trips(
                     "tool_use_id": "toolu_r",
                     "content": "bee",
                     "is_error": False,
+                    # the last block: the next step reads the cache up to here
+                    "cache_control": {"type": "ephemeral"},
                 }
             ],
         },
@@ -260,7 +263,11 @@ async def test_request_wire_shape(server: WireServer, model: AnthropicModel) -> 
     assert body["model"] == "claude-test"
     assert body["stream"] is True
     assert body["max_tokens"] == 256
-    assert body["system"] == "You are a careful assistant."
+    # Breakpoints: the system prompt, the last tool, the last block before the newest
+    # input (the tool results of the step before share its message) and the last block.
+    assert body["system"] == [
+        {"type": "text", "text": "You are a careful assistant.", "cache_control": EPHEMERAL}
+    ]
     assert body["messages"] == [
         {
             "role": "user",
@@ -298,15 +305,23 @@ async def test_request_wire_shape(server: WireServer, model: AnthropicModel) -> 
                     "tool_use_id": "call_b",
                     "content": "no match",
                     "is_error": True,
+                    "cache_control": EPHEMERAL,
                 },
-                {"type": "text", "text": "Thanks, go on."},
+                {"type": "text", "text": "Thanks, go on.", "cache_control": EPHEMERAL},
             ],
         },
     ]
     assert body["tools"] == [
         {"name": "read_file", "description": "Read a text file.", "input_schema": READ_SCHEMA},
-        {"name": "search", "description": "Search files.", "input_schema": SEARCH_SCHEMA},
+        {
+            "name": "search",
+            "description": "Search files.",
+            "input_schema": SEARCH_SCHEMA,
+            "cache_control": EPHEMERAL,
+        },
     ]
+    for absent in ("tool_choice", "thinking", "stop_sequences", "output_config", "temperature"):
+        assert absent not in body
 
 
 async def test_results_go_back_in_call_order(server: WireServer, model: AnthropicModel) -> None:

@@ -381,7 +381,8 @@ def resume(
             try:
                 return await sessions.resume(session_id, binding=binding, relocate=relocate)
             finally:
-                await binding.model.aclose()
+                if not isinstance(binding.model, str):  # compose made a Model
+                    await binding.model.aclose()
 
     try:
         result = run_turn(work(), view)

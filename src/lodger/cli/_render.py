@@ -33,6 +33,7 @@ from lodger.events import (
     ContextCompacted,
     Event,
     ModelOutput,
+    ModelSwitched,
     OperatorDecision,
     PermissionDecided,
     PermissionRequested,
@@ -316,6 +317,12 @@ class _TimelineView:
             return [
                 ("provider retry", "yellow"),
                 f"  attempt {body.attempt} in {body.delay_ms} ms: ",
+                clip(body.error, self.limit(_TEXT)),
+            ]
+        if isinstance(body, ModelSwitched):
+            return [
+                ("model switched", "yellow"),
+                f"  {body.from_model} -> {body.to_model}: ",
                 clip(body.error, self.limit(_TEXT)),
             ]
         if isinstance(body, ToolsActivated):

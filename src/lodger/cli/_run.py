@@ -37,6 +37,7 @@ from lodger.events import (
     CallRejected,
     Event,
     ModelOutput,
+    ModelSwitched,
     PermissionDecided,
     ProviderRetried,
     ToolDispatched,
@@ -131,6 +132,8 @@ class LiveView(TurnWatcher):
             out.print(Text(f"  +  {body.tool} allowed", style="green") + _reason(body.reason))
         elif isinstance(body, ProviderRetried):
             out.print(Text(retry_line(body), style="yellow"))
+        elif isinstance(body, ModelSwitched):
+            out.print(Text(f"  >  {body.from_model} failed; {body.to_model} takes over", "yellow"))
 
 
 def _reason(reason: str) -> Text:
@@ -227,7 +230,8 @@ async def _run_turn(
         async with Sessions(where.open()) as sessions:
             return await sessions.run(task, binding=binding, session=session)
     finally:
-        await binding.model.aclose()  # the CLI made the model: it closes its connections
+        if not isinstance(binding.model, str):  # compose made a Model
+            await binding.model.aclose()  # the CLI made the model: it closes its connections
 
 
 trust_option = click.option(
@@ -350,7 +354,7 @@ def exit_code_for(result: TurnResult) -> int:
     envvar=MODEL_ENVVAR,
     metavar="SPEC",
     help="script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
-    f"anthropic:MODEL (env {MODEL_ENVVAR}).",
+    f"anthropic:MODEL; 'A|B' falls back from A to B (env {MODEL_ENVVAR}).",
 )
 @click.option(
     "--workspace",

@@ -28,7 +28,7 @@ from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
 from lodger.engine.resume import resume_run
-from lodger.engine.retries import gave_up, retry_delay
+from lodger.engine.retries import complete
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, ProviderError
@@ -36,6 +36,7 @@ from lodger.events import (
     ContextCompacted,
     Event,
     ModelOutput,
+    ModelSwitched,
     OutputRejected,
     ProposedCall,
     ProviderRetried,
@@ -439,37 +440,12 @@ class Engine:
     async def _complete(
         self, journal: Journal, request: ModelRequest, env: Envelope
     ) -> ModelResponse:
-        attempt = 0
-        retries = self.retries
-        while True:
-            try:
-                return await self.model.complete(request, on_text=self.hooks.on_text)
-            except ProviderError as exc:
-                attempt += 1
-                if not exc.retryable:
-                    raise
-                if attempt > retries.max_retries:
-                    raise gave_up(exc, f"after {attempt - 1} retries") from exc
-                if exc.retry_after is not None and exc.retry_after > retries.max_retry_after:
-                    raise gave_up(
-                        exc,
-                        f"at once (the provider asked to wait {exc.retry_after:.0f} s, more "
-                        f"than {retries.max_retry_after:.0f} s)",
-                    ) from exc
-                delay = retry_delay(
-                    attempt,
-                    base=retries.base_delay,
-                    retry_after=exc.retry_after,
-                    jitter=retries.jitter(),
-                )
-                error = exc.message
-                if exc.retry_after is not None:
-                    error = f"{error} (Retry-After {exc.retry_after:g} s)"
-                await journal.fact(
-                    ProviderRetried(attempt=attempt, error=error, delay_ms=int(delay * 1000)),
-                    env,
-                )
-                await retries.sleep(delay)
+        async def record(body: ProviderRetried | ModelSwitched) -> None:
+            await journal.fact(body, env)
+
+        return await complete(
+            self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
+        )
 
 
 _NO_SETTINGS = ModelSettings()

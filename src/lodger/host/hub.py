@@ -297,7 +297,8 @@ class Hub:
                     if exc.session_id != sid or attempt + 1 == _LOCKED_TRIES:
                         raise
                 finally:
-                    await binding.model.aclose()
+                    if not isinstance(binding.model, str):  # compose made a Model
+                        await binding.model.aclose()
                 await asyncio.sleep(_LOCKED_WAIT_S)
         except LodgerError as exc:
             await self.control.finish_message(

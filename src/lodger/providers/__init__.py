@@ -5,7 +5,9 @@ tool once with schema-valid arguments, then answers), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
 ``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
 ``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning). SDK-backed
-adapters are imported only when asked for.
+adapters are imported only when asked for. Specs joined by ``|``
+(``openai:gpt-4.1|anthropic:claude-sonnet-4-5``) are a ``FallbackModel``: the models in
+that order, each taking over a step the one before failed.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from lodger.providers.base import (
     ToolSchema,
     UserMessage,
 )
+from lodger.providers.fallback import SEPARATOR, FallbackModel
 from lodger.providers.scripted import FunctionModel, ScriptedModel, tool_call
 from lodger.providers.testmodel import TestModel
 
 __all__ = [
     "AssistantMessage",
+    "FallbackModel",
     "FunctionModel",
     "Message",
     "Model",
@@ -44,16 +48,36 @@ __all__ = [
 
 _HINT = (
     "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL "
-    "or anthropic:MODEL"
+    "or anthropic:MODEL; join specs with | for a fallback chain"
 )
 
 
 def make_model(spec: str) -> Model:
+    """The model a spec names; ``a|b`` is ``FallbackModel(make_model(a), make_model(b))``."""
+    if SEPARATOR in spec:
+        parts = [part.strip() for part in spec.split(SEPARATOR)]
+        if not all(parts):
+            raise ConfigError(
+                f"model spec {spec!r} has an empty model in its fallback chain",
+                hint="write it as openai:gpt-4.1|anthropic:claude-sonnet-4-5",
+            )
+        if len(parts) > len(set(parts)):
+            raise ConfigError(
+                f"model spec {spec!r} names the same model twice in its fallback chain",
+                hint="list each model once; the run's retries already ask a model again",
+            )
+        return FallbackModel(*(_one_model(part) for part in parts))
+    return _one_model(spec)
+
+
+def _one_model(spec: str) -> Model:
     if spec in ("test", "test:"):
         return TestModel()
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(f"model spec {spec!r} has no provider prefix", hint=_HINT)
+    if kind == "test":  # what a TestModel's spec says, so a resumed session reads it back
+        return TestModel(name=rest)
     if kind == "script":
         return ScriptedModel.from_file(rest)
     if kind == "openai":

@@ -12,6 +12,29 @@ the order the model made the calls (the API rejects results split over messages)
 Tool input streams as ``input_json_delta`` pieces per content block; the pieces are
 joined verbatim into ``ProposedCall.arguments``. Thinking text, if the model sends any,
 becomes ``reasoning``. SDK retries are off: the agent loop owns retries.
+
+Structured output (``output_mode``, ``"native"`` by default): ``native`` sends the schema
+as ``output_config.format`` (made strict by the SDK's ``transform_schema``: constraints
+the API does not enforce move into descriptions, and lodger still validates the answer);
+``tool`` adds the output tool and forces it, by name when it is the only tool and with
+``tool_choice: any`` otherwise. Extended thinking refuses a forced tool choice, so with
+thinking on the choice stays ``auto`` and the model may answer in text, which is
+validated all the same. ``prompted`` sends nothing but the system prompt.
+
+Model settings: ``temperature``, ``top_p`` (in the body: the SDK no longer names them),
+``max_tokens`` (else the request's ``max_output_tokens``, else the model's own),
+``stop`` as ``stop_sequences``, ``parallel_tool_calls=False`` as
+``disable_parallel_tool_use``, ``reasoning_effort`` as an extended-thinking budget
+(``EFFORT_BUDGETS``: minimal 1024, low 4096, medium 8192, high 16384 tokens, none off)
+unless the model has a ``thinking_budget``, and ``extra`` into the body as is (an
+``output_config`` there is merged with the structured output's). ``seed`` is ignored:
+the API has no such knob.
+
+Media: images (JPEG, PNG, GIF, WebP) and documents (PDF, plain text), as bytes or (not
+plain text) a URL, in a turn's input and in tool results; another type fails the
+request before it is sent. Prompt caching: the usage's cache reads and writes count as
+input and are reported apart; ``cache_breakpoints`` (on by default) marks the stable
+prefix for the cache (see ``lodger.providers._anthropic_request``).
 """
 
 from __future__ import annotations
@@ -19,12 +42,12 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
 
 from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._anthropic_request import STATE_KEY, WireRequest, wire_request
 from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
@@ -43,21 +66,18 @@ from lodger.providers._errors import (
     within,
 )
 from lodger.providers.base import (
-    AssistantMessage,
     ModelRequest,
     ModelResponse,
+    OutputMode,
     TextSink,
-    ToolResultMessage,
-    UserMessage,
+    take_output_call,
 )
 
 with require("anthropic", "the Anthropic provider"):
     import anthropic
     import httpx2
     from anthropic.types import (
-        ContentBlockParam,
         InputJSONDelta,
-        MessageParam,
         RawContentBlockDeltaEvent,
         RawContentBlockStartEvent,
         RawMessageDeltaEvent,
@@ -67,30 +87,27 @@ with require("anthropic", "the Anthropic provider"):
         RedactedThinkingBlock,
         SignatureDelta,
         TextBlock,
-        TextBlockParam,
         TextDelta,
         ThinkingBlock,
         ThinkingDelta,
-        ToolParam,
-        ToolResultBlockParam,
         ToolUseBlock,
-        ToolUseBlockParam,
     )
 
 __all__ = ["AnthropicModel"]
 
 # A proxy or gateway given by base_url may not need a key; the SDK still wants one.
 _PLACEHOLDER_KEY = "lodger-placeholder-key"
-# The key of this adapter's entry in provider_state.
-_STATE_KEY = "anthropic"
 # Error types a stream's error event may carry that are the server's trouble.
 _TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
-Role = Literal["user", "assistant"]
-
 
 class AnthropicModel:
-    """A ``Model`` over streaming Anthropic Messages; ``max_tokens`` caps each answer."""
+    """A ``Model`` over streaming Anthropic Messages; ``max_tokens`` caps each answer
+    unless the request's settings say otherwise, ``cache_breakpoints=False`` sends no
+    prompt-cache breakpoints."""
+
+    output_mode: OutputMode = "native"
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
 
     def __init__(
         self,
@@ -103,6 +120,7 @@ class AnthropicModel:
         answer_timeout: float = ANSWER_TIMEOUT,
         max_tokens: int = 4096,
         thinking_budget: int | None = None,
+        cache_breakpoints: bool = True,
     ) -> None:
         self._model = model
         self._answer_timeout = answer_timeout  # the whole answer (timeout: each read)
@@ -110,6 +128,7 @@ class AnthropicModel:
         # Extended thinking: the signed thinking blocks come back as provider_state and are
         # replayed with the assistant turn, as the API requires when tools are used.
         self._thinking_budget = thinking_budget
+        self._cache_breakpoints = cache_breakpoints
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             if base_url is None:
@@ -140,35 +159,21 @@ class AnthropicModel:
         return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
 
     async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
+        wire = wire_request(
+            request,
+            spec=self.spec,
+            max_tokens=self._max_tokens,
+            thinking_budget=self._thinking_budget,
+            cache=self._cache_breakpoints,
+        )
         folded = _EventFolder(guarded_sink(on_text))
         try:
-            max_tokens = (
-                request.max_output_tokens
-                if request.max_output_tokens is not None
-                else self._max_tokens
-            )
-            budget = self._thinking_budget
-            if budget is not None:
-                max_tokens = max(max_tokens, budget + 1024)  # the answer comes after it
-            stream = await self._client.messages.create(
-                model=self._model,
-                max_tokens=max_tokens,
-                system=request.system or anthropic.omit,
-                messages=_anthropic_messages(request),
-                tools=_anthropic_tools(request) or anthropic.omit,
-                thinking=(
-                    {"type": "enabled", "budget_tokens": budget}
-                    if budget is not None
-                    else anthropic.omit
-                ),
-                stream=True,
-            )
-            async with stream:
+            async with await self._send(wire) as stream:
                 async for event in stream:
                     folded.feed(event)
             if not folded.stopped:
                 raise stream_unfinished(self.spec, "the message stopped")
-            return sized(folded.response())
+            response = sized(folded.response())
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc, spec=self.spec) from exc
         except (httpx2.RequestError, ssl.SSLError) as exc:
@@ -183,96 +188,27 @@ class AnthropicModel:
             raise exc.__cause__ or exc from None
         except MALFORMED as exc:
             raise malformed(self.spec, exc) from exc
+        # Tool mode: the lone output call is the answer, as text the engine validates.
+        answer, calls = take_output_call(response.calls, request)
+        if answer is not None:
+            return replace(response, text=answer, calls=())
+        return replace(response, calls=calls) if calls != response.calls else response
 
-
-def _anthropic_messages(request: ModelRequest) -> list[MessageParam]:
-    """The history as alternating messages; results of one step share one user message."""
-    turns: list[tuple[Role, list[ContentBlockParam]]] = []
-
-    def add(role: Role, blocks: list[ContentBlockParam]) -> None:
-        if not blocks:
-            return
-        if turns and turns[-1][0] == role:
-            turns[-1][1].extend(blocks)
-        else:
-            turns.append((role, blocks))
-
-    call_order: dict[str, int] = {}
-    pending_results: list[ToolResultMessage] = []
-
-    def flush_results() -> None:
-        ordered = sorted(pending_results, key=lambda r: call_order.get(r.call_id, len(call_order)))
-        add("user", [_result_block(result) for result in ordered])
-        pending_results.clear()
-
-    for message in request.messages:
-        if isinstance(message, ToolResultMessage):
-            pending_results.append(message)
-            continue
-        flush_results()
-        if isinstance(message, UserMessage):
-            add("user", _text_blocks(message.text))
-        elif isinstance(message, AssistantMessage):
-            call_order = {call.call_id: n for n, call in enumerate(message.calls)}
-            add(
-                "assistant",
-                [
-                    *_thinking_blocks(message),
-                    *_text_blocks(message.text),
-                    *map(_tool_use_block, message.calls),
-                ],
-            )
-    flush_results()
-    out: list[MessageParam] = []
-    for role, blocks in turns:
-        if role == "user":
-            out.append({"role": "user", "content": blocks})
-        else:
-            out.append({"role": "assistant", "content": blocks})
-    return out
-
-
-def _thinking_blocks(message: AssistantMessage) -> list[ContentBlockParam]:
-    """The signed thinking blocks this adapter recorded with the output, replayed verbatim
-    (the API checks their signatures; blocks of another provider are not ours to send)."""
-    state = (message.provider_state or {}).get(_STATE_KEY)
-    blocks = state.get("thinking") if isinstance(state, dict) else None
-    if not isinstance(blocks, list):
-        return []
-    return [block for block in blocks if isinstance(block, dict)]  # type: ignore[misc]
-
-
-def _text_blocks(text: str) -> list[ContentBlockParam]:
-    # The API rejects empty text blocks.
-    block: TextBlockParam = {"type": "text", "text": text}
-    return [block] if text else []
-
-
-def _tool_use_block(call: ProposedCall) -> ToolUseBlockParam:
-    try:
-        arguments = json.loads(call.arguments)
-    except json.JSONDecodeError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        # The API wants an object; keep the model's malformed text where it can see it.
-        arguments = {"_raw_arguments": call.arguments}
-    return {"type": "tool_use", "id": call.call_id, "name": call.name, "input": arguments}
-
-
-def _result_block(result: ToolResultMessage) -> ToolResultBlockParam:
-    return {
-        "type": "tool_result",
-        "tool_use_id": result.call_id,
-        "content": result.content,
-        "is_error": result.is_error,
-    }
-
-
-def _anthropic_tools(request: ModelRequest) -> list[ToolParam]:
-    return [
-        {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
-        for tool in request.tools
-    ]
+    async def _send(self, wire: WireRequest) -> anthropic.AsyncStream[RawMessageStreamEvent]:
+        omit = anthropic.omit
+        return await self._client.messages.create(
+            model=self._model,
+            max_tokens=wire.max_tokens,
+            system=wire.system if wire.system is not None else omit,
+            messages=wire.messages,
+            tools=wire.tools or omit,
+            tool_choice=wire.tool_choice if wire.tool_choice is not None else omit,
+            thinking=wire.thinking if wire.thinking is not None else omit,
+            stop_sequences=wire.stop_sequences or omit,
+            output_config=wire.output_config if wire.output_config is not None else omit,
+            extra_body=wire.extra_body or None,
+            stream=True,
+        )
 
 
 @dataclass
@@ -297,7 +233,9 @@ class _EventFolder:
         self._reasoning: list[str] = []
         self._calls: dict[int, _PendingCall] = {}  # by content block index
         self._thinking: dict[int, dict[str, str]] = {}  # signed blocks, by index
-        self._input_tokens = 0
+        self._input_tokens = 0  # not read from the cache nor written to it
+        self._cache_read = 0
+        self._cache_write = 0
         self._output_tokens = 0
         self.finish_reason: str | None = None
         self.stopped = False
@@ -312,11 +250,9 @@ class _EventFolder:
         if isinstance(event, RawMessageStartEvent):
             usage = event.message.usage
             # Cached prompt tokens are counted apart from input_tokens; all were input.
-            self._input_tokens = (
-                token_count(usage.input_tokens, "input")
-                + token_count(usage.cache_creation_input_tokens, "cache creation")
-                + token_count(usage.cache_read_input_tokens, "cache read")
-            )
+            self._input_tokens = token_count(usage.input_tokens, "input")
+            self._cache_write = token_count(usage.cache_creation_input_tokens, "cache creation")
+            self._cache_read = token_count(usage.cache_read_input_tokens, "cache read")
             self._output_tokens = token_count(usage.output_tokens, "output")
         elif isinstance(event, RawContentBlockStartEvent):
             block = event.content_block
@@ -348,9 +284,20 @@ class _EventFolder:
         elif isinstance(event, RawMessageDeltaEvent):
             if event.delta.stop_reason:
                 self.finish_reason = finish_reason(event.delta.stop_reason)
-            self._output_tokens = token_count(event.usage.output_tokens, "output")
+            self._delta_usage(event)
         elif isinstance(event, RawMessageStopEvent):
             self.stopped = True
+
+    def _delta_usage(self, event: RawMessageDeltaEvent) -> None:
+        """The delta's counts are cumulative; the input ones are there only when known."""
+        usage = event.usage
+        self._output_tokens = token_count(usage.output_tokens, "output")
+        if usage.input_tokens is not None:
+            self._input_tokens = token_count(usage.input_tokens, "input")
+        if usage.cache_creation_input_tokens is not None:
+            self._cache_write = token_count(usage.cache_creation_input_tokens, "cache creation")
+        if usage.cache_read_input_tokens is not None:
+            self._cache_read = token_count(usage.cache_read_input_tokens, "cache read")
 
     def response(self) -> ModelResponse:
         calls = tuple(
@@ -361,10 +308,15 @@ class _EventFolder:
             text="".join(self._text),
             reasoning="".join(self._reasoning),
             calls=calls,
-            usage=Usage(input_tokens=self._input_tokens, output_tokens=self._output_tokens),
+            usage=Usage(
+                input_tokens=self._input_tokens + self._cache_read + self._cache_write,
+                output_tokens=self._output_tokens,
+                cache_read_tokens=self._cache_read,
+                cache_write_tokens=self._cache_write,
+            ),
             finish_reason=self.finish_reason,
             provider_state=(
-                {_STATE_KEY: {"thinking": [block for _, block in sorted(self._thinking.items())]}}
+                {STATE_KEY: {"thinking": [block for _, block in sorted(self._thinking.items())]}}
                 if self._thinking
                 else None
             ),

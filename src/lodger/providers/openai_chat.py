@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall, Usage
+from lodger.providers._callids import wire_call_id
 from lodger.providers._errors import (
     ANSWER_TIMEOUT,
     MALFORMED,
@@ -128,6 +129,12 @@ class OpenAIChatModel:
             raise malformed(self.spec, exc) from exc
 
 
+def _call_id(call_id: str) -> str:
+    """OpenAI refuses a call id longer than 40 characters (lodger's own are 41, another
+    provider's may be longer): such an id goes as a stable digest."""
+    return wire_call_id(call_id, max_len=40, plain=False, prefix="call_")
+
+
 def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
     """The request's system prompt and history as Chat Completions messages."""
     out: list[ChatCompletionMessageParam] = []
@@ -139,7 +146,7 @@ def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
         elif isinstance(message, AssistantMessage):
             calls: list[ChatCompletionMessageFunctionToolCallParam] = [
                 {
-                    "id": call.call_id,
+                    "id": _call_id(call.call_id),
                     "type": "function",
                     "function": {"name": call.name, "arguments": call.arguments},
                 }
@@ -153,7 +160,11 @@ def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
                 out.append({"role": "assistant", "content": message.text})
         elif isinstance(message, ToolResultMessage):
             out.append(
-                {"role": "tool", "tool_call_id": message.call_id, "content": message.content}
+                {
+                    "role": "tool",
+                    "tool_call_id": _call_id(message.call_id),
+                    "content": message.content,
+                }
             )
     return out
 

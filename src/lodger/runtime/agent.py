@@ -33,6 +33,7 @@ from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
+from lodger.providers import make_model
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import close_after_failure
@@ -79,6 +80,11 @@ class SessionHandle:
 class Agent:
     """A model, bound tools and a place to keep sessions.
 
+    ``model`` is a ``Model`` (yours to close) or a spec as ``make_model`` reads it
+    (``"openai:gpt-4.1"``, ``"test"``, ``"openai:gpt-4.1|anthropic:claude-sonnet-4-5"`` for
+    a ``FallbackModel``), which the agent makes and closes with itself; so is a spec given
+    as ``subagents.model``.
+
     ``storage`` is where sessions live: a ``Storage`` (the caller's: the agent does not
     close it), or the state directory of the embedded default (default ``.lodger``: a
     SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory
@@ -98,7 +104,7 @@ class Agent:
     def __init__(
         self,
         *,
-        model: Model,
+        model: Model | str,
         tools: Sequence[Tool] = (),
         system: str = DEFAULT_SYSTEM,
         workspace: str | os.PathLike[str] | None = None,
@@ -114,6 +120,11 @@ class Agent:
         hooks: Hooks | None = None,
         services: Services | None = None,
     ) -> None:
+        # A model named by its spec is the agent's: it is made here and closed with it.
+        self._owned_models: list[Model] = []
+        model = self._own(model)
+        if subagents is not None and isinstance(subagents.model, str):
+            subagents = dataclasses.replace(subagents, model=self._own(subagents.model))
         self._owns_storage = not isinstance(storage, Storage)
         if not isinstance(storage, Storage):
             storage = Storage.local(storage)
@@ -198,11 +209,22 @@ class Agent:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _own(self, model: Model | str) -> Model:
+        if not isinstance(model, str):
+            return model
+        made = make_model(model)  # a bad spec is make_model's ConfigError
+        self._owned_models.append(made)
+        return made
+
     async def close(self) -> None:
         if self._owns_states:
             self._states.clear()
-        if self._owns_storage:
-            await self.storage.close()
+        try:
+            while self._owned_models:
+                await self._owned_models.pop().aclose()
+        finally:
+            if self._owns_storage:
+                await self.storage.close()
 
     def __enter__(self) -> Agent:
         return self

@@ -1,6 +1,8 @@
 """The project configuration, ``lodger.toml`` in the workspace, and ``--mcp`` servers.
 
     model = "openai:gpt-4.1"                 # the default for --model
+    # or a fallback chain, tried in order (the spec "openai:gpt-4.1|anthropic:...")
+    # model = ["openai:gpt-4.1", "anthropic:claude-sonnet-4-5"]
 
     [permissions]                          # first match wins: deny, then ask, then allow
     allow = ["read_file", "shell(git status*)", "shell(pytest*)"]
@@ -38,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
@@ -181,12 +183,25 @@ class ProjectConfig(BaseModel):
     """A whole ``lodger.toml``."""
 
     model_config = _STRICT
+    #: a spec; a list of specs in the file is a fallback chain, read as one spec ``a|b``
     model: str | None = None
     permissions: PermissionsConfig = PermissionsConfig()
     mcp: McpConfig = McpConfig()
     limits: LimitsConfig = LimitsConfig()
     # checked key by key by ``load_sandbox_policy`` (``lodger.substrates.sandbox.policy``)
     sandbox: dict[str, Any] | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _chain(cls, value: Any) -> Any:
+        """A list of specs is a fallback chain: one spec, the entries joined by ``|``."""
+        if not isinstance(value, list):
+            return value
+        if not value or not all(isinstance(spec, str) and spec.strip() for spec in value):
+            raise ValueError("a fallback list needs one or more model specs, none of them empty")
+        if any("|" in spec for spec in value):
+            raise ValueError("an entry of the fallback list holds '|': write one model per entry")
+        return "|".join(spec.strip() for spec in value)
 
 
 def load_project_config(path: Path) -> ProjectConfig:

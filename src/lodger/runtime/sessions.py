@@ -82,9 +82,12 @@ class FoldCache(MutableMapping[str, SessionState]):
 
 @dataclass(frozen=True, kw_only=True)
 class Binding:
-    """What one run binds: a model, tools, MCP servers, a workspace and a policy."""
+    """What one run binds: a model, tools, MCP servers, a workspace and a policy.
 
-    model: Model
+    ``model`` is a ``Model`` (the caller's to close) or a spec such as
+    ``"openai:gpt-4.1"`` (made for each run and closed when it ends)."""
+
+    model: Model | str
     tools: Sequence[Tool] = ()
     mcp: Sequence[McpServerConfig] = ()
     workspace: Path | None = None

@@ -84,7 +84,8 @@ def _least(a: _N | None, b: _N | None) -> _N | None:
 class SubagentPolicy:
     """How an agent delegates.
 
-    ``model`` runs the children (default: the parent's model); ``system`` is their system
+    ``model`` runs the children (default: the parent's model; a spec such as
+    ``"openai:gpt-4.1-mini"`` is made and closed by the agent); ``system`` is their system
     prompt (default: the parent's). ``max_depth`` is how deep the tree may grow: 1 lets
     the agent delegate and its children not, 2 lets children delegate once more.
     ``default_budget`` is what a delegation gets when it names none, ``max_budget`` caps
@@ -94,7 +95,7 @@ class SubagentPolicy:
     >>> Agent(model=model, tools=tools, subagents=SubagentPolicy(max_depth=2))
     """
 
-    model: Model | None = None
+    model: Model | str | None = None
     system: str | None = None
     max_depth: int = 1
     default_budget: Budget = field(default_factory=Budget)

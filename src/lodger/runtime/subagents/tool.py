@@ -39,7 +39,7 @@ from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.state import SessionState
-from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError
+from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError, UsageError
 from lodger.events import (
     EventDraft,
     ModelOutput,
@@ -48,6 +48,7 @@ from lodger.events import (
     canonical_json,
 )
 from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.providers.fallback import FallbackModel
 from lodger.runtime.subagents.ledger import (
     TreeSpend,
     budget_from_metadata,
@@ -219,13 +220,20 @@ def _check_schema(schema: Any) -> None:
         ) from None
 
 
+class _Spent:
+    """The tokens a child has spent, shared by the members of a fallback chain."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+
 class _BudgetedModel:
     """The child's model, refusing a request once the child's tokens are spent."""
 
-    def __init__(self, inner: Model, *, limit: int | None, used: int) -> None:
+    def __init__(self, inner: Model, *, limit: int | None, spent: _Spent) -> None:
         self.inner = inner
         self.limit = limit
-        self.used = used
+        self.spent = spent
 
     @property
     def spec(self) -> str:
@@ -237,16 +245,27 @@ class _BudgetedModel:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        if self.limit is not None and self.used >= self.limit:
+        used = self.spent.tokens
+        if self.limit is not None and used >= self.limit:
             raise ProviderError(
-                f"the subagent spent its token budget ({self.used} of {self.limit} tokens)",
+                f"the subagent spent its token budget ({used} of {self.limit} tokens)",
                 retryable=False,
                 code="subagent_budget",
             )
         response = await self.inner.complete(request, on_text=on_text)
         if response.usage is not None:
-            self.used += response.usage.input_tokens + response.usage.output_tokens
+            self.spent.tokens += response.usage.input_tokens + response.usage.output_tokens
         return response
+
+
+def _budgeted(model: Model, *, limit: int | None, used: int) -> Model:
+    """``model`` under the child's token budget; a fallback chain stays a chain (so the
+    engine retries and switches per member), each member counting into one budget."""
+    spent = _Spent(used)
+    if not isinstance(model, FallbackModel):
+        return _BudgetedModel(model, limit=limit, spent=spent)
+    members = [_BudgetedModel(m, limit=limit, spent=spent) for m in model.models]
+    return FallbackModel(*members, fallback_on=model.falls_back)
 
 
 class _Trees:
@@ -491,9 +510,13 @@ class _Delegator:
     ) -> Engine:
         parent = self.agent.engine
         registry = self._child_registry(link, delegation, source)
-        model = _BudgetedModel(
-            self.policy.model or parent.model, limit=granted.tokens, used=tokens_used
-        )
+        chosen = self.policy.model or parent.model
+        if isinstance(chosen, str):
+            raise UsageError(
+                f"the subagent policy names its model as text ({chosen!r})",
+                hint="bind the policy with Agent(subagents=...), which makes the model",
+            )
+        model = _budgeted(chosen, limit=granted.tokens, used=tokens_used)
         return dataclasses.replace(
             parent,
             model=model,

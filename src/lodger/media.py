@@ -33,6 +33,7 @@ from lodger.storage.artifacts import ArtifactStore
 
 __all__ = [
     "DEFAULT_MEDIA_TYPES",
+    "URL_EXTENSIONS",
     "WAKE_MEDIA_PREFIX",
     "BinaryContent",
     "DocumentUrl",
@@ -49,6 +50,7 @@ __all__ = [
     "parse_media_message",
     "split_input",
     "store_media",
+    "url_media_type",
     "wake_input",
     "wake_message",
     "wake_text",
@@ -189,25 +191,55 @@ def _starts_as(data: bytes, media_type: str) -> bool:
     return magic is None or data.startswith(magic)
 
 
+#: a URL's media type by its path's extension (what a URL names, not what it serves)
+URL_EXTENSIONS: dict[str, str] = {
+    "png": "image/png",
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "gif": "image/gif",
+    "webp": "image/webp",
+    "pdf": "application/pdf",
+    "txt": "text/plain",
+    "md": "text/markdown",
+    "csv": "text/csv",
+}
+
+
+def url_media_type(path: str) -> str | None:
+    """The media type a URL's path names by its extension (None: it names none)."""
+    name = path.rsplit("/", 1)[-1]
+    if "." not in name:
+        return None
+    return URL_EXTENSIONS.get(name.rsplit(".", 1)[1].lower())
+
+
 def _url_item(item: ImageUrl | DocumentUrl, limits: MediaLimits) -> ImageUrl | DocumentUrl:
-    scheme = urlsplit(item.url).scheme.lower()
-    if scheme not in ("http", "https"):
+    shown = repr(item.url[:200])
+    try:
+        parts = urlsplit(item.url)
+    except ValueError as exc:
+        raise UsageError(f"URL {shown} cannot be read: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https"):
         raise UsageError(
-            f"URL {item.url[:200]!r} is not http or https; lodger records URLs and the "
-            "provider fetches them, so only web URLs are taken",
+            f"URL {shown} is not http or https; lodger records URLs and the provider "
+            "fetches them, so only web URLs are taken",
             hint="read a local file with BinaryContent.from_path(...) instead",
         )
-    media_type = item.media_type
-    if not media_type:  # guessed from the path; what it cannot tell, the provider learns
-        guessed = _guess(urlsplit(item.url).path) or ""
-        if isinstance(item, ImageUrl):
-            media_type = guessed if guessed.startswith("image/") else "image/*"
-        else:
-            media_type = guessed if guessed in limits.media_types else "application/pdf"
-    if media_type != "image/*" and media_type not in limits.media_types:
+    media_type = item.media_type or url_media_type(parts.path)
+    if not media_type:
         raise UsageError(
-            f"media type {media_type!r} of URL {item.url[:200]!r} is not one lodger takes",
+            f"cannot tell the media type of URL {shown} from its path",
+            hint=f"pass it: {type(item).__name__}(url, media_type='image/png')",
+        )
+    if media_type not in limits.media_types:
+        raise UsageError(
+            f"media type {media_type!r} of URL {shown} is not one lodger takes",
             hint="allowed: " + ", ".join(sorted(limits.media_types)),
+        )
+    if isinstance(item, ImageUrl) and not media_type.startswith("image/"):
+        raise UsageError(
+            f"ImageUrl {shown} names {media_type}, not an image",
+            hint="use DocumentUrl for documents",
         )
     return type(item)(item.url, media_type=media_type)
 

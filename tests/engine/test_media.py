@@ -218,6 +218,9 @@ async def test_a_missing_artifact_fails_closed_naming_it(tmp_path: Path) -> None
         (BinaryContent(b"MZ", "application/x-msdownload"), MediaLimits(), "is not one lodger"),
         (ImageUrl("file:///etc/passwd"), MediaLimits(), "is not http or https"),
         (DocumentUrl("ftp://example.com/a.pdf"), MediaLimits(), "is not http or https"),
+        (ImageUrl("https://example.com/photo"), MediaLimits(), "cannot tell the media type"),
+        (ImageUrl("https://example.com/a.pdf"), MediaLimits(), "not an image"),
+        (DocumentUrl("http://[::1/a.pdf"), MediaLimits(), "cannot be read"),
         (
             ImageUrl("https://example.com/a.exe", media_type="application/x-sh"),
             MediaLimits(),

@@ -84,6 +84,9 @@ async def test_bad_attachments_are_refused_by_the_schema(tmp_path: Path) -> None
                 {"media_type": "image/jpeg", "data": png},
                 {"url": "file:///etc/passwd"},
                 {"url": "ftp://example.com/a.pdf"},
+                {"url": "https://example.com/photo"},  # no type, and none in its path
+                {"url": "http://[::1/a.png"},
+                {"url": "https://example.com/a", "media_type": "image/bmp"},
                 {"media_type": "image/png", "data": "%%%"},  # not base64
                 {"media_type": "image/png", "data": png[:-1]},  # not padded
                 {"data": jpeg},  # no media type

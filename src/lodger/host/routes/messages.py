@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
@@ -19,12 +20,14 @@ from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
 from lodger.media import (
+    URL_EXTENSIONS,
     BinaryContent,
     DocumentUrl,
     ImageUrl,
     MediaItem,
     MediaLimits,
     split_input,
+    url_media_type,
 )
 from lodger.storage.control.host_index import Message
 
@@ -105,41 +108,57 @@ _INLINE = (
 )
 
 
-class AttachmentUrl(Input):
-    """An image or document the provider fetches from ``url`` (lodger never does)."""
+_HOST = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?"
+_EXTENSIONS = "|".join(URL_EXTENSIONS)
 
-    url: str = Field(pattern=r"^https?://\S+$", max_length=8_000)
-    media_type: (
-        Literal[
-            "image/png",
-            "image/jpeg",
-            "image/gif",
-            "image/webp",
-            "application/pdf",
-            "text/plain",
-            "text/markdown",
-            "text/csv",
-        ]
-        | None
-    ) = None
+
+class AttachmentUrl(Input):
+    """An image or document the provider fetches from ``url`` (lodger never does), of
+    the given media type."""
+
+    url: str = Field(pattern=_HOST + r"([/?#]\S*)?$", max_length=8_000)
+    media_type: Literal[
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "application/pdf",
+        "text/plain",
+        "text/markdown",
+        "text/csv",
+    ]
     name: str = Field(default="", max_length=500)
 
     def item(self) -> MediaItem:
-        media_type = self.media_type or ""
-        if media_type.startswith("image/") or (not media_type and _looks_like_image(self.url)):
-            return ImageUrl(self.url, media_type=media_type)
-        return DocumentUrl(self.url, media_type=media_type)
+        if self.media_type.startswith("image/"):
+            return ImageUrl(self.url, media_type=self.media_type)
+        return DocumentUrl(self.url, media_type=self.media_type)
 
 
-def _looks_like_image(url: str) -> bool:
-    return url.lower().rsplit("?", 1)[0].endswith((".png", ".jpg", ".jpeg", ".gif", ".webp"))
+class AttachmentNamedUrl(Input):
+    """An image or document by ``url`` whose path names its type by its extension
+    (``.png``, ``.jpg``, ``.pdf``, ``.txt`` ...)."""
+
+    url: str = Field(
+        pattern=_HOST + rf"/([^\s?#]*/)?[^\s/?#]*\.({_EXTENSIONS})([?#]\S*)?$",
+        max_length=8_000,
+    )
+    name: str = Field(default="", max_length=500)
+
+    def item(self) -> MediaItem:
+        media_type = url_media_type(urlsplit(self.url).path) or ""
+        if media_type.startswith("image/"):
+            return ImageUrl(self.url)
+        return DocumentUrl(self.url)
 
 
 if TYPE_CHECKING:
-    AttachmentIn = _Inline | AttachmentUrl
+    AttachmentIn = _Inline | AttachmentUrl | AttachmentNamedUrl
 else:
     AttachmentIn = Union[  # noqa: UP007 - built from the tuple of models at run time
-        Annotated[Union[_INLINE], Field(discriminator="media_type")], AttachmentUrl  # noqa: UP007
+        Annotated[Union[_INLINE], Field(discriminator="media_type")],  # noqa: UP007
+        AttachmentUrl,
+        AttachmentNamedUrl,
     ]
 
 

@@ -108,7 +108,11 @@ _INLINE = (
 )
 
 
+# printable ASCII only (a client percent-encodes the rest): the same characters for every
+# regex engine that reads the schema (``\s`` is not: U+0085 is space in Python's only)
 _HOST = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?"
+_PATH = r"[\x21\x22\x24-\x3e\x40-\x7e]"  # a path's characters: no '#', no '?'
+_NAME = r"[\x21\x22\x24-\x2e\x30-\x3e\x40-\x7e]"  # a path's last segment's: no '/' either
 _EXTENSIONS = "|".join(URL_EXTENSIONS)
 
 
@@ -116,7 +120,7 @@ class AttachmentUrl(Input):
     """An image or document the provider fetches from ``url`` (lodger never does), of
     the given media type."""
 
-    url: str = Field(pattern=_HOST + r"([/?#]\S*)?$", max_length=8_000)
+    url: str = Field(pattern=_HOST + r"([/?#][\x21-\x7e]*)?$", max_length=8_000)
     media_type: Literal[
         "image/png",
         "image/jpeg",
@@ -140,7 +144,7 @@ class AttachmentNamedUrl(Input):
     (``.png``, ``.jpg``, ``.pdf``, ``.txt`` ...)."""
 
     url: str = Field(
-        pattern=_HOST + rf"/([^\s?#]*/)?[^\s/?#]*\.({_EXTENSIONS})([?#]\S*)?$",
+        pattern=_HOST + rf"/({_PATH}*/)?{_NAME}*\.({_EXTENSIONS})([?#][\x21-\x7e]*)?$",
         max_length=8_000,
     )
     name: str = Field(default="", max_length=500)

@@ -45,6 +45,7 @@ from lodger.providers.base import (
     ToolResultMessage,
     UserMessage,
 )
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.streaming import TurnFinished
 from lodger.storage import EventLog, MemoryLogStore, Storage
 from lodger.storage.forks import fork_session
@@ -431,3 +432,15 @@ def test_the_media_session_holds_every_kind_of_part() -> None:
     assert kept == [(MediaPart(media_type="image/png", data=PNG),)] * 3
     with pytest.raises(StorageError, match=r"\(artifact [0-9a-f]{64}\) is not loaded"):
         project_messages(MEDIA_EVENTS)  # without the bytes: fails closed
+
+
+async def test_the_composed_sessions_path_takes_media(tmp_path: Path) -> None:
+    # what the CLI, the host and the workers call
+    recorder = Recorder()
+    async with Sessions(Storage.local(tmp_path / "state")) as sessions:  # closes it
+        binding = Binding(model=FunctionModel(recorder))
+        result = await sessions.run(
+            ["look", BinaryContent(PNG, "image/png")], binding=binding, session="s"
+        )
+    assert result.status == "completed"
+    assert recorder.user_parts() == [(MediaPart(media_type="image/png", data=PNG),)]

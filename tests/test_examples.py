@@ -25,6 +25,7 @@ def test_there_are_examples_for_each_library_feature() -> None:
         "function_model",
         "fallback",
         "budgets",
+        "images",
     } <= names
 
 

@@ -29,6 +29,7 @@ from lodger.cli._timeline import (
 from lodger.engine.budgets import describe
 from lodger.events import (
     ArtifactStored,
+    Attachment,
     BudgetReached,
     CallRejected,
     ContextCompacted,
@@ -272,6 +273,7 @@ class _TimelineView:
                 (event.turn_id or "?", "magenta"),
                 "  input ",
                 _quoted(body.input, self.limit(_TEXT)),
+                *(f"  + {_attachment(a)}" for a in body.attachments),
             ]
         if isinstance(body, RunStarted):
             parts = [("run ", "bold blue"), (event.run_id or "?", "blue"), f"  model={body.model}"]
@@ -508,3 +510,11 @@ def render_sessions(rows: Sequence[SessionSummary]) -> Table:
             Text(visible(row.workspace or "-")),
         )
     return table
+
+
+def _attachment(a: Attachment) -> str:
+    """An attachment as the timeline names it: its media type, and its file or URL."""
+    if a.url is not None:
+        return f"{a.media_type} {a.url}"
+    size = f" {a.artifact.size} bytes" if a.artifact is not None else ""
+    return f"{a.media_type} {a.name or 'attachment'}{size}"

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -44,6 +44,7 @@ from lodger.events import (
     ToolDispatched,
     ToolResponded,
 )
+from lodger.media import BinaryContent, UserInput
 from lodger.providers import ScriptedModel
 from lodger.providers.base import Model
 from lodger.runtime.agent import TurnResult
@@ -229,7 +230,7 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
 
 
 async def _run_turn(
-    *, binding: Binding, task: str, session: str | None, where: StorageLocation
+    *, binding: Binding, task: UserInput, session: str | None, where: StorageLocation
 ) -> TurnResult:
     try:
         async with Sessions(where.open()) as sessions:
@@ -448,6 +449,15 @@ def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     help="Bind the @tool functions of a Python file (repeatable).",
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Give the model an image or a document with TASK (png, jpeg, gif, webp, pdf, "
+    "text; repeatable). It is stored with the session and read again on resume.",
+)
 @trust_option
 @click.option(
     "--max-steps",
@@ -470,6 +480,7 @@ def run(
     last: bool,
     tools_files: tuple[str, ...],
     yes: bool,
+    attach: tuple[Path, ...],
     trust: bool,
     max_steps: int | None,
     code_mode: Language | None,
@@ -502,6 +513,7 @@ def run(
       lodger run "and now the docs" --last --model openai:gpt-4.1
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
+      lodger run "what does this chart show?" --attach chart.png --model openai:gpt-4.1
       lodger run "tidy the tests" --model openai:gpt-4.1 --session-usd 0.50 --request-limit 30
 
     A turn that reaches a usage limit or a budget parks (exit 3): raise it (a flag, or
@@ -513,6 +525,9 @@ def run(
     )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
+    turn_input: UserInput = task
+    if attach:  # read before anything runs: a file that cannot go is refused first
+        turn_input = [task, *(BinaryContent.from_path(path) for path in attach)]
     project = load_project(workspace, trust=trust, as_json=as_json)
     console = live_console()
     view: TurnWatcher = JsonlView() if as_json else LiveView(console)
@@ -533,8 +548,14 @@ def run(
         ),
     )
     result = run_turn(
-        _run_turn(binding=binding, task=task, session=session, where=location()), view
+        _run_turn(binding=binding, task=turn_input, session=session, where=location()), view
     )
+    _finish(view, console, result)
+
+
+def _finish(view: TurnWatcher, console: Console, result: TurnResult) -> NoReturn:
+    """Show how the turn ended (a JSON result line, or the terminal's summary) and exit
+    with its code."""
     code = exit_code_for(result)
     if isinstance(view, JsonlView):
         view.finish(result, code)

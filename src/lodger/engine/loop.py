@@ -24,6 +24,7 @@ from lodger.engine.budgets import SpendReader, check_before_calls, check_before_
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
+from lodger.engine.media import load_media, unsupported_media
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
@@ -51,6 +52,7 @@ from lodger.events import (
     WorkspaceSnapshot,
 )
 from lodger.ids import IdFactory
+from lodger.media import UserInput, split_input, store_media
 from lodger.providers.base import (
     Message,
     Model,
@@ -196,8 +198,11 @@ class Engine:
 
     # ------------------------------------------------------------------ turns
 
-    async def start_turn(self, journal: Journal, task: str) -> TurnResult:
-        """A new turn of ``task``; an interrupted turn is resumed (never retried) first."""
+    async def start_turn(self, journal: Journal, task: UserInput) -> TurnResult:
+        """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
+        interrupted turn is resumed (never retried) first. Media that break the limits
+        raise ``UsageError`` before anything is written."""
+        text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
             # Committed with the turn's first facts: a session never exists without
@@ -217,8 +222,12 @@ class Engine:
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
+        # the bytes are stored before the fact that lists them
+        attachments = await store_media(items, self.artifacts, state.media)
         await journal.record(
-            journal.draft(TurnStarted(input=task), Envelope(turn_id=turn_id)),
+            journal.draft(
+                TurnStarted(input=text, attachments=attachments), Envelope(turn_id=turn_id)
+            ),
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
@@ -346,24 +355,14 @@ class Engine:
                         env,
                     )
                 )
+                await load_media(state, self.artifacts)
                 request = await self._request(journal, visible, env)
+                refused = unsupported_media(self.model, state)
+                if refused is not None:  # before anything is sent
+                    return await self._end(ctx, "failed", error=refused)
                 response = _storable(await self._complete(journal, request, env))
                 calls = calls_seen.unique(response.calls, self.services.ids)
-                # Deferred: it commits atomically with the first fact of its batch (the
-                # first T1 or rejection) or with the end of the turn, saving one sync.
-                journal.defer(
-                    journal.draft(
-                        model_output(
-                            text=response.text,
-                            reasoning=response.reasoning,
-                            calls=calls,
-                            usage=response.usage,
-                            finish_reason=response.finish_reason,
-                            provider_state=response.provider_state,
-                        ),
-                        env.with_origin("provider"),
-                    )
-                )
+                _defer_output(journal, response, calls, env)
                 if not calls:
                     settled = await self._answer(ctx, response.text, env)
                     if settled is not None:
@@ -519,6 +518,26 @@ class Engine:
 
 
 _NO_SETTINGS = ModelSettings()
+
+
+def _defer_output(
+    journal: Journal, response: ModelResponse, calls: tuple[ProposedCall, ...], env: Envelope
+) -> None:
+    """The step's ``model_output``, deferred: it commits atomically with the first fact of
+    its batch (the first T1 or rejection) or with the end of the turn, saving one sync."""
+    journal.defer(
+        journal.draft(
+            model_output(
+                text=response.text,
+                reasoning=response.reasoning,
+                calls=calls,
+                usage=response.usage,
+                finish_reason=response.finish_reason,
+                provider_state=response.provider_state,
+            ),
+            env.with_origin("provider"),
+        )
+    )
 
 
 def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:

@@ -61,10 +61,12 @@ from lodger.engine.hooks import (
     call_after,
     call_before,
 )
+from lodger.engine.media import store_tool_media
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.errors import AuthorityMisuseError, CommitFailedError, HookError, ToolCallError
 from lodger.events import (
+    ArtifactRef,
     CallRejected,
     FileExpectation,
     Origin,
@@ -278,6 +280,7 @@ class CallPipeline:
         #: settle (rejected, or run with their result withheld), then the loop fails the
         #: turn with it (``HookError``)
         self.hook_failure: HookError | None = None
+        self.media_limits = limits.media
 
     # ------------------------------------------------------------ batch
 
@@ -658,6 +661,17 @@ class CallPipeline:
             status, content = execution.status, execution.content
             if self.after_call:
                 status, content = await self._after(t, arguments, tctx, env, status, content)
+        media: tuple[ArtifactRef, ...] = ()
+        if execution is not None and execution.parts:
+            # stored before T2, which lists them; the projection reads them from the state
+            media, note = await store_tool_media(
+                execution.parts,
+                self.bounder.artifacts,
+                journal.state.media,
+                tool=t.name,
+                limits=self.media_limits,
+            )
+            content = f"{content}\n{note}" if note else content
         bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
         await journal.fact(
@@ -666,7 +680,7 @@ class CallPipeline:
                 status=status,
                 content=bounded.content,
                 truncated=bounded.truncated,
-                artifacts=bounded.artifacts,
+                artifacts=bounded.artifacts + media,
             ),
             env,
         )

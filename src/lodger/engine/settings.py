@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from lodger.authority import Authorities
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Limits:
     usage: UsageLimits = field(default_factory=UsageLimits)
     #: money per session, subagent tree and UTC day; past one the turn parks
     budgets: Budgets = field(default_factory=Budgets)
+    #: the images and documents a turn's input and a tool's result may carry
+    media: MediaLimits = field(default_factory=MediaLimits)
 
 
 @dataclass(frozen=True, kw_only=True)

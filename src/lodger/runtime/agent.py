@@ -32,6 +32,7 @@ from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory
+from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
@@ -263,7 +264,7 @@ class Agent:
 
     def run_sync(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -312,7 +313,7 @@ class Agent:
 
     def stream(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -385,7 +386,7 @@ class Agent:
 
     async def run(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -394,6 +395,9 @@ class Agent:
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
+        ``task`` is text, or a list of text and media (``BinaryContent``, ``ImageUrl``,
+        ``DocumentUrl``; see ``lodger.media``): the texts are the input, the media are
+        stored as artifacts and listed in the turn's ``turn_started`` fact.
         ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
         ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
         ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
@@ -403,7 +407,7 @@ class Agent:
         engine = self._engine_for(deps=deps, output_type=output_type, code_mode=code_mode)
         return await self._run(engine, task, session)
 
-    async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
+    async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
         async with self.open_session(session_id) as (writer, state):
             result = await engine.start_turn(engine.journal(writer, state), task)

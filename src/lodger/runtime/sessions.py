@@ -29,6 +29,7 @@ from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.media import UserInput
 from lodger.providers.base import Model, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import closing_writer
@@ -202,9 +203,12 @@ class Sessions:
 
     # ------------------------------------------------------------------ acting
 
-    async def run(self, task: str, *, binding: Binding, session: str | None = None) -> TurnResult:
+    async def run(
+        self, task: UserInput, *, binding: Binding, session: str | None = None
+    ) -> TurnResult:
         """Run one turn (a new session when ``session`` is None); an interrupted turn of
-        the session is resumed first."""
+        the session is resumed first. ``task`` may carry images and documents
+        (``lodger.media``)."""
         # the servers stop when the turn settles
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.run(task, session=session)

@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from lodger._core.eager import start_eagerly
 from lodger.errors import ToolCallError
+from lodger.media import BinaryContent
 from lodger.tools.spec import (
     Execution,
     Executor,
@@ -241,7 +242,14 @@ def result_execution(name: str, value: Any) -> Execution:
         # ``RemoteWork`` (``lodger.substrates.remote``), which is where suspending belongs.
         return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
-        return Execution("error" if value.is_error else "ok", value.content)
+        return Execution(
+            "error" if value.is_error else "ok", value.content, parts=tuple(value.parts)
+        )
+    if isinstance(value, BinaryContent):
+        label = f" {value.name!r}" if value.name else ""
+        return Execution(
+            "ok", f"[{value.media_type}{label}: {len(value.data)} bytes]", parts=(value,)
+        )
     if isinstance(value, str):
         return Execution("ok", value)
     try:

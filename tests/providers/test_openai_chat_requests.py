@@ -129,15 +129,18 @@ async def test_native_mode_sends_an_optional_field_schema_as_is_not_strict(
     }
 
 
-@pytest.mark.parametrize("mode", ["prompted", "tool"])
-async def test_other_modes_send_no_response_format(
-    server: WireServer, model: OpenAIChatModel, mode: OutputMode
+async def test_prompted_mode_sends_the_schema_nowhere_and_tool_mode_only_as_a_tool(
+    server: WireServer, model: OpenAIChatModel
 ) -> None:
-    server.push(answer())
+    server.push(answer(), answer())
 
-    await model.complete(ask(STRICT_OK, mode))
+    await model.complete(ask(STRICT_OK, "prompted"))
+    await model.complete(ask(STRICT_OK, "tool"))
 
-    assert "response_format" not in server.requests[0].body
+    prompted, tool = (r.body for r in server.requests)
+    assert {"response_format", "tools", "tool_choice"}.isdisjoint(prompted)
+    assert "response_format" not in tool
+    assert [t["function"]["name"] for t in tool["tools"]] == [OUTPUT_TOOL]
 
 
 async def test_tool_mode_forces_the_lone_output_tool_and_its_call_is_the_answer(
@@ -232,20 +235,21 @@ async def test_settings_map_onto_chat_parameters(
     }
 
 
-async def test_no_parallel_tool_calls_without_tools_and_the_request_limit_as_fallback(
+async def test_max_tokens_falls_back_to_the_request_limit_and_tool_knobs_need_tools(
     server: WireServer, model: OpenAIChatModel, compatible: OpenAIChatModel
 ) -> None:
     server.push(answer(), answer())
-    request = ask(settings=ModelSettings(parallel_tool_calls=True), max_output_tokens=64)
+    no_limit = ModelSettings(parallel_tool_calls=True, seed=1)
 
-    await model.complete(request)
-    await compatible.complete(request)
+    await model.complete(ask(settings=no_limit, max_output_tokens=64))
+    await compatible.complete(ask(settings=ModelSettings(max_tokens=99), max_output_tokens=64))
 
     openai_body, compatible_body = (r.body for r in server.requests)
-    assert "parallel_tool_calls" not in openai_body
-    assert openai_body["max_completion_tokens"] == 64
+    assert "parallel_tool_calls" not in openai_body  # no tools sent
+    assert openai_body["seed"] == 1
+    assert openai_body["max_completion_tokens"] == 64  # the request's limit as fallback
     assert "max_tokens" not in openai_body
-    assert compatible_body["max_tokens"] == 64  # what compatible servers understand
+    assert compatible_body["max_tokens"] == 99  # what compatible servers understand
     assert "max_completion_tokens" not in compatible_body
 
 

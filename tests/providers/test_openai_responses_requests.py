@@ -25,7 +25,6 @@ from lodger.providers.base import (
     MediaPart,
     ModelRequest,
     ModelSettings,
-    OutputMode,
     ToolResultMessage,
     UserMessage,
 )
@@ -87,15 +86,18 @@ async def test_native_mode_sends_text_format_strict_when_the_schema_allows(
     assert response.text == '{"city": "Oslo", "count": 2}'
 
 
-@pytest.mark.parametrize("mode", ["prompted", "tool"])
-async def test_other_modes_send_no_text_format(
-    server: WireServer, model: OpenAIResponsesModel, mode: OutputMode
+async def test_prompted_mode_sends_the_schema_nowhere_and_tool_mode_only_as_a_tool(
+    server: WireServer, model: OpenAIResponsesModel
 ) -> None:
-    server.push(answer())
+    server.push(answer(), answer())
 
-    await model.complete(ask(STRICT_OK, mode))
+    await model.complete(ask(STRICT_OK, "prompted"))
+    await model.complete(ask(STRICT_OK, "tool"))
 
-    assert "text" not in server.requests[0].body
+    prompted, tool = (r.body for r in server.requests)
+    assert {"text", "tools", "tool_choice"}.isdisjoint(prompted)
+    assert "text" not in tool
+    assert [t["name"] for t in tool["tools"]] == [OUTPUT_TOOL]
 
 
 async def test_tool_mode_forces_the_output_tool_and_its_call_is_the_answer(

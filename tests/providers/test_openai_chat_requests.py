@@ -334,7 +334,10 @@ async def test_tool_result_images_follow_the_steps_tool_messages_as_a_user_messa
     assert messages[4] == {
         "role": "user",
         "content": [
-            {"type": "text", "text": "The images and documents the screenshot call returned:"},
+            {
+                "type": "text",
+                "text": "The images and documents the screenshot call call_s returned:",
+            },
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgpmYWtl"}},
         ],
     }

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
+from pydantic import BaseModel, Field
 
 from lodger.providers._openai_schema import strict_schema
 
@@ -150,3 +151,40 @@ def test_nullable_fields_that_are_required_stay_strict() -> None:
     }
 
     assert strict_schema(schema) == {**schema, "additionalProperties": False}
+
+
+class Circle(BaseModel):
+    kind: Literal["circle"]
+    r: float
+
+
+class Square(BaseModel):
+    kind: Literal["square"]
+    side: float
+
+
+class Drawing(BaseModel):
+    shape: Annotated[Circle | Square, Field(discriminator="kind")]
+    note: str | None
+
+
+class Sketch(BaseModel):
+    shape: Circle | Square
+    note: str | None = None
+
+
+def test_a_pydantic_discriminated_union_goes_strict_through_its_refs() -> None:
+    strict = strict_schema(Drawing.model_json_schema())
+
+    assert strict is not None
+    shape = strict["properties"]["shape"]
+    assert shape == {
+        "anyOf": [{"$ref": "#/$defs/Circle"}, {"$ref": "#/$defs/Square"}],
+        "title": "Shape",
+    }
+    assert strict["$defs"]["Circle"]["additionalProperties"] is False
+    assert strict["required"] == ["shape", "note"]
+
+
+def test_a_pydantic_model_with_a_defaulted_field_is_not_strict() -> None:
+    assert strict_schema(Sketch.model_json_schema()) is None

@@ -50,7 +50,17 @@ _PLAIN = frozenset(
     }
 )
 _ANNOTATIONS = frozenset(
-    {"default", "examples", "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated"}
+    {
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "discriminator",  # OpenAPI's hint for a oneOf, which validation does not read
+    }
 )
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions"})
 
@@ -64,12 +74,12 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
     if schema.get("type") != "object":
         return None
     try:
-        return _strict(schema)
+        return _strict(schema, schema)
     except _NotStrict:
         return None
 
 
-def _strict(node: Any) -> dict[str, Any]:
+def _strict(node: Any, root: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(node, dict):
         raise _NotStrict  # a bare true/false schema
     out: dict[str, Any] = {}
@@ -81,14 +91,14 @@ def _strict(node: Any) -> dict[str, Any]:
         elif key in _SCHEMA_MAPS:
             if not isinstance(value, dict):
                 raise _NotStrict
-            out[key] = {name: _strict(sub) for name, sub in value.items()}
+            out[key] = {name: _strict(sub, root) for name, sub in value.items()}
         elif key == "items":
-            out[key] = _strict(value)  # a list (tuple form) is refused by _strict
-        elif key == "anyOf":
-            out[key] = _branches(value)
-        elif key == "oneOf":
-            out["anyOf"] = _branches(value)
-            if not _disjoint(out["anyOf"]):
+            out[key] = _strict(value, root)  # a list (tuple form) is refused by _strict
+        elif key == "anyOf" or key == "oneOf":
+            if "anyOf" in node and "oneOf" in node:
+                raise _NotStrict
+            out["anyOf"] = _branches(value, root)
+            if key == "oneOf" and not _disjoint(value, root):
                 raise _NotStrict
         elif key == "additionalProperties":
             if value is not False:
@@ -112,15 +122,30 @@ def _is_object(node: dict[str, Any]) -> bool:
     return kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node
 
 
-def _branches(value: Any) -> list[dict[str, Any]]:
+def _branches(value: Any, root: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise _NotStrict
-    return [_strict(branch) for branch in value]
+    return [_strict(branch, root) for branch in value]
 
 
-def _disjoint(branches: list[dict[str, Any]]) -> bool:
-    """Whether some property has a different single allowed value in every branch."""
-    names = set.intersection(*(set(b.get("properties", {})) for b in branches))
+def _resolve(node: Any, root: dict[str, Any]) -> Any:
+    """A local ``$ref`` (``#/$defs/Name``, as pydantic writes them) followed, else ``node``."""
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return node
+    target: Any = root
+    for step in ref[2:].split("/"):
+        target = target.get(step) if isinstance(target, dict) else None
+    return target
+
+
+def _disjoint(value: list[Any], root: dict[str, Any]) -> bool:
+    """Whether some property has a different single allowed value in every branch (a
+    tagged union: only one branch can match, so oneOf and anyOf accept the same)."""
+    branches = [_resolve(branch, root) for branch in value]
+    if not all(isinstance(b, dict) and isinstance(b.get("properties"), dict) for b in branches):
+        return False
+    names = set.intersection(*(set(b["properties"]) for b in branches))
     for name in names:
         tags = [_tag(b["properties"][name]) for b in branches]
         if all(tag is not None for tag in tags) and len(set(map(repr, tags))) == len(tags):

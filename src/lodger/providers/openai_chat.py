@@ -197,7 +197,8 @@ def _chat_messages(request: ModelRequest, spec: str) -> list[ChatCompletionMessa
                 }
             )
             if message.parts:
-                label = f"The images and documents the {message.name} call returned:"
+                call = _call_id(message.call_id)
+                label = f"The images and documents the {message.name} call {call} returned:"
                 result_media.append({"type": "text", "text": label})
                 result_media.extend(chat_media_parts(message.parts, spec))
             continue

@@ -36,6 +36,7 @@ from typing import cast
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -144,9 +145,26 @@ class ControlPlaneHub(Hub):
     # ------------------------------------------------------------ sending
 
     async def send(
-        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+        self,
+        session_id: str,
+        *,
+        key: str,
+        text: str,
+        kind: MessageKind = "message",
+        media: Sequence[MediaItem] = (),
     ) -> tuple[Message, bool]:
+        if text.startswith(WAKE_MEDIA_PREFIX):
+            # the line by which a wake says it carries media is the host's own
+            raise UsageError(
+                f"a message may not start with {WAKE_MEDIA_PREFIX!r}",
+                hint="send images and documents as attachments",
+                code="usage",
+                session_id=session_id,
+            )
         await self.require(session_id)
+        if media:  # stored where the workers read them, before the wake names them
+            attachments = await store_media(media, self.sessions.storage.artifacts, {})
+            text = wake_message(text, attachments)
         if await self.plane.get_session(session_id=session_id) is None:
             # bound here only (a webhook's session): tell the workers its model
             spec = await self.control.session_model(session_id)

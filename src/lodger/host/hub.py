@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Answered
 from lodger.errors import (
@@ -40,6 +41,14 @@ from lodger.errors import (
 )
 from lodger.events import Event, TurnStarted
 from lodger.host.feed import Feeds
+from lodger.media import (
+    MediaItem,
+    UserInput,
+    attached_input,
+    media_message,
+    parse_media_message,
+    store_media,
+)
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
@@ -75,6 +84,9 @@ class HostConfig:
     workspaces: Path | None = None
     code_mode: Language | None = None
     max_steps: int = 50
+    #: usage limits and money budgets of every session (over its lodger.toml's)
+    usage: UsageLimits | None = None
+    budgets: Budgets | None = None
     #: apply the whole lodger.toml found in a session's workspace (its MCP servers,
     #: allow rules, sandbox network); otherwise only what narrows (lodger.runtime.project)
     trust_projects: bool = False
@@ -222,10 +234,21 @@ class Hub:
     # ------------------------------------------------------------ sending
 
     async def send(
-        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+        self,
+        session_id: str,
+        *,
+        key: str,
+        text: str,
+        kind: MessageKind = "message",
+        media: Sequence[MediaItem] = (),
     ) -> tuple[Message, bool]:
-        """Queue ``text`` (once per ``key``) and wake the session's runner."""
+        """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
+        (checked by the caller) are stored as artifacts first; the queued message names
+        them, so the turn runs with them whenever it runs."""
         await self.require(session_id)
+        if media:
+            attachments = await store_media(media, self.sessions.storage.artifacts, {})
+            text, kind = media_message(text, attachments), "media"
         message, created = await self.control.submit(
             session_id, key=key, kind=kind, text=text, created_us=self.sessions.clock.now_us()
         )
@@ -267,7 +290,8 @@ class Hub:
                     if message.kind == "resume":
                         result = await self.sessions.resume(sid, binding=binding)
                     else:
-                        result = await self.sessions.run(message.text, binding=binding, session=sid)
+                        task = await self._input(message)
+                        result = await self.sessions.run(task, binding=binding, session=sid)
                     break
                 except SessionLockedError as exc:
                     # another writer holds the session for a moment (a decide or abandon
@@ -295,6 +319,15 @@ class Hub:
         self.turns_run += 1
         await self.control.finish_message(message.id, status="done", result=_summary(result))
 
+    async def _input(self, message: Message) -> UserInput:
+        """A queued message's turn input (a ``media`` message's bytes from the artifacts)."""
+        if message.kind != "media":
+            return message.text
+        text, attachments = parse_media_message(message.text)
+        return await attached_input(
+            text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
+        )
+
     async def binding(self, session_id: str) -> Binding:
         spec = await self.control.session_model(session_id)
         project = Project.none()
@@ -317,6 +350,8 @@ class Hub:
                 tools=self.config.tools,
                 approver=self._approver(session_id),
                 max_steps=self.config.max_steps,
+                usage=self.config.usage,
+                budgets=self.config.budgets,
                 on_event=self._observer(session_id),
                 code_mode=self.config.code_mode,
             ),

@@ -13,24 +13,28 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     command = "mcp-server-git"
     [limits]
     max_steps = 30
+    request_limit = 40              # usage limits per turn (lodger.engine.budgets)
+    [budgets]                       # money: a reached budget parks the turn
+    session_usd = 2.0
 
 A project is *trusted* or not. A trusted one applies the whole file: the user said so
 (``lodger trust`` recorded this exact content, ``lodger.runtime.trust``; or ``--trust``,
 ``--trust-projects``). An untrusted one (a new or changed file, or a workspace restored
 from storage on a worker or a host, whose files a sandboxed command may have written)
 applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
-approval), a lower step limit. It starts no MCP server, adds no allow rule, opens no
-network, passes no variable and names no model; ``ignored`` says what was left out, so
-the caller can say so in one line.
+approval), a lower step limit, lower usage limits and money budgets. It starts no MCP
+server, adds no allow rule, opens no network, passes no variable, names no model and sets
+no price; ``ignored`` says what was left out, so the caller can say so in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.permissions import Rule
 from lodger.runtime.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
 from lodger.runtime.trust import TrustStore
@@ -73,6 +77,10 @@ class Project:
     sandbox: SandboxPolicy | None = None
     mcp: tuple[McpServerConfig, ...] = ()
     max_steps: int | None = None
+    #: ``[limits]`` usage limits per turn (an untrusted project's only lower the run's)
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    #: ``[budgets]``: money budgets and the price table (defaults plus the file's prices)
+    budgets: Budgets = field(default_factory=Budgets)
     #: what an untrusted file asked for and was not given, one phrase each
     ignored: tuple[str, ...] = ()
 
@@ -107,6 +115,8 @@ class Project:
             else policy_from_config(table, where=f"[sandbox] of {path}", workspace=root),
             mcp=tuple(servers_of(config, path)),
             max_steps=config.limits.max_steps,
+            usage=config.limits.usage(),
+            budgets=config.budgets.budgets(),
         )
 
 
@@ -122,6 +132,8 @@ def _untrusted(
         ignored.append(f"{len(config.permissions.allow)} allow rule(s)")
     if config.mcp.servers:
         ignored.append(f"{len(config.mcp.servers)} MCP server(s)")
+    if config.budgets.prices:  # a price of 0 would lift every budget
+        ignored.append(f"{len(config.budgets.prices)} price(s) in [budgets.prices]")
     narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
     rules = tuple(ProjectConfig.model_validate(narrowed).permissions.rules())
     sandbox = None
@@ -143,6 +155,8 @@ def _untrusted(
         rules=rules,
         sandbox=sandbox,
         max_steps=config.limits.max_steps,
+        usage=config.limits.usage(),
+        budgets=config.budgets.budgets(prices={}),
         ignored=tuple(ignored),
     )
 

@@ -344,10 +344,27 @@ async def test_tool_result_images_follow_the_steps_tool_messages_as_a_user_messa
     assert messages[5] == {"role": "user", "content": "Go on."}
 
 
+async def test_text_documents_go_as_text_parts_under_a_header(
+    server: WireServer, model: OpenAIChatModel
+) -> None:
+    server.push(answer())
+    notes = MediaPart(media_type="text/markdown", data=b"# Plan\nship it", name="plan.md")
+    request = ModelRequest(system="", messages=(UserMessage(text="Summarize", parts=(notes,)),))
+
+    await model.complete(request)
+
+    assert server.requests[0].body["messages"][0]["content"] == [
+        {"type": "text", "text": "[document plan.md (text/markdown)]\n# Plan\nship it"},
+        {"type": "text", "text": "Summarize"},
+    ]
+
+
 @pytest.mark.parametrize(
     ("part", "why"),
     [
         (MediaPart(media_type="application/pdf", url="https://example.com/a.pdf"), "by URL"),
+        (MediaPart(media_type="text/plain", url="https://example.com/a.txt"), "does not fetch"),
+        (MediaPart(media_type="text/csv", data=b"\xff\xfe"), "not UTF-8"),
         (MediaPart(media_type="audio/wav", data=b"RIFF"), "does not take"),
         (MediaPart(media_type="image/png"), "neither bytes nor a URL"),
     ],

@@ -233,6 +233,7 @@ async def test_user_media_and_tool_result_media_become_input_parts(
                 parts=(
                     MediaPart(media_type="image/jpeg", url="https://example.com/b.jpg"),
                     MediaPart(media_type="application/pdf", data=PDF, name="r.pdf"),
+                    MediaPart(media_type="text/csv", data=b"a,b\n1,2", name="t.csv"),
                 ),
             ),
         ),
@@ -257,6 +258,7 @@ async def test_user_media_and_tool_result_media_become_input_parts(
             {"type": "input_text", "text": "two files"},
             {"type": "input_image", "image_url": "https://example.com/b.jpg", "detail": "auto"},
             {"type": "input_file", "filename": "r.pdf", "file_data": PDF_URL},
+            {"type": "input_text", "text": "[document t.csv (text/csv)]\na,b\n1,2"},
         ],
     }
 

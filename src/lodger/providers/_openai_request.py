@@ -40,6 +40,8 @@ Api = Literal["chat", "responses"]
 
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _DOCUMENT_TYPES = frozenset({"application/pdf"})
+# Text documents go as text parts (the APIs' file parts are for PDFs), named by a header.
+_TEXT_TYPES = frozenset({"text/plain", "text/markdown", "text/csv"})
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -202,9 +204,22 @@ def _media_type(part: MediaPart, spec: str) -> str:
     media_type = part.media_type.partition(";")[0].strip().lower()
     if part.data is None and part.url is None:
         raise _unsendable(part, spec, "has neither bytes nor a URL")
-    if media_type not in _IMAGE_TYPES and media_type not in _DOCUMENT_TYPES:
+    if media_type not in _IMAGE_TYPES | _DOCUMENT_TYPES | _TEXT_TYPES:
         raise _unsendable(part, spec, "is of a media type OpenAI does not take")
     return media_type
+
+
+def _document_text(part: MediaPart, media_type: str, spec: str) -> str:
+    """A text document as the text the model reads, under a header naming it."""
+    if part.data is None:
+        raise _unsendable(
+            part, spec, "is a text document by URL, which OpenAI does not fetch", hint=_BYTES
+        )
+    try:
+        text = part.data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _unsendable(part, spec, f"is not UTF-8 text ({exc.reason})") from exc
+    return f"[document {part.name or 'untitled'} ({media_type})]\n{text}"
 
 
 def _data_url(media_type: str, data: bytes) -> str:
@@ -217,19 +232,22 @@ def _filename(part: MediaPart) -> str:
 
 def chat_media_parts(parts: Sequence[MediaPart], spec: str) -> list[dict[str, Any]]:
     """Chat Completions content parts: ``image_url`` (a ``data:`` URL of the bytes, or the
-    part's URL) and ``file`` for PDFs (bytes only: the API takes no document URL)."""
+    part's URL), ``file`` for PDFs (bytes only: the API takes no document URL) and
+    ``text`` for text documents (plain, Markdown, CSV; bytes only)."""
     out: list[dict[str, Any]] = []
     for part in parts:
         media_type = _media_type(part, spec)
         if media_type in _IMAGE_TYPES:
             url = _data_url(media_type, part.data) if part.data is not None else part.url
             out.append({"type": "image_url", "image_url": {"url": url}})
+        elif media_type in _TEXT_TYPES:
+            out.append({"type": "text", "text": _document_text(part, media_type, spec)})
         elif part.data is None:
             raise _unsendable(
                 part,
                 spec,
                 "is a document by URL, which Chat Completions does not take",
-                hint="give the document's bytes, or use the Responses API (responses:MODEL)",
+                hint=f"{_BYTES}, or use the Responses API (responses:MODEL)",
             )
         else:
             file = {"filename": _filename(part), "file_data": _data_url(media_type, part.data)}
@@ -239,19 +257,24 @@ def chat_media_parts(parts: Sequence[MediaPart], spec: str) -> list[dict[str, An
 
 def response_media_parts(parts: Sequence[MediaPart], spec: str) -> list[dict[str, Any]]:
     """Responses content parts: ``input_image`` and ``input_file``, from bytes (a ``data:``
-    URL) or the part's URL (which OpenAI fetches)."""
+    URL) or the part's URL (which OpenAI fetches); ``input_text`` for text documents."""
     out: list[dict[str, Any]] = []
     for part in parts:
         media_type = _media_type(part, spec)
         if media_type in _IMAGE_TYPES:
             url = _data_url(media_type, part.data) if part.data is not None else part.url
             out.append({"type": "input_image", "image_url": url, "detail": "auto"})
+        elif media_type in _TEXT_TYPES:
+            out.append({"type": "input_text", "text": _document_text(part, media_type, spec)})
         elif part.data is not None:
             data = _data_url(media_type, part.data)
             out.append({"type": "input_file", "filename": _filename(part), "file_data": data})
         else:
             out.append({"type": "input_file", "file_url": part.url})
     return out
+
+
+_BYTES = "give the document's bytes (BinaryContent) instead of its URL"
 
 
 def _unsendable(part: MediaPart, spec: str, why: str, *, hint: str = "") -> ProviderError:
@@ -261,6 +284,6 @@ def _unsendable(part: MediaPart, spec: str, why: str, *, hint: str = "") -> Prov
         retryable=False,
         code="provider_rejected",
         hint=hint
-        or "OpenAI takes images (JPEG, PNG, GIF, WebP) and PDF documents; "
+        or "OpenAI takes images (JPEG, PNG, GIF, WebP), PDF and text documents; "
         "convert the file or leave it out",
     )

@@ -15,7 +15,8 @@ This module also holds what the Responses adapter shares with it: building the c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from lodger._core.extras import require
 from lodger.errors import ConfigError, ProviderError
@@ -38,13 +39,21 @@ from lodger.providers._errors import (
     unreadable,
     within,
 )
+from lodger.providers._openai_request import (
+    chat_media_parts,
+    chat_output,
+    chat_settings,
+    chat_tools,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
     ModelResponse,
+    OutputMode,
     TextSink,
     ToolResultMessage,
     UserMessage,
+    take_output_call,
 )
 
 with require("openai", "the OpenAI provider"):
@@ -53,7 +62,6 @@ with require("openai", "the OpenAI provider"):
         ChatCompletionChunk,
         ChatCompletionMessageFunctionToolCallParam,
         ChatCompletionMessageParam,
-        ChatCompletionToolParam,
     )
     from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCallFunction
 
@@ -66,7 +74,27 @@ _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 class OpenAIChatModel:
-    """A ``Model`` over streaming Chat Completions; ``base_url`` selects a compatible server."""
+    """A ``Model`` over streaming Chat Completions; ``base_url`` selects a compatible server.
+
+    Structured output (``output_mode``, ``"native"`` by default): ``native`` sends the
+    schema as ``response_format`` (``json_schema``; ``strict`` only when the schema fits
+    OpenAI's strict subset, see ``_openai_schema``), ``tool`` offers the output tool and
+    forces a tool call, ``prompted`` sends nothing extra.
+
+    Settings: ``temperature``, ``top_p``, ``max_tokens`` (``max_completion_tokens`` on
+    OpenAI, ``max_tokens`` on a compatible server), ``stop``, ``seed``,
+    ``parallel_tool_calls`` (only when tools are sent), ``reasoning_effort``; ``extra``
+    goes into the body as is. None is ignored.
+
+    Media: images (``image_url``, bytes as a ``data:`` URL or the URL itself) and PDFs
+    (``file`` parts, bytes only: Chat Completions takes no document URL, so one is a
+    ``ProviderError`` before sending). Tool messages carry text only, so the images and
+    documents of a step's tool results go in one user message right after that step's
+    tool messages.
+    """
+
+    output_mode: OutputMode = "native"
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
 
     def __init__(
         self,
@@ -101,32 +129,41 @@ class OpenAIChatModel:
         return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
 
     async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
-        limit = request.max_output_tokens
         folded = _ChunkFolder(guarded_sink(on_text))
+        messages = _chat_messages(request, self.spec)  # may refuse a part before sending
+        tools = chat_tools(request)
+        params: dict[str, Any] = chat_settings(
+            request, tools, compatible=self._base_url is not None
+        )
+        response_format = chat_output(request)
+        if response_format is not None:
+            params["response_format"] = response_format
         try:
             stream = await self._client.chat.completions.create(
                 model=self._model,
-                messages=_chat_messages(request),
-                tools=_chat_tools(request) or openai.omit,
+                messages=messages,
+                tools=cast("Any", tools) if tools else openai.omit,
                 stream=True,
                 stream_options={"include_usage": True},
-                # OpenAI wants max_completion_tokens (reasoning models reject max_tokens);
-                # compatible servers widely understand only max_tokens.
-                max_completion_tokens=openai.omit if limit is None or self._base_url else limit,
-                max_tokens=limit if limit is not None and self._base_url else openai.omit,
+                **params,
             )
             async with stream:
                 async for chunk in stream:
                     folded.feed(chunk)
             if folded.finish_reason is None:
                 raise stream_unfinished(self.spec, "the model finished its answer")
-            return sized(folded.response())
+            response = sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         except SinkFailed as exc:
             raise exc.__cause__ or exc from None
         except MALFORMED as exc:
             raise malformed(self.spec, exc) from exc
+        # Tool mode: the lone output call is the answer, as text the engine validates.
+        answer, calls = take_output_call(response.calls, request)
+        if answer is not None:
+            return replace(response, text=answer, calls=())
+        return replace(response, calls=calls) if calls != response.calls else response
 
 
 def _call_id(call_id: str) -> str:
@@ -135,30 +172,23 @@ def _call_id(call_id: str) -> str:
     return wire_call_id(call_id, max_len=40, plain=False, prefix="call_")
 
 
-def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
-    """The request's system prompt and history as Chat Completions messages."""
+def _chat_messages(request: ModelRequest, spec: str) -> list[ChatCompletionMessageParam]:
+    """The request's system prompt and history as Chat Completions messages; the media
+    of a step's tool results follow its tool messages as one user message."""
     out: list[ChatCompletionMessageParam] = []
     if request.system:
         out.append({"role": "system", "content": request.system})
+    result_media: list[dict[str, Any]] = []
+
+    def flush_media() -> None:
+        if result_media:
+            out.append(
+                cast("ChatCompletionMessageParam", {"role": "user", "content": list(result_media)})
+            )
+            result_media.clear()
+
     for message in request.messages:
-        if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": message.text})
-        elif isinstance(message, AssistantMessage):
-            calls: list[ChatCompletionMessageFunctionToolCallParam] = [
-                {
-                    "id": _call_id(call.call_id),
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in message.calls
-            ]
-            if calls:
-                out.append(
-                    {"role": "assistant", "content": message.text or None, "tool_calls": calls}
-                )
-            else:
-                out.append({"role": "assistant", "content": message.text})
-        elif isinstance(message, ToolResultMessage):
+        if isinstance(message, ToolResultMessage):
             out.append(
                 {
                     "role": "tool",
@@ -166,21 +196,42 @@ def _chat_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
                     "content": message.content,
                 }
             )
+            if message.parts:
+                call = _call_id(message.call_id)
+                label = f"The images and documents the {message.name} call {call} returned:"
+                result_media.append({"type": "text", "text": label})
+                result_media.extend(chat_media_parts(message.parts, spec))
+            continue
+        flush_media()
+        if isinstance(message, UserMessage):
+            out.append(_user_message(message, spec))
+        elif isinstance(message, AssistantMessage):
+            out.append(_assistant_message(message))
+    flush_media()
     return out
 
 
-def _chat_tools(request: ModelRequest) -> list[ChatCompletionToolParam]:
-    return [
+def _user_message(message: UserMessage, spec: str) -> ChatCompletionMessageParam:
+    if not message.parts:
+        return {"role": "user", "content": message.text}
+    content = chat_media_parts(message.parts, spec)
+    if message.text:
+        content.append({"type": "text", "text": message.text})
+    return cast("ChatCompletionMessageParam", {"role": "user", "content": content})
+
+
+def _assistant_message(message: AssistantMessage) -> ChatCompletionMessageParam:
+    calls: list[ChatCompletionMessageFunctionToolCallParam] = [
         {
+            "id": _call_id(call.call_id),
             "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-            },
+            "function": {"name": call.name, "arguments": call.arguments},
         }
-        for tool in request.tools
+        for call in message.calls
     ]
+    if calls:
+        return {"role": "assistant", "content": message.text or None, "tool_calls": calls}
+    return {"role": "assistant", "content": message.text}
 
 
 @dataclass
@@ -204,9 +255,13 @@ class _ChunkFolder:
 
     def feed(self, chunk: ChatCompletionChunk) -> None:
         if chunk.usage is not None:
+            details = chunk.usage.prompt_tokens_details
+            cached = details.cached_tokens if details is not None else None
             self.usage = Usage(
                 input_tokens=token_count(chunk.usage.prompt_tokens, "prompt"),
                 output_tokens=token_count(chunk.usage.completion_tokens, "completion"),
+                # Part of input_tokens, which counts the whole prompt.
+                cache_read_tokens=token_count(cached, "cached"),
             )
         for choice in chunk.choices:
             if choice.index != 0:

@@ -15,8 +15,8 @@ whole text, which wins over the joined deltas when both are present.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast
 
 from lodger._core.extras import require
 from lodger.errors import ProviderError
@@ -34,20 +34,27 @@ from lodger.providers._errors import (
     token_count,
     within,
 )
+from lodger.providers._openai_request import (
+    response_media_parts,
+    response_output,
+    response_settings,
+    response_tools,
+)
 from lodger.providers.base import (
     AssistantMessage,
     ModelRequest,
     ModelResponse,
+    OutputMode,
     TextSink,
     ToolResultMessage,
     UserMessage,
+    take_output_call,
 )
 from lodger.providers.openai_chat import openai_client, provider_error_from_openai
 
 with require("openai", "the OpenAI Responses provider"):
     import openai
     from openai.types.responses import (
-        FunctionToolParam,
         ResponseCompletedEvent,
         ResponseErrorEvent,
         ResponseFailedEvent,
@@ -65,7 +72,6 @@ with require("openai", "the OpenAI Responses provider"):
         ResponseTextDeltaEvent,
     )
     from openai.types.responses.response import Response
-    from openai.types.shared_params import Reasoning
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -84,7 +90,23 @@ class OpenAIResponsesModel:
 
     ``reasoning_summary`` asks reasoning models for a summary of their thinking, which
     lands in ``ModelResponse.reasoning``; leave it ``None`` for models without reasoning.
+
+    Structured output (``output_mode``, ``"native"`` by default): ``native`` sends the
+    schema as ``text.format`` (``json_schema``; ``strict`` only when the schema fits
+    OpenAI's strict subset, see ``_openai_schema``), ``tool`` offers the output tool and
+    forces a tool call, ``prompted`` sends nothing extra.
+
+    Settings: ``temperature``, ``top_p``, ``max_tokens`` (``max_output_tokens``),
+    ``parallel_tool_calls`` (only when tools are sent), ``reasoning_effort``
+    (``reasoning.effort``, next to the summary); ``extra`` goes into the body as is. The
+    Responses API has no ``stop`` and no ``seed``: those two are ignored.
+
+    Media: images (``input_image``) and PDFs (``input_file``), from bytes or a URL, in
+    user messages and in tool results (a ``function_call_output`` takes them itself).
     """
+
+    output_mode: OutputMode = "native"
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
 
     def __init__(
         self,
@@ -123,27 +145,26 @@ class OpenAIResponsesModel:
         return await within(self.spec, self._answer_timeout, self._complete(request, on_text))
 
     async def _complete(self, request: ModelRequest, on_text: TextSink | None) -> ModelResponse:
-        reasoning: Reasoning | openai.Omit = openai.omit
-        if self._reasoning_summary is not None:
-            reasoning = {"summary": self._reasoning_summary}
+        summary = {"summary": self._reasoning_summary} if self._reasoning_summary else {}
         folded = _EventFolder(guarded_sink(on_text))
+        items = _response_input(request, self.spec)  # may refuse a part before sending
+        tools = response_tools(request)
+        params = response_settings(request, tools, reasoning=summary)
+        text = response_output(request)
+        if text is not None:
+            params["text"] = text
         try:
             stream = await self._client.responses.create(
                 model=self._model,
-                input=_response_input(request),
+                input=items,
                 instructions=request.system or openai.omit,
-                tools=_response_tools(request) or openai.omit,
-                max_output_tokens=(
-                    request.max_output_tokens
-                    if request.max_output_tokens is not None
-                    else openai.omit
-                ),
-                reasoning=reasoning,
+                tools=cast("Any", tools) if tools else openai.omit,
                 include=(
                     ["reasoning.encrypted_content"] if self._replay_reasoning else openai.omit
                 ),
                 store=False if self._replay_reasoning else openai.omit,
                 stream=True,
+                **params,
             )
             async with stream:
                 async for event in stream:
@@ -151,13 +172,18 @@ class OpenAIResponsesModel:
                     folded.feed(event)
             if folded.finish_reason is None:
                 raise stream_unfinished(self.spec, "the response completed")
-            return sized(folded.response())
+            response = sized(folded.response())
         except openai.OpenAIError as exc:
             raise provider_error_from_openai(exc, spec=self.spec) from exc
         except SinkFailed as exc:
             raise exc.__cause__ or exc from None
         except MALFORMED as exc:
             raise malformed(self.spec, exc) from exc
+        # Tool mode: the lone output call is the answer, as text the engine validates.
+        answer, calls = take_output_call(response.calls, request)
+        if answer is not None:
+            return replace(response, text=answer, calls=())
+        return replace(response, calls=calls) if calls != response.calls else response
 
     def _check_failure(self, event: ResponseStreamEvent) -> None:
         """Turn the in-stream failure events into a ``ProviderError``."""
@@ -178,12 +204,17 @@ class OpenAIResponsesModel:
             )
 
 
-def _response_input(request: ModelRequest) -> ResponseInputParam:
+def _response_input(request: ModelRequest, spec: str) -> ResponseInputParam:
     """The history as Responses input items, calls and results paired by ``call_id``."""
     items: ResponseInputParam = []
     for message in request.messages:
         if isinstance(message, UserMessage):
-            items.append({"type": "message", "role": "user", "content": message.text})
+            content: Any = message.text
+            if message.parts:
+                content = response_media_parts(message.parts, spec)
+                if message.text:
+                    content.append({"type": "input_text", "text": message.text})
+            items.append({"type": "message", "role": "user", "content": content})
         elif isinstance(message, AssistantMessage):
             items.extend(_reasoning_items(message))
             if message.text:
@@ -198,12 +229,12 @@ def _response_input(request: ModelRequest) -> ResponseInputParam:
                     }
                 )
         elif isinstance(message, ToolResultMessage):
+            output: Any = message.content
+            if message.parts:
+                text = [{"type": "input_text", "text": message.content}] if message.content else []
+                output = [*text, *response_media_parts(message.parts, spec)]
             items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message.call_id,
-                    "output": message.content,
-                }
+                {"type": "function_call_output", "call_id": message.call_id, "output": output}
             )
     return items
 
@@ -215,20 +246,6 @@ def _reasoning_items(message: AssistantMessage) -> list[Any]:
     if not isinstance(items, list):
         return []
     return [item for item in items if isinstance(item, dict)]
-
-
-def _response_tools(request: ModelRequest) -> list[FunctionToolParam]:
-    # strict=False: our schemas are plain JSON schemas, not the strict-mode subset.
-    return [
-        {
-            "type": "function",
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-            "strict": False,
-        }
-        for tool in request.tools
-    ]
 
 
 @dataclass
@@ -298,9 +315,13 @@ class _EventFolder:
     def _finish(self, response: Response, reason: str) -> None:
         self.finish_reason = finish_reason(reason)
         if response.usage is not None:
+            details = response.usage.input_tokens_details
+            cached = details.cached_tokens if details is not None else None
             self.usage = Usage(
                 input_tokens=token_count(response.usage.input_tokens, "input"),
                 output_tokens=token_count(response.usage.output_tokens, "output"),
+                # Part of input_tokens, which counts the whole prompt.
+                cache_read_tokens=token_count(cached, "cached"),
             )
 
     def response(self) -> ModelResponse:

@@ -35,11 +35,14 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class ToolSchema:
-    """One visible tool: ``parameters`` is a JSON schema (draft 2020-12) for its arguments."""
+    """One visible tool: ``parameters`` is a JSON schema (draft 2020-12) for its arguments.
+    ``writes`` says the tool changes something or needs approval (it is never sent to a
+    provider; ``TestModel`` leaves such tools alone unless asked)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
+    writes: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,11 @@
 """``TestModel``: exercises an agent's tools with no script and no network.
 
-On the first step of a turn it calls every visible tool (or the ones named in
-``call_tools``) once, with arguments made from each tool's JSON schema; on the next step
+On the first step of a turn it calls every visible tool that does not write once (or the
+ones named in ``call_tools``, or with ``call_tools="all"`` every one), with arguments made
+from each tool's JSON schema. A tool that writes (``@tool(writes=True)``, one with file
+expectations such as ``write_file``, the sandboxed ``shell`` and ``run_python``, or one that
+needs approval) is called only when asked, so ``lodger run --model test`` in a directory
+leaves it as it was. On the next step
 it answers: with a JSON value made from the output schema when the turn has an output
 type, else with ``text`` if given, else a JSON object of each tool's result. It reports
 a deterministic token usage (about four characters a token), so usage accounting can be
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+from lodger.errors import UsageError
 from lodger.events import ProposedCall, Usage
 from lodger.providers.base import (
     AssistantMessage,
@@ -24,6 +29,7 @@ from lodger.providers.base import (
     ModelResponse,
     TextSink,
     ToolResultMessage,
+    ToolSchema,
     UserMessage,
 )
 
@@ -31,7 +37,7 @@ __all__ = ["TestModel", "example_for"]
 
 
 class TestModel:
-    """Calls every tool once with schema-valid arguments, then answers."""
+    """Calls every tool that does not write once with schema-valid arguments, then answers."""
 
     __test__ = False  # not a pytest test class
     #: takes images and documents (it reads none of them)
@@ -40,11 +46,19 @@ class TestModel:
     def __init__(
         self,
         *,
-        call_tools: Sequence[str] | None = None,
+        call_tools: Sequence[str] | Literal["all"] | None = None,
         text: str | None = None,
         name: str = "test",
     ) -> None:
-        self.call_tools = None if call_tools is None else tuple(call_tools)
+        if call_tools == "all" or call_tools is None:
+            self.call_tools: tuple[str, ...] | Literal["all"] | None = call_tools
+        elif isinstance(call_tools, str):
+            raise UsageError(
+                f"TestModel(call_tools={call_tools!r}) is one name, not a list of them",
+                hint='pass a list of tool names, or "all" for every tool',
+            )
+        else:
+            self.call_tools = tuple(call_tools)
         self.text = text
         self._name = name
 
@@ -69,7 +83,7 @@ class TestModel:
                     arguments=json.dumps(example_for(t.parameters), ensure_ascii=False),
                 )
                 for n, t in enumerate(request.tools, start=1)
-                if self.call_tools is None or t.name in self.call_tools
+                if self._calls(t)
             )
         if not calls:
             text = self._answer(request, since)
@@ -83,6 +97,12 @@ class TestModel:
             usage=Usage(input_tokens=max(1, chars // 4), output_tokens=max(1, out_chars // 4)),
             finish_reason="tool_calls" if calls else "stop",
         )
+
+    def _calls(self, t: ToolSchema) -> bool:
+        """Whether the first step calls ``t``: named, all asked for, or it does not write."""
+        if self.call_tools is None:
+            return not t.writes
+        return self.call_tools == "all" or t.name in self.call_tools
 
     def _answer(self, request: ModelRequest, since: Sequence[Any]) -> str:
         if request.output_schema is not None:

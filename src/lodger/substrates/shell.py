@@ -230,6 +230,7 @@ def shell_tool(
         group="shell",
         recovery="never_retry",
         approval=policy.approval or not policy.confined,
+        writes=True,
         claims=_claims_for(policy),
     )
     async def run_shell(
@@ -269,6 +270,7 @@ def python_tool(policy: SandboxPolicy | None = None, *, sandbox: Sandbox | None 
         group="shell",
         recovery="never_retry",
         approval=policy.approval or not policy.confined,
+        writes=True,
         claims=_claims_for(policy),
     )
     async def run_python(

@@ -257,6 +257,9 @@ class Tool:
     timeout: float | None = None
     #: where its calls run (None: in this process, as a task of the event loop)
     substrate: Substrate | None = None
+    #: the tool changes files or the world (a tool with ``expectations`` or ``approval``
+    #: counts as writing anyway); ``TestModel`` does not call such tools unless asked
+    writes: bool = False
 
     def __post_init__(self) -> None:
         if self.recovery == "queryable" and self.probe is None:
@@ -279,7 +282,12 @@ class Tool:
 
     @functools.cached_property
     def _schema(self) -> ToolSchema:
-        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+        return ToolSchema(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters,
+            writes=self.writes or self.approval or self.expectations is not None,
+        )
 
     @functools.cached_property
     def _canonical_schema(self) -> bytes:
@@ -490,6 +498,7 @@ def tool(
     expectations: Expectations | None = None,
     timeout: float | None = None,
     substrate: Substrate | None = None,
+    writes: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -509,6 +518,7 @@ def tool(
     expectations: Expectations | None = None,
     timeout: float | None = None,
     substrate: Substrate | None = None,
+    writes: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a sync or async Python function as a tool.
 
@@ -527,6 +537,7 @@ def tool(
         "expectations": expectations,
         "timeout": timeout,
         "substrate": substrate,
+        "writes": writes,
     }
 
     def decorate(f: Callable[..., Any]) -> Tool:

@@ -43,6 +43,7 @@ from lodger.cli._run import (
     subagents_option,
     trust_option,
 )
+from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
 from lodger.engine.resume import Decision
 from lodger.errors import (
@@ -53,6 +54,7 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event
+from lodger.providers.base import ModelSettings, OutputMode
 from lodger.recovery import RecoveryPlan
 from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import compose, model_spec_for
@@ -297,6 +299,7 @@ def decide(
 
 
 @click.command()
+@model_options
 @session_argument
 @click.option("--model", "model_spec", metavar="SPEC", help="Default: the last run's model.")
 @click.option(
@@ -331,8 +334,13 @@ def resume(
     code_mode: Language | None,
     subagent_depth: int | None,
     state: str,
+    model_settings: ModelSettings | None,
+    output_mode: OutputMode | None,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
+
+    The run asks the model with the settings the turn was asked with (recorded with each
+    step), with the project's [model_settings] and the model flags over them.
 
     Completed calls are replayed from the log, never re-run; indeterminate ones follow
     their tool's recovery policy. If anything is parked, resume stops and names it.
@@ -374,6 +382,8 @@ def resume(
                 max_steps=max_steps,
                 code_mode=code_mode,
                 subagent_depth=subagent_depth,
+                model_settings=model_settings,
+                output_mode=output_mode,
             )
             if model_spec_for(project, overrides) is None:
                 raise ConfigError("no model to resume with", hint="pass --model SPEC")
@@ -387,16 +397,20 @@ def resume(
     try:
         result = run_turn(work(), view)
     except ResumeBlockedError as exc:
-        click.echo(f"blocked: {exc.message}", err=True)
-        for line in exc.blockers:
-            click.echo(f"  - {line}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        for step in exc.next_steps:
-            click.echo(f"next: {command_for(step)}", err=True)
+        _report_blocked(exc)
         sys.exit(3)
     finish_turn(console, result)
     sys.exit(exit_code_for(result))
+
+
+def _report_blocked(exc: ResumeBlockedError) -> None:
+    click.echo(f"blocked: {exc.message}", err=True)
+    for line in exc.blockers:
+        click.echo(f"  - {line}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    for step in exc.next_steps:
+        click.echo(f"next: {command_for(step)}", err=True)
 
 
 @click.command()

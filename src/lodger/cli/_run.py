@@ -29,6 +29,7 @@ from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
+from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
 from lodger.cli._toolsfile import load_tools_file
 from lodger.cli._trust import untrusted_notice
@@ -44,7 +45,7 @@ from lodger.events import (
     ToolResponded,
 )
 from lodger.providers import ScriptedModel
-from lodger.providers.base import Model
+from lodger.providers.base import Model, ModelSettings, OutputMode
 from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
 from lodger.runtime.config import CONFIG_FILE, parse_mcp_option
@@ -269,6 +270,8 @@ def project_overrides(
     code_mode: Language | None = None,
     subagent_depth: int | None = None,
     recorded_model: str | None = None,
+    model_settings: ModelSettings | None = None,
+    output_mode: OutputMode | None = None,
 ) -> Overrides:
     """What ``run`` and ``resume`` set on top of the project: their flags and the view."""
     tools: list[Tool] = []
@@ -285,6 +288,8 @@ def project_overrides(
         max_steps=max_steps,
         code_mode=code_mode,
         subagents=subagent_policy(subagent_depth),
+        model_settings=model_settings,
+        output_mode=output_mode,
         on_event=view.on_event,
         on_text=view.on_text,
     )
@@ -346,6 +351,7 @@ def exit_code_for(result: TurnResult) -> int:
 
 
 @click.command()
+@model_options
 @click.argument("task")
 @click.option(
     "--model",
@@ -406,6 +412,8 @@ def run(
     mcp_specs: tuple[str, ...],
     state: str,
     as_json: bool,
+    model_settings: ModelSettings | None,
+    output_mode: OutputMode | None,
 ) -> None:
     """Run one turn of TASK with a model and the workspace tools.
 
@@ -430,6 +438,7 @@ def run(
       lodger run "and now the docs" --last --model openai:gpt-4.1
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
+      lodger run "name three colours" --model openai:gpt-4.1 --temperature 0.2 --max-tokens 200
     """
     refuse_empty(
         session, "--session", hint="give a session id or a unique prefix of one, or --last"
@@ -452,6 +461,8 @@ def run(
             max_steps=max_steps,
             code_mode=code_mode,
             subagent_depth=subagent_depth,
+            model_settings=model_settings,
+            output_mode=output_mode,
         ),
     )
     result = run_turn(

@@ -13,14 +13,18 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     command = "mcp-server-git"
     [limits]
     max_steps = 30
+    [model_settings]                # lodger.engine.modelsettings
+    temperature = 0.2
 
 A project is *trusted* or not. A trusted one applies the whole file: the user said so
 (``lodger trust`` recorded this exact content, ``lodger.runtime.trust``; or ``--trust``,
 ``--trust-projects``). An untrusted one (a new or changed file, or a workspace restored
 from storage on a worker or a host, whose files a sandboxed command may have written)
 applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
-approval), a lower step limit. It starts no MCP server, adds no allow rule, opens no
-network, passes no variable and names no model; ``ignored`` says what was left out, so
+approval), a lower step limit, a lower ``max_tokens`` (its other model settings and
+``output_mode`` are ignored: ``extra`` reaches the provider's request body as is). It
+starts no MCP server, adds no allow rule, opens no network, passes no variable and names
+no model; ``ignored`` says what was left out, so
 the caller can say so in one line.
 """
 
@@ -31,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Rule
+from lodger.providers.base import ModelSettings, OutputMode
 from lodger.runtime.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
 from lodger.runtime.trust import TrustStore
 from lodger.substrates.sandbox.policy import SandboxPolicy, policy_from_config
@@ -73,6 +79,9 @@ class Project:
     sandbox: SandboxPolicy | None = None
     mcp: tuple[McpServerConfig, ...] = ()
     max_steps: int | None = None
+    #: ``[model_settings]`` (untrusted: only ``max_tokens``, a cap on every run's)
+    model_settings: ModelSettings | None = None
+    output_mode: OutputMode | None = None
     #: what an untrusted file asked for and was not given, one phrase each
     ignored: tuple[str, ...] = ()
 
@@ -107,7 +116,15 @@ class Project:
             else policy_from_config(table, where=f"[sandbox] of {path}", workspace=root),
             mcp=tuple(servers_of(config, path)),
             max_steps=config.limits.max_steps,
+            model_settings=_settings(config, path),
+            output_mode=config.output_mode,
         )
+
+
+def _settings(config: ProjectConfig, path: Path) -> ModelSettings | None:
+    if config.model_settings is None:
+        return None
+    return settings_from_mapping(config.model_settings, where=f"[model_settings] of {path}")
 
 
 def _untrusted(
@@ -122,6 +139,14 @@ def _untrusted(
         ignored.append(f"{len(config.permissions.allow)} allow rule(s)")
     if config.mcp.servers:
         ignored.append(f"{len(config.mcp.servers)} MCP server(s)")
+    settings = _settings(config, path)  # checked like a trusted file's
+    if settings is not None:
+        wider = sorted(set(settings.record() or {}) - {"max_tokens"})
+        if wider:
+            ignored.append("[model_settings] " + ", ".join(wider))
+        settings = ModelSettings(max_tokens=settings.max_tokens)
+    if config.output_mode is not None:
+        ignored.append("its output_mode")
     narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
     rules = tuple(ProjectConfig.model_validate(narrowed).permissions.rules())
     sandbox = None
@@ -143,6 +168,7 @@ def _untrusted(
         rules=rules,
         sandbox=sandbox,
         max_steps=config.limits.max_steps,
+        model_settings=settings,
         ignored=tuple(ignored),
     )
 

@@ -165,11 +165,22 @@ class HostClient:
         )
         return [StreamedFact(e["offset"], e["kind"], e) for e in page["events"]]
 
-    async def send(self, session_id: str, text: str, *, key: str | None = None) -> dict[str, Any]:
-        """Queue a turn; returns ``{"message": {...}, "created": bool, "stream": path}``."""
+    async def send(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        key: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Queue a turn (asking the model with ``model_settings``, as lodger.toml's
+        ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
+        "stream": path}``."""
         body: dict[str, Any] = {"text": text}
         if key is not None:
             body["idempotency_key"] = key
+        if model_settings is not None:
+            body["model_settings"] = model_settings
         return dict(await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body))
 
     async def message(self, session_id: str, message_id: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import cast
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.providers.base import ModelSettings
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -144,8 +145,21 @@ class ControlPlaneHub(Hub):
     # ------------------------------------------------------------ sending
 
     async def send(
-        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+        self,
+        session_id: str,
+        *,
+        key: str,
+        text: str,
+        kind: MessageKind = "message",
+        settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
+        if settings is not None:
+            # a wake carries only the text to the worker that runs it
+            raise UsageError(
+                "a distributed host does not take model_settings per message yet",
+                hint="set [model_settings] in the project's lodger.toml (workers compose it)",
+                code="model_settings",
+            )
         await self.require(session_id)
         if await self.plane.get_session(session_id=session_id) is None:
             # bound here only (a webhook's session): tell the workers its model

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.loop import TurnResult
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
 from lodger.errors import (
     HostConflictError,
@@ -40,6 +41,7 @@ from lodger.errors import (
 )
 from lodger.events import Event, TurnStarted
 from lodger.host.feed import Feeds
+from lodger.providers.base import ModelSettings
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
@@ -222,12 +224,24 @@ class Hub:
     # ------------------------------------------------------------ sending
 
     async def send(
-        self, session_id: str, *, key: str, text: str, kind: MessageKind = "message"
+        self,
+        session_id: str,
+        *,
+        key: str,
+        text: str,
+        kind: MessageKind = "message",
+        settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
-        """Queue ``text`` (once per ``key``) and wake the session's runner."""
+        """Queue ``text`` (once per ``key``) and wake the session's runner; its turn asks
+        the model with ``settings`` over the project's."""
         await self.require(session_id)
         message, created = await self.control.submit(
-            session_id, key=key, kind=kind, text=text, created_us=self.sessions.clock.now_us()
+            session_id,
+            key=key,
+            kind=kind,
+            text=text,
+            created_us=self.sessions.clock.now_us(),
+            settings=settings.record() if settings is not None else None,
         )
         if created:
             self.wake(session_id)
@@ -262,7 +276,7 @@ class Hub:
         await self.control.start_message(message.id, start_offset=head)
         try:
             for attempt in range(_LOCKED_TRIES):
-                binding = await self.binding(sid)
+                binding = await self.binding(sid, settings=_settings_of(message))
                 try:
                     if message.kind == "resume":
                         result = await self.sessions.resume(sid, binding=binding)
@@ -295,7 +309,7 @@ class Hub:
         self.turns_run += 1
         await self.control.finish_message(message.id, status="done", result=_summary(result))
 
-    async def binding(self, session_id: str) -> Binding:
+    async def binding(self, session_id: str, *, settings: ModelSettings | None = None) -> Binding:
         spec = await self.control.session_model(session_id)
         project = Project.none()
         if self.config.workspaces is not None:
@@ -319,6 +333,7 @@ class Hub:
                 max_steps=self.config.max_steps,
                 on_event=self._observer(session_id),
                 code_mode=self.config.code_mode,
+                model_settings=settings,
             ),
         )
 
@@ -417,3 +432,10 @@ def _summary(result: TurnResult) -> dict[str, Any]:
         "error": result.error,
         "commits": result.commits,
     }
+
+
+def _settings_of(message: Message) -> ModelSettings | None:
+    """The settings a queued message asked with (checked when it was sent)."""
+    if message.settings is None:
+        return None
+    return settings_from_mapping(message.settings, where="the message's model_settings")

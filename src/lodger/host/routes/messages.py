@@ -13,6 +13,7 @@ from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, Field
 
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.errors import UsageError
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
@@ -55,6 +56,12 @@ Key = Annotated[
 class SendMessage(Input):
     text: str = Field(min_length=1, max_length=200_000)
     idempotency_key: Key | None = None
+    #: the turn's model settings (temperature, max_tokens, ...) over the project's
+    model_settings: dict[str, Any] | None = Field(
+        default=None,
+        description="temperature, top_p, max_tokens, stop, seed, parallel_tool_calls, "
+        "reasoning_effort, extra: as lodger.toml's [model_settings]",
+    )
 
 
 class MessageOut(BaseModel):
@@ -100,7 +107,12 @@ async def send(
         msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
         raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
     key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
-    message, created = await host.hub.send(session_id, key=key, text=body.text)
+    settings = None
+    if body.model_settings is not None:
+        settings = settings_from_mapping(
+            body.model_settings, where="model_settings", error=UsageError
+        )
+    message, created = await host.hub.send(session_id, key=key, text=body.text, settings=settings)
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 
 

@@ -183,8 +183,11 @@ def usage_line(result: TurnResult) -> str:
     """Tokens and durable commits of a turn, for the end of a run on a terminal."""
     usage = result.usage
     calls = len(usage.requests)
+    cache = ""
+    if usage.cache_read_tokens:
+        cache = f", {usage.cache_read_tokens:,} from cache: {usage.cache_hit_rate or 0:.0%} hit"
     return (
-        f"usage: {usage.total_tokens:,} tokens ({usage.input_tokens:,} in, "
+        f"usage: {usage.total_tokens:,} tokens ({usage.input_tokens:,} in{cache}, "
         f"{usage.output_tokens:,} out) over {calls} model call{'s' if calls != 1 else ''}; "
         f"{result.commits} durable commit{'s' if result.commits != 1 else ''}"
     )

@@ -78,7 +78,8 @@ TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandone
 @dataclass(frozen=True, kw_only=True)
 class RunUsage:
     """Tokens of a turn: ``requests`` holds one ``Usage`` per model call (zeros when the
-    provider reported none), in order; the totals add them up. Read from the log's
+    provider reported none), in order; the totals add them up, cached input tokens
+    (read and written) too, with the cache's hit rate. Read from the log's
     ``model_output`` facts, so a resumed turn counts its earlier runs too."""
 
     requests: tuple[Usage, ...] = ()
@@ -94,6 +95,22 @@ class RunUsage:
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cache_read_tokens(self) -> int:
+        """Input tokens the provider read from its prompt cache (part of ``input_tokens``)."""
+        return sum(u.cache_read_tokens for u in self.requests)
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Input tokens the provider wrote to its prompt cache (part of ``input_tokens``)."""
+        return sum(u.cache_write_tokens for u in self.requests)
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """``cache_read_tokens / input_tokens`` (None when there was no input)."""
+        total = self.input_tokens
+        return self.cache_read_tokens / total if total else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -161,3 +161,29 @@ def test_an_unknown_mode_or_an_empty_union_is_a_usage_error() -> None:
         make(TestModel(), output_mode="json")
     with pytest.raises(UsageError, match="empty list"):
         make(TestModel(), output_type=[])
+
+
+async def test_an_output_call_beside_other_calls_waits_for_a_later_step() -> None:
+    from lodger import tool
+
+    @tool
+    def note(text: str) -> str:
+        """Take a note."""
+        return "noted"
+
+    seen: list[ModelRequest] = []
+
+    def step(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        if len(seen) == 1:
+            return ModelResponse(
+                calls=(tool_call("note", text="x"), tool_call("final_result", result=1))
+            )
+        return ModelResponse(calls=(tool_call("final_result", result=2),))
+
+    agent = make(FunctionModel(step), output_type=int, output_mode="tool", tools=[note])
+    result = await agent.run("go", session="s")
+    assert result.status == "completed" and result.output == 2
+    events = await agent.session("s").events()
+    assert not any(e.kind == "call_rejected" for e in events)  # final_result never ran
+    await agent.close()

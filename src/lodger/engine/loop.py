@@ -516,7 +516,8 @@ def _answer_call(response: ModelResponse, request: ModelRequest) -> ModelRespons
         return response
     answer, calls = take_output_call(response.calls, request)
     if answer is None:
-        return response
+        # an answer beside other calls waits for a later step, as adapters leave it
+        return response if calls == response.calls else dataclasses.replace(response, calls=calls)
     return dataclasses.replace(response, text=answer, calls=calls)
 
 

@@ -163,3 +163,35 @@ async def test_a_resume_asks_with_the_settings_the_turn_was_asked_with(tmp_path:
     assert result.status == "completed"
     assert seen[-1].settings == ModelSettings(temperature=0.1, max_tokens=50)
     await again.close()
+
+
+async def test_sessions_compose_settings_and_a_resume_keeps_the_turns(tmp_path: Path) -> None:
+    from lodger.runtime.composition import Overrides, compose
+    from lodger.runtime.project import Project
+    from lodger.runtime.sessions import Sessions
+
+    (tmp_path / "lodger.toml").write_text("[model_settings]\ntemperature = 0.4\n")
+    project = Project.load(tmp_path, trusted=True)
+    store = FaultyLogStore(SqliteLogStore(tmp_path / "log"), fail_when=FailT2Once())
+    storage = Storage(log=EventLog(store), artifacts=MemoryArtifactStore())
+    first = compose(project, Overrides(model=recording([]), tools=[add], builtin_tools=False))
+    assert first.model_settings == ModelSettings(temperature=0.4)
+    async with Sessions(storage) as sessions:
+        with pytest.raises(CommitFailedError):
+            await sessions.run("go", binding=first, session="s")
+    seen: list[ModelRequest] = []
+    (tmp_path / "lodger.toml").unlink()  # the recorded settings still hold
+    again = compose(
+        Project.load(tmp_path, trusted=True),
+        Overrides(
+            model=recording(seen),
+            tools=[add],
+            builtin_tools=False,
+            model_settings=ModelSettings(seed=9),
+        ),
+    )
+    log = Storage(log=EventLog(SqliteLogStore(tmp_path / "log")), artifacts=MemoryArtifactStore())
+    async with Sessions(log) as sessions:
+        result = await sessions.resume("s", binding=again)
+    assert result.status == "completed"
+    assert seen[-1].settings == ModelSettings(temperature=0.4, seed=9)

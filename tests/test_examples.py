@@ -24,6 +24,8 @@ def test_there_are_examples_for_each_library_feature() -> None:
         "testmodel",
         "function_model",
         "fallback",
+        "budgets",
+        "images",
     } <= names
 
 

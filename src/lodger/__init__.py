@@ -25,7 +25,9 @@ from lodger._core import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from lodger.authority import Authorities, ResourceClaim
+    from lodger.engine.budgets import Budgets, UsageLimits
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
+    from lodger.engine.prices import ModelPrice, PriceTable
     from lodger.engine.settings import Hooks, Limits, Retries, Services
     from lodger.errors import (
         AppendConflictError,
@@ -46,6 +48,7 @@ if _typing.TYPE_CHECKING:
         UsageError,
     )
     from lodger.events import Event, ProposedCall, Usage
+    from lodger.media import BinaryContent, DocumentUrl, ImageUrl, MediaLimits
     from lodger.providers import (
         AssistantMessage,
         FallbackModel,
@@ -93,6 +96,10 @@ _EXPORTS: dict[str, str] = {
     "Veto": "lodger.engine.hooks",
     "Hooks": "lodger.engine.settings",
     "Limits": "lodger.engine.settings",
+    "Budgets": "lodger.engine.budgets",
+    "UsageLimits": "lodger.engine.budgets",
+    "ModelPrice": "lodger.engine.prices",
+    "PriceTable": "lodger.engine.prices",
     "Retries": "lodger.engine.settings",
     "Services": "lodger.engine.settings",
     "AppendConflictError": "lodger.errors",
@@ -114,6 +121,10 @@ _EXPORTS: dict[str, str] = {
     "Event": "lodger.events",
     "ProposedCall": "lodger.events",
     "Usage": "lodger.events",
+    "BinaryContent": "lodger.media",
+    "DocumentUrl": "lodger.media",
+    "ImageUrl": "lodger.media",
+    "MediaLimits": "lodger.media",
     "AssistantMessage": "lodger.providers",
     "FallbackModel": "lodger.providers",
     "FunctionModel": "lodger.providers",
@@ -157,29 +168,36 @@ __all__ = [
     "Authorities",
     "AuthorityMisuseError",
     "BeforeCall",
+    "BinaryContent",
+    "Budgets",
     "CallInfo",
     "CallResult",
     "CommitFailedError",
     "ConfigError",
     "CorruptLogError",
+    "DocumentUrl",
     "Event",
     "EventLog",
     "FactCommitted",
     "FallbackModel",
     "FunctionModel",
     "Hooks",
+    "ImageUrl",
     "Limits",
     "LodgerError",
     "LogKey",
     "LogKeyError",
     "McpServerConfig",
     "McpServers",
+    "MediaLimits",
     "Message",
     "MissingExtraError",
     "Model",
+    "ModelPrice",
     "ModelRequest",
     "ModelResponse",
     "PermissionPolicy",
+    "PriceTable",
     "ProbeResult",
     "ProposedCall",
     "ProviderError",
@@ -212,6 +230,7 @@ __all__ = [
     "TurnStream",
     "Usage",
     "UsageError",
+    "UsageLimits",
     "UserMessage",
     "Veto",
     "make_model",

@@ -18,8 +18,9 @@ HTTP status is ``error.status``. ``stream`` reconnects after a dropped connectio
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -35,6 +36,7 @@ from lodger.errors import (
     StorageError,
     UsageError,
 )
+from lodger.media import BinaryContent, MediaItem
 
 with require("client", "the HTTP client of the lodger host (lodger.client)"):
     import httpx2
@@ -171,14 +173,18 @@ class HostClient:
         text: str,
         *,
         key: str | None = None,
+        attachments: Sequence[MediaItem] = (),
         model_settings: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Queue a turn (asking the model with ``model_settings``, as lodger.toml's
+        """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
+        ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
         ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
         "stream": path}``."""
         body: dict[str, Any] = {"text": text}
         if key is not None:
             body["idempotency_key"] = key
+        if attachments:
+            body["attachments"] = [_attachment_body(a) for a in attachments]
         if model_settings is not None:
             body["model_settings"] = model_settings
         return dict(await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body))
@@ -311,6 +317,16 @@ class HostClient:
     async def metrics(self) -> str:
         data = await self._call("GET", "/metrics")
         return data.decode() if isinstance(data, bytes) else str(data)
+
+
+def _attachment_body(item: MediaItem) -> dict[str, str]:
+    if isinstance(item, BinaryContent):
+        data = base64.b64encode(item.data).decode("ascii")
+        return {"media_type": item.media_type, "data": data, "name": item.name}
+    out = {"url": item.url}
+    if item.media_type:
+        out["media_type"] = item.media_type
+    return out
 
 
 async def _parse_sse(response: httpx2.Response) -> AsyncIterator[StreamedFact]:

@@ -6,22 +6,31 @@ output that proposed it, in the order the model emitted the calls (the log may h
 in completion order). Hidden events (nested code-mode calls) never reach the model;
 calls without a committed outcome (dangling) are stripped, as are their results.
 To fit a token budget, the oldest tool results are elided (the log keeps them whole).
+
+Images and documents (a turn's attachments, a tool result's media artifacts) become the
+messages' ``parts``. Their bytes live in the artifact store; the projection reads them
+from ``media`` (sha256 -> bytes), which the engine fills before it projects
+(``Projector.needed_media`` says what is missing): a part whose bytes are not there
+fails closed, naming its artifact.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger._core.records import record
-from lodger.errors import CorruptLogError
+from lodger.errors import CorruptLogError, StorageError
 from lodger.events import (
+    ArtifactRef,
     ArtifactStored,
+    Attachment,
     CallRejected,
     ContextCompacted,
     Event,
@@ -45,7 +54,13 @@ from lodger.events import (
     TurnStarted,
     WorkspaceSnapshot,
 )
-from lodger.providers.base import AssistantMessage, Message, ToolResultMessage, UserMessage
+from lodger.providers.base import (
+    AssistantMessage,
+    MediaPart,
+    Message,
+    ToolResultMessage,
+    UserMessage,
+)
 
 __all__ = [
     "MessageLog",
@@ -57,6 +72,72 @@ __all__ = [
 ]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
+
+#: the bytes of the media the projection may need, by sha256
+Media = Mapping[str, bytes]
+_NO_MEDIA: Media = {}
+
+
+def _missing_media(sha256: str, what: str) -> StorageError:
+    return StorageError(
+        f"{what} (artifact {sha256}) is not loaded for the model's context",
+        hint="the artifact store lost it, or the context was projected before its media "
+        "were read; restore the artifact store the session was written with",
+        code="artifact_missing",
+    )
+
+
+def _data(media: Media, sha256: str, what: str) -> bytes:
+    data = media.get(sha256)
+    if data is None:
+        raise _missing_media(sha256, what)
+    return data
+
+
+def _tool_media(refs: Sequence[ArtifactRef]) -> tuple[ArtifactRef, ...]:
+    """The artifacts of a tool result that are media for the model (the text/plain
+    artifact of a result too long for its fact is not: the fact holds its preview)."""
+    return tuple(r for r in refs if r.media_type != "text/plain")
+
+
+def _attachment_parts(attachments: Sequence[Attachment], media: Media) -> tuple[MediaPart, ...]:
+    """A turn's attachments as the model's parts, with their bytes from ``media``."""
+    parts: list[MediaPart] = []
+    for a in attachments:
+        if a.artifact is not None:
+            what = f"attachment {a.name!r} ({a.media_type})" if a.name else a.media_type
+            data = _data(media, a.artifact.sha256, what)
+            parts.append(MediaPart(media_type=a.media_type, data=data, name=a.name))
+        else:
+            parts.append(MediaPart(media_type=a.media_type, url=a.url, name=a.name))
+    return tuple(parts)
+
+
+def _result_parts(refs: Sequence[ArtifactRef], media: Media) -> tuple[MediaPart, ...]:
+    return tuple(
+        MediaPart(
+            media_type=r.media_type,
+            data=_data(media, r.sha256, f"a tool result's {r.media_type}"),
+        )
+        for r in _tool_media(refs)
+    )
+
+
+def _needed_by(e: Event) -> dict[str, str]:
+    """sha256 -> what it is, of the media an event puts in the model's context."""
+    body = e.body
+    if isinstance(body, TurnStarted) and body.attachments:
+        return {
+            a.artifact.sha256: f"attachment {a.name!r} ({a.media_type}) of turn {e.turn_id}"
+            for a in body.attachments
+            if a.artifact is not None
+        }
+    if isinstance(body, ToolResponded) and body.artifacts:
+        return {
+            r.sha256: f"the {r.media_type} result of call {e.call_id}"
+            for r in _tool_media(body.artifacts)
+        }
+    return {}
 
 
 class MessageSnapshot(Sequence[Message]):
@@ -119,7 +200,15 @@ class MessageLog(Sequence[Message]):
     request). A provider that sends the whole conversation reads them all.
     """
 
-    __slots__ = ("_chunk", "_chunks", "_list", "_loaded", "_session_id", "_stored_count")
+    __slots__ = (
+        "_chunk",
+        "_chunks",
+        "_list",
+        "_loaded",
+        "_media",
+        "_session_id",
+        "_stored_count",
+    )
 
     def __init__(self) -> None:
         self._list: list[Message] = []  # the messages after the stored ones
@@ -128,17 +217,27 @@ class MessageLog(Sequence[Message]):
         self._chunk = 1
         self._stored_count = 0
         self._session_id = ""
+        self._media: Media = _NO_MEDIA
 
     @classmethod
-    def stored(cls, chunks: list[bytes], *, chunk: int, count: int, session_id: str) -> MessageLog:
+    def stored(
+        cls,
+        chunks: list[bytes],
+        *,
+        chunk: int,
+        count: int,
+        session_id: str,
+        media: Media = _NO_MEDIA,
+    ) -> MessageLog:
         """``count`` messages stored as zlib-compressed JSON arrays of ``chunk`` messages
-        each (the last may hold fewer)."""
+        each (the last may hold fewer); their parts' bytes are read from ``media``."""
         if chunk < 1 or count < 0 or len(chunks) != -(-count // chunk):
             raise ValueError("stored messages: the chunks do not hold the count")
         log = cls()
         log._chunks, log._chunk, log._stored_count = chunks, chunk, count
         log._loaded = [None] * len(chunks)
         log._session_id = session_id
+        log._media = media
         return log
 
     def _load(self, index: int) -> list[Message]:
@@ -150,7 +249,7 @@ class MessageLog(Sequence[Message]):
             items = json.loads(zlib.decompress(self._chunks[index]))
             if not isinstance(items, list) or len(items) != expected:
                 raise ValueError("another number of messages")
-            loaded = _messages_from(items)
+            loaded = _messages_from(items, self._media)
         except (ValueError, TypeError, KeyError, IndexError, zlib.error, RecursionError) as exc:
             # only a file sealed right and written wrong reaches this (by hand: a bug
             # would be caught by the property tests): fail closed, name the way out
@@ -233,7 +332,7 @@ def _assistant(body: ModelOutput, calls: tuple[ProposedCall, ...]) -> AssistantM
     return message
 
 
-def _result_of(e: Event, name: str) -> ToolResultMessage | None:
+def _result_of(e: Event, name: str, media: Media = _NO_MEDIA) -> ToolResultMessage | None:
     """The model-visible result a committed event gives its call, if any."""
     assert e.call_id is not None
     body = e.body
@@ -249,7 +348,7 @@ def _result_of(e: Event, name: str) -> ToolResultMessage | None:
                 "name": name,
                 "content": body.content,
                 "is_error": body.status != "ok",
-                "parts": (),
+                "parts": _result_parts(body.artifacts, media) if body.artifacts else (),
             },
         )
         return message
@@ -262,7 +361,7 @@ def _result_of(e: Event, name: str) -> ToolResultMessage | None:
     return None
 
 
-def _results_by_call(events: Sequence[Event]) -> dict[str, ToolResultMessage]:
+def _results_by_call(events: Sequence[Event], media: Media) -> dict[str, ToolResultMessage]:
     names: dict[str, str] = {}
     results: dict[str, ToolResultMessage] = {}
     for e in events:
@@ -272,7 +371,7 @@ def _results_by_call(events: Sequence[Event]) -> dict[str, ToolResultMessage]:
                 names[c.call_id] = c.name
         if e.visibility != "model" or e.call_id is None:
             continue
-        result = _result_of(e, names.get(e.call_id, ""))
+        result = _result_of(e, names.get(e.call_id, ""), media)
         if result is not None:
             results[e.call_id] = result
     return results
@@ -300,14 +399,19 @@ def _recovered_result(body: RecoveryObserved | OperatorDecision) -> tuple[str, b
 
 
 def project_messages(
-    events: Sequence[Event], *, budget_tokens: int | None = None, keep_recent: int = 1
+    events: Sequence[Event],
+    *,
+    budget_tokens: int | None = None,
+    keep_recent: int = 1,
+    media: Media = _NO_MEDIA,
 ) -> Projection:
     """The conversation for the next request, from the committed ``events``.
 
     With ``budget_tokens``, results of all but the ``keep_recent`` latest model outputs
     are elided oldest first until the estimate fits (or nothing older is left).
+    ``media`` holds the bytes of the attachments and media results (by sha256).
     """
-    results = _results_by_call(events)
+    results = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
     for e in events:
@@ -315,7 +419,7 @@ def project_messages(
             continue
         body = e.body
         if isinstance(body, TurnStarted):
-            messages.append(UserMessage(text=body.input))
+            messages.append(_user_message(body, media))
         elif isinstance(body, OutputRejected):
             messages.append(UserMessage(text=body.message, source="runtime"))
         elif isinstance(body, ModelOutput):
@@ -331,6 +435,12 @@ def project_messages(
             )
             messages.extend(results[c.call_id] for c in kept)
     return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
+
+
+def _user_message(body: TurnStarted, media: Media) -> UserMessage:
+    if not body.attachments:
+        return UserMessage(text=body.input)
+    return UserMessage(text=body.input, parts=_attachment_parts(body.attachments, media))
 
 
 def _elide(
@@ -358,6 +468,7 @@ def _elide(
                     name=original.name,
                     content=replacement,
                     is_error=original.is_error,
+                    parts=original.parts,
                 )
                 elided.append(original.call_id)
                 estimate -= (len(original.content) - len(replacement)) // 4
@@ -393,6 +504,9 @@ _UNSEEN: frozenset[type] = frozenset(
 )
 
 
+_MEDIA_BODIES: frozenset[type] = frozenset({TurnStarted, ToolResponded})
+
+
 class Projector:
     """``project_messages`` computed incrementally as events are committed.
 
@@ -402,10 +516,23 @@ class Projector:
     arrives for an output that is no longer the latest, it falls back to a full rebuild.
     """
 
-    def __init__(self, events: Sequence[Event], *, prefix: Sequence[Event] = ()) -> None:
+    def __init__(
+        self,
+        events: Sequence[Event],
+        *,
+        prefix: Sequence[Event] = (),
+        media: MutableMapping[str, bytes] | None = None,
+    ) -> None:
         self._events = events  # a list that only grows (the journal's)
         # events before the session's own (a fork's inherited history), projected first
+        # (folded at the first projection: their media are read by then)
         self._prefix = tuple(prefix)
+        self._prefix_fed = False
+        #: the bytes of the media in the context, by sha256 (the engine fills it)
+        self.media: MutableMapping[str, bytes] = media if media is not None else {}
+        #: sha256 -> what it is, of every medium folded (or restored) so far
+        self._media_refs: dict[str, str] = {}
+        self._media_types: set[str] = set()
         self._seen = 0
         self._closed = MessageLog()
         self._closed_chars = 0  # kept as messages close, so an estimate costs O(new events)
@@ -421,8 +548,28 @@ class Projector:
         #: next output closes that same block, unless a result came since
         self._result_writes = 0
         self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
-        for e in self._prefix:
-            self._feed(e)
+
+    @property
+    def media_types(self) -> frozenset[str]:
+        """The media type of every part the context has held so far (URL parts too)."""
+        return frozenset(self._media_types)
+
+    def needed_media(self) -> dict[str, str]:
+        """sha256 -> what it is, of the media the next projection needs that ``media``
+        does not hold yet (the engine reads them from the artifact store)."""
+        wanted = dict(self._media_refs)
+        pending: Iterable[Event] = self._events[self._seen :]
+        if not self._prefix_fed:
+            pending = itertools.chain(self._prefix, pending)
+        for e in pending:
+            if type(e.body) in _MEDIA_BODIES:
+                wanted.update(_needed_by(e))
+        return {sha: what for sha, what in wanted.items() if sha not in self.media}
+
+    def _note_media(self, e: Event, message: UserMessage | ToolResultMessage) -> None:
+        if message.parts:
+            self._media_refs.update(_needed_by(e))
+            self._media_types.update(p.media_type for p in message.parts)
 
     def _open_block(self, body: ModelOutput) -> tuple[tuple[Message, ...], int]:
         """The open output's messages (with the calls that have results) and their chars."""
@@ -461,7 +608,9 @@ class Projector:
             return
         if isinstance(body, TurnStarted):
             self._close_open()
-            self._closed.append(UserMessage(text=body.input))
+            message = _user_message(body, self.media)
+            self._note_media(e, message)
+            self._closed.append(message)
             self._closed_chars += len(body.input)
         elif isinstance(body, OutputRejected):
             self._close_open()
@@ -471,9 +620,10 @@ class Projector:
             self._close_open()
             self._open, self._open_offset = body, e.offset
         elif e.call_id is not None:
-            result = _result_of(e, self._names.get(e.call_id, ""))
+            result = _result_of(e, self._names.get(e.call_id, ""), self.media)
             if result is None:
                 return
+            self._note_media(e, result)
             if e.call_id in self._closed_calls:
                 self._stale = True
             self._open_results[e.call_id] = result
@@ -483,6 +633,10 @@ class Projector:
         events = self._events
         if len(events) < self._seen:
             raise ValueError("the projected event list shrank; a log never loses events")
+        if not self._prefix_fed:
+            self._prefix_fed = True
+            for e in self._prefix:
+                self._feed(e)
         # a long history folds here once (an opened session's first request): its
         # messages survive, so collections would walk the whole heap, again and again
         with cycle_collector_paused(len(events) - self._seen):
@@ -491,7 +645,9 @@ class Projector:
         self._seen = len(events)
         if self._stale:
             whole = [*self._prefix, *events] if self._prefix else events
-            return project_messages(whole, budget_tokens=budget_tokens, keep_recent=keep_recent)
+            return project_messages(
+                whole, budget_tokens=budget_tokens, keep_recent=keep_recent, media=self.media
+            )
         closed = len(self._closed)
         chars = self._closed_chars
         block: tuple[Message, ...] = ()
@@ -541,6 +697,8 @@ class Projector:
             "open_results": [_message_plain(m) for m in self._open_results.values()],
             "unclosed_calls": sorted(self._names.keys() - self._closed_calls),
             "stale": self._stale,
+            "media": self._media_refs,
+            "media_types": sorted(self._media_types),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -557,13 +715,14 @@ class Projector:
         closed: list[bytes],
         chunk: int,
         session_id: str,
+        media: MutableMapping[str, bytes] | None = None,
     ) -> Projector:
         """A projector over ``events`` continuing from ``export()``'s values, with
         ``names`` the tool name of every call proposed so far and ``closed`` the JSON of
         ``closed_plain()`` in arrays of ``chunk`` messages (each parsed when one of its
         messages is first read); raises ``ValueError``, ``TypeError`` or ``KeyError`` on
         values ``export`` cannot have made."""
-        projector = cls(events)
+        projector = cls(events, media=media)
         seen = data["seen"]
         if type(seen) is not int or not 0 <= seen <= len(events):
             raise ValueError("projector: bad seen offset")
@@ -571,7 +730,14 @@ class Projector:
         if type(count) is not int or count < 0:
             raise ValueError("projector: bad message count")
         results: dict[str, ToolResultMessage] = {}
-        for message in _messages_from(data["open_results"]):
+        refs = data.get("media", {})
+        kinds = data.get("media_types", [])
+        if not all(type(k) is str and type(v) is str for k, v in refs.items()):
+            raise TypeError("projector: a medium is not named by text")
+        if not all(type(k) is str for k in kinds):
+            raise TypeError("projector: a media type is not text")
+        projector._media_refs, projector._media_types = dict(refs), set(kinds)
+        for message in _messages_from(data["open_results"], projector.media):
             if not isinstance(message, ToolResultMessage):
                 raise TypeError("projector: an open result is not a tool result")
             results[message.call_id] = message
@@ -584,7 +750,7 @@ class Projector:
             projector._open, projector._open_offset = body, open_at
         projector._seen = seen
         projector._closed = MessageLog.stored(
-            closed, chunk=chunk, count=count, session_id=session_id
+            closed, chunk=chunk, count=count, session_id=session_id, media=projector.media
         )
         projector._closed_chars = int(data["closed_chars"])
         projector._outputs = outputs
@@ -595,29 +761,65 @@ class Projector:
         return projector
 
 
+def _parts_plain(parts: Sequence[MediaPart]) -> list[list[Any]]:
+    """Parts by reference (the bytes stay in the artifact store)."""
+    return [
+        [
+            p.media_type,
+            hashlib.sha256(p.data).hexdigest() if p.data is not None else None,
+            p.url,
+            p.name,
+        ]
+        for p in parts
+    ]
+
+
+def _parts_from(items: list[list[Any]], media: Media) -> tuple[MediaPart, ...]:
+    parts: list[MediaPart] = []
+    for media_type, sha256, url, name in items:
+        if type(media_type) is not str or type(name) is not str:
+            raise TypeError("projector: a part holds a value that is not text")
+        if sha256 is not None:
+            data = _data(media, str(sha256), f"a {media_type} of the context")
+            parts.append(MediaPart(media_type=media_type, data=data, name=name))
+        elif type(url) is str:
+            parts.append(MediaPart(media_type=media_type, url=url, name=name))
+        else:
+            raise TypeError("projector: a part has neither bytes nor a URL")
+    return tuple(parts)
+
+
 def _message_plain(m: Message) -> list[Any]:
     if isinstance(m, UserMessage):
+        if m.parts:
+            return ["u", m.text, m.source, _parts_plain(m.parts)]
         return ["u", m.text, m.source]
     if isinstance(m, AssistantMessage):
         calls = [[c.call_id, c.name, c.arguments] for c in m.calls]
         return ["a", m.text, m.reasoning, calls, m.provider_state]
+    if m.parts:
+        return ["r", m.call_id, m.name, m.content, m.is_error, _parts_plain(m.parts)]
     return ["r", m.call_id, m.name, m.content, m.is_error]
 
 
-def _messages_from(items: list[list[Any]]) -> list[Message]:
+def _messages_from(items: list[list[Any]], media: Media = _NO_MEDIA) -> list[Message]:
     """``_message_plain``'s inverse, checking every value's type (a ``TypeError`` or
-    ``ValueError`` otherwise)."""
+    ``ValueError`` otherwise); the parts' bytes come from ``media``."""
     out: list[Message] = []
     append = out.append
     for item in items:
         tag = item[0]
         if tag == "r":
-            _, call_id, name, content, is_error = item
+            _, call_id, name, content, is_error, *rest = item
             if type(call_id) is not str or type(name) is not str or type(content) is not str:
                 raise TypeError("projector: a tool result holds a value that is not text")
             append(
                 ToolResultMessage(
-                    call_id=call_id, name=name, content=content, is_error=is_error is True
+                    call_id=call_id,
+                    name=name,
+                    content=content,
+                    is_error=is_error is True,
+                    parts=_parts_from(rest[0], media) if rest else (),
                 )
             )
         elif tag == "a":
@@ -636,10 +838,11 @@ def _messages_from(items: list[list[Any]]) -> list[Message]:
                 )
             )
         elif tag == "u":
-            _, text, source = item
+            _, text, source, *rest = item
             if type(text) is not str or source not in ("input", "runtime"):
                 raise TypeError("projector: a user message holds a bad value")
-            append(UserMessage(text=text, source=source))
+            parts = _parts_from(rest[0], media) if rest else ()
+            append(UserMessage(text=text, source=source, parts=parts))
         else:
             raise ValueError(f"projector: unknown message tag {tag!r}")
     return out

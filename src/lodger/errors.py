@@ -7,7 +7,8 @@
     │   ├── MissingExtraError        a part's optional packages are not installed (an ImportError)
     │   ├── HostAuthError            an HTTP request without a valid token, or out of its scope
     │   ├── HostConflictError        a request lost a race: answered already, key reused, busy
-    │   └── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
+    │   ├── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
+    │   └── HookError                your own hook raised: the turn failed, naming the hook
     ├── ToolCallError                the model proposed a bad call; becomes an error result
     │   └── StaleRevisionError       a write named a revision that is no longer the current one
     ├── ResumeBlockedError           a resume cannot go on until an operator decides
@@ -49,6 +50,7 @@ __all__ = [
     "ControlPlaneError",
     "CorruptLogError",
     "ErrorCode",
+    "HookError",
     "HostAuthError",
     "HostConflictError",
     "LeaseLostError",
@@ -201,6 +203,25 @@ class AuthorityMisuseError(UsageError):
         self.owner = owner
         self.holder = holder
         super().__init__(message, hint=hint, call_id=owner)
+
+
+class HookError(UsageError):
+    """A hook of yours (``Hooks.before_call`` / ``after_call``) raised. It is your code's
+    failure, not the model's: the turn ends ``failed`` in the log (the calls of the step
+    settle first, and a call the hook's failure kept from running is a ``call_rejected``
+    fact) and this is raised with the hook's exception chained. ``hook`` is the hook's
+    qualified name, ``tool`` and ``call_id`` the call it failed on."""
+
+    code = "hook_failed"
+
+    def __init__(self, message: str, *, hook: str, tool: str, call_id: str) -> None:
+        self.hook = hook
+        self.tool = tool
+        super().__init__(
+            message,
+            hint="fix the hook: it raised on this call (its exception is chained)",
+            call_id=call_id,
+        )
 
 
 class ToolCallError(LodgerError):
@@ -382,6 +403,7 @@ ErrorCode = Literal[
     "tracing_unavailable",
     "secrets_file_unsafe",
     "authority_misuse",
+    "hook_failed",
     "invalid_session_id",
     "invalid_range",
     "head_unknown",

@@ -37,6 +37,7 @@ from lodger import (
 )
 from lodger.engine.checks import schema_problems
 from lodger.engine.settings import Hooks, Limits, Services
+from lodger.errors import HookError
 from lodger.events import (
     CallRejected,
     Event,
@@ -414,7 +415,7 @@ async def test_a_rewrite_the_schema_refuses_is_rejected_before_t1() -> None:
     assert PAID == []
 
 
-async def test_after_hook_rewrites_what_t2_records_and_a_broken_hook_fails_only_the_call() -> None:
+async def test_after_hook_rewrites_what_t2_records_and_a_broken_hook_fails_the_turn() -> None:
     def redact(call: CallInfo, result: CallResult) -> str:
         return result.content.replace("XYZ", "***")
 
@@ -428,10 +429,19 @@ async def test_after_hook_rewrites_what_t2_records_and_a_broken_hook_fails_only_
     def broken(call: CallInfo) -> None:
         raise RuntimeError("hook bug")
 
-    events = await run_pay(
-        [{"name": "pay", "args": {"to": "bob", "cents": 1}}],
+    # a hook that raises is the developer's bug: the turn fails naming it (issue 30), the
+    # call is rejected before T1 and the model is not asked to fix it
+    PAID.clear()
+    agent = make(
+        ScriptedModel([{"calls": [{"name": "pay", "args": {"to": "bob", "cents": 1}}]}]),
+        [pay],
         hooks=Hooks(before_call=[broken]),
     )
+    with pytest.raises(HookError, match="broken"):
+        await agent.run("pay", session="s1")
+    events = await agent.session("s1").events()
+    await agent.close()
     rejected = [e.body for e in events if isinstance(e.body, CallRejected)]
     assert rejected[0].reason == "vetoed" and "hook bug" in rejected[0].message
-    assert isinstance(events[-1].body, TurnEnded) and events[-1].body.status == "completed"
+    assert isinstance(events[-1].body, TurnEnded) and events[-1].body.status == "failed"
+    assert PAID == []

@@ -12,6 +12,7 @@ import httpx2
 import pytest
 
 from lodger.errors import HostAuthError, HostConflictError, SessionNotFoundError, UsageError
+from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.storage.control.host_index import hash_token, token_id
 
 from ._support import running_host, write_script
@@ -264,12 +265,17 @@ async def test_hostile_requests_are_refused_cleanly(tmp_path: Path) -> None:
         async with httpx2.AsyncClient(
             base_url=host.url, headers={"Authorization": f"Bearer {host.token}"}
         ) as raw:
-            huge = await raw.post(f"/v1/sessions/{sid}/messages", content=b"x" * (2 * 1024 * 1024))
+            # a message may carry attachments: its limit is the larger one
+            over = MAX_MEDIA_REQUEST + 1
+            huge = await raw.post(f"/v1/sessions/{sid}/messages", content=b"x" * over)
             assert huge.status_code == 413
             assert huge.json()["error"]["code"] == "payload_too_large"
+            assert str(MAX_MEDIA_REQUEST) in huge.json()["error"]["message"]
+            decide = await raw.post(f"/v1/sessions/{sid}/decide", content=b"x" * (2 << 20))
+            assert decide.status_code == 413  # any other route: the 1 MB one
 
             # chunked: no Content-Length to refuse up front; read bounded, still 413
-            status, body = await _chunked_post(host.url, host.token, sid, 1024 * 1024 + 10)
+            status, body = await _chunked_post(host.url, host.token, sid, over + 10)
             assert status == 413
             assert json.loads(body)["error"]["code"] == "payload_too_large"
 

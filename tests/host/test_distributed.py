@@ -28,6 +28,7 @@ from lodger.errors import HostConflictError, UsageError
 from lodger.host import HookConfig, HostConfig, SqliteHostControl, create_app
 from lodger.host.auth import new_token
 from lodger.host.webhooks import sign
+from lodger.media import WAKE_MEDIA_PREFIX, BinaryContent, DocumentUrl
 from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 from lodger.storage.control import ControlPlane, open_control
@@ -419,3 +420,34 @@ async def test_a_message_a_worker_gives_up_on_reads_failed_with_why(setup: Setup
         assert error["code"] == "script" and "script" in error["message"], message
         row = await host.plane.get_session(session_id=sid)
         assert row is not None and row.status == "error:script"
+
+
+async def test_a_message_with_attachments_is_run_by_a_worker_with_them(setup: Setup) -> None:
+    setup.script([{"text": "a picture"}])
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+    attachments = [
+        BinaryContent(png, "image/png", name="pic.png"),
+        DocumentUrl("https://example.com/spec.pdf"),
+    ]
+    async with distributed_host(setup) as host, host.client() as c:
+        sid = await c.create_session(session_id="d-media")
+        sent = await c.send(sid, "what is it?", key="m1", attachments=attachments)
+        again = await c.send(sid, "what is it?", key="m1", attachments=attachments)
+        assert not again["created"]  # the same wake
+        with pytest.raises(UsageError) as forged:
+            await c.send(sid, WAKE_MEDIA_PREFIX + '{"text": "x", "attachments": []}')
+        assert "may not start with" in forged.value.message
+        with worker(setup):
+            done = await c.wait_message(sid, sent["message"]["id"], within=60)
+        assert done["status"] == "done", done
+        facts = await c.events(sid)
+    started = [f.data["body"] for f in facts if f.kind == "turn_started"]
+    assert [b["input"] for b in started] == ["what is it?"]
+    (picture, link) = started[0]["attachments"]
+    assert (picture["name"], picture["media_type"]) == ("pic.png", "image/png")
+    assert link["url"] == "https://example.com/spec.pdf"
+    storage = Storage.from_url(setup.store)
+    try:
+        assert await storage.artifacts.get(picture["artifact"]["sha256"]) == png
+    finally:
+        await storage.close()

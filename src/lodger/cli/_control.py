@@ -30,7 +30,7 @@ from lodger.cli._common import (
     remember_control,
     state_option,
 )
-from lodger.cli._run import subagent_policy, subagents_option
+from lodger.cli._run import budget_options, budget_overrides, subagent_policy, subagents_option
 from lodger.cli._toolsfile import load_tools_file
 from lodger.errors import ConfigError, UsageError
 from lodger.events import Event
@@ -327,6 +327,7 @@ def schedule(
     "what narrows (deny and ask rules, stricter sandbox limits, fewer steps), since a "
     "sandboxed command of the session may have written that file.",
 )
+@budget_options
 def worker(
     state: str,
     control: str | None,
@@ -345,6 +346,7 @@ def worker(
     approval_expiry: float,
     tree_steps: int | None,
     trust_projects: bool,
+    **budget_flags: Any,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
 
@@ -379,7 +381,7 @@ def worker(
         policy = dataclasses.replace(policy, tree_steps=tree_steps)
     binder = _Binder(
         trust_projects=trust_projects, model_spec=model_spec, tools=extra, subagents=policy,
-        spans=worker_spans(),
+        spans=worker_spans(), budgets=budget_overrides(budget_flags),
     )  # fmt: skip
     config = WorkerConfig(
         concurrency=concurrency,
@@ -408,6 +410,8 @@ class _Binder:
     spans: SpanBuilder | None
     #: how a call that needs approval asks (set once the control plane is open)
     approvals: ControlApprovals | ParkingApprovals | None = None
+    #: ``usage`` and ``budgets`` of ``Overrides`` from the budget flags
+    budgets: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __call__(self, session_id: str, recorded: str | None, workspace: Path) -> Binding:
         project = Project.load(workspace, trusted=self.trust_projects)
@@ -422,6 +426,7 @@ class _Binder:
             subagents=self.subagents,
             approver=approvals.approver(session_id) if approvals else None,
             on_event=_fan_out(observers),
+            **self.budgets,
         )
         if model_spec_for(project, overrides) is None:
             raise ConfigError(

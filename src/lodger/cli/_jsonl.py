@@ -103,6 +103,8 @@ def result_document(result: TurnResult, exit_code: int) -> dict[str, Any]:
             "answer": result.answer,
             "output": output,
             "error": result.error,
+            # the limit a parked turn reached (a budget_reached body), else null
+            "budget": result.budget.model_dump(mode="json") if result.budget else None,
             "usage": {
                 "input_tokens": usage.input_tokens,
                 "output_tokens": usage.output_tokens,

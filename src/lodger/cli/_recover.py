@@ -7,9 +7,9 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from rich.text import Text
@@ -33,6 +33,7 @@ from lodger.cli._next import command_for
 from lodger.cli._render import visible
 from lodger.cli._run import (
     LiveView,
+    budget_options,
     code_mode_option,
     exit_code_for,
     finish_turn,
@@ -45,6 +46,7 @@ from lodger.cli._run import (
 )
 from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
+from lodger.engine.budgets import describe
 from lodger.engine.resume import Decision
 from lodger.errors import (
     ConfigError,
@@ -53,8 +55,7 @@ from lodger.errors import (
     SessionLockedError,
     UsageError,
 )
-from lodger.events import Event
-from lodger.providers.base import ModelSettings, OutputMode
+from lodger.events import BudgetReached, Event, RunEnded
 from lodger.recovery import RecoveryPlan
 from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import compose, model_spec_for
@@ -144,7 +145,17 @@ _ACTIONS = {
 }
 
 
-def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
+def _parked_on(events: Sequence[Event]) -> BudgetReached | None:
+    """The budget the open turn's last run parked on, if that is how it ended."""
+    if len(events) < 2 or not isinstance(events[-2].body, BudgetReached):
+        return None
+    ended = events[-1].body
+    return events[-2].body if isinstance(ended, RunEnded) and ended.status == "parked" else None
+
+
+def _render_plan(
+    plan: RecoveryPlan, workspace: SessionWorkspace, budget: BudgetReached | None = None
+) -> None:
     console = make_console()
     console.soft_wrap = True
     if plan.turn_id is None:
@@ -193,6 +204,8 @@ def _render_plan(plan: RecoveryPlan, workspace: SessionWorkspace) -> None:
                 style="yellow",
             )
         )
+    elif budget is not None:
+        console.print(Text(f"parked: {describe(budget)}", style="yellow"))
     elif workspace.state not in ("missing", "replaced"):
         console.print(
             Text(f"ready: `lodger resume {plan.session_id}` continues the turn", style="green")
@@ -215,18 +228,22 @@ def recover(session_id: str, state: str, as_json: bool) -> None:
       lodger recover SESSION --json | jq '.calls[] | select(.action != "none")'
     """
 
-    async def work(log: EventLog) -> tuple[RecoveryPlan, SessionWorkspace]:
+    async def work(
+        log: EventLog,
+    ) -> tuple[RecoveryPlan, SessionWorkspace, BudgetReached | None]:
         require_log(log, state, session_id)
         sessions = Sessions(Storage(log=log, artifacts=MemoryArtifactStore()))
         folded = await sessions.state(session_id)
         retain_until_exit(sessions)
-        return folded.plan(), await sessions.workspace(folded)
+        budget = _parked_on(folded.events) if folded.open_turn else None
+        return folded.plan(), await sessions.workspace(folded), budget
 
-    plan, workspace = run_with_log(state, work)
+    plan, workspace, budget = run_with_log(state, work)
     if as_json:
-        echo_json({**plan.to_dict(), "workspace": workspace.to_dict()})
+        parked = budget.model_dump(mode="json") if budget else None
+        echo_json({**plan.to_dict(), "workspace": workspace.to_dict(), "budget": parked})
     else:
-        _render_plan(plan, workspace)
+        _render_plan(plan, workspace, budget)
 
 
 @click.command()
@@ -318,6 +335,7 @@ def decide(
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
 @trust_option
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
+@budget_options
 @code_mode_option
 @subagents_option
 @state_option
@@ -334,8 +352,7 @@ def resume(
     code_mode: Language | None,
     subagent_depth: int | None,
     state: str,
-    model_settings: ModelSettings | None,
-    output_mode: OutputMode | None,
+    **budget_flags: Any,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
 
@@ -382,8 +399,7 @@ def resume(
                 max_steps=max_steps,
                 code_mode=code_mode,
                 subagent_depth=subagent_depth,
-                model_settings=model_settings,
-                output_mode=output_mode,
+                budget_flags=budget_flags,
             )
             if model_spec_for(project, overrides) is None:
                 raise ConfigError("no model to resume with", hint="pass --model SPEC")
@@ -404,6 +420,7 @@ def resume(
 
 
 def _report_blocked(exc: ResumeBlockedError) -> None:
+    """What blocks a resume, each blocker on its line, and the commands to take next."""
     click.echo(f"blocked: {exc.message}", err=True)
     for line in exc.blockers:
         click.echo(f"  - {line}", err=True)

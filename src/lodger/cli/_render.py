@@ -26,8 +26,11 @@ from lodger.cli._timeline import (
     Timeline,
     number_runs,
 )
+from lodger.engine.budgets import describe
 from lodger.events import (
     ArtifactStored,
+    Attachment,
+    BudgetReached,
     CallRejected,
     ContextCompacted,
     Event,
@@ -283,6 +286,7 @@ class _TimelineView:
                 (event.turn_id or "?", "magenta"),
                 "  input ",
                 _quoted(body.input, self.limit(_TEXT)),
+                *(f"  + {_attachment(a)}" for a in body.attachments),
             ]
         if isinstance(body, RunStarted):
             parts = [("run ", "bold blue"), (event.run_id or "?", "blue"), f"  model={body.model}"]
@@ -324,6 +328,12 @@ class _TimelineView:
                 usage = body.usage
                 parts.append((f"  tokens in={usage.input_tokens} out={usage.output_tokens}", "dim"))
             return parts
+        if isinstance(body, BudgetReached):
+            return [
+                ("budget reached ", "bold yellow"),
+                (body.budget, "yellow"),
+                "  " + describe(body),
+            ]
         if isinstance(body, ProviderRetried):
             return [
                 ("provider retry", "yellow"),
@@ -559,3 +569,11 @@ def render_sessions(rows: Sequence[SessionSummary]) -> Table:
             Text(visible(row.workspace or "-")),
         )
     return table
+
+
+def _attachment(a: Attachment) -> str:
+    """An attachment as the timeline names it: its media type, and its file or URL."""
+    if a.url is not None:
+        return f"{a.media_type} {a.url}"
+    size = f" {a.artifact.size} bytes" if a.artifact is not None else ""
+    return f"{a.media_type} {a.name or 'attachment'}{size}"

@@ -7,9 +7,9 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -33,6 +33,7 @@ from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
 from lodger.cli._toolsfile import load_tools_file
 from lodger.cli._trust import untrusted_notice
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.permissions import ALWAYS_REASON, Approver
 from lodger.events import (
     CallRejected,
@@ -44,6 +45,7 @@ from lodger.events import (
     ToolDispatched,
     ToolResponded,
 )
+from lodger.media import BinaryContent, UserInput
 from lodger.providers import ScriptedModel
 from lodger.providers.base import Model, ModelSettings, OutputMode
 from lodger.runtime.agent import TurnResult
@@ -220,6 +222,11 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
         console.print(Text(f": {result.error}"), end="")
     console.print()
     state_flag = storage_flags() if flags is None else flags
+    if result.status == "parked":
+        console.print(
+            Text(f"raise it, then: lodger resume {result.session_id}{state_flag}", style="dim"),
+            soft_wrap=True,
+        )
     console.print(
         Text(f"inspect: lodger log show {result.session_id}{state_flag}", style="dim"),
         soft_wrap=True,
@@ -227,7 +234,7 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
 
 
 async def _run_turn(
-    *, binding: Binding, task: str, session: str | None, where: StorageLocation
+    *, binding: Binding, task: UserInput, session: str | None, where: StorageLocation
 ) -> TurnResult:
     try:
         async with Sessions(where.open()) as sessions:
@@ -273,10 +280,14 @@ def project_overrides(
     code_mode: Language | None = None,
     subagent_depth: int | None = None,
     recorded_model: str | None = None,
-    model_settings: ModelSettings | None = None,
-    output_mode: OutputMode | None = None,
+    budget_flags: Mapping[str, Any] | None = None,
 ) -> Overrides:
-    """What ``run`` and ``resume`` set on top of the project: their flags and the view."""
+    """What ``run`` and ``resume`` set on top of the project: their flags and the view.
+    ``budget_flags`` are the flags click gave the command beyond its own parameters: the
+    budget flags and ``model_settings``/``output_mode`` (``lodger.cli._settings``)."""
+    flags = dict(budget_flags or {})
+    model_settings: ModelSettings | None = flags.pop("model_settings", None)
+    output_mode: OutputMode | None = flags.pop("output_mode", None)
     tools: list[Tool] = []
     for path in tools_files:
         tools.extend(load_tools_file(path))
@@ -289,6 +300,7 @@ def project_overrides(
         approve_all=approve_all,
         approver=approver_for(view, interactive=interactive and not approve_all),
         max_steps=max_steps,
+        **budget_overrides(flags),
         code_mode=code_mode,
         subagents=subagent_policy(subagent_depth),
         model_settings=model_settings,
@@ -350,7 +362,69 @@ def run_turn(main: Coroutine[Any, Any, TurnResult], view: TurnWatcher) -> TurnRe
 
 
 def exit_code_for(result: TurnResult) -> int:
-    return {"completed": 0, "cancelled": 130}.get(result.status, 1)
+    # parked on a budget: 3, as a blocked resume (lodger.cli.EXIT_BLOCKED): it waits for
+    # someone to raise a limit
+    return {"completed": 0, "cancelled": 130, "parked": 3}.get(result.status, 1)
+
+
+_USAGE_FLAGS = (
+    "request_limit",
+    "input_tokens_limit",
+    "output_tokens_limit",
+    "total_tokens_limit",
+    "tool_calls_limit",
+)
+_MONEY_FLAGS = ("session_usd", "tree_usd", "daily_usd")
+_MONEY_WORDS = {
+    "session_usd": "the session",
+    "tree_usd": "the subagent tree",
+    "daily_usd": "every session today (UTC)",
+}
+_USAGE_WORDS = dict(
+    zip(
+        _USAGE_FLAGS,
+        ("model requests", "input tokens", "output tokens", "tokens", "tool calls"),
+        strict=True,
+    )
+)
+
+
+def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--request-limit`` ... ``--daily-usd``: the usage limits and money budgets of
+    ``run`` and ``resume`` (over ``[limits]`` and ``[budgets]`` of the project)."""
+    for name in reversed(_MONEY_FLAGS):
+        flag = "--" + name.replace("_", "-")
+        command = click.option(
+            flag,
+            name,
+            type=click.FloatRange(min=0),
+            default=None,
+            metavar="USD",
+            help=f"Park the turn once {_MONEY_WORDS[name]} spent USD (over [budgets] {name}).",
+        )(command)
+    for name in reversed(_USAGE_FLAGS):
+        flag = "--" + name.replace("_", "-")
+        command = click.option(
+            flag,
+            name,
+            type=click.IntRange(min=0),
+            default=None,
+            metavar="N",
+            help=f"Park the turn at N {_USAGE_WORDS[name]} (over [limits] {name}).",
+        )(command)
+    return command
+
+
+def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``Overrides`` fields the budget flags set (none when no flag was given)."""
+    out: dict[str, Any] = {}
+    usage = {k: flags[k] for k in _USAGE_FLAGS if flags.get(k) is not None}
+    if usage:
+        out["usage"] = UsageLimits(**usage)
+    money: dict[str, Any] = {k: str(flags[k]) for k in _MONEY_FLAGS if flags.get(k) is not None}
+    if money:
+        out["budgets"] = Budgets(**money)
+    return out
 
 
 @click.command()
@@ -387,6 +461,15 @@ def exit_code_for(result: TurnResult) -> int:
     help="Bind the @tool functions of a Python file (repeatable).",
 )
 @click.option("--yes", is_flag=True, help="Approve every call that asks for approval.")
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Give the model an image or a document with TASK (png, jpeg, gif, webp, pdf, "
+    "text; repeatable). It is stored with the session and read again on resume.",
+)
 @trust_option
 @click.option(
     "--max-steps",
@@ -395,6 +478,7 @@ def exit_code_for(result: TurnResult) -> int:
     help=f"Stop the turn after N steps (default: [limits] max_steps of {CONFIG_FILE}, "
     f"else {DEFAULT_MAX_STEPS}).",
 )
+@budget_options
 @code_mode_option
 @subagents_option
 @mcp_option
@@ -408,6 +492,7 @@ def run(
     last: bool,
     tools_files: tuple[str, ...],
     yes: bool,
+    attach: tuple[Path, ...],
     trust: bool,
     max_steps: int | None,
     code_mode: Language | None,
@@ -415,8 +500,7 @@ def run(
     mcp_specs: tuple[str, ...],
     state: str,
     as_json: bool,
-    model_settings: ModelSettings | None,
-    output_mode: OutputMode | None,
+    **budget_flags: Any,
 ) -> None:
     """Run one turn of TASK with a model and the workspace tools.
 
@@ -442,12 +526,21 @@ def run(
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
       lodger run "name three colours" --model openai:gpt-4.1 --temperature 0.2 --max-tokens 200
+      lodger run "what does this chart show?" --attach chart.png --model openai:gpt-4.1
+      lodger run "tidy the tests" --model openai:gpt-4.1 --session-usd 0.50 --request-limit 30
+
+    A turn that reaches a usage limit or a budget parks (exit 3): raise it (a flag, or
+    [limits] / [budgets] in lodger.toml) and `lodger resume SESSION --session-usd 5`
+    (say) continues it.
     """
     refuse_empty(
         session, "--session", hint="give a session id or a unique prefix of one, or --last"
     )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
+    turn_input: UserInput = task
+    if attach:  # read before anything runs: a file that cannot go is refused first
+        turn_input = [task, *(BinaryContent.from_path(path) for path in attach)]
     project = load_project(workspace, trust=trust, as_json=as_json)
     console = live_console()
     view: TurnWatcher = JsonlView() if as_json else LiveView(console)
@@ -464,13 +557,18 @@ def run(
             max_steps=max_steps,
             code_mode=code_mode,
             subagent_depth=subagent_depth,
-            model_settings=model_settings,
-            output_mode=output_mode,
+            budget_flags=budget_flags,
         ),
     )
     result = run_turn(
-        _run_turn(binding=binding, task=task, session=session, where=location()), view
+        _run_turn(binding=binding, task=turn_input, session=session, where=location()), view
     )
+    _finish(view, console, result)
+
+
+def _finish(view: TurnWatcher, console: Console, result: TurnResult) -> NoReturn:
+    """Show how the turn ended (a JSON result line, or the terminal's summary) and exit
+    with its code."""
     code = exit_code_for(result)
     if isinstance(view, JsonlView):
         view.finish(result, code)

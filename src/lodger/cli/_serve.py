@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import click
 
 from lodger.cli._common import Seconds, state_option, store_url
-from lodger.cli._run import code_mode_option
+from lodger.cli._run import budget_options, budget_overrides, code_mode_option
 from lodger.cli._toolsfile import load_tools_file
 from lodger.substrates.codemode import Language
 from lodger.tools.spec import Tool
@@ -80,6 +81,7 @@ __all__ = ["COMMANDS", "serve"]
     "rules, sandbox network); without it only what narrows applies.",
 )
 @code_mode_option
+@budget_options
 @state_option
 def serve(
     host: str,
@@ -96,6 +98,7 @@ def serve(
     trust_projects: bool,
     code_mode: Language | None,
     state: str,
+    **budget_flags: Any,
 ) -> None:
     """Serve sessions over HTTP: create, send, stream live facts, approve, recover.
 
@@ -123,6 +126,7 @@ def serve(
         code_mode=code_mode,
         max_steps=max_steps,
         trust_projects=trust_projects,
+        **budget_overrides(budget_flags),
     )
     hooks = load_hooks(hooks_file) if hooks_file else {}
 

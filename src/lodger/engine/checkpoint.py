@@ -334,7 +334,7 @@ def _restore(
     state.call_ids = set(names)
     projected = payload["projector"]
     state.projector = (
-        Projector(history)
+        Projector(history, media=state.media)
         if projected is None
         else Projector.restore(
             history,
@@ -343,6 +343,7 @@ def _restore(
             closed=messages,
             chunk=int(chunk),  # type: ignore[call-overload]
             session_id=session_id,
+            media=state.media,
         )
     )
     state.checkpoint_offset = n

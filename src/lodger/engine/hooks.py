@@ -10,7 +10,10 @@ previous one's rewrite, before permission, resources and T1.
 An after-call hook sees the outcome of a dispatched call before T2 and may return new
 content for it; what it returns is what T2 records and what the model reads.
 
-Hooks may be sync or async. A hook that raises fails its call (never the turn).
+Hooks may be sync or async. A hook that raises is a bug in your code, not something the
+model can fix: the call it raised on is rejected (before-call; nothing ran) or its result
+is withheld (after-call; the tool ran and T2 says so), the step's other calls settle, and
+the turn ends ``failed`` with ``lodger.errors.HookError`` raised, naming the hook.
 
 A recovery re-dispatch (an ``idempotent`` call run again) takes the same stages in the
 same order, hooks included: the before-call hooks see the arguments the interrupted T1

@@ -20,9 +20,11 @@ from typing import Any, Literal, cast
 from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
+from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
+from lodger.engine.media import load_media, unsupported_media
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
@@ -33,6 +35,7 @@ from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
+    BudgetReached,
     ContextCompacted,
     Event,
     ModelOutput,
@@ -51,6 +54,7 @@ from lodger.events import (
     WorkspaceSnapshot,
 )
 from lodger.ids import IdFactory
+from lodger.media import UserInput, split_input, store_media
 from lodger.providers.base import (
     Message,
     Model,
@@ -71,8 +75,12 @@ from lodger.tools.workspace import workspace_id
 __all__ = ["Engine", "RunUsage", "TurnResult", "TurnStatus"]
 
 #: ``waiting``: the run ended with calls suspended (their work runs elsewhere); the turn
-#: stays open and a resume settles them when the session is woken
-TurnStatus = Literal["completed", "failed", "cancelled", "step_limit", "abandoned", "waiting"]
+#: stays open and a resume settles them when the session is woken. ``parked``: a usage
+#: limit or budget was reached (``TurnResult.budget``); the turn stays open, and a resume
+#: with the limit raised continues it
+TurnStatus = Literal[
+    "completed", "failed", "cancelled", "step_limit", "abandoned", "waiting", "parked"
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,7 +129,8 @@ class TurnResult:
     (the answer itself without one). ``usage`` counts tokens per model call and in total;
     ``commits`` is the cost of durability: how many atomic, synced appends this call made;
     ``messages`` is the conversation as the model would see it next (an immutable view
-    of the projection: taking it copies nothing, however long the session).
+    of the projection: taking it copies nothing, however long the session). ``budget``
+    is the limit a ``parked`` turn reached; ``error`` then says how to raise it.
     """
 
     session_id: str
@@ -134,6 +143,7 @@ class TurnResult:
     usage: RunUsage = dataclasses.field(default_factory=RunUsage)
     commits: int = 0
     messages: Sequence[Message] = ()
+    budget: BudgetReached | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +186,8 @@ class Engine:
     deps: Any = None
     #: takes the workspace snapshot each turn's end records (None: no snapshots)
     snapshotter: WorkspaceSnapshotter | None = None
+    #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
+    spend: SpendReader | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -215,8 +227,11 @@ class Engine:
 
     # ------------------------------------------------------------------ turns
 
-    async def start_turn(self, journal: Journal, task: str) -> TurnResult:
-        """A new turn of ``task``; an interrupted turn is resumed (never retried) first."""
+    async def start_turn(self, journal: Journal, task: UserInput) -> TurnResult:
+        """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
+        interrupted turn is resumed (never retried) first. Media that break the limits
+        raise ``UsageError`` before anything is written."""
+        text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
             # Committed with the turn's first facts: a session never exists without
@@ -236,8 +251,12 @@ class Engine:
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
+        # the bytes are stored before the fact that lists them
+        attachments = await store_media(items, self.artifacts, state.media)
         await journal.record(
-            journal.draft(TurnStarted(input=task), Envelope(turn_id=turn_id)),
+            journal.draft(
+                TurnStarted(input=text, attachments=attachments), Envelope(turn_id=turn_id)
+            ),
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
@@ -250,6 +269,9 @@ class Engine:
         ``relocate``, in this engine's workspace once its files match the log. The run
         asks with the settings the turn's last step recorded (the agent's when it has no
         step yet), with this run's ``run_settings`` over them."""
+        still = await self._still_parked(journal)
+        if still is not None:
+            return still  # nothing written: the next run would park before any request
         ctx, pending = await resume_run(self, journal, relocate=relocate)
         if pending:
             return await self.wait(ctx, pending)
@@ -278,6 +300,67 @@ class Engine:
             messages=state.projector.project().messages,
         )
 
+    async def park(self, ctx: RunContext, reached: BudgetReached) -> TurnResult:
+        """End the run ``parked`` on a reached limit or budget: a ``budget_reached`` fact
+        and ``run_ended`` parked, atomically; the turn stays open for a resume."""
+        error = describe(reached)
+        journal = ctx.journal
+        await journal.record(
+            journal.draft(reached, ctx.envelope),
+            journal.draft(RunEnded(status="parked", error=error), ctx.envelope),
+        )
+        state = journal.state
+        return TurnResult(
+            session_id=ctx.session_id,
+            turn_id=ctx.turn_id,
+            run_id=ctx.run_id,
+            status="parked",
+            error=error,
+            usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, state.open_turn_offset)),
+            commits=journal.commits,
+            messages=state.projector.project().messages,
+            budget=reached,
+        )
+
+    async def _still_parked(self, journal: Journal) -> TurnResult | None:
+        """A turn whose last run parked on a budget that is still reached: the result,
+        without claiming a run (a worker looking again every minute writes nothing)."""
+        state = journal.state
+        events = state.events
+        turn_id = state.open_turn
+        if turn_id is None or state.run_open or len(events) < 2:
+            return None
+        reached, ended = events[-2].body, events[-1].body
+        if not (isinstance(ended, RunEnded) and ended.status == "parked"):
+            return None
+        if not isinstance(reached, BudgetReached):
+            return None
+        now = await self._budget_reached(state)
+        if now is None:
+            return None
+        return TurnResult(
+            session_id=journal.session_id,
+            turn_id=turn_id,
+            run_id=state.last_run_id or "",
+            status="parked",
+            error=describe(now),
+            usage=RunUsage(requests=_turn_usage(events, turn_id, state.open_turn_offset)),
+            commits=journal.commits,
+            messages=state.projector.project().messages,
+            budget=now,
+        )
+
+    async def _budget_reached(self, state: SessionState) -> BudgetReached | None:
+        limits = self.limits
+        return await check_before_request(
+            state,
+            usage=limits.usage,
+            budgets=limits.budgets,
+            spend=self.spend,
+            now_us=self.services.clock.now_us(),
+            model=self.model.spec,
+        )
+
     async def drive(self, ctx: RunContext, *, settings: ModelSettings | None = None) -> TurnResult:
         """Run steps of an open turn until it settles, asking with ``settings`` (the
         agent's merged with the run's when None)."""
@@ -299,6 +382,9 @@ class Engine:
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
+                reached = await self._budget_reached(state)
+                if reached is not None:
+                    return await self.park(ctx, reached)
                 visible = self.visible_tools(state.turn_activated)
                 step_id = self.services.ids.new_id()
                 env = run_env.at_step(step_id)
@@ -313,35 +399,31 @@ class Engine:
                         env,
                     )
                 )
+                await load_media(state, self.artifacts)
                 request = await self._request(journal, visible, env, settings, mode)
+                refused = unsupported_media(self.model, state)
+                if refused is not None:  # before anything is sent
+                    return await self._end(ctx, "failed", error=refused)
                 response = await self._complete(journal, request, env)
                 response = _answer_call(_storable(response), request)
                 calls = calls_seen.unique(response.calls, self.services.ids)
-                # Deferred: it commits atomically with the first fact of its batch (the
-                # first T1 or rejection) or with the end of the turn, saving one sync.
-                journal.defer(
-                    journal.draft(
-                        model_output(
-                            text=response.text,
-                            reasoning=response.reasoning,
-                            calls=calls,
-                            usage=response.usage,
-                            finish_reason=response.finish_reason,
-                            provider_state=response.provider_state,
-                        ),
-                        env.with_origin("provider"),
-                    )
-                )
+                _defer_output(journal, response, calls, env)
                 if not calls:
                     settled = await self._answer(ctx, response.text, env)
                     if settled is not None:
                         return settled
                     continue  # the answer failed the output type: the model tries again
+                reached = check_before_calls(state, usage=self.limits.usage, proposed=len(calls))
+                if reached is not None:
+                    return await self.park(ctx, reached)  # commits the proposal with it
                 scope = StepScope(step_id=step_id, visible=visible.names)
                 suspended: list[str] = []
                 for batch in self.registry.batches(calls):
                     outcomes = await pipeline.run_batch(batch, scope)
                     suspended += [o.call_id for o in outcomes if o.suspended]
+                    if pipeline.hook_failure is not None:  # the developer's, not the model's
+                        await self._end(ctx, "failed", error=pipeline.hook_failure.message)
+                        raise pipeline.hook_failure
                 if suspended:
                     return await self.wait(ctx, suspended)
         except ProviderError as exc:
@@ -519,6 +601,26 @@ def _answer_call(response: ModelResponse, request: ModelRequest) -> ModelRespons
         # an answer beside other calls waits for a later step, as adapters leave it
         return response if calls == response.calls else dataclasses.replace(response, calls=calls)
     return dataclasses.replace(response, text=answer, calls=calls)
+
+
+def _defer_output(
+    journal: Journal, response: ModelResponse, calls: tuple[ProposedCall, ...], env: Envelope
+) -> None:
+    """The step's ``model_output``, deferred: it commits atomically with the first fact of
+    its batch (the first T1 or rejection) or with the end of the turn, saving one sync."""
+    journal.defer(
+        journal.draft(
+            model_output(
+                text=response.text,
+                reasoning=response.reasoning,
+                calls=calls,
+                usage=response.usage,
+                finish_reason=response.finish_reason,
+                provider_state=response.provider_state,
+            ),
+            env.with_origin("provider"),
+        )
+    )
 
 
 def _this_turn(events: Sequence[Event], turn_id: str) -> list[Event]:

@@ -61,10 +61,12 @@ from lodger.engine.hooks import (
     call_after,
     call_before,
 )
+from lodger.engine.media import store_tool_media
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
-from lodger.errors import AuthorityMisuseError, CommitFailedError, ToolCallError
+from lodger.errors import AuthorityMisuseError, CommitFailedError, HookError, ToolCallError
 from lodger.events import (
+    ArtifactRef,
     CallRejected,
     FileExpectation,
     Origin,
@@ -274,6 +276,11 @@ class CallPipeline:
         #: which executor runs each tool's calls (``services.executor``: the in-process one)
         self.executors = Executors(in_process=services.executor)
         self.default_timeout = limits.default_timeout
+        #: the first hook of the user's that raised in this run: the calls it touched
+        #: settle (rejected, or run with their result withheld), then the loop fails the
+        #: turn with it (``HookError``)
+        self.hook_failure: HookError | None = None
+        self.media_limits = limits.media
 
     # ------------------------------------------------------------ batch
 
@@ -444,10 +451,9 @@ class CallPipeline:
         for hook in self.before_call:
             try:
                 verdict = await call_before(hook, self._info(t, arguments, call_id, env))
-            except Exception as exc:  # noqa: BLE001 - a broken hook fails the call, not the turn
-                raise Rejection(
-                    "vetoed", f"a before-call hook failed on {t.name} ({type(exc).__name__}: {exc})"
-                ) from None
+            except Exception as exc:  # noqa: BLE001 - the developer's failure: the turn fails
+                failure = self._hook_failed(hook, "before-call", t, call_id, exc)
+                raise Rejection("vetoed", failure.message) from None
             if isinstance(verdict, Veto):
                 raise Rejection("vetoed", f"{t.name} was vetoed: {verdict.reason}")
             if isinstance(verdict, Rewrite):
@@ -476,13 +482,33 @@ class CallPipeline:
             try:
                 rewritten = await call_after(hook, info, CallResult(status=status, content=content))
             except Exception as exc:  # noqa: BLE001 - the call ran; say so and what failed
+                failure = self._hook_failed(hook, "after-call", t, tctx.call_id, exc)
                 return "error", (
-                    f"{t.name} ran ({status}), then an after-call hook failed "
-                    f"({type(exc).__name__}: {exc}); its result is not shown"
+                    f"{t.name} ran ({status}), then {failure.message}; its result is withheld"
                 )
             if rewritten is not None:
                 content = rewritten
         return status, content
+
+    def _hook_failed(
+        self, hook: object, stage: str, t: Tool, call_id: str, exc: Exception
+    ) -> HookError:
+        """Keep the first hook failure of the run (the turn fails on it once its calls
+        have settled) and say what failed."""
+        name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
+        module = getattr(hook, "__module__", None)
+        where = f"{module}.{name}" if module else name
+        failure = HookError(
+            f"the {stage} hook {where} raised on {t.name} (call {call_id}): "
+            f"{type(exc).__name__}: {exc}",
+            hook=where,
+            tool=t.name,
+            call_id=call_id,
+        )
+        failure.__cause__ = exc
+        if self.hook_failure is None:
+            self.hook_failure = failure
+        return failure
 
     async def _run_prepared(
         self,
@@ -635,6 +661,17 @@ class CallPipeline:
             status, content = execution.status, execution.content
             if self.after_call:
                 status, content = await self._after(t, arguments, tctx, env, status, content)
+        media: tuple[ArtifactRef, ...] = ()
+        if execution is not None and execution.parts:
+            # stored before T2, which lists them; the projection reads them from the state
+            media, note = await store_tool_media(
+                execution.parts,
+                self.bounder.artifacts,
+                journal.state.media,
+                tool=t.name,
+                limits=self.media_limits,
+            )
+            content = f"{content}\n{note}" if note else content
         bounded = await self.bounder.bound(content)
         # T2: only after this commit may the outcome reach the model.
         await journal.fact(
@@ -643,7 +680,7 @@ class CallPipeline:
                 status=status,
                 content=bounded.content,
                 truncated=bounded.truncated,
-                artifacts=bounded.artifacts,
+                artifacts=bounded.artifacts + media,
             ),
             env,
         )

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -56,6 +58,12 @@ class Limits:
     default_timeout: float = DEFAULT_TIMEOUT
     #: times a final answer that fails the output type goes back to the model
     output_retries: int = 2
+    #: requests, tokens and tool calls per turn; past one the turn parks (lodger.engine.budgets)
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    #: money per session, subagent tree and UTC day; past one the turn parks
+    budgets: Budgets = field(default_factory=Budgets)
+    #: the images and documents a turn's input and a tool's result may carry
+    media: MediaLimits = field(default_factory=MediaLimits)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -112,7 +112,10 @@ class SessionState:
         # so a fold a service drops is freed at once, without waiting for a full collection
         folded = self.events
         self._calls = CallClassifier(session_id, lambda offset: folded.digest_at(offset))
-        self.projector = Projector(self.events)
+        #: the bytes of the images and documents in the model's context, by sha256 (read
+        #: from the artifact store before a projection needs them: ``lodger.engine.media``)
+        self.media: dict[str, bytes] = {}
+        self.projector = Projector(self.events, media=self.media)
         self.feed(events)
 
     @property
@@ -127,7 +130,7 @@ class SessionState:
         for e in events:
             if isinstance(e.body, ModelOutput):
                 self.call_ids.update(c.call_id for c in e.body.calls)
-        self.projector = Projector(self.events, prefix=self.inherited)
+        self.projector = Projector(self.events, prefix=self.inherited, media=self.media)
 
     @property
     def head(self) -> Prefix:

@@ -28,7 +28,7 @@ from lodger.host.auth import Authenticator
 from lodger.host.errors import ErrorBody, error_body, status_for
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
-from lodger.host.limits import BodyLimit
+from lodger.host.limits import BodyLimit, body_limit
 from lodger.host.metrics import HostMetrics
 from lodger.host.routes import ROUTERS, HostParts
 from lodger.host.webhooks import HookConfig
@@ -39,8 +39,6 @@ from lodger.storage.control.interface import ControlPlane
 __all__ = ["API_VERSION", "create_app"]
 
 API_VERSION = "1"
-#: the largest request body the host reads (a declared Content-Length over it is refused)
-MAX_REQUEST = 1024 * 1024
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {
@@ -113,7 +111,7 @@ def create_app(
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(StarletteHTTPException)(_http_error)
     # a body without a Content-Length is read here, bounded, before any route sees it
-    app.add_middleware(BodyLimit, limit=MAX_REQUEST)
+    app.add_middleware(BodyLimit, limit_for=body_limit)
     app.middleware("http")(_counting(metrics))  # outermost: it sees every answer
     for router in ROUTERS:
         app.include_router(router)
@@ -221,13 +219,14 @@ def _allowed(request: Request) -> str:
 
 def _counting(metrics: HostMetrics) -> Callable[[Request, Any], Awaitable[Response]]:
     """The middleware that counts every request by its route's path, and refuses a
-    declared Content-Length over ``MAX_REQUEST`` before anything is read."""
+    declared Content-Length over its ``body_limit`` before anything is read."""
 
     async def count(request: Request, call_next: Any) -> Response:
         length = request.headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > MAX_REQUEST:
+        limit = body_limit(request.method, request.url.path)
+        if not length.isdigit() or int(length) > limit:
             error = UsageError(
-                f"a request body may hold at most {MAX_REQUEST} bytes",
+                f"a request body may hold at most {limit} bytes",
                 hint="send large inputs as several messages",
                 code="payload_too_large",
             )

@@ -36,6 +36,7 @@ from typing import cast
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
@@ -151,16 +152,29 @@ class ControlPlaneHub(Hub):
         key: str,
         text: str,
         kind: MessageKind = "message",
+        media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
         if settings is not None:
-            # a wake carries only the text to the worker that runs it
+            # a wake carries only the text (and media) to the worker that runs it
             raise UsageError(
                 "a distributed host does not take model_settings per message yet",
                 hint="set [model_settings] in the project's lodger.toml (workers compose it)",
                 code="model_settings",
+                session_id=session_id,
+            )
+        if text.startswith(WAKE_MEDIA_PREFIX):
+            # the line by which a wake says it carries media is the host's own
+            raise UsageError(
+                f"a message may not start with {WAKE_MEDIA_PREFIX!r}",
+                hint="send images and documents as attachments",
+                code="usage",
+                session_id=session_id,
             )
         await self.require(session_id)
+        if media:  # stored where the workers read them, before the wake names them
+            attachments = await store_media(media, self.sessions.storage.artifacts, {})
+            text = wake_message(text, attachments)
         if await self.plane.get_session(session_id=session_id) is None:
             # bound here only (a webhook's session): tell the workers its model
             spec = await self.control.session_model(session_id)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
@@ -41,6 +42,14 @@ from lodger.errors import (
 )
 from lodger.events import Event, TurnStarted
 from lodger.host.feed import Feeds
+from lodger.media import (
+    MediaItem,
+    UserInput,
+    attached_input,
+    media_message,
+    parse_media_message,
+    store_media,
+)
 from lodger.providers.base import ModelSettings
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
@@ -77,6 +86,9 @@ class HostConfig:
     workspaces: Path | None = None
     code_mode: Language | None = None
     max_steps: int = 50
+    #: usage limits and money budgets of every session (over its lodger.toml's)
+    usage: UsageLimits | None = None
+    budgets: Budgets | None = None
     #: apply the whole lodger.toml found in a session's workspace (its MCP servers,
     #: allow rules, sandbox network); otherwise only what narrows (lodger.runtime.project)
     trust_projects: bool = False
@@ -230,11 +242,17 @@ class Hub:
         key: str,
         text: str,
         kind: MessageKind = "message",
+        media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
-        """Queue ``text`` (once per ``key``) and wake the session's runner; its turn asks
-        the model with ``settings`` over the project's."""
+        """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
+        (checked by the caller) are stored as artifacts first; the queued message names
+        them, so the turn runs with them whenever it runs; it asks the model with
+        ``settings`` over the project's."""
         await self.require(session_id)
+        if media:
+            attachments = await store_media(media, self.sessions.storage.artifacts, {})
+            text, kind = media_message(text, attachments), "media"
         message, created = await self.control.submit(
             session_id,
             key=key,
@@ -281,7 +299,8 @@ class Hub:
                     if message.kind == "resume":
                         result = await self.sessions.resume(sid, binding=binding)
                     else:
-                        result = await self.sessions.run(message.text, binding=binding, session=sid)
+                        task = await self._input(message)
+                        result = await self.sessions.run(task, binding=binding, session=sid)
                     break
                 except SessionLockedError as exc:
                     # another writer holds the session for a moment (a decide or abandon
@@ -309,6 +328,15 @@ class Hub:
         self.turns_run += 1
         await self.control.finish_message(message.id, status="done", result=_summary(result))
 
+    async def _input(self, message: Message) -> UserInput:
+        """A queued message's turn input (a ``media`` message's bytes from the artifacts)."""
+        if message.kind != "media":
+            return message.text
+        text, attachments = parse_media_message(message.text)
+        return await attached_input(
+            text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
+        )
+
     async def binding(self, session_id: str, *, settings: ModelSettings | None = None) -> Binding:
         spec = await self.control.session_model(session_id)
         project = Project.none()
@@ -331,6 +359,8 @@ class Hub:
                 tools=self.config.tools,
                 approver=self._approver(session_id),
                 max_steps=self.config.max_steps,
+                usage=self.config.usage,
+                budgets=self.config.budgets,
                 on_event=self._observer(session_id),
                 code_mode=self.config.code_mode,
                 model_settings=settings,

@@ -17,7 +17,21 @@ from typing import Any
 from lodger.errors import UsageError
 from lodger.host.errors import error_body
 
-__all__ = ["BodyLimit"]
+__all__ = ["MAX_MEDIA_REQUEST", "MAX_REQUEST", "BodyLimit", "body_limit"]
+
+#: the largest request body the host reads (a declared Content-Length over it is refused)
+MAX_REQUEST = 1024 * 1024
+#: a session's message, which may carry attachments in base64 (about 24 MB of media: more
+#: goes through the library or the command line, which read files without a body limit)
+MAX_MEDIA_REQUEST = 32 * 1024 * 1024
+
+
+def body_limit(method: str, path: str) -> int:
+    """The largest body of a request: only a session's messages may carry media."""
+    if method == "POST" and path.startswith("/v1/sessions/") and path.endswith("/messages"):
+        return MAX_MEDIA_REQUEST
+    return MAX_REQUEST
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -27,14 +41,17 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    def __init__(self, app: App, *, limit: int) -> None:
+    """Bounds bodies without a Content-Length by ``limit_for(method, path)``."""
+
+    def __init__(self, app: App, *, limit_for: Callable[[str, str], int] = body_limit) -> None:
         self.app = app
-        self.limit = limit
+        self.limit_for = limit_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or _declares_length(scope):
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope.get("method", ""), scope.get("path", ""))
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -44,8 +61,8 @@ class BodyLimit:
                 return
             chunk = bytes(message.get("body", b""))
             size += len(chunk)
-            if size > self.limit:
-                await _refuse(send, self.limit)
+            if size > limit:
+                await _refuse(send, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -169,6 +169,9 @@ class ScriptedModel:
     session's turns need different scripts; ``ScriptedModel.from_file("script.json")``
     reads a JSON script (a list of steps, or ``{"turns": [[...], [...]]}``)."""
 
+    #: takes images and documents (it reads none of them)
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
+
     def __init__(
         self,
         steps: Sequence[Any] | None = None,
@@ -246,6 +249,9 @@ class FunctionModel:
     The function returns a ``ModelResponse`` (``ModelResponse(calls=(tool_call("add",
     a=1, b=2),))``) or a plain ``str``, the final answer.
     """
+
+    #: the function is given every part, images and documents alike
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
 
     def __init__(self, fn: ModelFunction, *, name: str = "function") -> None:
         self._fn = fn

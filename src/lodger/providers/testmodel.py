@@ -34,6 +34,8 @@ class TestModel:
     """Calls every tool once with schema-valid arguments, then answers."""
 
     __test__ = False  # not a pytest test class
+    #: takes images and documents (it reads none of them)
+    media_kinds: frozenset[str] = frozenset({"image", "document"})
 
     def __init__(
         self,

@@ -33,10 +33,12 @@ from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory
+from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import close_after_failure
+from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
@@ -100,7 +102,8 @@ class Agent:
     the model's own preference).
 
     The rest comes in groups (``lodger.engine.settings``), each passed whole to the
-    engine: ``limits`` (steps, context budget, call timeout, output retries),
+    engine: ``limits`` (steps, context budget, call timeout, output retries, usage
+    limits and money budgets: a turn that reaches one parks, see ``lodger.engine.budgets``),
     ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
     approver) and ``services`` (clock and ids, authorities, executor, shared folds).
     Nothing here is global: clocks and ids are injected for tests.
@@ -153,6 +156,8 @@ class Agent:
 
             self.registry.bind(delegate_tool(self, subagents))
         self.workspace = Path(workspace).resolve() if workspace is not None else None
+        if limits is not None and limits.budgets.any:
+            limits.budgets.prices.require(model.spec)  # a model with no price: say so now
         hidden = storage.hidden_paths()
         if self.workspace is not None:
             _watch_workspace(self.registry, self.workspace, hidden)
@@ -173,6 +178,7 @@ class Agent:
             output_mode=_check_mode(output_mode),
             settings=check_settings(model_settings or ModelSettings()),
             deps=deps,
+            spend=LogSpend.for_log(storage.log),
         )
         # The verified fold of each session this agent has open, kept between turns
         # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
@@ -268,7 +274,7 @@ class Agent:
 
     def run_sync(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -333,7 +339,7 @@ class Agent:
 
     def stream(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -413,7 +419,7 @@ class Agent:
 
     async def run(
         self,
-        task: str,
+        task: UserInput,
         *,
         session: str | None = None,
         deps: Any = _UNSET,
@@ -424,6 +430,9 @@ class Agent:
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
+        ``task`` is text, or a list of text and media (``BinaryContent``, ``ImageUrl``,
+        ``DocumentUrl``; see ``lodger.media``): the texts are the input, the media are
+        stored as artifacts and listed in the turn's ``turn_started`` fact.
         ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
         ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
         ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
@@ -440,7 +449,7 @@ class Agent:
         )
         return await self._run(engine, task, session)
 
-    async def _run(self, engine: Engine, task: str, session: str | None) -> TurnResult:
+    async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
         async with self.open_session(session_id) as (writer, state):
             result = await engine.start_turn(engine.journal(writer, state), task)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.prices import DEFAULT_PRICES
 from lodger.errors import ConfigError
 from lodger.events import Event
 from lodger.providers import make_model
@@ -71,6 +73,11 @@ class Overrides:
     approve_all: bool = False
     approver: Approver | None = None
     max_steps: int | None = None
+    #: usage limits per turn; a field set here wins over the project's ``[limits]``
+    usage: UsageLimits | None = None
+    #: money budgets; an amount set here wins over the project's ``[budgets]``, and
+    #: the project's prices are added to these budgets' price table
+    budgets: Budgets | None = None
     code_mode: Language | None = None
     subagents: SubagentPolicy | None = None
     #: model settings over the project's ``[model_settings]``, field by field
@@ -103,6 +110,8 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         permissions=PermissionPolicy(list(project.rules), approve_all=overrides.approve_all),
         approver=overrides.approver,
         max_steps=_max_steps(project, overrides),
+        usage=_usage(project, overrides),
+        budgets=_budgets(project, overrides),
         on_event=overrides.on_event,
         on_text=overrides.on_text,
         code_mode=overrides.code_mode,
@@ -138,6 +147,31 @@ def _model(project: Project, overrides: Overrides) -> Model:
             f"{CONFIG_FILE}; `lodger demo` runs offline",
         )
     return make_model(spec)
+
+
+def _usage(project: Project, overrides: Overrides) -> UsageLimits:
+    given = overrides.usage
+    if given is None:
+        return project.usage
+    if not project.trusted:
+        return given.lowered(project.usage)  # an untrusted file may only lower them
+    chosen = {f.name: getattr(given, f.name) for f in fields(given)}
+    kept = {k: v for k, v in chosen.items() if v is not None}
+    return replace(project.usage, **kept)
+
+
+def _budgets(project: Project, overrides: Overrides) -> Budgets:
+    given = overrides.budgets
+    if given is None:
+        return project.budgets
+    # the project's own prices on top of the given table (an untrusted file has none)
+    own = {k: v for k, v in project.budgets.prices.prices.items() if DEFAULT_PRICES.get(k) != v}
+    priced = replace(given, prices=given.prices.with_prices(own))
+    if not project.trusted:
+        return priced.lowered(project.budgets)
+    amounts = ("session_usd", "tree_usd", "daily_usd")
+    kept = {n: getattr(project.budgets, n) for n in amounts if getattr(given, n) is None}
+    return replace(priced, **kept)
 
 
 def _max_steps(project: Project, overrides: Overrides) -> int:

@@ -48,6 +48,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.prices import ModelPrice, PriceTable
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
@@ -56,8 +58,10 @@ from lodger.tools.spec import Tool
 
 __all__ = [
     "CONFIG_FILE",
+    "BudgetsConfig",
     "LimitsConfig",
     "PermissionsConfig",
+    "PriceConfig",
     "ProjectConfig",
     "load_catalog",
     "load_mcp_servers",
@@ -179,10 +183,58 @@ class McpConfig(BaseModel):
 
 
 class LimitsConfig(BaseModel):
-    """``[limits]``: bounds on one turn."""
+    """``[limits]``: bounds on one turn (the usage limits: ``lodger.engine.budgets``)."""
 
     model_config = _STRICT
     max_steps: int | None = None
+    request_limit: int | None = None
+    input_tokens_limit: int | None = None
+    output_tokens_limit: int | None = None
+    total_tokens_limit: int | None = None
+    tool_calls_limit: int | None = None
+
+    def usage(self) -> UsageLimits:
+        return UsageLimits(
+            request_limit=self.request_limit,
+            input_tokens_limit=self.input_tokens_limit,
+            output_tokens_limit=self.output_tokens_limit,
+            total_tokens_limit=self.total_tokens_limit,
+            tool_calls_limit=self.tool_calls_limit,
+        )
+
+
+class PriceConfig(BaseModel):
+    """``[budgets.prices."SPEC"]``: USD per million tokens."""
+
+    model_config = _STRICT
+    input: float
+    cached_input: float | None = None
+    output: float
+    cache_write: float | None = None
+
+    def price(self) -> ModelPrice:
+        cached = self.input if self.cached_input is None else self.cached_input
+        return ModelPrice.of(self.input, cached, self.output, self.cache_write)
+
+
+class BudgetsConfig(BaseModel):
+    """``[budgets]``: money budgets in USD, and prices added to the default table."""
+
+    model_config = _STRICT
+    session_usd: float | None = None
+    tree_usd: float | None = None
+    daily_usd: float | None = None
+    prices: dict[str, PriceConfig] = {}
+
+    def budgets(self, prices: Mapping[str, ModelPrice] | None = None) -> Budgets:
+        """The budgets, priced with the defaults plus ``prices`` (None: this table's)."""
+        own = {spec: p.price() for spec, p in self.prices.items()} if prices is None else prices
+        return Budgets(
+            session_usd=self.session_usd,
+            tree_usd=self.tree_usd,
+            daily_usd=self.daily_usd,
+            prices=PriceTable.defaults().with_prices(own),
+        )
 
 
 class ProjectConfig(BaseModel):
@@ -199,6 +251,7 @@ class ProjectConfig(BaseModel):
     model_settings: dict[str, Any] | None = None
     #: how the output schema travels: ``native``, ``tool`` or ``prompted``
     output_mode: Literal["native", "tool", "prompted"] | None = None
+    budgets: BudgetsConfig = BudgetsConfig()
     # checked key by key by ``load_sandbox_policy`` (``lodger.substrates.sandbox.policy``)
     sandbox: dict[str, Any] | None = None
 
@@ -249,12 +302,23 @@ def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
             raise ConfigError(
                 f"unknown key {where!r} in {path}",
                 hint="known keys: model, output_mode, [model_settings], [permissions] "
-                "allow/ask/deny, [sandbox], [mcp.servers.NAME], [limits] max_steps",
+                "allow/ask/deny, [sandbox], "
+                "[mcp.servers.NAME], [limits] max_steps/request_limit/input_tokens_limit/"
+                "output_tokens_limit/total_tokens_limit/tool_calls_limit, [budgets] "
+                'session_usd/tree_usd/daily_usd, [budgets.prices."SPEC"] '
+                "input/cached_input/output/cache_write",
             ) from None
         raise ConfigError(f"{where} in {path}: {error['msg']}") from None
     steps = config.limits.max_steps
     if steps is not None and steps < 1:
         raise ConfigError(f"limits.max_steps in {path} must be at least 1, not {steps}")
+    try:  # the same checks as the library's (whole numbers and amounts >= 0, prices)
+        config.limits.usage()
+        config.budgets.budgets()
+    except ConfigError as exc:
+        raise ConfigError(
+            f"[limits] or [budgets] in {path}: {exc.message}", hint=exc.hint, code=exc.code
+        ) from None
     return data, config
 
 

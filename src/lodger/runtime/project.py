@@ -13,6 +13,9 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     command = "mcp-server-git"
     [limits]
     max_steps = 30
+    request_limit = 40              # usage limits per turn (lodger.engine.budgets)
+    [budgets]                       # money: a reached budget parks the turn
+    session_usd = 2.0
     [model_settings]                # lodger.engine.modelsettings
     temperature = 0.2
 
@@ -21,20 +24,21 @@ A project is *trusted* or not. A trusted one applies the whole file: the user sa
 ``--trust-projects``). An untrusted one (a new or changed file, or a workspace restored
 from storage on a worker or a host, whose files a sandboxed command may have written)
 applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
-approval), a lower step limit, a lower ``max_tokens`` (its other model settings and
-``output_mode`` are ignored: ``extra`` reaches the provider's request body as is). It
-starts no MCP server, adds no allow rule, opens no network, passes no variable and names
-no model; ``ignored`` says what was left out, so
-the caller can say so in one line.
+approval), a lower step limit, lower usage limits and money budgets, a lower
+``max_tokens`` (its other model settings and ``output_mode`` are ignored: ``extra`` reaches
+the provider's request body as is). It starts no MCP server, adds no allow rule, opens no
+network, passes no variable, names no model and sets no price; ``ignored`` says what was
+left out, so the caller can say so in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Rule
 from lodger.providers.base import ModelSettings, OutputMode
@@ -82,6 +86,10 @@ class Project:
     #: ``[model_settings]`` (untrusted: only ``max_tokens``, a cap on every run's)
     model_settings: ModelSettings | None = None
     output_mode: OutputMode | None = None
+    #: ``[limits]`` usage limits per turn (an untrusted project's only lower the run's)
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    #: ``[budgets]``: money budgets and the price table (defaults plus the file's prices)
+    budgets: Budgets = field(default_factory=Budgets)
     #: what an untrusted file asked for and was not given, one phrase each
     ignored: tuple[str, ...] = ()
 
@@ -118,6 +126,8 @@ class Project:
             max_steps=config.limits.max_steps,
             model_settings=_settings(config, path),
             output_mode=config.output_mode,
+            usage=config.limits.usage(),
+            budgets=config.budgets.budgets(),
         )
 
 
@@ -147,6 +157,8 @@ def _untrusted(
         settings = ModelSettings(max_tokens=settings.max_tokens)
     if config.output_mode is not None:
         ignored.append("its output_mode")
+    if config.budgets.prices:  # a price of 0 would lift every budget
+        ignored.append(f"{len(config.budgets.prices)} price(s) in [budgets.prices]")
     narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
     rules = tuple(ProjectConfig.model_validate(narrowed).permissions.rules())
     sandbox = None
@@ -169,6 +181,8 @@ def _untrusted(
         sandbox=sandbox,
         max_steps=config.limits.max_steps,
         model_settings=settings,
+        usage=config.limits.usage(),
+        budgets=config.budgets.budgets(prices={}),
         ignored=tuple(ignored),
     )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
@@ -28,6 +29,7 @@ from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
+from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import closing_writer
@@ -104,6 +106,9 @@ class Binding:
     model_settings: ModelSettings | None = None
     #: how the output schema travels (None: the model's own mode)
     output_mode: OutputMode | None = None
+    #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
+    usage: UsageLimits = field(default_factory=UsageLimits)
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,9 +208,12 @@ class Sessions:
 
     # ------------------------------------------------------------------ acting
 
-    async def run(self, task: str, *, binding: Binding, session: str | None = None) -> TurnResult:
+    async def run(
+        self, task: UserInput, *, binding: Binding, session: str | None = None
+    ) -> TurnResult:
         """Run one turn (a new session when ``session`` is None); an interrupted turn of
-        the session is resumed first."""
+        the session is resumed first. ``task`` may carry images and documents
+        (``lodger.media``)."""
         # the servers stop when the turn settles
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.run(task, session=session)
@@ -312,7 +320,9 @@ class Sessions:
             subagents=binding.subagents,
             output_mode=binding.output_mode,
             model_settings=binding.model_settings,
-            limits=Limits(max_steps=binding.max_steps),
+            limits=Limits(
+                max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets
+            ),
             hooks=Hooks(
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),

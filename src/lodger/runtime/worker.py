@@ -45,6 +45,7 @@ from lodger.errors import (
     SessionLockedError,
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
+from lodger.media import wake_input, wake_text
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents.detached import ControlPlaneChildren
@@ -444,7 +445,8 @@ class Worker:
         offset = len(step.state.events) if step.state is not None else 0
         await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
         try:
-            result = await sessions.run(wake.message, binding=binding, session=sid)
+            task = await wake_input(wake.message, self.storage.artifacts, session_id=sid)
+            result = await sessions.run(task, binding=binding, session=sid)
         except asyncio.CancelledError:
             # handed back (SIGTERM deadline, lost lease): keep what the turn did
             await self._settle_index(sid, workspace)
@@ -645,9 +647,10 @@ def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str 
 
 def _delivered(state: SessionState | None, wake: Wake) -> bool:
     """Whether the wake's message already started a turn (a worker died after that)."""
-    if state is None or wake.started_offset is None:
+    if state is None or wake.started_offset is None or wake.message is None:
         return False
+    text = wake_text(wake.message)
     for event in state.events[wake.started_offset :]:
-        if event.kind == "turn_started" and getattr(event.body, "input", None) == wake.message:
+        if event.kind == "turn_started" and getattr(event.body, "input", None) == text:
             return True
     return False

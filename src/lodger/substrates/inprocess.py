@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from lodger._core.eager import start_eagerly
 from lodger.errors import ToolCallError
+from lodger.media import BinaryContent
 from lodger.tools.spec import (
     Execution,
     Executor,
@@ -53,6 +54,7 @@ __all__ = [
     "execution_of",
     "failure_execution",
     "result_execution",
+    "result_json",
     "run_bounded",
 ]
 
@@ -240,10 +242,50 @@ def result_execution(name: str, value: Any) -> Execution:
         # ``RemoteWork`` (``lodger.substrates.remote``), which is where suspending belongs.
         return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
-        return Execution("error" if value.is_error else "ok", value.content)
+        return Execution(
+            "error" if value.is_error else "ok", value.content, parts=tuple(value.parts)
+        )
+    if isinstance(value, BinaryContent):
+        label = f" {value.name!r}" if value.name else ""
+        return Execution(
+            "ok", f"[{value.media_type}{label}: {len(value.data)} bytes]", parts=(value,)
+        )
     if isinstance(value, str):
         return Execution("ok", value)
     try:
-        return Execution("ok", json.dumps(value, ensure_ascii=False, default=str))
-    except (TypeError, ValueError, RecursionError) as exc:
-        return Execution("error", f"{name} returned a value that is not JSON: {exc}")
+        return Execution("ok", result_json(value))
+    except _NotJson as exc:
+        return Execution(
+            "error",
+            f"{name} returned a value of type {type(value).__name__} that cannot be written "
+            f"as JSON: {exc}; return a str, JSON data, or a value pydantic can serialize (a model, "
+            "dataclass, TypedDict, enum, datetime, UUID, path, bytes...)",
+        )
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _jsonable(value: Any) -> Any:
+    """The JSON form pydantic gives a value ``json.dumps`` does not know (a model, a
+    dataclass, an enum, a datetime, a UUID, a path, a set, bytes as base64...)."""
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+    try:
+        return to_jsonable_python(value, bytes_mode="base64", inf_nan_mode="constants")
+    except PydanticSerializationError:
+        raise _NotJson(f"a {type(value).__module__}.{type(value).__qualname__} inside it") from None
+
+
+def result_json(value: Any) -> str:
+    """A tool's return value as JSON text: plain JSON as is, anything else the way
+    pydantic serializes it (models by their fields, never a Python repr)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_jsonable)
+    except _NotJson:
+        raise
+    except ValueError as exc:  # NaN or an infinity in plain data
+        raise _NotJson(str(exc)) from None
+    except (TypeError, RecursionError) as exc:  # a non-str key, a cycle
+        raise _NotJson(f"{type(exc).__name__}: {exc}") from None

@@ -42,6 +42,7 @@ from lodger.events import (
     ToolDispatched,
     canonical_json,
 )
+from lodger.media import BinaryContent
 from lodger.providers.base import ToolSchema
 
 __all__ = [
@@ -149,6 +150,8 @@ class ToolOutput:
 
     content: str
     is_error: bool = False
+    #: images and documents for the model with the text (stored as artifacts)
+    parts: Sequence[BinaryContent] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +192,8 @@ class Execution:
     content: str
     #: the work was handed off (``Suspended``): no T2 now, the run ends waiting
     suspended: bool = False
+    #: images and documents the tool returned (``BinaryContent``, ``ToolOutput.parts``)
+    parts: tuple[BinaryContent, ...] = ()
 
 
 class Executor(Protocol):

@@ -6,17 +6,30 @@ runs nothing again. Keys starting with ``hook:`` are the host's own (webhook del
 
 from __future__ import annotations
 
+import base64
 import uuid
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, create_model
 
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.errors import UsageError
+from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
+from lodger.media import (
+    URL_EXTENSIONS,
+    BinaryContent,
+    DocumentUrl,
+    ImageUrl,
+    MediaItem,
+    MediaLimits,
+    split_input,
+    url_media_type,
+)
 from lodger.storage.control.host_index import Message
 
 __all__ = [
@@ -53,9 +66,116 @@ Key = Annotated[
 ]
 
 
+_B64 = "[A-Za-z0-9+/]"
+_REST = f"({_B64}{{4}})*({_B64}{{2}}==|{_B64}{{3}}=)?"
+#: the base64 of each media type's bytes: valid base64 that starts as the type's files do
+#: (the library's own check, ``lodger.media.check_media``, as a schema a client can read)
+_DATA_PATTERNS: dict[str, str] = {
+    "image/png": f"^iVBORw0KGg(o=|[o-r]{_B64}{_REST})$",
+    "image/jpeg": f"^/9j/{_REST}$",
+    "image/gif": f"^R0lGOD[dl]h{_REST}$",
+    "image/webp": f"^UklGR[g-v]{_B64}{{4}}[BFJNRVZdhlptx159]XRUJQ{_REST}$",
+    "application/pdf": f"^JVBERi(0=|[0-3]{_B64}{_REST})$",
+}
+_TEXT_TYPES = ("text/plain", "text/markdown", "text/csv")
+
+
+class _Inline(Input):
+    """An image or document's bytes: ``data`` is their base64 (standard alphabet, padded)."""
+
+    media_type: str
+    data: str
+    name: str = Field(default="", max_length=500)
+
+    def item(self) -> MediaItem:
+        return BinaryContent(base64.b64decode(self.data), self.media_type, self.name)
+
+
+def _inline(media_types: tuple[str, ...], pattern: str, title: str) -> type[_Inline]:
+    fields: dict[str, Any] = {
+        "media_type": (Literal[media_types], ...),
+        "data": (str, Field(pattern=pattern, description="the bytes, base64")),
+    }
+    made: type[_Inline] = create_model(title, __base__=_Inline, **fields)
+    return made
+
+
+_INLINE = (
+    *(
+        _inline((media_type,), pattern, "Attachment" + media_type.split("/")[1].title())
+        for media_type, pattern in _DATA_PATTERNS.items()
+    ),
+    _inline(_TEXT_TYPES, f"^{_REST}$", "AttachmentText"),
+)
+
+
+# printable ASCII only (a client percent-encodes the rest): the same characters for every
+# regex engine that reads the schema (``\s`` is not: U+0085 is space in Python's only)
+_HOST = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?"
+_PATH = r"[\x21\x22\x24-\x3e\x40-\x7e]"  # a path's characters: no '#', no '?'
+_NAME = r"[\x21\x22\x24-\x2e\x30-\x3e\x40-\x7e]"  # a path's last segment's: no '/' either
+_EXTENSIONS = "|".join(URL_EXTENSIONS)
+
+
+class AttachmentUrl(Input):
+    """An image or document the provider fetches from ``url`` (lodger never does), of
+    the given media type."""
+
+    url: str = Field(pattern=_HOST + r"([/?#][\x21-\x7e]*)?$", max_length=8_000)
+    media_type: Literal[
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "application/pdf",
+        "text/plain",
+        "text/markdown",
+        "text/csv",
+    ]
+    name: str = Field(default="", max_length=500)
+
+    def item(self) -> MediaItem:
+        if self.media_type.startswith("image/"):
+            return ImageUrl(self.url, media_type=self.media_type)
+        return DocumentUrl(self.url, media_type=self.media_type)
+
+
+class AttachmentNamedUrl(Input):
+    """An image or document by ``url`` whose path names its type by its extension
+    (``.png``, ``.jpg``, ``.pdf``, ``.txt`` ...)."""
+
+    url: str = Field(
+        pattern=_HOST + rf"/({_PATH}*/)?{_NAME}*\.({_EXTENSIONS})([?#][\x21-\x7e]*)?$",
+        max_length=8_000,
+    )
+    name: str = Field(default="", max_length=500)
+
+    def item(self) -> MediaItem:
+        media_type = url_media_type(urlsplit(self.url).path) or ""
+        if media_type.startswith("image/"):
+            return ImageUrl(self.url)
+        return DocumentUrl(self.url)
+
+
+if TYPE_CHECKING:
+    AttachmentIn = _Inline | AttachmentUrl | AttachmentNamedUrl
+else:
+    AttachmentIn = Union[  # noqa: UP007 - built from the tuple of models at run time
+        Annotated[Union[_INLINE], Field(discriminator="media_type")],  # noqa: UP007
+        AttachmentUrl,
+        AttachmentNamedUrl,
+    ]
+
+
 class SendMessage(Input):
     text: str = Field(min_length=1, max_length=200_000)
     idempotency_key: Key | None = None
+    attachments: list[AttachmentIn] = Field(
+        default_factory=list,
+        max_length=32,
+        description="images and documents for the model with the text; the request body "
+        f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
+    )
     #: the turn's model settings (temperature, max_tokens, ...) over the project's
     model_settings: dict[str, Any] | None = Field(
         default=None,
@@ -107,12 +227,17 @@ async def send(
         msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
         raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
     key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
+    media: tuple[MediaItem, ...] = ()
+    if body.attachments:  # the schema checked types and bytes; the sizes are checked here
+        _, media = split_input([body.text, *(a.item() for a in body.attachments)], MediaLimits())
     settings = None
     if body.model_settings is not None:
         settings = settings_from_mapping(
             body.model_settings, where="model_settings", error=UsageError
         )
-    message, created = await host.hub.send(session_id, key=key, text=body.text, settings=settings)
+    message, created = await host.hub.send(
+        session_id, key=key, text=body.text, media=media, settings=settings
+    )
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 
 

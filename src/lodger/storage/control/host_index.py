@@ -47,7 +47,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-MessageKind = Literal["message", "resume"]
+#: ``media``: a turn whose ``text`` is the JSON of its input text and attachments (their
+#: bytes are artifacts already: ``lodger.host.hub``)
+MessageKind = Literal["message", "media", "resume"]
 MessageStatus = Literal["queued", "running", "done", "failed"]
 ApprovalStatus = Literal["pending", "allow", "deny", "expired"]
 

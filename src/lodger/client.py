@@ -174,14 +174,19 @@ class HostClient:
         *,
         key: str | None = None,
         attachments: Sequence[MediaItem] = (),
+        model_settings: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
-        ``DocumentUrl``); returns ``{"message": {...}, "created": bool, "stream": path}``."""
+        ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
+        ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
+        "stream": path}``."""
         body: dict[str, Any] = {"text": text}
         if key is not None:
             body["idempotency_key"] = key
         if attachments:
             body["attachments"] = [_attachment_body(a) for a in attachments]
+        if model_settings is not None:
+            body["model_settings"] = model_settings
         return dict(await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body))
 
     async def message(self, session_id: str, message_id: int) -> dict[str, Any]:

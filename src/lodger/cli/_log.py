@@ -43,6 +43,7 @@ from lodger.cli._render import (
     hidden_note,
     render_sessions,
     render_timeline,
+    usage_of,
     visible_line,
 )
 from lodger.cli._subagents import ChildView, children_extra, load_children, render_family
@@ -325,7 +326,9 @@ def show(
     line under the header names the turns left out. Each line starts with the event's
     offset and local time. Every call is followed by its facts (rejection, permission, T1
     dispatch, T2 response, recovery) and by the code-mode calls it made, indented; the
-    call line shows T1 -> T2 times so overlapping calls stand out.
+    call line shows T1 -> T2 times so overlapping calls stand out. Each turn ends with its
+    token usage (with the prompt cache's reads, writes and hit rate when the provider
+    reported them), and the page with the total of its turns (the session's with --all).
 
     The digest chain of the whole log (every stored byte, up to the stored head) is
     verified before anything is printed, whatever the page; the events shown are decoded
@@ -382,10 +385,19 @@ def show(
 
 def _page_fields(shown: _Shown, session_id: str) -> dict[str, object]:
     """What a ``--json`` page says about itself: which turns it shows out of how many."""
+    used = usage_of(shown.events)
     return {
         "session_id": session_id,
         "turns": {"count": shown.page.index.count, "shown": list(shown.page.shown)},
         "high_water": shown.last.offset + 1,
+        "usage": {
+            "requests": len(used.requests),
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "cache_read_tokens": used.cache_read_tokens,
+            "cache_write_tokens": used.cache_write_tokens,
+            "cache_hit_rate": used.cache_hit_rate,
+        },
     }
 
 

@@ -44,6 +44,7 @@ from lodger.cli._run import (
     subagents_option,
     trust_option,
 )
+from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
 from lodger.engine.budgets import describe
 from lodger.engine.resume import Decision
@@ -315,6 +316,7 @@ def decide(
 
 
 @click.command()
+@model_options
 @session_argument
 @click.option("--model", "model_spec", metavar="SPEC", help="Default: the last run's model.")
 @click.option(
@@ -353,6 +355,9 @@ def resume(
     **budget_flags: Any,
 ) -> None:
     """Resume an interrupted turn as a new run from its verified prefix.
+
+    The run asks the model with the settings the turn was asked with (recorded with each
+    step), with the project's [model_settings] and the model flags over them.
 
     Completed calls are replayed from the log, never re-run; indeterminate ones follow
     their tool's recovery policy. If anything is parked, resume stops and names it.

@@ -51,10 +51,19 @@ from lodger.events import (
     ToolsActivated,
     TurnEnded,
     TurnStarted,
+    Usage,
     WorkspaceSnapshot,
 )
+from lodger.runtime.agent import RunUsage
 
-__all__ = ["hidden_note", "render_sessions", "render_timeline", "summarize_arguments"]
+__all__ = [
+    "hidden_note",
+    "render_sessions",
+    "render_timeline",
+    "summarize_arguments",
+    "usage_of",
+    "usage_text",
+]
 
 Part = str | tuple[str, str]
 
@@ -197,6 +206,10 @@ class _TimelineView:
             if isinstance(item, Span):
                 self.line(item.event.offset, item.event.ts, depth, *self.describe(item.event))
                 self.items(item.children, depth + 1)
+                if item.kind == "turn_started":
+                    used = usage_of(_span_events(item))
+                    if used.requests:
+                        self.line(None, None, depth + 1, ("usage: " + usage_text(used), "dim"))
             elif isinstance(item, CallNode):
                 self.call(item, depth)
             else:
@@ -488,7 +501,53 @@ def render_timeline(
     if note is not None:
         view.lines.append(Text(note, "yellow"))
     view.items(timeline.items, 0)
+    used = usage_of(events)
+    if used.requests:
+        label = "usage of the turns shown" if note is not None else "session usage"
+        view.lines.append(Text(f"{label}: {usage_text(used)}", "dim"))
     return view.lines
+
+
+def usage_of(events: Sequence[Event]) -> RunUsage:
+    """The usage of every model request among ``events`` (a turn's, a session's)."""
+    return RunUsage(
+        requests=tuple(
+            e.body.usage or Usage()
+            for e in events
+            if e.origin == "provider" and isinstance(e.body, ModelOutput)
+        )
+    )
+
+
+def usage_text(usage: RunUsage) -> str:
+    """``1,200 in (900 from cache: 75% hit; 300 written), 80 out over 3 model calls``:
+    the cache part only when the provider reported cached tokens."""
+    calls = len(usage.requests)
+    cache = ""
+    if usage.cache_read_tokens or usage.cache_write_tokens:
+        rate = usage.cache_hit_rate or 0.0
+        cache = f" ({usage.cache_read_tokens:,} from cache: {rate:.0%} hit"
+        if usage.cache_write_tokens:
+            cache += f"; {usage.cache_write_tokens:,} written"
+        cache += ")"
+    return (
+        f"{usage.input_tokens:,} in{cache}, {usage.output_tokens:,} out over {calls} model "
+        f"call{'s' if calls != 1 else ''}"
+    )
+
+
+def _span_events(span: Span) -> list[Event]:
+    """Every fact inside ``span``, its nested spans' too."""
+    found: list[Event] = []
+    for child in span.children:
+        if isinstance(child, Span):
+            found.append(child.event)
+            found += _span_events(child)
+        elif isinstance(child, CallNode):
+            found += child.facts
+        else:
+            found.append(child)
+    return found
 
 
 def render_sessions(rows: Sequence[SessionSummary]) -> Table:

@@ -29,6 +29,7 @@ from lodger.cli._interrupts import Interrupted, run_interruptibly
 from lodger.cli._jsonl import JsonlView, echo_error, json_notice
 from lodger.cli._live import Terminal, TurnWatcher, interactive_approver
 from lodger.cli._render import visible
+from lodger.cli._settings import model_options
 from lodger.cli._tools import mcp_option
 from lodger.cli._toolsfile import load_tools_file
 from lodger.cli._trust import untrusted_notice
@@ -46,7 +47,7 @@ from lodger.events import (
 )
 from lodger.media import BinaryContent, UserInput
 from lodger.providers import ScriptedModel
-from lodger.providers.base import Model
+from lodger.providers.base import Model, ModelSettings, OutputMode
 from lodger.runtime.agent import TurnResult
 from lodger.runtime.composition import DEFAULT_MAX_STEPS, MODEL_ENVVAR, Overrides, compose
 from lodger.runtime.config import CONFIG_FILE, parse_mcp_option
@@ -184,8 +185,11 @@ def usage_line(result: TurnResult) -> str:
     """Tokens and durable commits of a turn, for the end of a run on a terminal."""
     usage = result.usage
     calls = len(usage.requests)
+    cache = ""
+    if usage.cache_read_tokens:
+        cache = f", {usage.cache_read_tokens:,} from cache: {usage.cache_hit_rate or 0:.0%} hit"
     return (
-        f"usage: {usage.total_tokens:,} tokens ({usage.input_tokens:,} in, "
+        f"usage: {usage.total_tokens:,} tokens ({usage.input_tokens:,} in{cache}, "
         f"{usage.output_tokens:,} out) over {calls} model call{'s' if calls != 1 else ''}; "
         f"{result.commits} durable commit{'s' if result.commits != 1 else ''}"
     )
@@ -278,7 +282,12 @@ def project_overrides(
     recorded_model: str | None = None,
     budget_flags: Mapping[str, Any] | None = None,
 ) -> Overrides:
-    """What ``run`` and ``resume`` set on top of the project: their flags and the view."""
+    """What ``run`` and ``resume`` set on top of the project: their flags and the view.
+    ``budget_flags`` are the flags click gave the command beyond its own parameters: the
+    budget flags and ``model_settings``/``output_mode`` (``lodger.cli._settings``)."""
+    flags = dict(budget_flags or {})
+    model_settings: ModelSettings | None = flags.pop("model_settings", None)
+    output_mode: OutputMode | None = flags.pop("output_mode", None)
     tools: list[Tool] = []
     for path in tools_files:
         tools.extend(load_tools_file(path))
@@ -291,9 +300,11 @@ def project_overrides(
         approve_all=approve_all,
         approver=approver_for(view, interactive=interactive and not approve_all),
         max_steps=max_steps,
-        **budget_overrides(budget_flags or {}),
+        **budget_overrides(flags),
         code_mode=code_mode,
         subagents=subagent_policy(subagent_depth),
+        model_settings=model_settings,
+        output_mode=output_mode,
         on_event=view.on_event,
         on_text=view.on_text,
     )
@@ -417,6 +428,7 @@ def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @click.command()
+@model_options
 @click.argument("task")
 @click.option(
     "--model",
@@ -513,6 +525,7 @@ def run(
       lodger run "and now the docs" --last --model openai:gpt-4.1
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
+      lodger run "name three colours" --model openai:gpt-4.1 --temperature 0.2 --max-tokens 200
       lodger run "what does this chart show?" --attach chart.png --model openai:gpt-4.1
       lodger run "tidy the tests" --model openai:gpt-4.1 --session-usd 0.50 --request-limit 30
 

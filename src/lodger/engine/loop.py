@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
@@ -25,6 +25,7 @@ from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.media import load_media, unsupported_media
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
@@ -45,6 +46,7 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
+    StepStarted,
     ToolRef,
     TurnEnded,
     TurnStarted,
@@ -59,7 +61,9 @@ from lodger.providers.base import (
     ModelRequest,
     ModelResponse,
     ModelSettings,
+    OutputMode,
     ToolSchema,
+    take_output_call,
 )
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
@@ -82,7 +86,8 @@ TurnStatus = Literal[
 @dataclass(frozen=True, kw_only=True)
 class RunUsage:
     """Tokens of a turn: ``requests`` holds one ``Usage`` per model call (zeros when the
-    provider reported none), in order; the totals add them up. Read from the log's
+    provider reported none), in order; the totals add them up, cached input tokens
+    (read and written) too, with the cache's hit rate. Read from the log's
     ``model_output`` facts, so a resumed turn counts its earlier runs too."""
 
     requests: tuple[Usage, ...] = ()
@@ -98,6 +103,22 @@ class RunUsage:
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cache_read_tokens(self) -> int:
+        """Input tokens the provider read from its prompt cache (part of ``input_tokens``)."""
+        return sum(u.cache_read_tokens for u in self.requests)
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Input tokens the provider wrote to its prompt cache (part of ``input_tokens``)."""
+        return sum(u.cache_write_tokens for u in self.requests)
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """``cache_read_tokens / input_tokens`` (None when there was no input)."""
+        total = self.input_tokens
+        return self.cache_read_tokens / total if total else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +174,14 @@ class Engine:
     services: Services
     #: the type the final answer is validated against (None: free text)
     output: OutputSpec | None = None
+    #: how the output type's schema travels; None: the model's own ``output_mode``
+    #: (``"prompted"`` when it declares none)
+    output_mode: OutputMode | None = None
+    #: the agent's model settings, sent with every request
+    settings: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    #: one run's settings over the agent's (``run(..., model_settings=...)``); a resume
+    #: takes them over the settings the turn's last step recorded
+    run_settings: ModelSettings | None = None
     #: handed to tools as ``ToolContext.deps`` and to hooks; never logged
     deps: Any = None
     #: takes the workspace snapshot each turn's end records (None: no snapshots)
@@ -232,18 +261,23 @@ class Engine:
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
         )
-        return await self.drive(self.run_context(journal, turn_id=turn_id, run_id=run_id))
+        ctx = self.run_context(journal, turn_id=turn_id, run_id=run_id)
+        return await self.drive(ctx, settings=self.settings.merged(self.run_settings))
 
     async def resume(self, journal: Journal, *, relocate: bool = False) -> TurnResult:
         """Continue the open turn as a new run (see ``lodger.engine.resume``); with
-        ``relocate``, in this engine's workspace once its files match the log."""
+        ``relocate``, in this engine's workspace once its files match the log. The run
+        asks with the settings the turn's last step recorded (the agent's when it has no
+        step yet), with this run's ``run_settings`` over them."""
         still = await self._still_parked(journal)
         if still is not None:
             return still  # nothing written: the next run would park before any request
         ctx, pending = await resume_run(self, journal, relocate=relocate)
         if pending:
             return await self.wait(ctx, pending)
-        return await self.drive(ctx)
+        asked = _recorded_settings(journal.state.events, ctx.turn_id)
+        base = self.settings if asked is None else asked
+        return await self.drive(ctx, settings=base.merged(self.run_settings))
 
     async def wait(self, ctx: RunContext, call_ids: Sequence[str]) -> TurnResult:
         """End the run with ``call_ids`` suspended (dispatched, no T2, their work running
@@ -327,8 +361,13 @@ class Engine:
             model=self.model.spec,
         )
 
-    async def drive(self, ctx: RunContext) -> TurnResult:
-        """Run steps of an open turn until it settles."""
+    async def drive(self, ctx: RunContext, *, settings: ModelSettings | None = None) -> TurnResult:
+        """Run steps of an open turn until it settles, asking with ``settings`` (the
+        agent's merged with the run's when None)."""
+        if settings is None:
+            settings = self.settings.merged(self.run_settings)
+        recorded = settings.record()
+        mode = self.mode()
         journal, state = ctx.journal, ctx.journal.state
         pipeline = self.pipeline(ctx)
         run_env = ctx.envelope
@@ -351,16 +390,22 @@ class Engine:
                 env = run_env.at_step(step_id)
                 journal.defer(
                     journal.draft(
-                        step_started(index=steps_done, model=self.model.spec, tools=visible.refs),
+                        step_started(
+                            index=steps_done,
+                            model=self.model.spec,
+                            tools=visible.refs,
+                            settings=recorded,
+                        ),
                         env,
                     )
                 )
                 await load_media(state, self.artifacts)
-                request = await self._request(journal, visible, env)
+                request = await self._request(journal, visible, env, settings, mode)
                 refused = unsupported_media(self.model, state)
                 if refused is not None:  # before anything is sent
                     return await self._end(ctx, "failed", error=refused)
-                response = _storable(await self._complete(journal, request, env))
+                response = await self._complete(journal, request, env)
+                response = _answer_call(_storable(response), request)
                 calls = calls_seen.unique(response.calls, self.services.ids)
                 _defer_output(journal, response, calls, env)
                 if not calls:
@@ -402,7 +447,7 @@ class Engine:
         if self.output is None:
             return await self._end(ctx, "completed", answer=text, output=text)
         try:
-            value, dumped = self.output.validate(text)
+            value, dumped = self.output.validate(text, self.mode())
         except OutputInvalid as exc:
             attempt = _output_rejections(ctx.journal.state.events, ctx.turn_id) + 1
             if attempt > self.limits.output_retries:
@@ -475,7 +520,21 @@ class Engine:
             )
         return found
 
-    async def _request(self, journal: Journal, visible: _StepTools, env: Envelope) -> ModelRequest:
+    def mode(self) -> OutputMode:
+        """How the output type's schema travels this run: the engine's ``output_mode``,
+        else the model's own, else ``"prompted"``."""
+        if self.output_mode is not None:
+            return self.output_mode
+        return cast(OutputMode, getattr(self.model, "output_mode", "prompted"))
+
+    async def _request(
+        self,
+        journal: Journal,
+        visible: _StepTools,
+        env: Envelope,
+        settings: ModelSettings,
+        mode: OutputMode,
+    ) -> ModelRequest:
         state = journal.state
         budget = self.limits.context_budget
         projection = state.projector.project(budget_tokens=budget)
@@ -490,18 +549,20 @@ class Engine:
                 env,
             )
         system = self.registry.system_prompt(self.system)
+        schema = None
         if self.output is not None:
-            system = f"{system}\n\n{self.output.instructions()}"
+            system = f"{system}\n\n{self.output.instructions(mode)}"
+            schema = self.output.schema_for(mode)
         request: ModelRequest = record(
             ModelRequest,
             {
                 "system": system,
                 "messages": projection.messages,
                 "tools": visible.schemas,
-                "max_output_tokens": None,
-                "output_schema": self.output.schema if self.output is not None else None,
-                "output_mode": "prompted",
-                "settings": _NO_SETTINGS,
+                "max_output_tokens": settings.max_tokens,
+                "output_schema": schema,
+                "output_mode": mode,
+                "settings": settings,
             },
         )
         return request
@@ -517,7 +578,29 @@ class Engine:
         )
 
 
-_NO_SETTINGS = ModelSettings()
+def _recorded_settings(events: Sequence[Event], turn_id: str) -> ModelSettings | None:
+    """The settings the last step of ``turn_id`` asked with (None: it has no step)."""
+    for e in reversed(events):
+        if e.turn_id != turn_id:
+            continue
+        if isinstance(e.body, StepStarted):
+            recorded = e.body.settings or {}
+            return settings_from_mapping(recorded, where="step_started.settings")
+        if isinstance(e.body, TurnStarted):
+            return None
+    return None
+
+
+def _answer_call(response: ModelResponse, request: ModelRequest) -> ModelResponse:
+    """In tool mode, a lone call of the output tool as the answer's text (adapters do
+    this themselves; scripted and function models may answer with the call)."""
+    if request.output_mode != "tool" or not response.calls:
+        return response
+    answer, calls = take_output_call(response.calls, request)
+    if answer is None:
+        # an answer beside other calls waits for a later step, as adapters leave it
+        return response if calls == response.calls else dataclasses.replace(response, calls=calls)
+    return dataclasses.replace(response, text=answer, calls=calls)
 
 
 def _defer_output(

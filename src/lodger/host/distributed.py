@@ -37,6 +37,7 @@ from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
 from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
+from lodger.providers.base import ModelSettings
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -152,7 +153,16 @@ class ControlPlaneHub(Hub):
         text: str,
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
+        settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
+        if settings is not None:
+            # a wake carries only the text (and media) to the worker that runs it
+            raise UsageError(
+                "a distributed host does not take model_settings per message yet",
+                hint="set [model_settings] in the project's lodger.toml (workers compose it)",
+                code="model_settings",
+                session_id=session_id,
+            )
         if text.startswith(WAKE_MEDIA_PREFIX):
             # the line by which a wake says it carries media is the host's own
             raise UsageError(

@@ -31,6 +31,7 @@ from typing import Any
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.loop import TurnResult
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
 from lodger.errors import (
     HostConflictError,
@@ -49,6 +50,7 @@ from lodger.media import (
     parse_media_message,
     store_media,
 )
+from lodger.providers.base import ModelSettings
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
@@ -241,16 +243,23 @@ class Hub:
         text: str,
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
+        settings: ModelSettings | None = None,
     ) -> tuple[Message, bool]:
         """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
         (checked by the caller) are stored as artifacts first; the queued message names
-        them, so the turn runs with them whenever it runs."""
+        them, so the turn runs with them whenever it runs; it asks the model with
+        ``settings`` over the project's."""
         await self.require(session_id)
         if media:
             attachments = await store_media(media, self.sessions.storage.artifacts, {})
             text, kind = media_message(text, attachments), "media"
         message, created = await self.control.submit(
-            session_id, key=key, kind=kind, text=text, created_us=self.sessions.clock.now_us()
+            session_id,
+            key=key,
+            kind=kind,
+            text=text,
+            created_us=self.sessions.clock.now_us(),
+            settings=settings.record() if settings is not None else None,
         )
         if created:
             self.wake(session_id)
@@ -285,7 +294,7 @@ class Hub:
         await self.control.start_message(message.id, start_offset=head)
         try:
             for attempt in range(_LOCKED_TRIES):
-                binding = await self.binding(sid)
+                binding = await self.binding(sid, settings=_settings_of(message))
                 try:
                     if message.kind == "resume":
                         result = await self.sessions.resume(sid, binding=binding)
@@ -328,7 +337,7 @@ class Hub:
             text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
         )
 
-    async def binding(self, session_id: str) -> Binding:
+    async def binding(self, session_id: str, *, settings: ModelSettings | None = None) -> Binding:
         spec = await self.control.session_model(session_id)
         project = Project.none()
         if self.config.workspaces is not None:
@@ -354,6 +363,7 @@ class Hub:
                 budgets=self.config.budgets,
                 on_event=self._observer(session_id),
                 code_mode=self.config.code_mode,
+                model_settings=settings,
             ),
         )
 
@@ -452,3 +462,10 @@ def _summary(result: TurnResult) -> dict[str, Any]:
         "error": result.error,
         "commits": result.commits,
     }
+
+
+def _settings_of(message: Message) -> ModelSettings | None:
+    """The settings a queued message asked with (checked when it was sent)."""
+    if message.settings is None:
+        return None
+    return settings_from_mapping(message.settings, where="the message's model_settings")

@@ -24,6 +24,7 @@ from typing import Any
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
+from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.resume import Decision, abandon, decide
@@ -34,7 +35,7 @@ from lodger.events import Event
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
-from lodger.providers.base import Model, TextSink
+from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import close_after_failure
 from lodger.runtime.spend import LogSpend
@@ -95,6 +96,11 @@ class Agent:
     there is a workspace. ``code_mode`` binds the ``exec`` tool, ``subagents`` the
     ``delegate`` tool.
 
+    ``model_settings`` (temperature, max_tokens, ...) go with every request; a run's
+    ``model_settings`` override them field by field. ``output_mode`` says how the output
+    type's schema reaches the model (``"native"``, ``"tool"`` or ``"prompted"``; default:
+    the model's own preference).
+
     The rest comes in groups (``lodger.engine.settings``), each passed whole to the
     engine: ``limits`` (steps, context budget, call timeout, output retries, usage
     limits and money budgets: a turn that reaches one parks, see ``lodger.engine.budgets``),
@@ -111,6 +117,8 @@ class Agent:
         system: str = DEFAULT_SYSTEM,
         workspace: str | os.PathLike[str] | None = None,
         output_type: Any = None,
+        output_mode: OutputMode | None = None,
+        model_settings: ModelSettings | None = None,
         deps: Any = None,
         permissions: PermissionPolicy | None = None,
         storage: Storage | str | os.PathLike[str] = ".lodger",
@@ -167,6 +175,8 @@ class Agent:
             hooks=hooks,
             services=services,
             output=OutputSpec(output_type) if output_type is not None else None,
+            output_mode=_check_mode(output_mode),
+            settings=check_settings(model_settings or ModelSettings()),
             deps=deps,
             spend=LogSpend.for_log(storage.log),
         )
@@ -269,6 +279,8 @@ class Agent:
         session: str | None = None,
         deps: Any = _UNSET,
         output_type: Any = _UNSET,
+        output_mode: OutputMode | None = None,
+        model_settings: ModelSettings | None = None,
     ) -> TurnResult:
         """``run`` for code that is not async: ``Agent(...).run_sync("task").output``.
 
@@ -276,7 +288,14 @@ class Agent:
         (or ``agent.close_sync()``) closes it and the agent's storage.
         """
         return self._sync_runner().run(
-            self.run(task, session=session, deps=deps, output_type=output_type)
+            self.run(
+                task,
+                session=session,
+                deps=deps,
+                output_type=output_type,
+                output_mode=output_mode,
+                model_settings=model_settings,
+            )
         )
 
     def _engine_for(
@@ -287,9 +306,16 @@ class Agent:
         on_event: Callable[[Event], None] | None = None,
         on_text: TextSink | None = None,
         code_mode: Any = _UNSET,
+        output_mode: OutputMode | None = None,
+        model_settings: ModelSettings | None = None,
     ) -> Engine:
-        """This agent's engine with one call's deps, output type, code mode and sinks."""
+        """This agent's engine with one call's deps, output type and mode, model
+        settings, code mode and sinks."""
         changes: dict[str, Any] = {}
+        if output_mode is not None:
+            changes["output_mode"] = _check_mode(output_mode)
+        if model_settings is not None:
+            changes["run_settings"] = check_settings(model_settings)
         if code_mode is not _UNSET:
             # one run's code mode: its own registry, with the exec tool added, replaced
             # (another language) or left out (None)
@@ -318,6 +344,8 @@ class Agent:
         session: str | None = None,
         deps: Any = _UNSET,
         output_type: Any = _UNSET,
+        output_mode: OutputMode | None = None,
+        model_settings: ModelSettings | None = None,
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
         finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
@@ -326,7 +354,12 @@ class Agent:
             on_event: Callable[[Event], None], on_text: Callable[[str], None]
         ) -> TurnResult:
             engine = self._engine_for(
-                deps=deps, output_type=output_type, on_event=on_event, on_text=on_text
+                deps=deps,
+                output_type=output_type,
+                on_event=on_event,
+                on_text=on_text,
+                output_mode=output_mode,
+                model_settings=model_settings,
             )
             return await self._run(engine, task, session)
 
@@ -392,6 +425,8 @@ class Agent:
         deps: Any = _UNSET,
         output_type: Any = _UNSET,
         code_mode: Language | CodeMode | None = _UNSET,
+        output_mode: OutputMode | None = None,
+        model_settings: ModelSettings | None = None,
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
@@ -401,10 +436,17 @@ class Agent:
         ``deps`` reaches tools as ``ToolContext.deps`` (and hooks as ``CallInfo.deps``);
         ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
         ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
-        The result's ``output`` is the validated value, ``usage`` the tokens, ``commits``
-        the durable appends.
+        ``output_mode`` and ``model_settings`` override the agent's for this turn (the
+        settings field by field). The result's ``output`` is the validated value,
+        ``usage`` the tokens, ``commits`` the durable appends.
         """
-        engine = self._engine_for(deps=deps, output_type=output_type, code_mode=code_mode)
+        engine = self._engine_for(
+            deps=deps,
+            output_type=output_type,
+            code_mode=code_mode,
+            output_mode=output_mode,
+            model_settings=model_settings,
+        )
         return await self._run(engine, task, session)
 
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
@@ -416,9 +458,17 @@ class Agent:
             return result
 
     async def resume(
-        self, session_id: str, *, relocate: bool = False, deps: Any = _UNSET
+        self,
+        session_id: str,
+        *,
+        relocate: bool = False,
+        deps: Any = _UNSET,
+        model_settings: ModelSettings | None = None,
     ) -> TurnResult:
         """Resume the session's interrupted turn as a new run.
+
+        The run asks the model with the settings the turn was asked with (its last
+        ``step_started.settings``), with ``model_settings`` over them.
 
         With ``relocate``, the session may move to this agent's workspace (another
         directory than the one it worked in) when every file the log's hashes cover
@@ -430,7 +480,7 @@ class Agent:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
-            engine = self._engine_for(deps=deps)
+            engine = self._engine_for(deps=deps, model_settings=model_settings)
             result = await engine.resume(engine.journal(writer, state), relocate=relocate)
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
@@ -459,6 +509,19 @@ class Agent:
         """End the session's open turn as abandoned by the operator, as facts."""
         async with self.open_session(session_id) as (writer, state):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+
+
+_MODES = ("native", "tool", "prompted")
+
+
+def _check_mode(mode: OutputMode | None) -> OutputMode | None:
+    if mode is not None and mode not in _MODES:
+        raise UsageError(
+            f"unknown output_mode {mode!r}",
+            hint="use 'native', 'tool' or 'prompted' (or None for the model's own)",
+            code="output_mode",
+        )
+    return mode
 
 
 def _code_mode(value: Language | CodeMode | None, agent: CodeMode | None) -> CodeMode | None:

@@ -11,11 +11,14 @@ all of them alike.
 Precedence, from strongest: the overrides (flags, arguments), then the session's own
 record (the model it last ran with), then the project file, then the entry point's
 fallback (a worker's ``--model``). An untrusted project (``Project.load(...,
-trusted=False)``) only narrows: see :mod:`lodger.runtime.project`.
+trusted=False)``) only narrows: see :mod:`lodger.runtime.project`. Model settings merge
+field by field: the overrides' (``--temperature``, a host turn's ``model_settings``) over
+the project's ``[model_settings]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -25,7 +28,7 @@ from lodger.engine.prices import DEFAULT_PRICES
 from lodger.errors import ConfigError
 from lodger.events import Event
 from lodger.providers import make_model
-from lodger.providers.base import Model, TextSink
+from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.runtime.builtin import workspace_tools
 from lodger.runtime.config import CONFIG_FILE
 from lodger.runtime.project import Project
@@ -77,6 +80,9 @@ class Overrides:
     budgets: Budgets | None = None
     code_mode: Language | None = None
     subagents: SubagentPolicy | None = None
+    #: model settings over the project's ``[model_settings]``, field by field
+    model_settings: ModelSettings | None = None
+    output_mode: OutputMode | None = None
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
 
@@ -110,6 +116,8 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         on_text=overrides.on_text,
         code_mode=overrides.code_mode,
         subagents=overrides.subagents,
+        model_settings=_model_settings(project, overrides),
+        output_mode=overrides.output_mode or project.output_mode,
     )
 
 
@@ -172,3 +180,14 @@ def _max_steps(project: Project, overrides: Overrides) -> int:
     if not project.trusted and project.max_steps is not None:
         steps = min(steps, project.max_steps)  # an untrusted file may only lower it
     return steps
+
+
+def _model_settings(project: Project, overrides: Overrides) -> ModelSettings | None:
+    """The project's settings with the overrides' over them; an untrusted project's
+    ``max_tokens`` caps whatever the overrides ask for (it may only lower it)."""
+    base = project.model_settings or ModelSettings()
+    settings = base.merged(overrides.model_settings)
+    cap = project.model_settings.max_tokens if project.model_settings is not None else None
+    if not project.trusted and cap is not None and settings.max_tokens is not None:
+        settings = dataclasses.replace(settings, max_tokens=min(settings.max_tokens, cap))
+    return settings if settings.record() is not None else None

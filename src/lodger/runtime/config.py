@@ -3,6 +3,12 @@
     model = "openai:gpt-4.1"                 # the default for --model
     # or a fallback chain, tried in order (the spec "openai:gpt-4.1|anthropic:...")
     # model = ["openai:gpt-4.1", "anthropic:claude-sonnet-4-5"]
+    output_mode = "tool"                     # how structured output travels (optional)
+
+    [model_settings]                         # sent with every request; lodger run's
+    temperature = 0.2                        # flags and a host turn's body override them
+    max_tokens = 4000
+    extra = { service_tier = "flex" }        # provider-specific, into the request body
 
     [permissions]                          # first match wins: deny, then ask, then allow
     allow = ["read_file", "shell(git status*)", "shell(pytest*)"]
@@ -38,7 +44,7 @@ import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -240,6 +246,11 @@ class ProjectConfig(BaseModel):
     permissions: PermissionsConfig = PermissionsConfig()
     mcp: McpConfig = McpConfig()
     limits: LimitsConfig = LimitsConfig()
+    #: ``[model_settings]``: temperature, max_tokens, ... (checked by
+    #: ``lodger.engine.modelsettings.settings_from_mapping``)
+    model_settings: dict[str, Any] | None = None
+    #: how the output schema travels: ``native``, ``tool`` or ``prompted``
+    output_mode: Literal["native", "tool", "prompted"] | None = None
     budgets: BudgetsConfig = BudgetsConfig()
     # checked key by key by ``load_sandbox_policy`` (``lodger.substrates.sandbox.policy``)
     sandbox: dict[str, Any] | None = None
@@ -290,7 +301,8 @@ def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
         if error["type"] == "extra_forbidden":
             raise ConfigError(
                 f"unknown key {where!r} in {path}",
-                hint="known keys: model, [permissions] allow/ask/deny, [sandbox], "
+                hint="known keys: model, output_mode, [model_settings], [permissions] "
+                "allow/ask/deny, [sandbox], "
                 "[mcp.servers.NAME], [limits] max_steps/request_limit/input_tokens_limit/"
                 "output_tokens_limit/total_tokens_limit/tool_calls_limit, [budgets] "
                 'session_usd/tree_usd/daily_usd, [budgets.prices."SPEC"] '

@@ -16,15 +16,19 @@ a subagent's child) starts from a ``Project`` and composes it the same way
     request_limit = 40              # usage limits per turn (lodger.engine.budgets)
     [budgets]                       # money: a reached budget parks the turn
     session_usd = 2.0
+    [model_settings]                # lodger.engine.modelsettings
+    temperature = 0.2
 
 A project is *trusted* or not. A trusted one applies the whole file: the user said so
 (``lodger trust`` recorded this exact content, ``lodger.runtime.trust``; or ``--trust``,
 ``--trust-projects``). An untrusted one (a new or changed file, or a workspace restored
 from storage on a worker or a host, whose files a sandboxed command may have written)
 applies only what narrows: its deny and ask rules, a stricter sandbox (lower limits,
-approval), a lower step limit, lower usage limits and money budgets. It starts no MCP
-server, adds no allow rule, opens no network, passes no variable, names no model and sets
-no price; ``ignored`` says what was left out, so the caller can say so in one line.
+approval), a lower step limit, lower usage limits and money budgets, a lower
+``max_tokens`` (its other model settings and ``output_mode`` are ignored: ``extra`` reaches
+the provider's request body as is). It starts no MCP server, adds no allow rule, opens no
+network, passes no variable, names no model and sets no price; ``ignored`` says what was
+left out, so the caller can say so in one line.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Rule
+from lodger.providers.base import ModelSettings, OutputMode
 from lodger.runtime.config import CONFIG_FILE, ProjectConfig, parse_config_file, servers_of
 from lodger.runtime.trust import TrustStore
 from lodger.substrates.sandbox.policy import SandboxPolicy, policy_from_config
@@ -77,6 +83,9 @@ class Project:
     sandbox: SandboxPolicy | None = None
     mcp: tuple[McpServerConfig, ...] = ()
     max_steps: int | None = None
+    #: ``[model_settings]`` (untrusted: only ``max_tokens``, a cap on every run's)
+    model_settings: ModelSettings | None = None
+    output_mode: OutputMode | None = None
     #: ``[limits]`` usage limits per turn (an untrusted project's only lower the run's)
     usage: UsageLimits = field(default_factory=UsageLimits)
     #: ``[budgets]``: money budgets and the price table (defaults plus the file's prices)
@@ -115,9 +124,17 @@ class Project:
             else policy_from_config(table, where=f"[sandbox] of {path}", workspace=root),
             mcp=tuple(servers_of(config, path)),
             max_steps=config.limits.max_steps,
+            model_settings=_settings(config, path),
+            output_mode=config.output_mode,
             usage=config.limits.usage(),
             budgets=config.budgets.budgets(),
         )
+
+
+def _settings(config: ProjectConfig, path: Path) -> ModelSettings | None:
+    if config.model_settings is None:
+        return None
+    return settings_from_mapping(config.model_settings, where=f"[model_settings] of {path}")
 
 
 def _untrusted(
@@ -132,6 +149,14 @@ def _untrusted(
         ignored.append(f"{len(config.permissions.allow)} allow rule(s)")
     if config.mcp.servers:
         ignored.append(f"{len(config.mcp.servers)} MCP server(s)")
+    settings = _settings(config, path)  # checked like a trusted file's
+    if settings is not None:
+        wider = sorted(set(settings.record() or {}) - {"max_tokens"})
+        if wider:
+            ignored.append("[model_settings] " + ", ".join(wider))
+        settings = ModelSettings(max_tokens=settings.max_tokens)
+    if config.output_mode is not None:
+        ignored.append("its output_mode")
     if config.budgets.prices:  # a price of 0 would lift every budget
         ignored.append(f"{len(config.budgets.prices)} price(s) in [budgets.prices]")
     narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
@@ -155,6 +180,7 @@ def _untrusted(
         rules=rules,
         sandbox=sandbox,
         max_steps=config.limits.max_steps,
+        model_settings=settings,
         usage=config.limits.usage(),
         budgets=config.budgets.budgets(prices={}),
         ignored=tuple(ignored),

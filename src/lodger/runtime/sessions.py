@@ -30,7 +30,7 @@ from lodger.engine.state import SessionState
 from lodger.events import Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
-from lodger.providers.base import Model, TextSink
+from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
@@ -101,6 +101,11 @@ class Binding:
     code_mode: Language | None = None
     #: bind the ``delegate`` tool: child sessions under this policy (lodger.runtime.subagents)
     subagents: SubagentPolicy | None = None
+    #: model settings each request asks with; a resume takes them over the settings its
+    #: turn recorded
+    model_settings: ModelSettings | None = None
+    #: how the output schema travels (None: the model's own mode)
+    output_mode: OutputMode | None = None
     #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
     usage: UsageLimits = field(default_factory=UsageLimits)
     budgets: Budgets = field(default_factory=Budgets)
@@ -224,7 +229,9 @@ class Sessions:
         """
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
-            return await agent.resume(session_id, relocate=relocate)
+            return await agent.resume(
+                session_id, relocate=relocate, model_settings=binding.model_settings
+            )
 
     async def run_subagent(self, session_id: str, *, binding: Binding) -> ChildOutcome | None:
         """Run (or resume) the one turn of a child session handed off to a worker
@@ -311,6 +318,8 @@ class Sessions:
             permissions=binding.permissions,
             code_mode=binding.code_mode,
             subagents=binding.subagents,
+            output_mode=binding.output_mode,
+            model_settings=binding.model_settings,
             limits=Limits(
                 max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets
             ),

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, Field, create_model
 
+from lodger.engine.modelsettings import settings_from_mapping
 from lodger.errors import UsageError
 from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
@@ -175,6 +176,12 @@ class SendMessage(Input):
         description="images and documents for the model with the text; the request body "
         f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
     )
+    #: the turn's model settings (temperature, max_tokens, ...) over the project's
+    model_settings: dict[str, Any] | None = Field(
+        default=None,
+        description="temperature, top_p, max_tokens, stop, seed, parallel_tool_calls, "
+        "reasoning_effort, extra: as lodger.toml's [model_settings]",
+    )
 
 
 class MessageOut(BaseModel):
@@ -223,7 +230,14 @@ async def send(
     media: tuple[MediaItem, ...] = ()
     if body.attachments:  # the schema checked types and bytes; the sizes are checked here
         _, media = split_input([body.text, *(a.item() for a in body.attachments)], MediaLimits())
-    message, created = await host.hub.send(session_id, key=key, text=body.text, media=media)
+    settings = None
+    if body.model_settings is not None:
+        settings = settings_from_mapping(
+            body.model_settings, where="model_settings", error=UsageError
+        )
+    message, created = await host.hub.send(
+        session_id, key=key, text=body.text, media=media, settings=settings
+    )
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 
 

@@ -125,7 +125,11 @@ class ChildOutcome:
     output: Any = None
     error: str | None = None
     steps: int = 0
+    #: input + output tokens of the child's requests (cached input counts in input)
     tokens: int = 0
+    #: of its input tokens, those read from and written to the provider's prompt cache
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     started: bool = False
     #: the child's wall time ran out (its turn was stopped, still open)
     timed_out: bool = False
@@ -145,6 +149,9 @@ class ChildOutcome:
             body["error"] = self.error
         body["steps"] = self.steps
         body["tokens"] = self.tokens
+        if self.cache_read_tokens or self.cache_write_tokens:
+            body["cache_read_tokens"] = self.cache_read_tokens
+            body["cache_write_tokens"] = self.cache_write_tokens
         return json.dumps(body, ensure_ascii=False)
 
 
@@ -155,7 +162,7 @@ def child_outcome(session_id: str, events: Sequence[Event]) -> ChildOutcome:
     answer: str | None = None
     output: Any = None
     error: str | None = None
-    steps = tokens = 0
+    steps = tokens = cache_read = cache_write = 0
     started = False
     for e in events:
         body = e.body
@@ -165,6 +172,8 @@ def child_outcome(session_id: str, events: Sequence[Event]) -> ChildOutcome:
             steps += 1
             usage = body.usage or Usage()
             tokens += usage.input_tokens + usage.output_tokens
+            cache_read += usage.cache_read_tokens
+            cache_write += usage.cache_write_tokens
         elif body.kind == "turn_started":
             started = True
         elif isinstance(body, RunEnded) and body.error is not None:
@@ -184,6 +193,8 @@ def child_outcome(session_id: str, events: Sequence[Event]) -> ChildOutcome:
         error=error,
         steps=steps,
         tokens=tokens,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
         started=started,
     )
 

@@ -47,7 +47,7 @@ from lodger.events import (
     ToolDispatched,
     canonical_json,
 )
-from lodger.providers.base import Model, ModelRequest, ModelResponse, TextSink
+from lodger.providers.base import Model, ModelRequest, ModelResponse, OutputMode, TextSink
 from lodger.providers.fallback import FallbackModel
 from lodger.runtime.subagents.ledger import (
     TreeSpend,
@@ -188,11 +188,11 @@ class _SchemaOutput(OutputSpec):
     def __init__(self, schema: dict[str, Any]) -> None:
         self.output_type = Any
         self._adapter = TypeAdapter(Any)
-        self.schema = schema
+        self._use_schema(schema)
         self._validator = Draft202012Validator(schema)
 
-    def validate(self, text: str) -> tuple[Any, Any]:
-        value, dumped = super().validate(text)  # parsed as JSON (any value)
+    def validate(self, text: str, mode: OutputMode = "prompted") -> tuple[Any, Any]:
+        value, dumped = super().validate(text, mode)  # parsed as JSON (any value)
         errors = sorted(self._validator.iter_errors(dumped), key=lambda e: list(e.path))[:5]
         if errors:
             problems = [

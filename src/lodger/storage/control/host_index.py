@@ -90,6 +90,8 @@ class Message:
     start_offset: int | None = None
     result: dict[str, Any] | None = None
     created_us: int = 0
+    #: the model settings the turn asks with (``ModelSettings.record()``), or None
+    settings: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,7 +177,14 @@ class HostControl(Protocol):
 
     # messages
     async def submit(
-        self, session_id: str, *, key: str, kind: MessageKind, text: str, created_us: int
+        self,
+        session_id: str,
+        *,
+        key: str,
+        kind: MessageKind,
+        text: str,
+        created_us: int,
+        settings: dict[str, Any] | None = None,
     ) -> tuple[Message, bool]: ...
     async def next_message(self, session_id: str) -> Message | None: ...
     async def start_message(self, message_id: int, *, start_offset: int) -> None: ...
@@ -236,6 +245,7 @@ CREATE TABLE IF NOT EXISTS messages (
     start_offset INTEGER,
     result TEXT,
     created_us INTEGER NOT NULL,
+    settings TEXT,
     UNIQUE (session_id, key)
 );
 CREATE INDEX IF NOT EXISTS messages_by_status ON messages (status, session_id, id);
@@ -279,6 +289,7 @@ class SqliteHostControl:
             )
             use_wal(self._db)
             self._db.executescript(_SCHEMA)
+            _add_settings_column(self._db)
         except (OSError, sqlite3.Error) as exc:
             raise StorageError(
                 f"cannot open the host index {str(self.path)!r}: {exc}",
@@ -342,11 +353,21 @@ class SqliteHostControl:
     # ------------------------------------------------------------ messages
 
     async def submit(
-        self, session_id: str, *, key: str, kind: MessageKind, text: str, created_us: int
+        self,
+        session_id: str,
+        *,
+        key: str,
+        kind: MessageKind,
+        text: str,
+        created_us: int,
+        settings: dict[str, Any] | None = None,
     ) -> tuple[Message, bool]:
         """Queue a message once per ``(session, key)``: ``(message, created)``. The same key
-        with another text is a conflict (the key names one request, not a slot)."""
-        digest = hashlib.sha256(f"{kind}\n{text}".encode()).hexdigest()
+        with another text (or other settings) is a conflict (the key names one request,
+        not a slot)."""
+        stored = None if settings is None else json.dumps(settings, sort_keys=True)
+        asked = f"{kind}\n{text}" if stored is None else f"{kind}\n{text}\n{stored}"
+        digest = hashlib.sha256(asked.encode()).hexdigest()
 
         def work(db: sqlite3.Connection) -> tuple[Message, bool]:
             db.execute("BEGIN IMMEDIATE")
@@ -370,8 +391,8 @@ class SqliteHostControl:
                     return found, False
                 cur = db.execute(
                     "INSERT INTO messages (session_id, key, kind, text, text_sha256, status, "
-                    "created_us) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
-                    (session_id, key, kind, text, digest, created_us),
+                    "created_us, settings) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
+                    (session_id, key, kind, text, digest, created_us, stored),
                 )
                 db.execute("COMMIT")
             except BaseException:
@@ -579,7 +600,18 @@ class SqliteHostControl:
         return await self._run(work)
 
 
-_MESSAGE_COLUMNS = "id, session_id, key, kind, text, status, start_offset, result, created_us"
+_MESSAGE_COLUMNS = (
+    "id, session_id, key, kind, text, status, start_offset, result, created_us, settings"
+)
+
+
+def _add_settings_column(db: sqlite3.Connection) -> None:
+    """An index made before messages carried settings gains the column (empty)."""
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(messages)")}
+    if "settings" not in columns:
+        db.execute("ALTER TABLE messages ADD COLUMN settings TEXT")
+
+
 _APPROVAL_COLUMNS = "session_id, call_id, tool, summary, status, answered_by, created_us"
 
 
@@ -601,6 +633,7 @@ def _message(row: tuple[Any, ...]) -> Message:
         start_offset=row[6],
         result=None if row[7] is None else json.loads(row[7]),
         created_us=int(row[8]),
+        settings=None if row[9] is None else json.loads(row[9]),
     )
 
 

@@ -434,6 +434,9 @@ def read_file(
     Shows `limit` lines from line `offset`; a note at the end says when there is more and
     which offset to continue from. Very long lines are cut. Binary files are refused.
     """
+    # A code cell (a nested call) gets the lines themselves, no numbers and no note, so it
+    # can parse what it read; what would be cut is an error instead (see _read_for_cell).
+    nested = ctx.parent_call_id is not None
     root = ctx.require_workspace()
     shown: list[str] = []
     used = 0
@@ -459,8 +462,12 @@ def read_file(
                     text = line.rstrip("\r\n")
                     if len(text) > READ_MAX_LINE_CHARS:
                         cut = len(text) - READ_MAX_LINE_CHARS
+                        if nested:
+                            raise _too_large_for_cell(
+                                rel, f"line {number} is {len(text)} characters"
+                            )
                         text = f"{text[:READ_MAX_LINE_CHARS]} [line cut: {cut} more characters]"
-                    rendered = f"{number:6}\t{text}"
+                    rendered = text if nested else f"{number:6}\t{text}"
                     if shown and used + len(rendered) > READ_MAX_CHARS:
                         stopped_at = number
                         continue
@@ -471,19 +478,33 @@ def read_file(
                 f"{rel!r} is not UTF-8 text", hint="use shell (for example `iconv`) to read it"
             ) from None
     if total == 0:
-        return f"[{rel!r} is empty]"
+        return "" if nested else f"[{rel!r} is empty]"
     if offset > total:
         raise ToolCallError(
             f"offset {offset} is past the end of {rel!r}, which has {total} lines",
             hint=f"use an offset between 1 and {total}",
         )
     last = offset + len(shown) - 1
+    if nested:
+        if stopped_at is not None:
+            raise _too_large_for_cell(
+                rel, f"lines {offset}-{stopped_at} pass {READ_MAX_CHARS} characters"
+            )
+        return "\n".join(shown)  # the window asked for (offset and limit), as it is
     if stopped_at is not None or last < total:
         why = " (output size limit reached)" if stopped_at is not None else ""
         shown.append(
             f"[showing lines {offset}-{last} of {total}{why}; continue with offset={last + 1}]"
         )
     return "\n".join(shown)
+
+
+def _too_large_for_cell(rel: str, why: str) -> ToolCallError:
+    """A code cell's read that would have to be cut: an error, never part of a file."""
+    return ToolCallError(
+        f"{rel!r} is too large for one read_file in a code cell ({why})",
+        hint="read it in windows with offset and limit, or use shell",
+    )
 
 
 def writing_tools(*, git_writable: bool) -> tuple[Tool, Tool]:

@@ -134,3 +134,28 @@ async def test_who_decided_is_absent_from_older_logs_and_kept_in_newer_ones() ->
         "rule 'echo'",
         "cli:golden",
     ]
+
+
+async def test_schema_8_facts_decode_and_older_usage_has_no_cache_tokens() -> None:
+    """Schema 8: settings, attachments, cache tokens, fallback switches, budgets."""
+    _, _, events, log = await replay(GOLDEN_DIR / "v8_request.jsonl")
+    await log.verify(events[0].session_id)
+    bodies = [e.body for e in events]
+    started = next(b for b in bodies if b.kind == "turn_started")
+    assert [a.name for a in started.attachments] == ["dot.png"]  # type: ignore[union-attr]
+    steps = [b for b in bodies if b.kind == "step_started"]
+    assert {json.dumps(b.settings) for b in steps} == {  # type: ignore[union-attr]
+        '{"max_tokens": 256, "temperature": 0.5}'
+    }
+    switched = [b for b in bodies if b.kind == "model_switched"]
+    assert {(b.from_model, b.to_model) for b in switched} == {  # type: ignore[union-attr]
+        ("function:primary", "function:backup")
+    }
+    usage = [b.usage for b in bodies if b.kind == "model_output"]  # type: ignore[union-attr]
+    assert {(u.cache_read_tokens, u.cache_write_tokens) for u in usage} == {(96, 8)}
+    reached = next(b for b in bodies if b.kind == "budget_reached")
+    assert (reached.budget, reached.limit, reached.unit) == ("requests", 0, "requests")  # type: ignore[union-attr]
+    _, _, old, _ = await replay(GOLDEN_DIR / "v7_decided_by.jsonl")
+    old_usage = [e.body.usage for e in old if e.kind == "model_output" and e.body.usage]  # type: ignore[union-attr]
+    assert {(u.cache_read_tokens, u.cache_write_tokens) for u in old_usage} <= {(0, 0)}
+    assert all(e.body.settings is None for e in old if e.kind == "step_started")  # type: ignore[union-attr]

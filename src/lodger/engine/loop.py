@@ -297,8 +297,14 @@ class Engine:
             error=error,
             usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=ctx.journal.commits,
-            messages=state.projector.project().messages,
+            messages=await self._messages(state),
         )
+
+    async def _messages(self, state: SessionState) -> Sequence[Message]:
+        """The context a result hands back, its media read first: a result made before any
+        step of this run loaded them (a parked or step-limited resume) needs them too."""
+        await load_media(state, self.artifacts)
+        return state.projector.project().messages
 
     async def park(self, ctx: RunContext, reached: BudgetReached) -> TurnResult:
         """End the run ``parked`` on a reached limit or budget: a ``budget_reached`` fact
@@ -318,7 +324,7 @@ class Engine:
             error=error,
             usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, state.open_turn_offset)),
             commits=journal.commits,
-            messages=state.projector.project().messages,
+            messages=await self._messages(state),
             budget=reached,
         )
 
@@ -346,7 +352,7 @@ class Engine:
             error=describe(now),
             usage=RunUsage(requests=_turn_usage(events, turn_id, state.open_turn_offset)),
             commits=journal.commits,
-            messages=state.projector.project().messages,
+            messages=await self._messages(state),
             budget=now,
         )
 
@@ -499,7 +505,7 @@ class Engine:
             output=output,
             usage=RunUsage(requests=_turn_usage(state.events, ctx.turn_id, start)),
             commits=journal.commits,
-            messages=state.projector.project().messages,
+            messages=await self._messages(state),
         )
 
     def visible_tools(self, activated: Sequence[str]) -> _StepTools:

@@ -35,6 +35,7 @@ if _typing.TYPE_CHECKING:
         CommitFailedError,
         ConfigError,
         CorruptLogError,
+        HookError,
         LodgerError,
         LogKeyError,
         MissingExtraError,
@@ -65,6 +66,7 @@ if _typing.TYPE_CHECKING:
         make_model,
         tool_call,
     )
+    from lodger.providers.base import ModelSettings
     from lodger.recovery import RecoveryPlan
     from lodger.runtime.agent import Agent, RunUsage, SessionHandle, TurnResult
     from lodger.runtime.streaming import (
@@ -118,6 +120,7 @@ _EXPORTS: dict[str, str] = {
     "StorageError": "lodger.errors",
     "ToolCallError": "lodger.errors",
     "UsageError": "lodger.errors",
+    "HookError": "lodger.errors",
     "Event": "lodger.events",
     "ProposedCall": "lodger.events",
     "Usage": "lodger.events",
@@ -138,6 +141,7 @@ _EXPORTS: dict[str, str] = {
     "ToolSchema": "lodger.providers",
     "UserMessage": "lodger.providers",
     "make_model": "lodger.providers",
+    "ModelSettings": "lodger.providers.base",
     "tool_call": "lodger.providers",
     "RecoveryPlan": "lodger.recovery",
     "EventLog": "lodger.storage",
@@ -181,6 +185,7 @@ __all__ = [
     "FactCommitted",
     "FallbackModel",
     "FunctionModel",
+    "HookError",
     "Hooks",
     "ImageUrl",
     "Limits",
@@ -196,6 +201,7 @@ __all__ = [
     "ModelPrice",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
     "PermissionPolicy",
     "PriceTable",
     "ProbeResult",

@@ -71,7 +71,7 @@ for info in pkgutil.walk_packages(lodger.__path__, "lodger."):
         extra[name] = error.extra
         continue
     ok.append(name)
-expected = {"anthropic", "client", "codemode", "host", "mcp", "openai", "postgres", "s3"}
+expected = {"anthropic", "client", "codemode", "gemini", "host", "mcp", "openai", "postgres", "s3"}
 assert set(extra.values()) == expected, f"extras named on import: {sorted(set(extra.values()))}"
 assert "lodger.runtime.agent" in ok and "lodger.cli._run" in ok, ok
 print(f"core venv: {len(ok)} modules import with the core only; {len(extra)} need an extra")

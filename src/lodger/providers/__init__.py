@@ -4,7 +4,9 @@ Specs: ``script:PATH`` (offline, deterministic), ``test`` (``TestModel``: calls 
 tool once with schema-valid arguments, then answers), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
 ``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
-``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning). SDK-backed
+``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning),
+``gemini:MODEL`` or ``google:MODEL`` (``GEMINI_API_KEY``; ``LODGER_GEMINI_BASE_URL`` points
+it at another server). SDK-backed
 adapters are imported only when asked for.
 """
 
@@ -43,8 +45,8 @@ __all__ = [
 ]
 
 _HINT = (
-    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL "
-    "or anthropic:MODEL"
+    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
+    "anthropic:MODEL or gemini:MODEL"
 )
 
 
@@ -79,6 +81,10 @@ def make_model(spec: str) -> Model:
         from lodger.providers.anthropic import AnthropicModel
 
         return AnthropicModel(model=rest, thinking_budget=_thinking_budget())
+    if kind in ("gemini", "google"):
+        from lodger.providers.gemini import GeminiModel
+
+        return GeminiModel(model=rest)
     raise ConfigError(f"unknown model provider {kind!r} in {spec!r}", hint=_HINT)
 
 

@@ -101,5 +101,6 @@ needs s3 sessions --store "file://$tmp/objects"
 needs postgres worker --state "$tmp/state" --control postgresql://lodger@127.0.0.1:1/lodger
 needs codemode run "hi" --model test --code-mode javascript --state "$tmp/state"
 needs openai run "hi" --model openai:gpt-4.1 --state "$tmp/state"
+needs gemini run "hi" --model gemini:gemini-2.5-flash --state "$tmp/state"
 needs mcp tools list --mcp "time=mcp-server-time"
 echo "check_core: the core venv passed in $((SECONDS - started)) s"

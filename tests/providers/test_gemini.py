@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from wire_server import READ_SCHEMA, Fail, Stream, WireServer, sse
+from wire_server import READ_SCHEMA, Fail, Stream, WireServer, closed_port, sse
 
-from lodger.errors import ProviderError
+from lodger.errors import ConfigError, ProviderError
 from lodger.events import ProposedCall
 from lodger.providers import make_model
 from lodger.providers.base import (
@@ -308,3 +309,47 @@ def test_make_model_takes_gemini_and_google_specs(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GEMINI_API_KEY", "k")
     assert make_model("gemini:gemini-2.5-flash").spec == "gemini:gemini-2.5-flash"
     assert make_model("google:gemini-2.5-pro").spec == "gemini:gemini-2.5-pro"
+
+
+async def test_a_signature_on_text_is_replayed_on_the_text_part(server: WireServer) -> None:
+    server.push(Stream([frame([{"text": "Answer.", "thoughtSignature": SIG}], "STOP")]))
+    response = await ask(server, HELLO)
+    assert response.provider_state == {"gemini": {"signatures": {"text": SIG}}}
+    server.push(Stream([frame([{"text": "ok"}], "STOP")]))
+    follow = ModelRequest(
+        system="",
+        messages=(
+            UserMessage(text="hi"),
+            AssistantMessage(text=response.text, provider_state=response.provider_state),
+            UserMessage(text="more"),
+        ),
+    )
+    await ask(server, follow)
+    model = server.requests[1].body["contents"][1]
+    assert model == {"role": "model", "parts": [{"text": "Answer.", "thoughtSignature": SIG}]}
+
+
+async def test_an_unreachable_server_is_retryable() -> None:
+    model = GeminiModel(model="gemini-test", base_url=f"http://127.0.0.1:{closed_port()}")
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await model.complete(HELLO)
+    finally:
+        await model.aclose()
+    assert caught.value.retryable
+    assert caught.value.code == "provider_connection"
+
+
+def test_no_key_and_no_base_url_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "LODGER_GEMINI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="no Gemini API key"):
+        GeminiModel(model="gemini-test")
+
+
+def test_an_unknown_reasoning_effort_is_a_config_error(server: WireServer) -> None:
+    request = ModelRequest(
+        system="", messages=HELLO.messages, settings=ModelSettings(reasoning_effort="huge")
+    )
+    with pytest.raises(ConfigError, match="no Gemini thinking level"):
+        asyncio.run(ask(server, request))

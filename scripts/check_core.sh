@@ -71,7 +71,7 @@ for info in pkgutil.walk_packages(lodger.__path__, "lodger."):
         extra[name] = error.extra
         continue
     ok.append(name)
-expected = {"anthropic", "client", "codemode", "host", "mcp", "openai", "postgres", "s3"}
+expected = {"anthropic", "client", "codemode", "gemini", "host", "mcp", "openai", "postgres", "s3"}
 assert set(extra.values()) == expected, f"extras named on import: {sorted(set(extra.values()))}"
 assert "lodger.runtime.agent" in ok and "lodger.cli._run" in ok, ok
 print(f"core venv: {len(ok)} modules import with the core only; {len(extra)} need an extra")
@@ -101,5 +101,6 @@ needs s3 sessions --store "file://$tmp/objects"
 needs postgres worker --state "$tmp/state" --control postgresql://lodger@127.0.0.1:1/lodger
 needs codemode run "hi" --model test --code-mode javascript --state "$tmp/state"
 needs openai run "hi" --model openai:gpt-4.1 --state "$tmp/state"
+needs gemini run "hi" --model gemini:gemini-2.5-flash --state "$tmp/state"
 needs mcp tools list --mcp "time=mcp-server-time"
 echo "check_core: the core venv passed in $((SECONDS - started)) s"

@@ -147,6 +147,7 @@ def test_every_core_module_imports_without_the_extras(tmp_path: Path) -> None:
         "lodger.client": "client",
         "lodger.host": "host",
         "lodger.providers.anthropic": "anthropic",
+        "lodger.providers.gemini": "gemini",
         "lodger.providers.openai_chat": "openai",
         "lodger.providers.openai_responses": "openai",
         "lodger.storage._object_lease": "s3",
@@ -187,6 +188,7 @@ COMMANDS_NEEDING_AN_EXTRA = [
     ("codemode", ["run", "hi", "--model", "test", "--code-mode", "python", "--state", "state"]),
     ("openai", ["run", "hi", "--model", "openai:gpt-4.1", "--state", "state"]),
     ("anthropic", ["run", "hi", "--model", "anthropic:claude-x", "--state", "state"]),
+    ("gemini", ["run", "hi", "--model", "gemini:gemini-x", "--state", "state"]),
     ("mcp", ["tools", "list", "--mcp", "time=mcp-server-time"]),
 ]
 

@@ -26,7 +26,16 @@ from lodger.errors import MissingExtraError
 __all__ = ["EXTRAS", "Extra", "require"]
 
 Extra = Literal[
-    "anthropic", "client", "codemode", "host", "mcp", "openai", "postgres", "s3", "semantic"
+    "anthropic",
+    "client",
+    "codemode",
+    "gemini",
+    "host",
+    "mcp",
+    "openai",
+    "postgres",
+    "s3",
+    "semantic",
 ]
 
 #: extra -> the distributions it installs (without versions; pyproject.toml pins them)
@@ -34,6 +43,7 @@ EXTRAS: dict[Extra, tuple[str, ...]] = {
     "anthropic": ("anthropic", "httpx2"),
     "client": ("httpx2",),
     "codemode": ("mini-racer", "pydantic-monty"),
+    "gemini": ("google-genai", "httpx2"),
     "host": ("fastapi", "uvicorn", "opentelemetry-api", "opentelemetry-sdk"),
     "mcp": ("mcp", "httpx2"),
     "openai": ("openai",),
@@ -50,6 +60,7 @@ _DISTRIBUTIONS = {
     "opentelemetry.sdk": "opentelemetry-sdk",
     "opentelemetry": "opentelemetry-api",
     "mcp_types": "mcp",
+    "google.genai": "google-genai",
 }
 
 

@@ -1,13 +1,14 @@
 """Model adapters. ``make_model(spec)`` turns a ``--model`` spec into a ``Model``.
 
 Specs: ``script:PATH`` (offline, deterministic), ``test`` (``TestModel``: calls every
-tool once with schema-valid arguments, then answers), ``openai:MODEL``,
+tool that does not write once with schema-valid arguments, then answers), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
 ``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
-``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning). SDK-backed
-adapters are imported only when asked for. Specs joined by ``|``
-(``openai:gpt-4.1|anthropic:claude-sonnet-4-5``) are a ``FallbackModel``: the models in
-that order, each taking over a step the one before failed.
+``LODGER_REPLAY_REASONING=1`` replays a Responses model's encrypted reasoning),
+``gemini:MODEL`` or ``google:MODEL`` (``GEMINI_API_KEY``; ``LODGER_GEMINI_BASE_URL`` points
+it at another server). SDK-backed adapters are imported only when asked for. Specs
+joined by ``|`` (``openai:gpt-4.1|anthropic:claude-sonnet-4-5``) are a ``FallbackModel``:
+the models in that order, each taking over a step the one before failed.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ __all__ = [
 ]
 
 _HINT = (
-    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL "
-    "or anthropic:MODEL; join specs with | for a fallback chain"
+    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
+    "anthropic:MODEL or gemini:MODEL; join specs with | for a fallback chain"
 )
 
 
@@ -103,6 +104,10 @@ def _one_model(spec: str) -> Model:
         from lodger.providers.anthropic import AnthropicModel
 
         return AnthropicModel(model=rest, thinking_budget=_thinking_budget())
+    if kind in ("gemini", "google"):
+        from lodger.providers.gemini import GeminiModel
+
+        return GeminiModel(model=rest)
     raise ConfigError(f"unknown model provider {kind!r} in {spec!r}", hint=_HINT)
 
 

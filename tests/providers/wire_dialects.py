@@ -18,10 +18,19 @@ from wire_server import Stream, WireServer, sse
 
 from lodger.providers.anthropic import AnthropicModel
 from lodger.providers.base import Model
+from lodger.providers.gemini import GeminiModel
 from lodger.providers.openai_chat import OpenAIChatModel
 from lodger.providers.openai_responses import OpenAIResponsesModel
 
-__all__ = ["ANTHROPIC", "DIALECTS", "OPENAI_CHAT", "OPENAI_RESPONSES", "Dialect", "Turn"]
+__all__ = [
+    "ANTHROPIC",
+    "DIALECTS",
+    "GEMINI",
+    "OPENAI_CHAT",
+    "OPENAI_RESPONSES",
+    "Dialect",
+    "Turn",
+]
 
 #: one entry of a conversation as any provider's wire carries it:
 #: ("user", text), ("assistant", text), ("call", call id, tool name), ("result", call id, text)
@@ -334,4 +343,54 @@ OPENAI_RESPONSES = Dialect(
     state_marker=_ENCRYPTED,
 )
 
-DIALECTS = (OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES)
+# ---------------------------------------------------------------- Gemini
+
+_THOUGHT = "c2lnbmVkLWJ5LWdlbWluaQ"  # only Gemini's thought signatures hold it
+
+
+def _gemini_frame(parts: list[dict[str, Any]]) -> tuple[str | None, str]:
+    body = {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "index": 0, "finishReason": "STOP"}
+        ],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 3},
+    }
+    return sse(body)
+
+
+def _gemini_call(call_id: str, name: str, arguments: dict[str, Any]) -> Stream:
+    part = {"functionCall": {"id": call_id, "name": name, "args": arguments}}
+    return Stream([_gemini_frame([{**part, "thoughtSignature": _THOUGHT}])])
+
+
+def _gemini_answer(text: str) -> Stream:
+    return Stream([_gemini_frame([{"text": text}])])
+
+
+def _gemini_history(body: dict[str, Any]) -> list[Turn]:
+    out: list[Turn] = []
+    for content in body.get("contents", []):
+        for part in content.get("parts", []):
+            if "text" in part:
+                out.append(("user" if content["role"] == "user" else "assistant", part["text"]))
+            elif "functionCall" in part:
+                call = part["functionCall"]
+                out.append(("call", call.get("id", ""), call["name"]))
+            elif "functionResponse" in part:
+                answer = part["functionResponse"]
+                response = answer.get("response", {})
+                text = response.get("output", response.get("error", ""))
+                out.append(("result", answer.get("id", ""), _text_of(text)))
+    return out
+
+
+GEMINI = Dialect(
+    name="gemini",
+    model=lambda server: GeminiModel(model="gemini-test", base_url=server.base_url, api_key="k"),
+    call=_gemini_call,
+    answer=_gemini_answer,
+    history=_gemini_history,
+    state_marker=_THOUGHT,
+)
+
+DIALECTS = (OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES, GEMINI)

@@ -26,6 +26,7 @@ def test_there_are_examples_for_each_library_feature() -> None:
         "fallback",
         "budgets",
         "images",
+        "settings_and_results",
     } <= names
 
 

@@ -44,7 +44,9 @@ async def test_a_turns_model_settings_reach_the_request_and_step_started(
             done = await c.wait_message(sid, sent["message"]["id"])
             assert done["status"] == "done", done
             facts = await c.events(sid)
-            with pytest.raises(LodgerError, match="unknown model setting 'warmth'"):
+            with pytest.raises(
+                LodgerError, match=r"model_settings\.warmth: Extra inputs are not permitted"
+            ):
                 await c.send(sid, "again", model_settings={"warmth": 1})
         body = server.requests[0].body
     assert body["max_tokens"] == 33

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, Field, create_model
 
-from lodger.engine.modelsettings import settings_from_mapping
+from lodger.engine.modelsettings import REASONING_EFFORTS, settings_from_mapping
 from lodger.errors import UsageError
 from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
@@ -167,6 +167,21 @@ else:
     ]
 
 
+class ModelSettingsIn(Input):
+    """A turn's model settings as the schema states them: every key and range the host
+    checks is in the schema, so a request the schema allows is one the host takes."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: list[Annotated[str, Field(min_length=1)]] | None = None
+    seed: int | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
+    #: provider-specific options merged into the request body as they are
+    extra: dict[str, Any] | None = None
+
+
 class SendMessage(Input):
     text: str = Field(min_length=1, max_length=200_000)
     idempotency_key: Key | None = None
@@ -177,7 +192,7 @@ class SendMessage(Input):
         f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
     )
     #: the turn's model settings (temperature, max_tokens, ...) over the project's
-    model_settings: dict[str, Any] | None = Field(
+    model_settings: ModelSettingsIn | None = Field(
         default=None,
         description="temperature, top_p, max_tokens, stop, seed, parallel_tool_calls, "
         "reasoning_effort, extra: as lodger.toml's [model_settings]",
@@ -233,7 +248,9 @@ async def send(
     settings = None
     if body.model_settings is not None:
         settings = settings_from_mapping(
-            body.model_settings, where="model_settings", error=UsageError
+            body.model_settings.model_dump(exclude_none=True),
+            where="model_settings",
+            error=UsageError,
         )
     message, created = await host.hub.send(
         session_id, key=key, text=body.text, media=media, settings=settings

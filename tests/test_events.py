@@ -24,25 +24,35 @@ from lodger.events import (
     Body,
     BudgetReached,
     CallRejected,
+    CancelRequested,
+    Compacted,
+    CompactionFailed,
     ContextCompacted,
     Event,
     EventDraft,
+    FileCheckpoint,
     FileExpectation,
     ForkParent,
+    MessageQueued,
     ModelOutput,
     ModelSwitched,
     OperatorDecision,
     OutputRejected,
     PermissionDecided,
+    PermissionModeChanged,
     PermissionRequested,
     Prefix,
     ProposedCall,
     ProviderRetried,
+    QueueChanged,
     RecoveryDecided,
     RecoveryObserved,
+    Rewound,
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
+    SteerReceived,
     StepStarted,
     ToolDispatched,
     ToolRef,
@@ -83,6 +93,8 @@ artifacts = st.builds(
     ArtifactRef, sha256=hex_digest, size=counts, media_type=st.sampled_from(["text/plain", "a/b"])
 )
 prefixes = st.builds(Prefix, high_water=counts, digest=hex_digest)
+triggers = st.sampled_from(["manual", "threshold", "overflow", "context_error"])
+modes = st.sampled_from(["plan", "ask", "accept_edits", "full_auto"])
 proposed_calls = st.builds(ProposedCall, call_id=text, name=text, arguments=text)
 expectations = st.builds(
     FileExpectation, path=text, before_sha256=st.none() | hex_digest, after_sha256=hex_digest
@@ -188,6 +200,68 @@ BODIES: dict[str, st.SearchStrategy[typing.Any]] = {
         output=st.none() | json_values,
     ),
     "output_rejected": st.builds(OutputRejected, message=text, attempt=counts),
+    "compacted": st.builds(
+        Compacted,
+        covers=prefixes,
+        summary=text,
+        native_state=st.none() | st.dictionaries(text, json_values, max_size=3),
+        dropped_call_ids=names,
+        dropped_bytes=counts,
+        dropped_tokens=counts,
+        pinned=names,
+        model=text,
+        prompt_sha256=hex_digest,
+        tokens_before=counts,
+        tokens_after=counts,
+        trigger=triggers,
+        previous=st.none() | counts,
+    ),
+    "compaction_failed": st.builds(
+        CompactionFailed,
+        covers=prefixes,
+        trigger=triggers,
+        attempts=counts,
+        reason=text,
+        fallback=st.sampled_from(["elision", "none"]),
+    ),
+    "steer_received": st.builds(SteerReceived, steer_id=text, text=text, who=opt_text),
+    "steer_delivered": st.builds(SteerDelivered, steer_ids=names, step=counts),
+    "message_queued": st.builds(
+        MessageQueued,
+        message_id=text,
+        text=text,
+        policy=st.sampled_from(["enqueue", "reject", "interrupt", "rollback"]),
+        who=opt_text,
+    ),
+    "queue_changed": st.builds(
+        QueueChanged,
+        message_id=text,
+        action=st.sampled_from(["edit", "move", "retract", "delivered"]),
+        text=opt_text,
+        position=st.none() | counts,
+        who=opt_text,
+    ),
+    "cancel_requested": st.builds(CancelRequested, who=opt_text, reason=text),
+    "permission_mode_changed": st.builds(
+        PermissionModeChanged, mode=modes, previous=st.none() | modes, who=opt_text
+    ),
+    "rewound": st.builds(
+        Rewound,
+        left=st.builds(ForkParent, session_id=text, high_water=counts, digest=hex_digest),
+        to=prefixes,
+        restored=counts,
+        removed=counts,
+        forced=names,
+        who=opt_text,
+    ),
+    "file_checkpoint": st.builds(
+        FileCheckpoint,
+        operation_id=text,
+        path=text,
+        before_sha256=st.none() | hex_digest,
+        after_sha256=st.none() | hex_digest,
+        before=st.none() | artifacts,
+    ),
 }
 
 bodies = st.one_of(*BODIES.values())

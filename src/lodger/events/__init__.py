@@ -28,6 +28,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     6  permission_decided.decision park (the call waits for an answer given outside the run).
     7  permission_decided.who and operator_decision.who (who decided).
     8  usage cache tokens; step settings; turn attachments; model_switched; budget_reached.
+    9  compaction facts; steering and a follow-up queue; cancel; permission modes; rewind.
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ __all__ = [
     "Body",
     "BudgetReached",
     "CallRejected",
+    "CancelRequested",
     "ChainKind",
+    "Compacted",
+    "CompactionFailed",
+    "CompactionTrigger",
     "ContextCompacted",
     "DecisionAction",
     "Event",
     "EventDraft",
+    "FileCheckpoint",
     "FileExpectation",
     "ForkParent",
+    "MessageQueued",
     "ModelOutput",
     "ModelSwitched",
     "ObservedReason",
@@ -70,19 +77,26 @@ __all__ = [
     "OperatorDecision",
     "OutputRejected",
     "PermissionDecided",
+    "PermissionMode",
+    "PermissionModeChanged",
     "PermissionRequested",
     "Prefix",
     "ProposedCall",
     "ProviderRetried",
+    "QueueChanged",
+    "QueuePolicy",
     "RecoveryAction",
     "RecoveryDecided",
     "RecoveryObserved",
     "RecoveryPolicy",
     "RejectionReason",
     "ResultStatus",
+    "Rewound",
     "RunEnded",
     "RunStarted",
     "SessionStarted",
+    "SteerDelivered",
+    "SteerReceived",
     "StepStarted",
     "ToolDispatched",
     "ToolRef",
@@ -102,7 +116,7 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
@@ -112,6 +126,7 @@ SCHEMA_CHANGELOG: Mapping[int, str] = {
     6: "permission_decided.decision park (the call waits for an answer given outside the run)",
     7: "permission_decided.who and operator_decision.who (who decided)",
     8: "usage cache tokens; step settings; turn attachments; model_switched; budget_reached",
+    9: "compaction facts; steering and a follow-up queue; cancel; permission modes; rewind",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -428,6 +443,140 @@ class ContextCompacted(_Value):
     estimated_tokens: int
 
 
+CompactionTrigger = Literal["manual", "threshold", "overflow", "context_error"]
+
+
+class Compacted(_Value):
+    """A compaction (schema 9): a projection of the log up to ``covers``, never a rewrite.
+
+    The model's context after it is the system prompt, what was pinned, ``summary`` (or
+    the provider's ``native_state`` where one is used) and every fact after
+    ``covers.high_water``. ``previous`` is the offset of the compaction this one chains
+    from (its summary is part of what this one covers); ``dropped_*`` say what the
+    summary stands for; ``model`` and ``prompt_sha256`` say what made it.
+    """
+
+    kind: Literal["compacted"] = "compacted"
+    covers: Prefix
+    summary: str
+    native_state: dict[str, JsonValue] | None = None
+    dropped_call_ids: tuple[str, ...] = ()
+    dropped_bytes: int = 0
+    dropped_tokens: int = 0
+    pinned: tuple[str, ...] = ()
+    model: str
+    prompt_sha256: str
+    tokens_before: int
+    tokens_after: int
+    trigger: CompactionTrigger
+    previous: int | None = None
+
+
+class CompactionFailed(_Value):
+    """A compaction that did not produce a usable summary (schema 9): ``fallback`` says
+    what the step did instead (``elision``: the oldest tool results were elided)."""
+
+    kind: Literal["compaction_failed"] = "compaction_failed"
+    covers: Prefix
+    trigger: CompactionTrigger
+    attempts: int
+    reason: str
+    fallback: Literal["elision", "none"] = "elision"
+
+
+class SteerReceived(_Value):
+    """A message for the running turn (schema 9), committed when it arrives; the model
+    reads it at the next provider boundary (``steer_delivered``)."""
+
+    kind: Literal["steer_received"] = "steer_received"
+    steer_id: str
+    text: str
+    who: str | None = None
+
+
+class SteerDelivered(_Value):
+    """The steers first carried by step ``step``'s request (schema 9), in order."""
+
+    kind: Literal["steer_delivered"] = "steer_delivered"
+    steer_ids: tuple[str, ...]
+    step: int
+
+
+QueuePolicy = Literal["enqueue", "reject", "interrupt", "rollback"]
+
+
+class MessageQueued(_Value):
+    """A follow-up message queued for a later turn (schema 9), with its policy."""
+
+    kind: Literal["message_queued"] = "message_queued"
+    message_id: str
+    text: str
+    policy: QueuePolicy = "enqueue"
+    who: str | None = None
+
+
+class QueueChanged(_Value):
+    """A change to a queued message before delivery (schema 9): ``edit`` (new ``text``),
+    ``move`` (to ``position``), ``retract``, or ``delivered`` (it became the next turn)."""
+
+    kind: Literal["queue_changed"] = "queue_changed"
+    message_id: str
+    action: Literal["edit", "move", "retract", "delivered"]
+    text: str | None = None
+    position: int | None = None
+    who: str | None = None
+
+
+class CancelRequested(_Value):
+    """Someone asked the running turn to stop (schema 9): queued calls never start,
+    calls past T1 settle, and the turn ends ``cancelled``."""
+
+    kind: Literal["cancel_requested"] = "cancel_requested"
+    who: str | None = None
+    reason: str = ""
+
+
+PermissionMode = Literal["plan", "ask", "accept_edits", "full_auto"]
+
+
+class PermissionModeChanged(_Value):
+    """The session's permission mode from the next step on (schema 9); the project's
+    deny rules hold in every mode."""
+
+    kind: Literal["permission_mode_changed"] = "permission_mode_changed"
+    mode: PermissionMode
+    previous: PermissionMode | None = None
+    who: str | None = None
+
+
+class Rewound(_Value):
+    """This branch became the session's current one by a rewind (schema 9): ``left`` is
+    the branch left behind at its head (rewinding to it undoes this one), ``to`` the
+    prefix this branch starts from; ``restored``/``removed`` count workspace files put
+    back, ``forced`` names files changed outside lodger that were overwritten."""
+
+    kind: Literal["rewound"] = "rewound"
+    left: ForkParent
+    to: Prefix
+    restored: int = 0
+    removed: int = 0
+    forced: tuple[str, ...] = ()
+    who: str | None = None
+
+
+class FileCheckpoint(_Value):
+    """A file tool's per-edit checkpoint (schema 9): the content ``path`` had before the
+    edit (``before``: an artifact; None with ``before_sha256`` None: absent), so a rewind
+    into the middle of a turn restores exactly."""
+
+    kind: Literal["file_checkpoint"] = "file_checkpoint"
+    operation_id: str
+    path: str
+    before_sha256: str | None
+    after_sha256: str | None
+    before: ArtifactRef | None = None
+
+
 class RunEnded(_Value):
     kind: Literal["run_ended"] = "run_ended"
     status: Literal[
@@ -477,6 +626,16 @@ Body = Annotated[
     | ArtifactStored
     | WorkspaceSnapshot
     | ContextCompacted
+    | Compacted
+    | CompactionFailed
+    | SteerReceived
+    | SteerDelivered
+    | MessageQueued
+    | QueueChanged
+    | CancelRequested
+    | PermissionModeChanged
+    | Rewound
+    | FileCheckpoint
     | OutputRejected
     | RunEnded
     | TurnEnded,

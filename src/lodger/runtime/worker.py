@@ -246,11 +246,14 @@ class Worker:
         self.guard.hold(lease)
         ended = False
         try:
-            delay, held, failure = await self._work(claim, stop)
+            delay, held, failure, index = await self._work(claim, stop)
             current = self.guard.lease(wake.session_id) or lease
+            # the session's index rides in the wake's end: one transaction, not two
             await self.control.end_wake(
-                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure
-            )
+                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure,
+                row=index.row if index else None, parked=index.parked if index else (),
+                release_held=index.release_held if index else False,
+            )  # fmt: skip
             ended = True
         finally:
             current = self.guard.lease(wake.session_id) or lease
@@ -261,17 +264,20 @@ class Worker:
 
     async def _work(
         self, claim: SessionClaim, stop: asyncio.Event
-    ) -> tuple[float | None, bool, str | None]:
+    ) -> tuple[float | None, bool, str | None, _Index | None]:
         """Run the wake under its lease's watch: (hand back after this delay, or None
-        when the wake is done; whether it is held; why it is given up on, if it is)."""
+        when the wake is done; whether it is held; why it is given up on, if it is;
+        the session's index to write as the wake ends)."""
         wake = claim.wake
         delay: float | None = None
         held = False  # handed back until the session's open turn settles
         failure: str | None = None
+        index: _Index | None = None
         turn = asyncio.ensure_future(self._turn(wake, claim.row))
         watch = asyncio.ensure_future(self._watch(wake, turn, stop))
         try:
-            delay, held = await turn
+            step = await turn
+            delay, held, index = step.delay, step.held, step.index
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -304,11 +310,9 @@ class Worker:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
-        return delay, held, failure
+        return delay, held, failure, index
 
-    async def _watch(
-        self, wake: Wake, turn: asyncio.Future[tuple[float | None, bool]], stop: asyncio.Event
-    ) -> None:
+    async def _watch(self, wake: Wake, turn: asyncio.Future[_Step], stop: asyncio.Event) -> None:
         """Renew the lease and the claim; cancel the turn when the lease is lost or, after
         ``stop``, when the grace period is over."""
         ttl = self.config.lease_ttl_s
@@ -347,7 +351,7 @@ class Worker:
         finally:
             stopped.cancel()
 
-    async def _turn(self, wake: Wake, row: SessionRow | None) -> tuple[float | None, bool]:
+    async def _turn(self, wake: Wake, row: SessionRow | None) -> _Step:
         """Run the wake on its session. Returns the delay after which it should be looked
         at again (a session parked on an operator), None when the wake is done, and
         whether it is held: it waits for something only someone else can change (an
@@ -376,7 +380,7 @@ class Worker:
             if step.delay is None and wake.message is not None and not _delivered(step.state, wake):
                 await self._deliver(sessions, wake, binding, workspace, step)
             await self._settled(sid, binding, workspace, step)
-            return step.delay, step.held
+            return step
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
 
@@ -454,7 +458,7 @@ class Worker:
         self.stats.turns += 1
         self.stats.settled.append(result.status)
         step.waiting = result.status == "waiting"
-        step.state = await self._fold(sid)
+        step.state = await self._after_turn(sid)
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
         """After the wake's work: park its questions, snapshot, index, wake who waits."""
@@ -465,8 +469,12 @@ class Worker:
         # the turn settled: messages that waited for it go now, not at their next look
         # (this wake is still claimed, so it is not among them)
         settled = state is not None and state.open_turn is None
-        await self._index(sid, state, snapshot.ref, waiting=step.waiting, release_held=settled)
+        step.index = _index_of(sid, state, snapshot.ref, waiting=step.waiting,
+                               release_held=settled)  # fmt: skip
         if step.wake_parent is not None:
+            # the parent brings the child's edits from the indexed snapshot: index now
+            await self._index(step.index)
+            step.index = None
             assert binding.subagents is not None and binding.subagents.children is not None
             await binding.subagents.children.settled(child=step.wake_parent)
 
@@ -545,43 +553,28 @@ class Worker:
         try:
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
             state = await self._fold(sid)
-            await self._index(sid, state, snapshot.ref)
+            await self._index(_index_of(sid, state, snapshot.ref))
         except (LodgerError, OSError) as exc:
             log.warning("indexing %s after a stop: %s", sid, exc)
 
-    async def _index(
-        self,
-        sid: str,
-        state: SessionState | None,
-        snapshot: str,
-        *,
-        waiting: bool = False,
-        release_held: bool = False,
-    ) -> None:
+    async def _index(self, index: _Index | None) -> None:
         """The session's index row and parked calls (and its held wakes released, when
         its turn settled), in one transaction stamped with the control plane's clock."""
-        if state is None:
-            return
-        plan = state.plan()
-        status = state.last_turn_status or "started"
-        if state.open_turn is not None:
-            status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
-        await self.control.index_session(
-            row=SessionRow(
-                session_id=sid,
-                status=status,
-                last_activity=0.0,
-                events=len(state.events),
-                snapshot=snapshot,
-                model=state.last_model,
-            ),
-            parked=[
-                ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
-                           since=0.0)
-                for c in plan.blocked
-            ],
-            release_held=release_held,
-        )  # fmt: skip
+        if index is not None:
+            await self.control.index_session(
+                row=index.row, parked=index.parked, release_held=index.release_held
+            )
+
+    async def _after_turn(self, sid: str) -> SessionState | None:
+        """The fold after a turn this worker ran to its end: the agent's, which holds
+        what its writer committed (the writer read whatever the store had beyond it
+        when it opened, and a failed commit drops it from the cache), so the stored
+        head is not read again; the log when it is not cached."""
+        cached = self.sessions.cached(sid)
+        if cached is not None and cached.events:
+            self.stats.folds_reused += 1
+            return cached
+        return await self._fold(sid)
 
     async def _fold(self, sid: str) -> SessionState | None:
         """The session's verified fold (None: no events yet), from this worker's cache
@@ -629,6 +622,50 @@ class _Step:
     waiting: bool = False
     #: a child whose turn settled here: its parent is woken once it is indexed
     wake_parent: SubagentLink | None = None
+    #: the session's index, written as the wake ends (``end_wake``)
+    index: _Index | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Index:
+    """What indexes a session (``index_session``'s, and ``end_wake``'s, arguments)."""
+
+    row: SessionRow
+    parked: list[ParkedCall]
+    release_held: bool
+
+
+def _index_of(
+    sid: str,
+    state: SessionState | None,
+    snapshot: str,
+    *,
+    waiting: bool = False,
+    release_held: bool = False,
+) -> _Index | None:
+    """The session's index row and parked calls after a wake (None: no log yet)."""
+    if state is None:
+        return None
+    plan = state.plan()
+    status = state.last_turn_status or "started"
+    if state.open_turn is not None:
+        status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
+    return _Index(
+        row=SessionRow(
+            session_id=sid,
+            status=status,
+            last_activity=0.0,
+            events=len(state.events),
+            snapshot=snapshot,
+            model=state.last_model,
+        ),
+        parked=[
+            ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
+                       since=0.0)
+            for c in plan.blocked
+        ],
+        release_held=release_held,
+    )  # fmt: skip
 
 
 def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:

@@ -345,6 +345,41 @@ class ControlConformance:
         (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
         assert again.wake.id == held
 
+    async def test_ending_a_wake_with_its_index_is_one_step(self, control: ControlPlane) -> None:
+        first = int(await control.send(session_id="s1", message="one") or 0)
+        (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+        calls = [ParkedCall(session_id="s1", call_id="c1", tool="pay", reason="r", since=0.0)]
+        row = SessionRow(session_id="s1", status="parked", last_activity=0.0, events=3,
+                         snapshot="sha256:a", model="script:x")  # fmt: skip
+        before = await control.now()
+        # handed back held, as asked, though its own release_held would free it
+        await control.end_wake(wake_id=first, lease=claim.lease, row=row, parked=calls,
+                               delay_s=_LONG, held=True, release_held=True)  # fmt: skip
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.events, got.model) == ("parked", 3,
+                                                                        "script:x")  # fmt: skip
+        assert got.last_activity >= before  # stamped with the control plane's clock
+        assert [c.call_id for c in await control.list_parked(session_id="s1")] == ["c1"]
+        (pending,) = await control.pending_wakes(session_id="s1")
+        assert pending.id == first and pending.due_at >= before + _LONG / 2
+        with pytest.raises(LeaseLostError):  # released
+            await control.check_session(lease=claim.lease)
+        waited = await control.send(session_id="s1", message="two")
+        (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
+        assert again.wake.id == waited and again.lease.epoch == claim.lease.epoch + 1
+        settled = SessionRow(session_id="s1", status="completed", last_activity=0.0, events=6)
+        await control.end_wake(wake_id=waited, lease=again.lease, row=settled,
+                               release_held=True)  # fmt: skip
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.events) == ("completed", 6)
+        assert got.snapshot == "sha256:a" and got.model == "script:x"  # kept
+        assert await control.list_parked(session_id="s1") == []
+        info = await control.get_wake(wake_id=waited)
+        assert info is not None and info.status == "done"
+        # the turn settled: the held wake is due now, and the lease is free
+        (last,) = await control.claim_sessions(holder="w3", limit=1, ttl_s=_LONG)
+        assert last.wake.id == first and last.lease.epoch == again.lease.epoch + 1
+
     async def test_a_missed_schedule_fires_once(self, control: ControlPlane) -> None:
         now = await control.now()
         schedule = await control.add_schedule(

@@ -465,8 +465,13 @@ class SqlControlPlane:
         delay_s: float | None = None,
         held: bool = False,
         error: str | None = None,
+        row: SessionRow | None = None,
+        parked: Sequence[ParkedCall] = (),
+        release_held: bool = False,
     ) -> None:
         async with self._tx() as tx:
+            if row is not None:  # the index first: this wake is finished or handed back after
+                await self._index(tx, row, parked, release_held)
             if delay_s is None:
                 await tx.change(
                     "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s",
@@ -647,11 +652,16 @@ class SqlControlPlane:
         self, *, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool = False
     ) -> int:
         async with self._tx() as tx:
-            await self._record(tx, dataclasses.replace(row, last_activity=tx.now))
-            await self._set_parked(
-                tx, row.session_id, [dataclasses.replace(c, since=tx.now) for c in parked]
-            )
-            return await self._release_held(tx, row.session_id) if release_held else 0
+            return await self._index(tx, row, parked, release_held)
+
+    async def _index(
+        self, tx: _Tx, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool
+    ) -> int:
+        await self._record(tx, dataclasses.replace(row, last_activity=tx.now))
+        await self._set_parked(
+            tx, row.session_id, [dataclasses.replace(c, since=tx.now) for c in parked]
+        )
+        return await self._release_held(tx, row.session_id) if release_held else 0
 
     async def get_session(self, *, session_id: str) -> SessionRow | None:
         async with self._tx() as tx:

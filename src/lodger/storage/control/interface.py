@@ -283,10 +283,16 @@ class Wakes(Protocol):
         delay_s: float | None = None,
         held: bool = False,
         error: str | None = None,
+        row: SessionRow | None = None,
+        parked: Sequence[ParkedCall] = (),
+        release_held: bool = False,
     ) -> None:
-        """In one transaction: finish the wake (``delay_s`` None; ``error`` as in
-        ``finish_wake``) or hand it back (``hand_back_wake`` with ``delay_s`` and
-        ``held``), then release ``lease`` (``release_session``)."""
+        """In one transaction: index the session first when ``row`` is given (what
+        ``index_session`` does with ``row``, ``parked`` and ``release_held``; this wake
+        itself is then finished or handed back as asked, whatever ``release_held`` did
+        to it), finish the wake (``delay_s`` None; ``error`` as in ``finish_wake``) or
+        hand it back (``hand_back_wake`` with ``delay_s`` and ``held``), then release
+        ``lease`` (``release_session``)."""
         ...
 
     async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None: ...

@@ -128,6 +128,7 @@ class Worker:
         self.holder = holder or f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self.guard = LeaseGuard(control)
         inner = storage.log
+        _lease_no_longer_than(inner.store, self.config.lease_ttl_s)
         self.storage = Storage(
             log=EventLog(
                 FencedLogStore(inner.store, self.guard),
@@ -591,6 +592,17 @@ class Worker:
                 return cached
         self.stats.folds_read += 1
         return await self.sessions.state(sid)
+
+
+def _lease_no_longer_than(store: object, ttl_s: float) -> None:
+    """An object store's writer lease lasts no longer than the session lease: a worker
+    that died on another machine (whose death nobody here can see) holds the log no
+    longer than the session, so the next worker resumes it after one TTL, not after the
+    store's (30 s). Fencing is unchanged: commits are checked against the session lease
+    and every segment put is create-only."""
+    current = getattr(store, "lease_ttl_s", None)
+    if isinstance(current, float | int) and current > ttl_s:
+        store.lease_ttl_s = ttl_s  # type: ignore[attr-defined]
 
 
 async def _listen(control: WakeNotices, bell: WakeBell) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +262,39 @@ async def test_a_worker_claims_for_all_its_free_slots_at_once(tmp_path: Path) ->
     assert worker.stats.claimed == 8 and worker.stats.turns == 8
     assert worker.stats.claims <= 5  # 4 at once, then as slots freed (one each at worst)
     assert not worker.bell.live and worker.bell.rings == 0
+
+
+async def test_a_workers_store_lease_lasts_no_longer_than_its_session_lease(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A worker killed on another machine (its death unseen here) holds the log's writer
+    lease only as long as its session lease: the store's own 30 s TTL is cut to it."""
+    dsn = postgres.new_database()
+    control = PostgresControlPlane(dsn)
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    left: list[float] = []
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        def answer(request: ModelRequest) -> ModelResponse:
+            leases = sorted((tmp_path / "objects" / "sessions" / session_id / "lease").iterdir())
+            record = json.loads(leases[-1].read_text())  # the running turn's writer lease
+            left.append(record["expires_us"] / 1e6 - time.time())
+            return ModelResponse(text="ok")
+
+        return Binding(model=FunctionModel(answer), workspace=workspace)
+
+    config = WorkerConfig(poll_s=0.05, lease_ttl_s=3.0)
+    worker = Worker(control=control, storage=storage, bind=bind, config=config,
+                    workdir=tmp_path)  # fmt: skip
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(worker.run(stop))
+    try:
+        sent = await control.send(session_id="s1", message="hello")
+        await _done(control, sent_ids=[sent], running=running)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, _BOUND)
+        await storage.close()
+        await control.close()
+    assert left and 0 < left[0] <= 3.0

@@ -448,7 +448,8 @@ class Worker:
         assert wake.message is not None
         sid = wake.session_id
         offset = len(step.state.events) if step.state is not None else 0
-        await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
+        # recorded with the turn's first commit check (``LeaseGuard.starting``)
+        self.guard.starting(sid, wake_id=wake.id, offset=offset)
         try:
             task = await wake_input(wake.message, self.storage.artifacts, session_id=sid)
             result = await sessions.run(task, binding=binding, session=sid)

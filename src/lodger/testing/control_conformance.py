@@ -234,6 +234,21 @@ class ControlConformance:
         flat = [wake for claim in claims for wake in claim]
         assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
 
+    async def test_a_commit_check_can_record_where_a_wake_started(
+        self, control: ControlPlane
+    ) -> None:
+        sent = int(await control.send(session_id="s1", message="hi") or 0)
+        (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+        await control.check_session(lease=claim.lease, wake_started=(sent, 7))
+        info = await control.get_wake(wake_id=sent)
+        assert info is not None and info.wake.started_offset == 7
+        await control.check_session(lease=claim.lease)  # a plain check changes nothing
+        info = await control.get_wake(wake_id=sent)
+        assert info is not None and info.wake.started_offset == 7
+        await control.release_session(lease=claim.lease)
+        with pytest.raises(LeaseLostError):
+            await control.check_session(lease=claim.lease, wake_started=(sent, 9))
+
     async def test_a_claim_takes_wakes_and_their_leases_at_once(
         self, make_control: MakeControl
     ) -> None:

@@ -324,8 +324,15 @@ class SqlControlPlane:
                 expires_at=expires,
             )
 
-    async def check_session(self, *, lease: SessionLease) -> None:
+    async def check_session(
+        self, *, lease: SessionLease, wake_started: tuple[int, int] | None = None
+    ) -> None:
         async with self._tx() as tx:
+            if wake_started is not None:
+                wake_id, offset = wake_started
+                await tx.change(
+                    "UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
+                )
             rows = await tx.rows(
                 "SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
                 "AND epoch = %s AND expires_at > %s",

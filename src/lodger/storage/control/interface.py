@@ -243,8 +243,12 @@ class SessionLeases(Protocol):
         """Extend a current lease; ``LeaseLostError`` when it expired or was taken."""
         ...
 
-    async def check_session(self, *, lease: SessionLease) -> None:
-        """``LeaseLostError`` unless ``lease`` is still current (the commit guard)."""
+    async def check_session(
+        self, *, lease: SessionLease, wake_started: tuple[int, int] | None = None
+    ) -> None:
+        """``LeaseLostError`` unless ``lease`` is still current (the commit guard). With
+        ``wake_started`` (a wake id and an offset), ``mark_wake_started`` in the same
+        step: a worker's first commit of a delivered message records where it started."""
         ...
 
     async def release_session(self, *, lease: SessionLease) -> None: ...

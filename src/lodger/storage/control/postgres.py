@@ -253,15 +253,19 @@ class PostgresControlPlane(SqlControlPlane):
                 raise
             await conn.execute(b"COMMIT")
 
-    async def check_session(self, *, lease: SessionLease) -> None:
+    async def check_session(
+        self, *, lease: SessionLease, wake_started: tuple[int, int] | None = None
+    ) -> None:
         # the commit guard runs before every append: one statement, no transaction, on
-        # the server's clock (what the shared logic does in four round trips)
+        # the server's clock (what the shared logic does in four round trips); the mark
+        # of a delivered message rides in the first one
+        check = (lease.session_id, lease.holder, lease.epoch)
         async with self._errors(), self._pool.connection() as conn:
-            cursor = await conn.execute(
-                b"SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
-                b"AND epoch = %s AND expires_at > extract(epoch from clock_timestamp())",
-                (lease.session_id, lease.holder, lease.epoch),
-            )
+            if wake_started is None:
+                cursor = await conn.execute(_CHECK_SESSION, check)
+            else:
+                wake_id, offset = wake_started
+                cursor = await conn.execute(_CHECK_STARTED, (offset, wake_id, *check))
             found = await cursor.fetchall()
         if not found:
             raise lease_lost(lease)
@@ -347,6 +351,15 @@ class PostgresControlPlane(SqlControlPlane):
 
 
 _BEGIN = b"BEGIN; SELECT extract(epoch from clock_timestamp())::float8"
+_CHECK_SESSION = (
+    b"SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
+    b"AND epoch = %s AND expires_at > extract(epoch from clock_timestamp())"
+)
+#: ``mark_wake_started`` and the commit guard in one statement (its own transaction)
+_CHECK_STARTED = (
+    b"WITH started AS (UPDATE wakes SET started_offset = %s WHERE id = %s RETURNING 1) "
+    + _CHECK_SESSION
+)
 
 # ``claim_sessions`` in one statement (parameters: the limit, the holder, the ttl, the
 # holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock), their

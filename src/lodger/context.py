@@ -26,6 +26,7 @@ from typing import Any, overload
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger._core.records import record
+from lodger._pinned import Pinned, pinned_items, render_head
 from lodger.errors import CorruptLogError, StorageError
 from lodger.events import (
     ArtifactRef,
@@ -33,6 +34,7 @@ from lodger.events import (
     Attachment,
     CallRejected,
     CancelRequested,
+    Compacted,
     CompactionFailed,
     ContextCompacted,
     Event,
@@ -73,10 +75,13 @@ from lodger.providers.base import (
 __all__ = [
     "MessageLog",
     "MessageSnapshot",
+    "Pinned",
     "Projection",
     "Projector",
     "estimate_tokens",
+    "pinned_items",
     "project_messages",
+    "render_head",
 ]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
@@ -418,7 +423,14 @@ def project_messages(
     With ``budget_tokens``, results of all but the ``keep_recent`` latest model outputs
     are elided oldest first until the estimate fits (or nothing older is left).
     ``media`` holds the bytes of the attachments and media results (by sha256).
+    After a ``compacted`` fact, the newest one's summary (with what it pinned) stands
+    for the prefix it covers (``_project_compacted``).
     """
+    for index in range(len(events) - 1, -1, -1):
+        if type(events[index].body) is Compacted and events[index].visibility == "model":
+            return _project_compacted(
+                events, index, budget_tokens=budget_tokens, keep_recent=keep_recent, media=media
+            )
     results = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
@@ -443,6 +455,56 @@ def project_messages(
             )
             messages.extend(results[c.call_id] for c in kept)
     return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
+
+
+def _covered_end(events: Sequence[Event], index: int) -> int:
+    """Where the prefix the compaction at ``index`` covers ends among ``events``: facts
+    of its session at or past ``covers.high_water`` committed with it (a step's start)
+    are not covered."""
+    fact = events[index]
+    body = fact.body
+    assert isinstance(body, Compacted)
+    start = index
+    while start > 0:
+        before = events[start - 1]
+        if before.session_id != fact.session_id or before.offset < body.covers.high_water:
+            break
+        start -= 1
+    return start
+
+
+def _project_compacted(
+    events: Sequence[Event],
+    index: int,
+    *,
+    budget_tokens: int | None,
+    keep_recent: int,
+    media: Media,
+    pinned: Pinned | None = None,
+) -> Projection:
+    """The projection after the compaction at ``index``: one runtime message with what it
+    pinned and its summary, then the facts after the prefix it covers. Calls stay
+    whole: a result whose call was summarized away pairs with no output of the tail, so
+    it is not shown (as a call without a result is not)."""
+    body = events[index].body
+    assert isinstance(body, Compacted)
+    end = _covered_end(events, index)
+    if pinned is None:
+        pinned = pinned_items(events[:end])
+    head = UserMessage(text=render_head(pinned, body.summary), source="runtime")
+    head_tokens = estimate_tokens((head,))
+    tail = [*events[end:index], *events[index + 1 :]]
+    rest = project_messages(
+        tail,
+        budget_tokens=None if budget_tokens is None else max(budget_tokens - head_tokens, 0),
+        keep_recent=keep_recent,
+        media=media,
+    )
+    return Projection(
+        messages=(head, *rest.messages),
+        elided_call_ids=rest.elided_call_ids,
+        estimated_tokens=rest.estimated_tokens + head_tokens,
+    )
 
 
 def _user_message(body: TurnStarted, media: Media) -> UserMessage:
@@ -564,6 +626,10 @@ class Projector:
         #: next output closes that same block, unless a result came since
         self._result_writes = 0
         self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
+        #: the newest ``compacted`` fact folded, and (once found) its position among the
+        #: prefix and the events, with the items it pinned
+        self._compaction: Event | None = None
+        self._compaction_at: tuple[int, Pinned] | None = None
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -622,7 +688,9 @@ class Projector:
                 self._names[c.call_id] = c.name
         if e.visibility != "model":
             return
-        if isinstance(body, TurnStarted):
+        if type(body) is Compacted:
+            self._compaction, self._compaction_at = e, None
+        elif isinstance(body, TurnStarted):
             self._close_open()
             message = _user_message(body, self.media)
             self._note_media(e, message)
@@ -659,6 +727,8 @@ class Projector:
             for e in events[self._seen :]:
                 self._feed(e)
         self._seen = len(events)
+        if self._compaction is not None:
+            return self._compacted(budget_tokens, keep_recent)
         if self._stale:
             whole = [*self._prefix, *events] if self._prefix else events
             return project_messages(
@@ -693,6 +763,30 @@ class Projector:
             chars=chars,
         )
 
+    def _compacted(self, budget_tokens: int | None, keep_recent: int) -> Projection:
+        """The projection after the newest compaction (its pinned items found once)."""
+        fact = self._compaction
+        assert fact is not None
+        sequence: Sequence[Event] = [*self._prefix, *self._events] if self._prefix else self._events
+        if self._compaction_at is None:
+            own = fact.offset < len(self._events) and self._events[fact.offset].id == fact.id
+            index = (
+                len(self._prefix) + fact.offset
+                if own
+                else next(i for i, e in enumerate(self._prefix) if e.id == fact.id)
+            )
+            pinned = pinned_items(sequence[: _covered_end(sequence, index)])
+            self._compaction_at = (index, pinned)
+        index, pinned = self._compaction_at
+        return _project_compacted(
+            sequence,
+            index,
+            budget_tokens=budget_tokens,
+            keep_recent=keep_recent,
+            media=self.media,
+            pinned=pinned,
+        )
+
     # ------------------------------------------------------------------ checkpoints
 
     def export(self) -> dict[str, Any] | None:
@@ -715,6 +809,7 @@ class Projector:
             "stale": self._stale,
             "media": self._media_refs,
             "media_types": sorted(self._media_types),
+            "compaction": self._compaction.offset if self._compaction is not None else None,
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -774,6 +869,14 @@ class Projector:
         projector._names = names
         projector._closed_calls = names.keys() - set(data["unclosed_calls"])
         projector._stale = data["stale"] is True
+        compaction = data.get("compaction")
+        if compaction is not None:
+            if type(compaction) is not int or not 0 <= compaction < seen:
+                raise ValueError("projector: bad compaction offset")
+            fact = events[compaction]
+            if type(fact.body) is not Compacted:
+                raise ValueError("projector: the compaction is not a compacted fact")
+            projector._compaction = fact
         return projector
 
 

@@ -21,6 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
+from lodger.engine.compaction import CompactionPolicy, compact_if_over, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
@@ -188,6 +189,10 @@ class Engine:
     snapshotter: WorkspaceSnapshotter | None = None
     #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
     spend: SpendReader | None = None
+    #: when and how the context is compacted (``lodger.engine.compaction``); None: never
+    #: (only ``limits.context_budget``'s elision), and the model that writes summaries
+    compaction: CompactionPolicy | None = None
+    compaction_model: Model | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -248,6 +253,7 @@ class Engine:
             resumed = await self.resume(journal)
             if resumed.status != "completed":
                 return resumed
+        await self._compact(journal, Envelope(), "threshold")  # before the turn, if over
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
@@ -410,7 +416,7 @@ class Engine:
                 refused = unsupported_media(self.model, state)
                 if refused is not None:  # before anything is sent
                     return await self._end(ctx, "failed", error=refused)
-                response = await self._complete(journal, request, env)
+                response = await self._complete_or_compact(journal, request, visible, env)
                 response = _answer_call(_storable(response), request)
                 calls = calls_seen.unique(response.calls, self.services.ids)
                 _defer_output(journal, response, calls, env)
@@ -542,7 +548,10 @@ class Engine:
         mode: OutputMode,
     ) -> ModelRequest:
         state = journal.state
+        await self._compact(journal, env, "overflow", visible)  # if the request would not fit
         budget = self.limits.context_budget
+        if budget is None and self.compaction is not None:
+            budget = self.compaction.budget_tokens  # elision, where compaction failed
         projection = state.projector.project(budget_tokens=budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
             assert budget is not None
@@ -572,6 +581,55 @@ class Engine:
             },
         )
         return request
+
+    async def _compact(
+        self,
+        journal: Journal,
+        env: Envelope,
+        trigger: Literal["threshold", "overflow", "context_error"],
+        visible: _StepTools | None = None,
+    ) -> bool:
+        """Compact the context when ``trigger``'s condition holds (``lodger.engine.
+        compaction``); whether a ``compacted`` fact was committed."""
+        policy = self.compaction
+        if policy is None:
+            return False
+        overhead = 0
+        if visible is not None:
+            overhead = request_overhead(self.registry.system_prompt(self.system), visible.schemas)
+        limit = {
+            "threshold": policy.threshold_tokens,
+            "overflow": policy.budget_tokens,
+            "context_error": 0,  # the provider said it does not fit
+        }[trigger]
+        outcome = await compact_if_over(
+            journal,
+            env,
+            self.compaction_model or self.model,
+            policy,
+            trigger=trigger,
+            limit=limit,
+            overhead=overhead,
+            retries=self.retries,
+        )
+        return outcome is not None and outcome.kind == "compacted"
+
+    async def _complete_or_compact(
+        self, journal: Journal, request: ModelRequest, visible: _StepTools, env: Envelope
+    ) -> ModelResponse:
+        """The step's answer; on a provider's context-length error, compact once and ask
+        again with the compacted context (the error is raised if that cannot be done)."""
+        try:
+            return await self._complete(journal, request, env)
+        except ProviderError as exc:
+            if exc.code != "context_length" or not await self._compact(
+                journal, env, "context_error"
+            ):
+                raise
+        state = journal.state
+        projection = state.projector.project(budget_tokens=self.limits.context_budget)
+        retried = dataclasses.replace(request, messages=projection.messages)
+        return await self._complete(journal, retried, env)
 
     async def _complete(
         self, journal: Journal, request: ModelRequest, env: Envelope

@@ -23,6 +23,7 @@ from typing import Any
 
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
+from lodger.engine.compaction import CompactionPolicy, compact_by_hand
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
@@ -31,7 +32,7 @@ from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import Event
+from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
@@ -129,6 +130,7 @@ class Agent:
         retries: Retries | None = None,
         hooks: Hooks | None = None,
         services: Services | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         # A model named by its spec is the agent's: it is made here and closed with it.
         self._owned_models: list[Model] = []
@@ -180,6 +182,7 @@ class Agent:
             deps=deps,
             spend=LogSpend.for_log(storage.log),
         )
+        self.engine.compaction, self.engine.compaction_model = self._compacting(compaction)
         # The verified fold of each session this agent has open, kept between turns
         # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = services.folds is None
@@ -223,6 +226,18 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _compacting(
+        self, policy: CompactionPolicy | None
+    ) -> tuple[CompactionPolicy | None, Model | None]:
+        """The compaction policy and its own summary model (None: the agent's); a policy
+        offers the ``recall`` tool, which fetches summarized facts back from the log."""
+        if policy is None:
+            return None, None
+        from lodger.tools.recall import recall_tool  # only a compacting agent offers it
+
+        self.registry.bind(recall_tool(self.storage.log, self.storage.artifacts))
+        return policy, self._own(policy.model) if policy.model else None
 
     def _own(self, model: Model | str) -> Model:
         if not isinstance(model, str):
@@ -509,6 +524,26 @@ class Agent:
         """End the session's open turn as abandoned by the operator, as facts."""
         async with self.open_session(session_id) as (writer, state):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+
+    async def compact(self, session_id: str, *, instructions: str | None = None) -> Compacted:
+        """Compact the session's context now (``lodger.engine.compaction``): a summary of
+        its projection, recorded as a ``compacted`` fact, under the agent's compaction
+        policy (the default one when it has none). ``instructions`` go to the summarizer.
+        Refused while a run is open; a failed summary raises ``ProviderError``
+        (``compaction_failed``) after its ``compaction_failed`` fact is committed."""
+        engine = self.engine
+        async with self.open_session(session_id) as (writer, state):
+            if not state.events:
+                raise SessionNotFoundError(
+                    f"no log for session {session_id!r}", session_id=session_id
+                )
+            return await compact_by_hand(
+                engine.journal(writer, state),
+                engine.compaction_model or engine.model,
+                engine.compaction or CompactionPolicy(),
+                instructions=instructions,
+                retries=engine.retries,
+            )
 
 
 _MODES = ("native", "tool", "prompted")

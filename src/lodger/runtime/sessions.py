@@ -22,12 +22,14 @@ from typing import Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
+from lodger.engine.compaction import CompactionPolicy
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
-from lodger.events import Event
+from lodger.errors import UsageError
+from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
@@ -109,6 +111,8 @@ class Binding:
     #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
     usage: UsageLimits = field(default_factory=UsageLimits)
     budgets: Budgets = field(default_factory=Budgets)
+    #: when and how the context is compacted (``[compaction]`` in lodger.toml)
+    compaction: CompactionPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,4 +331,30 @@ class Sessions:
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),
             services=Services(clock=self.clock, ids=self.ids, folds=self._states),
+            compaction=binding.compaction,
         )
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        instructions: str | None = None,
+        binding: Binding | None = None,
+    ) -> Compacted:
+        """Compact the session's context now, as a ``compacted`` fact (see
+        ``Agent.compact``). The summary is written by ``binding.compaction.model``, else
+        ``binding.model``, else the model the session last ran with; refused while a run
+        of the session is open."""
+        check_session_id(session_id)
+        if binding is None:
+            state = await self.state(session_id)
+            if state.last_model is None:
+                raise UsageError(
+                    f"session {session_id!r} has never run a model to compact it with",
+                    hint="give a binding with the model that should write the summary",
+                    code="compaction_refused",
+                    session_id=session_id,
+                )
+            binding = Binding(model=state.last_model)
+        async with self._agent(binding, McpServers(())) as agent:
+            return await agent.compact(session_id, instructions=instructions)

@@ -1,0 +1,470 @@
+"""Compaction: a summary of the log's prefix, recorded as a fact the projection reads.
+
+A compaction never rewrites a fact. ``compact`` asks a model to summarize the current
+projection of the log (``lodger.context``), checks that the summary carries the
+policy's required sections (retrying up to ``max_attempts``) and returns the body of one
+fact: ``compacted`` (what it covers, the summary, what it dropped and pinned, the model
+and the sha256 of the prompt that made it, the token estimates before and after) or
+``compaction_failed`` (the step falls back to eliding old tool results). Appending it is
+one atomic commit (``record_compaction``): a crash during the model call leaves the log
+as it was, and the projection keeps using the last committed compaction.
+
+>>> agent = Agent(model=model, compaction=CompactionPolicy(threshold_tokens=24_000,
+...               budget_tokens=32_000))
+>>> await agent.compact(session_id)          # by hand; the engine compacts on its own too
+
+After a ``compacted`` fact the model sees: the system prompt, the pinned items (the
+open turn's input, open todo items, files edited with their last hashes, approvals
+still waiting), the newest summary, then every fact after ``covers.high_water``
+(``lodger.context.project_messages``). A circuit breaker (``refusal``) keeps the
+engine from compacting again and again: once a compaction of a stretch of the log
+failed in a turn, the engine's triggers leave that stretch alone for the rest of the
+turn, and a turn compacts at most ``max_per_turn`` times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lodger.context import estimate_tokens, pinned_items, render_head
+from lodger.engine.envelope import Envelope
+from lodger.errors import (
+    ConfigError,
+    NextStep,
+    ProviderError,
+    SessionNotFoundError,
+    UsageError,
+)
+from lodger.events import (
+    Compacted,
+    CompactionFailed,
+    CompactionTrigger,
+    Event,
+    ModelSwitched,
+    Prefix,
+    ProviderRetried,
+    TurnStarted,
+)
+from lodger.providers.base import (
+    AssistantMessage,
+    Message,
+    Model,
+    ModelRequest,
+    ToolResultMessage,
+    UserMessage,
+)
+
+if TYPE_CHECKING:
+    from lodger.engine.journal import Journal
+    from lodger.engine.settings import Retries
+    from lodger.engine.state import SessionState
+
+__all__ = [
+    "DEFAULT_SECTIONS",
+    "SUMMARY_PROMPT",
+    "SUMMARY_PROMPT_SHA256",
+    "CompactionOutcome",
+    "CompactionPolicy",
+    "compact",
+    "compact_and_record",
+    "compact_by_hand",
+    "compact_if_over",
+    "missing_sections",
+    "record_compaction",
+    "refusal",
+    "request_overhead",
+    "summary_request",
+]
+
+DEFAULT_SECTIONS: tuple[str, ...] = (
+    "Goal",
+    "Progress",
+    "Decisions",
+    "Files touched",
+    "Open questions",
+    "Next step",
+)
+
+SUMMARY_PROMPT = """\
+You are compacting the history of a software agent's session so that the agent can go \
+on working from your summary alone: everything before it is removed from the agent's \
+context (it stays in the session's log, and the agent can fetch a fact back with the \
+`recall` tool by offset, call id or search).
+
+Write the summary in Markdown with exactly these sections, each a level-2 heading \
+(`## Name`) followed by its content:
+{sections}
+
+Rules:
+- Keep every fact the task still needs: names, paths, identifiers, numbers, values \
+learned from tool results, error messages, and what the user asked for, verbatim where \
+it matters.
+- Say what is done and what is not; never claim work that the history does not show.
+- Under "Files touched", list each file changed or created, with what changed.
+- Under "Next step", say precisely what the agent was about to do.
+- Be dense. Do not address the user; do not add sections."""
+
+#: the sha256 of ``SUMMARY_PROMPT`` (a ``compacted`` fact names the prompt that made it)
+SUMMARY_PROMPT_SHA256 = hashlib.sha256(SUMMARY_PROMPT.encode("utf-8")).hexdigest()
+
+#: the characters of one tool result the summarizer reads (the rest is in the log)
+_RESULT_CHARS = 4000
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionPolicy:
+    """How and when a session's context is compacted.
+
+    ``model``: the spec of the model that writes summaries (None: the agent's own).
+    ``threshold_tokens``: before a turn, a context estimated above it is compacted.
+    ``budget_tokens``: a request must fit it; at a step boundary a context that would not
+    is compacted (and, if that fails, the oldest tool results are elided to fit).
+    ``required_sections``: headings a summary must carry, or it is retried
+    (``max_attempts`` in all) and then given up on. ``instructions``: extra text for
+    the summarizer. ``max_per_turn``: compactions the engine may make in one turn.
+    """
+
+    model: str | None = None
+    threshold_tokens: int | None = None
+    budget_tokens: int | None = None
+    required_sections: tuple[str, ...] = DEFAULT_SECTIONS
+    max_attempts: int = 2
+    instructions: str = ""
+    max_per_turn: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "required_sections", tuple(self.required_sections))
+        for name in ("threshold_tokens", "budget_tokens"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ConfigError(
+                    f"compaction {name} must be a positive number of tokens, not {value!r}",
+                    hint="leave it out to turn that trigger off",
+                    code="compaction_policy",
+                )
+        if type(self.max_attempts) is not int or self.max_attempts < 1:
+            raise ConfigError(
+                f"compaction max_attempts must be at least 1, not {self.max_attempts!r}",
+                code="compaction_policy",
+            )
+        if type(self.max_per_turn) is not int or self.max_per_turn < 0:
+            raise ConfigError(
+                f"compaction max_per_turn must be 0 or more, not {self.max_per_turn!r}",
+                code="compaction_policy",
+            )
+        if not all(isinstance(s, str) and s.strip() for s in self.required_sections):
+            raise ConfigError(
+                "compaction required_sections must be non-empty names",
+                code="compaction_policy",
+            )
+
+
+CompactionOutcome = Compacted | CompactionFailed
+
+
+def missing_sections(summary: str, required: Sequence[str]) -> list[str]:
+    """The required sections ``summary`` lacks: a section is a line that names it as a
+    heading (``## Goal``, ``**Goal**``, ``Goal:``), case and markup aside."""
+    found: set[str] = set()
+    for line in summary.splitlines():
+        head = re.sub(r"^[\s#*_>\-\d.]+", "", line).strip().strip("*_").strip()
+        head = head.rstrip(":").strip().strip("*_").strip().casefold()
+        if head:
+            found.add(head)
+    return [s for s in required if s.strip().casefold() not in found]
+
+
+def _render(message: Message) -> str:
+    if isinstance(message, UserMessage):
+        who = "user" if message.source == "input" else "runtime"
+        return f"[{who}] {message.text}"
+    if isinstance(message, AssistantMessage):
+        lines = [f"[assistant] {message.text}"] if message.text else []
+        lines += [f"[call {c.call_id}] {c.name}({c.arguments})" for c in message.calls]
+        return "\n".join(lines) or "[assistant]"
+    assert isinstance(message, ToolResultMessage)
+    content = message.content
+    if len(content) > _RESULT_CHARS:
+        cut = len(content) - _RESULT_CHARS
+        content = f"{content[:_RESULT_CHARS]} ... ({cut} more characters; recall can fetch them)"
+    flag = " error" if message.is_error else ""
+    return f"[result {message.call_id}{flag}] {content}"
+
+
+def summary_request(
+    messages: Sequence[Message], policy: CompactionPolicy, instructions: str | None = None
+) -> ModelRequest:
+    """The request that asks for a summary of ``messages`` (the current projection)."""
+    sections = "\n".join(f"## {s}" for s in policy.required_sections)
+    extra = "\n\n".join(t for t in (policy.instructions, instructions or "") if t.strip())
+    transcript = "\n\n".join(_render(m) for m in messages)
+    text = f"The session so far:\n\n{transcript}\n\nWrite the summary now."
+    if extra:
+        text += f"\n\nAlso: {extra}"
+    return ModelRequest(
+        system=SUMMARY_PROMPT.format(sections=sections),
+        messages=(UserMessage(text=text, source="runtime"),),
+        tools=(),
+    )
+
+
+def _message_bytes(message: Message) -> int:
+    if isinstance(message, UserMessage):
+        return len(message.text.encode("utf-8"))
+    if isinstance(message, AssistantMessage):
+        text = message.text + "".join(c.name + c.arguments for c in message.calls)
+        return len(text.encode("utf-8"))
+    assert isinstance(message, ToolResultMessage)
+    return len(message.content.encode("utf-8"))
+
+
+def _previous(events: Sequence[Event]) -> int | None:
+    """The offset of the newest ``compacted`` fact of the session's own log (None: none;
+    an ancestor's compaction before a fork point is not this log's)."""
+    for e in reversed(events):
+        if isinstance(e.body, Compacted):
+            return e.offset
+    return None
+
+
+async def compact(
+    state: SessionState,
+    model: Model,
+    policy: CompactionPolicy,
+    *,
+    trigger: CompactionTrigger,
+    instructions: str | None = None,
+    retries: Retries | None = None,
+) -> CompactionOutcome:
+    """Summarize ``state``'s current projection with ``model``: the body of the fact to
+    append (``compacted``, or ``compaction_failed`` after ``max_attempts`` summaries that
+    lacked a required section or a provider that failed). Writes nothing."""
+    covers = state.head
+    projection = state.projector.project()
+    messages = projection.messages
+    request = summary_request(messages, policy, instructions)
+    reason = ""
+    attempts = 0
+    summary = ""
+    for attempts in range(1, policy.max_attempts + 1):  # noqa: B007 - read after the loop
+        try:
+            response = await _ask(model, request, retries)
+        except ProviderError as exc:
+            reason = f"the summary model failed: {exc.message}"
+            continue
+        summary = response.strip()
+        missing = missing_sections(summary, policy.required_sections)
+        if not summary:
+            reason = "the summary was empty"
+        elif missing:
+            reason = "the summary lacks the required section(s): " + ", ".join(missing)
+        else:
+            return _compacted(state, covers, messages, summary, model, trigger)
+    return CompactionFailed(
+        covers=covers, trigger=trigger, attempts=attempts, reason=reason, fallback="elision"
+    )
+
+
+async def _ask(model: Model, request: ModelRequest, retries: Retries | None) -> str:
+    if retries is None:
+        return (await model.complete(request)).text
+    from lodger.engine.retries import complete  # the loop's retries, facts left out
+
+    async def unrecorded(body: ProviderRetried | ModelSwitched) -> None:
+        return None  # a compaction is one fact: its retries are not logged apart
+
+    return (await complete(model, request, retries=retries, record=unrecorded)).text
+
+
+def _compacted(
+    state: SessionState,
+    covers: Prefix,
+    messages: Sequence[Message],
+    summary: str,
+    model: Model,
+    trigger: CompactionTrigger,
+) -> Compacted:
+    sequence = _sequence(state)
+    pinned = pinned_items(sequence)
+    head = render_head(pinned, summary)
+    before = estimate_tokens(messages)
+    after = estimate_tokens((UserMessage(text=head, source="runtime"),))
+    dropped = tuple(m.call_id for m in messages if isinstance(m, ToolResultMessage))
+    return Compacted(
+        covers=covers,
+        summary=summary,
+        dropped_call_ids=dropped,
+        dropped_bytes=sum(_message_bytes(m) for m in messages),
+        dropped_tokens=max(before - after, 0),
+        pinned=pinned.labels(),
+        model=model.spec,
+        prompt_sha256=SUMMARY_PROMPT_SHA256,
+        tokens_before=before,
+        tokens_after=after,
+        trigger=trigger,
+        previous=_previous(state.events),
+    )
+
+
+def _sequence(state: SessionState) -> Sequence[Event]:
+    inherited = state.inherited or ()
+    return [*inherited, *state.events] if inherited else state.events
+
+
+def _turn_start(events: Sequence[Event], turn_id: str | None) -> int:
+    """The offset of ``turn_id``'s ``turn_started`` (0 when unknown)."""
+    if turn_id is None:
+        return len(events)
+    for e in reversed(events):
+        if e.turn_id == turn_id and isinstance(e.body, TurnStarted):
+            return e.offset
+    return 0
+
+
+def refusal(
+    state: SessionState, policy: CompactionPolicy, trigger: CompactionTrigger
+) -> str | None:
+    """Why the engine must not compact now (the circuit breaker), or None.
+
+    A ``manual`` compaction is refused only when nothing was appended since a failed
+    one (the same prefix would fail the same way). The engine's triggers are refused,
+    in the open turn, once a compaction of the same stretch of the log (since the newest
+    ``compacted`` fact) failed, and after ``max_per_turn`` compactions or failures.
+    """
+    events = state.events
+    if events and isinstance(events[-1].body, CompactionFailed):
+        return "a compaction of this same prefix failed; nothing was appended since"
+    if trigger == "manual":
+        return None
+    start = _turn_start(events, state.open_turn)
+    made = 0
+    failed_since_last = False
+    for e in events[start:]:
+        body = e.body
+        if isinstance(body, Compacted):
+            made += 1
+            failed_since_last = False
+        elif isinstance(body, CompactionFailed):
+            made += 1
+            failed_since_last = True
+    if failed_since_last:
+        return "a compaction of this stretch of the log failed in this turn"
+    if made >= policy.max_per_turn:
+        return f"this turn has compacted {made} time(s), its limit"
+    return None
+
+
+async def record_compaction(journal: Journal, env: Envelope, outcome: CompactionOutcome) -> Event:
+    """Append ``outcome`` as one fact (with whatever the journal deferred before it)."""
+    return (await journal.record(journal.draft(outcome, env)))[-1]
+
+
+def request_overhead(system: str, tools: Sequence[object]) -> int:
+    """Tokens a request spends besides its messages: the system prompt and the tools'
+    schemas (the same estimate as the messages', about four characters a token)."""
+    chars = len(system)
+    for schema in tools:
+        name = getattr(schema, "name", "")
+        description = getattr(schema, "description", "")
+        parameters = getattr(schema, "parameters", {})
+        chars += len(name) + len(description) + len(json.dumps(parameters, default=str))
+    return chars // 4
+
+
+async def compact_and_record(
+    journal: Journal,
+    env: Envelope,
+    model: Model,
+    policy: CompactionPolicy,
+    *,
+    trigger: CompactionTrigger,
+    instructions: str | None = None,
+    retries: Retries | None = None,
+) -> CompactionOutcome:
+    """``compact``, then its fact appended (one atomic commit)."""
+    outcome = await compact(
+        journal.state, model, policy, trigger=trigger, instructions=instructions, retries=retries
+    )
+    await record_compaction(journal, env, outcome)
+    return outcome
+
+
+async def compact_if_over(
+    journal: Journal,
+    env: Envelope,
+    model: Model,
+    policy: CompactionPolicy | None,
+    *,
+    trigger: CompactionTrigger,
+    limit: int | None,
+    overhead: int = 0,
+    retries: Retries | None = None,
+) -> CompactionOutcome | None:
+    """Compact when the context (plus ``overhead``) is estimated above ``limit`` and the
+    breaker allows it; None when nothing was done."""
+    if policy is None or limit is None:
+        return None
+    state = journal.state
+    if not state.events:
+        return None
+    estimate = state.projector.project().estimated_tokens + overhead
+    if estimate <= limit or refusal(state, policy, trigger) is not None:
+        return None
+    return await compact_and_record(journal, env, model, policy, trigger=trigger, retries=retries)
+
+
+async def compact_by_hand(
+    journal: Journal,
+    model: Model,
+    policy: CompactionPolicy,
+    *,
+    instructions: str | None = None,
+    retries: Retries | None = None,
+) -> Compacted:
+    """A manual compaction of the session ``journal`` writes (the library's, the CLI's
+    and the host's): refused while a run is open, raised as ``ProviderError``
+    (``compaction_failed``) when no usable summary came, its ``compaction_failed`` fact
+    committed first."""
+    state = journal.state
+    session_id = state.session_id
+    if not state.events:
+        raise SessionNotFoundError(f"no log for session {session_id!r}", session_id=session_id)
+    if state.run_open:
+        raise UsageError(
+            f"session {session_id!r} has a run in progress (or one that was interrupted)",
+            hint="compact it once the run has ended; an interrupted run is resumed or "
+            "abandoned first",
+            code="session_running",
+            session_id=session_id,
+            next_steps=(
+                NextStep(action="resume", session_id=session_id),
+                NextStep(action="abandon", session_id=session_id),
+            ),
+        )
+    refused = refusal(state, policy, "manual")
+    if refused is not None:
+        raise UsageError(
+            f"session {session_id!r} cannot be compacted now: {refused}",
+            hint="run a turn first, or compact with other instructions after it",
+            code="compaction_refused",
+            session_id=session_id,
+        )
+    env = Envelope(turn_id=state.open_turn)
+    outcome = await compact_and_record(
+        journal, env, model, policy, trigger="manual", instructions=instructions, retries=retries
+    )
+    if isinstance(outcome, CompactionFailed):
+        raise ProviderError(
+            f"session {session_id!r} was not compacted: {outcome.reason} "
+            f"({outcome.attempts} attempt(s))",
+            retryable=False,
+            code="compaction_failed",
+            hint="the failure is recorded in the log; try another summary model or "
+            "instructions, or leave the context to elision",
+        )
+    return outcome

@@ -292,6 +292,12 @@ class HostClient:
         )
         return str(made["session_id"])
 
+    async def compact(self, session_id: str, *, instructions: str | None = None) -> dict[str, Any]:
+        """Compact the session's context now: ``compacted`` (whether a summary was
+        recorded), ``offset`` and ``fact`` (the ``compacted`` or ``compaction_failed`` fact)."""
+        body = {} if instructions is None else {"instructions": instructions}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/compact", json=body))
+
     async def artifact(self, session_id: str, sha256: str) -> bytes:
         data = await self._call("GET", f"/v1/sessions/{session_id}/artifacts/{sha256}")
         return data if isinstance(data, bytes) else json.dumps(data).encode()

@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from lodger.host.routes import (
     approvals,
     artifacts,
+    compaction,
     events,
     messages,
     operations,
@@ -36,4 +37,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     webhooks.router,
     operations.router,
     timeline.router,
+    compaction.router,
 )

@@ -93,6 +93,8 @@ class World:
     summarizer: str = "good"
     #: (estimated tokens of the messages, of the whole request) of each worker request
     sizes: list[tuple[int, int]] = field(default_factory=list)
+    #: the summary requests' transcripts
+    transcripts: list[str] = field(default_factory=list)
     summaries: int = 0
     #: called with each summary request before it is answered (the crash test blocks)
     on_summary: Callable[[ModelRequest], None] | None = None
@@ -102,6 +104,8 @@ class World:
     def __call__(self, request: ModelRequest) -> ModelResponse | str:
         if request.system.startswith("You are compacting"):
             self.summaries += 1
+            last = request.messages[-1]
+            self.transcripts.append(last.text if isinstance(last, UserMessage) else "")
             if self.on_summary is not None:
                 self.on_summary(request)
             return summary_of(request, self.summarizer)

@@ -48,7 +48,7 @@ from lodger.events import (
     ModelSwitched,
     Prefix,
     ProviderRetried,
-    TurnStarted,
+    TurnEnded,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -113,7 +113,7 @@ it matters.
 SUMMARY_PROMPT_SHA256 = hashlib.sha256(SUMMARY_PROMPT.encode("utf-8")).hexdigest()
 
 #: the characters of one tool result the summarizer reads (the rest is in the log)
-_RESULT_CHARS = 4000
+_RESULT_CHARS = 20_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +135,7 @@ class CompactionPolicy:
     required_sections: tuple[str, ...] = DEFAULT_SECTIONS
     max_attempts: int = 2
     instructions: str = ""
-    max_per_turn: int = 3
+    max_per_turn: int = 20
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "required_sections", tuple(self.required_sections))
@@ -316,13 +316,12 @@ def _sequence(state: SessionState) -> Sequence[Event]:
     return [*inherited, *state.events] if inherited else state.events
 
 
-def _turn_start(events: Sequence[Event], turn_id: str | None) -> int:
-    """The offset of ``turn_id``'s ``turn_started`` (0 when unknown)."""
-    if turn_id is None:
-        return len(events)
+def _since_last_turn(events: Sequence[Event]) -> int:
+    """Where the open turn's stretch of the log starts: after the last ``turn_ended``
+    (so the compactions made before the turn started count as the turn's)."""
     for e in reversed(events):
-        if e.turn_id == turn_id and isinstance(e.body, TurnStarted):
-            return e.offset
+        if isinstance(e.body, TurnEnded):
+            return e.offset + 1
     return 0
 
 
@@ -333,15 +332,16 @@ def refusal(
 
     A ``manual`` compaction is refused only when nothing was appended since a failed
     one (the same prefix would fail the same way). The engine's triggers are refused,
-    in the open turn, once a compaction of the same stretch of the log (since the newest
-    ``compacted`` fact) failed, and after ``max_per_turn`` compactions or failures.
+    in a turn (counting the compactions just before it started), once a compaction of
+    the same stretch of the log (since the newest ``compacted`` fact) failed, and after
+    ``max_per_turn`` compactions or failures; the next turn may try again.
     """
     events = state.events
     if events and isinstance(events[-1].body, CompactionFailed):
         return "a compaction of this same prefix failed; nothing was appended since"
     if trigger == "manual":
         return None
-    start = _turn_start(events, state.open_turn)
+    start = _since_last_turn(events)
     made = 0
     failed_since_last = False
     for e in events[start:]:

@@ -64,6 +64,7 @@ from lodger.providers.base import (
     ModelSettings,
     OutputMode,
     ToolSchema,
+    is_context_length_error,
     take_output_call,
 )
 from lodger.storage import SessionWriter
@@ -622,7 +623,7 @@ class Engine:
         try:
             return await self._complete(journal, request, env)
         except ProviderError as exc:
-            if exc.code != "context_length" or not await self._compact(
+            if not is_context_length_error(exc) or not await self._compact(
                 journal, env, "context_error"
             ):
                 raise

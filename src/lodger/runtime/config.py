@@ -214,7 +214,7 @@ class CompactionConfig(BaseModel):
     budget_tokens: int | None = None
     required_sections: list[str] | None = None
     max_attempts: int = 2
-    max_per_turn: int = 3
+    max_per_turn: int = 20
     instructions: str = ""
 
     def policy(self) -> CompactionPolicy:

@@ -96,15 +96,21 @@ async def _by_call(events: Sequence[Event], call_id: str, artifacts: ArtifactSto
     return "\n".join(lines)
 
 
-async def _search(events: Sequence[Event], query: str, artifacts: ArtifactStore) -> str:
+async def _search(
+    events: Sequence[Event], query: str, artifacts: ArtifactStore, *, asking: str
+) -> str:
+    """The facts holding every word of ``query``, newest first; the facts of the call
+    ``asking`` (this very recall) are left out."""
     words = [w.casefold() for w in query.split()]
     if not words:
         raise ToolCallError("the query is empty: give words to search the log for")
     hits: list[str] = []
     read = 0
     for e in reversed(events):
-        if e.kind == "compacted":
-            continue  # the summary is in the context already
+        if e.kind == "compacted" or e.call_id == asking:
+            continue  # the summary is in the context already; this call holds the query
+        if isinstance(e.body, ModelOutput) and any(c.call_id == asking for c in e.body.calls):
+            continue
         text = _text(e)
         if isinstance(e.body, ToolResponded) and e.body.truncated and read < _MAX_ARTIFACTS:
             read += 1
@@ -150,7 +156,7 @@ def recall_tool(log: EventLog, artifacts: ArtifactStore) -> Tool:
             text = await _by_call(events, call_id, artifacts)
         else:
             assert query is not None
-            text = await _search(events, query, artifacts)
+            text = await _search(events, query, artifacts, asking=ctx.call_id)
         return _bounded(text, max_chars)
 
     return recall

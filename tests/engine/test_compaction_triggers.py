@@ -1,0 +1,157 @@
+"""The engine's other compaction doors: a provider's context-length error (compact once,
+ask again), ``Sessions.compact``, the ``[compaction]`` table of lodger.toml, and the
+``recall`` tool's three ways back into the log."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from compaction_world import SECRET, World, agent, fetch
+
+from lodger import Agent, FunctionModel
+from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.settings import Limits, Services
+from lodger.errors import ConfigError
+from lodger.events import Compacted
+from lodger.ids import ManualClock, SequentialIds
+from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
+from lodger.providers.scripted import tool_call
+from lodger.runtime.composition import compose
+from lodger.runtime.project import Project
+from lodger.runtime.sessions import Binding, Sessions
+from lodger.storage import Storage
+from lodger.tools.recall import MAX_CHARS
+
+
+async def test_a_context_length_error_compacts_once_and_asks_again(tmp_path: Path) -> None:
+    world = World(steps=12, context_window=12_000)
+    only_on_error = CompactionPolicy(max_per_turn=10)  # no threshold, no budget
+    async with agent(tmp_path / "state", world, only_on_error) as a:
+        result = await a.run("read the pages", session="s")
+        events = await a.log.read_all("s")
+    assert result.status == "completed", result.error
+    made = [e.body for e in events if isinstance(e.body, Compacted)]
+    assert made and all(c.trigger == "context_error" for c in made)
+    # each request refused as too long was followed by one that fit
+    sizes = [messages for messages, _ in world.sizes]
+    refused = [i for i, n in enumerate(sizes) if n > 12_000]
+    assert refused and all(sizes[i + 1] <= 12_000 for i in refused)
+
+
+async def test_a_context_length_error_that_persists_fails_the_turn(tmp_path: Path) -> None:
+    world = World(steps=3, context_window=10)  # nothing fits, not even a summary
+    async with agent(tmp_path / "state", world, CompactionPolicy()) as a:
+        result = await a.run("read the pages", session="s")
+        events = await a.log.read_all("s")
+    assert result.status == "failed" and "maximum context length" in (result.error or "")
+    assert [e.body.trigger for e in events if isinstance(e.body, Compacted)] == ["context_error"]
+
+
+async def test_sessions_compact_takes_the_writer_and_the_binding(tmp_path: Path) -> None:
+    world = World(steps=5)
+    storage = Storage.local(tmp_path / "state")
+    try:
+        async with agent(storage, world) as a:
+            await a.run("read the pages", session="s")
+        sessions = Sessions(storage)
+        made = await sessions.compact(
+            "s",
+            binding=Binding(model=FunctionModel(world, name="world")),
+            instructions="name the pages",
+        )
+        assert "name the pages" in world.transcripts[-1]
+        assert made.trigger == "manual" and "pages read: 5" in made.summary
+        state = await sessions.state("s")
+        assert state.events[-1].body == made
+        await storage.log.verify("s")
+    finally:
+        await storage.close()
+
+
+def test_the_compaction_table_of_lodger_toml(tmp_path: Path) -> None:
+    (tmp_path / "lodger.toml").write_text(
+        'model = "test"\n'
+        "[compaction]\n"
+        'model = "test"\n'
+        "threshold_tokens = 20000\n"
+        "budget_tokens = 30000\n"
+        'required_sections = ["Goal", "Next step"]\n'
+        'instructions = "keep paths"\n'
+    )
+    trusted = Project.load(tmp_path, trusted=True)
+    assert trusted.compaction == CompactionPolicy(
+        model="test",
+        threshold_tokens=20_000,
+        budget_tokens=30_000,
+        required_sections=("Goal", "Next step"),
+        instructions="keep paths",
+    )
+    assert compose(trusted).compaction == trusted.compaction
+    untrusted = Project.load(tmp_path, trusted=False)
+    assert untrusted.compaction is not None and untrusted.compaction.model is None
+    assert "its [compaction] model" in untrusted.ignored
+    (tmp_path / "lodger.toml").write_text("[compaction]\nbudget_tokens = -1\n")
+    with pytest.raises(ConfigError, match="compaction"):
+        Project.load(tmp_path, trusted=True)
+    (tmp_path / "lodger.toml").write_text("[compaction]\nbudget = 1\n")
+    with pytest.raises(ConfigError, match=r"compaction\.budget"):
+        Project.load(tmp_path, trusted=True)
+
+
+class Recaller:
+    """Reads three pages, then recalls with ``args`` and answers with what came back."""
+
+    def __init__(self, args: dict[str, object]) -> None:
+        self.args = args
+
+    def __call__(self, request: ModelRequest) -> ModelResponse | str:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if results and results[-1].name == "recall":
+            return json.dumps({"error": results[-1].is_error, "text": results[-1].content})
+        if len(results) < 6:
+            return ModelResponse(calls=(tool_call("fetch", page=len(results) + 1),))
+        args = dict(self.args)
+        if args.get("call_id") == "FOURTH":
+            args["call_id"] = results[3].call_id
+        return ModelResponse(calls=(tool_call("recall", **args),))
+
+
+_SESSIONS = itertools.count()
+
+
+async def _recall(tmp_path: Path, args: dict[str, object]) -> tuple[bool, str]:
+    """One new session that reads and then recalls with ``args``: (is_error, text)."""
+    model = FunctionModel(Recaller(args))
+    session = f"s-{next(_SESSIONS)}"
+    async with Agent(
+        model=model,
+        tools=[fetch],
+        storage=tmp_path / "state",
+        limits=Limits(max_steps=20),
+        services=Services(clock=ManualClock(), ids=SequentialIds()),
+        compaction=CompactionPolicy(),
+    ) as a:
+        assert not await a.log.exists(session)
+        result = await a.run("read", session=session)
+    answer = json.loads(result.answer or "{}")
+    return answer["error"], answer["text"]
+
+
+async def test_recall_by_offset_call_and_search(tmp_path: Path) -> None:
+    error, text = await _recall(tmp_path, {"query": "secret code"})
+    assert not error and SECRET in text and "tool_responded" in text
+    error, text = await _recall(tmp_path, {"call_id": "FOURTH"})
+    assert not error and "fetch" in text and len(text) <= MAX_CHARS + 100
+    error, text = await _recall(tmp_path, {"offset": 0})
+    assert not error and text.startswith("offset 0: session_started")
+    error, text = await _recall(tmp_path, {"offset": 9999})
+    assert error and "no fact at offset 9999" in text
+    error, text = await _recall(tmp_path, {"offset": 1, "query": "x"})
+    assert error and "exactly one" in text
+    error, text = await _recall(tmp_path, {"query": "nothing-like-this"})
+    assert not error and "no fact" in text
+    error, text = await _recall(tmp_path, {"call_id": "FOURTH", "max_chars": 300})
+    assert not error and len(text) < 400 and "more characters" in text

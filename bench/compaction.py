@@ -40,6 +40,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,7 +61,9 @@ from lodger import (
     tool_call,
 )
 from lodger.context import estimate_tokens
+from lodger.engine.compaction import DEFAULT_SECTIONS, CompactionPolicy
 from lodger.providers.base import AssistantMessage, UserMessage
+from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import Storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmarks
@@ -225,56 +228,99 @@ def make_model(shape: Shape, meter: Meter, *, keep_facts: bool = True) -> Functi
     return FunctionModel(model, name="pages")
 
 
-def limits(shape: Shape, *, elide: bool = False) -> Limits:
-    return Limits(max_steps=shape.steps + 10, context_budget=shape.budget if elide else None)
+def limits(shape: Shape, *, elide: bool = False, max_steps: int | None = None) -> Limits:
+    steps = max_steps if max_steps is not None else shape.steps + 10
+    return Limits(max_steps=steps, context_budget=shape.budget if elide else None)
 
 
-async def run_session(
-    state: Path,
-    shape: Shape,
-    *,
-    compaction: Any = None,
-    keep_facts: bool = True,
-    elide: bool = False,
-) -> dict[str, Any]:
-    """One turn of the whole task on a fresh state directory: the meter's figures, the
-    answer and the log's verification."""
+def policy(shape: Shape) -> CompactionPolicy:
+    """Compact at a step boundary when the next request would not fit the budget, and
+    before a turn above three quarters of it; as often as a 200-step turn needs."""
+    return CompactionPolicy(
+        budget_tokens=shape.budget, threshold_tokens=shape.budget * 3 // 4, max_per_turn=100
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One turn of the task: how it is compacted (or elided, or neither)."""
+
+    compaction: CompactionPolicy | None = None
+    keep_facts: bool = True
+    elide: bool = False
+    max_steps: int | None = None
+
+
+async def run_turn(storage: Storage, session: str, shape: Shape, run: Run) -> dict[str, Any]:
+    """One turn of the task on ``session``: the meter's figures, the answer, the
+    compactions the turn made and the log verified after it."""
     meter = Meter()
-    storage = Storage.local(state)
-    options: dict[str, Any] = {} if compaction is None else {"compaction": compaction}
     agent = Agent(
-        model=make_model(shape, meter, keep_facts=keep_facts),
+        model=make_model(shape, meter, keep_facts=run.keep_facts),
         tools=[pages_tool(shape)],
         storage=storage,
-        limits=limits(shape, elide=elide),
-        **options,
+        limits=limits(shape, elide=run.elide, max_steps=run.max_steps),
+        compaction=run.compaction,
     )
     t0 = time.perf_counter()
     async with agent:
-        result = await agent.run(TASK, session="s")
-        elapsed = time.perf_counter() - t0
-        verified = await storage.log.verify("s")
-        events = await storage.log.read_all("s")
-    await storage.close()
+        result = await agent.run(TASK, session=session)
+    elapsed = time.perf_counter() - t0
+    verified = await storage.log.verify(session)
+    events = await storage.log.read_all(session)
+    answer = result.output if isinstance(result.output, str) else str(result.output)
     return {
         **meter.figures(),
-        "answer": result.output if isinstance(result.output, str) else str(result.output),
+        "under_budget": max(meter.worker, default=0) <= shape.budget,
+        "answer": answer,
         "status": result.status,
-        "fact_survived": CODE in str(result.output),
+        "fact_survived": CODE in answer,
         "compactions": sum(1 for e in events if e.kind == "compacted"),
         "compaction_failures": sum(1 for e in events if e.kind == "compaction_failed"),
         "events": verified.high_water,
-        "verified": True,
         "seconds": round(elapsed, 3),
+        "lodger_seconds": round(elapsed - meter.summary_s, 3),
     }
 
 
-async def build_big(state: Path, total: int) -> int:
-    """A session of about ``total`` events in the shapes of ``bench/cli_scale.py``."""
-    from cli_scale import session_drafts
-    from resume_scale import build
+async def run_session(state: Path, shape: Shape, run: Run) -> dict[str, Any]:
+    """The task as one turn of a new session on a fresh state directory."""
+    storage = Storage.local(state)
+    try:
+        return await run_turn(storage, "s", shape, run)
+    finally:
+        await storage.close()
 
-    return await build(state, BIG, session_drafts(total, 8))
+
+async def compare_policies(state: Path, shape: Shape) -> dict[str, Any]:
+    """A prefix of the task run once without compaction, forked twice (copy-free), and
+    each fork continued to the end under its own policy: ``keep_facts`` (the summary
+    carries what the pages said) and ``terse`` (it does not: the fact must come back
+    through ``recall``)."""
+    storage = Storage.local(state)
+    try:
+        prefix_steps = shape.steps * 3 // 10
+        prefix = await run_turn(storage, "prefix", shape, Run(max_steps=prefix_steps))
+        sessions = Sessions(storage)
+        out: dict[str, Any] = {"prefix_events": prefix["events"], "prefix_steps": prefix_steps}
+        for name, keep in (("keep_facts", True), ("terse", False)):
+            fork = await sessions.fork("prefix", session=f"fork-{name}")
+            run = Run(compaction=policy(shape), keep_facts=keep)
+            out[name] = await run_turn(storage, fork.session_id, shape, run)
+            out[name]["shares_events"] = fork.parent.high_water
+        return out
+    finally:
+        await storage.close()
+
+
+async def build_big(state: Path, total: int) -> int:
+    """A session of about ``total`` events in the shapes of ``bench/cli_scale.py``, cut
+    at the end of a turn (``bench/resume_scale.py``'s history)."""
+    from resume_scale import build, history
+
+    workspace = state.parent / "big-workspace"
+    workspace.mkdir(exist_ok=True)
+    return await build(state, BIG, history(total, workspace, interrupted=False))
 
 
 async def verify_seconds(state: Path, session: str) -> float:
@@ -287,8 +333,105 @@ async def verify_seconds(state: Path, session: str) -> float:
         await storage.close()
 
 
-def median_spread(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.median(values), max(values) - min(values)
+def _instant_summary(calls: list[float]) -> FunctionModel:
+    """A summary model that answers at once (its own time is measured and left out)."""
+    text = "\n".join(f"## {name}\n- the bench session" for name in DEFAULT_SECTIONS)
+
+    def summarize(request: ModelRequest) -> str:
+        t0 = time.perf_counter()
+        calls.append(time.perf_counter() - t0)
+        return text
+
+    return FunctionModel(summarize, name="instant")
+
+
+async def compact_big(state: Path) -> dict[str, float]:
+    """One manual compaction of the big session, on a fresh copy: ``cold`` from a new
+    ``Sessions`` (its open reads, verifies and folds the log), ``warm`` with the fold
+    already open (the compaction alone: projecting, the summary request, the fact);
+    the model's own time left out of both."""
+    model_s: list[float] = []
+    binding = Binding(model=_instant_summary(model_s))
+    out: dict[str, float] = {}
+    for phase in ("cold", "warm"):
+        copy = state.parent / f"big-{phase}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(state, copy)
+        async with Sessions(Storage.local(copy)) as sessions:
+            if phase == "warm":
+                await sessions.state(BIG)
+            model_s.clear()
+            t0 = time.perf_counter()
+            made = await sessions.compact(BIG, binding=binding)
+            out[phase] = time.perf_counter() - t0 - sum(model_s)
+            out[f"{phase}_tokens_before"] = made.tokens_before
+        out[f"{phase}_verify_after_s"] = await verify_seconds(copy, BIG)
+        shutil.rmtree(copy, ignore_errors=True)
+    return out
+
+
+def median_spread(values: Sequence[float]) -> list[float]:
+    """The median and the spread (max - min), rounded."""
+    return [round(statistics.median(values), 4), round(max(values) - min(values), 4)]
+
+
+def _print_run(name: str, r: dict[str, Any]) -> None:
+    print(
+        f"{name:<18} requests {r['requests']:>4}  max {r['max_request_tokens']:>8,}  "
+        f"total {r['total_tokens']:>12,}  compactions {r['compactions']:>3}  "
+        f"recalls {r['recalls']}  fact {'kept' if r['fact_survived'] else 'LOST'}  "
+        f"answer {r['answer']!r}"
+    )
+
+
+def sessions_part(root: Path, shape: Shape) -> dict[str, Any]:
+    """The 200-step task: baseline, elision only, compaction, and the two policies."""
+    base = asyncio.run(run_session(root / "baseline", shape, Run()))
+    elided = asyncio.run(run_session(root / "elision", shape, Run(elide=True)))
+    compacted = asyncio.run(run_session(root / "compaction", shape, Run(compaction=policy(shape))))
+    forks = asyncio.run(compare_policies(root / "forks", shape))
+    for name, r in (("baseline", base), ("elision only", elided), ("compaction", compacted)):
+        _print_run(name, r)
+    for name in ("keep_facts", "terse"):
+        _print_run(f"fork {name}", forks[name])
+    fewer = 1 - compacted["total_tokens"] / base["total_tokens"]
+    print(
+        f"compaction sends {fewer:.1%} fewer tokens than the baseline (target >= "
+        f"{TOKEN_TARGET:.0%}); every request under {shape.budget:,}: {compacted['under_budget']}; "
+        f"same answer: {compacted['answer'] == base['answer']}"
+    )
+    return {
+        "baseline": base,
+        "elision_only": elided,
+        "compaction": compacted,
+        "policies_on_forks": forks,
+        "tokens_fewer_ratio": round(fewer, 4),
+        "same_answer": compacted["answer"] == base["answer"],
+    }
+
+
+def big_part(root: Path, shape: Shape, rounds: int) -> dict[str, Any]:
+    """Compacting a long session: lodger's time against ``log.verify`` of the same log."""
+    events = asyncio.run(build_big(root / "big", shape.big_session))
+    verify = [asyncio.run(verify_seconds(root / "big", BIG)) for _ in range(rounds)]
+    runs = [asyncio.run(compact_big(root / "big")) for _ in range(rounds)]
+    cold = median_spread([r["cold"] for r in runs])
+    warm = median_spread([r["warm"] for r in runs])
+    print(
+        f"compact {events:,} events: cold {cold[0]:.3f} s (spread {cold[1]:.3f}), warm "
+        f"{warm[0]:.3f} s (spread {warm[1]:.3f}); log.verify {median_spread(verify)[0]:.3f} s "
+        f"(target <= {COMPACT_TARGET_S} s besides the model call)"
+    )
+    return {
+        "big_session_events": events,
+        "verify_before_s": median_spread(verify),
+        "verify_after_s": median_spread([r["cold_verify_after_s"] for r in runs]),
+        "compact_cold_s": cold,
+        "compact_warm_s": warm,
+        "compact_cold_over_verify": round(cold[0] / statistics.median(verify), 3),
+        "compact_warm_over_verify": round(warm[0] / statistics.median(verify), 3),
+        "compact_tokens_before": runs[0]["cold_tokens_before"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -297,24 +440,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=3, help="repeats of the timed parts")
     args = parser.parse_args(argv)
     shape = QUICK if args.quick else FULL
-    figures: dict[str, Any] = {"bench": "compaction", "steps": shape.steps}
+    figures: dict[str, Any] = {"bench": "compaction", "steps": shape.steps, "budget": shape.budget}
     with tempfile.TemporaryDirectory(prefix="lodger-bench-compaction-") as tmp:
         root = Path(tmp)
-        base = asyncio.run(run_session(root / "baseline", shape))
-        print(f"baseline    {json.dumps(base)}")
-        figures["baseline"] = base
-        elided = asyncio.run(run_session(root / "elision", shape, elide=True))
-        print(f"elision     {json.dumps(elided)}")
-        figures["elision_only"] = elided
-        events = asyncio.run(build_big(root / "big", shape.big_session))
-        verify = [asyncio.run(verify_seconds(root / "big", BIG)) for _ in range(args.rounds)]
-        figures["big_session_events"] = events
-        figures["verify_s"] = median_spread(verify)
-        print(f"verify {events} events: median {figures['verify_s'][0]:.3f} s")
+        figures.update(sessions_part(root, shape))
+        figures.update(big_part(root, shape, args.rounds))
     figures["load_average"] = list(os.getloadavg())
     print(json.dumps(figures, sort_keys=True))
     return figures
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()

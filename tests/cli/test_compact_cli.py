@@ -151,3 +151,28 @@ def test_a_session_that_never_ran_a_model_needs_one(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr.startswith("error: no model to write the summary with")
     assert "hint: pass --model SPEC" in result.stderr
+
+
+def test_a_session_a_worker_runs_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    from lodger.storage.control import SqliteControlPlane
+
+    state = tmp_path / "state"
+    run_turn(tmp_path, "--state", state)
+    _, good, _ = scripts(tmp_path)
+    plane_file = tmp_path / "plane.sqlite3"
+
+    async def hold() -> None:
+        plane = SqliteControlPlane(plane_file)
+        await plane.start()
+        try:
+            assert await plane.acquire_session(session_id="s1", holder="worker", ttl_s=600)
+        finally:
+            await plane.close()
+
+    asyncio.run(hold())
+    before = invoke("log", "verify", "s1", "--state", state).output
+    args = ("compact", "s1", "--state", state, "--control", plane_file)
+    result = invoke(*args, "--model", f"script:{good}")
+    assert result.exit_code == 1
+    assert "running in a worker" in result.stderr and "nothing was written" in result.stderr
+    assert invoke("log", "verify", "s1", "--state", state).output == before

@@ -19,6 +19,7 @@ from lodger.cli._common import (
     json_option,
     location,
     refuse_empty,
+    remember_control,
     require_log,
     retain_until_exit,
     session_argument,
@@ -61,6 +62,7 @@ __all__ = ["COMMANDS", "compact"]
     show_envvar=True,
     help="The control plane of the workers that run this session (default: the state "
     "directory's, when a worker made one): refused while a worker runs it.",
+    callback=remember_control,
 )
 @state_option
 @json_option

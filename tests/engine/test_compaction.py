@@ -180,6 +180,8 @@ async def test_a_compacted_context_is_a_pure_function_of_the_log(tmp_path: Path)
     head = live[0]
     assert isinstance(head, UserMessage) and head.source == "runtime"
     assert "## Summary" in head.text
+    # compacted inside the turn: its input stays pinned above the summary
+    assert "## Task of the current turn\nread the pages" in head.text
     for n in range(1, len(events) + 1, 7):
         _assert_calls_whole(project_messages(events[:n]).messages)
 

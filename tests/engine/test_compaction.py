@@ -13,7 +13,7 @@ import pytest
 from compaction_world import SECRET, World, agent, policy
 
 from lodger.context import project_messages
-from lodger.engine.checkpoint import open_fold
+from lodger.engine.checkpoint import decode_or_why, open_fold, save_checkpoint
 from lodger.engine.compaction import (
     SUMMARY_PROMPT_SHA256,
     CompactionPolicy,
@@ -168,11 +168,20 @@ async def test_a_compacted_context_is_a_pure_function_of_the_log(tmp_path: Path)
     try:
         fold = await open_fold(storage.log, "s")
         assert tuple(fold.projector.project().messages) == tuple(live)
+        # a checkpoint's fold restores the newest compaction without reading what it covers
+        assert await save_checkpoint(storage.log, fold)
+        data = await storage.log.checkpoints.load_checkpoint(session_id="s")
+        assert data is not None
+        restored = decode_or_why(data, await storage.log.read_verified("s"))
+        assert not isinstance(restored, str), restored
+        assert tuple(restored.projector.project().messages) == tuple(live)
     finally:
         await storage.close()
     head = live[0]
     assert isinstance(head, UserMessage) and head.source == "runtime"
     assert "## Summary" in head.text
+    # compacted inside the turn: its input stays pinned above the summary
+    assert "## Task of the current turn\nread the pages" in head.text
     for n in range(1, len(events) + 1, 7):
         _assert_calls_whole(project_messages(events[:n]).messages)
 

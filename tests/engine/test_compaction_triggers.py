@@ -4,6 +4,7 @@ ask again), ``Sessions.compact``, the ``[compaction]`` table of lodger.toml, and
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -17,7 +18,7 @@ from lodger.engine.settings import Limits, Services
 from lodger.errors import ConfigError
 from lodger.events import Compacted
 from lodger.ids import ManualClock, SequentialIds
-from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
+from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage, UserMessage
 from lodger.providers.scripted import tool_call
 from lodger.runtime.composition import compose
 from lodger.runtime.project import Project
@@ -155,3 +156,63 @@ async def test_recall_by_offset_call_and_search(tmp_path: Path) -> None:
     assert not error and "no fact" in text
     error, text = await _recall(tmp_path, {"call_id": "FOURTH", "max_chars": 300})
     assert not error and len(text) < 400 and "more characters" in text
+
+
+class Planner:
+    """Writes a todo list and a file, then answers."""
+
+    def __call__(self, request: ModelRequest) -> ModelResponse | str:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if not results:
+            items = [
+                {"text": "write notes.txt", "status": "done"},
+                {"text": "check the notes", "status": "in_progress"},
+                {"text": "report", "status": "pending"},
+            ]
+            return ModelResponse(
+                calls=(
+                    tool_call("todo_write", items=items, expected_revision=0),
+                    tool_call("write_file", path="notes.txt", content="hello"),
+                )
+            )
+        return "written"
+
+
+async def test_a_compaction_pins_open_todos_edited_files_and_the_open_turn(
+    tmp_path: Path,
+) -> None:
+    from lodger.runtime.builtin import write_file
+    from lodger.tools.todo import todo_tools
+
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    summaries = World()
+    planner = Planner()
+
+    def model(request: ModelRequest) -> ModelResponse | str:
+        if request.system.startswith("You are compacting"):
+            return summaries(request)
+        return planner(request)
+
+    async with Agent(
+        model=FunctionModel(model),
+        tools=[*todo_tools(), write_file],
+        workspace=workspace,
+        storage=tmp_path / "state",
+        services=Services(clock=ManualClock(), ids=SequentialIds()),
+        compaction=CompactionPolicy(),
+    ) as a:
+        await a.run("plan and write", session="s")
+        made = await a.compact("s")
+        events = await a.log.read_all("s")
+    assert "todo:[in_progress] check the notes" in made.pinned
+    assert "todo:[pending] report" in made.pinned
+    assert not any("write notes.txt" in p for p in made.pinned)  # done: not pinned
+    assert "file:notes.txt" in made.pinned and "turn_input" not in made.pinned  # turn ended
+    from lodger.context import project_messages
+
+    head = project_messages(events).messages[0]
+    assert isinstance(head, UserMessage)
+    assert "## Open todo items" in head.text and "- [pending] report" in head.text
+    digest = hashlib.sha256(b"hello").hexdigest()[:12]
+    assert f"- notes.txt (sha256 {digest})" in head.text

@@ -73,7 +73,7 @@ __all__ = [
     "save_checkpoint",
 ]
 
-CHECKPOINT_VERSION = 3  # 2: a call's awaiting_approval; 3: compressed frames
+CHECKPOINT_VERSION = 4  # 2: a call's awaiting_approval; 3: compressed frames; 4: compaction
 MAGIC = b"lodger-fold-checkpoint\n"
 SEAL_TAG = b"lodger-fold-checkpoint\x00"
 #: below this many events a full decode is cheap: no checkpoint is written

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,9 +45,7 @@ from lodger.events import (
     CompactionFailed,
     CompactionTrigger,
     Event,
-    ModelSwitched,
     Prefix,
-    ProviderRetried,
     TurnEnded,
 )
 from lodger.providers.base import (
@@ -55,19 +53,23 @@ from lodger.providers.base import (
     Message,
     Model,
     ModelRequest,
+    ModelResponse,
     ToolResultMessage,
     UserMessage,
 )
 
 if TYPE_CHECKING:
     from lodger.engine.journal import Journal
-    from lodger.engine.settings import Retries
     from lodger.engine.state import SessionState
+
+#: how a summary request is sent (the engine's: with its retries, none of them logged)
+Ask = Callable[[Model, ModelRequest], Awaitable[ModelResponse]]
 
 __all__ = [
     "DEFAULT_SECTIONS",
     "SUMMARY_PROMPT",
     "SUMMARY_PROMPT_SHA256",
+    "Ask",
     "CompactionOutcome",
     "CompactionPolicy",
     "compact",
@@ -120,7 +122,8 @@ _RESULT_CHARS = 20_000
 class CompactionPolicy:
     """How and when a session's context is compacted.
 
-    ``model``: the spec of the model that writes summaries (None: the agent's own).
+    ``model``: the model that writes summaries, or its spec (the agent makes it and
+    closes it with itself); None: the agent's own.
     ``threshold_tokens``: before a turn, a context estimated above it is compacted.
     ``budget_tokens``: a request must fit it; at a step boundary a context that would not
     is compacted (and, if that fails, the oldest tool results are elided to fit).
@@ -129,7 +132,7 @@ class CompactionPolicy:
     the summarizer. ``max_per_turn``: compactions the engine may make in one turn.
     """
 
-    model: str | None = None
+    model: str | Model | None = None
     threshold_tokens: int | None = None
     budget_tokens: int | None = None
     required_sections: tuple[str, ...] = DEFAULT_SECTIONS
@@ -162,6 +165,18 @@ class CompactionPolicy:
                 "compaction required_sections must be non-empty names",
                 code="compaction_policy",
             )
+
+    def summarizer(self, default: Model) -> Model:
+        """The model that writes summaries: ``model``, else ``default``."""
+        if self.model is None:
+            return default
+        if isinstance(self.model, str):
+            raise UsageError(
+                f"the summary model {self.model!r} is named by its spec and was never made",
+                hint="give the policy to an Agent (it makes the model), or pass a Model",
+                code="compaction_policy",
+            )
+        return self.model
 
 
 CompactionOutcome = Compacted | CompactionFailed
@@ -239,7 +254,7 @@ async def compact(
     *,
     trigger: CompactionTrigger,
     instructions: str | None = None,
-    retries: Retries | None = None,
+    ask: Ask | None = None,
 ) -> CompactionOutcome:
     """Summarize ``state``'s current projection with ``model``: the body of the fact to
     append (``compacted``, or ``compaction_failed`` after ``max_attempts`` summaries that
@@ -253,7 +268,9 @@ async def compact(
     summary = ""
     for attempts in range(1, policy.max_attempts + 1):  # noqa: B007 - read after the loop
         try:
-            response = await _ask(model, request, retries)
+            response = (
+                await ask(model, request) if ask is not None else await model.complete(request)
+            ).text
         except ProviderError as exc:
             reason = f"the summary model failed: {exc.message}"
             continue
@@ -268,17 +285,6 @@ async def compact(
     return CompactionFailed(
         covers=covers, trigger=trigger, attempts=attempts, reason=reason, fallback="elision"
     )
-
-
-async def _ask(model: Model, request: ModelRequest, retries: Retries | None) -> str:
-    if retries is None:
-        return (await model.complete(request)).text
-    from lodger.engine.retries import complete  # the loop's retries, facts left out
-
-    async def unrecorded(body: ProviderRetried | ModelSwitched) -> None:
-        return None  # a compaction is one fact: its retries are not logged apart
-
-    return (await complete(model, request, retries=retries, record=unrecorded)).text
 
 
 def _compacted(
@@ -384,11 +390,11 @@ async def compact_and_record(
     *,
     trigger: CompactionTrigger,
     instructions: str | None = None,
-    retries: Retries | None = None,
+    ask: Ask | None = None,
 ) -> CompactionOutcome:
     """``compact``, then its fact appended (one atomic commit)."""
     outcome = await compact(
-        journal.state, model, policy, trigger=trigger, instructions=instructions, retries=retries
+        journal.state, model, policy, trigger=trigger, instructions=instructions, ask=ask
     )
     await record_compaction(journal, env, outcome)
     return outcome
@@ -403,7 +409,7 @@ async def compact_if_over(
     trigger: CompactionTrigger,
     limit: int | None,
     overhead: int = 0,
-    retries: Retries | None = None,
+    ask: Ask | None = None,
 ) -> CompactionOutcome | None:
     """Compact when the context (plus ``overhead``) is estimated above ``limit`` and the
     breaker allows it; None when nothing was done."""
@@ -415,7 +421,7 @@ async def compact_if_over(
     estimate = state.projector.project().estimated_tokens + overhead
     if estimate <= limit or refusal(state, policy, trigger) is not None:
         return None
-    return await compact_and_record(journal, env, model, policy, trigger=trigger, retries=retries)
+    return await compact_and_record(journal, env, model, policy, trigger=trigger, ask=ask)
 
 
 async def compact_by_hand(
@@ -424,7 +430,7 @@ async def compact_by_hand(
     policy: CompactionPolicy,
     *,
     instructions: str | None = None,
-    retries: Retries | None = None,
+    ask: Ask | None = None,
 ) -> Compacted:
     """A manual compaction of the session ``journal`` writes (the library's, the CLI's
     and the host's): refused while a run is open, raised as ``ProviderError``
@@ -456,7 +462,7 @@ async def compact_by_hand(
         )
     env = Envelope(turn_id=state.open_turn)
     outcome = await compact_and_record(
-        journal, env, model, policy, trigger="manual", instructions=instructions, retries=retries
+        journal, env, model, policy, trigger="manual", instructions=instructions, ask=ask
     )
     if isinstance(outcome, CompactionFailed):
         raise ProviderError(

@@ -21,7 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
-from lodger.engine.compaction import CompactionPolicy, compact_if_over, request_overhead
+from lodger.engine.compaction import compact_if_over, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
@@ -190,10 +190,6 @@ class Engine:
     snapshotter: WorkspaceSnapshotter | None = None
     #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
     spend: SpendReader | None = None
-    #: when and how the context is compacted (``lodger.engine.compaction``); None: never
-    #: (only ``limits.context_budget``'s elision), and the model that writes summaries
-    compaction: CompactionPolicy | None = None
-    compaction_model: Model | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -551,8 +547,8 @@ class Engine:
         state = journal.state
         await self._compact(journal, env, "overflow", visible)  # if the request would not fit
         budget = self.limits.context_budget
-        if budget is None and self.compaction is not None:
-            budget = self.compaction.budget_tokens  # elision, where compaction failed
+        if budget is None and self.limits.compaction is not None:
+            budget = self.limits.compaction.budget_tokens  # elision, where compaction failed
         projection = state.projector.project(budget_tokens=budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
             assert budget is not None
@@ -592,7 +588,7 @@ class Engine:
     ) -> bool:
         """Compact the context when ``trigger``'s condition holds (``lodger.engine.
         compaction``); whether a ``compacted`` fact was committed."""
-        policy = self.compaction
+        policy = self.limits.compaction
         if policy is None:
             return False
         overhead = 0
@@ -606,14 +602,23 @@ class Engine:
         outcome = await compact_if_over(
             journal,
             env,
-            self.compaction_model or self.model,
+            policy.summarizer(self.model),
             policy,
             trigger=trigger,
             limit=limit,
             overhead=overhead,
-            retries=self.retries,
+            ask=self.ask_unlogged,
         )
         return outcome is not None and outcome.kind == "compacted"
+
+    async def ask_unlogged(self, model: Model, request: ModelRequest) -> ModelResponse:
+        """A request outside the steps (a summary), with this engine's retries; its retries
+        are not facts (a compaction is one fact: ``lodger.engine.compaction``)."""
+
+        async def unrecorded(body: ProviderRetried | ModelSwitched) -> None:
+            return None
+
+        return await complete(model, request, retries=self.retries, record=unrecorded)
 
     async def _complete_or_compact(
         self, journal: Journal, request: ModelRequest, visible: _StepTools, env: Envelope

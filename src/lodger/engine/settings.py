@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.compaction import CompactionPolicy
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
@@ -64,6 +65,9 @@ class Limits:
     budgets: Budgets = field(default_factory=Budgets)
     #: the images and documents a turn's input and a tool's result may carry
     media: MediaLimits = field(default_factory=MediaLimits)
+    #: when and how the context is compacted into a summary (``lodger.engine.compaction``;
+    #: ``Agent(compaction=...)`` sets it); None: never, only ``context_budget``'s elision
+    compaction: CompactionPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

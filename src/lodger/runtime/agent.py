@@ -108,6 +108,10 @@ class Agent:
     ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
     approver) and ``services`` (clock and ids, authorities, executor, shared folds).
     Nothing here is global: clocks and ids are injected for tests.
+
+    ``compaction`` (a ``CompactionPolicy``, kept as ``limits.compaction``) summarizes the
+    context when it grows past the policy's threshold or budget and offers the ``recall``
+    tool; ``compact`` does it by hand (``lodger.engine.compaction``).
     """
 
     def __init__(
@@ -182,7 +186,7 @@ class Agent:
             deps=deps,
             spend=LogSpend.for_log(storage.log),
         )
-        self.engine.compaction, self.engine.compaction_model = self._compacting(compaction)
+        self._compacting(compaction)
         # The verified fold of each session this agent has open, kept between turns
         # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = services.folds is None
@@ -227,17 +231,20 @@ class Agent:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _compacting(
-        self, policy: CompactionPolicy | None
-    ) -> tuple[CompactionPolicy | None, Model | None]:
-        """The compaction policy and its own summary model (None: the agent's); a policy
-        offers the ``recall`` tool, which fetches summarized facts back from the log."""
+    def _compacting(self, policy: CompactionPolicy | None) -> None:
+        """Put ``policy`` (or the one in ``limits``) in the engine's limits, its summary
+        model made when it is named by a spec; a policy offers the ``recall`` tool,
+        which fetches summarized facts back from the log."""
+        engine = self.engine
+        policy = policy if policy is not None else engine.limits.compaction
         if policy is None:
-            return None, None
+            return
+        if isinstance(policy.model, str):
+            policy = dataclasses.replace(policy, model=self._own(policy.model))
+        engine.limits = dataclasses.replace(engine.limits, compaction=policy)
         from lodger.tools.recall import recall_tool  # only a compacting agent offers it
 
         self.registry.bind(recall_tool(self.storage.log, self.storage.artifacts))
-        return policy, self._own(policy.model) if policy.model else None
 
     def _own(self, model: Model | str) -> Model:
         if not isinstance(model, str):
@@ -537,12 +544,13 @@ class Agent:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
+            policy = engine.limits.compaction or CompactionPolicy()
             return await compact_by_hand(
                 engine.journal(writer, state),
-                engine.compaction_model or engine.model,
-                engine.compaction or CompactionPolicy(),
+                policy.summarizer(engine.model),
+                policy,
                 instructions=instructions,
-                retries=engine.retries,
+                ask=engine.ask_unlogged,
             )
 
 

@@ -117,3 +117,59 @@ async def test_auth_and_unknown_sessions(tmp_path: Path) -> None:
             extra = await raw.post(f"/v1/sessions/{sid}/compact", json={"x": 1}, headers=auth)
             assert extra.status_code == 422
         assert [f.kind for f in await c.events(sid)][-1] == "turn_ended"  # nothing written
+
+
+def test_the_library_the_cli_and_the_host_record_the_same_fact(tmp_path: Path) -> None:
+    """DESIGN.md section 12: one session, compacted through each door on its own copy of
+    the same state directory, gets the same ``compacted`` body (the covered prefix, the
+    summary, what was dropped and pinned, the token estimates, the model)."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from lodger.cli import main
+    from lodger.runtime.composition import Overrides, compose
+    from lodger.runtime.project import Project
+    from lodger.runtime.sessions import Sessions
+    from lodger.storage import Storage
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("the launch code is Z-42\n" * 50)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps([{"calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]},
+                               {"text": "read them"}]))  # fmt: skip
+    summary = write_script(tmp_path / "summary.json", [{"text": SUMMARY}])
+    first = tmp_path / "first"
+    args = ["run", "read the notes", "--model", f"script:{run}", "--workspace", str(ws)]
+    ran = CliRunner().invoke(main, [*args, "--session", "s1", "--state", str(first)])
+    assert ran.exit_code == 0, ran.output
+    copies = {door: tmp_path / door for door in ("library", "cli", "host")}
+    for copy in copies.values():
+        shutil.copytree(first, copy)
+
+    async def library() -> dict[str, object]:
+        async with Sessions(Storage.local(copies["library"])) as sessions:
+            binding = compose(Project.none(), Overrides(model=summary, builtin_tools=False))
+            made = await sessions.compact("s1", binding=binding)
+            return made.model_dump(mode="json")
+
+    async def host() -> dict[str, object]:
+        async with running_host(copies["host"], models=(summary,)) as h, h.client() as c:
+            made = await c.compact("s1")
+            assert made["compacted"] is True
+            return dict(made["fact"]["body"])
+
+    by_cli = CliRunner().invoke(
+        main, ["compact", "s1", "--state", str(copies["cli"]), "--model", summary, "--json"]
+    )
+    assert by_cli.exit_code == 0, by_cli.output
+    facts = {
+        "library": asyncio.run(library()),
+        "cli": json.loads(by_cli.stdout)["compacted"],
+        "host": asyncio.run(host()),
+    }
+    assert facts["library"]["summary"] == SUMMARY and facts["library"]["dropped_call_ids"]
+    assert facts["cli"] == facts["library"]
+    assert facts["host"] == facts["library"]

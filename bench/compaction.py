@@ -62,6 +62,7 @@ from lodger import (
 )
 from lodger.context import estimate_tokens
 from lodger.engine.compaction import DEFAULT_SECTIONS, CompactionPolicy
+from lodger.events import Compacted, Event
 from lodger.providers.base import AssistantMessage, UserMessage
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import Storage
@@ -275,12 +276,19 @@ async def run_turn(storage: Storage, session: str, shape: Shape, run: Run) -> di
         "answer": answer,
         "status": result.status,
         "fact_survived": CODE in answer,
+        # where the answer came from: the newest summary carried it, or recall fetched it
+        "fact_in_summary": _in_newest_summary(events),
         "compactions": sum(1 for e in events if e.kind == "compacted"),
         "compaction_failures": sum(1 for e in events if e.kind == "compaction_failed"),
         "events": verified.high_water,
         "seconds": round(elapsed, 3),
         "lodger_seconds": round(elapsed - meter.summary_s, 3),
     }
+
+
+def _in_newest_summary(events: Sequence[Event]) -> bool:
+    summaries = [e.body.summary for e in events if isinstance(e.body, Compacted)]
+    return bool(summaries) and CODE in summaries[-1]
 
 
 async def run_session(state: Path, shape: Shape, run: Run) -> dict[str, Any]:
@@ -381,7 +389,8 @@ def _print_run(name: str, r: dict[str, Any]) -> None:
     print(
         f"{name:<18} requests {r['requests']:>4}  max {r['max_request_tokens']:>8,}  "
         f"total {r['total_tokens']:>12,}  compactions {r['compactions']:>3}  "
-        f"recalls {r['recalls']}  fact {'kept' if r['fact_survived'] else 'LOST'}  "
+        f"recalls {r['recalls']}  fact {'kept' if r['fact_survived'] else 'LOST'}"
+        f"{' (in the summary)' if r['fact_in_summary'] else ''}  "
         f"answer {r['answer']!r}"
     )
 

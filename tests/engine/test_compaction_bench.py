@@ -32,6 +32,8 @@ def test_the_quick_run_keeps_the_fact_under_the_budget(tmp_path: Path) -> None:
     assert figures["same_answer"] and compacted["repeated_pages"] == 0
     assert figures["tokens_fewer_ratio"] > 0.5
     forks = figures["policies_on_forks"]
-    assert forks["keep_facts"]["recalls"] == 0 and forks["keep_facts"]["fact_survived"]
-    assert forks["terse"]["recalls"] == 1 and forks["terse"]["fact_survived"]
+    assert forks["keep_facts"]["recalls"] == 0 and forks["keep_facts"]["fact_in_summary"]
+    assert forks["keep_facts"]["fact_survived"]
+    assert forks["terse"]["recalls"] == 1 and not forks["terse"]["fact_in_summary"]
+    assert forks["terse"]["fact_survived"]
     assert forks["terse"]["shares_events"] == forks["prefix_events"]

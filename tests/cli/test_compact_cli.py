@@ -176,3 +176,21 @@ def test_a_session_a_worker_runs_is_refused_and_nothing_is_written(tmp_path: Pat
     assert result.exit_code == 1
     assert "running in a worker" in result.stderr and "nothing was written" in result.stderr
     assert invoke("log", "verify", "s1", "--state", state).output == before
+
+
+def test_the_workspaces_compaction_table_is_the_policy(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run_turn(tmp_path, "--state", state)
+    goal_only = tmp_path / "goal.json"
+    goal_only.write_text(json.dumps([{"text": "## Goal\n- read the notes"}]))
+    model = f"script:{goal_only}"
+    # the default sections are required: a summary with only a goal is not enough
+    refused = invoke("compact", "s1", "--state", state, "--model", model)
+    assert refused.exit_code == 1 and "lacks the required section(s): Progress" in refused.stderr
+    again = invoke("run", "and again", "--session", "s1", "--state", state, "--model",
+                   f"script:{tmp_path / 'run.json'}")  # fmt: skip
+    assert again.exit_code == 0, again.output  # appended: the failed prefix is behind
+    (tmp_path / "ws" / "lodger.toml").write_text('[compaction]\nrequired_sections = ["Goal"]\n')
+    made = invoke("compact", "s1", "--state", state, "--model", model, "--json")
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout)["compacted"]["summary"] == "## Goal\n- read the notes"

@@ -26,7 +26,14 @@ from typing import Any, overload
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger._core.records import record
-from lodger._pinned import Pinned, pinned_items, render_head
+from lodger._pinned import (
+    CompactionFold,
+    Pinned,
+    pinned_from,
+    pinned_items,
+    pinned_plain,
+    render_head,
+)
 from lodger.errors import CorruptLogError, StorageError
 from lodger.events import (
     ArtifactRef,
@@ -626,10 +633,13 @@ class Projector:
         #: next output closes that same block, unless a result came since
         self._result_writes = 0
         self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
-        #: the newest ``compacted`` fact folded, and (once found) its position among the
-        #: prefix and the events, with the items it pinned
+        #: what compaction reads of every event folded (pins, the breaker's counts)
+        self._fold = CompactionFold()
+        #: the newest ``compacted`` fact folded, the items it pinned, and (once found) its
+        #: position among the prefix and the events
         self._compaction: Event | None = None
-        self._compaction_at: tuple[int, Pinned] | None = None
+        self._compaction_pinned = Pinned()
+        self._compaction_at: int | None = None
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -681,6 +691,10 @@ class Projector:
 
     def _feed(self, e: Event) -> None:
         body = e.body
+        if type(body) is Compacted and e.visibility == "model":
+            self._compaction, self._compaction_at = e, None
+            self._compaction_pinned = self._fold.pinned()
+        self._fold.feed(e)
         if type(body) in _UNSEEN:
             return
         if isinstance(body, ModelOutput):
@@ -688,9 +702,7 @@ class Projector:
                 self._names[c.call_id] = c.name
         if e.visibility != "model":
             return
-        if type(body) is Compacted:
-            self._compaction, self._compaction_at = e, None
-        elif isinstance(body, TurnStarted):
+        if isinstance(body, TurnStarted):
             self._close_open()
             message = _user_message(body, self.media)
             self._note_media(e, message)
@@ -713,7 +725,7 @@ class Projector:
             self._open_results[e.call_id] = result
             self._result_writes += 1
 
-    def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
+    def _fold_pending(self) -> None:
         events = self._events
         if len(events) < self._seen:
             raise ValueError("the projected event list shrank; a log never loses events")
@@ -727,6 +739,16 @@ class Projector:
             for e in events[self._seen :]:
                 self._feed(e)
         self._seen = len(events)
+
+    def compaction_state(self) -> tuple[Event | None, CompactionFold]:
+        """The newest ``compacted`` fact (None: none yet) and what compaction reads of
+        the events so far (``lodger._pinned.CompactionFold``: the pins, the breaker)."""
+        self._fold_pending()
+        return self._compaction, self._fold
+
+    def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
+        self._fold_pending()
+        events = self._events
         if self._compaction is not None:
             return self._compacted(budget_tokens, keep_recent)
         if self._stale:
@@ -770,21 +792,18 @@ class Projector:
         sequence: Sequence[Event] = [*self._prefix, *self._events] if self._prefix else self._events
         if self._compaction_at is None:
             own = fact.offset < len(self._events) and self._events[fact.offset].id == fact.id
-            index = (
+            self._compaction_at = (
                 len(self._prefix) + fact.offset
                 if own
                 else next(i for i, e in enumerate(self._prefix) if e.id == fact.id)
             )
-            pinned = pinned_items(sequence[: _covered_end(sequence, index)])
-            self._compaction_at = (index, pinned)
-        index, pinned = self._compaction_at
         return _project_compacted(
             sequence,
-            index,
+            self._compaction_at,
             budget_tokens=budget_tokens,
             keep_recent=keep_recent,
             media=self.media,
-            pinned=pinned,
+            pinned=self._compaction_pinned,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -810,6 +829,8 @@ class Projector:
             "media": self._media_refs,
             "media_types": sorted(self._media_types),
             "compaction": self._compaction.offset if self._compaction is not None else None,
+            "compaction_pinned": pinned_plain(self._compaction_pinned),
+            "compaction_fold": self._fold.export(),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -877,6 +898,8 @@ class Projector:
             if type(fact.body) is not Compacted:
                 raise ValueError("projector: the compaction is not a compacted fact")
             projector._compaction = fact
+        projector._compaction_pinned = pinned_from(data["compaction_pinned"])
+        projector._fold = CompactionFold.restore(data["compaction_fold"])
         return projector
 
 

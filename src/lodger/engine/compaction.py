@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lodger.context import estimate_tokens, pinned_items, render_head
+from lodger.context import estimate_tokens, render_head
 from lodger.engine.envelope import Envelope
 from lodger.errors import (
     ConfigError,
@@ -46,7 +46,6 @@ from lodger.events import (
     CompactionTrigger,
     Event,
     Prefix,
-    TurnEnded,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -238,15 +237,6 @@ def _message_bytes(message: Message) -> int:
     return len(message.content.encode("utf-8"))
 
 
-def _previous(events: Sequence[Event]) -> int | None:
-    """The offset of the newest ``compacted`` fact of the session's own log (None: none;
-    an ancestor's compaction before a fork point is not this log's)."""
-    for e in reversed(events):
-        if isinstance(e.body, Compacted):
-            return e.offset
-    return None
-
-
 async def compact(
     state: SessionState,
     model: Model,
@@ -260,9 +250,12 @@ async def compact(
     append (``compacted``, or ``compaction_failed`` after ``max_attempts`` summaries that
     lacked a required section or a provider that failed). Writes nothing."""
     covers = state.head
-    projection = state.projector.project()
-    messages = projection.messages
-    request = summary_request(messages, policy, instructions)
+    # what the summarizer reads: the context as the model would see it, old results
+    # elided where it would not fit the policy's budget
+    projector = state.projector
+    request = summary_request(
+        projector.project(budget_tokens=policy.budget_tokens).messages, policy, instructions
+    )
     reason = ""
     attempts = 0
     summary = ""
@@ -281,24 +274,23 @@ async def compact(
         elif missing:
             reason = "the summary lacks the required section(s): " + ", ".join(missing)
         else:
-            return _compacted(state, covers, messages, summary, model, trigger)
+            return _compacted(state, covers, summary, model, trigger)
     return CompactionFailed(
         covers=covers, trigger=trigger, attempts=attempts, reason=reason, fallback="elision"
     )
 
 
 def _compacted(
-    state: SessionState,
-    covers: Prefix,
-    messages: Sequence[Message],
-    summary: str,
-    model: Model,
-    trigger: CompactionTrigger,
+    state: SessionState, covers: Prefix, summary: str, model: Model, trigger: CompactionTrigger
 ) -> Compacted:
-    sequence = _sequence(state)
-    pinned = pinned_items(sequence)
+    """The fact of a summary of the whole context as it stands (not only of the part the
+    summarizer was shown whole: the dropped calls and counts are the context's)."""
+    full = state.projector.project()
+    messages = full.messages
+    newest, fold = state.projector.compaction_state()
+    pinned = fold.pinned()
     head = render_head(pinned, summary)
-    before = estimate_tokens(messages)
+    before = full.estimated_tokens
     after = estimate_tokens((UserMessage(text=head, source="runtime"),))
     dropped = tuple(m.call_id for m in messages if isinstance(m, ToolResultMessage))
     return Compacted(
@@ -313,22 +305,9 @@ def _compacted(
         tokens_before=before,
         tokens_after=after,
         trigger=trigger,
-        previous=_previous(state.events),
+        # a fork's inherited compaction is its parent's fact, not one of this log's
+        previous=newest.offset if newest and newest.session_id == state.session_id else None,
     )
-
-
-def _sequence(state: SessionState) -> Sequence[Event]:
-    inherited = state.inherited or ()
-    return [*inherited, *state.events] if inherited else state.events
-
-
-def _since_last_turn(events: Sequence[Event]) -> int:
-    """Where the open turn's stretch of the log starts: after the last ``turn_ended``
-    (so the compactions made before the turn started count as the turn's)."""
-    for e in reversed(events):
-        if isinstance(e.body, TurnEnded):
-            return e.offset + 1
-    return 0
 
 
 def refusal(
@@ -347,21 +326,11 @@ def refusal(
         return "a compaction of this same prefix failed; nothing was appended since"
     if trigger == "manual":
         return None
-    start = _since_last_turn(events)
-    made = 0
-    failed_since_last = False
-    for e in events[start:]:
-        body = e.body
-        if isinstance(body, Compacted):
-            made += 1
-            failed_since_last = False
-        elif isinstance(body, CompactionFailed):
-            made += 1
-            failed_since_last = True
-    if failed_since_last:
+    _, fold = state.projector.compaction_state()  # counted since the last turn ended
+    if fold.failed:
         return "a compaction of this stretch of the log failed in this turn"
-    if made >= policy.max_per_turn:
-        return f"this turn has compacted {made} time(s), its limit"
+    if fold.made >= policy.max_per_turn:
+        return f"this turn has compacted {fold.made} time(s), its limit"
     return None
 
 

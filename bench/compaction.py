@@ -14,10 +14,14 @@ Runs, each on real SQLite storage:
   (the baseline of the token ratio, measured in the same run);
 - ``compaction``: ``CompactionPolicy(budget_tokens=32k)`` (the summarizer keeps the facts
   it sees); every request must fit the budget, the answer must be the baseline's;
-- two policies on copy-free forks of one prefix (the first 60 steps, run once with no
+- two policies on copy-free forks of one prefix (the first 12 steps, run once with no
   compaction; ``Sessions.fork`` shares its events): ``keep_facts`` (the summary carries the
   facts) and ``terse`` (the summary keeps only the sections; the fact comes back through
-  ``recall``), each continued to step 200;
+  ``recall``), each continued to step 200; and ``late_start``, a fork of a 60-step prefix
+  (far over the budget when it is first compacted: the summarizer reads the context
+  elided to the budget, so page 5 is not in what it summarizes and comes back by ``recall``);
+- ``elision only``: ``Limits(context_budget=32k)`` and no compaction: the oldest results
+  are left out, nothing is summarized;
 - ``compact_100k``: one manual compaction of a 100k-event session (``bench/cli_scale.py``'s
   shapes) whose summary model answers at once: the time lodger spends besides the model
   call, against ``log.verify`` of the same session (the baseline: reading and checking every
@@ -301,18 +305,25 @@ async def run_session(state: Path, shape: Shape, run: Run) -> dict[str, Any]:
 
 
 async def compare_policies(state: Path, shape: Shape) -> dict[str, Any]:
-    """A prefix of the task run once without compaction, forked twice (copy-free), and
-    each fork continued to the end under its own policy: ``keep_facts`` (the summary
-    carries what the pages said) and ``terse`` (it does not: the fact must come back
-    through ``recall``)."""
+    """A prefix of the task run once without compaction (12 steps: it fits the budget),
+    forked twice (copy-free), and each fork continued to the end under its own policy:
+    ``keep_facts`` (the summary carries what the pages said) and ``terse`` (it does not:
+    the fact must come back through ``recall``). And ``late_start``: a fork of a longer
+    prefix (30% of the steps, far over the budget before its first compaction), under
+    ``keep_facts``: the summarizer reads the context elided to the budget, so what it
+    can carry is only what still fits."""
     storage = Storage.local(state)
     try:
-        prefix_steps = shape.steps * 3 // 10
-        prefix = await run_turn(storage, "prefix", shape, Run(max_steps=prefix_steps))
+        short = shape.budget * 3 // 4 // shape.page_tokens
+        long = shape.steps * 3 // 10
         sessions = Sessions(storage)
-        out: dict[str, Any] = {"prefix_events": prefix["events"], "prefix_steps": prefix_steps}
-        for name, keep in (("keep_facts", True), ("terse", False)):
-            fork = await sessions.fork("prefix", session=f"fork-{name}")
+        out: dict[str, Any] = {"prefix_steps": short, "late_prefix_steps": long}
+        for prefix, steps in (("prefix", short), ("late-prefix", long)):
+            made = await run_turn(storage, prefix, shape, Run(max_steps=steps))
+            out[f"{prefix.replace('-', '_')}_events"] = made["events"]
+        forks = (("keep_facts", "prefix", True), ("terse", "prefix", False))
+        for name, prefix, keep in (*forks, ("late_start", "late-prefix", True)):
+            fork = await sessions.fork(prefix, session=f"fork-{name}")
             run = Run(compaction=policy(shape), keep_facts=keep)
             out[name] = await run_turn(storage, fork.session_id, shape, run)
             out[name]["shares_events"] = fork.parent.high_water
@@ -403,7 +414,7 @@ def sessions_part(root: Path, shape: Shape) -> dict[str, Any]:
     forks = asyncio.run(compare_policies(root / "forks", shape))
     for name, r in (("baseline", base), ("elision only", elided), ("compaction", compacted)):
         _print_run(name, r)
-    for name in ("keep_facts", "terse"):
+    for name in ("keep_facts", "terse", "late_start"):
         _print_run(f"fork {name}", forks[name])
     fewer = 1 - compacted["total_tokens"] / base["total_tokens"]
     print(

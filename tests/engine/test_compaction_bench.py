@@ -37,3 +37,5 @@ def test_the_quick_run_keeps_the_fact_under_the_budget(tmp_path: Path) -> None:
     assert forks["terse"]["recalls"] == 1 and not forks["terse"]["fact_in_summary"]
     assert forks["terse"]["fact_survived"]
     assert forks["terse"]["shares_events"] == forks["prefix_events"]
+    # forked far over the budget: the first summary sees only what fits, recall the rest
+    assert forks["late_start"]["fact_survived"] and forks["late_start"]["recalls"] == 1

@@ -315,6 +315,39 @@ class _TimelineView:
             return [("turn ended ", "bold magenta"), _status(body.status), answer]
         return None
 
+    def _compaction(self, body: Compacted | CompactionFailed) -> list[Part]:
+        """What a compaction covered and dropped, or why it failed and what the step did."""
+        covers = f"  covers [0, {body.covers.high_water}) {body.covers.digest[:12]}"
+        if isinstance(body, CompactionFailed):
+            return [
+                ("compaction failed", "bold red"),
+                covers,
+                f"  after {body.attempts} attempt(s): ",
+                clip(body.reason, self.limit(_TEXT)),
+                ("  fallback=", "dim"),
+                (body.fallback, "yellow"),
+                (f"  trigger={body.trigger}", "dim"),
+            ]
+        calls = len(body.dropped_call_ids)
+        parts: list[Part] = [
+            ("compacted", "bold cyan"),
+            covers,
+            ("  tokens ", "bold"),
+            f"{body.tokens_before:,} -> {body.tokens_after:,}",
+            f"  dropped {calls} call{'s' if calls != 1 else ''}, {body.dropped_bytes:,} bytes"
+            f" (~{body.dropped_tokens:,} tokens)",
+            (f"  trigger={body.trigger}", "dim"),
+            (f"  model={visible(body.model)}", "dim"),
+        ]
+        if body.previous is not None:
+            parts.append((f"  chains #{body.previous}", "dim"))
+        if body.pinned:
+            parts.append(("  pinned: " + clip(", ".join(body.pinned), self.limit(_PREVIEW)), "dim"))
+        if body.native_state is not None:
+            parts.append(("  [native state]", "dim"))
+        parts.append("  summary " + _quoted(body.summary, self.limit(_PREVIEW)))
+        return parts
+
     def _describe_model_and_calls(self, event: Event) -> list[Part] | None:
         """What the model said and what became of the calls it proposed."""
         body = event.body
@@ -449,39 +482,6 @@ class _TimelineView:
         if isinstance(body, Compacted | CompactionFailed):
             return self._compaction(body)
         return None
-
-    def _compaction(self, body: Compacted | CompactionFailed) -> list[Part]:
-        """What a compaction covered and dropped, or why it failed and what the step did."""
-        covers = f"  covers [0, {body.covers.high_water}) {body.covers.digest[:12]}"
-        if isinstance(body, CompactionFailed):
-            return [
-                ("compaction failed", "bold red"),
-                covers,
-                f"  after {body.attempts} attempt(s): ",
-                clip(body.reason, self.limit(_TEXT)),
-                ("  fallback=", "dim"),
-                (body.fallback, "yellow"),
-                (f"  trigger={body.trigger}", "dim"),
-            ]
-        calls = len(body.dropped_call_ids)
-        parts: list[Part] = [
-            ("compacted", "bold cyan"),
-            covers,
-            ("  tokens ", "bold"),
-            f"{body.tokens_before:,} -> {body.tokens_after:,}",
-            f"  dropped {calls} call{'s' if calls != 1 else ''}, {body.dropped_bytes:,} bytes"
-            f" (~{body.dropped_tokens:,} tokens)",
-            (f"  trigger={body.trigger}", "dim"),
-            (f"  model={visible(body.model)}", "dim"),
-        ]
-        if body.previous is not None:
-            parts.append((f"  chains #{body.previous}", "dim"))
-        if body.pinned:
-            parts.append(("  pinned: " + clip(", ".join(body.pinned), self.limit(_PREVIEW)), "dim"))
-        if body.native_state is not None:
-            parts.append(("  [native state]", "dim"))
-        parts.append("  summary " + _quoted(body.summary, self.limit(_PREVIEW)))
-        return parts
 
 
 def _numbers(runs: Sequence[tuple[int, int]]) -> str:

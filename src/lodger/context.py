@@ -791,12 +791,7 @@ class Projector:
         assert fact is not None
         sequence: Sequence[Event] = [*self._prefix, *self._events] if self._prefix else self._events
         if self._compaction_at is None:
-            own = fact.offset < len(self._events) and self._events[fact.offset].id == fact.id
-            self._compaction_at = (
-                len(self._prefix) + fact.offset
-                if own
-                else next(i for i, e in enumerate(self._prefix) if e.id == fact.id)
-            )
+            self._compaction_at = self._position(fact)
         return _project_compacted(
             sequence,
             self._compaction_at,
@@ -805,6 +800,20 @@ class Projector:
             media=self.media,
             pinned=self._compaction_pinned,
         )
+
+    def _position(self, fact: Event) -> int:
+        """Where ``fact`` sits among the prefix and the events (found once per compaction:
+        an own event sits at its offset, an inherited one is looked for)."""
+        events = self._events
+        if fact.offset < len(events) and events[fact.offset].id == fact.id:
+            return len(self._prefix) + fact.offset
+        for i in range(len(self._prefix) - 1, -1, -1):
+            if self._prefix[i].id == fact.id:
+                return i
+        for i in range(len(events) - 1, -1, -1):
+            if events[i].id == fact.id:
+                return len(self._prefix) + i
+        raise ValueError(f"projector: the compaction at offset {fact.offset} was not folded")
 
     # ------------------------------------------------------------------ checkpoints
 

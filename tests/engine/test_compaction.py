@@ -149,7 +149,10 @@ async def test_the_breaker_bounds_compactions_per_turn_and_lets_a_new_turn_try(
     second = events[len(first) :]
     # the threshold compaction before the turn failed (two attempts) and the turn's own
     # triggers left that stretch alone: no third, fourth ... attempt
-    assert len(_kinds(second, CompactionFailed)) == 1
+    failures = _kinds(second, CompactionFailed)
+    assert len(failures) == 1
+    assert failures[0].turn_id is None and failures[0].body.trigger == "threshold"
+    assert second[failures[0].offset - len(first) + 1].kind == "turn_started"
     assert world.summaries - before == 2
 
 

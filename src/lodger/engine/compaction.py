@@ -227,14 +227,23 @@ def summary_request(
     )
 
 
-def _message_bytes(message: Message) -> int:
-    if isinstance(message, UserMessage):
-        return len(message.text.encode("utf-8"))
-    if isinstance(message, AssistantMessage):
-        text = message.text + "".join(c.name + c.arguments for c in message.calls)
-        return len(text.encode("utf-8"))
-    assert isinstance(message, ToolResultMessage)
-    return len(message.content.encode("utf-8"))
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _dropped(messages: Sequence[Message]) -> tuple[tuple[str, ...], int]:
+    """The call ids of the results in ``messages`` and the UTF-8 bytes of them all."""
+    calls: list[str] = []
+    size = 0
+    for m in messages:
+        if isinstance(m, ToolResultMessage):
+            calls.append(m.call_id)
+            size += _utf8_len(m.content)
+        elif isinstance(m, UserMessage):
+            size += _utf8_len(m.text)
+        else:
+            size += _utf8_len(m.text) + sum(_utf8_len(c.name + c.arguments) for c in m.calls)
+    return tuple(calls), size
 
 
 async def compact(
@@ -292,12 +301,12 @@ def _compacted(
     head = render_head(pinned, summary)
     before = full.estimated_tokens
     after = estimate_tokens((UserMessage(text=head, source="runtime"),))
-    dropped = tuple(m.call_id for m in messages if isinstance(m, ToolResultMessage))
+    dropped, size = _dropped(messages)
     return Compacted(
         covers=covers,
         summary=summary,
         dropped_call_ids=dropped,
-        dropped_bytes=sum(_message_bytes(m) for m in messages),
+        dropped_bytes=size,
         dropped_tokens=max(before - after, 0),
         pinned=pinned.labels(),
         model=model.spec,

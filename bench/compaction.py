@@ -56,6 +56,7 @@ from typing import Any
 
 from lodger import (
     Agent,
+    CompactionPolicy,
     FunctionModel,
     Limits,
     ModelRequest,
@@ -65,7 +66,7 @@ from lodger import (
     tool_call,
 )
 from lodger.context import estimate_tokens
-from lodger.engine.compaction import DEFAULT_SECTIONS, CompactionPolicy
+from lodger.engine.compaction import DEFAULT_SECTIONS
 from lodger.events import Compacted, Event
 from lodger.providers.base import AssistantMessage, UserMessage
 from lodger.runtime.sessions import Binding, Sessions

@@ -194,3 +194,44 @@ def test_the_workspaces_compaction_table_is_the_policy(tmp_path: Path) -> None:
     made = invoke("compact", "s1", "--state", state, "--model", model, "--json")
     assert made.exit_code == 0, made.output
     assert json.loads(made.stdout)["compacted"]["summary"] == "## Goal\n- read the notes"
+
+
+HOLDER = """
+import asyncio, sys
+from pathlib import Path
+from lodger.storage import EventLog, SqliteLogStore
+
+async def main():
+    log = EventLog(SqliteLogStore(sys.argv[1]))
+    writer = await log.open_writer("s1")
+    Path(sys.argv[2]).write_text("holding")
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+def test_a_session_another_process_writes_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "state"
+    run_turn(tmp_path, "--state", state)
+    _, good, _ = scripts(tmp_path)
+    marker = tmp_path / "holding"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(state), str(marker)])
+    try:
+        for _ in range(600):
+            if marker.exists() or holder.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the holder never took the session"
+        result = invoke("compact", "s1", "--state", state, "--model", f"script:{good}")
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"error: session 's1' is being written by pid {holder.pid}")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    shown = invoke("log", "show", "s1", "--state", state)
+    assert "compacted" not in shown.stdout  # nothing was written

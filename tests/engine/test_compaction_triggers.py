@@ -216,3 +216,65 @@ async def test_a_compaction_pins_open_todos_edited_files_and_the_open_turn(
     assert "## Open todo items" in head.text and "- [pending] report" in head.text
     digest = hashlib.sha256(b"hello").hexdigest()[:12]
     assert f"- notes.txt (sha256 {digest})" in head.text
+
+
+async def test_recall_reads_the_log_when_no_fold_is_in_memory(tmp_path: Path) -> None:
+    """Another process's recall (a worker's): the log and its artifacts, a fork's
+    inherited history too; a long result comes back whole from its artifact."""
+    from lodger.storage.forks import fork_session
+    from lodger.tools.recall import recall_tool
+    from lodger.tools.spec import ToolContext, ToolOutput
+
+    world = World(steps=6)
+    storage = Storage.local(tmp_path / "state")
+    try:
+        async with agent(storage, world) as a:
+            await a.run("read the pages", session="p")
+            await fork_session(storage.log, "p", fork_id="f", clock=a.clock, ids=a.ids)
+        recall = recall_tool(storage.log, storage.artifacts)
+        ctx = ToolContext(session_id="f", turn_id="t", run_id="r", call_id="c", operation_id="o")
+        out = await recall.handler({"query": "secret code"}, ctx)
+        text = out.content if isinstance(out, ToolOutput) else str(out)
+        assert SECRET in text
+        page = [e for e in await storage.log.read_all("p") if e.kind == "tool_responded"][4]
+        out = await recall.handler({"call_id": page.call_id, "max_chars": MAX_CHARS}, ctx)
+        text = out.content if isinstance(out, ToolOutput) else str(out)
+        assert SECRET in text and "result (ok)" in text
+    finally:
+        await storage.close()
+
+
+async def test_recall_reads_a_long_result_back_from_its_artifact(tmp_path: Path) -> None:
+    from lodger import tool
+    from lodger.tools.recall import recall_tool
+    from lodger.tools.spec import ToolContext, ToolOutput
+
+    @tool
+    async def big() -> str:
+        """A long result."""
+        return "filler " * 5000 + "the buried value is 31337"
+
+    def model(request: ModelRequest) -> ModelResponse | str:
+        if any(isinstance(m, ToolResultMessage) for m in request.messages):
+            return "ok"
+        return ModelResponse(calls=(tool_call("big"),))
+
+    storage = Storage.local(tmp_path / "state")
+    try:
+        async with Agent(model=FunctionModel(model), tools=[big], storage=storage) as a:
+            await a.run("go", session="s")
+        responded = [e for e in await storage.log.read_all("s") if e.kind == "tool_responded"]
+        assert responded[0].body.truncated and "31337" not in responded[0].body.content
+        recall = recall_tool(storage.log, storage.artifacts)
+        ctx = ToolContext(session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o")
+        found = await recall.handler({"query": "buried value"}, ctx)
+        text = found.content if isinstance(found, ToolOutput) else str(found)
+        assert "31337" in text
+        whole = await recall.handler({"offset": responded[0].offset}, ctx)
+        text = whole.content if isinstance(whole, ToolOutput) else str(whole)
+        assert "31337" not in text and "recall again with start=8000" in text  # bounded
+        rest = await recall.handler({"offset": responded[0].offset, "start": 32_000}, ctx)
+        text = rest.content if isinstance(rest, ToolOutput) else str(rest)
+        assert text.endswith("the buried value is 31337")
+    finally:
+        await storage.close()

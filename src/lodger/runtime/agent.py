@@ -244,7 +244,17 @@ class Agent:
         engine.limits = dataclasses.replace(engine.limits, compaction=policy)
         from lodger.tools.recall import recall_tool  # only a compacting agent offers it
 
-        self.registry.bind(recall_tool(self.storage.log, self.storage.artifacts))
+        self.registry.bind(
+            recall_tool(self.storage.log, self.storage.artifacts, known=self._known_events)
+        )
+
+    def _known_events(self, session_id: str) -> Sequence[Event] | None:
+        """The events of a session this agent holds the fold of (inherited ones first)."""
+        state = self._states.get(session_id)
+        if state is None:
+            return None
+        inherited = state.inherited or ()
+        return [*inherited, *state.events] if inherited else state.events
 
     def _own(self, model: Model | str) -> Model:
         if not isinstance(model, str):

@@ -10,7 +10,8 @@ whole. ``recall`` reads it back, by one of:
 - ``query``: the facts whose text holds every word of the query (case aside), newest
   first, each with the offset and call id to recall it by.
 
-The output is bounded (``max_chars``, at most ``MAX_CHARS``), the tool only reads
+The output is bounded (``max_chars``, at most ``MAX_CHARS``; ``start`` reads on), the
+tool only reads
 (recovery ``idempotent``: running it again after a crash is harmless) and it sees only its
 own session's log (a fork's inherited history too).
 
@@ -20,7 +21,7 @@ own session's log (a fork's inherited history too).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 from pydantic import Field
@@ -32,7 +33,7 @@ from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.tools.spec import Tool, ToolContext, tool
 
-__all__ = ["MAX_CHARS", "recall_tool"]
+__all__ = ["MAX_CHARS", "KnownEvents", "recall_tool"]
 
 #: the most characters one recall returns
 MAX_CHARS = 8000
@@ -46,10 +47,15 @@ def _text(e: Event) -> str:
     return json.dumps(e.body.model_dump(mode="json"), ensure_ascii=False, sort_keys=True)
 
 
-def _bounded(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n... ({len(text) - limit} more characters; recall a narrower part)"
+def _bounded(text: str, limit: int, start: int) -> str:
+    """``limit`` characters of ``text`` from ``start``, saying how to read on."""
+    if start >= len(text) and start > 0:
+        raise ToolCallError(f"start={start} is past the end ({len(text)} characters)")
+    end = start + limit
+    part = text[start:end]
+    if end >= len(text):
+        return part
+    return f"{part}\n... ({len(text) - end} more characters; recall again with start={end})"
 
 
 async def _full_result(body: ToolResponded, artifacts: ArtifactStore) -> str:
@@ -128,8 +134,16 @@ async def _search(
     return "\n".join(hits)
 
 
-def recall_tool(log: EventLog, artifacts: ArtifactStore) -> Tool:
-    """The ``recall`` tool over the sessions of ``log`` (and their result artifacts)."""
+#: a session's verified events (a fork's inherited ones first) where they are in memory
+KnownEvents = Callable[[str], Sequence[Event] | None]
+
+
+def recall_tool(
+    log: EventLog, artifacts: ArtifactStore, *, known: KnownEvents | None = None
+) -> Tool:
+    """The ``recall`` tool over the sessions of ``log`` (and their result artifacts);
+    ``known`` gives the events of a session whose fold is in memory (an agent's), so a
+    recall reads nothing again."""
 
     @tool(group="memory", recovery="idempotent", nestable=True)
     async def recall(
@@ -138,18 +152,22 @@ def recall_tool(log: EventLog, artifacts: ArtifactStore) -> Tool:
         call_id: Annotated[str | None, Field(description="a call's id")] = None,
         query: Annotated[str | None, Field(description="words to search the log for")] = None,
         max_chars: Annotated[int, Field(ge=200, le=MAX_CHARS)] = MAX_CHARS,
+        start: Annotated[int, Field(ge=0, description="read on from this character")] = 0,
     ) -> str:
         """Fetch a fact of this session back from its log: one that was summarized or
         shortened in your context. Give exactly one of `offset` (a fact), `call_id` (a
         call and its whole result) or `query` (words; lists matching facts, newest
-        first, with their offsets and call ids)."""
+        first, with their offsets and call ids). A long answer is cut: recall again
+        with the `start` it names to read on."""
         given = [v for v in (offset, call_id, query) if v is not None]
         if len(given) != 1:
             raise ToolCallError("give exactly one of offset, call_id or query")
-        own = await log.read_all(ctx.session_id)
-        if not own:
-            raise ToolCallError("this session has no log yet")
-        events: list[Event] = [*await read_inherited(log, ctx.session_id, own), *own]
+        events = known(ctx.session_id) if known is not None else None
+        if not events:
+            own = await log.read_all(ctx.session_id)
+            if not own:
+                raise ToolCallError("this session has no log yet")
+            events = [*await read_inherited(log, ctx.session_id, own), *own]
         if offset is not None:
             text = await _by_offset(events, offset, artifacts)
         elif call_id is not None:
@@ -157,6 +175,6 @@ def recall_tool(log: EventLog, artifacts: ArtifactStore) -> Tool:
         else:
             assert query is not None
             text = await _search(events, query, artifacts, asking=ctx.call_id)
-        return _bounded(text, max_chars)
+        return _bounded(text, max_chars, start)
 
     return recall

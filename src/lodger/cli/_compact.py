@@ -9,6 +9,7 @@ after. Nothing is rewritten: ``lodger log show`` still shows every fact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from lodger.cli._common import (
     echo_json,
     json_option,
     location,
+    make_console,
     refuse_empty,
     remember_control,
     require_log,
@@ -26,6 +28,7 @@ from lodger.cli._common import (
     state_option,
     storage_flags,
 )
+from lodger.cli._render import visible
 from lodger.errors import ConfigError
 from lodger.events import Compacted, Event
 from lodger.runtime.sessions import Binding, Sessions
@@ -126,9 +129,10 @@ def _run(
             binding = _binding(recorded.model, recorded.workspace, model_spec, trust)
             try:
                 async with _outside_turns(dsn, session_id):
-                    made = await sessions.compact(
-                        session_id, instructions=instructions, binding=binding
-                    )
+                    with _waiting(binding, session_id):
+                        made = await sessions.compact(
+                            session_id, instructions=instructions, binding=binding
+                        )
             finally:
                 if not isinstance(binding.model, str):
                     await binding.model.aclose()
@@ -137,6 +141,18 @@ def _run(
             return made, last if last is not None and isinstance(last.body, Compacted) else None
 
     return asyncio.run(work())
+
+
+def _waiting(binding: Binding, session_id: str) -> contextlib.AbstractContextManager[object]:
+    """A spinner on a terminal's stderr while the summary model is asked (nothing when
+    stderr is a file or a pipe)."""
+    console = make_console(stderr=True)
+    if not console.is_terminal:
+        return contextlib.nullcontext()
+    policy = binding.compaction
+    model = policy.model if policy is not None and policy.model else binding.model
+    spec = model if isinstance(model, str) else model.spec  # the summary model's
+    return console.status(f"asking {visible(spec)} for a summary of {session_id}...")
 
 
 def _binding(

@@ -235,3 +235,29 @@ def test_a_session_another_process_writes_is_refused(tmp_path: Path) -> None:
         holder.wait(timeout=30)
     shown = invoke("log", "show", "s1", "--state", state)
     assert "compacted" not in shown.stdout  # nothing was written
+
+
+def test_a_trusted_projects_compaction_model_writes_the_summary(tmp_path: Path) -> None:
+    state, ws = tmp_path / "state", tmp_path / "ws"
+    ws.mkdir()
+    _, good, _ = scripts(tmp_path)
+    (ws / "lodger.toml").write_text(f'[compaction]\nmodel = "script:{good}"\n')
+
+    async def write() -> None:  # a session that never ran a model, in that workspace
+        log = EventLog(SqliteLogStore(state))
+        try:
+            async with await log.open_writer("s0") as writer:
+                body = SessionStarted(workspace=str(ws))
+                draft = EventDraft(id="e0", ts=1_700_000_000_000_000, body=body)
+                await writer.append([draft], expected_offset=0)
+        finally:
+            await log.close()
+
+    asyncio.run(write())
+    untrusted = invoke("compact", "s0", "--state", state)
+    assert untrusted.exit_code == 2, untrusted.output  # an untrusted file names no model
+    assert "no model to write the summary with" in untrusted.stderr
+    trusted = invoke("compact", "s0", "--state", state, "--trust", "--json")
+    assert trusted.exit_code == 0, trusted.output
+    made = json.loads(trusted.stdout)["compacted"]
+    assert made["model"] == f"script:{good}" and made["summary"] == SUMMARY

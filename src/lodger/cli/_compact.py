@@ -167,7 +167,9 @@ def _binding(
     project = load_project(root if root is not None and root.is_dir() else None, trust=trust)
     overrides = Overrides(model=model_spec, recorded_model=recorded_model, builtin_tools=False)
     policy = project.compaction
-    if model_spec_for(project, overrides) is None:
+    if model_spec_for(project, overrides) is None and policy is not None and policy.model:
+        overrides = dataclasses.replace(overrides, model=policy.model)  # it writes the summary
+    if model_spec_for(project, overrides) is None and overrides.model is None:
         raise ConfigError(
             "no model to write the summary with: the session never ran one",
             hint="pass --model SPEC",

@@ -278,3 +278,25 @@ async def test_recall_reads_a_long_result_back_from_its_artifact(tmp_path: Path)
         assert text.endswith("the buried value is 31337")
     finally:
         await storage.close()
+
+
+async def test_sessions_compact_refuses_a_session_another_writer_holds(tmp_path: Path) -> None:
+    from lodger.errors import SessionLockedError
+
+    world = World(steps=3)
+    storage = Storage.local(tmp_path / "state")
+    try:
+        async with agent(storage, world) as a:
+            await a.run("read the pages", session="s")
+        held = await storage.log.open_writer("s")  # a run in progress elsewhere
+        try:
+            with pytest.raises(SessionLockedError):
+                await Sessions(storage).compact(
+                    "s", binding=Binding(model=FunctionModel(world, name="world"))
+                )
+        finally:
+            await held.close()
+        assert world.summaries == 0
+        assert not any(e.kind == "compacted" for e in await storage.log.read_all("s"))
+    finally:
+        await storage.close()

@@ -75,11 +75,13 @@ __all__ = [
     "compact_and_record",
     "compact_by_hand",
     "compact_if_over",
+    "elision_budget",
     "missing_sections",
     "record_compaction",
     "refusal",
     "request_overhead",
     "summary_request",
+    "trigger_limit",
 ]
 
 DEFAULT_SECTIONS: tuple[str, ...] = (
@@ -378,6 +380,23 @@ async def compact_and_record(
     return outcome
 
 
+def elision_budget(context_budget: int | None, policy: CompactionPolicy | None) -> int | None:
+    """The budget old tool results are elided to: ``limits.context_budget``, else the
+    compaction policy's (what a step falls back to when a compaction failed)."""
+    if context_budget is None and policy is not None:
+        return policy.budget_tokens
+    return context_budget
+
+
+def trigger_limit(policy: CompactionPolicy, trigger: CompactionTrigger) -> int | None:
+    """The estimate above which ``trigger`` compacts (None: the trigger is off)."""
+    if trigger == "threshold":
+        return policy.threshold_tokens
+    if trigger == "overflow":
+        return policy.budget_tokens
+    return 0  # context_error (the provider said it does not fit) and manual
+
+
 async def compact_if_over(
     journal: Journal,
     env: Envelope,
@@ -385,12 +404,13 @@ async def compact_if_over(
     policy: CompactionPolicy | None,
     *,
     trigger: CompactionTrigger,
-    limit: int | None,
     overhead: int = 0,
     ask: Ask | None = None,
 ) -> CompactionOutcome | None:
-    """Compact when the context (plus ``overhead``) is estimated above ``limit`` and the
-    breaker allows it; None when nothing was done."""
+    """Compact when the context (plus ``overhead``, the system prompt and tools) is
+    estimated above ``trigger``'s limit and the breaker allows it; None when nothing
+    was done."""
+    limit = trigger_limit(policy, trigger) if policy is not None else None
     if policy is None or limit is None:
         return None
     state = journal.state

@@ -21,7 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
-from lodger.engine.compaction import compact_if_over, request_overhead
+from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
@@ -413,7 +413,7 @@ class Engine:
                 refused = unsupported_media(self.model, state)
                 if refused is not None:  # before anything is sent
                     return await self._end(ctx, "failed", error=refused)
-                response = await self._complete_or_compact(journal, request, visible, env)
+                response = await self._complete_or_compact(journal, request, env)
                 response = _answer_call(_storable(response), request)
                 calls = calls_seen.unique(response.calls, self.services.ids)
                 _defer_output(journal, response, calls, env)
@@ -546,9 +546,7 @@ class Engine:
     ) -> ModelRequest:
         state = journal.state
         await self._compact(journal, env, "overflow", visible)  # if the request would not fit
-        budget = self.limits.context_budget
-        if budget is None and self.limits.compaction is not None:
-            budget = self.limits.compaction.budget_tokens  # elision, where compaction failed
+        budget = elision_budget(self.limits.context_budget, self.limits.compaction)
         projection = state.projector.project(budget_tokens=budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
             assert budget is not None
@@ -594,18 +592,12 @@ class Engine:
         overhead = 0
         if visible is not None:
             overhead = request_overhead(self.registry.system_prompt(self.system), visible.schemas)
-        limit = {
-            "threshold": policy.threshold_tokens,
-            "overflow": policy.budget_tokens,
-            "context_error": 0,  # the provider said it does not fit
-        }[trigger]
         outcome = await compact_if_over(
             journal,
             env,
             policy.summarizer(self.model),
             policy,
             trigger=trigger,
-            limit=limit,
             overhead=overhead,
             ask=self.ask_unlogged,
         )
@@ -621,7 +613,7 @@ class Engine:
         return await complete(model, request, retries=self.retries, record=unrecorded)
 
     async def _complete_or_compact(
-        self, journal: Journal, request: ModelRequest, visible: _StepTools, env: Envelope
+        self, journal: Journal, request: ModelRequest, env: Envelope
     ) -> ModelResponse:
         """The step's answer; on a provider's context-length error, compact once and ask
         again with the compacted context (the error is raised if that cannot be done)."""
@@ -632,8 +624,8 @@ class Engine:
                 journal, env, "context_error"
             ):
                 raise
-        state = journal.state
-        projection = state.projector.project(budget_tokens=self.limits.context_budget)
+        budget = elision_budget(self.limits.context_budget, self.limits.compaction)
+        projection = journal.state.projector.project(budget_tokens=budget)
         retried = dataclasses.replace(request, messages=projection.messages)
         return await self._complete(journal, retried, env)
 

@@ -69,6 +69,12 @@ T = TypeVar("T")
 _FORMAT = 1  # PRAGMA user_version: every session has a head file
 _INSERT = 'INSERT INTO events (session_id, "offset", data, digest) VALUES (?, ?, ?, ?)'
 _READ_HINT = "the disk may be failing or the database file damaged; verify the log"
+# Pages of 8 KiB for a new database: a WITHOUT ROWID row longer than about a quarter of
+# a page spills into an overflow page of its own, mostly empty. Measured on a 100k-event
+# session (rows of 0.2-1 KB): 215 MB at 4 KiB against 80 MB, a whole-session read 140 ->
+# 97 ms, and a one-event commit 0.28 -> 0.23 ms (16 KiB: 82 MB, 92 ms). Databases made
+# before keep their page size (it changes only with a VACUUM, which lodger never runs).
+_PAGE = 8192
 # Not mapped: a whole-session read through ``PRAGMA mmap_size`` was 60 ms faster at 100k
 # records, but a disk that fails a read under a mapping kills the process with SIGBUS,
 # where ``pread`` gives SQLite an I/O error that lodger reports with ``_READ_HINT``.
@@ -251,6 +257,8 @@ class SqliteLogStore:
                 self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
                 self._read_write = True
             conn = self._conn
+            # a new database only (SQLite ignores it once the file holds a page): see _PAGE
+            conn.execute(f"PRAGMA page_size = {_PAGE}")
             use_wal(conn)
             conn.executescript(_SCHEMA)
             if int(conn.execute("PRAGMA user_version").fetchone()[0]) < _FORMAT:

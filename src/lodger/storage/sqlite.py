@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import json
 import os
 import shutil
@@ -101,19 +100,28 @@ def _stored_bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
+def _as_record(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Record:
+    """A read's row factory: the row as a ``Record`` as it is (``tuple.__new__`` is what
+    ``Record._make`` does, without its frame), its types checked by ``_records_of``. Made
+    while SQLite hands over the row: 100k rows 40 -> 20 ms over a copy of the list."""
+    return _new_tuple(Record, row)
+
+
+_new_tuple: Any = tuple.__new__
+
+
 def _records_of(rows: list[Any], session_id: str, start: int) -> list[Record]:
-    """The rows of a read as records. Rows lodger wrote (an int, bytes and text) become
-    records as they are, after one pass of type checks, with no call per field (40k
-    records: 85 ms -> 61 ms); any other row takes the checks below, which name its
-    offset."""
+    """The rows of a read (made by ``_as_record``) as records. Rows lodger wrote (an int,
+    bytes and text) are records as they are, after one pass of type checks, with no
+    call per field (40k records: 85 ms -> 61 ms); any other row takes the checks below,
+    which name its offset."""
     for o, d, g in rows:
         if type(o) is not int or type(d) is not bytes or type(g) is not str:
             return [
                 Record(_stored_offset(o, session_id, start + i), _stored_bytes(d), str(g))
                 for i, (o, d, g) in enumerate(rows)
             ]
-    # ``tuple.__new__(Record, row)`` is what ``Record._make`` does, without its frame
-    return cast(list[Record], list(map(tuple.__new__, itertools.repeat(Record), rows)))
+    return cast(list[Record], rows)
 
 
 def _stored_offset(value: object, session_id: str, where: int) -> int:
@@ -501,7 +509,9 @@ class SqliteLogStore:
             if conn is None:
                 return []
             try:
-                rows = conn.execute(
+                cursor = conn.cursor()
+                cursor.row_factory = _as_record  # this cursor only: the writer shares conn
+                rows = cursor.execute(
                     'SELECT "offset", data, digest FROM events WHERE session_id = ? '
                     'AND "offset" >= ? AND "offset" < ? ORDER BY "offset"',
                     (session_id, start, end if end is not None else 2**62),

@@ -103,7 +103,8 @@ def _stored_bytes(value: object) -> bytes:
 def _as_record(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Record:
     """A read's row factory: the row as a ``Record`` as it is (``tuple.__new__`` is what
     ``Record._make`` does, without its frame), its types checked by ``_records_of``. Made
-    while SQLite hands over the row: 100k rows 40 -> 20 ms over a copy of the list."""
+    as SQLite hands over each row: 100k rows cost 20 ms of CPU so, against 40 ms for a
+    second pass that copied every row of the list into a record."""
     record: Record = _new_tuple(Record, row)
     return record
 

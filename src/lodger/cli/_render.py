@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -56,7 +57,9 @@ from lodger.events import (
     Usage,
     WorkspaceSnapshot,
 )
-from lodger.runtime.agent import RunUsage
+
+if TYPE_CHECKING:  # the engine is imported when a usage is computed, not by `lodger log`
+    from lodger.engine.loop import RunUsage
 
 __all__ = [
     "hidden_note",
@@ -547,6 +550,8 @@ def render_timeline(
 
 def usage_of(events: Sequence[Event]) -> RunUsage:
     """The usage of every model request among ``events`` (a turn's, a session's)."""
+    from lodger.engine.loop import RunUsage  # the engine's imports only when a usage is read
+
     return RunUsage(
         requests=tuple(
             e.body.usage or Usage()

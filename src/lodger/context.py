@@ -700,6 +700,8 @@ class Projector:
             return made[2], made[3]
         results = self._open_results
         kept = tuple(c for c in body.calls if c.call_id in results)
+        if len(kept) == len(body.calls):
+            kept = body.calls  # the output's own tuple: one object less kept per step
         block: tuple[Message, ...] = (
             _assistant(body, kept),
             *(results[c.call_id] for c in kept),

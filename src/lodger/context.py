@@ -53,6 +53,7 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
     SteerReceived,
     StepStarted,
     ToolDispatched,
@@ -422,6 +423,7 @@ def project_messages(
     results = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
+    steers: dict[str, str] = {}
     for e in events:
         if e.visibility != "model":
             continue
@@ -430,6 +432,10 @@ def project_messages(
             messages.append(_user_message(body, media))
         elif isinstance(body, OutputRejected):
             messages.append(UserMessage(text=body.message, source="runtime"))
+        elif isinstance(body, SteerReceived):
+            steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            messages.extend(_steer_messages(body, steers))
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
@@ -443,6 +449,17 @@ def project_messages(
             )
             messages.extend(results[c.call_id] for c in kept)
     return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
+
+
+def _steer_messages(body: SteerDelivered, texts: dict[str, str]) -> list[UserMessage]:
+    """The steers a step first carried, as the user's messages (each shown once: its
+    text is taken out of ``texts``; an id with no ``steer_received`` shows nothing)."""
+    out = []
+    for steer_id in body.steer_ids:
+        text = texts.pop(steer_id, None)
+        if text is not None:
+            out.append(UserMessage(text=text, source="steer"))
+    return out
 
 
 def _user_message(body: TurnStarted, media: Media) -> UserMessage:
@@ -507,7 +524,6 @@ _UNSEEN: frozenset[type] = frozenset(
         WorkspaceSnapshot,
         ContextCompacted,
         CompactionFailed,
-        SteerReceived,
         MessageQueued,
         QueueChanged,
         CancelRequested,
@@ -564,6 +580,8 @@ class Projector:
         #: next output closes that same block, unless a result came since
         self._result_writes = 0
         self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
+        #: the text of each steer received and not yet carried by a step, by steer id
+        self._steers: dict[str, str] = {}
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -632,6 +650,13 @@ class Projector:
             self._close_open()
             self._closed.append(UserMessage(text=body.message, source="runtime"))
             self._closed_chars += len(body.message)
+        elif isinstance(body, SteerReceived):
+            self._steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            self._close_open()
+            for message in _steer_messages(body, self._steers):
+                self._closed.append(message)
+                self._closed_chars += len(message.text)
         elif isinstance(body, ModelOutput):
             self._close_open()
             self._open, self._open_offset = body, e.offset
@@ -715,6 +740,7 @@ class Projector:
             "stale": self._stale,
             "media": self._media_refs,
             "media_types": sorted(self._media_types),
+            "steers": dict(self._steers),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -753,6 +779,10 @@ class Projector:
         if not all(type(k) is str for k in kinds):
             raise TypeError("projector: a media type is not text")
         projector._media_refs, projector._media_types = dict(refs), set(kinds)
+        steers = data.get("steers", {})
+        if not all(type(k) is str and type(v) is str for k, v in steers.items()):
+            raise TypeError("projector: a waiting steer is not text")
+        projector._steers = dict(steers)
         for message in _messages_from(data["open_results"], projector.media):
             if not isinstance(message, ToolResultMessage):
                 raise TypeError("projector: an open result is not a tool result")
@@ -855,7 +885,7 @@ def _messages_from(items: list[list[Any]], media: Media = _NO_MEDIA) -> list[Mes
             )
         elif tag == "u":
             _, text, source, *rest = item
-            if type(text) is not str or source not in ("input", "runtime"):
+            if type(text) is not str or source not in ("input", "runtime", "steer"):
                 raise TypeError("projector: a user message holds a bad value")
             parts = _parts_from(rest[0], media) if rest else ()
             append(UserMessage(text=text, source=source, parts=parts))

@@ -185,7 +185,7 @@ async def test_queue_edit_move_retract_with_authors(storage: Storage) -> None:
         await agent.enqueue("s1", "x", policy="sometimes")
     assert raised.value.code == "queue_policy"
     with pytest.raises(UsageError) as raised:
-        await agent.steer("s1", "   ")
+        await agent.steer("s1", "")
     assert raised.value.code == "empty_message"
     events = await agent.log.read_all("s1")
     changes = [e.body for e in events if isinstance(e.body, QueueChanged)]

@@ -110,7 +110,7 @@ class StopRequest:
 
 def check_message(text: str, policy: str = "enqueue") -> QueuePolicy:
     """Refuse an empty or oversized text and an unknown policy with a clear error."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or not text:
         raise UsageError("a steer or queued message needs some text", code="empty_message")
     if len(text) > MAX_TEXT:
         raise UsageError(

@@ -1,7 +1,8 @@
-"""The agent's doors to steering and the follow-up queue (``lodger.engine.steering``).
+"""The doors to steering and the follow-up queue (``lodger.engine.steering``), for the
+agent and for the sessions service.
 
 A fact for a session whose turn runs in this process goes through that turn's journal
-(its ``TurnControl``); otherwise the agent opens the session's writer for it. A steer
+(its ``TurnControl``); otherwise the door opens the session's writer for it. A steer
 for a session with no turn running here becomes its next message.
 """
 
@@ -11,7 +12,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Literal, Protocol
 
 from lodger.engine.checkpoint import open_fold
-from lodger.engine.loop import Engine
+from lodger.engine.journal import Journal
 from lodger.engine.queue import QueuedMessage, Steered, StopRequest, check_message
 from lodger.engine.state import SessionState
 from lodger.engine.steering import RunningTurns
@@ -21,8 +22,8 @@ from lodger.ids import IdFactory
 from lodger.storage import EventLog, SessionWriter, check_session_id
 
 
-class Agent(Protocol):
-    """What these doors use of ``lodger.runtime.agent.Agent``."""
+class Door(Protocol):
+    """What these functions use of their owner (an ``Agent``, or ``Sessions``)."""
 
     @property
     def turns(self) -> RunningTurns: ...
@@ -31,27 +32,27 @@ class Agent(Protocol):
     @property
     def log(self) -> EventLog: ...
 
-    engine: Engine
-
     def open_session(
         self, session_id: str
     ) -> AbstractAsyncContextManager[tuple[SessionWriter, SessionState]]: ...
 
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal: ...
 
-__all__ = ["change_queued", "enqueue", "queue_of", "steer"]
+
+__all__ = ["Door", "change_queued", "enqueue", "queue_of", "session_fact", "steer"]
 
 Change = Literal["edit", "move", "retract"]
 
 
-async def _own_fact(agent: Agent, session_id: str, body: Body) -> Event:
+async def _own_fact(agent: Door, session_id: str, body: Body) -> Event:
     """Commit ``body`` with a writer of the agent's own (no turn of it runs here)."""
     async with agent.open_session(session_id) as (writer, state):
         if not state.events:
             raise SessionNotFoundError(f"no log for session {session_id!r}", session_id=session_id)
-        return await agent.engine.journal(writer, state).fact(body)
+        return await agent.journal_for(writer, state).fact(body)
 
 
-async def session_fact(agent: Agent, session_id: str, body: Body) -> Event:
+async def session_fact(agent: Door, session_id: str, body: Body) -> Event:
     """Commit a session fact: through the turn running here, or with our own writer."""
     control = agent.turns.get(session_id)
     if control is not None:
@@ -62,7 +63,7 @@ async def session_fact(agent: Agent, session_id: str, body: Body) -> Event:
     return await _own_fact(agent, session_id, body)
 
 
-async def steer(agent: Agent, session_id: str, text: str, who: str | None) -> Steered:
+async def steer(agent: Door, session_id: str, text: str, who: str | None) -> Steered:
     check_session_id(session_id)
     check_message(text)
     steer_id = agent.ids.new_id()
@@ -80,7 +81,7 @@ async def steer(agent: Agent, session_id: str, text: str, who: str | None) -> St
 
 
 async def enqueue(
-    agent: Agent, session_id: str, text: str, policy: str, who: str | None
+    agent: Door, session_id: str, text: str, policy: str, who: str | None
 ) -> QueuedMessage:
     check_session_id(session_id)
     checked = check_message(text, policy)
@@ -103,7 +104,7 @@ async def enqueue(
     )
 
 
-async def _state(agent: Agent, session_id: str) -> SessionState:
+async def _state(agent: Door, session_id: str) -> SessionState:
     control = agent.turns.get(session_id)
     if control is not None and control.state is not None:
         return control.state  # the running turn's fold: as current as the log
@@ -112,13 +113,13 @@ async def _state(agent: Agent, session_id: str) -> SessionState:
     return await open_fold(agent.log, session_id)
 
 
-async def queue_of(agent: Agent, session_id: str) -> list[QueuedMessage]:
+async def queue_of(agent: Door, session_id: str) -> list[QueuedMessage]:
     check_session_id(session_id)
     return list((await _state(agent, session_id)).queue)
 
 
 async def change_queued(
-    agent: Agent,
+    agent: Door,
     session_id: str,
     message_id: str,
     action: Change,

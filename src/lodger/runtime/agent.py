@@ -23,6 +23,7 @@ from typing import Any
 
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
+from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
@@ -351,7 +352,9 @@ class Agent:
         model_settings: ModelSettings | None = None,
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
-        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
+        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``); the stream's
+        ``steer`` sends the running turn a message."""
+        session_id = session if session is not None else self.ids.new_id()
 
         async def start(
             on_event: Callable[[Event], None], on_text: Callable[[str], None]
@@ -364,9 +367,12 @@ class Agent:
                 output_mode=output_mode,
                 model_settings=model_settings,
             )
-            return await self._run(engine, task, session)
+            return await self._run(engine, task, session_id)
 
-        return TurnStream(start)
+        async def steer(text: str, who: str | None) -> Steered:
+            return await self.steer(session_id, text, who=who)
+
+        return TurnStream(start, session_id=session_id, steer=steer)
 
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
@@ -537,6 +543,10 @@ class Agent:
     def turns(self) -> RunningTurns:
         """The turns this agent (and whoever shares its ``services.turns``) runs now."""
         return self.engine.services.turns
+
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal:
+        """A journal for facts this agent appends outside a turn (a queue change)."""
+        return self.engine.journal(writer, state)
 
     def busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs here now (and has not begun to end)."""

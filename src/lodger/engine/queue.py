@@ -32,6 +32,7 @@ __all__ = [
     "StopRequest",
     "check_message",
     "fold_queue",
+    "logged_steer_ids",
     "pending_steers",
     "queued_messages",
 ]
@@ -89,7 +90,8 @@ class Steered:
 
     steer_id: str
     status: Literal["steer", "queued"]
-    offset: int
+    #: the offset of its fact (None: a worker commits it, ``lodger.runtime.worker``)
+    offset: int | None
 
     def to_dict(self) -> dict[str, object]:
         return {"steer_id": self.steer_id, "status": self.status, "offset": self.offset}
@@ -194,3 +196,19 @@ def _apply_change(queue: list[QueuedMessage], change: QueueChanged) -> None:
         queue.insert(max(0, min(change.position, len(queue))), moved)
     elif change.action in ("retract", "delivered"):
         del queue[index]
+
+
+def logged_steer_ids(events: Iterable[Event], wanted: Iterable[str]) -> set[str]:
+    """Which of the ``wanted`` steer ids the log holds already (received, or queued as a
+    message): a steer relayed twice (a worker died before forgetting it) commits once."""
+    wanted = set(wanted)
+    found: set[str] = set()
+    if not wanted:
+        return found
+    for e in events:
+        body = e.body
+        if isinstance(body, SteerReceived) and body.steer_id in wanted:
+            found.add(body.steer_id)
+        elif isinstance(body, MessageQueued) and body.message_id in wanted:
+            found.add(body.message_id)
+    return found

@@ -464,7 +464,8 @@ class Hub:
         async with self.exclusive(session_id):
             steered = await self.sessions.steer(session_id, text, who=who)
         if steered.status == "queued":
-            await self._published_from(session_id, steered.offset)
+            if steered.offset is not None:
+                await self._published_from(session_id, steered.offset)
             self.wake(session_id)
         return steered
 

@@ -43,7 +43,8 @@ class SteerOut(BaseModel):
     steer_id: str
     #: ``steer``: for the running turn; ``queued``: the session's next turn
     status: Literal["steer", "queued"]
-    offset: int
+    #: its fact's offset (null on a distributed host: the worker commits it)
+    offset: int | None
     stream: str
 
 

@@ -234,11 +234,23 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
 
 
 async def _run_turn(
-    *, binding: Binding, task: UserInput, session: str | None, where: StorageLocation
+    *,
+    binding: Binding,
+    task: UserInput,
+    session: str | None,
+    where: StorageLocation,
+    steer: LiveView | None = None,
 ) -> TurnResult:
+    """Run the turn; with ``steer`` (an interactive terminal), lines typed meanwhile
+    steer it (``lodger.cli._steer_input``)."""
     try:
         async with Sessions(where.open()) as sessions:
-            return await sessions.run(task, binding=binding, session=session)
+            turn = sessions.run(task, binding=binding, session=session)
+            if steer is None:
+                return await turn
+            from lodger.cli._steer_input import with_steering  # only at a terminal
+
+            return await with_steering(turn, sessions, steer, steer.terminal, fd=sys.stdin.fileno())
     finally:
         if not isinstance(binding.model, str):  # compose made a Model
             await binding.model.aclose()  # the CLI made the model: it closes its connections
@@ -560,8 +572,10 @@ def run(
             budget_flags=budget_flags,
         ),
     )
+    steer = view if isinstance(view, LiveView) and sys.stdin.isatty() else None
     result = run_turn(
-        _run_turn(binding=binding, task=turn_input, session=session, where=location()), view
+        _run_turn(binding=binding, task=turn_input, session=session, where=location(), steer=steer),
+        view,
     )
     _finish(view, console, result)
 

@@ -48,7 +48,9 @@ async def test_a_typed_line_steers_the_running_turn(tmp_path: Path) -> None:
         await running.wait()
         os.write(write, b"use the fast path\n\n")
         async with asyncio.timeout(30):
-            while not any(isinstance(e.body, SteerReceived) for e in await sessions.log.read("s1")):
+            while not any(  # noqa: ASYNC110 - another task commits it
+                isinstance(e.body, SteerReceived) for e in await sessions.log.read("s1")
+            ):
                 await asyncio.sleep(0.02)
             while "queue: empty" not in out.getvalue():  # noqa: ASYNC110 - the reader prints it
                 await asyncio.sleep(0.02)

@@ -239,10 +239,11 @@ async def _run_turn(
     task: UserInput,
     session: str | None,
     where: StorageLocation,
-    steer: LiveView | None = None,
+    view: TurnWatcher | None = None,
 ) -> TurnResult:
-    """Run the turn; with ``steer`` (an interactive terminal), lines typed meanwhile
-    steer it (``lodger.cli._steer_input``)."""
+    """Run the turn; in a live ``view`` on a terminal, lines typed meanwhile steer it
+    (``lodger.cli._steer_input``)."""
+    steer = view if isinstance(view, LiveView) and sys.stdin.isatty() else None
     try:
         async with Sessions(where.open()) as sessions:
             turn = sessions.run(task, binding=binding, session=session)
@@ -572,12 +573,9 @@ def run(
             budget_flags=budget_flags,
         ),
     )
-    steer = view if isinstance(view, LiveView) and sys.stdin.isatty() else None
-    result = run_turn(
-        _run_turn(binding=binding, task=turn_input, session=session, where=location(), steer=steer),
-        view,
-    )
-    _finish(view, console, result)
+    where = location()
+    turn = _run_turn(binding=binding, task=turn_input, session=session, where=where, view=view)
+    _finish(view, console, run_turn(turn, view))
 
 
 def _finish(view: TurnWatcher, console: Console, result: TurnResult) -> NoReturn:

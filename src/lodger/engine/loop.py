@@ -191,8 +191,6 @@ class Engine:
     snapshotter: WorkspaceSnapshotter | None = None
     #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
     spend: SpendReader | None = None
-    #: steers and stop requests reach the turn through it (``lodger.engine.steering``)
-    control: TurnControl | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -216,7 +214,9 @@ class Engine:
             journal=journal,
             workspace=self.workspace,
             hidden=self.hidden,
-            control=self.control,
+            # what steers the turn and asks it to stop (``lodger.engine.steering``): the
+            # agent registers it for the session before the writer opens
+            control=self.services.turns.get(journal.session_id),
         )
 
     def pipeline(self, ctx: RunContext) -> CallPipeline:

@@ -460,8 +460,7 @@ class Agent:
 
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        async with self._turn(session_id) as (writer, state, control):
-            engine = dataclasses.replace(engine, control=control)
+        async with self._turn(session_id) as (writer, state, _):
             result = await engine.start_turn(engine.journal(writer, state), task)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
@@ -501,13 +500,12 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        async with self._turn(session_id) as (writer, state, control):
+        async with self._turn(session_id) as (writer, state, _):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
             engine = self._engine_for(deps=deps, model_settings=model_settings)
-            engine = dataclasses.replace(engine, control=control)
             result = await engine.resume(engine.journal(writer, state), relocate=relocate)
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
@@ -610,14 +608,14 @@ class Agent:
         empty). Its delivery (``queue_changed`` delivered) commits with the turn's
         start, so a message runs once. An ``interrupt`` or ``rollback`` message abandons
         an open turn first (one a stop left parked or interrupted); any other resumes it."""
-        async with self._turn(session_id) as (writer, state, control):
+        async with self._turn(session_id) as (writer, state, _):
             if not state.queue:
                 return None
             head = state.queue[0]
             if head.policy in ("interrupt", "rollback") and state.open_turn is not None:
                 reason = StopRequest(message_id=head.message_id, policy=head.policy).reason
                 await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
-            engine = dataclasses.replace(self.engine, control=control)
+            engine = self.engine
             result = await engine.start_turn(engine.journal(writer, state), head.text, queued=head)
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)

@@ -25,6 +25,7 @@ from lodger.events import (
 )
 from lodger.providers.base import ModelRequest, ModelResponse, UserMessage
 from lodger.providers.scripted import tool_call
+from lodger.runtime.streaming import FactCommitted
 from lodger.storage import Storage
 
 
@@ -279,5 +280,26 @@ async def test_rollback_abandons_the_turn_before_its_next_calls(storage: Storage
     inputs = [e.body.input for e in events if isinstance(e.body, TurnStarted)]  # type: ignore[union-attr]
     assert inputs == ["start", "instead"]
     await agent.log.verify("s1")
+    await agent.close()
+    await storage.close()
+
+
+async def test_the_stream_handle_steers_its_turn(storage: Storage) -> None:
+    gate, script = Gate(), CallsThenAnswers()
+    agent = Agent(model=FunctionModel(script), tools=[gate.tool()], storage=storage)
+    kinds: list[str] = []
+    async with agent.stream("start", session="s1") as stream:
+        assert stream.session_id == "s1"
+        async for item in stream:
+            if isinstance(item, FactCommitted):
+                kinds.append(item.event.kind)
+                if item.event.kind == "tool_dispatched":
+                    await gate.running.wait()
+                    steered = await stream.steer("from the stream", who="me")
+                    assert steered.status == "steer"
+                    gate.release.set()
+    assert stream.result.answer == "answer: from the stream"
+    assert kinds.index("steer_received") < kinds.index("tool_responded")
+    assert "steer_delivered" in kinds
     await agent.close()
     await storage.close()

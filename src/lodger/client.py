@@ -324,6 +324,45 @@ class HostClient:
         data = await self._call("GET", "/metrics")
         return data.decode() if isinstance(data, bytes) else str(data)
 
+    async def steer(self, session_id: str, text: str) -> dict[str, Any]:
+        """Send the running turn a message (``{"steer_id", "status", "offset"}``;
+        ``status`` ``queued`` when no turn was running: it is the next turn)."""
+        path = f"/v1/sessions/{session_id}/steer"
+        return dict(await self._call("POST", path, json={"text": text}))
+
+    async def queue(self, session_id: str) -> dict[str, Any]:
+        """The follow-up queue: ``{"session_id", "busy", "messages": [...]}``."""
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}/queue"))
+
+    async def follow_up(
+        self, session_id: str, text: str, *, policy: str = "enqueue"
+    ) -> dict[str, Any]:
+        """Queue a follow-up message with its policy (enqueue, reject, interrupt, rollback)."""
+        body = {"text": text, "policy": policy}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/queue", json=body))
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+    ) -> dict[str, Any]:
+        """Edit and/or move a queued message; the queue after it."""
+        body: dict[str, Any] = {}
+        if text is not None:
+            body["text"] = text
+        if position is not None:
+            body["position"] = position
+        path = f"/v1/sessions/{session_id}/queue/{message_id}"
+        return dict(await self._call("PATCH", path, json=body))
+
+    async def retract_queued(self, session_id: str, message_id: str) -> dict[str, Any]:
+        """Take a message out of the queue before it is delivered; the queue after it."""
+        path = f"/v1/sessions/{session_id}/queue/{message_id}"
+        return dict(await self._call("DELETE", path))
+
 
 def _attachment_body(item: MediaItem) -> dict[str, str]:
     if isinstance(item, BinaryContent):

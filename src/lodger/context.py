@@ -62,6 +62,7 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
     SteerReceived,
     StepStarted,
     ToolDispatched,
@@ -441,6 +442,7 @@ def project_messages(
     results = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
+    steers: dict[str, str] = {}
     for e in events:
         if e.visibility != "model":
             continue
@@ -449,6 +451,10 @@ def project_messages(
             messages.append(_user_message(body, media))
         elif isinstance(body, OutputRejected):
             messages.append(UserMessage(text=body.message, source="runtime"))
+        elif isinstance(body, SteerReceived):
+            steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            messages.extend(_steer_messages(body, steers))
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
@@ -544,6 +550,17 @@ def _settled_after(tail: Sequence[Event]) -> list[UserMessage]:
     return notes
 
 
+def _steer_messages(body: SteerDelivered, texts: dict[str, str]) -> list[UserMessage]:
+    """The steers a step first carried, as the user's messages (each shown once: its
+    text is taken out of ``texts``; an id with no ``steer_received`` shows nothing)."""
+    out = []
+    for steer_id in body.steer_ids:
+        text = texts.pop(steer_id, None)
+        if text is not None:
+            out.append(UserMessage(text=text, source="steer"))
+    return out
+
+
 def _user_message(body: TurnStarted, media: Media) -> UserMessage:
     if not body.attachments:
         return UserMessage(text=body.input)
@@ -606,7 +623,6 @@ _UNSEEN: frozenset[type] = frozenset(
         WorkspaceSnapshot,
         ContextCompacted,
         CompactionFailed,
-        SteerReceived,
         MessageQueued,
         QueueChanged,
         CancelRequested,
@@ -670,6 +686,8 @@ class Projector:
         self._compaction: Event | None = None
         self._compaction_pinned = Pinned()
         self._compaction_at: int | None = None
+        #: the text of each steer received and not yet carried by a step, by steer id
+        self._steers: dict[str, str] = {}
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -744,6 +762,13 @@ class Projector:
             self._close_open()
             self._closed.append(UserMessage(text=body.message, source="runtime"))
             self._closed_chars += len(body.message)
+        elif isinstance(body, SteerReceived):
+            self._steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            self._close_open()
+            for message in _steer_messages(body, self._steers):
+                self._closed.append(message)
+                self._closed_chars += len(message.text)
         elif isinstance(body, ModelOutput):
             self._close_open()
             self._open, self._open_offset = body, e.offset
@@ -872,6 +897,7 @@ class Projector:
             "compaction": self._compaction.offset if self._compaction is not None else None,
             "compaction_pinned": pinned_plain(self._compaction_pinned),
             "compaction_fold": self._fold.export(),
+            "steers": dict(self._steers),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -910,6 +936,10 @@ class Projector:
         if not all(type(k) is str for k in kinds):
             raise TypeError("projector: a media type is not text")
         projector._media_refs, projector._media_types = dict(refs), set(kinds)
+        steers = data.get("steers", {})
+        if not all(type(k) is str and type(v) is str for k, v in steers.items()):
+            raise TypeError("projector: a waiting steer is not text")
+        projector._steers = dict(steers)
         for message in _messages_from(data["open_results"], projector.media):
             if not isinstance(message, ToolResultMessage):
                 raise TypeError("projector: an open result is not a tool result")
@@ -1022,7 +1052,7 @@ def _messages_from(items: list[list[Any]], media: Media = _NO_MEDIA) -> list[Mes
             )
         elif tag == "u":
             _, text, source, *rest = item
-            if type(text) is not str or source not in ("input", "runtime"):
+            if type(text) is not str or source not in ("input", "runtime", "steer"):
                 raise TypeError("projector: a user message holds a bad value")
             parts = _parts_from(rest[0], media) if rest else ()
             append(UserMessage(text=text, source=source, parts=parts))

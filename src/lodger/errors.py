@@ -438,6 +438,11 @@ ErrorCode = Literal[
     "keyed_session_needs_start",
     "log_key",
     "log_key_too_short",
+    # steering and the follow-up queue (lodger.engine.steering)
+    "empty_message",
+    "message_too_long",
+    "queue_policy",
+    "not_queued",
     # the HTTP host
     "unauthorized",
     "forbidden",

@@ -159,6 +159,14 @@ class Terminal:
                 self.print(renderable, end=end)
             self._resume_spinner()
 
+    def unless_prompting(self, read: Callable[[], str]) -> str | None:
+        """``read()`` under the writer's lock, unless a prompt is open (None then): a
+        line typed for the prompt is the prompt's (``lodger.cli._steer_input``)."""
+        with self._lock:
+            if self._held is not None:
+                return None
+            return read()
+
     # ---------------------------------------------------------------- spinner
 
     def call_started(self, call_id: str, tool: str) -> None:

@@ -37,17 +37,21 @@ from lodger.events import (
     CompactionFailed,
     ContextCompacted,
     Event,
+    MessageQueued,
     ModelOutput,
     ModelSwitched,
     OperatorDecision,
     PermissionDecided,
     PermissionRequested,
     ProviderRetried,
+    QueueChanged,
     RecoveryDecided,
     RecoveryObserved,
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
+    SteerReceived,
     StepStarted,
     ToolDispatched,
     ToolResponded,
@@ -268,6 +272,7 @@ class _TimelineView:
             self._describe_model_and_calls,
             self._describe_decisions,
             self._describe_records,
+            self._describe_steering,
         ):
             parts = describe_kind(event)
             if parts is not None:
@@ -485,6 +490,46 @@ class _TimelineView:
         if isinstance(body, Compacted | CompactionFailed):
             return self._compaction(body)
         return None
+
+    def _describe_steering(self, event: Event) -> list[Part] | None:
+        """Steers of a running turn and the follow-up queue (``lodger.engine.steering``)."""
+        body = event.body
+        if isinstance(body, SteerReceived):
+            return [
+                ("steer received", "bold yellow"),
+                f"  {body.steer_id}  ",
+                _quoted(body.text, self.limit(_TEXT)),
+                _by(body.who),
+            ]
+        if isinstance(body, SteerDelivered):
+            return [
+                ("steer delivered", "yellow"),
+                f"  at step {body.step}: ",
+                ", ".join(body.steer_ids),
+            ]
+        if isinstance(body, MessageQueued):
+            return [
+                ("message queued", "bold cyan"),
+                f"  {body.message_id}  policy={body.policy}  ",
+                _quoted(body.text, self.limit(_TEXT)),
+                _by(body.who),
+            ]
+        if isinstance(body, QueueChanged):
+            detail = ""
+            if body.action == "edit" and body.text is not None:
+                detail = "  " + _quoted(body.text, self.limit(_TEXT))
+            elif body.action == "move" and body.position is not None:
+                detail = f"  to position {body.position}"
+            return [
+                ("queue ", "cyan"),
+                (body.action, "bold"),
+                f"  {body.message_id}{detail}{_by(body.who)}",
+            ]
+        return None
+
+
+def _by(who: str | None) -> str:
+    return f"  by {visible(who)}" if who else ""
 
 
 def _numbers(runs: Sequence[tuple[int, int]]) -> str:

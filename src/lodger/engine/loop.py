@@ -30,10 +30,12 @@ from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
+from lodger.engine.queue import QueuedMessage, StopRequest, pending_steers
 from lodger.engine.resume import resume_run
 from lodger.engine.retries import complete
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
+from lodger.engine.steering import TurnControl
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     BudgetReached,
@@ -44,6 +46,7 @@ from lodger.events import (
     OutputRejected,
     ProposedCall,
     ProviderRetried,
+    QueueChanged,
     RunEnded,
     RunStarted,
     SessionStarted,
@@ -213,6 +216,9 @@ class Engine:
             journal=journal,
             workspace=self.workspace,
             hidden=self.hidden,
+            # what steers the turn and asks it to stop (``lodger.engine.steering``): the
+            # agent registers it for the session before the writer opens
+            control=self.services.turns.get(journal.session_id),
         )
 
     def pipeline(self, ctx: RunContext) -> CallPipeline:
@@ -229,10 +235,13 @@ class Engine:
 
     # ------------------------------------------------------------------ turns
 
-    async def start_turn(self, journal: Journal, task: UserInput) -> TurnResult:
+    async def start_turn(
+        self, journal: Journal, task: UserInput, *, queued: QueuedMessage | None = None
+    ) -> TurnResult:
         """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
         interrupted turn is resumed (never retried) first. Media that break the limits
-        raise ``UsageError`` before anything is written."""
+        raise ``UsageError`` before anything is written. ``queued``: the follow-up
+        message this turn delivers (its ``queue_changed`` commits with the turn's start)."""
         text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
@@ -256,10 +265,16 @@ class Engine:
         env = Envelope(turn_id=turn_id, run_id=run_id)
         # the bytes are stored before the fact that lists them
         attachments = await store_media(items, self.artifacts, state.media)
+        delivered = (
+            ()
+            if queued is None
+            else (journal.draft(QueueChanged(message_id=queued.message_id, action="delivered")),)
+        )
         await journal.record(
             journal.draft(
                 TurnStarted(input=text, attachments=attachments), Envelope(turn_id=turn_id)
             ),
+            *delivered,
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
@@ -378,6 +393,7 @@ class Engine:
         recorded = settings.record()
         mode = self.mode()
         journal, state = ctx.journal, ctx.journal.state
+        ctx, control = _steerable(ctx)
         pipeline = self.pipeline(ctx)
         run_env = ctx.envelope
         calls_seen = _CallIds(state.call_ids)
@@ -388,6 +404,9 @@ class Engine:
                     return await self._end(
                         ctx, "step_limit", error=f"stopped after {self.limits.max_steps} steps"
                     )
+                stop = control.stopping()
+                if stop is not None:  # between steps: every call of the last one settled
+                    return await self._stopped(ctx, stop)
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
@@ -408,6 +427,7 @@ class Engine:
                         env,
                     )
                 )
+                await control.deliver(steps_done, env)  # steers that came: this request's
                 await load_media(state, self.artifacts)
                 request = await self._request(journal, visible, env, settings, mode)
                 refused = unsupported_media(self.model, state)
@@ -422,17 +442,14 @@ class Engine:
                     if settled is not None:
                         return settled
                     continue  # the answer failed the output type: the model tries again
+                stop = control.stopping(before_calls=True)
+                if stop is not None:  # a rollback: none of the proposed calls starts
+                    return await self._stopped(ctx, stop)
                 reached = check_before_calls(state, usage=self.limits.usage, proposed=len(calls))
                 if reached is not None:
                     return await self.park(ctx, reached)  # commits the proposal with it
                 scope = StepScope(step_id=step_id, visible=visible.names)
-                suspended: list[str] = []
-                for batch in self.registry.batches(calls):
-                    outcomes = await pipeline.run_batch(batch, scope)
-                    suspended += [o.call_id for o in outcomes if o.suspended]
-                    if pipeline.hook_failure is not None:  # the developer's, not the model's
-                        await self._end(ctx, "failed", error=pipeline.hook_failure.message)
-                        raise pipeline.hook_failure
+                suspended = await self._act(ctx, pipeline, calls, scope)
                 if suspended:
                     return await self.wait(ctx, suspended)
         except ProviderError as exc:
@@ -448,6 +465,23 @@ class Engine:
             raise
         except CommitFailedError:
             raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _act(
+        self,
+        ctx: RunContext,
+        pipeline: CallPipeline,
+        calls: Sequence[ProposedCall],
+        scope: StepScope,
+    ) -> list[str]:
+        """Run a step's calls batch by batch; the ids of the calls left suspended."""
+        suspended: list[str] = []
+        for batch in self.registry.batches(calls):
+            outcomes = await pipeline.run_batch(batch, scope)
+            suspended += [o.call_id for o in outcomes if o.suspended]
+            if pipeline.hook_failure is not None:  # the developer's, not the model's
+                await self._end(ctx, "failed", error=pipeline.hook_failure.message)
+                raise pipeline.hook_failure
+        return suspended
 
     async def _answer(self, ctx: RunContext, text: str, env: Envelope) -> TurnResult | None:
         """End the turn on a final answer ``text``, validated against the output type if
@@ -470,6 +504,12 @@ class Engine:
             return None
         return await self._end(ctx, "completed", answer=text, output=value, logged=dumped)
 
+    async def _stopped(self, ctx: RunContext, stop: StopRequest) -> TurnResult:
+        """End the turn for a queued message that asked it to stop: ``cancelled`` for an
+        interrupt, ``abandoned`` for a rollback; the message runs next."""
+        status: TurnStatus = "abandoned" if stop.policy == "rollback" else "cancelled"
+        return await self._end(ctx, status, error=stop.reason, reason=stop.reason)
+
     async def _end(
         self,
         ctx: RunContext,
@@ -479,6 +519,7 @@ class Engine:
         error: str | None = None,
         output: Any = None,
         logged: Any = None,
+        reason: str | None = None,
     ) -> TurnResult:
         journal, env = ctx.journal, ctx.envelope
         drafts = []
@@ -492,11 +533,16 @@ class Engine:
                 )
             )
         start = journal.state.open_turn_offset  # forgotten once the turn has ended
-        await journal.record(
-            *drafts,
-            journal.draft(RunEnded(status=status, error=error), env),
-            journal.draft(TurnEnded(status=status, answer=answer, output=logged), env),
-        )
+        assert ctx.control is not None
+        async with ctx.control.ending() as late:  # steers no step carried: the next turn
+            await journal.record(
+                *drafts,
+                journal.draft(RunEnded(status=status, error=error), env),
+                journal.draft(
+                    TurnEnded(status=status, answer=answer, output=logged, reason=reason), env
+                ),
+                *(journal.draft(m) for m in late),
+            )
         state = journal.state
         return TurnResult(
             session_id=ctx.session_id,
@@ -638,6 +684,18 @@ class Engine:
         return await complete(
             self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
         )
+
+
+def _steerable(ctx: RunContext) -> tuple[RunContext, TurnControl]:
+    """``ctx`` with a control attached to its journal (a control of its own when nobody
+    steers the turn: the steers the log holds for it still arrive)."""
+    control = ctx.control
+    if control is None:
+        control = TurnControl(ctx.session_id)
+        ctx = dataclasses.replace(ctx, control=control)
+    state = ctx.journal.state
+    control.attach(ctx.journal, ctx.envelope, pending_steers(state.events, state.open_turn_offset))
+    return ctx, control
 
 
 def _recorded_settings(events: Sequence[Event], turn_id: str) -> ModelSettings | None:

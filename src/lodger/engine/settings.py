@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from lodger.authority import Authorities
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.steering import RunningTurns
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
@@ -126,6 +127,9 @@ class Services:
     #: the verified fold of each open session, kept between turns; share one mapping to
     #: share them between agents (``Sessions`` does); None: the agent's own
     folds: MutableMapping[str, SessionState] | None = None
+    #: the turns running here, by session: steers and queued messages find them there;
+    #: share one to steer from one agent the turns another runs (``Sessions`` does)
+    turns: RunningTurns = field(default_factory=RunningTurns)
 
     def __post_init__(self) -> None:
         if self.ids is _FROM_CLOCK:

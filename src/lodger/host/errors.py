@@ -33,6 +33,7 @@ __all__ = ["ErrorBody", "ErrorDetail", "HostStep", "error_body", "status_for"]
 _NOT_FOUND_CODES = {
     "no_such_call",
     "not_found",
+    "not_queued",
     "unknown_hook",
     "artifact_missing",
     "model_not_allowed",

@@ -123,12 +123,13 @@ class MediaPart:
 
 @dataclass(frozen=True, kw_only=True)
 class UserMessage:
-    """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input
-    and ``"runtime"`` for what the runtime says back (an output that failed validation);
+    """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input,
+    ``"runtime"`` for what the runtime says back (an output that failed validation) and
+    ``"steer"`` for a message a person sent the running turn (``lodger.engine.steering``);
     ``parts`` are images and documents given with the input."""
 
     text: str
-    source: Literal["input", "runtime"] = "input"
+    source: Literal["input", "runtime", "steer"] = "input"
     parts: tuple[MediaPart, ...] = ()
 
 

@@ -24,13 +24,16 @@ from typing import Any
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
 from lodger.engine.compaction import CompactionPolicy, compact_by_hand
+from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
 from lodger.engine.permissions import PermissionGate
+from lodger.engine.queue import QueuedMessage, Steered, StopRequest
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
+from lodger.engine.steering import RunningTurns, TurnControl
 from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory
@@ -38,6 +41,7 @@ from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime import _followups
 from lodger.runtime._writers import close_after_failure
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
@@ -380,7 +384,9 @@ class Agent:
         model_settings: ModelSettings | None = None,
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
-        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
+        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``); the stream's
+        ``steer`` sends the running turn a message."""
+        session_id = session if session is not None else self.ids.new_id()
 
         async def start(
             on_event: Callable[[Event], None], on_text: Callable[[str], None]
@@ -393,9 +399,12 @@ class Agent:
                 output_mode=output_mode,
                 model_settings=model_settings,
             )
-            return await self._run(engine, task, session)
+            return await self._run(engine, task, session_id)
 
-        return TurnStream(start)
+        async def steer(text: str, who: str | None) -> Steered:
+            return await self.steer(session_id, text, who=who)
+
+        return TurnStream(start, session_id=session_id, steer=steer)
 
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
@@ -483,11 +492,27 @@ class Agent:
 
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        async with self.open_session(session_id) as (writer, state):
+        async with self._turn(session_id) as (writer, state, _):
             result = await engine.start_turn(engine.journal(writer, state), task)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState, TurnControl]]:
+        """``open_session`` for a block that drives a turn: steers and queued messages
+        sent meanwhile reach it through its ``TurnControl`` (``lodger.engine.steering``)."""
+        control = self.turns.begin(session_id)
+        try:
+            async with self.open_session(session_id) as (writer, state):
+                try:
+                    yield writer, state, control
+                finally:
+                    await control.seal()  # before the writer closes: nothing more through it
+        finally:
+            self.turns.end(control)
 
     async def resume(
         self,
@@ -507,7 +532,7 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        async with self.open_session(session_id) as (writer, state):
+        async with self._turn(session_id) as (writer, state, _):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
@@ -562,6 +587,92 @@ class Agent:
                 instructions=instructions,
                 ask=engine.ask_unlogged,
             )
+
+    # ------------------------------------------------------------------ steering
+
+    @property
+    def turns(self) -> RunningTurns:
+        """The turns this agent (and whoever shares its ``services.turns``) runs now."""
+        return self.engine.services.turns
+
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal:
+        """A journal for facts this agent appends outside a turn (a queue change)."""
+        return self.engine.journal(writer, state)
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a turn of the session runs here now (and has not begun to end)."""
+        control = self.turns.get(session_id)
+        return control is not None and control.busy
+
+    async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
+        """Send ``text`` to the session's running turn: committed now as
+        ``steer_received``, read by the model at the next provider boundary (the step
+        that carries it records ``steer_delivered``). With no turn running here, or
+        after its last step, it is queued as the session's next turn (``status``
+        ``queued``; ``run_queued`` runs it)."""
+        return await _followups.steer(self, session_id, text, who)
+
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
+    ) -> QueuedMessage:
+        """Queue ``text`` as a later turn of the session (``message_queued``), with its
+        policy: ``enqueue`` waits for the running turn; ``reject`` raises
+        ``HostConflictError`` (``session_busy``) while one runs; ``interrupt`` stops the
+        running turn at its next step boundary (its calls settle) and runs next;
+        ``rollback`` abandons it before its next calls start and runs next."""
+        return await _followups.enqueue(self, session_id, text, policy, who)
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        """The session's follow-up queue, in the order it runs (read from its log)."""
+        return await _followups.queue_of(self, session_id)
+
+    async def edit_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str | None = None,
+    ) -> list[QueuedMessage]:
+        """Change a queued message's text and/or move it to ``position`` (0: next),
+        each change a ``queue_changed`` fact naming ``who``; the queue after it."""
+        if text is None and position is None:
+            raise UsageError("nothing to change: give text, position or both", code="usage")
+        queue: list[QueuedMessage] = []
+        if text is not None:
+            queue = await _followups.change_queued(
+                self, session_id, message_id, "edit", text=text, who=who
+            )
+        if position is not None:
+            queue = await _followups.change_queued(
+                self, session_id, message_id, "move", position=position, who=who
+            )
+        return queue
+
+    async def retract_queued(
+        self, session_id: str, message_id: str, *, who: str | None = None
+    ) -> list[QueuedMessage]:
+        """Take a message out of the queue before it is delivered; the queue after it."""
+        return await _followups.change_queued(self, session_id, message_id, "retract", who=who)
+
+    async def run_queued(self, session_id: str) -> TurnResult | None:
+        """Run the next queued message of the session as a turn (None: the queue is
+        empty). Its delivery (``queue_changed`` delivered) commits with the turn's
+        start, so a message runs once. An ``interrupt`` or ``rollback`` message abandons
+        an open turn first (one a stop left parked or interrupted); any other resumes it."""
+        async with self._turn(session_id) as (writer, state, _):
+            if not state.queue:
+                return None
+            head = state.queue[0]
+            if head.policy in ("interrupt", "rollback") and state.open_turn is not None:
+                reason = StopRequest(message_id=head.message_id, policy=head.policy).reason
+                await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+            engine = self.engine
+            result = await engine.start_turn(engine.journal(writer, state), head.text, queued=head)
+            if checkpoint_due(state):
+                await save_checkpoint(self.log, state)
+            return result
 
 
 _MODES = ("native", "tool", "prompted")

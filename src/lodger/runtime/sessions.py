@@ -13,9 +13,10 @@ knows nothing of terminals or HTTP: progress goes to callbacks, failures are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,21 +24,25 @@ from typing import Literal
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
 from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.journal import Journal
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.queue import QueuedMessage, Steered
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
+from lodger.engine.steering import RunningTurns
 from lodger.errors import UsageError
 from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime import _followups
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
-from lodger.storage import SessionWriter, Storage, check_session_id
+from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.substrates.codemode import Language
 from lodger.tools.mcp import McpServerConfig, McpServers
@@ -166,6 +171,8 @@ class Sessions:
         # read for its defaults is not read again to resume it (only its new tail is).
         # Bounded, so a long-lived host does not keep every session it ever touched.
         self._states = FoldCache(max_cached_sessions)
+        #: the turns this service's agents run now: steers and queued messages reach them
+        self.turns = RunningTurns()
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
@@ -330,7 +337,7 @@ class Sessions:
             hooks=Hooks(
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),
-            services=Services(clock=self.clock, ids=self.ids, folds=self._states),
+            services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
             compaction=binding.compaction,
         )
 
@@ -358,3 +365,60 @@ class Sessions:
             binding = Binding(model=state.last_model)
         async with self._agent(binding, McpServers(())) as agent:
             return await agent.compact(session_id, instructions=instructions)
+
+    # ------------------------------------------------------------------ steering
+
+    @property
+    def log(self) -> EventLog:
+        return self.storage.log
+
+    @contextlib.asynccontextmanager
+    async def open_session(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState]]:
+        """The session's writer and verified fold, for facts appended outside a turn."""
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            yield writer, state
+
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal:
+        return Journal(writer, state, clock=self.clock, ids=self.ids)
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a turn of the session runs in this process now."""
+        control = self.turns.get(session_id)
+        return control is not None and control.busy
+
+    async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
+        """``Agent.steer`` for a session this service runs (or a dormant one)."""
+        return await _followups.steer(self, session_id, text, who)
+
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
+    ) -> QueuedMessage:
+        """``Agent.enqueue``: a follow-up message with its policy, as a fact."""
+        return await _followups.enqueue(self, session_id, text, policy, who)
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        return await _followups.queue_of(self, session_id)
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        action: _followups.Change,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str | None = None,
+    ) -> list[QueuedMessage]:
+        """Edit, move or retract a queued message (a ``queue_changed`` fact by ``who``)."""
+        return await _followups.change_queued(
+            self, session_id, message_id, action, text=text, position=position, who=who
+        )
+
+    async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:
+        """Run the session's next queued message as a turn (None: nothing is queued)."""
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.run_queued(session_id)

@@ -46,6 +46,7 @@ from lodger.errors import (
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
+from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents.detached import ControlPlaneChildren
@@ -92,6 +93,8 @@ class WorkerConfig:
     max_attempts: int = 5
     #: how long a parked approval stays answerable (then the call is denied)
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
+    #: seconds between looks for steers hosts sent the running turn (``Steers``)
+    steer_poll_s: float = 0.2
 
 
 @dataclass
@@ -252,6 +255,8 @@ class Worker:
                 wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure
             )
             ended = True
+            # the steers no turn took are the session's next messages now
+            await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
         finally:
             current = self.guard.lease(wake.session_id) or lease
             self.guard.drop(wake.session_id)
@@ -270,6 +275,16 @@ class Worker:
         failure: str | None = None
         turn = asyncio.ensure_future(self._turn(wake, claim.row))
         watch = asyncio.ensure_future(self._watch(wake, turn, stop))
+        steers = asyncio.ensure_future(
+            relay_steers(
+                self.control,
+                self.sessions,
+                wake.session_id,
+                self.holder,
+                turn,
+                poll_s=self.config.steer_poll_s,
+            )
+        )
         try:
             delay, held = await turn
         except asyncio.CancelledError:
@@ -301,9 +316,10 @@ class Worker:
                 delay = None
                 failure = await self._give_up(wake, exc)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for helper in (watch, steers):
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
         return delay, held, failure
 
     async def _watch(
@@ -375,6 +391,8 @@ class Worker:
                 await self._open_turn(sessions, wake, binding, step)
             if step.delay is None and wake.message is not None and not _delivered(step.state, wake):
                 await self._deliver(sessions, wake, binding, workspace, step)
+            if step.delay is None and not step.waiting and step.state and step.state.queue:
+                await self._followups(sessions, sid, binding, step)
             await self._settled(sid, binding, workspace, step)
             return step.delay, step.held
         finally:
@@ -454,6 +472,14 @@ class Worker:
         self.stats.turns += 1
         self.stats.settled.append(result.status)
         step.waiting = result.status == "waiting"
+        step.state = await self._fold(sid)
+
+    async def _followups(self, sessions: Sessions, sid: str, binding: Binding, step: _Step) -> None:
+        """The follow-up messages the log queued (a steer after the turn's last step)."""
+        for result in await run_followups(sessions, sid, binding):
+            self.stats.turns += 1
+            self.stats.settled.append(result.status)
+            step.waiting = result.status == "waiting"
         step.state = await self._fold(sid)
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:

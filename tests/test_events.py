@@ -215,6 +215,7 @@ BODIES: dict[str, st.SearchStrategy[typing.Any]] = {
         tokens_after=counts,
         trigger=triggers,
         previous=st.none() | counts,
+        usage=st.none() | usages,
     ),
     "compaction_failed": st.builds(
         CompactionFailed,
@@ -223,6 +224,8 @@ BODIES: dict[str, st.SearchStrategy[typing.Any]] = {
         attempts=counts,
         reason=text,
         fallback=st.sampled_from(["elision", "none"]),
+        model=text,
+        usage=st.none() | usages,
     ),
     "steer_received": st.builds(SteerReceived, steer_id=text, text=text, who=opt_text),
     "steer_delivered": st.builds(SteerDelivered, steer_ids=names, step=counts),

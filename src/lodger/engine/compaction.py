@@ -46,6 +46,7 @@ from lodger.events import (
     CompactionTrigger,
     Event,
     Prefix,
+    Usage,
 )
 from lodger.providers.base import (
     AssistantMessage,
@@ -270,29 +271,56 @@ async def compact(
     reason = ""
     attempts = 0
     summary = ""
+    spent: Usage | None = None
     for attempts in range(1, policy.max_attempts + 1):  # noqa: B007 - read after the loop
         try:
             response = (
                 await ask(model, request) if ask is not None else await model.complete(request)
-            ).text
+            )
         except ProviderError as exc:
             reason = f"the summary model failed: {exc.message}"
             continue
-        summary = response.strip()
+        spent = add_usage(spent, response.usage)
+        summary = response.text.strip()
         missing = missing_sections(summary, policy.required_sections)
         if not summary:
             reason = "the summary was empty"
         elif missing:
             reason = "the summary lacks the required section(s): " + ", ".join(missing)
         else:
-            return _compacted(state, covers, summary, model, trigger)
+            return _compacted(state, covers, summary, model, trigger, spent)
     return CompactionFailed(
-        covers=covers, trigger=trigger, attempts=attempts, reason=reason, fallback="elision"
+        covers=covers,
+        trigger=trigger,
+        attempts=attempts,
+        reason=reason,
+        fallback="elision",
+        model=model.spec,
+        usage=spent,
+    )
+
+
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """``total`` plus ``more`` (None: nothing reported), field by field."""
+    if more is None:
+        return total
+    if total is None:
+        return more
+    return Usage(
+        input_tokens=total.input_tokens + more.input_tokens,
+        output_tokens=total.output_tokens + more.output_tokens,
+        cache_read_tokens=total.cache_read_tokens + more.cache_read_tokens,
+        cache_write_tokens=total.cache_write_tokens + more.cache_write_tokens,
     )
 
 
 def _compacted(
-    state: SessionState, covers: Prefix, summary: str, model: Model, trigger: CompactionTrigger
+    state: SessionState,
+    covers: Prefix,
+    summary: str,
+    model: Model,
+    trigger: CompactionTrigger,
+    usage: Usage | None,
 ) -> Compacted:
     """The fact of a summary of the whole context as it stands (not only of the part the
     summarizer was shown whole: the dropped calls and counts are the context's)."""
@@ -318,6 +346,7 @@ def _compacted(
         trigger=trigger,
         # a fork's inherited compaction is its parent's fact, not one of this log's
         previous=newest.offset if newest and newest.session_id == state.session_id else None,
+        usage=usage,
     )
 
 

@@ -453,7 +453,8 @@ class Compacted(_Value):
     the provider's ``native_state`` where one is used) and every fact after
     ``covers.high_water``. ``previous`` is the offset of the compaction this one chains
     from (its summary is part of what this one covers); ``dropped_*`` say what the
-    summary stands for; ``model`` and ``prompt_sha256`` say what made it.
+    summary stands for; ``model`` and ``prompt_sha256`` say what made it, and ``usage``
+    what its summary requests spent (every attempt; budgets count it).
     """
 
     kind: Literal["compacted"] = "compacted"
@@ -470,11 +471,13 @@ class Compacted(_Value):
     tokens_after: int
     trigger: CompactionTrigger
     previous: int | None = None
+    usage: Usage | None = None
 
 
 class CompactionFailed(_Value):
     """A compaction that did not produce a usable summary (schema 9): ``fallback`` says
-    what the step did instead (``elision``: the oldest tool results were elided)."""
+    what the step did instead (``elision``: the oldest tool results were elided);
+    ``model`` and ``usage``: what the attempts asked and spent."""
 
     kind: Literal["compaction_failed"] = "compaction_failed"
     covers: Prefix
@@ -482,6 +485,8 @@ class CompactionFailed(_Value):
     attempts: int
     reason: str
     fallback: Literal["elision", "none"] = "elision"
+    model: str = ""
+    usage: Usage | None = None
 
 
 class SteerReceived(_Value):

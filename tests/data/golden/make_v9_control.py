@@ -42,6 +42,7 @@ from lodger.events import (
     ToolResponded,
     TurnEnded,
     TurnStarted,
+    Usage,
 )
 from lodger.storage import EventLog, MemoryLogStore
 
@@ -70,7 +71,12 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
         (SteerReceived(steer_id="st1", text="only the [server] table", who="cli:golden"), turn),
         (
             CompactionFailed(
-                covers=head, trigger="threshold", attempts=2, reason="no 'next step' section"
+                covers=head,
+                trigger="threshold",
+                attempts=2,
+                reason="no 'next step' section",
+                model="function:golden",
+                usage=Usage(input_tokens=300, output_tokens=60),
             ),
             turn,
         ),
@@ -87,6 +93,7 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
                 tokens_before=160,
                 tokens_after=40,
                 trigger="threshold",
+                usage=Usage(input_tokens=150, output_tokens=30),
             ),
             turn,
         ),

@@ -498,9 +498,12 @@ def _project_compacted(
     end = _covered_end(events, index)
     if pinned is None:
         pinned = pinned_items(events[:end])
-    head = UserMessage(text=render_head(pinned, body.summary), source="runtime")
-    head_tokens = estimate_tokens((head,))
     tail = [*events[end:index], *events[index + 1 :]]
+    head = (
+        UserMessage(text=render_head(pinned, body.summary), source="runtime"),
+        *_settled_after(tail),
+    )
+    head_tokens = estimate_tokens(head)
     rest = project_messages(
         tail,
         budget_tokens=None if budget_tokens is None else max(budget_tokens - head_tokens, 0),
@@ -508,10 +511,37 @@ def _project_compacted(
         media=media,
     )
     return Projection(
-        messages=(head, *rest.messages),
+        messages=(*head, *rest.messages),
         elided_call_ids=rest.elided_call_ids,
         estimated_tokens=rest.estimated_tokens + head_tokens,
     )
+
+
+def _settled_after(tail: Sequence[Event]) -> list[UserMessage]:
+    """Calls proposed before a compaction that settled after it (a parked approval
+    answered later): no output of the tail proposes them, so their results cannot go
+    back as tool results; the model reads each outcome as a runtime note instead."""
+    proposed = {c.call_id for e in tail if type(e.body) is ModelOutput for c in e.body.calls}
+    notes: list[UserMessage] = []
+    for e in tail:
+        if e.visibility != "model" or e.call_id is None or e.call_id in proposed:
+            continue
+        body = e.body
+        if isinstance(body, ToolResponded):  # its text only: media stay in the log
+            content, failed = body.content, body.status != "ok"
+        else:
+            result = _result_of(e, "")
+            if result is None:
+                continue
+            content, failed = result.content, result.is_error
+        outcome = "failed" if failed else "returned"
+        notes.append(
+            UserMessage(
+                text=f"The call {e.call_id} proposed before the summary {outcome}: {content}",
+                source="runtime",
+            )
+        )
+    return notes
 
 
 def _user_message(body: TurnStarted, media: Media) -> UserMessage:

@@ -113,3 +113,39 @@ def test_an_exported_fold_restores_to_the_same_state() -> None:
             fold.feed(e)
             again.feed(e)
         assert again.pinned() == fold.pinned()
+
+
+def test_a_call_that_settles_after_the_compaction_reaches_the_model_as_a_note() -> None:
+    """A call parked for an approval when the session was compacted and answered after:
+    its output was summarized away, so its result is a runtime note, never a tool result
+    without its call."""
+    from lodger.context import Projector, project_messages
+    from lodger.events import ModelOutput, ProposedCall, RunEnded
+    from lodger.providers.base import ToolResultMessage, UserMessage
+
+    call = ProposedCall(call_id="c1", name="deploy", arguments="{}")
+    summary = Compacted(
+        covers=Prefix(high_water=5, digest="d"), summary="## Goal\ndeploy", model="m",
+        prompt_sha256="p", tokens_before=9, tokens_after=3, trigger="manual",
+    )  # fmt: skip
+    events = _events(
+        (TurnStarted(input="deploy it"), None),
+        (ModelOutput(text="", calls=(call,)), None),
+        (PermissionRequested(tool="deploy", summary="deploy"), "c1"),
+        (PermissionDecided(tool="deploy", decision="park", by="default"), "c1"),
+        (RunEnded(status="interrupted"), None),
+        (summary, None),
+        (ToolDispatched(operation_id="op1", tool="deploy", arguments={}), "c1"),
+        (ToolResponded(operation_id="op1", status="ok", content="deployed v2"), "c1"),
+    )
+    messages = project_messages(events).messages
+    assert not any(isinstance(m, ToolResultMessage) for m in messages)
+    notes = [m.text for m in messages if isinstance(m, UserMessage)]
+    assert "call c1 (deploy)" in notes[0]  # pinned while it waited
+    assert notes[1] == "The call c1 proposed before the summary returned: deployed v2"
+    growing: list[Event] = []
+    projector = Projector(growing)
+    for e in events:
+        growing.append(e)
+        projector.project()
+    assert projector.project() == project_messages(events)

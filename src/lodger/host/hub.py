@@ -518,8 +518,13 @@ class Hub:
         self.publish(session_id, await self.sessions.storage.log.read(session_id, start=offset))
 
     async def _run_followup(self, session_id: str) -> bool:
-        """Run the session's next queued follow-up message as a turn (False: none)."""
-        if not await self._logged(session_id) or not await self.sessions.queue(session_id):
+        """Run the session's next queued follow-up message as a turn; False when none
+        waits, or when it is still waiting after (an open turn that could not settle
+        first: it waits for the next wake rather than being tried again at once)."""
+        if not await self._logged(session_id):
+            return False
+        queue = await self.sessions.queue(session_id)
+        if not queue:
             return False
         try:
             binding = await self.binding(session_id)
@@ -528,12 +533,13 @@ class Hub:
             finally:
                 if not isinstance(binding.model, str):
                     await binding.model.aclose()
-        except LodgerError:
+        except Exception:  # noqa: BLE001 - a bug must not stop the host: it is logged
             _log.exception("queued message of session %s failed", session_id)
             return False
         if result is not None:
             self.turns_run += 1
-        return result is not None
+        head = queue[0].message_id
+        return all(m.message_id != head for m in await self.sessions.queue(session_id))
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

@@ -84,9 +84,14 @@ async def run_followups(sessions: Sessions, session_id: str, binding: Binding) -
     turns complete (a turn that waits or parks leaves the rest for a later wake)."""
     results: list[TurnResult] = []
     while True:
+        queue = await sessions.queue(session_id)
+        if not queue:
+            return results
         result = await sessions.run_queued(session_id, binding=binding)
         if result is None:
             return results
         results.append(result)
+        if any(m.message_id == queue[0].message_id for m in await sessions.queue(session_id)):
+            return results  # not delivered: the open turn did not settle first
         if result.status not in ("completed", "cancelled", "abandoned", "failed", "step_limit"):
             return results

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from lodger._core.text import escape_matches
 from lodger.cli._common import format_ts
+from lodger.cli._render_rewind import describe_rewind
 from lodger.cli._timeline import (
     CallNode,
     Item,
@@ -263,6 +264,7 @@ class _TimelineView:
             self._describe_model_and_calls,
             self._describe_decisions,
             self._describe_records,
+            describe_rewind,
         ):
             parts = describe_kind(event)
             if parts is not None:

@@ -86,7 +86,11 @@ class RewindResult:
 async def open_branch(storage: Storage, name: str) -> str:
     """The log a door opening session ``name`` works on: a rewind of it cut short is
     finished first, then its current branch is found (``lodger.storage.branches``)."""
-    await finish_rewind(storage, root_of(check_session_id(name)))
+    intent = await read_intent(storage.state_dir, root_of(check_session_id(name)))
+    if intent is not None:
+        await _complete(storage, intent)
+        if name == intent.rewound["left"]["session_id"]:
+            return intent.branch  # the door named the branch that was current then
     return await current_branch(storage.log, name)
 
 
@@ -286,7 +290,7 @@ async def _target(
                 session_id=root,
             )
         branch, to = rewound.left.session_id, rewound.left.high_water
-    source = current if branch is None else check_session_id(branch)
+    source = current if branch is None else await current_branch(storage.log, branch)
     if root_of(source) != root:
         raise UsageError(
             f"{source!r} is not a branch of session {root!r}",

@@ -14,8 +14,9 @@ without a table of its own. Finding the newest branch costs ``2 log2(n)`` indexe
 for ``n`` branches (one for a session never rewound).
 
 An id that names a branch (``S..r2``) leads to that branch exactly: a branch left behind
-stays readable (``lodger log show S..r1``) and is a session of its own. Rewinding back to
-it starts a new branch that shares its whole log, so the newest branch is always current.
+stays readable (``lodger log show S..r1``) and is a session of its own; ``S..r0`` names
+the session's first log, ``S`` itself. Rewinding back to a branch starts a new branch that
+shares its whole log, so the newest branch is always the current one.
 """
 
 from __future__ import annotations
@@ -26,22 +27,39 @@ from lodger.errors import UsageError
 from lodger.storage.eventlog import EventLog
 from lodger.storage.logstore import check_session_id
 
-__all__ = ["branch_id", "branch_number", "current_branch", "next_branch", "root_of"]
+__all__ = [
+    "branch_id",
+    "branch_number",
+    "current_branch",
+    "names_a_branch",
+    "next_branch",
+    "root_of",
+]
 
 _BRANCH = re.compile(r"^(?P<root>.+)\.\.r(?P<n>[1-9][0-9]*)$")
+_FIRST = "..r0"
 _MAX_ID = 128
 
 
 def root_of(session_id: str) -> str:
-    """The session a branch belongs to (``S`` for ``S..r3``; ``S`` for ``S``)."""
+    """The session a branch belongs to (``S`` for ``S..r3`` and ``S..r0``; ``S`` for ``S``)."""
     found = _BRANCH.fullmatch(session_id)
-    return found["root"] if found else session_id
+    if found:
+        return found["root"]
+    if session_id.endswith(_FIRST) and len(session_id) > len(_FIRST):
+        return session_id[: -len(_FIRST)]
+    return session_id
+
+
+def names_a_branch(name: str) -> bool:
+    """Whether ``name`` names one branch exactly (``S..r2``, ``S..r0``), not a session."""
+    return root_of(name) != name
 
 
 def branch_number(session_id: str) -> int:
     """``3`` for ``S..r3``; ``0`` for the session's first log ``S``."""
     found = _BRANCH.fullmatch(session_id)
-    return int(found["n"]) if found else 0
+    return int(found["n"]) if found else 0  # S and S..r0 are the first log
 
 
 def branch_id(root: str, number: int) -> str:
@@ -89,6 +107,8 @@ async def current_branch(log: EventLog, name: str) -> str:
     check_session_id(name)
     if _BRANCH.fullmatch(name):
         return name
+    if name.endswith(_FIRST) and len(name) > len(_FIRST):
+        return name[: -len(_FIRST)]
     return branch_id(name, await _newest(log, name))
 
 

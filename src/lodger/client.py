@@ -318,6 +318,23 @@ class HostClient:
         data = await self._call("GET", "/metrics")
         return data.decode() if isinstance(data, bytes) else str(data)
 
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+    ) -> dict[str, Any]:
+        """Rewind the session, conversation and workspace files; the answer names its
+        new current ``branch`` (see ``lodger.runtime.rewind``)."""
+        body: dict[str, Any] = {"to": to, "turn": turn, "branch": branch}
+        body = {k: v for k, v in body.items() if v is not None}
+        body.update(undo=undo, force=force)
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/rewind", json=body))
+
 
 def _attachment_body(item: MediaItem) -> dict[str, str]:
     if isinstance(item, BinaryContent):

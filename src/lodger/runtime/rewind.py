@@ -48,7 +48,7 @@ from lodger.runtime._workspace_at import (
     view_at,
 )
 from lodger.storage import SessionWriter, Storage, check_session_id
-from lodger.storage.branches import current_branch, next_branch, root_of
+from lodger.storage.branches import current_branch, names_a_branch, next_branch, root_of
 from lodger.storage.forks import fork_session, read_inherited, read_lineage
 from lodger.storage.snapshots import SnapshotResult, snapshot_workspace
 
@@ -290,7 +290,10 @@ async def _target(
                 session_id=root,
             )
         branch, to = rewound.left.session_id, rewound.left.high_water
-    source = current if branch is None else await current_branch(storage.log, branch)
+    # a branch is named exactly: ``S`` (or ``S..r0``) is the session's first log
+    source = current if branch is None else root_of(check_session_id(branch))
+    if branch is not None and names_a_branch(branch):
+        source = await current_branch(storage.log, branch)
     if root_of(source) != root:
         raise UsageError(
             f"{source!r} is not a branch of session {root!r}",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lodger.errors import ResumeBlockedError, UsageError
+from lodger.errors import ResumeBlockedError, SessionLockedError, UsageError
 from lodger.events import FileCheckpoint, Rewound, ToolResponded, TurnStarted, WorkspaceSnapshot
 from lodger.providers.scripted import ScriptedModel
 from lodger.runtime.builtin import workspace_tools
@@ -211,3 +211,12 @@ async def test_branches_are_found_by_galloping_and_name_their_session(tmp_path: 
     assert await current_branch(storage.log, "s..r0") == "s"  # the first log
     assert root_of("s..r11") == "s" and root_of("s..r0") == "s" and root_of("a..b") == "a..b"
     await sessions.close()
+
+
+async def test_a_rewind_is_refused_while_a_writer_holds_the_branch(world: World) -> None:
+    await world.turn(write("a.txt", "two\n"))
+    log = world.sessions.storage.log
+    async with await log.open_writer("s"):  # a turn running on the branch
+        with pytest.raises(SessionLockedError):
+            await world.sessions.rewind("s", turn=1)
+    assert not await log.exists("s..r1") and world.files() == {"a.txt": "two\n"}

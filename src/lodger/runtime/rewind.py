@@ -86,22 +86,19 @@ class RewindResult:
 async def open_branch(storage: Storage, name: str) -> str:
     """The log a door opening session ``name`` works on: a rewind of it cut short is
     finished first, then its current branch is found (``lodger.storage.branches``)."""
-    intent = await read_intent(storage.state_dir, root_of(check_session_id(name)))
-    if intent is not None:
-        await _complete(storage, intent)
-        if name == intent.rewound["left"]["session_id"]:
-            return intent.branch  # the door named the branch that was current then
+    finished = await finish_rewind(storage, root_of(check_session_id(name)))
+    if finished is not None and name == finished.rewound["left"]["session_id"]:
+        return finished.branch  # the door named the branch that was current then
     return await current_branch(storage.log, name)
 
 
-async def finish_rewind(storage: Storage, session: str, *, clock: Clock | None = None) -> bool:
-    """Finish the rewind of ``session`` a crash cut short, if there is one (whether
-    there was)."""
+async def finish_rewind(storage: Storage, session: str) -> Intent | None:
+    """Finish the rewind of ``session`` a crash cut short, if there is one (and say
+    which it was)."""
     intent = await read_intent(storage.state_dir, session)
-    if intent is None:
-        return False
-    await _complete(storage, intent)
-    return True
+    if intent is not None:
+        await _complete(storage, intent)
+    return intent
 
 
 async def rewind_session(

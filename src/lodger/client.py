@@ -330,9 +330,16 @@ class HostClient:
     ) -> dict[str, Any]:
         """Rewind the session, conversation and workspace files; the answer names its
         new current ``branch`` (see ``lodger.runtime.rewind``)."""
-        body: dict[str, Any] = {"to": to, "turn": turn, "branch": branch}
-        body = {k: v for k, v in body.items() if v is not None}
-        body.update(undo=undo, force=force)
+        point: dict[str, Any]
+        if undo:
+            point = {"kind": "undo"}
+        elif to is not None:
+            point = {"kind": "offset", "offset": to, "branch": branch}
+        elif turn is not None:
+            point = {"kind": "turn", "turn": turn, "branch": branch}
+        else:
+            point = {"kind": "branch", "branch": branch}
+        body = {"point": point, "force": force}
         return dict(await self._call("POST", f"/v1/sessions/{session_id}/rewind", json=body))
 
 

@@ -44,6 +44,8 @@ _CONFLICT_CODES = {
     "nothing_to_decide",
     "nothing_to_abandon",
     "fork_beyond_head",
+    "rewind_target",
+    "workspace_missing",
 }
 
 

@@ -72,7 +72,7 @@ def branch_id(root: str, number: int) -> str:
             f"session {root!r} cannot be rewound: its branch id {made[:40]}... would be longer "
             f"than {_MAX_ID} characters",
             hint="fork the session under a shorter id and rewind the fork",
-            code="usage",
+            code="rewind_target",
             session_id=root,
         )
     return check_session_id(made)

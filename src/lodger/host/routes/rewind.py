@@ -9,35 +9,59 @@ branch; its events and timeline are read from the branch's id (``branch`` in the
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from lodger.errors import HostConflictError
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
 
-__all__ = ["RewindOut", "RewindSession", "router"]
+__all__ = ["RewindOut", "RewindSession", "ToBranch", "ToOffset", "ToTurn", "Undo", "router"]
+
+
+_BRANCH = Field(
+    default=None,
+    min_length=1,
+    max_length=128,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    description="the branch of the session the point is in (default: its current one)",
+)
+
+
+class ToOffset(Input):
+    """Keep events ``[0, offset)`` of the branch (an offset of its own log)."""
+
+    kind: Literal["offset"]
+    offset: int = Field(ge=1, le=MAX_OFFSET)
+    branch: str | None = _BRANCH
+
+
+class ToTurn(Input):
+    """Go back to just before turn ``turn`` (numbered from 1) of the branch started."""
+
+    kind: Literal["turn"]
+    turn: int = Field(ge=1, le=MAX_OFFSET)
+    branch: str | None = _BRANCH
+
+
+class ToBranch(Input):
+    """Go to the head of a branch of the session (a rewind's branch left behind)."""
+
+    kind: Literal["branch"]
+    branch: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Undo(Input):
+    """Undo the session's last rewind."""
+
+    kind: Literal["undo"]
 
 
 class RewindSession(Input):
-    to: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_OFFSET,
-        description="keep events [0, to) of the branch (an offset of its own log)",
-    )
-    turn: int | None = Field(
-        default=None, ge=1, le=MAX_OFFSET, description="go back to just before turn N started"
-    )
-    branch: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="take the point from this branch of the session (alone: its head)",
-    )
-    undo: bool = Field(default=False, description="undo the session's last rewind")
-    force: bool = Field(default=False, description="overwrite files changed outside lodger")
+    point: Annotated[ToOffset | ToTurn | ToBranch | Undo, Field(discriminator="kind")]
+    force: StrictBool = Field(default=False, description="overwrite files changed outside lodger")
 
 
 class RewindOut(BaseModel):
@@ -69,12 +93,13 @@ async def rewind(
             session_id=session_id,
         )
     async with hub.exclusive(session_id):
+        point = body.point
         done = await host.sessions.rewind(
             session_id,
-            to=body.to,
-            turn=body.turn,
-            branch=body.branch,
-            undo=body.undo,
+            to=point.offset if isinstance(point, ToOffset) else None,
+            turn=point.turn if isinstance(point, ToTurn) else None,
+            branch=None if isinstance(point, Undo) else point.branch,
+            undo=isinstance(point, Undo),
             force=body.force,
             who=host.auth.who(request),
         )

@@ -220,3 +220,30 @@ async def test_a_rewind_is_refused_while_a_writer_holds_the_branch(world: World)
         with pytest.raises(SessionLockedError):
             await world.sessions.rewind("s", turn=1)
     assert not await log.exists("s..r1") and world.files() == {"a.txt": "two\n"}
+
+
+async def test_a_session_on_an_object_store_rewinds_and_undoes_the_same_way(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sessions = Sessions(Storage.from_url(f"file://{tmp_path / 'objects'}"))
+
+    async def turn(text: str) -> str:
+        binding = Binding(
+            model=ScriptedModel([write("a.txt", text), {"text": "done"}]),
+            tools=workspace_tools(),
+            workspace=ws,
+        )
+        return (await sessions.run("go", binding=binding, session="s")).session_id
+
+    await turn("one\n")
+    await turn("two\n")
+    done = await sessions.rewind("s", turn=2)
+    assert (done.branch, (ws / "a.txt").read_text()) == ("s..r1", "one\n")
+    assert await turn("three\n") == "s..r1"
+    await sessions.rewind("s", undo=True)
+    assert (ws / "a.txt").read_text() == "two\n"
+    for sid in ("s", "s..r1", "s..r2"):
+        await sessions.storage.log.verify(sid)
+    await sessions.close()

@@ -57,6 +57,8 @@ async def test_rewind_through_the_host(tmp_path: Path) -> None:
             1,
         )
         assert (ws / "a.txt").read_text() == "one\n" and not (ws / "b.txt").exists()
+        shown = await c.show(sid)
+        assert shown["branch"] == "s1..r1" and shown["turns"] == 0
         facts = await c.events(done["branch"])
         assert [f.kind for f in facts] == ["session_started", "rewound"]
         assert facts[1].data["body"]["who"].startswith("token:")

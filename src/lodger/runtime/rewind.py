@@ -25,6 +25,7 @@ branch shares ``[0, to)``. ``turn`` is turn N of that log, numbered from 1 as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,9 +192,7 @@ async def _leave(
     over files changed outside lodger unless ``force``, and commit the workspace as it
     is now to the branch left behind (so undoing the rewind brings every file back):
     the changes and the (forced) files changed outside lodger, sorted."""
-    workspace = _workspace_of(
-        writer.session_id, lineage[len(lineage) - len(writer.initial_events) :]
-    )
+    workspace = _workspace_of(writer.session_id, writer.initial_events)
     if workspace is None:
         return [], []
     taken, changes, outside = await _plan(storage, workspace, lineage, source, shared)
@@ -337,7 +336,7 @@ def _offset(source: str, events: list[Event], to: int | None, turn: int | None) 
     return at
 
 
-def _workspace_of(current: str, own: list[Event]) -> Path | None:
+def _workspace_of(current: str, own: Sequence[Event]) -> Path | None:
     state = SessionState(current, own)
     if state.workspace is None:
         return None

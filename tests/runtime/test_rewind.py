@@ -4,13 +4,14 @@ per-edit checkpoints, and a rewind is undone by rewinding back."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lodger.errors import ResumeBlockedError, SessionLockedError, UsageError
+from lodger.errors import ResumeBlockedError, SessionLockedError, StorageError, UsageError
 from lodger.events import FileCheckpoint, Rewound, ToolResponded, TurnStarted, WorkspaceSnapshot
 from lodger.providers.scripted import ScriptedModel
 from lodger.runtime.builtin import workspace_tools
@@ -247,3 +248,20 @@ async def test_a_session_on_an_object_store_rewinds_and_undoes_the_same_way(
     for sid in ("s", "s..r1", "s..r2"):
         await sessions.storage.log.verify(sid)
     await sessions.close()
+
+
+async def test_a_restore_that_cannot_finish_rolls_the_workspace_back(world: World) -> None:
+    await world.turn(write("a.txt", "two\n"), write("b.txt", "bee\n"))
+    await world.turn(write("a.txt", "three\n"), write("b.txt", "bzz\n"))
+    # the bytes b.txt had after turn 1 are lost from the artifact store
+    lost = hashlib.sha256(b"bee\n").hexdigest()
+    (world.ws / ".lodger" / "artifacts" / lost[:2] / lost).unlink()
+    with pytest.raises(StorageError, match="cannot rewind session 's'") as failed:
+        await world.sessions.rewind("s", turn=2)
+    assert failed.value.code == "artifact_missing"
+    # a.txt was put back first, then undone: the workspace is as the rewind found it
+    assert world.files() == {"a.txt": "three\n", "b.txt": "bzz\n"}
+    log = world.sessions.storage.log
+    assert not await log.exists("s..r1")
+    assert not (world.ws / ".lodger" / "rewinds" / "s.json").exists()
+    assert await world.turn(write("c.txt", "sea\n")) == "s"  # the session goes on

@@ -46,6 +46,8 @@ class Intent:
     changes: tuple[Change, ...]
     #: the ``rewound`` fact's fields (``left``, ``to``, counts, ``forced``, ``who``)
     rewound: dict[str, Any]
+    #: the changes that put the workspace back as the rewind found it (a roll back)
+    revert: tuple[Change, ...] = ()
 
     def to_json(self) -> bytes:
         raw = {
@@ -57,6 +59,7 @@ class Intent:
             "workspace": self.workspace,
             "changes": [c.to_dict() for c in self.changes],
             "rewound": self.rewound,
+            "revert": [c.to_dict() for c in self.revert],
         }
         return json.dumps(raw, sort_keys=True).encode()
 
@@ -71,6 +74,7 @@ class Intent:
             workspace=raw["workspace"],
             changes=tuple(Change.from_dict(c) for c in raw["changes"]),
             rewound=raw["rewound"],
+            revert=tuple(Change.from_dict(c) for c in raw.get("revert", ())),
         )
 
 
@@ -190,20 +194,32 @@ async def apply_changes(
     already is is left alone, so applying again after a crash finishes the job."""
     for change in changes:
         target = await asyncio.to_thread(confined, root, change.path, hidden)
-        if change.sha256 is None:
-            await asyncio.to_thread(_remove, target)
-            continue
-        now = await asyncio.to_thread(_hash_of, target)
-        if now == (change.sha256, change.mode):
-            continue
-        data = await blobs.get(change.sha256)
-        if hashlib.sha256(data).hexdigest() != change.sha256:
+        try:
+            await _apply(target, change, blobs)
+        except OSError as exc:
             raise StorageError(
-                f"the stored bytes of {change.path!r} do not match their hash {change.sha256[:16]}",
-                hint="the artifact store was damaged; run `lodger store verify --deep`",
-                code="artifact_corrupt",
-            )
-        await asyncio.to_thread(_put, target, data, change.mode)
+                f"cannot restore {change.path!r} in {root}: {exc.strerror or exc}",
+                hint="check the workspace's permissions and free space",
+                code="storage",
+            ) from exc
+
+
+async def _apply(target: Path, change: Change, blobs: ArtifactStore) -> None:
+    # a copy staged by a rewind killed before its rename is never used: drop it
+    await asyncio.to_thread(target.with_name(f".{target.name}{_STAGED}").unlink, missing_ok=True)
+    if change.sha256 is None:
+        await asyncio.to_thread(_remove, target)
+        return
+    if await asyncio.to_thread(_hash_of, target) == (change.sha256, change.mode):
+        return
+    data = await blobs.get(change.sha256)
+    if hashlib.sha256(data).hexdigest() != change.sha256:
+        raise StorageError(
+            f"the stored bytes of {change.path!r} do not match their hash {change.sha256[:16]}",
+            hint="the artifact store was damaged; run `lodger store verify --deep`",
+            code="artifact_corrupt",
+        )
+    await asyncio.to_thread(_put, target, data, change.mode)
 
 
 def _put(target: Path, data: bytes, mode: int) -> None:

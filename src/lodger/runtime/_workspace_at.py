@@ -27,7 +27,7 @@ from typing import Any
 from lodger.events import Event, FileCheckpoint, WorkspaceSnapshot
 from lodger.storage.artifacts import ArtifactStore
 
-__all__ = ["Change", "WorkspaceView", "plan_changes", "read_snapshot", "view_at"]
+__all__ = ["Change", "WorkspaceView", "plan_changes", "read_snapshot", "reverting", "view_at"]
 
 _DEFAULT_MODE = 0o644
 
@@ -161,6 +161,18 @@ def plan_changes(
         if logged.knows(path) and _sha(logged.get(path)) != _sha(have):
             outside.append(path)
     return changes, outside
+
+
+def reverting(changes: Sequence[Change], current: WorkspaceView) -> list[Change]:
+    """The changes that put each file ``changes`` touch back as it is in ``current``."""
+    out: list[Change] = []
+    for change in changes:
+        now = current.get(change.path)
+        if now is None:
+            out.append(Change(path=change.path, sha256=None))
+        else:
+            out.append(Change(path=change.path, sha256=now.sha256, mode=now.mode or _DEFAULT_MODE))
+    return out
 
 
 def _same_mode(want: FileState | None, have: FileState | None) -> bool:

@@ -488,6 +488,7 @@ class Agent:
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
+        session_id = await open_branch(self.storage, session_id)
         events = await self.log.read_all(session_id)
         return SessionState(session_id, events).plan()
 

@@ -35,6 +35,7 @@ from lodger.errors import (
     AppendConflictError,
     ResumeBlockedError,
     SessionNotFoundError,
+    StorageError,
     UsageError,
 )
 from lodger.events import Event, EventDraft, ForkParent, Prefix, Rewound, TurnStarted
@@ -46,9 +47,10 @@ from lodger.runtime._workspace_at import (
     WorkspaceView,
     plan_changes,
     read_snapshot,
+    reverting,
     view_at,
 )
-from lodger.storage import SessionWriter, Storage, check_session_id
+from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.branches import current_branch, names_a_branch, next_branch, root_of
 from lodger.storage.forks import fork_session, read_inherited, read_lineage
 from lodger.storage.snapshots import SnapshotResult, snapshot_workspace
@@ -129,7 +131,7 @@ async def rewind_session(
         lineage = [*await read_inherited(log, current, own), *own]
         source, source_own, at = await _target(storage, root, current, own, to, turn, branch, undo)
         source_lineage = (await read_lineage(log, source)).events if source != current else lineage
-        changes, forced = await _leave(
+        changes, forced, revert = await _leave(
             storage,
             writer,
             lineage,
@@ -150,6 +152,7 @@ async def rewind_session(
             at=at,
             workspace=str(w) if (w := _workspace_of(current, own)) is not None else None,
             changes=tuple(changes),
+            revert=tuple(revert),
             rewound={
                 "left": left.model_dump(),
                 "to": target.model_dump(),
@@ -187,20 +190,21 @@ async def _leave(
     force: bool,
     clock: Clock,
     ids: IdFactory,
-) -> tuple[list[Change], list[str]]:
+) -> tuple[list[Change], list[str], list[Change]]:
     """Plan the workspace changes to the view at ``[0, shared)`` of ``source``, refuse
     over files changed outside lodger unless ``force``, and commit the workspace as it
     is now to the branch left behind (so undoing the rewind brings every file back):
-    the changes and the (forced) files changed outside lodger, sorted."""
+    the changes, the (forced) files changed outside lodger, sorted, and the changes that
+    would undo the changes."""
     workspace = _workspace_of(writer.session_id, writer.initial_events)
     if workspace is None:
-        return [], []
-    taken, changes, outside = await _plan(storage, workspace, lineage, source, shared)
+        return [], [], []
+    taken, changes, outside, revert = await _plan(storage, workspace, lineage, source, shared)
     if outside and not force:
         raise _changed_outside(root_of(writer.session_id), outside)
     snapshot = SnapshotFact(ref=taken.ref, files=taken.files, size=taken.size)
     await writer.append([_draft(snapshot, clock, ids)], expected_offset=writer.head.high_water)
-    return changes, sorted(outside)
+    return changes, sorted(outside), revert
 
 
 def _draft(body: Any, clock: Clock, ids: IdFactory) -> EventDraft:
@@ -209,38 +213,57 @@ def _draft(body: Any, clock: Clock, ids: IdFactory) -> EventDraft:
 
 async def _complete(storage: Storage, intent: Intent) -> None:
     """Apply the intent's file changes (again: each is idempotent), commit its branch
-    unless it is committed already, and drop the intent."""
-    if intent.workspace is not None:
-        await apply_changes(
-            Path(intent.workspace), intent.changes, storage.artifacts, storage.hidden_paths()
-        )
+    unless it is committed already, and drop the intent. A change that cannot be made
+    (a blob lost, a file that cannot be written) before the branch is committed rolls the
+    workspace back as the rewind found it and drops the intent: the session stays on its
+    branch, as if the rewind was never asked."""
     log = storage.log
-    if not await log.exists(intent.branch):
-        fields = dict(intent.rewound)
-        start = _Fixed(fields.pop("ts"), fields.pop("start_id"))
-        body = Rewound(
-            left=ForkParent(**fields["left"]),
-            to=Prefix(**fields["to"]),
-            restored=fields["restored"],
-            removed=fields["removed"],
-            forced=tuple(fields["forced"]),
-            who=fields["who"],
-        )
-        draft = EventDraft(id=fields["id"], ts=start.us, body=body, origin="operator")
+    if intent.workspace is not None:
+        root, hidden = Path(intent.workspace), storage.hidden_paths()
         try:
-            await fork_session(
-                log,
-                intent.source,
-                fork_id=intent.branch,
-                at=intent.at,
-                clock=start,
-                ids=start,
-                then=[draft],
-            )
-        except AppendConflictError:
-            if not await log.exists(intent.branch):  # another opener finished it first
+            await apply_changes(root, intent.changes, storage.artifacts, hidden)
+        except (StorageError, UsageError) as exc:
+            if await log.exists(intent.branch):
                 raise
+            await apply_changes(root, intent.revert, storage.artifacts, hidden)
+            await drop_intent(storage.state_dir, intent.session)
+            raise StorageError(
+                f"cannot rewind session {intent.session!r}: {exc.message}; its workspace and "
+                "its branch were left as they were",
+                hint=exc.hint,
+                code=exc.code,
+                session_id=intent.session,
+            ) from exc
+    if not await log.exists(intent.branch):
+        await _commit_branch(log, intent)
     await drop_intent(storage.state_dir, intent.session)
+
+
+async def _commit_branch(log: EventLog, intent: Intent) -> None:
+    fields = dict(intent.rewound)
+    start = _Fixed(fields["ts"], fields["start_id"])
+    body = Rewound(
+        left=ForkParent(**fields["left"]),
+        to=Prefix(**fields["to"]),
+        restored=fields["restored"],
+        removed=fields["removed"],
+        forced=tuple(fields["forced"]),
+        who=fields["who"],
+    )
+    draft = EventDraft(id=fields["id"], ts=start.us, body=body, origin="operator")
+    try:
+        await fork_session(
+            log,
+            intent.source,
+            fork_id=intent.branch,
+            at=intent.at,
+            clock=start,
+            ids=start,
+            then=[draft],
+        )
+    except AppendConflictError:
+        if not await log.exists(intent.branch):  # another opener finished it first
+            raise
 
 
 @dataclass(frozen=True)
@@ -353,10 +376,10 @@ def _workspace_of(current: str, own: Sequence[Event]) -> Path | None:
 
 async def _plan(
     storage: Storage, workspace: Path, lineage: list[Event], source: list[Event], shared: int
-) -> tuple[SnapshotResult, list[Change], list[str]]:
+) -> tuple[SnapshotResult, list[Change], list[str], list[Change]]:
     """Snapshot the workspace as it is, and plan the changes to the view at ``[0, shared)``
-    of the ``source`` lineage: the snapshot, the changes, and the changed paths that were
-    edited outside lodger."""
+    of the ``source`` lineage: the snapshot, the changes, the changed paths that were
+    edited outside lodger, and the changes that would undo the changes."""
     taken = await snapshot_workspace(workspace, storage.artifacts, exclude=storage.hidden_paths())
     current: WorkspaceView = await read_snapshot(storage.artifacts, taken.ref)
     logged = await view_at(lineage, len(lineage), storage.artifacts)
@@ -364,7 +387,7 @@ async def _plan(
     changes, outside = await asyncio.to_thread(
         lambda: plan_changes(current=current, logged=logged, target=wanted)
     )
-    return taken, changes, outside
+    return taken, changes, outside, reverting(changes, current)
 
 
 def _changed_outside(session: str, paths: list[str]) -> ResumeBlockedError:

@@ -363,6 +363,30 @@ class HostClient:
         path = f"/v1/sessions/{session_id}/queue/{message_id}"
         return dict(await self._call("DELETE", path))
 
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+    ) -> dict[str, Any]:
+        """Rewind the session, conversation and workspace files; the answer names its
+        new current ``branch`` (see ``lodger.runtime.rewind``)."""
+        point: dict[str, Any]
+        if undo:
+            point = {"kind": "undo"}
+        elif to is not None:
+            point = {"kind": "offset", "offset": to, "branch": branch}
+        elif turn is not None:
+            point = {"kind": "turn", "turn": turn, "branch": branch}
+        else:
+            point = {"kind": "branch", "branch": branch}
+        body = {"point": point, "force": force}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/rewind", json=body))
+
 
 def _attachment_body(item: MediaItem) -> dict[str, str]:
     if isinstance(item, BinaryContent):

@@ -525,6 +525,8 @@ ErrorCode = Literal[
     "object_store_lost_write",
     "invalid_store_url",
     "fork_beyond_head",
+    "workspace_changed",
+    "rewind_target",
     "session_locked",
     "commit_failed",
     # corruption

@@ -72,6 +72,7 @@ _COMMANDS: dict[str, str] = {
     "abandon": "lodger.cli._recover",
     "tools": "lodger.cli._tools",
     "fork": "lodger.cli._fork",
+    "rewind": "lodger.cli._rewind",
     "serve": "lodger.cli._serve",
     "worker": "lodger.cli._control",
     "send": "lodger.cli._control",

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from lodger._core.text import escape_matches
 from lodger.cli._common import format_ts
+from lodger.cli._render_rewind import describe_rewind
 from lodger.cli._timeline import (
     CallNode,
     Item,
@@ -273,6 +274,7 @@ class _TimelineView:
             self._describe_decisions,
             self._describe_records,
             self._describe_steering,
+            describe_rewind,
         ):
             parts = describe_kind(event)
             if parts is not None:

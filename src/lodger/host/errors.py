@@ -47,6 +47,8 @@ _CONFLICT_CODES = {
     "fork_beyond_head",
     "session_running",
     "compaction_refused",
+    "rewind_target",
+    "workspace_missing",
 }
 
 

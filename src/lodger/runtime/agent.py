@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,13 +42,13 @@ from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime import _followups
 from lodger.runtime._writers import close_after_failure
+from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
-from lodger.storage.logstore import ForwardingLogStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
 from lodger.tools.policy import PermissionPolicy
@@ -97,9 +96,9 @@ class Agent:
     SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory
     file tools work in. ``snapshots`` records a content-addressed, incremental snapshot of
     the workspace with each turn's end (a ``workspace_snapshot`` fact; its files go to
-    the artifact store): on by default when the session lives in an object store and
-    there is a workspace. ``code_mode`` binds the ``exec`` tool, ``subagents`` the
-    ``delegate`` tool.
+    the artifact store): on by default when there is a workspace (a rewind restores the
+    files from them; ``snapshots=False`` turns them off). ``code_mode`` binds the ``exec``
+    tool, ``subagents`` the ``delegate`` tool.
 
     ``model_settings`` (temperature, max_tokens, ...) go with every request; a run's
     ``model_settings`` override them field by field. ``output_mode`` says how the output
@@ -449,6 +448,7 @@ class Agent:
         The writer is closed after the block; the fold is kept for the next turn, unless
         the block fails: it may then hold less than the log (a failed commit), so it is
         read again next time."""
+        session_id = await open_branch(self.storage, session_id)  # a rewound one: its branch
         writer, state = await self._open(session_id)
         try:
             yield writer, state
@@ -545,6 +545,7 @@ class Agent:
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
+        session_id = await open_branch(self.storage, session_id)
         events = await self.log.read_all(session_id)
         return SessionState(session_id, events).plan()
 
@@ -674,6 +675,33 @@ class Agent:
                 await save_checkpoint(self.log, state)
             return result
 
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+        who: str | None = None,
+    ) -> RewindResult:
+        """Rewind the session, conversation and workspace, to offset ``to`` or before turn
+        ``turn`` of its current branch (or ``branch``); ``undo`` undoes the last rewind.
+        The session's name then leads to the new branch (see :mod:`lodger.runtime.rewind`)."""
+        return await rewind_session(
+            self.storage,
+            session_id,
+            to=to,
+            turn=turn,
+            branch=branch,
+            undo=undo,
+            force=force,
+            who=who,
+            clock=self.clock,
+            ids=self.ids,
+        )
+
 
 _MODES = ("native", "tool", "prompted")
 
@@ -702,20 +730,11 @@ def _exec_tool(registry: ToolRegistry, mode: CodeMode) -> Tool:
 def _snapshotter(
     storage: Storage, workspace: Path | None, enabled: bool | None
 ) -> WorkspaceSnapshotter | None:
-    """Snapshots at each turn's end: on by default for sessions on an object store (a
-    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    """Snapshots at each turn's end, on by default for every session with a workspace:
+    a worker elsewhere wakes an object store's sessions from them, and a rewind restores
+    a local session's files from them (``snapshots=False`` turns them off)."""
     if enabled is None:
-        # an object store's log exists only once its module is loaded: without it (the
-        # local default) there is nothing to check, and 30 ms of imports are saved
-        objectstore = sys.modules.get("lodger.storage.objectstore")
-        store = storage.log.store
-        while isinstance(store, ForwardingLogStore):  # a worker's fence, injected faults
-            store = store.inner
-        enabled = (
-            workspace is not None
-            and objectstore is not None
-            and isinstance(store, objectstore.ObjectLogStore)
-        )
+        enabled = workspace is not None
     if not enabled:
         return None
     if workspace is None:

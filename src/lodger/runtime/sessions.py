@@ -41,6 +41,7 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime import _followups
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
+from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
@@ -195,7 +196,7 @@ class Sessions:
 
     async def state(self, session_id: str) -> SessionState:
         """The session's verified fold (reads and verifies the log once)."""
-        check_session_id(session_id)
+        session_id = await open_branch(self.storage, session_id)
         state = await open_fold(self.storage.log, session_id)
         self._states[session_id] = state
         return state
@@ -297,7 +298,7 @@ class Sessions:
         prefix ``[0, at)``; nothing is copied. See :mod:`lodger.storage.forks`."""
         return await fork_session(
             self.storage.log,
-            parent,
+            await open_branch(self.storage, parent),
             fork_id=session if session is not None else self.ids.new_id(),
             at=at,
             clock=self.clock,
@@ -308,6 +309,7 @@ class Sessions:
         """The session's writer and its verified fold (from its checkpoint when one
         matches; the writer then reads only what was appended since)."""
         log = self.storage.log
+        session_id = await open_branch(self.storage, session_id)
         if not await log.exists(session_id):
             writer = await log.open_writer(session_id)  # fails closed as a full read does
             return writer, SessionState(session_id, writer.initial_events)
@@ -319,6 +321,33 @@ class Sessions:
             await writer.close()
             raise
         return writer, state
+
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+        who: str | None = None,
+    ) -> RewindResult:
+        """Rewind the session to offset ``to`` (or before turn ``turn``) of its current
+        branch (or of ``branch``), conversation and workspace; ``undo`` goes back to the
+        branch the last rewind left. See :mod:`lodger.runtime.rewind`."""
+        return await rewind_session(
+            self.storage,
+            session_id,
+            to=to,
+            turn=turn,
+            branch=branch,
+            undo=undo,
+            force=force,
+            who=who,
+            clock=self.clock,
+            ids=self.ids,
+        )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
         return Agent(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -46,9 +47,19 @@ def script(calls: int) -> list[dict[str, object]]:
     return [step] * calls + [{"text": "done"}]
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every child process that ended so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+CPU: dict[str, list[float]] = {}  # run name -> CPU seconds of each of its runs
+
+
 def cli_run(root: Path, name: str, calls: int, src: str | None = None) -> float:
     """Seconds for one ``lodger run`` of ``calls`` calls in a fresh state directory (of
-    the lodger in ``src`` when given, else the one installed)."""
+    the lodger in ``src`` when given, else the one installed); its CPU seconds go to
+    ``CPU[name]`` (the disk's waits are not in them: a steadier figure on a shared disk)."""
     work = root / name
     shutil.rmtree(work, ignore_errors=True)
     (work / "ws").mkdir(parents=True)
@@ -71,9 +82,11 @@ def cli_run(root: Path, name: str, calls: int, src: str | None = None) -> float:
         str(calls + 1),
     ]
     env = dict(os.environ, PYTHONPATH=src) if src else None
+    cpu = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     elapsed = time.perf_counter() - started
+    CPU.setdefault(name, []).append(children_cpu() - cpu)
     if done.returncode != 0 or "turn completed" not in done.stdout:
         raise SystemExit(f"lodger run failed ({done.returncode}): {done.stdout}{done.stderr}")
     return elapsed
@@ -122,15 +135,24 @@ def main() -> None:
             bare.append(bare_commits(root, calls // 2))
             if args.before_src:
                 before.append(
-                    cli_run(root, "before", calls, args.before_src)
+                    cli_run(root, "before-full", calls, args.before_src)
                     - cli_run(root, "before-empty", 0, args.before_src)
                 )
         per_call = [(f - e) / calls for f, e in zip(full, empty, strict=True)]
+        cpu_ms = {
+            prefix: statistics.median(
+                (f - e) / calls * 1000
+                for f, e in zip(CPU[f"{prefix}full"], CPU[f"{prefix}empty"], strict=True)
+            )
+            for prefix in ("", "before-")
+            if f"{prefix}full" in CPU
+        }
         call_ms = statistics.median(per_call) * 1000
         bare_ms = statistics.median(bare) * 1000
         load = os.getloadavg()
         print(f"lodger run, per call (median of {rounds} x {calls} calls): {call_ms:.3f} ms")
         print(f"  (a run with no call: {statistics.median(empty) * 1000:.0f} ms)")
+        print(f"  CPU per call (user + system, median): {cpu_ms['']:.3f} ms")
         print(f"two bare SQLite WAL commits: {bare_ms:.3f} ms")
         ratio = call_ms / bare_ms
         print(f"ratio: {ratio:.2f}x (target <= {TARGET}x)   load average {load[0]:.2f}")
@@ -144,12 +166,15 @@ def main() -> None:
             "ratio": round(ratio, 3),
             "target": TARGET,
             "load_average": [round(x, 2) for x in load],
+            "cli_call_cpu_ms": round(cpu_ms[""], 4),
         }
         if before:
             before_ms = statistics.median(before) / calls * 1000
             print(f"before ({args.before_src}): {before_ms:.3f} ms per call")
             result["before_call_ms"] = round(before_ms, 4)
             result["before_ratio"] = round(before_ms / bare_ms, 3)
+            result["before_call_cpu_ms"] = round(cpu_ms["before-"], 4)
+            print(f"  before: CPU per call {cpu_ms['before-']:.3f} ms")
         print(json.dumps(result))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -14,8 +14,11 @@ one call's latency (the time between two model requests of one session: the two 
 of a call and the step around it), and the ratio of that p99 to N = 1's. Also fsyncs per
 call as seen by Python (``os.fsync`` wrapped with a counter in this process: the object
 store's fsyncs of objects and directories; SQLite syncs in C and shows 0), store appends
-per call, and the load average at the end of each N (other work on the machine skews
-every figure: read the ratios, not the absolute numbers).
+per call, appends per SQLite group commit, the event loop's CPU in the cycle collector
+per call (all collections, and full ones: the heap of N sessions is N times larger, and
+a full collection stalls every session at once), and the load average at the end of
+each N (other work on the machine skews every figure: read the ratios, not the absolute
+numbers).
 
     python bench/concurrent_sessions.py --store file [--quick] [--calls K] [--sessions 1,4,16]
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -35,6 +39,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +60,34 @@ ARGS = json.dumps({"data": PAYLOAD})
 async def noop(data: str) -> str:
     """Do nothing."""
     return PAYLOAD
+
+
+class CollectorClock:
+    """CPU seconds this thread (the event loop's) spent in the cycle collector, and how
+    many of them in full collections (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if phase == "start":
+            self._started = time.thread_time()
+            return
+        spent = time.thread_time() - self._started
+        self.seconds += spent
+        if info["generation"] == 2:
+            self.full += spent
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 class FsyncCounter:
@@ -130,10 +163,11 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
         result = await agent.run("benchmark", session=f"s{index:03d}")
         assert result.status == "completed", result
 
-    with FsyncCounter() as fsyncs:
+    with FsyncCounter() as fsyncs, CollectorClock() as collector:
         async with asyncio.TaskGroup() as group:
             for index in range(sessions):
                 group.create_task(one(index))
+    groups = getattr(storage.log.store, "group_stats", None)  # SQLite's group commit
     await storage.close()
     sync = getattr(storage.log.store, "local_sync", None)  # the object store's groups
     first = min(s[0] for s in all_stamps)
@@ -150,6 +184,9 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
         "fsyncs_per_call": fsyncs.count / total,
         "appends_per_call": appends[0] / total,
         "puts_per_sync": sync.synced / sync.groups if sync is not None and sync.groups else 0.0,
+        "appends_per_group": groups.appends / groups.groups if groups and groups.groups else 0.0,
+        "gc_cpu_us_per_call": collector.seconds / total * 1e6,
+        "gc_full_cpu_us_per_call": collector.full / total * 1e6,
         "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -183,7 +220,8 @@ def main() -> None:
     print(f"store {args.store}, {calls} calls per session, median of {rounds} run(s) per N")
     print(
         f"{'N':>4} {'calls/s':>9} {'x N=1':>7} {'p50 ms':>8} {'p99 ms':>8} {'p99 x':>6} "
-        f"{'fsync/call':>10} {'appends/call':>12} {'puts/sync':>9} {'load':>5}"
+        f"{'fsync/call':>10} {'appends/call':>12} {'puts/sync':>9} {'group':>5} "
+        f"{'gc us':>6} {'full':>5} {'load':>5}"
     )
     for row in rows:
         row["ratio_calls_per_s"] = row["calls_per_s"] / one["calls_per_s"]
@@ -192,7 +230,8 @@ def main() -> None:
             f"{row['sessions']:>4} {row['calls_per_s']:9.1f} {row['ratio_calls_per_s']:7.2f} "
             f"{row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['ratio_p99']:6.2f} "
             f"{row['fsyncs_per_call']:10.2f} {row['appends_per_call']:12.2f} "
-            f"{row['puts_per_sync']:9.2f} "
+            f"{row['puts_per_sync']:9.2f} {row['appends_per_group']:5.1f} "
+            f"{row['gc_cpu_us_per_call']:6.1f} {row['gc_full_cpu_us_per_call']:5.1f} "
             f"{row['loadavg_1m']:5.2f}"
         )
     target = {"sqlite": (64, 6.0), "file": (16, 4.0)}[args.store]

@@ -35,7 +35,9 @@ the target is <= 150 ms at 40k events).
 
     python bench/resume_scale.py [--quick] [--before-src OTHER/src]
 
-Numbers come from a shared, loaded 2-core machine: compare ratios within one run. The
+Numbers come from a shared, loaded 2-core machine: compare ratios within one run. Each
+command's CPU seconds (user + system of the ``lodger`` process, median) are printed next
+to its wall time: on a loaded machine they move far less than the wall time does. The
 last line of output is one JSON object.
 """
 
@@ -46,6 +48,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -243,12 +246,25 @@ def raw_read_and_chain(state: Path, session: str = SESSION) -> tuple[float, floa
     return t1 - t0, time.perf_counter() - t1, len(rows)
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every child process that ended so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+#: CPU seconds of each `lodger` command run, by command key (steadier than wall time on a
+#: loaded machine: time spent waiting for a CPU or the disk is not in them)
+CPU: dict[str, list[float]] = {}
+
+
+def run_cli(args: list[str], env: dict[str, str], key: str = "") -> tuple[float, int, str]:
+    cpu = children_cpu()
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "lodger", *args], env=env, capture_output=True, check=False
     )
     elapsed = time.perf_counter() - t0
+    CPU.setdefault(key, []).append(children_cpu() - cpu)
     return elapsed, done.returncode, done.stderr.decode(errors="replace")[-2000:]
 
 
@@ -396,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                     # paid ~75 ms for the copy): a real session's file is not a fresh copy
                     os.sync()
                     full = cli_args if name == "startup" else [*cli_args, "--state", str(state)]
-                    elapsed, code, err = run_cli(full, run_env)
+                    elapsed, code, err = run_cli(full, run_env, prefix + name)
                     if code != 0 or (name.startswith("resume") and not resumed_ok(state)):
                         print(f"error: `lodger {' '.join(full)}` exited {code}\n{err}")
                         return 1
@@ -429,13 +445,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"session     {records} events (last turn interrupted); built in {build_s:.1f} s")
     print(f"runs        {args.repeat} per command, subprocess `python -m lodger ...`, median")
     print("machine     shared and loaded (2 cores): compare ratios within this run")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        # a tree without .pyc files compiles every module it imports on every start
+        print("bytecode    PYTHONDONTWRITEBYTECODE is set: compare trees with the same .pyc state")
     print()
     print(f"{'baseline':<44}{'s':>9}")
     print(f"{'  python -m lodger --version':<44}{startup:>9.3f}")
     print(f"{'  raw SQLite read of every record':<44}{statistics.median(raw_read):>9.3f}")
     print(f"{'  sha256 chain over their bytes':<44}{statistics.median(raw_chain):>9.3f}")
     print()
-    header = f"{'command':<57}{'s':>9}{'(s - startup) / raw':>22}"
+    cpu = {key: statistics.median(samples) for key, samples in CPU.items()}
+    header = f"{'command':<57}{'s':>9}{'(s - startup) / raw':>22}{'CPU s':>9}"
     print(header)
     print("-" * len(header))
     result: dict[str, object] = {
@@ -443,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "events": records,
         "repeat": args.repeat,
         "startup_s": round(startup, 4),
+        "startup_cpu_s": round(cpu["startup"], 4),
         "raw_s": round(raw, 4),
     }
     for prefix in envs:
@@ -457,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             label = f"{label} (before)" if prefix else label
             label = f"{label} [checkpoint]" if name.endswith("_ckpt") else label
-            print(f"{label[:56]:<57}{med[key]:>9.3f}{ratio:>22.2f}")
+            print(f"{label[:56]:<57}{med[key]:>9.3f}{ratio:>22.2f}{cpu[key]:>9.3f}")
             result[f"{key}_s"] = round(med[key], 4)
+            result[f"{key}_cpu_s"] = round(cpu[key], 4)
             result[f"{key}_over_raw"] = round(ratio, 2)
             if prefix and name.endswith("_ckpt"):
                 result[f"{name}_over_before_ckpt"] = round(med[name] / med[key], 3)

@@ -115,7 +115,7 @@ def _generic(draft: ev.EventDraft, *, session_id: str, offset: int) -> bytes:
 
 def test_every_kind_of_the_body_union_is_covered() -> None:
     kinds = {cls.model_fields["kind"].default for cls in BODY_KINDS}
-    assert len(kinds) == len(BODY_KINDS) == 33
+    assert len(kinds) == len(BODY_KINDS) == 36
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

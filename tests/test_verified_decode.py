@@ -142,3 +142,32 @@ def test_a_chained_record_that_does_not_decode_fails_as_a_full_read_does(
         assert verified.decode(6) == (await log.read(SESSION, start=6))
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_full_read_names_the_first_bad_record_when_the_chain_breaks_after_it(
+    damage: str, keyed: bool
+) -> None:
+    """A full read checks the chain over every byte before it decodes: a record that
+    does not decode (its digest holds) before a record whose digest does not is still
+    the error, with its offset, as when each record was decoded and hashed in turn."""
+    key = KEY if keyed else None
+    records = _sealed(9, key)
+    records[5] = DAMAGE[damage](records[5])
+
+    async def check() -> None:
+        log = await _store_chained(records, key)
+        stored = await log.store.read_records(session_id=SESSION, start=0, end=None)
+        broken = [*stored[:7], Record(7, stored[7].data + b" ", stored[7].digest), stored[8]]
+        store = MemoryLogStore()
+        await store.append_records(session_id=SESSION, records=broken, expected_offset=0)
+        damaged = EventLog(store, key=key)
+        with pytest.raises(CorruptLogError) as first:
+            await damaged.read_all(SESSION)
+        assert first.value.offset == 5 and first.value.code != "digest_mismatch"
+        with pytest.raises(CorruptLogError) as later:  # from offset 6: the broken digest
+            await damaged.read(SESSION, start=6)
+        assert (later.value.offset, later.value.code) == (7, "digest_mismatch")
+
+    asyncio.run(check())

@@ -26,6 +26,7 @@ from lodger._core import lazy as _lazy
 if _typing.TYPE_CHECKING:
     from lodger.authority import Authorities, ResourceClaim
     from lodger.engine.budgets import Budgets, UsageLimits
+    from lodger.engine.compaction import CompactionPolicy
     from lodger.engine.hooks import AfterCall, BeforeCall, CallInfo, CallResult, Rewrite, Veto
     from lodger.engine.prices import ModelPrice, PriceTable
     from lodger.engine.settings import Hooks, Limits, Retries, Services
@@ -99,6 +100,7 @@ _EXPORTS: dict[str, str] = {
     "Hooks": "lodger.engine.settings",
     "Limits": "lodger.engine.settings",
     "Budgets": "lodger.engine.budgets",
+    "CompactionPolicy": "lodger.engine.compaction",
     "UsageLimits": "lodger.engine.budgets",
     "ModelPrice": "lodger.engine.prices",
     "PriceTable": "lodger.engine.prices",
@@ -177,6 +179,7 @@ __all__ = [
     "CallInfo",
     "CallResult",
     "CommitFailedError",
+    "CompactionPolicy",
     "ConfigError",
     "CorruptLogError",
     "DocumentUrl",

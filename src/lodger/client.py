@@ -292,6 +292,12 @@ class HostClient:
         )
         return str(made["session_id"])
 
+    async def compact(self, session_id: str, *, instructions: str | None = None) -> dict[str, Any]:
+        """Compact the session's context now: ``compacted`` (whether a summary was
+        recorded), ``offset`` and ``fact`` (the ``compacted`` or ``compaction_failed`` fact)."""
+        body = {} if instructions is None else {"instructions": instructions}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/compact", json=body))
+
     async def artifact(self, session_id: str, sha256: str) -> bytes:
         data = await self._call("GET", f"/v1/sessions/{session_id}/artifacts/{sha256}")
         return data if isinstance(data, bytes) else json.dumps(data).encode()
@@ -317,6 +323,69 @@ class HostClient:
     async def metrics(self) -> str:
         data = await self._call("GET", "/metrics")
         return data.decode() if isinstance(data, bytes) else str(data)
+
+    async def steer(self, session_id: str, text: str) -> dict[str, Any]:
+        """Send the running turn a message (``{"steer_id", "status", "offset"}``;
+        ``status`` ``queued`` when no turn was running: it is the next turn)."""
+        path = f"/v1/sessions/{session_id}/steer"
+        return dict(await self._call("POST", path, json={"text": text}))
+
+    async def queue(self, session_id: str) -> dict[str, Any]:
+        """The follow-up queue: ``{"session_id", "busy", "messages": [...]}``."""
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}/queue"))
+
+    async def follow_up(
+        self, session_id: str, text: str, *, policy: str = "enqueue"
+    ) -> dict[str, Any]:
+        """Queue a follow-up message with its policy (enqueue, reject, interrupt, rollback)."""
+        body = {"text": text, "policy": policy}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/queue", json=body))
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+    ) -> dict[str, Any]:
+        """Edit and/or move a queued message; the queue after it."""
+        body: dict[str, Any] = {}
+        if text is not None:
+            body["text"] = text
+        if position is not None:
+            body["position"] = position
+        path = f"/v1/sessions/{session_id}/queue/{message_id}"
+        return dict(await self._call("PATCH", path, json=body))
+
+    async def retract_queued(self, session_id: str, message_id: str) -> dict[str, Any]:
+        """Take a message out of the queue before it is delivered; the queue after it."""
+        path = f"/v1/sessions/{session_id}/queue/{message_id}"
+        return dict(await self._call("DELETE", path))
+
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+    ) -> dict[str, Any]:
+        """Rewind the session, conversation and workspace files; the answer names its
+        new current ``branch`` (see ``lodger.runtime.rewind``)."""
+        point: dict[str, Any]
+        if undo:
+            point = {"kind": "undo"}
+        elif to is not None:
+            point = {"kind": "offset", "offset": to, "branch": branch}
+        elif turn is not None:
+            point = {"kind": "turn", "turn": turn, "branch": branch}
+        else:
+            point = {"kind": "branch", "branch": branch}
+        body = {"point": point, "force": force}
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/rewind", json=body))
 
 
 def _attachment_body(item: MediaItem) -> dict[str, str]:

@@ -26,13 +26,23 @@ from typing import Any, overload
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger._core.records import record
+from lodger._pinned import (
+    CompactionFold,
+    Pinned,
+    pinned_from,
+    pinned_items,
+    pinned_plain,
+    render_head,
+)
 from lodger.errors import CorruptLogError, StorageError
 from lodger.events import (
     ArtifactRef,
     ArtifactStored,
     Attachment,
+    CallAccepted,
     CallRejected,
     CancelRequested,
+    Compacted,
     CompactionFailed,
     ContextCompacted,
     Event,
@@ -44,6 +54,8 @@ from lodger.events import (
     PermissionDecided,
     PermissionModeChanged,
     PermissionRequested,
+    ProcessEnded,
+    ProcessStarted,
     ProposedCall,
     ProviderRetried,
     QueueChanged,
@@ -53,6 +65,7 @@ from lodger.events import (
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
     SteerReceived,
     StepStarted,
     ToolDispatched,
@@ -73,10 +86,13 @@ from lodger.providers.base import (
 __all__ = [
     "MessageLog",
     "MessageSnapshot",
+    "Pinned",
     "Projection",
     "Projector",
     "estimate_tokens",
+    "pinned_items",
     "project_messages",
+    "render_head",
 ]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
@@ -418,10 +434,18 @@ def project_messages(
     With ``budget_tokens``, results of all but the ``keep_recent`` latest model outputs
     are elided oldest first until the estimate fits (or nothing older is left).
     ``media`` holds the bytes of the attachments and media results (by sha256).
+    After a ``compacted`` fact, the newest one's summary (with what it pinned) stands
+    for the prefix it covers (``_project_compacted``).
     """
+    for index in range(len(events) - 1, -1, -1):
+        if type(events[index].body) is Compacted and events[index].visibility == "model":
+            return _project_compacted(
+                events, index, budget_tokens=budget_tokens, keep_recent=keep_recent, media=media
+            )
     results = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
+    steers: dict[str, str] = {}
     for e in events:
         if e.visibility != "model":
             continue
@@ -430,6 +454,10 @@ def project_messages(
             messages.append(_user_message(body, media))
         elif isinstance(body, OutputRejected):
             messages.append(UserMessage(text=body.message, source="runtime"))
+        elif isinstance(body, SteerReceived):
+            steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            messages.extend(_steer_messages(body, steers))
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
@@ -443,6 +471,97 @@ def project_messages(
             )
             messages.extend(results[c.call_id] for c in kept)
     return _elide(messages, outputs, budget_tokens=budget_tokens, keep_recent=keep_recent)
+
+
+def _covered_end(events: Sequence[Event], index: int) -> int:
+    """Where the prefix the compaction at ``index`` covers ends among ``events``: facts
+    of its session at or past ``covers.high_water`` committed with it (a step's start)
+    are not covered."""
+    fact = events[index]
+    body = fact.body
+    assert isinstance(body, Compacted)
+    start = index
+    while start > 0:
+        before = events[start - 1]
+        if before.session_id != fact.session_id or before.offset < body.covers.high_water:
+            break
+        start -= 1
+    return start
+
+
+def _project_compacted(
+    events: Sequence[Event],
+    index: int,
+    *,
+    budget_tokens: int | None,
+    keep_recent: int,
+    media: Media,
+    pinned: Pinned | None = None,
+) -> Projection:
+    """The projection after the compaction at ``index``: one runtime message with what it
+    pinned and its summary, then the facts after the prefix it covers. Calls stay
+    whole: a result whose call was summarized away pairs with no output of the tail, so
+    it is not shown (as a call without a result is not)."""
+    body = events[index].body
+    assert isinstance(body, Compacted)
+    end = _covered_end(events, index)
+    if pinned is None:
+        pinned = pinned_items(events[:end])
+    tail = [*events[end:index], *events[index + 1 :]]
+    head = (
+        UserMessage(text=render_head(pinned, body.summary), source="runtime"),
+        *_settled_after(tail),
+    )
+    head_tokens = estimate_tokens(head)
+    rest = project_messages(
+        tail,
+        budget_tokens=None if budget_tokens is None else max(budget_tokens - head_tokens, 0),
+        keep_recent=keep_recent,
+        media=media,
+    )
+    return Projection(
+        messages=(*head, *rest.messages),
+        elided_call_ids=rest.elided_call_ids,
+        estimated_tokens=rest.estimated_tokens + head_tokens,
+    )
+
+
+def _settled_after(tail: Sequence[Event]) -> list[UserMessage]:
+    """Calls proposed before a compaction that settled after it (a parked approval
+    answered later): no output of the tail proposes them, so their results cannot go
+    back as tool results; the model reads each outcome as a runtime note instead."""
+    proposed = {c.call_id for e in tail if type(e.body) is ModelOutput for c in e.body.calls}
+    notes: list[UserMessage] = []
+    for e in tail:
+        if e.visibility != "model" or e.call_id is None or e.call_id in proposed:
+            continue
+        body = e.body
+        if isinstance(body, ToolResponded):  # its text only: media stay in the log
+            content, failed = body.content, body.status != "ok"
+        else:
+            result = _result_of(e, "")
+            if result is None:
+                continue
+            content, failed = result.content, result.is_error
+        outcome = "failed" if failed else "returned"
+        notes.append(
+            UserMessage(
+                text=f"The call {e.call_id} proposed before the summary {outcome}: {content}",
+                source="runtime",
+            )
+        )
+    return notes
+
+
+def _steer_messages(body: SteerDelivered, texts: dict[str, str]) -> list[UserMessage]:
+    """The steers a step first carried, as the user's messages (each shown once: its
+    text is taken out of ``texts``; an id with no ``steer_received`` shows nothing)."""
+    out = []
+    for steer_id in body.steer_ids:
+        text = texts.pop(steer_id, None)
+        if text is not None:
+            out.append(UserMessage(text=text, source="steer"))
+    return out
 
 
 def _user_message(body: TurnStarted, media: Media) -> UserMessage:
@@ -507,13 +626,15 @@ _UNSEEN: frozenset[type] = frozenset(
         WorkspaceSnapshot,
         ContextCompacted,
         CompactionFailed,
-        SteerReceived,
         MessageQueued,
         QueueChanged,
         CancelRequested,
         PermissionModeChanged,
         Rewound,
         FileCheckpoint,
+        ProcessStarted,
+        ProcessEnded,
+        CallAccepted,
         RunEnded,
         TurnEnded,
     }
@@ -564,6 +685,15 @@ class Projector:
         #: next output closes that same block, unless a result came since
         self._result_writes = 0
         self._block: tuple[ModelOutput, int, tuple[Message, ...], int] | None = None
+        #: what compaction reads of every event folded (pins, the breaker's counts)
+        self._fold = CompactionFold()
+        #: the newest ``compacted`` fact folded, the items it pinned, and (once found) its
+        #: position among the prefix and the events
+        self._compaction: Event | None = None
+        self._compaction_pinned = Pinned()
+        self._compaction_at: int | None = None
+        #: the text of each steer received and not yet carried by a step, by steer id
+        self._steers: dict[str, str] = {}
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -594,6 +724,8 @@ class Projector:
             return made[2], made[3]
         results = self._open_results
         kept = tuple(c for c in body.calls if c.call_id in results)
+        if len(kept) == len(body.calls):
+            kept = body.calls  # the output's own tuple: one object less kept per step
         block: tuple[Message, ...] = (
             _assistant(body, kept),
             *(results[c.call_id] for c in kept),
@@ -615,6 +747,10 @@ class Projector:
 
     def _feed(self, e: Event) -> None:
         body = e.body
+        if type(body) is Compacted and e.visibility == "model":
+            self._compaction, self._compaction_at = e, None
+            self._compaction_pinned = self._fold.pinned()
+        self._fold.feed(e)
         if type(body) in _UNSEEN:
             return
         if isinstance(body, ModelOutput):
@@ -632,6 +768,13 @@ class Projector:
             self._close_open()
             self._closed.append(UserMessage(text=body.message, source="runtime"))
             self._closed_chars += len(body.message)
+        elif isinstance(body, SteerReceived):
+            self._steers[body.steer_id] = body.text
+        elif isinstance(body, SteerDelivered):
+            self._close_open()
+            for message in _steer_messages(body, self._steers):
+                self._closed.append(message)
+                self._closed_chars += len(message.text)
         elif isinstance(body, ModelOutput):
             self._close_open()
             self._open, self._open_offset = body, e.offset
@@ -645,7 +788,7 @@ class Projector:
             self._open_results[e.call_id] = result
             self._result_writes += 1
 
-    def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
+    def _fold_pending(self) -> None:
         events = self._events
         if len(events) < self._seen:
             raise ValueError("the projected event list shrank; a log never loses events")
@@ -659,6 +802,18 @@ class Projector:
             for e in events[self._seen :]:
                 self._feed(e)
         self._seen = len(events)
+
+    def compaction_state(self) -> tuple[Event | None, CompactionFold]:
+        """The newest ``compacted`` fact (None: none yet) and what compaction reads of
+        the events so far (``lodger._pinned.CompactionFold``: the pins, the breaker)."""
+        self._fold_pending()
+        return self._compaction, self._fold
+
+    def project(self, *, budget_tokens: int | None = None, keep_recent: int = 1) -> Projection:
+        self._fold_pending()
+        events = self._events
+        if self._compaction is not None:
+            return self._compacted(budget_tokens, keep_recent)
         if self._stale:
             whole = [*self._prefix, *events] if self._prefix else events
             return project_messages(
@@ -693,6 +848,36 @@ class Projector:
             chars=chars,
         )
 
+    def _compacted(self, budget_tokens: int | None, keep_recent: int) -> Projection:
+        """The projection after the newest compaction (its pinned items found once)."""
+        fact = self._compaction
+        assert fact is not None
+        sequence: Sequence[Event] = [*self._prefix, *self._events] if self._prefix else self._events
+        if self._compaction_at is None:
+            self._compaction_at = self._position(fact)
+        return _project_compacted(
+            sequence,
+            self._compaction_at,
+            budget_tokens=budget_tokens,
+            keep_recent=keep_recent,
+            media=self.media,
+            pinned=self._compaction_pinned,
+        )
+
+    def _position(self, fact: Event) -> int:
+        """Where ``fact`` sits among the prefix and the events (found once per compaction:
+        an own event sits at its offset, an inherited one is looked for)."""
+        events = self._events
+        if fact.offset < len(events) and events[fact.offset].id == fact.id:
+            return len(self._prefix) + fact.offset
+        for i in range(len(self._prefix) - 1, -1, -1):
+            if self._prefix[i].id == fact.id:
+                return i
+        for i in range(len(events) - 1, -1, -1):
+            if events[i].id == fact.id:
+                return len(self._prefix) + i
+        raise ValueError(f"projector: the compaction at offset {fact.offset} was not folded")
+
     # ------------------------------------------------------------------ checkpoints
 
     def export(self) -> dict[str, Any] | None:
@@ -715,6 +900,10 @@ class Projector:
             "stale": self._stale,
             "media": self._media_refs,
             "media_types": sorted(self._media_types),
+            "compaction": self._compaction.offset if self._compaction is not None else None,
+            "compaction_pinned": pinned_plain(self._compaction_pinned),
+            "compaction_fold": self._fold.export(),
+            "steers": dict(self._steers),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -753,6 +942,10 @@ class Projector:
         if not all(type(k) is str for k in kinds):
             raise TypeError("projector: a media type is not text")
         projector._media_refs, projector._media_types = dict(refs), set(kinds)
+        steers = data.get("steers", {})
+        if not all(type(k) is str and type(v) is str for k, v in steers.items()):
+            raise TypeError("projector: a waiting steer is not text")
+        projector._steers = dict(steers)
         for message in _messages_from(data["open_results"], projector.media):
             if not isinstance(message, ToolResultMessage):
                 raise TypeError("projector: an open result is not a tool result")
@@ -774,6 +967,16 @@ class Projector:
         projector._names = names
         projector._closed_calls = names.keys() - set(data["unclosed_calls"])
         projector._stale = data["stale"] is True
+        compaction = data.get("compaction")
+        if compaction is not None:
+            if type(compaction) is not int or not 0 <= compaction < seen:
+                raise ValueError("projector: bad compaction offset")
+            fact = events[compaction]
+            if type(fact.body) is not Compacted:
+                raise ValueError("projector: the compaction is not a compacted fact")
+            projector._compaction = fact
+        projector._compaction_pinned = pinned_from(data["compaction_pinned"])
+        projector._fold = CompactionFold.restore(data["compaction_fold"])
         return projector
 
 
@@ -855,7 +1058,7 @@ def _messages_from(items: list[list[Any]], media: Media = _NO_MEDIA) -> list[Mes
             )
         elif tag == "u":
             _, text, source, *rest = item
-            if type(text) is not str or source not in ("input", "runtime"):
+            if type(text) is not str or source not in ("input", "runtime", "steer"):
                 raise TypeError("projector: a user message holds a bad value")
             parts = _parts_from(rest[0], media) if rest else ()
             append(UserMessage(text=text, source=source, parts=parts))

@@ -13,7 +13,19 @@ from typing import Any
 
 import pytest
 
-from lodger._core.eager import Finished, finish_shielded
+from lodger._core.eager import Finished, ShieldableFuture, finish_shielded
+
+
+def plain(loop: asyncio.AbstractEventLoop) -> asyncio.Future[str]:
+    return loop.create_future()
+
+
+def shieldable(loop: asyncio.AbstractEventLoop) -> asyncio.Future[str]:
+    return ShieldableFuture(loop=loop)
+
+
+#: a plain future is waited on through a proxy; a ``ShieldableFuture`` directly
+futures = pytest.mark.parametrize("make", [plain, shieldable])
 
 
 async def drive(coro: Coroutine[Any, Any, Any]) -> Finished[Any]:
@@ -36,9 +48,10 @@ async def waits_for(future: asyncio.Future[str], log: list[str]) -> str:
     return value + "!"
 
 
-async def test_a_cancelled_caller_waits_and_the_append_is_not_cancelled() -> None:
+@futures
+async def test_a_cancelled_caller_waits_and_the_append_is_not_cancelled(make: Any) -> None:
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[str] = loop.create_future()
+    future: asyncio.Future[str] = make(loop)
     log: list[str] = []
     caller = asyncio.create_task(drive(waits_for(future, log)))
     await asyncio.sleep(0)
@@ -54,9 +67,10 @@ async def test_a_cancelled_caller_waits_and_the_append_is_not_cancelled() -> Non
     assert log == ["started", "finished"]
 
 
-async def test_a_cancellation_that_arrives_with_the_result_is_noted() -> None:
+@futures
+async def test_a_cancellation_that_arrives_with_the_result_is_noted(make: Any) -> None:
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[str] = loop.create_future()
+    future: asyncio.Future[str] = make(loop)
     caller = asyncio.create_task(drive(waits_for(future, [])))
     await asyncio.sleep(0)
     future.set_result("x")  # the proxy's wake-up is only scheduled ...
@@ -64,9 +78,10 @@ async def test_a_cancellation_that_arrives_with_the_result_is_noted() -> None:
     assert await caller == Finished("x!", None, True)
 
 
-async def test_without_a_cancellation_the_value_comes_back() -> None:
+@futures
+async def test_without_a_cancellation_the_value_comes_back(make: Any) -> None:
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[str] = loop.create_future()
+    future: asyncio.Future[str] = make(loop)
     loop.call_later(0.01, future.set_result, "late")
     assert await drive(waits_for(future, [])) == Finished("late!", None, False)
 
@@ -116,3 +131,43 @@ async def test_an_unknown_yield_is_thrown_back_into_the_coroutine() -> None:
     assert isinstance(outcome.error, RuntimeError)
     with pytest.raises(RuntimeError, match="yielded 'not a future'"):
         raise outcome.error
+
+
+@futures
+async def test_the_error_of_the_future_reaches_the_coroutine(make: Any) -> None:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = make(loop)
+    log: list[str] = []
+
+    async def catches() -> str:
+        try:
+            await future
+        except OSError as exc:
+            log.append(str(exc))
+            return "caught"
+        return "no error"
+
+    caller = asyncio.create_task(drive(catches()))
+    await asyncio.sleep(0)
+    caller.cancel()
+    future.set_exception(OSError("disk full"))
+    assert await caller == Finished("caught", None, True)
+    assert log == ["disk full"]
+
+
+async def test_a_shieldable_future_is_waited_on_directly_and_refuses_cancel_meanwhile() -> None:
+    loop = asyncio.get_running_loop()
+    future: ShieldableFuture[str] = ShieldableFuture(loop=loop)
+    caller = asyncio.create_task(drive(waits_for(future, [])))
+    await asyncio.sleep(0)
+    assert future.shielded and future.cancel() is False
+    caller.cancel()
+    await asyncio.sleep(0)
+    assert not future.done() and not caller.done()
+    future.set_result("v")
+    await asyncio.sleep(0)  # the task's own wake-up: no proxy in between
+    assert caller.done()
+    assert caller.result() == Finished("v!", None, True)
+    assert not future.shielded
+    other: ShieldableFuture[str] = ShieldableFuture(loop=loop)
+    assert other.cancel() and other.cancelled()  # not waited on: a plain future

@@ -148,14 +148,14 @@ async def test_the_snapshotter_reads_only_changed_or_racy_files(tmp_path: Path) 
     await storage.close()
 
 
-async def test_sqlite_sessions_snapshot_on_request_and_never_the_state_dir(
+async def test_sqlite_sessions_snapshot_by_default_and_never_the_state_dir(
     tmp_path: Path,
 ) -> None:
     ws = _workspace(tmp_path / "ws")
     storage = Storage.local(ws / ".lodger")  # the state directory inside the workspace
-    await _agent(storage, ws, "off").run("no snapshot", session="s1")
-    assert latest_snapshot(await storage.log.read_all("s1")) is None  # off by default here
-    await _agent(storage, ws, "on", snapshots=True).run("snapshot", session="s2")
+    await _agent(storage, ws, "off", snapshots=False).run("no snapshot", session="s1")
+    assert latest_snapshot(await storage.log.read_all("s1")) is None  # turned off
+    await _agent(storage, ws, "on").run("snapshot", session="s2")  # on: rewind needs them
     snap = latest_snapshot(await storage.log.read_all("s2"))
     assert snap is not None
     await restore_snapshot(snap.ref, storage.artifacts, tmp_path / "restored")

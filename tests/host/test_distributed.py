@@ -451,3 +451,28 @@ async def test_a_message_with_attachments_is_run_by_a_worker_with_them(setup: Se
         assert await storage.artifacts.get(picture["artifact"]["sha256"]) == png
     finally:
         await storage.close()
+
+
+async def test_a_compaction_over_the_distributed_host_waits_for_queued_work(setup: Setup) -> None:
+    sections = ("Goal", "Progress", "Decisions", "Files touched", "Open questions", "Next step")
+    summary = "\n".join(f"## {s}\n- said hello" for s in sections)
+    setup.script([{"text": summary}])  # the turn's answer, and the summary asked after it
+    async with distributed_host(setup) as host, host.client() as c:
+        sid = await c.create_session(session_id="d-compact")
+        sent = await c.send(sid, "hello", key="k1")
+        with pytest.raises(HostConflictError) as busy:  # a wake waits: a worker will run it
+            await c.compact(sid)
+        assert busy.value.code == "session_busy"
+        with worker(setup):
+            done = await c.wait_message(sid, sent["message"]["id"], within=60)
+        assert done["status"] == "done", done
+        made = await c.compact(sid)
+        assert made["compacted"] is True, made
+        assert made["fact"]["body"]["summary"] == summary
+        facts = await c.events(sid)
+    assert facts[-1].kind == "compacted" and facts[-1].offset == made["offset"]
+    storage = Storage.from_url(setup.store)
+    try:
+        assert (await storage.log.verify(sid)).high_water == made["offset"] + 1
+    finally:
+        await storage.close()

@@ -88,3 +88,44 @@ async def test_the_timeline_shows_calls_live_and_decides_a_parked_call(
         finally:
             await browser.close()
             await asyncio.sleep(0)
+
+
+@pytest.mark.slow
+async def test_the_timeline_shows_a_compaction_and_a_failed_one(tmp_path: Path) -> None:
+    sections = ("Goal", "Progress", "Decisions", "Files touched", "Open questions", "Next step")
+    summary = "\n".join(f"## {s}\n- <b>said hi</b>" for s in sections)
+    good = write_script(tmp_path / "good.json", [{"text": summary}])
+    async with (
+        running_host(tmp_path / "state", models=(good, "test")) as host,
+        host.client() as c,
+        async_playwright() as pw,
+    ):
+        sid = await c.create_session()
+        sent = await c.send(sid, "say hi", key="1")
+        await c.wait_message(sid, sent["message"]["id"])
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{host.url}/timeline/{sid}#token={host.token}")
+            await page.locator(".end", has_text="turn completed").wait_for(timeout=20_000)
+            made = await c.compact(sid)  # arrives live, between turns
+            line = page.locator(".compaction", has_text="compacted [0, ")
+            await line.wait_for(timeout=20_000)
+            text = await line.inner_text()
+            assert f"[0, {made['fact']['body']['covers']['high_water']})" in text
+            assert "(manual, " in text and "result(s) summarized" in text
+            assert await page.locator(".turn").count() == 1  # no box for a turn that is not
+            assert await page.locator("b").count() == 0
+            # the test model's summary has none of the sections: the failure shows too
+            other = await c.create_session(model="test")
+            sent = await c.send(other, "hello", key="2")
+            await c.wait_message(other, sent["message"]["id"])
+            await page.goto(f"{host.url}/timeline/{other}")  # the cookie from the first load
+            failed = await c.compact(other)
+            assert failed["compacted"] is False
+            line = page.locator(".compaction", has_text="compaction failed (manual): ")
+            await line.wait_for(timeout=20_000)
+            assert "fallback elision" in await line.inner_text()
+        finally:
+            await browser.close()
+            await asyncio.sleep(0)

@@ -159,3 +159,21 @@ async def test_schema_8_facts_decode_and_older_usage_has_no_cache_tokens() -> No
     old_usage = [e.body.usage for e in old if e.kind == "model_output" and e.body.usage]  # type: ignore[union-attr]
     assert {(u.cache_read_tokens, u.cache_write_tokens) for u in old_usage} <= {(0, 0)}
     assert all(e.body.settings is None for e in old if e.kind == "step_started")  # type: ignore[union-attr]
+
+
+async def test_schema_9_control_facts_decode_in_order() -> None:
+    """Schema 9: compaction, steering, the queue, cancel, modes, checkpoints, rewind."""
+    _, _, events, log = await replay(GOLDEN_DIR / "v9_control.jsonl")
+    await log.verify(events[0].session_id)
+    bodies = {e.kind: e.body for e in events}
+    compacted = bodies["compacted"]
+    assert compacted.covers.high_water == 1 and compacted.dropped_call_ids == ("c1",)  # type: ignore[union-attr]
+    assert compacted.usage.input_tokens == 150  # type: ignore[union-attr]
+    assert bodies["compaction_failed"].attempts == 2  # type: ignore[union-attr]
+    assert bodies["steer_delivered"].steer_ids == ("st1",)  # type: ignore[union-attr]
+    assert bodies["queue_changed"].text == "then run all tests"  # type: ignore[union-attr]
+    assert bodies["permission_mode_changed"].mode == "accept_edits"  # type: ignore[union-attr]
+    assert bodies["rewound"].left.session_id == "golden-v9-left"  # type: ignore[union-attr]
+    kinds = [e.kind for e in events]
+    assert kinds.index("steer_received") < kinds.index("steer_delivered")
+    assert kinds[-3:] == ["run_ended", "turn_ended", "rewound"]

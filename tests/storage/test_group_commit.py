@@ -222,3 +222,24 @@ async def test_a_failed_commit_fails_every_append_of_its_group(
                 assert (await again.verify(sid)).high_water == 2
         finally:
             await again.close()
+
+
+async def test_a_group_takes_no_savepoint_per_append(log: EventLog, tmp_path: Path) -> None:
+    """Each statement is a trip off the GIL and back for the I/O thread: a group's rows
+    are inserted through one statement, with no savepoint per append unless SQLite
+    refuses a row."""
+    store = store_of(log)
+    opened = await writers(log, 2)
+    async with statements(store) as seen:
+        results = await grouped(store, [w.append(drafts(2, 3), expected_offset=2) for w in opened])
+    assert all(isinstance(r, list) for r in results)
+    assert len([s for s in seen if s.lstrip().upper().startswith("INSERT")]) == 24  # rows
+    assert not [s for s in seen if "SAVEPOINT" in s.upper()]
+    for writer in opened:
+        await writer.close()
+    again = EventLog(SqliteLogStore(tmp_path / "state"))
+    try:
+        for sid in SESSIONS:
+            assert (await again.verify(sid)).high_water == 5
+    finally:
+        await again.close()

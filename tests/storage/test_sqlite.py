@@ -140,3 +140,32 @@ async def test_head_records_of_any_length_overwrite_each_other_cleanly(tmp_path:
     heads.write(sid, 0, "")
     assert heads.read(sid) == (0, "")
     heads.close()
+
+
+def page_size(state_dir: Path) -> int:
+    with contextlib.closing(sqlite3.connect(state_dir / "log.sqlite3")) as db:
+        return int(db.execute("PRAGMA page_size").fetchone()[0])
+
+
+async def test_a_new_database_has_8k_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    log = EventLog(SqliteLogStore(fresh))
+    try:
+        await seed(log, SID, 3)
+    finally:
+        await log.close()
+    assert page_size(fresh) == 8192
+
+    old = tmp_path / "old"  # a database made with SQLite's default pages, as before
+    old.mkdir()
+    with contextlib.closing(sqlite3.connect(old / "log.sqlite3")) as db:
+        db.execute("PRAGMA page_size = 4096")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("CREATE TABLE t (x)")
+    log = EventLog(SqliteLogStore(old))
+    try:
+        await seed(log, SID, 3)
+        assert (await log.verify(SID)).high_water == 3
+    finally:
+        await log.close()
+    assert page_size(old) == 4096

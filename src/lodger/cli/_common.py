@@ -34,6 +34,7 @@ from lodger.errors import SessionNotFoundError, UsageError
 from lodger.runtime.location import DEFAULT_STATE, StorageLocation
 from lodger.storage import EventLog, Storage, check_session_id, open_log
 from lodger.storage._storage import STORE_ENVVAR
+from lodger.storage.branches import current_branch, names_a_branch, root_of
 
 __all__ = [
     "DEFAULT_STATE",
@@ -350,6 +351,15 @@ def resolve_session(state: str, value: str | None, *, last: bool = False) -> str
         )
 
     async def work(log: EventLog) -> str:
+        if value is not None and names_a_branch(value):
+            return await current_branch(log, value)  # that branch exactly (S..r0: S)
+        found = await _find(log)
+        if not log_exists(log) or not await _names_a_session(log, found):
+            return found  # the command reports it as not found
+        # a rewound session goes on in its current branch (lodger.storage.branches)
+        return await current_branch(log, found)
+
+    async def _find(log: EventLog) -> str:
         if not last and value is not None and await _names_a_session(log, value):
             return value  # the full id: listing every session (a scan) would say the same
         sessions = await log.list_sessions() if log_exists(log) else []
@@ -372,6 +382,8 @@ def resolve_session(state: str, value: str | None, *, last: bool = False) -> str
         if value in sessions:
             return value
         matches = [sid for sid in sessions if sid.startswith(value)]
+        if len({root_of(sid) for sid in matches}) == 1 and len(matches) > 1:
+            matches = [root_of(matches[0])]  # one session and its branches
         if len(matches) > 1:
             shown = ", ".join(matches[:5]) + (" ..." if len(matches) > 5 else "")
             raise UsageError(

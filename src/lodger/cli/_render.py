@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
 
 from lodger._core.text import escape_matches
 from lodger.cli._common import format_ts
+from lodger.cli._render_rewind import describe_rewind
 from lodger.cli._timeline import (
     CallNode,
     Item,
@@ -32,19 +34,25 @@ from lodger.events import (
     Attachment,
     BudgetReached,
     CallRejected,
+    Compacted,
+    CompactionFailed,
     ContextCompacted,
     Event,
+    MessageQueued,
     ModelOutput,
     ModelSwitched,
     OperatorDecision,
     PermissionDecided,
     PermissionRequested,
     ProviderRetried,
+    QueueChanged,
     RecoveryDecided,
     RecoveryObserved,
     RunEnded,
     RunStarted,
     SessionStarted,
+    SteerDelivered,
+    SteerReceived,
     StepStarted,
     ToolDispatched,
     ToolResponded,
@@ -54,7 +62,9 @@ from lodger.events import (
     Usage,
     WorkspaceSnapshot,
 )
-from lodger.runtime.agent import RunUsage
+
+if TYPE_CHECKING:  # the engine is imported when a usage is computed, not by `lodger log`
+    from lodger.engine.loop import RunUsage
 
 __all__ = [
     "hidden_note",
@@ -263,6 +273,8 @@ class _TimelineView:
             self._describe_model_and_calls,
             self._describe_decisions,
             self._describe_records,
+            self._describe_steering,
+            describe_rewind,
         ):
             parts = describe_kind(event)
             if parts is not None:
@@ -312,6 +324,39 @@ class _TimelineView:
             answer = f"  answer {_quoted(body.answer, self.limit(_TEXT))}" if body.answer else ""
             return [("turn ended ", "bold magenta"), _status(body.status), answer]
         return None
+
+    def _compaction(self, body: Compacted | CompactionFailed) -> list[Part]:
+        """What a compaction covered and dropped, or why it failed and what the step did."""
+        covers = f"  covers [0, {body.covers.high_water}) {body.covers.digest[:12]}"
+        if isinstance(body, CompactionFailed):
+            return [
+                ("compaction failed", "bold red"),
+                covers,
+                f"  after {body.attempts} attempt(s): ",
+                clip(body.reason, self.limit(_TEXT)),
+                ("  fallback=", "dim"),
+                (body.fallback, "yellow"),
+                (f"  trigger={body.trigger}", "dim"),
+            ]
+        calls = len(body.dropped_call_ids)
+        parts: list[Part] = [
+            ("compacted", "bold cyan"),
+            covers,
+            ("  tokens ", "bold"),
+            f"{body.tokens_before:,} -> {body.tokens_after:,}",
+            f"  dropped {calls} call{'s' if calls != 1 else ''}, {body.dropped_bytes:,} bytes"
+            f" (~{body.dropped_tokens:,} tokens)",
+            (f"  trigger={body.trigger}", "dim"),
+            (f"  model={visible(body.model)}", "dim"),
+        ]
+        if body.previous is not None:
+            parts.append((f"  chains #{body.previous}", "dim"))
+        if body.pinned:
+            parts.append(("  pinned: " + clip(", ".join(body.pinned), self.limit(_PREVIEW)), "dim"))
+        if body.native_state is not None:
+            parts.append(("  [native state]", "dim"))
+        parts.append("  summary " + _quoted(body.summary, self.limit(_PREVIEW)))
+        return parts
 
     def _describe_model_and_calls(self, event: Event) -> list[Part] | None:
         """What the model said and what became of the calls it proposed."""
@@ -444,7 +489,49 @@ class _TimelineView:
                 f"  {len(body.elided_call_ids)} result(s) elided, "
                 f"~{body.estimated_tokens}/{body.budget_tokens} tokens",
             ]
+        if isinstance(body, Compacted | CompactionFailed):
+            return self._compaction(body)
         return None
+
+    def _describe_steering(self, event: Event) -> list[Part] | None:
+        """Steers of a running turn and the follow-up queue (``lodger.engine.steering``)."""
+        body = event.body
+        if isinstance(body, SteerReceived):
+            return [
+                ("steer received", "bold yellow"),
+                f"  {body.steer_id}  ",
+                _quoted(body.text, self.limit(_TEXT)),
+                _by(body.who),
+            ]
+        if isinstance(body, SteerDelivered):
+            return [
+                ("steer delivered", "yellow"),
+                f"  at step {body.step}: ",
+                ", ".join(body.steer_ids),
+            ]
+        if isinstance(body, MessageQueued):
+            return [
+                ("message queued", "bold cyan"),
+                f"  {body.message_id}  policy={body.policy}  ",
+                _quoted(body.text, self.limit(_TEXT)),
+                _by(body.who),
+            ]
+        if isinstance(body, QueueChanged):
+            detail = ""
+            if body.action == "edit" and body.text is not None:
+                detail = "  " + _quoted(body.text, self.limit(_TEXT))
+            elif body.action == "move" and body.position is not None:
+                detail = f"  to position {body.position}"
+            return [
+                ("queue ", "cyan"),
+                (body.action, "bold"),
+                f"  {body.message_id}{detail}{_by(body.who)}",
+            ]
+        return None
+
+
+def _by(who: str | None) -> str:
+    return f"  by {visible(who)}" if who else ""
 
 
 def _numbers(runs: Sequence[tuple[int, int]]) -> str:
@@ -510,6 +597,8 @@ def render_timeline(
 
 def usage_of(events: Sequence[Event]) -> RunUsage:
     """The usage of every model request among ``events`` (a turn's, a session's)."""
+    from lodger.engine.loop import RunUsage  # the engine's imports only when a usage is read
+
     return RunUsage(
         requests=tuple(
             e.body.usage or Usage()

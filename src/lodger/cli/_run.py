@@ -234,11 +234,24 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
 
 
 async def _run_turn(
-    *, binding: Binding, task: UserInput, session: str | None, where: StorageLocation
+    *,
+    binding: Binding,
+    task: UserInput,
+    session: str | None,
+    where: StorageLocation,
+    view: TurnWatcher | None = None,
 ) -> TurnResult:
+    """Run the turn; in a live ``view`` on a terminal, lines typed meanwhile steer it
+    (``lodger.cli._steer_input``)."""
+    steer = view if isinstance(view, LiveView) and sys.stdin.isatty() else None
     try:
         async with Sessions(where.open()) as sessions:
-            return await sessions.run(task, binding=binding, session=session)
+            turn = sessions.run(task, binding=binding, session=session)
+            if steer is None:
+                return await turn
+            from lodger.cli._steer_input import with_steering  # only at a terminal
+
+            return await with_steering(turn, sessions, steer, steer.terminal, fd=sys.stdin.fileno())
     finally:
         if not isinstance(binding.model, str):  # compose made a Model
             await binding.model.aclose()  # the CLI made the model: it closes its connections
@@ -560,10 +573,9 @@ def run(
             budget_flags=budget_flags,
         ),
     )
-    result = run_turn(
-        _run_turn(binding=binding, task=turn_input, session=session, where=location()), view
-    )
-    _finish(view, console, result)
+    where = location()
+    turn = _run_turn(binding=binding, task=turn_input, session=session, where=where, view=view)
+    _finish(view, console, run_turn(turn, view))
 
 
 def _finish(view: TurnWatcher, console: Console, result: TurnResult) -> NoReturn:

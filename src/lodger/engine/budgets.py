@@ -39,6 +39,8 @@ from lodger.engine.prices import PriceTable
 from lodger.errors import ConfigError
 from lodger.events import (
     BudgetReached,
+    Compacted,
+    CompactionFailed,
     Event,
     ModelOutput,
     ModelSwitched,
@@ -204,6 +206,11 @@ class SpendFold:
                 self.total += cost
                 day = day_of(e.ts)
                 self.by_day[day] = self.by_day.get(day, 0) + cost
+        elif isinstance(body, Compacted | CompactionFailed) and body.usage is not None:
+            cost = self.prices.cost(body.model, body.usage)  # the summary requests
+            self.total += cost
+            day = day_of(e.ts)
+            self.by_day[day] = self.by_day.get(day, 0) + cost
         elif isinstance(body, ToolDispatched) and self.children_of is not None:
             child = self.children_of(body.resources)
             if child is not None and child not in self.children:
@@ -263,6 +270,10 @@ def _turn_use(state: SessionState) -> _TurnUse:
             if body.usage is not None:
                 inp += body.usage.input_tokens
                 out += body.usage.output_tokens
+        elif isinstance(body, Compacted | CompactionFailed) and body.usage is not None:
+            requests += body.attempts if isinstance(body, CompactionFailed) else 1
+            inp += body.usage.input_tokens
+            out += body.usage.output_tokens
         elif isinstance(body, ToolDispatched) and e.parent_call_id is None:
             calls.add(e.call_id or "")
         elif isinstance(body, BudgetReached):

@@ -48,6 +48,7 @@ from typing import Any
 from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.engine.history import History
+from lodger.engine.queue import QueuedMessage
 from lodger.engine.state import SessionState
 from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
@@ -73,7 +74,7 @@ __all__ = [
     "save_checkpoint",
 ]
 
-CHECKPOINT_VERSION = 3  # 2: a call's awaiting_approval; 3: compressed frames
+CHECKPOINT_VERSION = 4  # 2: a call's awaiting_approval; 3: compressed frames; 4: compaction
 MAGIC = b"lodger-fold-checkpoint\n"
 SEAL_TAG = b"lodger-fold-checkpoint\x00"
 #: below this many events a full decode is cheap: no checkpoint is written
@@ -168,6 +169,7 @@ def _encode(state: SessionState, chain: SessionChain, n: int) -> bytes:
             "last_elided": list(state.last_elided),
             "always_allowed": state.always_allowed,
             "parent": state.parent.model_dump(mode="json") if state.parent else None,
+            "queue": [m.to_dict() for m in state.queue],
         },
         "calls": [_call_plain(c) for c in classifier.calls.values()],
         "dispatched_tools": sorted(classifier.dispatched_tools),
@@ -320,6 +322,7 @@ def _restore(
         ):
             raise ValueError("state: a grant the log does not hold")
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
+    state.queue = [QueuedMessage.from_dict(m) for m in s.get("queue", [])]
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:
         raise TypeError("state: bad open turn offset")
     calls = _restore_calls(history, payload["calls"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
+from lodger.engine.steering import TurnControl
 from lodger.ids import Clock, IdFactory
 
 __all__ = ["RunContext"]
@@ -30,6 +31,8 @@ class RunContext:
     journal: Journal
     workspace: Path | None = None
     hidden: tuple[Path, ...] = ()
+    #: what other tasks may do to the turn (steer it, stop it; ``lodger.engine.steering``)
+    control: TurnControl | None = None
     #: the envelope of the run's own facts (its turn and run), made once
     envelope: Envelope = field(init=False, repr=False, compare=False)
 

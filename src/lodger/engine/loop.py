@@ -21,6 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
+from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
@@ -29,10 +30,12 @@ from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.output import OutputInvalid, OutputSpec
 from lodger.engine.permissions import PermissionGate
 from lodger.engine.pipeline import CallPipeline, StepScope
+from lodger.engine.queue import QueuedMessage, StopRequest, pending_steers
 from lodger.engine.resume import resume_run
 from lodger.engine.retries import complete
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
+from lodger.engine.steering import TurnControl
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     BudgetReached,
@@ -43,6 +46,7 @@ from lodger.events import (
     OutputRejected,
     ProposedCall,
     ProviderRetried,
+    QueueChanged,
     RunEnded,
     RunStarted,
     SessionStarted,
@@ -63,6 +67,7 @@ from lodger.providers.base import (
     ModelSettings,
     OutputMode,
     ToolSchema,
+    is_context_length_error,
     take_output_call,
 )
 from lodger.storage import SessionWriter
@@ -211,6 +216,9 @@ class Engine:
             journal=journal,
             workspace=self.workspace,
             hidden=self.hidden,
+            # what steers the turn and asks it to stop (``lodger.engine.steering``): the
+            # agent registers it for the session before the writer opens
+            control=self.services.turns.get(journal.session_id),
         )
 
     def pipeline(self, ctx: RunContext) -> CallPipeline:
@@ -227,10 +235,13 @@ class Engine:
 
     # ------------------------------------------------------------------ turns
 
-    async def start_turn(self, journal: Journal, task: UserInput) -> TurnResult:
+    async def start_turn(
+        self, journal: Journal, task: UserInput, *, queued: QueuedMessage | None = None
+    ) -> TurnResult:
         """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
         interrupted turn is resumed (never retried) first. Media that break the limits
-        raise ``UsageError`` before anything is written."""
+        raise ``UsageError`` before anything is written. ``queued``: the follow-up
+        message this turn delivers (its ``queue_changed`` commits with the turn's start)."""
         text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
@@ -248,15 +259,22 @@ class Engine:
             resumed = await self.resume(journal)
             if resumed.status != "completed":
                 return resumed
+        await self._compact(journal, Envelope(), "threshold")  # before the turn, if over
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
         # the bytes are stored before the fact that lists them
         attachments = await store_media(items, self.artifacts, state.media)
+        delivered = (
+            ()
+            if queued is None
+            else (journal.draft(QueueChanged(message_id=queued.message_id, action="delivered")),)
+        )
         await journal.record(
             journal.draft(
                 TurnStarted(input=text, attachments=attachments), Envelope(turn_id=turn_id)
             ),
+            *delivered,
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
@@ -375,6 +393,7 @@ class Engine:
         recorded = settings.record()
         mode = self.mode()
         journal, state = ctx.journal, ctx.journal.state
+        ctx, control = _steerable(ctx)
         pipeline = self.pipeline(ctx)
         run_env = ctx.envelope
         calls_seen = _CallIds(state.call_ids)
@@ -385,6 +404,9 @@ class Engine:
                     return await self._end(
                         ctx, "step_limit", error=f"stopped after {self.limits.max_steps} steps"
                     )
+                stop = control.stopping()
+                if stop is not None:  # between steps: every call of the last one settled
+                    return await self._stopped(ctx, stop)
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
@@ -405,12 +427,13 @@ class Engine:
                         env,
                     )
                 )
+                await control.deliver(steps_done, env)  # steers that came: this request's
                 await load_media(state, self.artifacts)
                 request = await self._request(journal, visible, env, settings, mode)
                 refused = unsupported_media(self.model, state)
                 if refused is not None:  # before anything is sent
                     return await self._end(ctx, "failed", error=refused)
-                response = await self._complete(journal, request, env)
+                response = await self._complete_or_compact(journal, request, env)
                 response = _answer_call(_storable(response), request)
                 calls = calls_seen.unique(response.calls, self.services.ids)
                 _defer_output(journal, response, calls, env)
@@ -419,17 +442,14 @@ class Engine:
                     if settled is not None:
                         return settled
                     continue  # the answer failed the output type: the model tries again
+                stop = control.stopping(before_calls=True)
+                if stop is not None:  # a rollback: none of the proposed calls starts
+                    return await self._stopped(ctx, stop)
                 reached = check_before_calls(state, usage=self.limits.usage, proposed=len(calls))
                 if reached is not None:
                     return await self.park(ctx, reached)  # commits the proposal with it
                 scope = StepScope(step_id=step_id, visible=visible.names)
-                suspended: list[str] = []
-                for batch in self.registry.batches(calls):
-                    outcomes = await pipeline.run_batch(batch, scope)
-                    suspended += [o.call_id for o in outcomes if o.suspended]
-                    if pipeline.hook_failure is not None:  # the developer's, not the model's
-                        await self._end(ctx, "failed", error=pipeline.hook_failure.message)
-                        raise pipeline.hook_failure
+                suspended = await self._act(ctx, pipeline, calls, scope)
                 if suspended:
                     return await self.wait(ctx, suspended)
         except ProviderError as exc:
@@ -445,6 +465,23 @@ class Engine:
             raise
         except CommitFailedError:
             raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _act(
+        self,
+        ctx: RunContext,
+        pipeline: CallPipeline,
+        calls: Sequence[ProposedCall],
+        scope: StepScope,
+    ) -> list[str]:
+        """Run a step's calls batch by batch; the ids of the calls left suspended."""
+        suspended: list[str] = []
+        for batch in self.registry.batches(calls):
+            outcomes = await pipeline.run_batch(batch, scope)
+            suspended += [o.call_id for o in outcomes if o.suspended]
+            if pipeline.hook_failure is not None:  # the developer's, not the model's
+                await self._end(ctx, "failed", error=pipeline.hook_failure.message)
+                raise pipeline.hook_failure
+        return suspended
 
     async def _answer(self, ctx: RunContext, text: str, env: Envelope) -> TurnResult | None:
         """End the turn on a final answer ``text``, validated against the output type if
@@ -467,6 +504,12 @@ class Engine:
             return None
         return await self._end(ctx, "completed", answer=text, output=value, logged=dumped)
 
+    async def _stopped(self, ctx: RunContext, stop: StopRequest) -> TurnResult:
+        """End the turn for a queued message that asked it to stop: ``cancelled`` for an
+        interrupt, ``abandoned`` for a rollback; the message runs next."""
+        status: TurnStatus = "abandoned" if stop.policy == "rollback" else "cancelled"
+        return await self._end(ctx, status, error=stop.reason, reason=stop.reason)
+
     async def _end(
         self,
         ctx: RunContext,
@@ -476,6 +519,7 @@ class Engine:
         error: str | None = None,
         output: Any = None,
         logged: Any = None,
+        reason: str | None = None,
     ) -> TurnResult:
         journal, env = ctx.journal, ctx.envelope
         drafts = []
@@ -489,11 +533,16 @@ class Engine:
                 )
             )
         start = journal.state.open_turn_offset  # forgotten once the turn has ended
-        await journal.record(
-            *drafts,
-            journal.draft(RunEnded(status=status, error=error), env),
-            journal.draft(TurnEnded(status=status, answer=answer, output=logged), env),
-        )
+        assert ctx.control is not None
+        async with ctx.control.ending() as late:  # steers no step carried: the next turn
+            await journal.record(
+                *drafts,
+                journal.draft(RunEnded(status=status, error=error), env),
+                journal.draft(
+                    TurnEnded(status=status, answer=answer, output=logged, reason=reason), env
+                ),
+                *(journal.draft(m) for m in late),
+            )
         state = journal.state
         return TurnResult(
             session_id=ctx.session_id,
@@ -542,7 +591,8 @@ class Engine:
         mode: OutputMode,
     ) -> ModelRequest:
         state = journal.state
-        budget = self.limits.context_budget
+        await self._compact(journal, env, "overflow", visible)  # if the request would not fit
+        budget = elision_budget(self.limits.context_budget, self.limits.compaction)
         projection = state.projector.project(budget_tokens=budget)
         if projection.elided_call_ids and projection.elided_call_ids != state.last_elided:
             assert budget is not None
@@ -573,6 +623,58 @@ class Engine:
         )
         return request
 
+    async def _compact(
+        self,
+        journal: Journal,
+        env: Envelope,
+        trigger: Literal["threshold", "overflow", "context_error"],
+        visible: _StepTools | None = None,
+    ) -> bool:
+        """Compact the context when ``trigger``'s condition holds (``lodger.engine.
+        compaction``); whether a ``compacted`` fact was committed."""
+        policy = self.limits.compaction
+        if policy is None:
+            return False
+        overhead = 0
+        if visible is not None:
+            overhead = request_overhead(self.registry.system_prompt(self.system), visible.schemas)
+        outcome = await compact_if_over(
+            journal,
+            env,
+            policy.summarizer(self.model),
+            policy,
+            trigger=trigger,
+            overhead=overhead,
+            ask=self.ask_unlogged,
+        )
+        return outcome is not None and outcome.kind == "compacted"
+
+    async def ask_unlogged(self, model: Model, request: ModelRequest) -> ModelResponse:
+        """A request outside the steps (a summary), with this engine's retries; its retries
+        are not facts (a compaction is one fact: ``lodger.engine.compaction``)."""
+
+        async def unrecorded(body: ProviderRetried | ModelSwitched) -> None:
+            return None
+
+        return await complete(model, request, retries=self.retries, record=unrecorded)
+
+    async def _complete_or_compact(
+        self, journal: Journal, request: ModelRequest, env: Envelope
+    ) -> ModelResponse:
+        """The step's answer; on a provider's context-length error, compact once and ask
+        again with the compacted context (the error is raised if that cannot be done)."""
+        try:
+            return await self._complete(journal, request, env)
+        except ProviderError as exc:
+            if not is_context_length_error(exc) or not await self._compact(
+                journal, env, "context_error"
+            ):
+                raise
+        budget = elision_budget(self.limits.context_budget, self.limits.compaction)
+        projection = journal.state.projector.project(budget_tokens=budget)
+        retried = dataclasses.replace(request, messages=projection.messages)
+        return await self._complete(journal, retried, env)
+
     async def _complete(
         self, journal: Journal, request: ModelRequest, env: Envelope
     ) -> ModelResponse:
@@ -582,6 +684,18 @@ class Engine:
         return await complete(
             self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
         )
+
+
+def _steerable(ctx: RunContext) -> tuple[RunContext, TurnControl]:
+    """``ctx`` with a control attached to its journal (a control of its own when nobody
+    steers the turn: the steers the log holds for it still arrive)."""
+    control = ctx.control
+    if control is None:
+        control = TurnControl(ctx.session_id)
+        ctx = dataclasses.replace(ctx, control=control)
+    state = ctx.journal.state
+    control.attach(ctx.journal, ctx.envelope, pending_steers(state.events, state.open_turn_offset))
+    return ctx, control
 
 
 def _recorded_settings(events: Sequence[Event], turn_id: str) -> ModelSettings | None:

@@ -53,6 +53,7 @@ from lodger.engine.checks import (
 )
 from lodger.engine.context import RunContext
 from lodger.engine.envelope import Envelope
+from lodger.engine.filecheckpoints import file_checkpoints
 from lodger.engine.hooks import (
     CallInfo,
     CallResult,
@@ -727,8 +728,10 @@ class CallPipeline:
             ),
             env,
         )
+        # the files' old bytes, committed with T1 so a rewind can restore any edit
+        checkpoints = await file_checkpoints(self.bounder.artifacts, tctx, expectations)
         try:
-            await journal.record(t1)
+            await journal.record(*(journal.draft(c, env) for c in checkpoints), t1)
         except asyncio.CancelledError:
             if not journal.committed(t1):
                 raise  # T1 is not in the log: the call was never dispatched

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from lodger.authority import Authorities
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.steering import RunningTurns
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
@@ -64,6 +66,9 @@ class Limits:
     budgets: Budgets = field(default_factory=Budgets)
     #: the images and documents a turn's input and a tool's result may carry
     media: MediaLimits = field(default_factory=MediaLimits)
+    #: when and how the context is compacted into a summary (``lodger.engine.compaction``;
+    #: ``Agent(compaction=...)`` sets it); None: never, only ``context_budget``'s elision
+    compaction: CompactionPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +127,9 @@ class Services:
     #: the verified fold of each open session, kept between turns; share one mapping to
     #: share them between agents (``Sessions`` does); None: the agent's own
     folds: MutableMapping[str, SessionState] | None = None
+    #: the turns running here, by session: steers and queued messages find them there;
+    #: share one to steer from one agent the turns another runs (``Sessions`` does)
+    turns: RunningTurns = field(default_factory=RunningTurns)
 
     def __post_init__(self) -> None:
         if self.ids is _FROM_CLOCK:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence, Sized
 from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
 from lodger.engine.history import History
+from lodger.engine.queue import QueuedMessage, fold_queue
 from lodger.events import (
     ALWAYS_REASON,
     EMPTY_PREFIX,
@@ -30,6 +31,7 @@ from lodger.events import (
     ContextCompacted,
     Event,
     ForkParent,
+    MessageQueued,
     ModelOutput,
     OperatorDecision,
     OutputRejected,
@@ -37,6 +39,7 @@ from lodger.events import (
     PermissionRequested,
     Prefix,
     ProviderRetried,
+    QueueChanged,
     RecoveryDecided,
     RecoveryObserved,
     RunEnded,
@@ -108,6 +111,8 @@ class SessionState:
         self.parent: ForkParent | None = None
         #: the ancestors' shared events, oldest first, once ``inherit`` gave them
         self.inherited: tuple[Event, ...] | None = None
+        #: the follow-up queue, in the order it runs (``lodger.engine.steering``)
+        self.queue: list[QueuedMessage] = []
         # a closure over the list, not a bound method: the fold holds no reference cycle,
         # so a fold a service drops is freed at once, without waiting for a full collection
         folded = self.events
@@ -192,6 +197,8 @@ class SessionState:
                 self.last_turn_status = body.status
             elif isinstance(body, ContextCompacted):
                 self.last_elided = body.elided_call_ids
+            elif isinstance(body, (MessageQueued, QueueChanged)):
+                fold_queue(self.queue, e)
             elif isinstance(body, PermissionDecided):
                 if (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON):
                     self.always_allowed.setdefault(body.tool, e.offset)

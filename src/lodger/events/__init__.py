@@ -28,7 +28,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     6  permission_decided.decision park (the call waits for an answer given outside the run).
     7  permission_decided.who and operator_decision.who (who decided).
     8  usage cache tokens; step settings; turn attachments; model_switched; budget_reached.
-    9  compaction facts; steering and a follow-up queue; cancel; permission modes; rewind.
+    9  compaction; steering and a follow-up queue; cancel; modes; rewind; background work.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ __all__ = [
     "Attachment",
     "Body",
     "BudgetReached",
+    "CallAccepted",
     "CallRejected",
     "CancelRequested",
     "ChainKind",
@@ -81,6 +82,8 @@ __all__ = [
     "PermissionModeChanged",
     "PermissionRequested",
     "Prefix",
+    "ProcessEnded",
+    "ProcessStarted",
     "ProposedCall",
     "ProviderRetried",
     "QueueChanged",
@@ -126,7 +129,7 @@ SCHEMA_CHANGELOG: Mapping[int, str] = {
     6: "permission_decided.decision park (the call waits for an answer given outside the run)",
     7: "permission_decided.who and operator_decision.who (who decided)",
     8: "usage cache tokens; step settings; turn attachments; model_switched; budget_reached",
-    9: "compaction facts; steering and a follow-up queue; cancel; permission modes; rewind",
+    9: "compaction; steering and a follow-up queue; cancel; modes; rewind; background work",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -453,7 +456,8 @@ class Compacted(_Value):
     the provider's ``native_state`` where one is used) and every fact after
     ``covers.high_water``. ``previous`` is the offset of the compaction this one chains
     from (its summary is part of what this one covers); ``dropped_*`` say what the
-    summary stands for; ``model`` and ``prompt_sha256`` say what made it.
+    summary stands for; ``model`` and ``prompt_sha256`` say what made it, and ``usage``
+    what its summary requests spent (every attempt; budgets count it).
     """
 
     kind: Literal["compacted"] = "compacted"
@@ -470,11 +474,13 @@ class Compacted(_Value):
     tokens_after: int
     trigger: CompactionTrigger
     previous: int | None = None
+    usage: Usage | None = None
 
 
 class CompactionFailed(_Value):
     """A compaction that did not produce a usable summary (schema 9): ``fallback`` says
-    what the step did instead (``elision``: the oldest tool results were elided)."""
+    what the step did instead (``elision``: the oldest tool results were elided);
+    ``model`` and ``usage``: what the attempts asked and spent."""
 
     kind: Literal["compaction_failed"] = "compaction_failed"
     covers: Prefix
@@ -482,6 +488,8 @@ class CompactionFailed(_Value):
     attempts: int
     reason: str
     fallback: Literal["elision", "none"] = "elision"
+    model: str = ""
+    usage: Usage | None = None
 
 
 class SteerReceived(_Value):
@@ -577,6 +585,43 @@ class FileCheckpoint(_Value):
     before: ArtifactRef | None = None
 
 
+class ProcessStarted(_Value):
+    """A background process started by the call ``operation_id`` (schema 9): it outlives
+    the call in the session's sandbox until it exits or is stopped; ``keep`` says whether
+    it stops with the turn (``turn``) or may live for the session (``session``)."""
+
+    kind: Literal["process_started"] = "process_started"
+    process_id: str
+    operation_id: str
+    command: str
+    pid: int | None = None
+    sandbox: str = ""
+    keep: Literal["turn", "session"] = "turn"
+
+
+class ProcessEnded(_Value):
+    """A background process's end (schema 9): ``unknown`` when a resume found it gone
+    and no one saw it end; ``limit`` names the limit that stopped it in ``reason``."""
+
+    kind: Literal["process_ended"] = "process_ended"
+    process_id: str
+    status: Literal["exited", "stopped", "killed", "limit", "unknown"]
+    exit_code: int | None = None
+    reason: str = ""
+    output_bytes: int = 0
+
+
+class CallAccepted(_Value):
+    """A long-running call the remote side accepted (schema 9): the call is running with
+    ``handle`` (a job or task id: what recovery queries); its ``tool_responded`` comes
+    when the result arrives, possibly in a later turn."""
+
+    kind: Literal["call_accepted"] = "call_accepted"
+    operation_id: str
+    handle: dict[str, JsonValue]
+    wait: Literal["continue", "wait"] = "continue"
+
+
 class RunEnded(_Value):
     kind: Literal["run_ended"] = "run_ended"
     status: Literal[
@@ -636,6 +681,9 @@ Body = Annotated[
     | PermissionModeChanged
     | Rewound
     | FileCheckpoint
+    | ProcessStarted
+    | ProcessEnded
+    | CallAccepted
     | OutputRejected
     | RunEnded
     | TurnEnded,

@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from lodger.errors import HostAuthError
+from lodger.storage.branches import root_of
 from lodger.storage.control.host_index import HostControl, TokenGrant, hash_token, token_id
 
 __all__ = ["COOKIE", "TOKEN_ENVVAR", "Authenticator", "bearer", "new_token"]
@@ -95,7 +96,8 @@ class Authenticator:
 
 
 def require_session(grant: TokenGrant, session_id: str) -> None:
-    if not grant.allows(session_id):
+    # a session's token reaches its branches too (``S..r1``: what a rewind made of it)
+    if not (grant.allows(session_id) or grant.allows(root_of(session_id))):
         raise HostAuthError(
             f"this token is scoped to another session than {session_id!r}",
             hint="use an admin token or the token made for this session",

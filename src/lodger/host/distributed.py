@@ -31,8 +31,9 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import cast
+from typing import Any, cast
 
+from lodger.engine.queue import Steered, check_message
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
@@ -235,6 +236,28 @@ class ControlPlaneHub(Hub):
 
     # ------------------------------------------------------------ approvals
 
+    # ------------------------------------------------------------ steering
+
+    async def steer(self, session_id: str, text: str, *, who: str) -> Steered:
+        """Through the control plane: the worker holding the session commits it into its
+        running turn; with none holding it, it is a wake (the session's next message)."""
+        await self.require(session_id)
+        check_message(text)
+        steer_id = self.sessions.ids.new_id()
+        held = await self.plane.add_steer(
+            session_id=session_id, steer_id=steer_id, text=text, who=who
+        )
+        return Steered(steer_id=steer_id, status="steer" if held else "queued", offset=None)
+
+    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> Any:
+        raise _no_queue()
+
+    async def queue(self, session_id: str) -> Any:
+        raise _no_queue()
+
+    async def change_queued(self, session_id: str, message_id: str, action: Any, **_: Any) -> Any:
+        raise _no_queue()
+
     async def approvals(self, *, session_id: str | None = None) -> list[Approval]:
         found = [_approval(a) for a in await self.plane.list_approvals(session_id=session_id)]
         if session_id is None:
@@ -268,6 +291,14 @@ class ControlPlaneHub(Hub):
         if not won:
             raise answered_already(session_id, call_id, found.status)
         return _approval(found)
+
+
+def _no_queue() -> UsageError:
+    return UsageError(
+        "the follow-up queue is not offered by a distributed host yet",
+        hint="send messages (each is a wake, run in order) or steer the running turn",
+        code="usage",
+    )
 
 
 def _message(info: WakeInfo) -> Message:

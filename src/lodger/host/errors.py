@@ -33,6 +33,7 @@ __all__ = ["ErrorBody", "ErrorDetail", "HostStep", "error_body", "status_for"]
 _NOT_FOUND_CODES = {
     "no_such_call",
     "not_found",
+    "not_queued",
     "unknown_hook",
     "artifact_missing",
     "model_not_allowed",
@@ -44,6 +45,10 @@ _CONFLICT_CODES = {
     "nothing_to_decide",
     "nothing_to_abandon",
     "fork_beyond_head",
+    "session_running",
+    "compaction_refused",
+    "rewind_target",
+    "workspace_missing",
 }
 
 

@@ -27,12 +27,13 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
+from lodger.engine.queue import QueuedMessage, Steered
 from lodger.errors import (
     HostConflictError,
     LodgerError,
@@ -279,6 +280,8 @@ class Hub:
         try:
             while True:
                 self._dirty.discard(session_id)
+                if await self._run_followup(session_id):
+                    continue  # a message queued while the last turn ran goes first
                 message = await self.control.next_message(session_id)
                 if message is None:
                     if session_id in self._dirty:
@@ -451,6 +454,92 @@ class Hub:
         if asked is not None and not asked.future.done():
             asked.future.set_result(Answered("once" if allow else "deny", by))
         return approval
+
+    # ------------------------------------------------------------ steering and the queue
+
+    async def steer(self, session_id: str, text: str, *, who: str) -> Steered:
+        """A message for the session's running turn (``lodger.engine.steering``); with no
+        turn running it is queued as the session's next turn, which runs at once."""
+        await self.require(session_id)
+        async with self.exclusive(session_id):
+            steered = await self.sessions.steer(session_id, text, who=who)
+        if steered.status == "queued":
+            if steered.offset is not None:
+                await self._published_from(session_id, steered.offset)
+            self.wake(session_id)
+        return steered
+
+    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> QueuedMessage:
+        """A follow-up message with its policy, as a fact; ``reject`` is refused while
+        the session has work (a turn running or messages waiting to run)."""
+        await self.require(session_id)
+        if policy == "reject" and await self.busy(session_id):
+            raise HostConflictError(
+                f"session {session_id!r} is running a turn, and the message's policy is reject",
+                hint="send it again once the turn has ended, or with policy enqueue",
+                code="session_busy",
+                session_id=session_id,
+            )
+        async with self.exclusive(session_id):
+            queued = await self.sessions.enqueue(session_id, text, policy=policy, who=who)
+        if not self.sessions.busy(session_id):
+            await self._published_from(session_id, queued.offset)
+        self.wake(session_id)
+        return queued
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        await self.require(session_id)
+        if not await self._logged(session_id):
+            return []
+        return await self.sessions.queue(session_id)
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        action: Literal["edit", "move", "retract"],
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str,
+    ) -> list[QueuedMessage]:
+        await self.require(session_id)
+        head = (await self.sessions.storage.log.head(session_id)).high_water
+        async with self.exclusive(session_id):
+            queue = await self.sessions.change_queued(
+                session_id, message_id, action, text=text, position=position, who=who
+            )
+        if not self.sessions.busy(session_id):
+            await self._published_from(session_id, head)
+        return queue
+
+    async def _published_from(self, session_id: str, offset: int) -> None:
+        """Facts appended outside a turn from ``offset`` on reach the streams."""
+        self.publish(session_id, await self.sessions.storage.log.read(session_id, start=offset))
+
+    async def _run_followup(self, session_id: str) -> bool:
+        """Run the session's next queued follow-up message as a turn; False when none
+        waits, or when it is still waiting after (an open turn that could not settle
+        first: it waits for the next wake rather than being tried again at once)."""
+        if not await self._logged(session_id):
+            return False
+        queue = await self.sessions.queue(session_id)
+        if not queue:
+            return False
+        try:
+            binding = await self.binding(session_id)
+            try:
+                result = await self.sessions.run_queued(session_id, binding=binding)
+            finally:
+                if not isinstance(binding.model, str):
+                    await binding.model.aclose()
+        except Exception:  # noqa: BLE001 - a bug must not stop the host: it is logged
+            _log.exception("queued message of session %s failed", session_id)
+            return False
+        if result is not None:
+            self.turns_run += 1
+        head = queue[0].message_id
+        return all(m.message_id != head for m in await self.sessions.queue(session_id))
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from lodger.errors import (
     ProviderUnreachableError,
     RateLimitedError,
 )
+from lodger.providers.base import names_context_length
 
 if TYPE_CHECKING:
     from lodger.providers.base import ModelResponse
@@ -124,6 +125,12 @@ def error_for_status(
         code, hint = "provider_not_found", "check the model name and the base URL"
     elif retryable:
         code, hint = "provider_unavailable", "the provider failed; the request is retried"
+    elif status in (400, 413, 422) and names_context_length(detail):
+        code, hint = (
+            "context_length",
+            "the request is longer than the model's context window; compaction "
+            "(a [compaction] policy) or a context budget keeps it shorter",
+        )
     else:
         code, hint = "provider_rejected", "the provider rejected the request"
     cls: type[ProviderError] = ProviderError

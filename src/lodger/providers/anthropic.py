@@ -70,6 +70,7 @@ from lodger.providers.base import (
     ModelResponse,
     OutputMode,
     TextSink,
+    names_context_length,
     take_output_call,
 )
 
@@ -330,10 +331,11 @@ def _provider_error(exc: anthropic.AnthropicError, *, spec: str) -> ProviderErro
         detail = exc.api_message or exc.message
         if status < 400:
             # An error event inside a stream that began with 200: judge it by its type.
+            too_long = names_context_length(detail)
             return ProviderError(
                 f"{spec}: the stream failed ({exc.type}): {brief(detail)}",
-                retryable=exc.type in _TRANSIENT_TYPES,
-                code="provider_stream",
+                retryable=exc.type in _TRANSIENT_TYPES and not too_long,
+                code="context_length" if too_long else "provider_stream",
             )
         return error_for_status(
             spec, status, detail, key_env="ANTHROPIC_API_KEY", headers=exc.response.headers

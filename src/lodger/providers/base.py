@@ -8,6 +8,7 @@ model's own ``call_id`` and raw ``arguments`` text; results are paired by ``call
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -28,6 +29,8 @@ __all__ = [
     "ToolResultMessage",
     "ToolSchema",
     "UserMessage",
+    "is_context_length_error",
+    "names_context_length",
     "output_tool",
     "take_output_call",
 ]
@@ -120,12 +123,13 @@ class MediaPart:
 
 @dataclass(frozen=True, kw_only=True)
 class UserMessage:
-    """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input
-    and ``"runtime"`` for what the runtime says back (an output that failed validation);
+    """Text the model reads as the user's. ``source`` is ``"input"`` for a turn's input,
+    ``"runtime"`` for what the runtime says back (an output that failed validation) and
+    ``"steer"`` for a message a person sent the running turn (``lodger.engine.steering``);
     ``parts`` are images and documents given with the input."""
 
     text: str
-    source: Literal["input", "runtime"] = "input"
+    source: Literal["input", "runtime", "steer"] = "input"
     parts: tuple[MediaPart, ...] = ()
 
 
@@ -235,3 +239,28 @@ class Model(Protocol):
     async def aclose(self) -> None:
         """Release connections; whoever made the model closes it when done."""
         ...
+
+
+#: what providers say when a request does not fit the model's context window: OpenAI
+#: (``context_length_exceeded``, "maximum context length"), Anthropic ("prompt is too
+#: long", "exceed context limit"), Gemini ("input token count ... exceeds the maximum
+#: number of tokens"), vLLM and llama.cpp ("exceeds the available context size")
+_CONTEXT_LENGTH = re.compile(
+    r"context_length_exceeded|maximum context length|context length exceeded"
+    r"|prompt is too long|exceeds? (?:the )?context (?:limit|window)|exceed context limit"
+    r"|input token count.*exceeds the maximum|exceeds the maximum number of tokens"
+    r"|exceeds the available context size|too many tokens in the prompt",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def names_context_length(detail: str) -> bool:
+    """Whether a provider's error text says the request is longer than the context window."""
+    return _CONTEXT_LENGTH.search(detail) is not None
+
+
+def is_context_length_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a provider's refusal of a request too long for its context
+    window (a ``ProviderError`` with code ``context_length``): the engine compacts the
+    context once and asks again (``lodger.engine.compaction``)."""
+    return getattr(exc, "code", None) == "context_length"

@@ -53,6 +53,7 @@ from lodger.providers.base import (
     TextSink,
     ToolResultMessage,
     UserMessage,
+    names_context_length,
     take_output_call,
 )
 
@@ -362,9 +363,10 @@ def provider_error_from_openai(exc: openai.OpenAIError, *, spec: str) -> Provide
     if isinstance(exc, openai.APIError):
         # An error event inside a stream that started fine: the server failed mid-answer.
         kind = exc.type or exc.code or ""
+        too_long = names_context_length(f"{exc.code or ''} {exc.message}")
         return ProviderError(
             f"{spec}: the stream failed: {brief(exc.message)}",
-            retryable=kind not in _REQUEST_FAULTS,
-            code="provider_stream",
+            retryable=kind not in _REQUEST_FAULTS and not too_long,
+            code="context_length" if too_long else "provider_stream",
         )
     return ProviderError(f"{spec}: {brief(exc)}", retryable=False, code="provider_client")

@@ -48,6 +48,7 @@ from lodger.providers.base import (
     TextSink,
     ToolResultMessage,
     UserMessage,
+    names_context_length,
     take_output_call,
 )
 from lodger.providers.openai_chat import openai_client, provider_error_from_openai
@@ -197,10 +198,11 @@ class OpenAIResponsesModel:
             error = event.response.error
             code = error.code if error is not None else "server_error"
             message = error.message if error is not None else "no reason given"
+            too_long = names_context_length(f"{code} {message}")
             raise ProviderError(
                 f"{self.spec}: the response failed ({code}): {brief(message)}",
-                retryable=code in _TRANSIENT_CODES,
-                code="provider_failed",
+                retryable=code in _TRANSIENT_CODES and not too_long,
+                code="context_length" if too_long else "provider_failed",
             )
 
 

@@ -16,35 +16,39 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
+from lodger.engine.compaction import CompactionPolicy, compact_by_hand
+from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
 from lodger.engine.permissions import PermissionGate
+from lodger.engine.queue import QueuedMessage, Steered, StopRequest
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
+from lodger.engine.steering import RunningTurns, TurnControl
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import Event
+from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime import _followups
 from lodger.runtime._writers import close_after_failure
+from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
-from lodger.storage.logstore import ForwardingLogStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
 from lodger.tools.policy import PermissionPolicy
@@ -92,9 +96,9 @@ class Agent:
     SQLite log and file artifacts, closed with the agent). ``workspace`` is the directory
     file tools work in. ``snapshots`` records a content-addressed, incremental snapshot of
     the workspace with each turn's end (a ``workspace_snapshot`` fact; its files go to
-    the artifact store): on by default when the session lives in an object store and
-    there is a workspace. ``code_mode`` binds the ``exec`` tool, ``subagents`` the
-    ``delegate`` tool.
+    the artifact store): on by default when there is a workspace (a rewind restores the
+    files from them; ``snapshots=False`` turns them off). ``code_mode`` binds the ``exec``
+    tool, ``subagents`` the ``delegate`` tool.
 
     ``model_settings`` (temperature, max_tokens, ...) go with every request; a run's
     ``model_settings`` override them field by field. ``output_mode`` says how the output
@@ -107,6 +111,10 @@ class Agent:
     ``retries`` (of model requests), ``hooks`` (before and after calls, events, text, the
     approver) and ``services`` (clock and ids, authorities, executor, shared folds).
     Nothing here is global: clocks and ids are injected for tests.
+
+    ``compaction`` (a ``CompactionPolicy``, kept as ``limits.compaction``) summarizes the
+    context when it grows past the policy's threshold or budget and offers the ``recall``
+    tool; ``compact`` does it by hand (``lodger.engine.compaction``).
     """
 
     def __init__(
@@ -129,6 +137,7 @@ class Agent:
         retries: Retries | None = None,
         hooks: Hooks | None = None,
         services: Services | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         # A model named by its spec is the agent's: it is made here and closed with it.
         self._owned_models: list[Model] = []
@@ -180,6 +189,7 @@ class Agent:
             deps=deps,
             spend=LogSpend.for_log(storage.log),
         )
+        self._compacting(compaction)
         # The verified fold of each session this agent has open, kept between turns
         # (``services.folds`` shares them with whoever made this agent, as ``Sessions`` does).
         self._owns_states = services.folds is None
@@ -223,6 +233,31 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _compacting(self, policy: CompactionPolicy | None) -> None:
+        """Put ``policy`` (or the one in ``limits``) in the engine's limits, its summary
+        model made when it is named by a spec; a policy offers the ``recall`` tool,
+        which fetches summarized facts back from the log."""
+        engine = self.engine
+        policy = policy if policy is not None else engine.limits.compaction
+        if policy is None:
+            return
+        if isinstance(policy.model, str):
+            policy = dataclasses.replace(policy, model=self._own(policy.model))
+        engine.limits = dataclasses.replace(engine.limits, compaction=policy)
+        from lodger.tools.recall import recall_tool  # only a compacting agent offers it
+
+        self.registry.bind(
+            recall_tool(self.storage.log, self.storage.artifacts, known=self._known_events)
+        )
+
+    def _known_events(self, session_id: str) -> Sequence[Event] | None:
+        """The events of a session this agent holds the fold of (inherited ones first)."""
+        state = self._states.get(session_id)
+        if state is None:
+            return None
+        inherited = state.inherited or ()
+        return [*inherited, *state.events] if inherited else state.events
 
     def _own(self, model: Model | str) -> Model:
         if not isinstance(model, str):
@@ -348,7 +383,9 @@ class Agent:
         model_settings: ModelSettings | None = None,
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
-        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
+        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``); the stream's
+        ``steer`` sends the running turn a message."""
+        session_id = session if session is not None else self.ids.new_id()
 
         async def start(
             on_event: Callable[[Event], None], on_text: Callable[[str], None]
@@ -361,9 +398,12 @@ class Agent:
                 output_mode=output_mode,
                 model_settings=model_settings,
             )
-            return await self._run(engine, task, session)
+            return await self._run(engine, task, session_id)
 
-        return TurnStream(start)
+        async def steer(text: str, who: str | None) -> Steered:
+            return await self.steer(session_id, text, who=who)
+
+        return TurnStream(start, session_id=session_id, steer=steer)
 
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
@@ -408,6 +448,7 @@ class Agent:
         The writer is closed after the block; the fold is kept for the next turn, unless
         the block fails: it may then hold less than the log (a failed commit), so it is
         read again next time."""
+        session_id = await open_branch(self.storage, session_id)  # a rewound one: its branch
         writer, state = await self._open(session_id)
         try:
             yield writer, state
@@ -451,11 +492,27 @@ class Agent:
 
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        async with self.open_session(session_id) as (writer, state):
+        async with self._turn(session_id) as (writer, state, _):
             result = await engine.start_turn(engine.journal(writer, state), task)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState, TurnControl]]:
+        """``open_session`` for a block that drives a turn: steers and queued messages
+        sent meanwhile reach it through its ``TurnControl`` (``lodger.engine.steering``)."""
+        control = self.turns.begin(session_id)
+        try:
+            async with self.open_session(session_id) as (writer, state):
+                try:
+                    yield writer, state, control
+                finally:
+                    await control.seal()  # before the writer closes: nothing more through it
+        finally:
+            self.turns.end(control)
 
     async def resume(
         self,
@@ -475,7 +532,7 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        async with self.open_session(session_id) as (writer, state):
+        async with self._turn(session_id) as (writer, state, _):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
@@ -488,6 +545,7 @@ class Agent:
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
+        session_id = await open_branch(self.storage, session_id)
         events = await self.log.read_all(session_id)
         return SessionState(session_id, events).plan()
 
@@ -509,6 +567,140 @@ class Agent:
         """End the session's open turn as abandoned by the operator, as facts."""
         async with self.open_session(session_id) as (writer, state):
             return await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+
+    async def compact(self, session_id: str, *, instructions: str | None = None) -> Compacted:
+        """Compact the session's context now (``lodger.engine.compaction``): a summary of
+        its projection, recorded as a ``compacted`` fact, under the agent's compaction
+        policy (the default one when it has none). ``instructions`` go to the summarizer.
+        Refused while a run is open; a failed summary raises ``ProviderError``
+        (``compaction_failed``) after its ``compaction_failed`` fact is committed."""
+        engine = self.engine
+        async with self.open_session(session_id) as (writer, state):
+            if not state.events:
+                raise SessionNotFoundError(
+                    f"no log for session {session_id!r}", session_id=session_id
+                )
+            policy = engine.limits.compaction or CompactionPolicy()
+            return await compact_by_hand(
+                engine.journal(writer, state),
+                policy.summarizer(engine.model),
+                policy,
+                instructions=instructions,
+                ask=engine.ask_unlogged,
+            )
+
+    # ------------------------------------------------------------------ steering
+
+    @property
+    def turns(self) -> RunningTurns:
+        """The turns this agent (and whoever shares its ``services.turns``) runs now."""
+        return self.engine.services.turns
+
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal:
+        """A journal for facts this agent appends outside a turn (a queue change)."""
+        return self.engine.journal(writer, state)
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a turn of the session runs here now (and has not begun to end)."""
+        control = self.turns.get(session_id)
+        return control is not None and control.busy
+
+    async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
+        """Send ``text`` to the session's running turn: committed now as
+        ``steer_received``, read by the model at the next provider boundary (the step
+        that carries it records ``steer_delivered``). With no turn running here, or
+        after its last step, it is queued as the session's next turn (``status``
+        ``queued``; ``run_queued`` runs it)."""
+        return await _followups.steer(self, session_id, text, who)
+
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
+    ) -> QueuedMessage:
+        """Queue ``text`` as a later turn of the session (``message_queued``), with its
+        policy: ``enqueue`` waits for the running turn; ``reject`` raises
+        ``HostConflictError`` (``session_busy``) while one runs; ``interrupt`` stops the
+        running turn at its next step boundary (its calls settle) and runs next;
+        ``rollback`` abandons it before its next calls start and runs next."""
+        return await _followups.enqueue(self, session_id, text, policy, who)
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        """The session's follow-up queue, in the order it runs (read from its log)."""
+        return await _followups.queue_of(self, session_id)
+
+    async def edit_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str | None = None,
+    ) -> list[QueuedMessage]:
+        """Change a queued message's text and/or move it to ``position`` (0: next),
+        each change a ``queue_changed`` fact naming ``who``; the queue after it."""
+        if text is None and position is None:
+            raise UsageError("nothing to change: give text, position or both", code="usage")
+        queue: list[QueuedMessage] = []
+        if text is not None:
+            queue = await _followups.change_queued(
+                self, session_id, message_id, "edit", text=text, who=who
+            )
+        if position is not None:
+            queue = await _followups.change_queued(
+                self, session_id, message_id, "move", position=position, who=who
+            )
+        return queue
+
+    async def retract_queued(
+        self, session_id: str, message_id: str, *, who: str | None = None
+    ) -> list[QueuedMessage]:
+        """Take a message out of the queue before it is delivered; the queue after it."""
+        return await _followups.change_queued(self, session_id, message_id, "retract", who=who)
+
+    async def run_queued(self, session_id: str) -> TurnResult | None:
+        """Run the next queued message of the session as a turn (None: the queue is
+        empty). Its delivery (``queue_changed`` delivered) commits with the turn's
+        start, so a message runs once. An ``interrupt`` or ``rollback`` message abandons
+        an open turn first (one a stop left parked or interrupted); any other resumes it."""
+        async with self._turn(session_id) as (writer, state, _):
+            if not state.queue:
+                return None
+            head = state.queue[0]
+            if head.policy in ("interrupt", "rollback") and state.open_turn is not None:
+                reason = StopRequest(message_id=head.message_id, policy=head.policy).reason
+                await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
+            engine = self.engine
+            result = await engine.start_turn(engine.journal(writer, state), head.text, queued=head)
+            if checkpoint_due(state):
+                await save_checkpoint(self.log, state)
+            return result
+
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+        who: str | None = None,
+    ) -> RewindResult:
+        """Rewind the session, conversation and workspace, to offset ``to`` or before turn
+        ``turn`` of its current branch (or ``branch``); ``undo`` undoes the last rewind.
+        The session's name then leads to the new branch (see :mod:`lodger.runtime.rewind`)."""
+        return await rewind_session(
+            self.storage,
+            session_id,
+            to=to,
+            turn=turn,
+            branch=branch,
+            undo=undo,
+            force=force,
+            who=who,
+            clock=self.clock,
+            ids=self.ids,
+        )
 
 
 _MODES = ("native", "tool", "prompted")
@@ -538,20 +730,11 @@ def _exec_tool(registry: ToolRegistry, mode: CodeMode) -> Tool:
 def _snapshotter(
     storage: Storage, workspace: Path | None, enabled: bool | None
 ) -> WorkspaceSnapshotter | None:
-    """Snapshots at each turn's end: on by default for sessions on an object store (a
-    worker elsewhere wakes them from it), on request (``snapshots=True``) otherwise."""
+    """Snapshots at each turn's end, on by default for every session with a workspace:
+    a worker elsewhere wakes an object store's sessions from them, and a rewind restores
+    a local session's files from them (``snapshots=False`` turns them off)."""
     if enabled is None:
-        # an object store's log exists only once its module is loaded: without it (the
-        # local default) there is nothing to check, and 30 ms of imports are saved
-        objectstore = sys.modules.get("lodger.storage.objectstore")
-        store = storage.log.store
-        while isinstance(store, ForwardingLogStore):  # a worker's fence, injected faults
-            store = store.inner
-        enabled = (
-            workspace is not None
-            and objectstore is not None
-            and isinstance(store, objectstore.ObjectLogStore)
-        )
+        enabled = workspace is not None
     if not enabled:
         return None
     if workspace is None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.compaction import CompactionPolicy
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.prices import DEFAULT_PRICES
 from lodger.errors import ConfigError
@@ -83,6 +84,8 @@ class Overrides:
     #: model settings over the project's ``[model_settings]``, field by field
     model_settings: ModelSettings | None = None
     output_mode: OutputMode | None = None
+    #: the compaction policy instead of the project's ``[compaction]``
+    compaction: CompactionPolicy | None = None
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
 
@@ -118,6 +121,7 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         subagents=overrides.subagents,
         model_settings=_model_settings(project, overrides),
         output_mode=overrides.output_mode or project.output_mode,
+        compaction=overrides.compaction or project.compaction,
     )
 
 

@@ -49,6 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.compaction import DEFAULT_SECTIONS, CompactionPolicy
 from lodger.engine.prices import ModelPrice, PriceTable
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
@@ -59,6 +60,7 @@ from lodger.tools.spec import Tool
 __all__ = [
     "CONFIG_FILE",
     "BudgetsConfig",
+    "CompactionConfig",
     "LimitsConfig",
     "PermissionsConfig",
     "PriceConfig",
@@ -203,6 +205,32 @@ class LimitsConfig(BaseModel):
         )
 
 
+class CompactionConfig(BaseModel):
+    """``[compaction]``: when and how the context is compacted (``lodger.engine.compaction``)."""
+
+    model_config = _STRICT
+    model: str | None = None
+    threshold_tokens: int | None = None
+    budget_tokens: int | None = None
+    required_sections: list[str] | None = None
+    max_attempts: int = 2
+    max_per_turn: int = 20
+    instructions: str = ""
+
+    def policy(self) -> CompactionPolicy:
+        """The policy (a ``ConfigError`` names what is out of range)."""
+        sections = DEFAULT_SECTIONS if self.required_sections is None else self.required_sections
+        return CompactionPolicy(
+            model=self.model or None,
+            threshold_tokens=self.threshold_tokens,
+            budget_tokens=self.budget_tokens,
+            required_sections=tuple(sections),
+            max_attempts=self.max_attempts,
+            max_per_turn=self.max_per_turn,
+            instructions=self.instructions,
+        )
+
+
 class PriceConfig(BaseModel):
     """``[budgets.prices."SPEC"]``: USD per million tokens."""
 
@@ -252,6 +280,7 @@ class ProjectConfig(BaseModel):
     #: how the output schema travels: ``native``, ``tool`` or ``prompted``
     output_mode: Literal["native", "tool", "prompted"] | None = None
     budgets: BudgetsConfig = BudgetsConfig()
+    compaction: CompactionConfig | None = None
     # checked key by key by ``load_sandbox_policy`` (``lodger.substrates.sandbox.policy``)
     sandbox: dict[str, Any] | None = None
 
@@ -306,7 +335,8 @@ def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
                 "[mcp.servers.NAME], [limits] max_steps/request_limit/input_tokens_limit/"
                 "output_tokens_limit/total_tokens_limit/tool_calls_limit, [budgets] "
                 'session_usd/tree_usd/daily_usd, [budgets.prices."SPEC"] '
-                "input/cached_input/output/cache_write",
+                "input/cached_input/output/cache_write, [compaction] model/threshold_tokens/"
+                "budget_tokens/required_sections/max_attempts/max_per_turn/instructions",
             ) from None
         raise ConfigError(f"{where} in {path}: {error['msg']}") from None
     steps = config.limits.max_steps
@@ -315,9 +345,13 @@ def parse_config_file(path: Path) -> tuple[dict[str, Any], ProjectConfig]:
     try:  # the same checks as the library's (whole numbers and amounts >= 0, prices)
         config.limits.usage()
         config.budgets.budgets()
+        if config.compaction is not None:
+            config.compaction.policy()
     except ConfigError as exc:
         raise ConfigError(
-            f"[limits] or [budgets] in {path}: {exc.message}", hint=exc.hint, code=exc.code
+            f"[limits], [budgets] or [compaction] in {path}: {exc.message}",
+            hint=exc.hint,
+            code=exc.code,
         ) from None
     return data, config
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.compaction import CompactionPolicy
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Rule
 from lodger.providers.base import ModelSettings, OutputMode
@@ -90,6 +91,8 @@ class Project:
     usage: UsageLimits = field(default_factory=UsageLimits)
     #: ``[budgets]``: money budgets and the price table (defaults plus the file's prices)
     budgets: Budgets = field(default_factory=Budgets)
+    #: ``[compaction]`` (untrusted: without its own summary model)
+    compaction: CompactionPolicy | None = None
     #: what an untrusted file asked for and was not given, one phrase each
     ignored: tuple[str, ...] = ()
 
@@ -128,6 +131,7 @@ class Project:
             output_mode=config.output_mode,
             usage=config.limits.usage(),
             budgets=config.budgets.budgets(),
+            compaction=config.compaction.policy() if config.compaction is not None else None,
         )
 
 
@@ -159,6 +163,10 @@ def _untrusted(
         ignored.append("its output_mode")
     if config.budgets.prices:  # a price of 0 would lift every budget
         ignored.append(f"{len(config.budgets.prices)} price(s) in [budgets.prices]")
+    compaction = config.compaction.policy() if config.compaction is not None else None
+    if compaction is not None and compaction.model is not None:
+        ignored.append("its [compaction] model")  # another provider spends the user's money
+        compaction = dataclasses.replace(compaction, model=None)
     narrowed = {"permissions": {"deny": config.permissions.deny, "ask": config.permissions.ask}}
     rules = tuple(ProjectConfig.model_validate(narrowed).permissions.rules())
     sandbox = None
@@ -183,6 +191,7 @@ def _untrusted(
         model_settings=settings,
         usage=config.limits.usage(),
         budgets=config.budgets.budgets(prices={}),
+        compaction=compaction,
         ignored=tuple(ignored),
     )
 

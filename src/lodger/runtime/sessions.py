@@ -13,29 +13,37 @@ knows nothing of terminals or HTTP: progress goes to callbacks, failures are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
+from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.journal import Journal
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
+from lodger.engine.queue import QueuedMessage, Steered
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
-from lodger.events import Event
+from lodger.engine.steering import RunningTurns
+from lodger.errors import UsageError
+from lodger.events import Compacted, Event
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime import _followups
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
+from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
-from lodger.storage import SessionWriter, Storage, check_session_id
+from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.substrates.codemode import Language
 from lodger.tools.mcp import McpServerConfig, McpServers
@@ -109,6 +117,8 @@ class Binding:
     #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
     usage: UsageLimits = field(default_factory=UsageLimits)
     budgets: Budgets = field(default_factory=Budgets)
+    #: when and how the context is compacted (``[compaction]`` in lodger.toml)
+    compaction: CompactionPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +172,8 @@ class Sessions:
         # read for its defaults is not read again to resume it (only its new tail is).
         # Bounded, so a long-lived host does not keep every session it ever touched.
         self._states = FoldCache(max_cached_sessions)
+        #: the turns this service's agents run now: steers and queued messages reach them
+        self.turns = RunningTurns()
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
@@ -184,7 +196,7 @@ class Sessions:
 
     async def state(self, session_id: str) -> SessionState:
         """The session's verified fold (reads and verifies the log once)."""
-        check_session_id(session_id)
+        session_id = await open_branch(self.storage, session_id)
         state = await open_fold(self.storage.log, session_id)
         self._states[session_id] = state
         return state
@@ -286,7 +298,7 @@ class Sessions:
         prefix ``[0, at)``; nothing is copied. See :mod:`lodger.storage.forks`."""
         return await fork_session(
             self.storage.log,
-            parent,
+            await open_branch(self.storage, parent),
             fork_id=session if session is not None else self.ids.new_id(),
             at=at,
             clock=self.clock,
@@ -297,6 +309,7 @@ class Sessions:
         """The session's writer and its verified fold (from its checkpoint when one
         matches; the writer then reads only what was appended since)."""
         log = self.storage.log
+        session_id = await open_branch(self.storage, session_id)
         if not await log.exists(session_id):
             writer = await log.open_writer(session_id)  # fails closed as a full read does
             return writer, SessionState(session_id, writer.initial_events)
@@ -308,6 +321,33 @@ class Sessions:
             await writer.close()
             raise
         return writer, state
+
+    async def rewind(
+        self,
+        session_id: str,
+        *,
+        to: int | None = None,
+        turn: int | None = None,
+        branch: str | None = None,
+        undo: bool = False,
+        force: bool = False,
+        who: str | None = None,
+    ) -> RewindResult:
+        """Rewind the session to offset ``to`` (or before turn ``turn``) of its current
+        branch (or of ``branch``), conversation and workspace; ``undo`` goes back to the
+        branch the last rewind left. See :mod:`lodger.runtime.rewind`."""
+        return await rewind_session(
+            self.storage,
+            session_id,
+            to=to,
+            turn=turn,
+            branch=branch,
+            undo=undo,
+            force=force,
+            who=who,
+            clock=self.clock,
+            ids=self.ids,
+        )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
         return Agent(
@@ -326,5 +366,88 @@ class Sessions:
             hooks=Hooks(
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),
-            services=Services(clock=self.clock, ids=self.ids, folds=self._states),
+            services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
+            compaction=binding.compaction,
         )
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        instructions: str | None = None,
+        binding: Binding | None = None,
+    ) -> Compacted:
+        """Compact the session's context now, as a ``compacted`` fact (see
+        ``Agent.compact``). The summary is written by ``binding.compaction.model``, else
+        ``binding.model``, else the model the session last ran with; refused while a run
+        of the session is open."""
+        check_session_id(session_id)
+        if binding is None:
+            state = await self.state(session_id)
+            if state.last_model is None:
+                raise UsageError(
+                    f"session {session_id!r} has never run a model to compact it with",
+                    hint="give a binding with the model that should write the summary",
+                    code="compaction_refused",
+                    session_id=session_id,
+                )
+            binding = Binding(model=state.last_model)
+        async with self._agent(binding, McpServers(())) as agent:
+            return await agent.compact(session_id, instructions=instructions)
+
+    # ------------------------------------------------------------------ steering
+
+    @property
+    def log(self) -> EventLog:
+        return self.storage.log
+
+    @contextlib.asynccontextmanager
+    async def open_session(
+        self, session_id: str
+    ) -> AsyncIterator[tuple[SessionWriter, SessionState]]:
+        """The session's writer and verified fold, for facts appended outside a turn."""
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            yield writer, state
+
+    def journal_for(self, writer: SessionWriter, state: SessionState) -> Journal:
+        return Journal(writer, state, clock=self.clock, ids=self.ids)
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a turn of the session runs in this process now."""
+        control = self.turns.get(session_id)
+        return control is not None and control.busy
+
+    async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
+        """``Agent.steer`` for a session this service runs (or a dormant one)."""
+        return await _followups.steer(self, session_id, text, who)
+
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
+    ) -> QueuedMessage:
+        """``Agent.enqueue``: a follow-up message with its policy, as a fact."""
+        return await _followups.enqueue(self, session_id, text, policy, who)
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        return await _followups.queue_of(self, session_id)
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        action: _followups.Change,
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str | None = None,
+    ) -> list[QueuedMessage]:
+        """Edit, move or retract a queued message (a ``queue_changed`` fact by ``who``)."""
+        return await _followups.change_queued(
+            self, session_id, message_id, action, text=text, position=position, who=who
+        )
+
+    async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:
+        """Run the session's next queued message as a turn (None: nothing is queued)."""
+        check_session_id(session_id)
+        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+            return await agent.run_queued(session_id)

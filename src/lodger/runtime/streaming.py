@@ -10,6 +10,9 @@
                 case TurnFinished(result=result):
                     print(result.status, result.usage.total_tokens)
 
+``stream.steer("use the other file")`` sends a message to the running turn: the model
+reads it at its next provider boundary (``lodger.engine.steering``).
+
 Text deltas are live display only; a ``FactCommitted`` item is yielded after its event is
 durable, so whatever the consumer does with it is backed by the log. The turn runs in a
 task the stream owns: leaving the ``async with`` block early stops the turn the way a
@@ -22,6 +25,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lodger.engine.queue import Steered
 
 from lodger.errors import UsageError
 from lodger.events import Event
@@ -56,13 +62,19 @@ class TurnFinished:
 StreamItem = TextDelta | FactCommitted | TurnFinished
 
 Starter = Callable[[Callable[[Event], None], Callable[[str], None]], Awaitable["TurnResult"]]
+Steerer = Callable[[str, "str | None"], Awaitable["Steered"]]
 
 
 class TurnStream:
     """Owns the task running one turn and hands its items out in order."""
 
-    def __init__(self, start: Starter) -> None:
+    def __init__(
+        self, start: Starter, *, session_id: str | None = None, steer: Steerer | None = None
+    ) -> None:
         self._start = start
+        #: the session the turn runs on
+        self.session_id = session_id
+        self._steer = steer
         self._queue: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         self._task: asyncio.Task[TurnResult] | None = None
         self._finished = False
@@ -136,3 +148,10 @@ class TurnStream:
             self._finished = True
             self._result = item.result
         return item
+
+    async def steer(self, text: str, *, who: str | None = None) -> Steered:
+        """Send ``text`` to this turn (``Agent.steer`` on its session): delivered at its
+        next provider boundary, or queued as the next turn once it has taken its last step."""
+        if self._steer is None:
+            raise UsageError("this stream cannot be steered", code="usage")
+        return await self._steer(text, who)

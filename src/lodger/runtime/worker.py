@@ -46,6 +46,7 @@ from lodger.errors import (
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
+from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents.detached import ControlPlaneChildren
@@ -92,6 +93,8 @@ class WorkerConfig:
     max_attempts: int = 5
     #: how long a parked approval stays answerable (then the call is denied)
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
+    #: seconds between looks for steers hosts sent the running turn (``Steers``)
+    steer_poll_s: float = 0.2
 
 
 @dataclass
@@ -256,6 +259,8 @@ class Worker:
                 release_held=index.release_held if index else False,
             )  # fmt: skip
             ended = True
+            # the steers no turn took are the session's next messages now
+            await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
         finally:
             current = self.guard.lease(wake.session_id) or lease
             self.guard.drop(wake.session_id)
@@ -276,6 +281,16 @@ class Worker:
         index: _Index | None = None
         turn = asyncio.ensure_future(self._turn(wake, claim.row))
         watch = asyncio.ensure_future(self._watch(wake, turn, stop))
+        steers = asyncio.ensure_future(
+            relay_steers(
+                self.control,
+                self.sessions,
+                wake.session_id,
+                self.holder,
+                turn,
+                poll_s=self.config.steer_poll_s,
+            )
+        )
         try:
             step = await turn
             delay, held, index = step.delay, step.held, step.index
@@ -308,9 +323,10 @@ class Worker:
                 delay = None
                 failure = await self._give_up(wake, exc)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for helper in (watch, steers):
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
         return delay, held, failure, index
 
     async def _watch(self, wake: Wake, turn: asyncio.Future[_Step], stop: asyncio.Event) -> None:
@@ -380,6 +396,8 @@ class Worker:
                 await self._open_turn(sessions, wake, binding, step)
             if step.delay is None and wake.message is not None and not _delivered(step.state, wake):
                 await self._deliver(sessions, wake, binding, workspace, step)
+            if step.delay is None and not step.waiting and step.state and step.state.queue:
+                await self._followups(sessions, sid, binding, step)
             await self._settled(sid, binding, workspace, step)
             return step
         finally:
@@ -461,6 +479,14 @@ class Worker:
         self.stats.settled.append(result.status)
         step.waiting = result.status == "waiting"
         step.state = await self._after_turn(sid)
+
+    async def _followups(self, sessions: Sessions, sid: str, binding: Binding, step: _Step) -> None:
+        """The follow-up messages the log queued (a steer after the turn's last step)."""
+        for result in await run_followups(sessions, sid, binding):
+            self.stats.turns += 1
+            self.stats.settled.append(result.status)
+            step.waiting = result.status == "waiting"
+        step.state = await self._fold(sid)
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
         """After the wake's work: park its questions, snapshot, index, wake who waits."""

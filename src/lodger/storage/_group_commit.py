@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from lodger._core.eager import ShieldableFuture
 from lodger.storage._worker import IoThread
 from lodger.storage.logstore import Record
 
@@ -91,7 +92,10 @@ class AppendQueue:
         self, session_id: str, records: Sequence[Record], expected_offset: int
     ) -> None:
         loop = asyncio.get_running_loop()
-        entry = PendingAppend(session_id, records, expected_offset, loop, loop.create_future())
+        # a future the journal's shielded wait can wait on directly (``finish_shielded``)
+        entry = PendingAppend(
+            session_id, records, expected_offset, loop, ShieldableFuture(loop=loop)
+        )
         with self._lock:
             self._pending.append(entry)
             post, self._posted = not self._posted, True

@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lodger._core.eager import ShieldableFuture
+
 __all__ = ["GroupSync", "fsync_object", "syncfs_available"]
 
 
@@ -224,7 +226,8 @@ class GroupSync:
 
     async def _join(self, path: Path, data: bytes | None) -> bool:
         loop = asyncio.get_running_loop()
-        op = _Op(path, data, loop.create_future())
+        # a future the journal's shielded wait can wait on directly (``finish_shielded``)
+        op = _Op(path, data, ShieldableFuture(loop=loop))
         self._pending.append(op)
         if not self._in_flight:
             self._start(loop)

@@ -62,10 +62,12 @@ async def fork_session(
     clock: Clock,
     ids: IdFactory,
     metadata: Mapping[str, str] | None = None,
+    then: Sequence[EventDraft] = (),
 ) -> Fork:
     """Start ``fork_id`` from the parent's prefix ``[0, at)`` (default: its whole log),
     after verifying that prefix and the parent's stored head. ``metadata`` is added to the
-    fork's ``session_started`` (a subagent records its parent link there)."""
+    fork's ``session_started`` (a subagent records its parent link there); ``then`` are
+    facts committed with it, in the same append (a rewind's ``rewound``)."""
     check_session_id(parent_id)
     check_session_id(fork_id)
     parent_events = await log.read_all(parent_id)  # verifies the chain and the head
@@ -123,7 +125,7 @@ async def fork_session(
                 code="usage",
                 session_id=fork_id,
             )
-        (started,) = await writer.append([draft], expected_offset=0)
+        started, *_ = await writer.append([draft, *then], expected_offset=0)
     await _record_in_manifest(log, fork_id, parent, snapshot)
     return Fork(session_id=fork_id, parent=parent, snapshot=snapshot, started=started)
 

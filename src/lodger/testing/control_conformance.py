@@ -566,6 +566,48 @@ class ControlConformance:
         assert len(set(got)) == 1 and got[0] in {f"s{i}" for i in range(4)}
         assert await a.claim_delivery(hook="gh", delivery="d2", session_id="late") == got[0]
 
+    # ----------------------------------------------------------- steers
+
+    async def test_a_steer_goes_to_the_holder_or_becomes_a_wake(
+        self, make_control: MakeControl
+    ) -> None:
+        host, worker = await make_control(), await make_control()
+        lease = await worker.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None
+        held = await host.add_steer(session_id="s1", steer_id="st1", text="left", who="ana")
+        assert held is True
+        await host.add_steer(session_id="s1", steer_id="st2", text="right", who=None)
+        taken = await worker.take_steers(session_id="s1", holder="w1")
+        assert [(t.steer_id, t.text, t.who) for t in taken] == [
+            ("st1", "left", "ana"),
+            ("st2", "right", None),
+        ]
+        assert await worker.take_steers(session_id="s1", holder="w1") == []  # taken once
+        # another holder (after a crash) takes what was not done again
+        again = await worker.take_steers(session_id="s1", holder="w2")
+        assert [t.steer_id for t in again] == ["st1", "st2"]
+        await worker.done_steers(session_id="s1", steer_ids=["st1"])
+        assert await worker.requeue_steers(session_id="s1") == 0  # still held: nothing
+        await worker.release_session(lease=lease)
+        assert await worker.requeue_steers(session_id="s1") == 1  # st2, as a wake
+        assert [w.message for w in await host.pending_wakes(session_id="s1")] == ["right"]
+        assert await worker.requeue_steers(session_id="s1") == 0
+        # with nobody holding the session, a steer is a wake at once (once per steer id)
+        assert await host.add_steer(session_id="s2", steer_id="st3", text="up", who=None) is False
+        assert await host.add_steer(session_id="s2", steer_id="st3", text="up", who=None) is False
+        assert [w.message for w in await host.pending_wakes(session_id="s2")] == ["up"]
+        assert await worker.take_steers(session_id="s2", holder="w1") == []
+
+    async def test_requeue_skips_steers_the_log_holds(self, make_control: MakeControl) -> None:
+        control = await make_control()
+        lease = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None
+        for steer_id in ("a", "b"):
+            await control.add_steer(session_id="s1", steer_id=steer_id, text=steer_id, who=None)
+        await control.release_session(lease=lease)
+        assert await control.requeue_steers(session_id="s1", skip=["a"]) == 1
+        assert [w.message for w in await control.pending_wakes(session_id="s1")] == ["b"]
+
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -19,6 +19,7 @@ from pathlib import Path
 from lodger.events import (
     ArtifactRef,
     Body,
+    CallAccepted,
     CancelRequested,
     Compacted,
     CompactionFailed,
@@ -29,6 +30,8 @@ from lodger.events import (
     ModelOutput,
     PermissionModeChanged,
     Prefix,
+    ProcessEnded,
+    ProcessStarted,
     ProposedCall,
     QueueChanged,
     Rewound,
@@ -42,6 +45,7 @@ from lodger.events import (
     ToolResponded,
     TurnEnded,
     TurnStarted,
+    Usage,
 )
 from lodger.storage import EventLog, MemoryLogStore
 
@@ -70,7 +74,12 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
         (SteerReceived(steer_id="st1", text="only the [server] table", who="cli:golden"), turn),
         (
             CompactionFailed(
-                covers=head, trigger="threshold", attempts=2, reason="no 'next step' section"
+                covers=head,
+                trigger="threshold",
+                attempts=2,
+                reason="no 'next step' section",
+                model="function:golden",
+                usage=Usage(input_tokens=300, output_tokens=60),
             ),
             turn,
         ),
@@ -87,6 +96,7 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
                 tokens_before=160,
                 tokens_after=40,
                 trigger="threshold",
+                usage=Usage(input_tokens=150, output_tokens=30),
             ),
             turn,
         ),
@@ -102,6 +112,21 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
             ),
             edit,
         ),
+        (
+            ProcessStarted(
+                process_id="p1",
+                operation_id="op3",
+                command="python -m http.server 8000",
+                pid=4242,
+                sandbox="bwrap",
+            ),
+            {**step1, "call_id": "c3"},
+        ),
+        (
+            CallAccepted(operation_id="op4", handle={"job_id": "job-7"}, wait="continue"),
+            {**step1, "call_id": "c4"},
+        ),
+        (ProcessEnded(process_id="p1", status="stopped", exit_code=-15, output_bytes=120), turn),
         (MessageQueued(message_id="m1", text="then run the tests", who="host:golden"), {}),
         (
             QueueChanged(
@@ -114,7 +139,7 @@ def bodies(head: Prefix) -> list[tuple[Body, dict[str, str]]]:
         (TurnEnded(status="cancelled"), {"turn_id": "t1"}),
         (
             Rewound(
-                left=ForkParent(session_id="golden-v9-left", high_water=17, digest=sha(b"left")),
+                left=ForkParent(session_id="golden-v9-left", high_water=20, digest=sha(b"left")),
                 to=head,
                 restored=1,
                 who="cli:golden",

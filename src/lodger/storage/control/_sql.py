@@ -24,6 +24,7 @@ from lodger.storage.control.interface import (
     SessionClaim,
     SessionLease,
     SessionRow,
+    SteerRow,
     Wake,
     WakeInfo,
 )
@@ -113,6 +114,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (
         # finding the due schedules walks the due ones, not every schedule stored
         "CREATE INDEX schedules_due ON schedules (next_at)",
+    ),
+    # steers for sessions that run on workers (``Steers``): taken by the worker holding
+    # the session, sent as wakes once none does
+    9: (
+        "CREATE TABLE session_steers (steer_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
+        "text TEXT NOT NULL, who TEXT, created_at {real} NOT NULL, taken_by TEXT)",
+        "CREATE INDEX session_steers_session ON session_steers (session_id, created_at)",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -366,27 +374,37 @@ class SqlControlPlane:
         idempotency_key: str | None = None,
     ) -> int | None:
         async with self._tx() as tx:
-            if idempotency_key is not None:
-                fresh = await tx.change(
-                    "INSERT INTO idempotency_keys (key, created_at) VALUES (%s, %s) "
-                    "ON CONFLICT (key) DO NOTHING",
-                    (idempotency_key, tx.now),
-                )
-                if not fresh:
-                    return None
-            rows = await tx.rows(
-                "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s) RETURNING id",
-                (session_id, message, tx.now if due_at is None else due_at),
+            return await self._send(tx, session_id, message, due_at, idempotency_key)
+
+    async def _send(
+        self,
+        tx: _Tx,
+        session_id: str,
+        message: str | None,
+        due_at: float | None,
+        idempotency_key: str | None,
+    ) -> int | None:
+        if idempotency_key is not None:
+            fresh = await tx.change(
+                "INSERT INTO idempotency_keys (key, created_at) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO NOTHING",
+                (idempotency_key, tx.now),
             )
-            wake_id = int(rows[0][0])
-            if idempotency_key is not None:
-                await tx.change(
-                    "UPDATE idempotency_keys SET wake_id = %s WHERE key = %s",
-                    (wake_id, idempotency_key),
-                )
-            if due_at is None or due_at <= tx.now:
-                await self._notify_wakes(tx)
-            return wake_id
+            if not fresh:
+                return None
+        rows = await tx.rows(
+            "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s) RETURNING id",
+            (session_id, message, tx.now if due_at is None else due_at),
+        )
+        wake_id = int(rows[0][0])
+        if idempotency_key is not None:
+            await tx.change(
+                "UPDATE idempotency_keys SET wake_id = %s WHERE key = %s",
+                (wake_id, idempotency_key),
+            )
+        if due_at is None or due_at <= tx.now:
+            await self._notify_wakes(tx)
+        return wake_id
 
     async def _due_wakes(self, tx: _Tx, limit: int) -> list[Wake]:
         """Due, unclaimed (or abandoned by a dead worker) wakes of sessions nobody holds,
@@ -1046,6 +1064,81 @@ class SqlControlPlane:
                 return wait
             await tx.change("INSERT INTO quota_events (name, at) VALUES (%s, %s)", (key, tx.now))
             return 0.0
+
+    # ----------------------------------------------------------- steers (session_steers)
+
+    async def _steers_lock(self, tx: _Tx, session_id: str) -> bool:
+        """Serialize a session's steers with its lease's release; whether it is held."""
+        await self._lock_name(tx, f"steers:{session_id}")
+        rows = await tx.rows(
+            "SELECT 1 FROM session_leases WHERE session_id = %s AND expires_at > %s",
+            (session_id, tx.now),
+        )
+        return bool(rows)
+
+    async def add_steer(
+        self, *, session_id: str, steer_id: str, text: str, who: str | None
+    ) -> bool:
+        async with self._tx() as tx:
+            if not await self._steers_lock(tx, session_id):
+                await self._send(tx, session_id, text, None, f"steer:{steer_id}")
+                return False
+            await tx.change(
+                "INSERT INTO session_steers (steer_id, session_id, text, who, created_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (steer_id) DO NOTHING",
+                (steer_id, session_id, text, who, tx.now),
+            )
+            return True
+
+    async def take_steers(self, *, session_id: str, holder: str) -> list[SteerRow]:
+        async with self._tx() as tx:
+            await self._steers_lock(tx, session_id)
+            rows = await tx.rows(
+                "SELECT steer_id, session_id, text, who, created_at FROM session_steers "
+                "WHERE session_id = %s AND (taken_by IS NULL OR taken_by <> %s) "
+                "ORDER BY created_at, steer_id",
+                (session_id, holder),
+            )
+            for row in rows:
+                await tx.change(
+                    "UPDATE session_steers SET taken_by = %s WHERE steer_id = %s",
+                    (holder, row[0]),
+                )
+            return [
+                SteerRow(
+                    steer_id=str(r[0]),
+                    session_id=str(r[1]),
+                    text=str(r[2]),
+                    who=None if r[3] is None else str(r[3]),
+                    created_at=float(r[4]),
+                )
+                for r in rows
+            ]
+
+    async def done_steers(self, *, session_id: str, steer_ids: Sequence[str]) -> None:
+        async with self._tx() as tx:
+            for steer_id in steer_ids:
+                await tx.change(
+                    "DELETE FROM session_steers WHERE session_id = %s AND steer_id = %s",
+                    (session_id, steer_id),
+                )
+
+    async def requeue_steers(self, *, session_id: str, skip: Sequence[str] = ()) -> int:
+        async with self._tx() as tx:
+            if await self._steers_lock(tx, session_id):
+                return 0
+            rows = await tx.rows(
+                "SELECT steer_id, text FROM session_steers WHERE session_id = %s "
+                "ORDER BY created_at, steer_id",
+                (session_id,),
+            )
+            sent = 0
+            for steer_id, text in rows:
+                if steer_id not in skip:
+                    await self._send(tx, session_id, str(text), None, f"steer:{steer_id}")
+                    sent += 1
+            await tx.change("DELETE FROM session_steers WHERE session_id = %s", (session_id,))
+            return sent
 
 
 def lease_lost(lease: SessionLease) -> LeaseLostError:

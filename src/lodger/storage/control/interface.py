@@ -35,6 +35,8 @@ __all__ = [
     "SessionLease",
     "SessionLeases",
     "SessionRow",
+    "SteerRow",
+    "Steers",
     "Tokens",
     "Wake",
     "WakeBell",
@@ -489,6 +491,49 @@ class GlobalAuthorities(Protocol):
         ...
 
 
+# ----------------------------------------------------------- steers (session_steers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SteerRow:
+    """A steer a host took for a session a worker runs, until that worker commits it."""
+
+    steer_id: str
+    session_id: str
+    text: str
+    who: str | None
+    created_at: float
+
+
+class Steers(Protocol):
+    """Steers for sessions that run on workers (``lodger.engine.steering``): a host adds
+    one; the worker holding the session takes it into its running turn (a
+    ``steer_received`` fact) and marks it done; what its turn did not take becomes a
+    wake, the session's next message, once it lets the session go."""
+
+    async def add_steer(
+        self, *, session_id: str, steer_id: str, text: str, who: str | None
+    ) -> bool:
+        """True: a worker holds the session and will take the steer; False: none does,
+        and the steer was sent as a wake (idempotency key ``steer:<steer_id>``)."""
+        ...
+
+    async def take_steers(self, *, session_id: str, holder: str) -> list[SteerRow]:
+        """The session's steers not taken by ``holder`` yet, oldest first, now taken by
+        it (a steer another holder took and did not finish is taken again)."""
+        ...
+
+    async def done_steers(self, *, session_id: str, steer_ids: Sequence[str]) -> None:
+        """The steers are committed to the session's log: forget them."""
+        ...
+
+    async def requeue_steers(self, *, session_id: str, skip: Sequence[str] = ()) -> int:
+        """Once no worker holds the session: send each steer still waiting (but those in
+        ``skip``, already in its log) as a wake, and forget them all; how many were sent
+        (0, touching nothing, while a worker holds the session)."""
+        ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -498,6 +543,7 @@ class ControlPlane(
     Approvals,
     Tokens,
     GlobalAuthorities,
+    Steers,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

@@ -57,6 +57,7 @@ from lodger.storage.control.interface import (
     ControlPlane,
     ParkedCall,
     SessionClaim,
+    SessionLease,
     SessionRow,
     Wake,
     WakeBell,
@@ -251,7 +252,7 @@ class Worker:
         ended = False
         try:
             delay, held, failure, index = await self._work(claim, stop)
-            current = self.guard.lease(wake.session_id) or lease
+            current = self._own(lease)
             # the session's index rides in the wake's end: one transaction, not two
             await self.control.end_wake(
                 wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure,
@@ -262,11 +263,17 @@ class Worker:
             # the steers no turn took are the session's next messages now
             await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
         finally:
-            current = self.guard.lease(wake.session_id) or lease
-            self.guard.drop(wake.session_id)
+            # once released, another slot may hold the session's next grant: not that one
+            current = self._own(lease)
+            self.guard.drop(wake.session_id, epoch=lease.epoch)
             if not ended:
                 with contextlib.suppress(ControlPlaneError):
                     await self.control.release_session(lease=current)
+
+    def _own(self, lease: SessionLease) -> SessionLease:
+        """This wake's lease as last renewed (the guard's, while it is the same grant)."""
+        held = self.guard.lease(lease.session_id)
+        return held if held is not None and held.epoch == lease.epoch else lease
 
     async def _work(
         self, claim: SessionClaim, stop: asyncio.Event

@@ -42,7 +42,12 @@ class LeaseGuard:
     def hold(self, lease: SessionLease) -> None:
         self._leases[lease.session_id] = lease
 
-    def drop(self, session_id: str) -> None:
+    def drop(self, session_id: str, *, epoch: int | None = None) -> None:
+        """Forget the session's lease; with ``epoch``, only that grant's (a newer one,
+        taken by another slot once this one was released, stays)."""
+        held = self._leases.get(session_id)
+        if epoch is not None and held is not None and held.epoch != epoch:
+            return
         self._leases.pop(session_id, None)
         self._starts.pop(session_id, None)
 

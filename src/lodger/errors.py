@@ -462,6 +462,8 @@ ErrorCode = Literal[
     "token_conflict",
     # the model's bad call (rejection reasons travel as ``call_rejected.reason``)
     "tool_call",
+    "bad_url",
+    "http_unreachable",
     "stale_revision",
     "invalid_path",
     "path_not_found",

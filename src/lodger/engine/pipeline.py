@@ -83,7 +83,7 @@ from lodger.storage.artifacts import ArtifactStore
 from lodger.substrates.inprocess import Execution
 from lodger.substrates.select import Executors
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import NestedResult, Tool, ToolContext
+from lodger.tools.spec import NestedResult, Tool, ToolContext, idempotency_key
 
 __all__ = ["CALL_STAGES", "CallOutcome", "CallPipeline", "CallStage", "StepScope"]
 
@@ -349,9 +349,16 @@ class CallPipeline:
         return await self._run_prepared(await self._prepare(call, env, scope=scope))
 
     def _tool_context(
-        self, call_id: str, parent_call_id: str | None, step: _CallStep | None
+        self,
+        call_id: str,
+        parent_call_id: str | None,
+        step: _CallStep | None,
+        rerun: _Rerun | None = None,
     ) -> ToolContext:
         ctx = self.ctx
+        operation_id = ctx.ids.new_id()
+        # the key of the call's first attempt: a re-dispatch sends the same one
+        first = operation_id if rerun is None else self._first_operation(call_id, rerun)
         # every field, in declaration order (see lodger._core.records)
         tool_context: ToolContext = record(
             ToolContext,
@@ -360,7 +367,7 @@ class CallPipeline:
                 "turn_id": ctx.turn_id,
                 "run_id": ctx.run_id,
                 "call_id": call_id,
-                "operation_id": ctx.ids.new_id(),
+                "operation_id": operation_id,
                 "workspace": ctx.workspace,
                 "parent_call_id": parent_call_id,
                 "hidden": ctx.hidden,
@@ -368,9 +375,16 @@ class CallPipeline:
                 "nested": None if step is None else _CellCalls(step.scope, call_id, self),
                 "extras": {},
                 "deps": self.deps,
+                "idempotency_key": idempotency_key(ctx.session_id, first),
             },
         )
         return tool_context
+
+    def _first_operation(self, call_id: str, rerun: _Rerun) -> str:
+        state = self.ctx.journal.state.calls.get(call_id)
+        if state is None or not state.operations:
+            return rerun.retry_of
+        return state.operations[0].operation_id
 
     async def _prepare(
         self,
@@ -412,7 +426,7 @@ class CallPipeline:
                 arguments = await self._before(t, arguments, call.call_id, env)
             # claims
             step = None if scope is None else _CallStep(scope, env, self)
-            tctx = self._tool_context(call.call_id, env.parent_call_id, step)
+            tctx = self._tool_context(call.call_id, env.parent_call_id, step, rerun)
             claims = _claims(t, arguments, tctx)
             try:
                 reservation = self.authorities.reserve(self._owner(call.call_id), claims)

@@ -57,7 +57,7 @@ from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import ProbeResult, ToolContext
+from lodger.tools.spec import ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
@@ -568,6 +568,7 @@ async def _probe(engine: ResumableEngine, ctx: RunContext, state: CallState) -> 
         parent_call_id=state.parent_call_id,
         hidden=ctx.hidden,
         deps=engine.deps,
+        idempotency_key=idempotency_key(ctx.session_id, state.operations[0].operation_id),
     )
     try:
         return await t.probe(record.dispatched, tctx)

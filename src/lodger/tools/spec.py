@@ -60,6 +60,7 @@ __all__ = [
     "ToolContext",
     "ToolOutput",
     "WorkerAbandoned",
+    "idempotency_key",
     "run_in_worker",
     "tool",
 ]
@@ -137,11 +138,23 @@ class ToolContext(Generic[DepsT]):
     nested: NestedCaller | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
     deps: DepsT = None  # type: ignore[assignment]
+    #: the operation's idempotency key, minted with its T1: the same for every attempt
+    #: of the call (a re-dispatch keeps its first attempt's key); ``lodger.tools.http``
+    #: sends it as ``Idempotency-Key`` (empty for a context no T1 minted)
+    idempotency_key: str = ""
 
     def require_workspace(self) -> Path:
         if self.workspace is None:
             raise ToolCallError("this tool needs a workspace and the session has none")
         return self.workspace
+
+
+def idempotency_key(session_id: str, first_operation_id: str) -> str:
+    """The idempotency key of every attempt of the call whose first operation (T1) is
+    ``first_operation_id``: stable across re-dispatch, ASCII, unique per session and
+    operation (``ToolContext.idempotency_key``; ``lodger.tools.http`` sends it)."""
+    digest = hashlib.sha256(f"{session_id}\x00{first_operation_id}".encode()).hexdigest()
+    return f"lodger-{digest[:40]}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -563,6 +563,7 @@ ErrorCode = Literal[
     "bad_not_dispatched",
     "bad_permission_park",
     "unknown_operation",
+    "late_acceptance",
     "call_mismatch",
     "missing_call_id",
     "dispatch_without_call",

@@ -24,6 +24,9 @@ class Ledger:
         self.stored: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, str | None] = {}  # job id -> result (None: running)
         self.unknown_jobs: set[str] = set()  # jobs the server cannot tell about
+        self.polls: list[str] = []  # every GET of a job, in order
+        #: a job finishes by itself at its n-th poll (None: only when the test says)
+        self.finish_at: int | None = None
 
 
 def _handler(ledger: Ledger) -> type[BaseHTTPRequestHandler]:
@@ -62,9 +65,12 @@ def _handler(ledger: Ledger) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             job = self.path.rpartition("/")[2]
             with ledger.lock:
+                ledger.polls.append(job)
                 if job in ledger.unknown_jobs or job not in ledger.jobs:
                     self._answer(404, {"error": f"no job {job}"})
                     return
+                if ledger.finish_at is not None and ledger.polls.count(job) >= ledger.finish_at:
+                    ledger.jobs[job] = ledger.jobs[job] or f"{job} built"
                 result = ledger.jobs[job]
             if result is None:
                 self._answer(200, {"job": job, "state": "running"})

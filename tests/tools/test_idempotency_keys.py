@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from tests.tools.idempotent_server import serve
+from tests.tools.remote_tools import pay_tool as remote_pay
 
 from lodger.engine.settings import Services
 from lodger.errors import CommitFailedError, ToolCallError
@@ -20,20 +21,9 @@ from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.storage.logstore import Record
 from lodger.testing import FaultyLogStore, MemoryArtifactStore
-from lodger.tools import Tool, ToolContext, tool
+from lodger.tools import Tool, ToolContext
 from lodger.tools.http import http_request
 from lodger.tools.spec import idempotency_key
-
-
-def pay_tool(base: str, seen: list[str]) -> Tool:
-    @tool(recovery="idempotent")
-    async def pay(amount: int, ctx: ToolContext) -> str:
-        """Charge a card through the payments API."""
-        seen.append(ctx.idempotency_key)
-        response = await http_request(ctx, "POST", f"{base}/charges", json={"amount": amount})
-        return response.text()
-
-    return pay
 
 
 def agent(tmp_path: Path, tools: list[Tool], script: list[Any], **kw: Any) -> Agent:
@@ -64,6 +54,16 @@ async def test_each_call_sends_its_own_key(tmp_path: Path) -> None:
     assert sorted(k for k in ledger.keys if k) == sorted(seen)
     assert len(set(seen)) == 2 and all(k.startswith("lodger-") for k in seen)
     assert len(ledger.executed) == 2
+
+
+def pay_tool(base: str, seen: list[str]) -> Tool:
+    inner = remote_pay(base)
+
+    async def handler(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        seen.append(ctx.idempotency_key)
+        return await inner.handler(arguments, ctx)
+
+    return inner.with_options(handler=handler)
 
 
 async def test_a_redispatch_resends_the_first_attempts_key_and_nothing_runs_twice(

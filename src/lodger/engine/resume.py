@@ -57,7 +57,7 @@ from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import ProbeResult, ToolContext, idempotency_key
+from lodger.tools.spec import CannotTell, ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
@@ -374,6 +374,8 @@ async def _apply(
         call, scope = _proposed(journal.state.events, state, journal.state.open_turn_offset)
         outcome = await pipeline.ask_again(call, scope=scope)
         return "pending" if outcome.awaiting_approval else "settled"
+    if planned.action == "poll":  # running remotely: its handle settles it
+        return await _poll_running(ctx, pipeline, state, env)
     if planned.action == "tell_model":
         await journal.fact(
             RecoveryObserved(
@@ -453,6 +455,28 @@ async def _recover(
     # never_retry, a refused re-run, or a probe that could not tell: park for an operator
     await journal.fact(
         RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
+    )
+    return "parked"
+
+
+async def _poll_running(
+    ctx: RunContext, pipeline: CallPipeline, state: CallState, env: Envelope
+) -> Literal["settled", "parked"]:
+    """A call the remote side accepted before the crash: its result through the tool's
+    poll (its T2), or left running (the model was told; a later poll settles it), or
+    parked for a person only when the poll cannot tell."""
+    polled = await pipeline.settle_accepted(state)
+    if not isinstance(polled, CannotTell):
+        return "settled"
+    record = state.latest
+    assert record is not None
+    await ctx.journal.fact(
+        RecoveryDecided(
+            operation_id=record.operation_id,
+            action="park",
+            reason=f"the poll of its handle cannot tell: {polled.reason}",
+        ),
+        env,
     )
     return "parked"
 

@@ -12,7 +12,10 @@ from typing import Any
 from tests.tools.idempotent_server import serve
 from tests.tools.remote_tools import build_tool, note
 
+from lodger.context import Projector, project_messages
+from lodger.engine.checkpoint import decode_or_why, encode_checkpoint
 from lodger.engine.settings import Services
+from lodger.engine.state import SessionState
 from lodger.events import CallAccepted, Event, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.base import ModelRequest, ToolResultMessage, UserMessage
@@ -149,3 +152,42 @@ async def test_a_tool_that_accepts_without_a_poll_gets_an_error_result(tmp_path:
     events = await events_of(tmp_path)
     assert not any(isinstance(e.body, CallAccepted) for e in events)
     del ledger
+
+
+async def test_every_prefix_projects_and_checkpoints_like_a_full_fold(tmp_path: Path) -> None:
+    """The incremental projection equals ``project_messages`` at every prefix of a log
+    with a running call and its late result, and a fold checkpointed at any offset
+    (``call_accepted`` included) folds the rest like the whole log."""
+    seen: list[ModelRequest] = []
+    with serve() as (base, ledger):
+        ledger.finish_at = 2
+        a = agent(tmp_path, [build_tool(base), note], seen, script=[BUILD, NOTE, {"text": "ok"}])
+        await a.run("build, then note", session="s1")
+        await a.close()
+    log = EventLog(SqliteLogStore(tmp_path / "state"))
+    try:
+        verified = await log.read_verified("s1")
+    finally:
+        await log.close()
+    events = verified.decode()
+    whole = SessionState("s1", events)
+    grown: list[Event] = []
+    incremental = Projector(grown)
+    running_at: list[int] = []
+    for n, e in enumerate(events, start=1):
+        grown.append(e)
+        expected = project_messages(events[:n])
+        assert list(incremental.project().messages) == list(expected.messages), n
+        prefix = SessionState("s1", events[:n])
+        restored = decode_or_why(encode_checkpoint(prefix, verified.chain), verified)
+        assert not isinstance(restored, str), restored
+        running = [c.call_id for c in restored.accepted_open.values()]
+        assert running == [c.call_id for c in prefix.accepted_open.values()], n
+        running_at += [n] if running else []
+        restored.feed(verified.decode(n))
+        assert restored.calls == whole.calls, n
+        assert list(restored.projector.project().messages) == list(
+            whole.projector.project().messages
+        ), n
+    assert running_at  # some checkpoints were taken while the call ran
+    assert not whole.accepted_open  # the result came: nothing runs any more

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.crash.longcall_child import SCRIPTS
@@ -29,6 +30,7 @@ from lodger.events import Event, RecoveryDecided, ToolDispatched, ToolResponded
 from lodger.ids import ManualClock, SequentialIds
 from lodger.providers.scripted import ScriptedModel
 from lodger.recovery import plan_recovery
+from lodger.recovery.classify import CallState, classify_calls
 from lodger.runtime.agent import Agent
 from lodger.storage import EventLog, SqliteLogStore, Storage
 from lodger.testing import MemoryArtifactStore
@@ -62,9 +64,9 @@ def run_child_until(state: Path, base: str, mode: str, ready: Callable[[], bool]
     assert child.returncode == -9
 
 
-def agent(state: Path, tools: list[Tool], mode: str) -> Agent:
+def agent(state: Path, tools: list[Tool], mode: str, script: list[Any] | None = None) -> Agent:
     return Agent(
-        model=ScriptedModel(SCRIPTS[mode]),
+        model=ScriptedModel(script or SCRIPTS[mode]),
         tools=tools,
         storage=Storage(log=EventLog(SqliteLogStore(state)), artifacts=MemoryArtifactStore()),
         services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("r")),
@@ -154,3 +156,33 @@ async def test_a_handle_the_remote_cannot_tell_about_parks_the_call(tmp_path: Pa
     plan = plan_recovery(events)
     assert [(c.status, c.action) for c in plan.calls] == [("parked", "wait_operator")]
     assert len(ledger.executed) == 1
+
+
+@pytest.mark.slow
+async def test_a_long_call_still_running_after_the_crash_stays_running_and_settles_later(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with serve() as (base, ledger):
+        run_child_until(state, base, "job", lambda: polled(ledger))
+        resumed = agent(state, [build_tool(base, "wait")], "job")
+        result = await resumed.resume("s1")  # the poll says running: no park, no re-run
+        events = await events_of(state)
+        assert result.status == "completed"
+        assert not any(isinstance(e.body, RecoveryDecided | ToolResponded) for e in events)
+        assert [c.call_id for c in resumed_running(events)] == ["call-0-1"]
+        ledger.jobs["job-1"] = "app built"
+        later = agent(state, [build_tool(base, "wait")], "job", [{"text": "the build is in"}])
+        await later.run("and now?", session="s1")
+        await later.close()
+        await resumed.close()
+    events = await events_of(state)
+    t2 = [e.body for e in events if isinstance(e.body, ToolResponded)]
+    assert [b.content for b in t2] == ["build finished: app built"]
+    assert (
+        len(ledger.executed) == 1 and sum(isinstance(e.body, ToolDispatched) for e in events) == 1
+    )
+
+
+def resumed_running(events: list[Event]) -> list[CallState]:
+    return [c for c in classify_calls(events).values() if c.status()[0] == "running"]

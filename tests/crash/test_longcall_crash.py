@@ -11,6 +11,7 @@ kills it once the server has the request, then resumes in-process.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from tests.crash.longcall_child import SCRIPTS
 from tests.tools.idempotent_server import Ledger, serve
 from tests.tools.remote_tools import build_tool, pay_tool
 
+from lodger.cli import main
 from lodger.engine.settings import Services
 from lodger.errors import ResumeBlockedError
 from lodger.events import Event, RecoveryDecided, ToolDispatched, ToolResponded
@@ -126,6 +129,11 @@ async def test_a_long_call_killed_while_waiting_is_settled_by_polling_its_handle
         assert [(c.status, c.reason, c.action) for c in plan.calls] == [
             ("running", "accepted_with_handle", "poll")
         ]
+        runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "LODGER_STATE": None})
+        shown = await asyncio.to_thread(  # the CLI runs its own event loop
+            runner.invoke, main, ["recover", "s1", "--state", str(state)], catch_exceptions=False
+        )
+        assert "running  (accepted_with_handle)  -> poll its handle" in shown.stdout, shown.output
         ledger.jobs["job-1"] = "app built"  # the farm finished while lodger was down
         resumed = agent(state, [build_tool(base, "wait")], "job")
         result = await resumed.resume("s1")

@@ -194,3 +194,20 @@ async def test_a_long_call_still_running_after_the_crash_stays_running_and_settl
 
 def resumed_running(events: list[Event]) -> list[CallState]:
     return [c for c in classify_calls(events).values() if c.status()[0] == "running"]
+
+
+@pytest.mark.slow
+async def test_abandoning_the_turn_stops_following_its_running_call(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with serve() as (base, ledger):
+        run_child_until(state, base, "job", lambda: polled(ledger))
+        operator = agent(state, [build_tool(base, "wait")], "job", [{"text": "fresh start"}])
+        await operator.abandon("s1", reason="the farm job is not wanted")
+        assert resumed_running(await events_of(state)) == []
+        ledger.jobs["job-1"] = "too late"
+        polls = len(ledger.polls)
+        await operator.run("next", session="s1")
+        await operator.close()
+        assert len(ledger.polls) == polls  # nothing polls an abandoned call
+    events = await events_of(state)
+    assert not any(isinstance(e.body, ToolResponded) for e in events)

@@ -600,6 +600,11 @@ async def _probe(engine: ResumableEngine, ctx: RunContext, state: CallState) -> 
         return ProbeResult(applied=None, observation=f"the probe failed: {exc}")
 
 
+#: the call states an operator may decide (and an abandoned turn decides): their outcome
+#: is not known (a running call's remote side may still answer; a decision ends that)
+_UNDECIDED = ("indeterminate", "parked", "running")
+
+
 def _blocked(session_id: str, calls: Sequence[PlannedCall]) -> ResumeBlockedError:
     lines = [
         f"call {c.call_id} ({c.tool}, operation {c.operation_id}) is parked: {c.reason}"
@@ -692,10 +697,10 @@ async def decide(
             call_id=call_id,
             next_steps=(NextStep(action="recover", session_id=session_id),),
         )
-    if planned.status not in ("indeterminate", "parked") or planned.operation_id is None:
+    if planned.status not in _UNDECIDED or planned.operation_id is None:
         raise UsageError(
-            f"call {call_id!r} is {planned.status}; only indeterminate or parked calls "
-            "need a decision",
+            f"call {call_id!r} is {planned.status}; only indeterminate, parked or running "
+            "calls take a decision",
             code="nothing_to_decide",
             session_id=session_id,
             call_id=call_id,
@@ -742,7 +747,7 @@ async def abandon(
     )
     facts = _OperatorFacts(clock, ids)
     for planned in plan.calls:
-        if planned.status in ("indeterminate", "parked") and planned.operation_id is not None:
+        if planned.status in _UNDECIDED and planned.operation_id is not None:
             facts.decision(
                 planned,
                 plan.turn_id,

@@ -462,6 +462,8 @@ ErrorCode = Literal[
     "token_conflict",
     # the model's bad call (rejection reasons travel as ``call_rejected.reason``)
     "tool_call",
+    "bad_url",
+    "http_unreachable",
     "stale_revision",
     "invalid_path",
     "path_not_found",
@@ -561,6 +563,7 @@ ErrorCode = Literal[
     "bad_not_dispatched",
     "bad_permission_park",
     "unknown_operation",
+    "late_acceptance",
     "call_mismatch",
     "missing_call_id",
     "dispatch_without_call",

@@ -33,6 +33,7 @@ from lodger.events import (
     ArtifactStored,
     Attachment,
     BudgetReached,
+    CallAccepted,
     CallRejected,
     Compacted,
     CompactionFailed,
@@ -90,6 +91,7 @@ _STATUS_STYLE = {
     "cancelled": "yellow",
     "interrupted": "yellow",
     "dispatched": "yellow",
+    "running": "cyan",
     "parked": "yellow",
     "step_limit": "yellow",
 }
@@ -411,6 +413,14 @@ class _TimelineView:
             if body.resources:
                 parts.append(("  resources: " + ", ".join(body.resources), "dim"))
             return parts
+        if isinstance(body, CallAccepted):
+            handle = json.dumps(body.handle, sort_keys=True, ensure_ascii=False)
+            return [
+                ("accepted", "bold cyan"),
+                f"  op={body.operation_id}  running remotely, ",
+                ("waits" if body.wait == "wait" else "turn continues", "cyan"),
+                "  handle=" + clip(visible(handle), self.limit(_PREVIEW)),
+            ]
         if isinstance(body, ToolResponded):
             parts = [
                 ("T2 ", "bold"),

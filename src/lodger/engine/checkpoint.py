@@ -54,6 +54,7 @@ from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
     ALWAYS_REASON,
     SCHEMA_VERSION,
+    CallAccepted,
     Event,
     ForkParent,
     OperatorDecision,
@@ -112,6 +113,7 @@ def _operation_plain(op: OperationRecord) -> list[Any]:
         op.observed.model_dump(mode="json") if op.observed is not None else None,
         op.parked,
         op.decision.model_dump(mode="json") if op.decision is not None else None,
+        op.accepted.model_dump(mode="json") if op.accepted is not None else None,
     ]
 
 
@@ -217,7 +219,10 @@ class _StoredOperation(OperationRecord):
     event at ``offset``) when first read, not when the session opens."""
 
     def __init__(self, history: History, item: list[Any]) -> None:  # not the dataclass's
-        operation_id, offset, run_id, responded_at, observed, parked, decision = item
+        # an eighth item (schema 9's ``call_accepted``) is absent from checkpoints
+        # written before it: such a fold saw no accepted call
+        operation_id, offset, run_id, responded_at, observed, parked, decision = item[:7]
+        accepted = item[7] if len(item) > 7 else None
         if type(operation_id) is not str or type(offset) is not int:
             raise TypeError("operation: bad id or offset")
         if not 0 <= offset < history.undecoded_base:
@@ -231,6 +236,7 @@ class _StoredOperation(OperationRecord):
         self.observed = None if observed is None else RecoveryObserved.model_validate(observed)
         self.parked = parked is True
         self.decision = None if decision is None else OperatorDecision.model_validate(decision)
+        self.accepted = None if accepted is None else CallAccepted.model_validate(accepted)
 
     @property
     def dispatched(self) -> ToolDispatched:

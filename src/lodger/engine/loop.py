@@ -407,9 +407,9 @@ class Engine:
                 stop = control.stopping()
                 if stop is not None:  # between steps: every call of the last one settled
                     return await self._stopped(ctx, stop)
-                # Other tasks get the loop once per step: with a store and a model that
-                # answer without waiting (memory, scripted), nothing else here suspends.
-                await asyncio.sleep(0)
+                # Other tasks get the loop once per step (a memory store and a scripted
+                # model never suspend); long-running calls' results that came get a T2.
+                await pipeline.between_steps()
                 reached = await self._budget_reached(state)
                 if reached is not None:
                     return await self.park(ctx, reached)

@@ -17,7 +17,7 @@ events only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
@@ -146,6 +146,12 @@ class SessionState:
     @property
     def calls(self) -> dict[str, CallState]:
         return self._calls.calls
+
+    @property
+    def accepted_open(self) -> Mapping[str, CallState]:
+        """Calls the remote side accepted whose result has not been recorded yet, by
+        operation id."""
+        return self._calls.accepted_open
 
     def feed(self, events: Iterable[Event]) -> None:
         """Fold newly committed events, in offset order."""

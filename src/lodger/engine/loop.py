@@ -22,6 +22,7 @@ from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
 from lodger.engine.context import RunContext
+from lodger.engine.control import CancelRequest, current_control, requested_cancel
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.media import load_media, unsupported_media
@@ -36,6 +37,7 @@ from lodger.engine.state import SessionState
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     BudgetReached,
+    CancelRequested,
     ContextCompacted,
     Event,
     ModelOutput,
@@ -388,9 +390,9 @@ class Engine:
                 # Other tasks get the loop once per step: with a store and a model that
                 # answer without waiting (memory, scripted), nothing else here suspends.
                 await asyncio.sleep(0)
-                reached = await self._budget_reached(state)
-                if reached is not None:
-                    return await self.park(ctx, reached)
+                stopped = await self._before_step(ctx)  # a cancel, a reached budget
+                if stopped is not None:
+                    return stopped
                 visible = self.visible_tools(state.turn_activated)
                 step_id = self.services.ids.new_id()
                 env = run_env.at_step(step_id)
@@ -437,7 +439,9 @@ class Engine:
         except asyncio.CancelledError:
             # Stopped from outside (Ctrl-C, SIGTERM, a caller's cancel): every call has
             # settled and recorded what it did. The run ends; the turn stays open, so it
-            # resumes with the same plan as after a crash.
+            # resumes with the same plan as after a crash (a cancel request ends the turn).
+            if (cancel := _cancel_of(journal)) is not None:
+                return await self._cancelled(ctx, cancel)
             if journal.failure is None:
                 await journal.fact(
                     RunEnded(status="interrupted", error="stopped from outside"), ctx.envelope
@@ -445,6 +449,33 @@ class Engine:
             raise
         except CommitFailedError:
             raise  # the turn stays open in the log; recovery takes it from here
+
+    async def _before_step(self, ctx: RunContext) -> TurnResult | None:
+        """The turn's end before a step: cancelled by a request that came meanwhile (or
+        before the engine drove it), or parked on a reached limit or budget."""
+        control = current_control()  # a turn run under lodger.engine.control
+        if control is not None:
+            control.start_driving(ctx.turn_id)  # from now on a cancel stops the task
+        cancel = requested_cancel()
+        if cancel is not None:
+            return await self._cancelled(ctx, cancel)
+        reached = await self._budget_reached(ctx.journal.state)
+        if reached is not None:
+            return await self.park(ctx, reached)
+        return None
+
+    async def _cancelled(self, ctx: RunContext, request: CancelRequest) -> TurnResult:
+        """End the turn on a cancel request: the request, ``run_ended`` and
+        ``turn_ended`` cancelled, committed together (every call has settled)."""
+        by = f" by {request.who}" if request.who else ""
+        why = f": {request.reason}" if request.reason else ""
+        return await self._end(
+            ctx,
+            "cancelled",
+            error=f"cancelled{by}{why}",
+            reason=request.reason or None,
+            lead=CancelRequested(who=request.who, reason=request.reason),
+        )
 
     async def _answer(self, ctx: RunContext, text: str, env: Envelope) -> TurnResult | None:
         """End the turn on a final answer ``text``, validated against the output type if
@@ -476,9 +507,11 @@ class Engine:
         error: str | None = None,
         output: Any = None,
         logged: Any = None,
+        reason: str | None = None,
+        lead: CancelRequested | None = None,
     ) -> TurnResult:
         journal, env = ctx.journal, ctx.envelope
-        drafts = []
+        drafts = [] if lead is None else [journal.draft(lead, env)]
         if self.snapshotter is not None and self.workspace is not None:
             # the workspace the turn leaves, committed with the turn's end; if it cannot
             # be stored the turn stays open (a resume ends it), never ends without it
@@ -492,7 +525,9 @@ class Engine:
         await journal.record(
             *drafts,
             journal.draft(RunEnded(status=status, error=error), env),
-            journal.draft(TurnEnded(status=status, answer=answer, output=logged), env),
+            journal.draft(
+                TurnEnded(status=status, answer=answer, output=logged, reason=reason), env
+            ),
         )
         state = journal.state
         return TurnResult(
@@ -582,6 +617,17 @@ class Engine:
         return await complete(
             self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
         )
+
+
+def _cancel_of(journal: Journal) -> CancelRequest | None:
+    """In a stopped turn: the cancel request that stopped it, its one cancellation taken
+    back; None when there is none, the journal failed, or the task was also stopped by
+    other means (its caller was cancelled: that goes on)."""
+    cancel = requested_cancel()
+    if cancel is None or journal.failure is not None:
+        return None
+    task = asyncio.current_task()
+    return cancel if task is not None and task.uncancel() == 0 else None
 
 
 def _recorded_settings(events: Sequence[Event], turn_id: str) -> ModelSettings | None:

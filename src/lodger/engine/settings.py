@@ -34,6 +34,7 @@ from lodger.media import MediaLimits
 from lodger.substrates.inprocess import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
+    from lodger.engine.control import RunningTurns
     from lodger.engine.hooks import AfterCall, BeforeCall
     from lodger.engine.permissions import Approver
     from lodger.engine.state import SessionState
@@ -122,6 +123,10 @@ class Services:
     #: the verified fold of each open session, kept between turns; share one mapping to
     #: share them between agents (``Sessions`` does); None: the agent's own
     folds: MutableMapping[str, SessionState] | None = None
+    #: the turns running in this process, by session (``lodger.engine.control``): a
+    #: cancel or a permission-mode switch reaches a running turn through it; share one
+    #: to let any agent reach the others' turns (``Sessions`` does); None: the agent's own
+    turns: RunningTurns | None = None
 
     def __post_init__(self) -> None:
         if self.ids is _FROM_CLOCK:

@@ -17,12 +17,14 @@ import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
+from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns
+from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
 from lodger.engine.output import OutputSpec
@@ -31,17 +33,19 @@ from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import Event
+from lodger.events import Event, PermissionMode, PermissionModeChanged
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime import _local_control, _session_control
+from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime._writers import close_after_failure
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
-from lodger.storage import EventLog, SessionWriter, Storage
+from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.storage.logstore import ForwardingLogStore
@@ -187,6 +191,8 @@ class Agent:
             {} if services.folds is None else services.folds
         )
         self._runner: asyncio.Runner | None = None
+        #: the turns running in this process (shared through ``services.turns``)
+        self.turns = services.turns if services.turns is not None else RunningTurns()
 
     @property
     def clock(self) -> Clock:
@@ -348,7 +354,9 @@ class Agent:
         model_settings: ModelSettings | None = None,
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
-        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``)."""
+        finally ``TurnFinished`` items (see ``lodger.runtime.streaming``); the stream's
+        ``cancel`` ends the turn cancelled."""
+        session_id = session if session is not None else self.ids.new_id()
 
         async def start(
             on_event: Callable[[Event], None], on_text: Callable[[str], None]
@@ -361,9 +369,12 @@ class Agent:
                 output_mode=output_mode,
                 model_settings=model_settings,
             )
-            return await self._run(engine, task, session)
+            return await self._run(engine, task, session_id)
 
-        return TurnStream(start)
+        async def cancel(who: str | None, reason: str) -> CancelOutcome:
+            return await self.cancel(session_id, who=who, reason=reason)
+
+        return TurnStream(start, session_id=session_id, cancel=cancel)
 
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
@@ -452,7 +463,8 @@ class Agent:
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
         async with self.open_session(session_id) as (writer, state):
-            result = await engine.start_turn(engine.journal(writer, state), task)
+            journal = engine.journal(writer, state)
+            result = await self._controlled(session_id, journal, engine.start_turn(journal, task))
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
@@ -481,10 +493,70 @@ class Agent:
                     f"no log for session {session_id!r}", session_id=session_id
                 )
             engine = self._engine_for(deps=deps, model_settings=model_settings)
-            result = await engine.resume(engine.journal(writer, state), relocate=relocate)
+            journal = engine.journal(writer, state)
+            result = await self._controlled(
+                session_id, journal, engine.resume(journal, relocate=relocate)
+            )
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
             return result
+
+    async def _controlled(
+        self, session_id: str, journal: Journal, work: Coroutine[Any, Any, TurnResult]
+    ) -> TurnResult:
+        """Run ``work`` as the session's running turn: a cancel or a mode switch reaches it
+        from this process (``turns``) or, through the state directory, from another."""
+        state_dir = self.storage.state_dir
+        if state_dir is None:
+            return await self.turns.run(session_id, journal, work)
+        turns = self.turns
+
+        def handler(token: str) -> _local_control.Handler:
+            return _session_control.request_handler(turns, session_id, token)
+
+        async with _local_control.announced(state_dir, session_id, handler):
+            return await turns.run(session_id, journal, work)
+
+    async def cancel(
+        self, session_id: str, *, who: str | None = None, reason: str = ""
+    ) -> CancelOutcome:
+        """Cancel the session's running turn: queued calls never start, calls past T1
+        settle and are recorded, and the turn ends ``cancelled`` (``cancel_requested``,
+        ``run_ended`` and ``turn_ended`` cancelled, committed together). The turn may
+        run in this process or, sharing this state directory, in another; this waits
+        until it ended. Idempotent: a second cancel (``already_cancelling``) or one of a
+        session that runs nothing (``not_running``, ``unknown_session``) writes nothing.
+        """
+        check_session_id(session_id)
+        request = CancelRequest(who=who, reason=reason)
+        return await _session_control.cancel_turn(self.turns, self.storage, session_id, request)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None = None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode (``plan``, ``ask``, ``accept_edits``,
+        ``full_auto``; see ``lodger.engine.permissions``) as a ``permission_mode_changed``
+        fact, committed by whoever writes the session now; it applies from the next step.
+        The project's deny rules hold in every mode. The same mode again writes nothing
+        (``unchanged``)."""
+        check_session_id(session_id)
+        checked = _session_control.check_mode(mode)
+        return await _session_control.switch_mode(
+            self.turns, self.storage, session_id, checked, who, idle=self._switch_idle
+        )
+
+    async def _switch_idle(
+        self, session_id: str, mode: PermissionMode, who: str | None
+    ) -> ModeOutcome:
+        async with self.open_session(session_id) as (writer, state):
+            previous = state.permission_mode
+            if previous == mode:
+                return ModeOutcome(
+                    session_id=session_id, status="unchanged", mode=mode, previous=mode
+                )
+            journal = self.engine.journal(writer, state)
+            await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
+        return ModeOutcome(session_id=session_id, status="changed", mode=mode, previous=previous)
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""

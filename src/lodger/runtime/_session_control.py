@@ -1,0 +1,244 @@
+"""Cancel a session's running turn, switch its permission mode: what ``Agent.cancel`` and
+``Agent.set_permission_mode`` do, wherever the turn runs.
+
+A turn running in this process is reached through ``RunningTurns``
+(``lodger.engine.control``); one that another process on this machine runs, through the
+state directory (``lodger.runtime._local_control``). A mode switch of a session nobody
+runs is committed here, through the session's own writer. A cancel of a session nobody
+runs writes nothing: there is no turn to stop (an open turn that nobody runs, interrupted
+or parked, is ended with ``abandon``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns, TurnControl
+from lodger.errors import SessionNotFoundError, UsageError
+from lodger.events import PermissionMode, PermissionModeChanged, TurnEnded
+from lodger.runtime import _local_control
+from lodger.storage import Storage
+
+__all__ = [
+    "PERMISSION_MODES",
+    "ModeOutcome",
+    "cancel_turn",
+    "check_mode",
+    "request_handler",
+    "switch_mode",
+]
+
+PERMISSION_MODES: tuple[str, ...] = get_args(PermissionMode)
+
+#: seconds a sender waits for the process running the turn to take a request
+_REPLY_WAIT_S = 10.0
+#: seconds ``cancel`` waits for a turn another process runs to settle
+_SETTLE_WAIT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModeOutcome:
+    """A switch of the permission mode: ``changed`` (a ``permission_mode_changed`` fact
+    was committed) or ``unchanged`` (the session was in ``mode`` already: nothing was
+    written)."""
+
+    session_id: str
+    status: Literal["changed", "unchanged"]
+    mode: PermissionMode
+    previous: PermissionMode | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "status": self.status,
+            "mode": self.mode,
+            "previous": self.previous,
+        }
+
+
+def check_mode(mode: str) -> PermissionMode:
+    if mode not in PERMISSION_MODES:
+        raise UsageError(
+            f"unknown permission mode {mode!r}",
+            hint="use one of: " + ", ".join(PERMISSION_MODES),
+            code="permission_mode",
+        )
+    return cast(PermissionMode, mode)
+
+
+# ---------------------------------------------------------------- cancel
+
+
+async def _cancel_here(control: TurnControl, request: CancelRequest) -> CancelOutcome:
+    sid = control.session_id
+    if not control.cancel(request):
+        return CancelOutcome(session_id=sid, status="already_cancelling", turn_id=control.turn_id)
+    await control.settled()
+    return _outcome_from(sid, control.turn_id, control.journal.state.events)
+
+
+def _outcome_from(session_id: str, turn_id: str | None, events: Any) -> CancelOutcome:
+    """How the turn ended: by the cancel (``cancel_requested`` commits with its end), or
+    otherwise first (then nothing of the cancel was written); ``not_running`` without a
+    ``turn_status`` when it is still open (stopped by other means)."""
+    for e in reversed(events):
+        if e.turn_id == turn_id and isinstance(e.body, TurnEnded):
+            status = e.body.status
+            return CancelOutcome(
+                session_id=session_id,
+                status="cancelled" if status == "cancelled" else "not_running",
+                turn_id=turn_id,
+                turn_status=status,
+            )
+    return CancelOutcome(session_id=session_id, status="not_running", turn_id=turn_id)
+
+
+async def cancel_turn(
+    turns: RunningTurns, storage: Storage, session_id: str, request: CancelRequest
+) -> CancelOutcome:
+    """Cancel the session's running turn, here or in another process on this machine."""
+    control = turns.get(session_id)
+    if control is not None:
+        return await _cancel_here(control, request)
+    if storage.state_dir is not None:
+        body = {"kind": "cancel", "who": request.who, "reason": request.reason}
+        reply = await asyncio.to_thread(
+            _local_control.send_request,
+            storage.state_dir,
+            session_id,
+            body,
+            wait_s=_REPLY_WAIT_S,
+        )
+        if reply is not None:
+            return await _settled_elsewhere(storage, session_id, reply)
+    if not await storage.log.exists(session_id):
+        return CancelOutcome(session_id=session_id, status="unknown_session")
+    return CancelOutcome(session_id=session_id, status="not_running")
+
+
+async def _settled_elsewhere(
+    storage: Storage, session_id: str, reply: dict[str, Any]
+) -> CancelOutcome:
+    """The runner took the request: wait (bounded) until its turn has ended, then read
+    how from the log."""
+    status = reply.get("status")
+    turn_id = reply.get("turn_id") if isinstance(reply.get("turn_id"), str) else None
+    if status != "accepted":
+        known = ("already_cancelling", "not_running")
+        return CancelOutcome(
+            session_id=session_id,
+            status=status if status in known else "not_running",
+            turn_id=turn_id,
+        )
+    state_dir = storage.state_dir
+    assert state_dir is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _SETTLE_WAIT_S
+    runner = reply.get("token")
+    while loop.time() < deadline:
+        now = await asyncio.to_thread(_local_control.runner_of, state_dir, session_id)
+        if now is None or now.token != runner:
+            break
+        await asyncio.sleep(_local_control.POLL_S)
+    else:
+        return CancelOutcome(session_id=session_id, status="requested", turn_id=turn_id)
+    events = await storage.log.read_all(session_id)
+    found = _outcome_from(session_id, turn_id, events)
+    if found.status == "not_running" and found.turn_status is None:
+        # another turn may follow in the same process: the cancel was delivered
+        return CancelOutcome(session_id=session_id, status="requested", turn_id=turn_id)
+    return found
+
+
+# ---------------------------------------------------------------- modes
+
+
+async def _switch_here(control: TurnControl, mode: PermissionMode, who: str | None) -> ModeOutcome:
+    journal = control.journal
+    async with control.mode_lock:  # two switches at once: each sees the other's
+        previous = journal.state.permission_mode
+        if previous == mode:
+            return ModeOutcome(
+                session_id=control.session_id, status="unchanged", mode=mode, previous=mode
+            )
+        await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
+    return ModeOutcome(
+        session_id=control.session_id, status="changed", mode=mode, previous=previous
+    )
+
+
+#: commits a switch of a session nobody runs: (session id, mode, who) -> the outcome
+IdleSwitch = Callable[[str, PermissionMode, str | None], Awaitable[ModeOutcome]]
+
+
+async def switch_mode(
+    turns: RunningTurns,
+    storage: Storage,
+    session_id: str,
+    mode: PermissionMode,
+    who: str | None,
+    *,
+    idle: IdleSwitch,
+) -> ModeOutcome:
+    """Switch the session's permission mode, through whoever writes its log now."""
+    control = turns.get(session_id)
+    if control is not None:
+        return await _switch_here(control, mode, who)
+    if storage.state_dir is not None:
+        body = {"kind": "mode", "mode": mode, "who": who}
+        reply = await asyncio.to_thread(
+            _local_control.send_request, storage.state_dir, session_id, body, wait_s=_REPLY_WAIT_S
+        )
+        if reply is not None and "status" in reply:
+            return ModeOutcome(
+                session_id=session_id,
+                status=reply["status"],
+                mode=mode,
+                previous=reply.get("previous"),
+            )
+    if not await storage.log.exists(session_id):
+        raise SessionNotFoundError(
+            f"no log for session {session_id!r}: a permission mode is switched on a session "
+            "that has run a turn",
+            hint="run the session's first turn, then switch its mode",
+            session_id=session_id,
+        )
+    return await idle(session_id, mode, who)
+
+
+# ---------------------------------------------------------------- requests from elsewhere
+
+
+def request_handler(turns: RunningTurns, session_id: str, token: str) -> _local_control.Handler:
+    """What the process running the session's turn (announced with ``token``) does with a
+    request another process sent through the state directory
+    (``lodger.runtime._local_control``)."""
+
+    async def handle(body: dict[str, Any]) -> dict[str, Any]:
+        control = turns.get(session_id)
+        if control is None:
+            return {"status": "not_running"}
+        if body.get("kind") == "cancel":
+            who, reason = body.get("who"), body.get("reason")
+            request = CancelRequest(
+                who=who if isinstance(who, str) else None,
+                reason=reason if isinstance(reason, str) else "",
+            )
+            accepted = control.cancel(request)
+            return {
+                "status": "accepted" if accepted else "already_cancelling",
+                "turn_id": control.turn_id,
+                "token": token,
+            }
+        if body.get("kind") == "mode":
+            who = body.get("who")
+            done = await _switch_here(
+                control, check_mode(str(body.get("mode"))), who if isinstance(who, str) else None
+            )
+            return done.to_dict()
+        return {"error": {"code": "usage", "message": f"unknown request {body.get('kind')!r}"}}
+
+    return handle

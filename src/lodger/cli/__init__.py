@@ -69,6 +69,8 @@ _COMMANDS: dict[str, str] = {
     "decide": "lodger.cli._recover",
     "resume": "lodger.cli._recover",
     "abandon": "lodger.cli._recover",
+    "cancel": "lodger.cli._cancel",
+    "mode": "lodger.cli._mode",
     "tools": "lodger.cli._tools",
     "fork": "lodger.cli._fork",
     "serve": "lodger.cli._serve",

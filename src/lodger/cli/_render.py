@@ -32,12 +32,14 @@ from lodger.events import (
     Attachment,
     BudgetReached,
     CallRejected,
+    CancelRequested,
     ContextCompacted,
     Event,
     ModelOutput,
     ModelSwitched,
     OperatorDecision,
     PermissionDecided,
+    PermissionModeChanged,
     PermissionRequested,
     ProviderRetried,
     RecoveryDecided,
@@ -263,6 +265,7 @@ class _TimelineView:
             self._describe_model_and_calls,
             self._describe_decisions,
             self._describe_records,
+            self._describe_session_control,
         ):
             parts = describe_kind(event)
             if parts is not None:
@@ -443,6 +446,23 @@ class _TimelineView:
                 ("context compacted", "cyan"),
                 f"  {len(body.elided_call_ids)} result(s) elided, "
                 f"~{body.estimated_tokens}/{body.budget_tokens} tokens",
+            ]
+        return None
+
+    def _describe_session_control(self, event: Event) -> list[Part] | None:
+        """A person's control of the session: a cancel, a permission-mode switch."""
+        body = event.body
+        if isinstance(body, CancelRequested):
+            who = f" by {visible(body.who)}" if body.who else ""
+            reason = f"  {_quoted(body.reason, self.limit(_TEXT))}" if body.reason else ""
+            return [("cancel requested", "bold red"), who, reason]
+        if isinstance(body, PermissionModeChanged):
+            who = f" by {visible(body.who)}" if body.who else ""
+            return [
+                ("permission mode ", "bold"),
+                f"{body.previous or 'none'} -> ",
+                (body.mode, "bold yellow"),
+                f"{who}  (from the next step)",
             ]
         return None
 

@@ -170,6 +170,7 @@ def _encode(state: SessionState, chain: SessionChain, n: int) -> bytes:
             "always_allowed": state.always_allowed,
             "permission_mode_at": state.permission_mode_at,
             "step_mode_at": state.step_mode_at,
+            "last_step_id": state.last_step_id,
             "parent": state.parent.model_dump(mode="json") if state.parent else None,
         },
         "calls": [_call_plain(c) for c in classifier.calls.values()],
@@ -336,6 +337,7 @@ def _restore(
             raise ValueError("state: a grant the log does not hold")
     state.permission_mode_at = _mode_offset(history, n, s.get("permission_mode_at"))
     state.step_mode_at = _mode_offset(history, n, s.get("step_mode_at"))
+    state.last_step_id = _optional_str(s.get("last_step_id"))
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:
         raise TypeError("state: bad open turn offset")

@@ -19,8 +19,9 @@ asks the approver again (the recovery plan's ``ask_permission``). A call inside 
 cell, or a re-dispatch by recovery, cannot wait like that: there ``park`` is a denial.
 
 A session's permission mode (``permission_mode_changed``, folded by the session state)
-adjusts what the policy decided, for the calls of every step that started after the
-switch; a ``deny`` of the policy holds in every mode:
+adjusts what the policy decided, for the calls of every step whose ``step_started``
+follows the switch in the log (``SessionState.mode_of_step``: a step that was running
+when the switch came keeps its mode); a ``deny`` of the policy holds in every mode:
 
 - ``plan``: read-only; a tool that writes (``Tool.writes``, or one with ``approval`` or
   ``expectations``) is denied with an error the model reads;
@@ -168,7 +169,7 @@ class PermissionGate:
         call the model proposed: inside a code cell a parked answer is a denial)."""
         decision, why = self.policy.decide(t, arguments)
         who = self.policy.decider(t, arguments)
-        mode = journal.state.step_permission_mode
+        mode = journal.state.mode_of_step(env.step_id)
         if mode is not None and decision != "deny":  # the project's deny rules always win
             moded, why_mode = in_mode(mode, t, decision)
             if moded != decision or why_mode:

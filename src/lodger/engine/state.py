@@ -111,6 +111,8 @@ class SessionState:
         #: first step that starts after it in the log
         self.permission_mode_at: int | None = None
         self.step_mode_at: int | None = None
+        #: the step id of the latest ``step_started``
+        self.last_step_id: str | None = None
         #: the fork point this session started from (None: not a fork)
         self.parent: ForkParent | None = None
         #: the ancestors' shared events, oldest first, once ``inherit`` gave them
@@ -150,10 +152,14 @@ class SessionState:
         """The session's permission mode now (None: never switched: the policy alone)."""
         return self._mode_at(self.permission_mode_at)
 
-    @property
-    def step_permission_mode(self) -> PermissionMode | None:
-        """The permission mode of the latest step: what its calls are checked under."""
-        return self._mode_at(self.step_mode_at)
+    def mode_of_step(self, step_id: str | None) -> PermissionMode | None:
+        """The permission mode the calls of step ``step_id`` are checked under: the mode
+        in force when its ``step_started`` was committed. A step whose start is not
+        committed yet (it is deferred, and commits with the first fact after it: any
+        commit, a switch included, takes it along) starts under the mode now."""
+        if step_id is not None and step_id == self.last_step_id:
+            return self._mode_at(self.step_mode_at)
+        return self.permission_mode
 
     def _mode_at(self, offset: int | None) -> PermissionMode | None:
         if offset is None:
@@ -201,7 +207,7 @@ class SessionState:
                 if body.workspace_id is not None:  # a relocation: the session moved
                     self.workspace, self.workspace_id = body.workspace, body.workspace_id
             elif isinstance(body, StepStarted):
-                self.step_mode_at = self.permission_mode_at
+                self.step_mode_at, self.last_step_id = self.permission_mode_at, e.step_id
                 if e.turn_id == self.open_turn:
                     self.turn_steps += 1
             elif isinstance(body, ToolsActivated):
@@ -251,7 +257,7 @@ class SessionState:
             "turns": (self.turns, self.last_turn_status),
             "turn": (self.turn_steps, tuple(self.turn_activated)),
             "call_ids": frozenset(self.call_ids),
-            "permission_mode": (self.permission_mode_at, self.step_mode_at),
+            "permission_mode": (self.permission_mode_at, self.step_mode_at, self.last_step_id),
             "last_elided": self.last_elided,
             "plan": self.plan().to_dict(),
             "used_tools": tuple(self.used_tools()),

@@ -17,16 +17,20 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns, TurnControl
+from lodger.engine.journal import Journal
+from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
 from lodger.events import PermissionMode, PermissionModeChanged, TurnEnded
+from lodger.ids import Clock, IdFactory
 from lodger.runtime import _local_control
-from lodger.storage import Storage
+from lodger.storage import SessionWriter, Storage
 
 __all__ = [
     "PERMISSION_MODES",
     "ModeOutcome",
     "cancel_turn",
     "check_mode",
+    "commit_mode",
     "request_handler",
     "switch_mode",
 ]
@@ -168,6 +172,25 @@ async def _switch_here(control: TurnControl, mode: PermissionMode, who: str | No
     return ModeOutcome(
         session_id=control.session_id, status="changed", mode=mode, previous=previous
     )
+
+
+async def commit_mode(
+    writer: SessionWriter,
+    state: SessionState,
+    mode: PermissionMode,
+    who: str | None,
+    *,
+    clock: Clock,
+    ids: IdFactory,
+) -> ModeOutcome:
+    """Commit a switch through the session's own writer (nobody runs its turns)."""
+    sid = writer.session_id
+    previous = state.permission_mode
+    if previous == mode:
+        return ModeOutcome(session_id=sid, status="unchanged", mode=mode, previous=mode)
+    journal = Journal(writer, state, clock=clock, ids=ids)
+    await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
+    return ModeOutcome(session_id=sid, status="changed", mode=mode, previous=previous)
 
 
 #: commits a switch of a session nobody runs: (session id, mode, who) -> the outcome

@@ -33,7 +33,7 @@ from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import Event, PermissionMode, PermissionModeChanged
+from lodger.events import Event, PermissionMode
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
@@ -549,14 +549,9 @@ class Agent:
         self, session_id: str, mode: PermissionMode, who: str | None
     ) -> ModeOutcome:
         async with self.open_session(session_id) as (writer, state):
-            previous = state.permission_mode
-            if previous == mode:
-                return ModeOutcome(
-                    session_id=session_id, status="unchanged", mode=mode, previous=mode
-                )
-            journal = self.engine.journal(writer, state)
-            await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
-        return ModeOutcome(session_id=session_id, status="changed", mode=mode, previous=previous)
+            return await _session_control.commit_mode(
+                writer, state, mode, who, clock=self.clock, ids=self.ids
+            )
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""

@@ -22,16 +22,24 @@ from typing import Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
+from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
 from lodger.engine.resume import Decision, abandon, decide
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
-from lodger.events import Event
+from lodger.events import Event, PermissionMode
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
+from lodger.runtime._session_control import (
+    ModeOutcome,
+    cancel_turn,
+    check_mode,
+    commit_mode,
+    switch_mode,
+)
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
 from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
@@ -162,6 +170,8 @@ class Sessions:
         # read for its defaults is not read again to resume it (only its new tail is).
         # Bounded, so a long-lived host does not keep every session it ever touched.
         self._states = FoldCache(max_cached_sessions)
+        #: the turns its agents run now: a cancel or a mode switch reaches them here
+        self.turns = RunningTurns()
 
     @classmethod
     def local(cls, state_dir: str | os.PathLike[str]) -> Sessions:
@@ -326,5 +336,31 @@ class Sessions:
             hooks=Hooks(
                 approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
             ),
-            services=Services(clock=self.clock, ids=self.ids, folds=self._states),
+            services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
         )
+
+    async def cancel(
+        self, session_id: str, *, who: str | None = None, reason: str = ""
+    ) -> CancelOutcome:
+        """Cancel the session's running turn, here or in another process sharing this
+        state directory (see ``Agent.cancel``); needs no model, tools or workspace."""
+        check_session_id(session_id)
+        request = CancelRequest(who=who, reason=reason)
+        return await cancel_turn(self.turns, self.storage, session_id, request)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None = None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode (see ``Agent.set_permission_mode``)."""
+        check_session_id(session_id)
+        checked = check_mode(mode)
+        return await switch_mode(
+            self.turns, self.storage, session_id, checked, who, idle=self._switch_idle
+        )
+
+    async def _switch_idle(
+        self, session_id: str, mode: PermissionMode, who: str | None
+    ) -> ModeOutcome:
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            return await commit_mode(writer, state, mode, who, clock=self.clock, ids=self.ids)

@@ -46,6 +46,7 @@ from lodger.errors import (
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
+from lodger.runtime._worker_cancel import deliver_cancels
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents.detached import ControlPlaneChildren
@@ -92,6 +93,8 @@ class WorkerConfig:
     max_attempts: int = 5
     #: how long a parked approval stays answerable (then the call is denied)
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
+    #: seconds between looks for a cancel request of the session being worked on
+    cancel_poll_s: float = 0.25
 
 
 @dataclass
@@ -270,6 +273,15 @@ class Worker:
         failure: str | None = None
         turn = asyncio.ensure_future(self._turn(wake, claim.row))
         watch = asyncio.ensure_future(self._watch(wake, turn, stop))
+        cancels = asyncio.ensure_future(  # a cancel sent through the control plane
+            deliver_cancels(
+                self.control,
+                self.guard,
+                self.sessions,
+                wake.session_id,
+                every=self.config.cancel_poll_s,
+            )
+        )
         try:
             delay, held = await turn
         except asyncio.CancelledError:
@@ -301,9 +313,10 @@ class Worker:
                 delay = None
                 failure = await self._give_up(wake, exc)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for helper in (watch, cancels):
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
         return delay, held, failure
 
     async def _watch(

@@ -21,6 +21,7 @@ from lodger.storage.control.interface import (
     NamedLease,
     ParkedCall,
     Schedule,
+    SessionCancel,
     SessionClaim,
     SessionLease,
     SessionRow,
@@ -50,6 +51,8 @@ __all__ = [
 # open turn settles (a message for a session that waits for an approval), made due the
 # moment a worker sees the turn settle rather than at its next look. Version 8: the due
 # schedules found by an index (a worker looks every second), as the due wakes already are.
+# Version 9: cancel requests for a session's running turn, one per lease grant (epoch), for
+# the worker that holds that lease to deliver.
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -113,6 +116,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (
         # finding the due schedules walks the due ones, not every schedule stored
         "CREATE INDEX schedules_due ON schedules (next_at)",
+    ),
+    9: (
+        # a cancel is for the turn the lease grant ``epoch`` runs: a later grant (another
+        # run) never reads it, and a second request for the same grant is the same row
+        "CREATE TABLE session_cancels (id {serial}, session_id TEXT NOT NULL, "
+        "epoch BIGINT NOT NULL, who TEXT, reason TEXT NOT NULL, requested_at {real} NOT NULL, "
+        "status TEXT NOT NULL DEFAULT 'pending', settled_at {real}, UNIQUE (session_id, epoch))",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -1029,6 +1039,70 @@ class SqlControlPlane:
                 return wait
             await tx.change("INSERT INTO quota_events (name, at) VALUES (%s, %s)", (key, tx.now))
             return 0.0
+
+    # ----------------------------------------------------------- cancel requests
+
+    async def request_cancel(
+        self, *, session_id: str, who: str | None, reason: str
+    ) -> tuple[SessionCancel | None, bool]:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT epoch FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                (session_id, tx.now),
+            )
+            if not rows:
+                return None, False  # nobody holds the session: no turn runs
+            epoch = int(rows[0][0])
+            created = await tx.change(
+                "INSERT INTO session_cancels (session_id, epoch, who, reason, requested_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, epoch) DO NOTHING",
+                (session_id, epoch, who, reason, tx.now),
+            )
+            found = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels "
+                "WHERE session_id = %s AND epoch = %s",
+                (session_id, epoch),
+            )
+            return _cancel(found[0]), created > 0
+
+    async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE session_id = %s "
+                "AND epoch = %s AND status = 'pending'",
+                (lease.session_id, lease.epoch),
+            )
+            return _cancel(rows[0]) if rows else None
+
+    async def settle_cancel(self, *, cancel_id: int, status: str) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE session_cancels SET status = %s, settled_at = %s "
+                "WHERE id = %s AND status = 'pending'",
+                (status, tx.now, cancel_id),
+            )
+
+    async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE id = %s", (cancel_id,)
+            )
+            return _cancel(rows[0]) if rows else None
+
+
+_CANCEL_COLUMNS = "id, session_id, epoch, who, reason, status, requested_at"
+
+
+def _cancel(row: tuple[Any, ...]) -> SessionCancel:
+    return SessionCancel(
+        id=int(row[0]),
+        session_id=str(row[1]),
+        epoch=int(row[2]),
+        who=None if row[3] is None else str(row[3]),
+        reason=str(row[4]),
+        status=str(row[5]),
+        requested_at=float(row[6]),
+    )
 
 
 def lease_lost(lease: SessionLease) -> LeaseLostError:

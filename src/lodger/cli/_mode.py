@@ -1,0 +1,83 @@
+"""``lodger mode``: show or switch a session's permission mode.
+
+``plan`` (read-only), ``ask`` (every effect asks), ``accept_edits`` (file edits in the
+workspace go, other effects ask), ``full_auto`` (everything inside the sandbox goes). A
+switch is a ``permission_mode_changed`` fact, committed by whoever runs the session (a
+`lodger run` or a host on this machine takes it through the state directory), and
+applies from the next step; the project's deny rules hold in every mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from lodger.cli._common import echo_json, json_option, session_argument, state_option, store_url
+from lodger.cli._identity import cli_user
+from lodger.errors import SessionNotFoundError
+from lodger.runtime._session_control import PERMISSION_MODES, ModeOutcome
+from lodger.runtime.sessions import Sessions
+from lodger.storage import Storage
+
+__all__ = ["COMMANDS", "mode"]
+
+
+async def _mode(state: str, session_id: str, mode: str | None) -> ModeOutcome | str | None:
+    storage = Storage.open(state, store=store_url())
+    try:
+        sessions = Sessions(storage)
+        if mode is not None:
+            return await sessions.set_permission_mode(session_id, mode, who=cli_user())
+        if not await storage.log.exists(session_id):
+            raise SessionNotFoundError(
+                f"no session {session_id!r} in {state!r}",
+                hint="list them with `lodger sessions`",
+                session_id=session_id,
+            )
+        return (await sessions.state(session_id)).permission_mode
+    finally:
+        await storage.close()
+
+
+@click.command()
+@session_argument
+@click.argument("mode", required=False, type=click.Choice(PERMISSION_MODES))
+@state_option
+@json_option
+def mode(session_id: str, mode: str | None, state: str, as_json: bool) -> None:
+    """Show SESSION's permission mode, or switch it to MODE.
+
+    \b
+    plan          read-only: only tools that do not write run
+    ask           every call of a tool that writes asks
+    accept_edits  file edits in the workspace go; other effects ask
+    full_auto     everything inside the sandbox goes
+
+    The switch applies from the session's next step, also while a turn runs in another
+    process here. Deny rules of lodger.toml hold in every mode.
+
+    \b
+    Example:
+      lodger mode --last plan
+    """
+    found = asyncio.run(_mode(state, session_id, mode))
+    if not isinstance(found, ModeOutcome):
+        if as_json:
+            echo_json({"session_id": session_id, "mode": found})
+        else:
+            click.echo(f"{session_id}: {found or 'no mode set (the policy alone decides)'}")
+        return
+    if as_json:
+        echo_json(found.to_dict())
+        return
+    if found.status == "unchanged":
+        click.echo(f"{session_id} is in {found.mode} mode already; nothing was written")
+    else:
+        click.echo(
+            f"{session_id}: permission mode {found.previous or 'none'} -> {found.mode} "
+            "(from the next step)"
+        )
+
+
+COMMANDS = (mode,)

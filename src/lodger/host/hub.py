@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.control import CancelOutcome
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
@@ -51,6 +52,7 @@ from lodger.media import (
     store_media,
 )
 from lodger.providers.base import ModelSettings
+from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
@@ -451,6 +453,20 @@ class Hub:
         if asked is not None and not asked.future.done():
             asked.future.set_result(Answered("once" if allow else "deny", by))
         return approval
+
+    # ------------------------------------------------------------ session control
+
+    async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
+        """Cancel the session's running turn (this host's runner, or another process on
+        this machine that runs it); idempotent."""
+        return await self.sessions.cancel(session_id, who=who, reason=reason)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode, through whoever writes it now."""
+        async with self.exclusive(session_id):
+            return await self.sessions.set_permission_mode(session_id, mode, who=who)
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

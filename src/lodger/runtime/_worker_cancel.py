@@ -21,7 +21,7 @@ from lodger.runtime.sessions import Sessions
 from lodger.storage.control.fencing import LeaseGuard
 from lodger.storage.control.interface import SessionCancels
 
-__all__ = ["deliver_cancels", "request_cancel"]
+__all__ = ["ask_worker_to_cancel", "deliver_cancels", "request_cancel"]
 
 log = logging.getLogger("lodger.worker")
 
@@ -67,29 +67,41 @@ async def deliver_cancels(
 async def request_cancel(
     dsn: str, session_id: str, *, who: str | None, reason: str
 ) -> CancelOutcome:
-    """Ask the worker holding the session (control plane ``dsn``) to cancel its turn and
-    wait (bounded) for its answer."""
+    """``ask_worker_to_cancel`` on the control plane ``dsn``."""
     from lodger.storage.control import open_control
 
     plane = open_control(dsn)
     await plane.start()
     try:
-        made, created = await plane.request_cancel(session_id=session_id, who=who, reason=reason)
-        if made is None:
-            return CancelOutcome(session_id=session_id, status="not_running")
-        if not created:
-            return CancelOutcome(session_id=session_id, status="already_cancelling")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SETTLE_WAIT_S
-        while loop.time() < deadline:
-            now = await plane.get_cancel(cancel_id=made.id)
-            if now is not None and now.status != "pending":
-                status = now.status if now.status in _KNOWN else "not_running"
-                return CancelOutcome(session_id=session_id, status=status)  # type: ignore[arg-type]
-            await asyncio.sleep(0.1)
-        return CancelOutcome(session_id=session_id, status="requested")
+        return await ask_worker_to_cancel(plane, session_id, who=who, reason=reason)
     finally:
         await plane.close()
+
+
+async def ask_worker_to_cancel(
+    plane: SessionCancels,
+    session_id: str,
+    *,
+    who: str | None,
+    reason: str,
+    wait_s: float = SETTLE_WAIT_S,
+) -> CancelOutcome:
+    """Ask the worker holding the session to cancel its turn, and wait (up to
+    ``wait_s``) for its answer: ``requested`` when it has not answered by then."""
+    made, created = await plane.request_cancel(session_id=session_id, who=who, reason=reason)
+    if made is None:
+        return CancelOutcome(session_id=session_id, status="not_running")
+    if not created:
+        return CancelOutcome(session_id=session_id, status="already_cancelling")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while loop.time() < deadline:
+        now = await plane.get_cancel(cancel_id=made.id)
+        if now is not None and now.status != "pending":
+            status = now.status if now.status in _KNOWN else "not_running"
+            return CancelOutcome(session_id=session_id, status=status)  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+    return CancelOutcome(session_id=session_id, status="requested")
 
 
 _KNOWN = ("cancelled", "already_cancelling", "not_running")

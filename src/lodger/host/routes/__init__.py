@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from lodger.host.routes import (
     approvals,
     artifacts,
+    control,
     events,
     messages,
     operations,
@@ -32,6 +33,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     messages.router,
     approvals.router,
     recovery.router,
+    control.router,
     artifacts.router,
     webhooks.router,
     operations.router,

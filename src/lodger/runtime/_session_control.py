@@ -107,11 +107,11 @@ async def cancel_turn(
     control = turns.get(session_id)
     if control is not None:
         return await _cancel_here(control, request)
-    if storage.state_dir is not None:
+    if storage.control_dir is not None:
         body = {"kind": "cancel", "who": request.who, "reason": request.reason}
         reply = await asyncio.to_thread(
             _local_control.send_request,
-            storage.state_dir,
+            storage.control_dir,
             session_id,
             body,
             wait_s=_REPLY_WAIT_S,
@@ -137,7 +137,7 @@ async def _settled_elsewhere(
             status=status if status in known else "not_running",
             turn_id=turn_id,
         )
-    state_dir = storage.state_dir
+    state_dir = storage.control_dir
     assert state_dir is not None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _SETTLE_WAIT_S
@@ -210,10 +210,10 @@ async def switch_mode(
     control = turns.get(session_id)
     if control is not None:
         return await _switch_here(control, mode, who)
-    if storage.state_dir is not None:
+    if storage.control_dir is not None:
         body = {"kind": "mode", "mode": mode, "who": who}
         reply = await asyncio.to_thread(
-            _local_control.send_request, storage.state_dir, session_id, body, wait_s=_REPLY_WAIT_S
+            _local_control.send_request, storage.control_dir, session_id, body, wait_s=_REPLY_WAIT_S
         )
         if reply is not None and "status" in reply:
             return ModeOutcome(

@@ -506,7 +506,7 @@ class Agent:
     ) -> TurnResult:
         """Run ``work`` as the session's running turn: a cancel or a mode switch reaches it
         from this process (``turns``) or, through the state directory, from another."""
-        state_dir = self.storage.state_dir
+        state_dir = self.storage.control_dir
         if state_dir is None:
             return await self.turns.run(session_id, journal, work)
         turns = self.turns

@@ -13,10 +13,17 @@ import asyncio
 
 import click
 
-from lodger.cli._common import echo_json, json_option, session_argument, state_option, store_url
+from lodger.cli._common import (
+    echo_json,
+    json_option,
+    refuse_empty,
+    resolve_session,
+    state_option,
+    store_url,
+)
 from lodger.cli._identity import cli_user
 from lodger.errors import SessionNotFoundError
-from lodger.runtime._session_control import PERMISSION_MODES, ModeOutcome
+from lodger.runtime._session_control import ModeOutcome, check_mode
 from lodger.runtime.sessions import Sessions
 from lodger.storage import Storage
 
@@ -41,12 +48,13 @@ async def _mode(state: str, session_id: str, mode: str | None) -> ModeOutcome | 
 
 
 @click.command()
-@session_argument
-@click.argument("mode", required=False, type=click.Choice(PERMISSION_MODES))
+@click.argument("session_id", metavar="SESSION", required=False)
+@click.argument("mode", required=False)
+@click.option("--last", is_flag=True, default=False, help="Use the session with the latest event.")
 @state_option
 @json_option
-def mode(session_id: str, mode: str | None, state: str, as_json: bool) -> None:
-    """Show SESSION's permission mode, or switch it to MODE.
+def mode(session_id: str | None, mode: str | None, last: bool, state: str, as_json: bool) -> None:
+    """Show SESSION's permission mode, or switch it to MODE (one of the four below).
 
     \b
     plan          read-only: only tools that do not write run
@@ -60,7 +68,14 @@ def mode(session_id: str, mode: str | None, state: str, as_json: bool) -> None:
     \b
     Example:
       lodger mode --last plan
+      lodger mode 0197c2d4 full_auto
     """
+    if last and session_id is not None and mode is None:
+        session_id, mode = None, session_id  # `mode --last MODE`: the one given is MODE
+    refuse_empty(session_id, "SESSION", hint="pass a session id, a unique prefix of one, or --last")
+    if mode is not None:
+        check_mode(mode)  # before anything is opened
+    session_id = resolve_session(state, session_id, last=last)
     found = asyncio.run(_mode(state, session_id, mode))
     if not isinstance(found, ModeOutcome):
         if as_json:

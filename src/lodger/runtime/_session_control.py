@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns, TurnControl
+from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
@@ -168,7 +169,12 @@ async def _switch_here(control: TurnControl, mode: PermissionMode, who: str | No
             return ModeOutcome(
                 session_id=control.session_id, status="unchanged", mode=mode, previous=mode
             )
-        await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
+        # a fact of the running turn and run (shown with them), of no step or call
+        state = journal.state
+        env = Envelope(
+            turn_id=state.open_turn, run_id=state.last_run_id if state.run_open else None
+        )
+        await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who), env)
     return ModeOutcome(
         session_id=control.session_id, status="changed", mode=mode, previous=previous
     )

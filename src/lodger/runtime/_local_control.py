@@ -51,9 +51,16 @@ def _requests_dir(state_dir: Path, session_id: str) -> Path:
 
 
 def _write_atomically(path: Path, data: dict[str, Any]) -> None:
+    """``path`` holds ``data`` whole or not at all, for any reader. Written to a fresh
+    file renamed onto a name that is normally absent: truncating or renaming over an
+    existing file makes ext4 flush it first (``auto_da_alloc``: 2 ms against 0.05 ms)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -143,13 +150,15 @@ def _reply(state_dir: Path, session_id: str, name: str, answer: dict[str, Any]) 
 
 async def _watch(state_dir: Path, session_id: str, token: str, handle: Handler) -> None:
     while True:
+        # a look every POLL_S, the first after POLL_S: a turn shorter than that costs
+        # no look (a request sent to it finds the runner gone: nothing ran any more)
+        await asyncio.sleep(POLL_S)
         for name, body in await asyncio.to_thread(_take, state_dir, session_id, token):
             try:
                 answer = await handle(body)
             except LodgerError as exc:  # e.g. a refused mode; the turn goes on
                 answer = {"error": exc.to_dict()}
             await asyncio.to_thread(_reply, state_dir, session_id, name, answer)
-        await asyncio.sleep(POLL_S)
 
 
 def _announce(state_dir: Path, session_id: str, token: str) -> bool:
@@ -165,8 +174,8 @@ def _withdraw(state_dir: Path, session_id: str, token: str) -> None:
     if record is not None and record.get("token") == token:
         with contextlib.suppress(OSError):
             path.unlink()
-    for _ in _take(state_dir, session_id, token):
-        pass  # arrived too late for this turn: never for a later one (they are dropped)
+    # a request that arrived too late for this turn is left to its sender, who removes it
+    # once it sees the runner gone; no later run reads it (it has another token)
 
 
 @contextlib.asynccontextmanager

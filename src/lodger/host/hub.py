@@ -466,7 +466,10 @@ class Hub:
     ) -> ModeOutcome:
         """Switch the session's permission mode, through whoever writes it now."""
         async with self.exclusive(session_id):
-            return await self.sessions.set_permission_mode(session_id, mode, who=who)
+            done = await self.sessions.set_permission_mode(session_id, mode, who=who)
+        if done.outside_run and done.event is not None:
+            self.publish(session_id, (done.event,))  # a run's facts reach streams by itself
+        return done
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from lodger.engine.control import CancelOutcome, CancelRequest, RunningTurns, TurnControl
@@ -21,7 +21,7 @@ from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.state import SessionState
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import PermissionMode, PermissionModeChanged, TurnEnded
+from lodger.events import Event, PermissionMode, PermissionModeChanged, TurnEnded
 from lodger.ids import Clock, IdFactory
 from lodger.runtime import _local_control
 from lodger.storage import SessionWriter, Storage
@@ -54,6 +54,10 @@ class ModeOutcome:
     status: Literal["changed", "unchanged"]
     mode: PermissionMode
     previous: PermissionMode | None = None
+    #: the fact, when this process committed it; ``outside_run``: through the session's
+    #: own writer, not a run's journal (whose observers saw it): a host publishes it
+    event: Event | None = field(default=None, compare=False, repr=False)
+    outside_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,8 +199,15 @@ async def commit_mode(
     if previous == mode:
         return ModeOutcome(session_id=sid, status="unchanged", mode=mode, previous=mode)
     journal = Journal(writer, state, clock=clock, ids=ids)
-    await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
-    return ModeOutcome(session_id=sid, status="changed", mode=mode, previous=previous)
+    made = await journal.fact(PermissionModeChanged(mode=mode, previous=previous, who=who))
+    return ModeOutcome(
+        session_id=sid,
+        status="changed",
+        mode=mode,
+        previous=previous,
+        event=made,
+        outside_run=True,
+    )
 
 
 #: commits a switch of a session nobody runs: (session id, mode, who) -> the outcome

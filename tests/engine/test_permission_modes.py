@@ -222,3 +222,27 @@ async def test_a_mode_needs_a_logged_session_and_a_known_name(tmp_path: Path) ->
         assert caught.value.code == "permission_mode"
         assert (await agent.cancel("s", who="x")).status == "not_running"
         assert CancelRequest().reason == ""
+
+
+async def test_plan_mode_refuses_a_delegation(tmp_path: Path) -> None:
+    """A subagent's session runs tools under no mode of its parent's: in plan mode the
+    delegation itself is refused (no child session is made)."""
+    from lodger.runtime.subagents import SubagentPolicy
+
+    script = [
+        {"calls": [{"name": "delegate", "args": {"task": "write x.txt"}}]},
+        {"text": "done"},
+    ]
+    async with Agent(
+        model=ScriptedModel(script),
+        tools=[reader],
+        storage=tmp_path / "state",
+        subagents=SubagentPolicy(),
+    ) as agent:
+        await _first_turn(agent, "p")
+        await agent.set_permission_mode("p", "plan")
+        await agent.run("go", session="p")
+        events = await agent.session("p").events()
+        (refused,) = [e.body for e in events if isinstance(e.body, CallRejected)]
+        assert refused.tool == "delegate" and "plan mode" in refused.message
+        assert await agent.log.list_sessions() == ["p"]  # no child session was made

@@ -24,7 +24,8 @@ follows the switch in the log (``SessionState.mode_of_step``: a step that was ru
 when the switch came keeps its mode); a ``deny`` of the policy holds in every mode:
 
 - ``plan``: read-only; a tool that writes (``Tool.writes``, or one with ``approval`` or
-  ``expectations``) is denied with an error the model reads;
+  ``expectations``, or a delegation to a subagent) is denied with an error the model
+  reads;
 - ``ask``: every call of a tool that writes asks the approver;
 - ``accept_edits``: the file tools' edits (tools of the ``files`` group with
   ``expectations``, confined to the workspace) are allowed; other writes ask;
@@ -297,7 +298,9 @@ class PermissionGate:
 
 
 def _writes(t: Tool) -> bool:
-    return t.writes or t.approval or t.expectations is not None
+    # a delegation counts as an effect: its child session runs tools of its own, under
+    # no mode of this session's
+    return t.writes or t.approval or t.expectations is not None or t.group == "subagents"
 
 
 def in_mode(mode: PermissionMode, t: Tool, decision: Decision) -> tuple[Decision, str]:

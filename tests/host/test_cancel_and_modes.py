@@ -88,6 +88,8 @@ async def test_mode_over_the_host(tmp_path: Path) -> None:
         assert await asyncio.wait_for(live, 30) == "permission_mode_changed"
         assert (switched["status"], switched["previous"]) == ("changed", None)
         assert (await admin.set_permission_mode(sid, "plan"))["status"] == "unchanged"
+        shown = await admin.show(sid)
+        assert shown["permission_mode"] == "plan"
         sent = await admin.send(sid, "second", key="k2")
         await admin.wait_message(sid, sent["message"]["id"])
         assert not (workspaces / sid / "x.txt").exists()  # plan mode refused the edit

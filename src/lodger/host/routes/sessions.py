@@ -39,6 +39,8 @@ class SessionOut(BaseModel):
     workspace: str | None = None
     running: bool
     pending_approvals: int
+    #: the session's permission mode (None: never switched; the policy alone decides)
+    permission_mode: str | None = None
 
 
 class CreatedSession(BaseModel):
@@ -97,4 +99,5 @@ async def show_session(session_id: Session, host: Parts) -> SessionOut:
         workspace=state.workspace if state else None,
         running=await host.hub.busy(session_id),
         pending_approvals=len(pending),
+        permission_mode=state.permission_mode if state else None,
     )

@@ -153,3 +153,30 @@ async def test_ctrl_c_still_leaves_the_turn_open(tmp_path: Path) -> None:
         assert events[-1].kind == "run_ended"
         assert events[-1].body.status == "interrupted"  # type: ignore[union-attr]
         assert not any(isinstance(e.body, CancelRequested) for e in events)
+
+
+async def test_cancel_while_the_model_answers(tmp_path: Path) -> None:
+    """Stopped during the model request: nothing was proposed, so nothing runs; the
+    step's start is kept and the turn ends cancelled."""
+    from lodger.providers.base import ModelRequest, ModelResponse
+    from lodger.providers.scripted import FunctionModel
+
+    asked, never = asyncio.Event(), asyncio.Event()
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        asked.set()
+        await never.wait()
+        raise AssertionError("not reached")
+
+    agent = Agent(model=FunctionModel(respond), storage=Storage.local(tmp_path / "state"))
+    async with agent:
+        turn = asyncio.create_task(agent.run("go", session="m"))
+        await asyncio.wait_for(asked.wait(), 30)
+        outcome = await agent.cancel("m", who="lib")
+        assert (outcome.status, outcome.turn_status) == ("cancelled", "cancelled")
+        assert (await turn).status == "cancelled"
+        kinds = [e.kind for e in await agent.session("m").events()]
+        assert kinds == [
+            "session_started", "turn_started", "run_started", "step_started",
+            "cancel_requested", "run_ended", "turn_ended",
+        ]  # fmt: skip

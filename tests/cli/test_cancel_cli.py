@@ -147,3 +147,31 @@ def test_lodger_mode_from_another_process_applies_from_the_next_step(tmp_path: P
     assert lodger(tmp_path, "log", "verify", "s1").returncode == 0
     bad = lodger(tmp_path, "mode", "s1", "yolo")
     assert bad.returncode == 2
+
+
+@pytest.mark.slow
+def test_lodger_run_starts_a_new_session_in_a_mode(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [
+        {"calls": [{"name": "write_file", "args": {"path": "x.txt", "content": "hi"}}]},
+        {"text": "done"},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    run = ["run", "go", "--session", "s1", "--model", f"script:{tmp_path / 'script.json'}",
+           "--workspace", str(ws)]  # fmt: skip
+    first = lodger(tmp_path, *run, "--mode", "plan")
+    assert first.returncode == 0, first.stderr
+    assert not (ws / "x.txt").exists()
+    again = lodger(tmp_path, *run, "--mode", "plan")  # the same mode: nothing switched
+    assert again.returncode == 0, again.stderr
+    events = _events(tmp_path)
+    kinds = [e["body"]["kind"] for e in events]
+    assert kinds[:3] == ["session_started", "permission_mode_changed", "turn_started"]
+    assert kinds.count("permission_mode_changed") == 1
+    assert kinds.count("call_rejected") == 2
+    edits = lodger(tmp_path, *run, "--mode", "accept_edits")
+    assert edits.returncode == 0, edits.stderr
+    assert (ws / "x.txt").read_text() == "hi"
+    assert lodger(tmp_path, "mode", "s1").stdout.strip() == "s1: accept_edits"
+    assert lodger(tmp_path, "log", "verify", "s1").returncode == 0

@@ -43,6 +43,8 @@ from lodger.events import (
     ModelOutput,
     ModelSwitched,
     OutputRejected,
+    PermissionMode,
+    PermissionModeChanged,
     ProposedCall,
     ProviderRetried,
     RunEnded,
@@ -190,6 +192,9 @@ class Engine:
     snapshotter: WorkspaceSnapshotter | None = None
     #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
     spend: SpendReader | None = None
+    #: the permission mode a turn started here runs in: a switch is committed with the
+    #: turn's start when the session is in another (``lodger.engine.permissions``)
+    start_mode: PermissionMode | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -250,6 +255,9 @@ class Engine:
             resumed = await self.resume(journal)
             if resumed.status != "completed":
                 return resumed
+        if self.start_mode is not None and self.start_mode != state.permission_mode:
+            switch = PermissionModeChanged(mode=self.start_mode, previous=state.permission_mode)
+            journal.defer(journal.draft(switch))  # committed with the turn's start, before it
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)

@@ -438,6 +438,7 @@ class Agent:
         code_mode: Language | CodeMode | None = _UNSET,
         output_mode: OutputMode | None = None,
         model_settings: ModelSettings | None = None,
+        permission_mode: str | None = None,
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
@@ -448,8 +449,10 @@ class Agent:
         ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
         ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
         ``output_mode`` and ``model_settings`` override the agent's for this turn (the
-        settings field by field). The result's ``output`` is the validated value,
-        ``usage`` the tokens, ``commits`` the durable appends.
+        settings field by field). ``permission_mode`` is the mode the turn starts in (a
+        ``permission_mode_changed`` committed with its start when the session is in
+        another; see ``set_permission_mode``). The result's ``output`` is the validated
+        value, ``usage`` the tokens, ``commits`` the durable appends.
         """
         engine = self._engine_for(
             deps=deps,
@@ -458,6 +461,9 @@ class Agent:
             output_mode=output_mode,
             model_settings=model_settings,
         )
+        if permission_mode is not None:
+            start = _session_control.check_mode(permission_mode)
+            engine = dataclasses.replace(engine, start_mode=start)
         return await self._run(engine, task, session)
 
     async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:

@@ -83,6 +83,8 @@ class Overrides:
     #: model settings over the project's ``[model_settings]``, field by field
     model_settings: ModelSettings | None = None
     output_mode: OutputMode | None = None
+    #: the permission mode a new turn starts in (``lodger run --mode``)
+    permission_mode: str | None = None
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
 
@@ -118,6 +120,7 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         subagents=overrides.subagents,
         model_settings=_model_settings(project, overrides),
         output_mode=overrides.output_mode or project.output_mode,
+        permission_mode=overrides.permission_mode,
     )
 
 

@@ -117,6 +117,8 @@ class Binding:
     #: per-turn usage limits and money budgets (lodger.engine.budgets): reached, a turn parks
     usage: UsageLimits = field(default_factory=UsageLimits)
     budgets: Budgets = field(default_factory=Budgets)
+    #: the permission mode a new turn starts in (None: the session's own)
+    permission_mode: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,7 +228,7 @@ class Sessions:
         (``lodger.media``)."""
         # the servers stop when the turn settles
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
-            return await agent.run(task, session=session)
+            return await agent.run(task, session=session, permission_mode=binding.permission_mode)
 
     async def resume(
         self, session_id: str, *, binding: Binding, relocate: bool = False

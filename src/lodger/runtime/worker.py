@@ -93,7 +93,8 @@ class WorkerConfig:
     max_attempts: int = 5
     #: how long a parked approval stays answerable (then the call is denied)
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
-    #: seconds between looks for a cancel request of the session being worked on
+    #: seconds between looks for a cancel request of the session being worked on (a
+    #: read-only transaction: on SQLite it takes no lock)
     cancel_poll_s: float = 0.25
 
 

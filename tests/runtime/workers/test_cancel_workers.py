@@ -1,6 +1,7 @@
 """`lodger cancel --control` for a turn that one of two worker processes runs, through a
-real PostgreSQL control plane: the worker holding the session delivers the request, the
-running call settles, the turn ends cancelled; asking again writes nothing."""
+real PostgreSQL control plane (and the SQLite one): the worker holding the session
+delivers the request, the running call settles, the turn ends cancelled; asking again
+writes nothing."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ from ._workers import Workers, lodger, wait_for
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("plane", ["postgres", "sqlite"])
 def test_cancel_reaches_the_worker_that_runs_the_turn(
-    tmp_path: Path, postgres: PostgresServer
+    tmp_path: Path, plane: str, request: pytest.FixtureRequest
 ) -> None:
     script = tmp_path / "script.json"
     script.write_text(
         json.dumps([{"calls": [{"name": "note", "args": {"tag": "c"}}]}, {"text": "never"}])
     )
-    dsn = postgres.new_database()
+    if plane == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        dsn = server.new_database()
+    else:
+        dsn = str(tmp_path / "control.sqlite3")
     workers = Workers(tmp_path, f"file://{tmp_path / 'objects'}", dsn, script)
     try:
         for _ in range(2):

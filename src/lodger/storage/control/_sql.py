@@ -1065,8 +1065,13 @@ class SqlControlPlane:
             )
             return _cancel(found[0]), created > 0
 
+    def _read_tx(self) -> AbstractAsyncContextManager[_Tx]:
+        """A transaction that only reads (SQLite: without the file's write lock, so a
+        worker looking every quarter second takes no lock from anyone)."""
+        return self._tx()
+
     async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
-        async with self._tx() as tx:
+        async with self._read_tx() as tx:
             rows = await tx.rows(
                 f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE session_id = %s "
                 "AND epoch = %s AND status = 'pending'",
@@ -1083,7 +1088,7 @@ class SqlControlPlane:
             )
 
     async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None:
-        async with self._tx() as tx:
+        async with self._read_tx() as tx:
             rows = await tx.rows(
                 f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE id = %s", (cancel_id,)
             )

@@ -180,3 +180,31 @@ async def test_cancel_while_the_model_answers(tmp_path: Path) -> None:
             "session_started", "turn_started", "run_started", "step_started",
             "cancel_requested", "run_ended", "turn_ended",
         ]  # fmt: skip
+
+
+async def test_a_cancel_as_the_turn_ends_writes_no_second_end(tmp_path: Path) -> None:
+    """A cancel that arrives while the turn's end commits comes too late: the turn ended
+    as it did, nothing of the cancel is written, and the answer says so."""
+    from lodger.engine.control import CancelRequest
+    from lodger.engine.settings import Hooks
+
+    outcomes: list[bool] = []
+    agent: Agent
+
+    def on_event(event: object) -> None:
+        if getattr(event, "kind", None) == "turn_ended":  # inside the end's commit
+            control = agent.turns.get("late")
+            assert control is not None
+            outcomes.append(control.cancel(CancelRequest(who="late")))
+
+    agent = Agent(
+        model=ScriptedModel([{"text": "done"}]),
+        storage=Storage.local(tmp_path / "state"),
+        hooks=Hooks(on_event=on_event),
+    )
+    async with agent:
+        result = await agent.run("go", session="late")
+        assert outcomes == [True] and result.status == "completed"
+        kinds = [e.kind for e in await agent.session("late").events()]
+        assert kinds.count("turn_ended") == 1 and "cancel_requested" not in kinds
+        await agent.session("late").verify()

@@ -115,6 +115,11 @@ class TurnControl:
         self.driving = True
         self._driven = turn_id
 
+    def stop_driving(self) -> None:
+        """The run commits its end now: a cancel no longer stops the task, which would
+        otherwise find its end committed (or being committed) and end it a second time."""
+        self.driving = False
+
     async def settled(self) -> None:
         """Wait until the turn's task is done, without being stopped by it."""
         task = self.task

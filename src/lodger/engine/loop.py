@@ -296,6 +296,7 @@ class Engine:
         error = f"waiting for {len(call_ids)} suspended call(s) to settle elsewhere: " + ", ".join(
             call_ids
         )
+        _stop_driving()
         await ctx.journal.fact(RunEnded(status="interrupted", error=error), ctx.envelope)
         state = ctx.journal.state
         start = state.open_turn_offset
@@ -320,6 +321,7 @@ class Engine:
         """End the run ``parked`` on a reached limit or budget: a ``budget_reached`` fact
         and ``run_ended`` parked, atomically; the turn stays open for a resume."""
         error = describe(reached)
+        _stop_driving()
         journal = ctx.journal
         await journal.record(
             journal.draft(reached, ctx.envelope),
@@ -518,6 +520,7 @@ class Engine:
         reason: str | None = None,
         lead: CancelRequested | None = None,
     ) -> TurnResult:
+        _stop_driving()
         journal, env = ctx.journal, ctx.envelope
         drafts = [] if lead is None else [journal.draft(lead, env)]
         if self.snapshotter is not None and self.workspace is not None:
@@ -625,6 +628,12 @@ class Engine:
         return await complete(
             self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
         )
+
+
+def _stop_driving() -> None:
+    control = current_control()  # before the run's end is committed (see stop_driving)
+    if control is not None:
+        control.stop_driving()
 
 
 def _cancel_of(journal: Journal) -> CancelRequest | None:

@@ -175,3 +175,36 @@ def test_lodger_run_starts_a_new_session_in_a_mode(tmp_path: Path) -> None:
     assert (ws / "x.txt").read_text() == "hi"
     assert lodger(tmp_path, "mode", "s1").stdout.strip() == "s1: accept_edits"
     assert lodger(tmp_path, "log", "verify", "s1").returncode == 0
+
+
+@pytest.mark.slow
+def test_lodger_mode_waits_for_a_worker_to_let_the_session_go(tmp_path: Path) -> None:
+    """With a control plane (the state directory's own), a switch is written under the
+    session's lease: refused, writing nothing, while a worker holds it."""
+    import asyncio
+
+    from lodger.runtime.location import CONTROL_FILE
+    from lodger.storage.control import SqliteControlPlane
+
+    (tmp_path / "script.json").write_text(json.dumps([{"text": "hi"}]))
+    made = lodger(tmp_path, "run", "go", "--session", "s1",
+                  "--model", f"script:{tmp_path / 'script.json'}")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    before = len(_events(tmp_path))
+
+    async def hold() -> None:
+        plane = SqliteControlPlane(tmp_path / "state" / CONTROL_FILE)
+        await plane.start()
+        try:
+            lease = await plane.acquire_session(session_id="s1", holder="worker", ttl_s=300)
+            assert lease is not None
+            refused = await asyncio.to_thread(lodger, tmp_path, "mode", "s1", "plan")
+            assert refused.returncode == 1 and "running in a worker" in refused.stderr
+            await plane.release_session(lease=lease)
+        finally:
+            await plane.close()
+
+    asyncio.run(hold())
+    assert len(_events(tmp_path)) == before
+    switched = lodger(tmp_path, "mode", "s1", "plan")
+    assert switched.returncode == 0 and "none -> plan" in switched.stdout

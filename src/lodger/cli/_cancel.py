@@ -16,6 +16,7 @@ import click
 from lodger.cli._common import (
     echo_json,
     json_option,
+    location,
     remember_control,
     session_argument,
     state_option,
@@ -63,8 +64,9 @@ _SAID = {
     default=None,
     envvar="LODGER_CONTROL",
     show_envvar=True,
-    help="The control plane of the workers: when no process here runs the session, the "
-    "worker that holds its lease is asked to cancel.",
+    help="The control plane of the workers (default: the one in the state directory, "
+    "when a worker made one): when no process here runs the session, the worker that "
+    "holds its lease is asked to cancel.",
     callback=remember_control,
 )
 @state_option
@@ -81,7 +83,8 @@ def cancel(session_id: str, reason: str, control: str | None, state: str, as_jso
     Example:
       lodger cancel --last --reason "wrong task"
     """
-    outcome = asyncio.run(_cancel(state, session_id, reason, control))
+    dsn = location().control_dsn(create=False)  # --control, or the state directory's own
+    outcome = asyncio.run(_cancel(state, session_id, reason, dsn))
     if outcome.status == "unknown_session":
         raise SessionNotFoundError(
             f"no session {session_id!r} in {state!r}",

@@ -16,12 +16,14 @@ import click
 from lodger.cli._common import (
     echo_json,
     json_option,
+    location,
     refuse_empty,
     resolve_session,
     state_option,
     store_url,
 )
 from lodger.cli._identity import cli_user
+from lodger.cli._recover import _outside_turns
 from lodger.errors import SessionNotFoundError
 from lodger.runtime._session_control import ModeOutcome, check_mode
 from lodger.runtime.sessions import Sessions
@@ -30,12 +32,16 @@ from lodger.storage import Storage
 __all__ = ["COMMANDS", "mode"]
 
 
-async def _mode(state: str, session_id: str, mode: str | None) -> ModeOutcome | str | None:
+async def _mode(
+    state: str, session_id: str, mode: str | None, dsn: str | None
+) -> ModeOutcome | str | None:
     storage = Storage.open(state, store=store_url())
     try:
         sessions = Sessions(storage)
         if mode is not None:
-            return await sessions.set_permission_mode(session_id, mode, who=cli_user())
+            # under the session's lease, as abandon does: never while a worker runs it
+            async with _outside_turns(dsn, session_id):
+                return await sessions.set_permission_mode(session_id, mode, who=cli_user())
         if not await storage.log.exists(session_id):
             raise SessionNotFoundError(
                 f"no session {session_id!r} in {state!r}",
@@ -76,7 +82,8 @@ def mode(session_id: str | None, mode: str | None, last: bool, state: str, as_js
     if mode is not None:
         check_mode(mode)  # before anything is opened
     session_id = resolve_session(state, session_id, last=last)
-    found = asyncio.run(_mode(state, session_id, mode))
+    dsn = location().control_dsn(create=False)
+    found = asyncio.run(_mode(state, session_id, mode, dsn))
     if not isinstance(found, ModeOutcome):
         if as_json:
             echo_json({"session_id": session_id, "mode": found})

@@ -192,9 +192,6 @@ class Engine:
     snapshotter: WorkspaceSnapshotter | None = None
     #: reads other sessions' spend for tree and daily budgets (``lodger.runtime.spend``)
     spend: SpendReader | None = None
-    #: the permission mode a turn started here runs in: a switch is committed with the
-    #: turn's start when the session is in another (``lodger.engine.permissions``)
-    start_mode: PermissionMode | None = None
     #: what a step records and shows of each set of visible tools, by the tools' identity
     _step_tools: dict[tuple[int, ...], _StepTools] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -234,10 +231,14 @@ class Engine:
 
     # ------------------------------------------------------------------ turns
 
-    async def start_turn(self, journal: Journal, task: UserInput) -> TurnResult:
+    async def start_turn(
+        self, journal: Journal, task: UserInput, *, mode: PermissionMode | None = None
+    ) -> TurnResult:
         """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
         interrupted turn is resumed (never retried) first. Media that break the limits
-        raise ``UsageError`` before anything is written."""
+        raise ``UsageError`` before anything is written. ``mode``: the permission mode
+        the turn runs in (a switch commits with its start when the session is in another).
+        """
         text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
@@ -255,8 +256,8 @@ class Engine:
             resumed = await self.resume(journal)
             if resumed.status != "completed":
                 return resumed
-        if self.start_mode is not None and self.start_mode != state.permission_mode:
-            switch = PermissionModeChanged(mode=self.start_mode, previous=state.permission_mode)
+        if mode is not None and mode != state.permission_mode:
+            switch = PermissionModeChanged(mode=mode, previous=state.permission_mode)
             journal.defer(journal.draft(switch))  # committed with the turn's start, before it
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()

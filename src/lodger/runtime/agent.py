@@ -461,16 +461,21 @@ class Agent:
             output_mode=output_mode,
             model_settings=model_settings,
         )
-        if permission_mode is not None:
-            start = _session_control.check_mode(permission_mode)
-            engine = dataclasses.replace(engine, start_mode=start)
-        return await self._run(engine, task, session)
+        mode = None if permission_mode is None else _session_control.check_mode(permission_mode)
+        return await self._run(engine, task, session, mode)
 
-    async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
+    async def _run(
+        self,
+        engine: Engine,
+        task: UserInput,
+        session: str | None,
+        mode: PermissionMode | None = None,
+    ) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
         async with self.open_session(session_id) as (writer, state):
             journal = engine.journal(writer, state)
-            result = await self._controlled(session_id, journal, engine.start_turn(journal, task))
+            started = engine.start_turn(journal, task, mode=mode)
+            result = await self._controlled(session_id, journal, started)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result

@@ -42,6 +42,8 @@ PERMISSION_MODES: tuple[str, ...] = get_args(PermissionMode)
 _REPLY_WAIT_S = 10.0
 #: seconds ``cancel`` waits for a turn another process runs to settle
 _SETTLE_WAIT_S = 60.0
+#: how many of the last facts are read for how that turn ended
+_TAIL = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +156,9 @@ async def _settled_elsewhere(
         await asyncio.sleep(_local_control.POLL_S)
     else:
         return CancelOutcome(session_id=session_id, status="requested", turn_id=turn_id)
-    events = await storage.log.read_all(session_id)
+    head = (await storage.log.head(session_id)).high_water
+    # the turn's end is among the last facts (with its cancel and snapshot, if any)
+    events = await storage.log.read(session_id, start=max(head - _TAIL, 0))
     found = _outcome_from(session_id, turn_id, events)
     if found.status == "not_running" and found.turn_status is None:
         # another turn may follow in the same process: the cancel was delivered

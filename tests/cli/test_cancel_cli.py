@@ -78,9 +78,10 @@ def test_lodger_cancel_stops_a_turn_another_process_runs(tmp_path: Path) -> None
 
     events = _events(tmp_path)
     kinds = [e["body"]["kind"] for e in events]
-    assert kinds[-3:] == ["cancel_requested", "run_ended", "turn_ended"]
-    assert events[-3]["body"]["reason"] == "wrong task"
-    assert events[-3]["body"]["who"].startswith("cli:")
+    # a turn with a workspace ends with its snapshot, committed with the cancel
+    assert kinds[-4:] == ["cancel_requested", "workspace_snapshot", "run_ended", "turn_ended"]
+    assert events[-4]["body"]["reason"] == "wrong task"
+    assert events[-4]["body"]["who"].startswith("cli:")
     assert events[-2]["body"]["status"] == events[-1]["body"]["status"] == "cancelled"
     dispatched = [e["call_id"] for e in events if e["body"]["kind"] == "tool_dispatched"]
     responded = {e["call_id"]: e["body"] for e in events if e["body"]["kind"] == "tool_responded"}

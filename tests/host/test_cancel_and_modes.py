@@ -46,9 +46,10 @@ async def test_cancel_over_the_host_settles_the_sandboxed_command(tmp_path: Path
         assert done["result"]["status"] == "cancelled"
         facts = await admin.events(sid)
         kinds = [f.kind for f in facts]
-        assert kinds[-3:] == ["cancel_requested", "run_ended", "turn_ended"]
+        # a turn with a workspace ends with its snapshot, committed with the cancel
+        assert kinds[-4:] == ["cancel_requested", "workspace_snapshot", "run_ended", "turn_ended"]
         assert kinds.count("cancel_requested") == 1  # whatever the second one said
-        asked = facts[-3].data["body"]
+        asked = facts[-4].data["body"]
         public = token_id(hash_token(host.token))
         assert asked["who"] == f"token:{public}" and asked["reason"] == "stop now"
         responded = [f.data["body"] for f in facts if f.kind == "tool_responded"]

@@ -54,7 +54,10 @@ def check_cancelled_log(events: list[object], ws: Path) -> None:
     """The facts a cancel during the sandboxed command leaves (shared with the CLI and
     host tests)."""
     kinds = [e.kind for e in events]  # type: ignore[attr-defined]
-    assert kinds[-3:] == ["cancel_requested", "run_ended", "turn_ended"], kinds
+    # a turn with a workspace ends with its snapshot, committed with the cancel
+    assert kinds[-4:] == ["cancel_requested", "workspace_snapshot", "run_ended", "turn_ended"], (
+        kinds
+    )
     ended = [e.body for e in events if isinstance(e.body, RunEnded)]  # type: ignore[attr-defined]
     assert ended[-1].status == "cancelled"
     turn = [e.body for e in events if isinstance(e.body, TurnEnded)]  # type: ignore[attr-defined]
@@ -135,7 +138,8 @@ async def test_a_cancel_before_the_turn_drives_ends_it_before_any_request(
         assert (await turn).status == "cancelled"
         kinds = [e.kind for e in await agent.session("s3").events()]
         assert "step_started" not in kinds
-        assert kinds[-3:] == ["cancel_requested", "run_ended", "turn_ended"]
+        # a turn with a workspace ends with its snapshot, committed with the cancel
+        assert kinds[-4:] == ["cancel_requested", "workspace_snapshot", "run_ended", "turn_ended"]
 
 
 async def test_ctrl_c_still_leaves_the_turn_open(tmp_path: Path) -> None:

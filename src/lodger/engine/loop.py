@@ -421,13 +421,7 @@ class Engine:
                     return await self._end(
                         ctx, "step_limit", error=f"stopped after {self.limits.max_steps} steps"
                     )
-                stop = control.stopping()
-                if stop is not None:  # between steps: every call of the last one settled
-                    return await self._stopped(ctx, stop)
-                # Other tasks get the loop once per step: with a store and a model that
-                # answer without waiting (memory, scripted), nothing else here suspends.
-                await asyncio.sleep(0)
-                stopped = await self._before_step(ctx)  # a cancel, a reached budget
+                stopped = await self._before_step(ctx, control)  # a stop, a cancel, a budget
                 if stopped is not None:
                     return stopped
                 visible = self.visible_tools(state.turn_activated)
@@ -502,12 +496,19 @@ class Engine:
                 raise pipeline.hook_failure
         return suspended
 
-    async def _before_step(self, ctx: RunContext) -> TurnResult | None:
-        """The turn's end before a step: cancelled by a request that came meanwhile (or
-        before the engine drove it), or parked on a reached limit or budget."""
-        control = current_control()  # a turn the agent runs (TurnControl.run)
-        if control is not None:
-            control.start_driving(ctx.turn_id)  # from now on a cancel stops the task
+    async def _before_step(self, ctx: RunContext, control: TurnControl) -> TurnResult | None:
+        """The turn's end before a step: stopped by a queued message (an interrupt or a
+        rollback), cancelled by a request that came meanwhile (or before the engine drove
+        it), or parked on a reached limit or budget."""
+        stop = control.stopping()
+        if stop is not None:  # between steps: every call of the last one settled
+            return await self._stopped(ctx, stop)
+        # Other tasks get the loop once per step: with a store and a model that answer
+        # without waiting (memory, scripted), nothing else here suspends.
+        await asyncio.sleep(0)
+        running = current_control()  # a turn the agent runs (TurnControl.run): ``control``
+        if running is not None:
+            running.start_driving(ctx.turn_id)  # from now on a cancel stops the task
         cancel = requested_cancel()
         if cancel is not None:
             return await self._cancelled(ctx, cancel)

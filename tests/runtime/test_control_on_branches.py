@@ -1,5 +1,5 @@
-"""Steering, a mode switch and a cancel of a rewound session: its name leads to the branch
-that runs, and all three reach the one registered control of that running turn."""
+"""Steering, the queue, a mode switch and a cancel of a rewound session: its name leads
+to the branch that runs, and each reaches the one registered control of that turn."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ async def test_a_rewound_sessions_name_reaches_the_turn_running_on_its_branch(
         assert switched.status == "changed" and not switched.outside_run
         again = await sessions.set_permission_mode("s", "plan")
         assert again.status == "unchanged"
+        queued = await sessions.enqueue("s", "later", who="ana")  # through the turn too
+        assert [m.message_id for m in await sessions.queue("s")] == [queued.message_id]
         cancelled = await sessions.cancel("s", who="ana", reason="enough")
         assert cancelled.status == "cancelled", cancelled
         result = await turn
@@ -67,6 +69,8 @@ async def test_a_rewound_sessions_name_reaches_the_turn_running_on_its_branch(
         # nothing of it landed on the branch the rewind left behind
         left = await sessions.storage.log.read_all("s")
         assert not any(isinstance(e.body, CancelRequested | SteerReceived) for e in left)
+        # the steer no step carried was queued with the cancelled turn's end, after "later"
+        assert [m.text for m in (await sessions.state("s")).queue] == ["later", "look left"]
     finally:
         release.set()
         await sessions.close()

@@ -700,11 +700,14 @@ class Agent:
         ``HostConflictError`` (``session_busy``) while one runs; ``interrupt`` stops the
         running turn at its next step boundary (its calls settle) and runs next;
         ``rollback`` abandons it before its next calls start and runs next."""
-        return await _followups.enqueue(self, session_id, text, policy, who)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _followups.enqueue(self, branch, text, policy, who)
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         """The session's follow-up queue, in the order it runs (read from its log)."""
-        return await _followups.queue_of(self, session_id)
+        return await _followups.queue_of(
+            self, await _session_control.branch_of(self.turns, self.storage, session_id)
+        )
 
     async def edit_queued(
         self,
@@ -719,6 +722,7 @@ class Agent:
         each change a ``queue_changed`` fact naming ``who``; the queue after it."""
         if text is None and position is None:
             raise UsageError("nothing to change: give text, position or both", code="usage")
+        session_id = await _session_control.branch_of(self.turns, self.storage, session_id)
         queue: list[QueuedMessage] = []
         if text is not None:
             queue = await _followups.change_queued(
@@ -734,7 +738,8 @@ class Agent:
         self, session_id: str, message_id: str, *, who: str | None = None
     ) -> list[QueuedMessage]:
         """Take a message out of the queue before it is delivered; the queue after it."""
-        return await _followups.change_queued(self, session_id, message_id, "retract", who=who)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _followups.change_queued(self, branch, message_id, "retract", who=who)
 
     async def run_queued(self, session_id: str) -> TurnResult | None:
         """Run the next queued message of the session as a turn (None: the queue is

@@ -439,10 +439,13 @@ class Sessions:
         self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
     ) -> QueuedMessage:
         """``Agent.enqueue``: a follow-up message with its policy, as a fact."""
-        return await _followups.enqueue(self, session_id, text, policy, who)
+        branch = await branch_of(self.turns, self.storage, session_id)  # a rewound one: its branch
+        return await _followups.enqueue(self, branch, text, policy, who)
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
-        return await _followups.queue_of(self, session_id)
+        return await _followups.queue_of(
+            self, await branch_of(self.turns, self.storage, session_id)
+        )
 
     async def change_queued(
         self,
@@ -455,8 +458,9 @@ class Sessions:
         who: str | None = None,
     ) -> list[QueuedMessage]:
         """Edit, move or retract a queued message (a ``queue_changed`` fact by ``who``)."""
+        branch = await branch_of(self.turns, self.storage, session_id)
         return await _followups.change_queued(
-            self, session_id, message_id, action, text=text, position=position, who=who
+            self, branch, message_id, action, text=text, position=position, who=who
         )
 
     async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:

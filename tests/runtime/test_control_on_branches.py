@@ -44,6 +44,7 @@ async def test_a_rewound_sessions_name_reaches_the_turn_running_on_its_branch(
         await asyncio.wait_for(entered.wait(), 30)
         assert sessions.turns.get("s..r1") is not None  # registered under the branch
         assert sessions.turns.get("s") is None
+        assert sessions.busy("s") and sessions.busy("s..r1")  # found by its name too
         steered = await sessions.steer("s", "look left", who="ana")
         assert steered.status == "steer"  # into the running turn, not queued
         switched = await sessions.set_permission_mode("s", "plan", who="ana")
@@ -57,6 +58,7 @@ async def test_a_rewound_sessions_name_reaches_the_turn_running_on_its_branch(
         result = await turn
         assert result.status == "cancelled" and result.session_id == "s..r1"
         assert (await sessions.cancel("s")).status == "not_running"
+        assert not sessions.busy("s")
         events = await sessions.storage.log.read_all("s..r1")
         turn_id = result.turn_id
         mine = [e.body for e in events if e.turn_id == turn_id]

@@ -40,6 +40,7 @@ from lodger.engine.journal import Journal
 from lodger.engine.queue import Steered, StopRequest
 from lodger.engine.state import SessionState
 from lodger.events import Body, Event, MessageQueued, SteerDelivered, SteerReceived
+from lodger.storage.branches import root_of
 
 __all__ = ["RunningTurns", "TurnControl", "current_control", "requested_cancel"]
 
@@ -286,6 +287,14 @@ class RunningTurns:
 
     def get(self, session_id: str) -> TurnControl | None:
         return self._turns.get(session_id)
+
+    def of_session(self, name: str) -> TurnControl | None:
+        """The turn running on ``name``, or on a branch of the session named ``name`` (a
+        rewound session's turn is registered under its branch, ``S..rN``)."""
+        found = self._turns.get(name)
+        if found is not None:
+            return found
+        return next((c for k, c in self._turns.items() if root_of(k) == name), None)
 
     def begin(self, session_id: str) -> TurnControl:
         """A control for a turn about to open the session (registered unless another

@@ -680,7 +680,7 @@ class Agent:
 
     def busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs here now (and has not begun to end)."""
-        control = self.turns.get(session_id)
+        control = self.turns.of_session(session_id)  # a rewound one's: on its branch
         return control is not None and control.busy
 
     async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:

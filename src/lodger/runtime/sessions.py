@@ -427,7 +427,7 @@ class Sessions:
 
     def busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs in this process now."""
-        control = self.turns.get(session_id)
+        control = self.turns.of_session(session_id)  # a rewound one's: on its branch
         return control is not None and control.busy
 
     async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:

@@ -399,6 +399,7 @@ ErrorCode = Literal[
     "missing_extra",
     "model_settings",
     "output_mode",
+    "permission_mode",
     "output_type",
     "tracing_unavailable",
     "secrets_file_unsafe",

@@ -35,6 +35,7 @@ from lodger.events import (
     BudgetReached,
     CallAccepted,
     CallRejected,
+    CancelRequested,
     Compacted,
     CompactionFailed,
     ContextCompacted,
@@ -44,6 +45,7 @@ from lodger.events import (
     ModelSwitched,
     OperatorDecision,
     PermissionDecided,
+    PermissionModeChanged,
     PermissionRequested,
     ProviderRetried,
     QueueChanged,
@@ -277,6 +279,7 @@ class _TimelineView:
             self._describe_records,
             self._describe_steering,
             describe_rewind,
+            self._describe_session_control,
         ):
             parts = describe_kind(event)
             if parts is not None:
@@ -501,6 +504,23 @@ class _TimelineView:
             ]
         if isinstance(body, Compacted | CompactionFailed):
             return self._compaction(body)
+        return None
+
+    def _describe_session_control(self, event: Event) -> list[Part] | None:
+        """A person's control of the session: a cancel, a permission-mode switch."""
+        body = event.body
+        if isinstance(body, CancelRequested):
+            who = f" by {visible(body.who)}" if body.who else ""
+            reason = f"  {_quoted(body.reason, self.limit(_TEXT))}" if body.reason else ""
+            return [("cancel requested", "bold red"), who, reason]
+        if isinstance(body, PermissionModeChanged):
+            who = f" by {visible(body.who)}" if body.who else ""
+            return [
+                ("permission mode ", "bold"),
+                f"{body.previous or 'none'} -> ",
+                (body.mode, "bold yellow"),
+                f"{who}  (from the next step)",
+            ]
         return None
 
     def _describe_steering(self, event: Event) -> list[Part] | None:

@@ -59,6 +59,7 @@ from lodger.events import (
     ForkParent,
     OperatorDecision,
     PermissionDecided,
+    PermissionModeChanged,
     RecoveryObserved,
     ToolDispatched,
 )
@@ -170,6 +171,9 @@ def _encode(state: SessionState, chain: SessionChain, n: int) -> bytes:
             "turn_activated": state.turn_activated,
             "last_elided": list(state.last_elided),
             "always_allowed": state.always_allowed,
+            "permission_mode_at": state.permission_mode_at,
+            "step_mode_at": state.step_mode_at,
+            "last_step_id": state.last_step_id,
             "parent": state.parent.model_dump(mode="json") if state.parent else None,
             "queue": [m.to_dict() for m in state.queue],
         },
@@ -291,6 +295,18 @@ def _restore_calls(history: History, items: list[Any]) -> dict[str, CallState]:
     return calls
 
 
+def _mode_offset(history: History, n: int, at: object) -> int | None:
+    """A permission mode's offset from a checkpoint, only where the verified log holds a
+    switch (a mode is authority: a checkpoint is a cache)."""
+    if at is None:
+        return None
+    if type(at) is not int or not 0 <= at < n:
+        raise ValueError("state: a permission mode outside the checkpoint")
+    if not isinstance(history[at].body, PermissionModeChanged):
+        raise ValueError("state: a permission mode the log does not hold")
+    return at
+
+
 def _restore(
     session_id: str,
     verified: VerifiedRecords,
@@ -327,6 +343,9 @@ def _restore(
             and (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON)
         ):
             raise ValueError("state: a grant the log does not hold")
+    state.permission_mode_at = _mode_offset(history, n, s.get("permission_mode_at"))
+    state.step_mode_at = _mode_offset(history, n, s.get("step_mode_at"))
+    state.last_step_id = _optional_str(s.get("last_step_id"))
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
     state.queue = [QueuedMessage.from_dict(m) for m in s.get("queue", [])]
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:

@@ -46,6 +46,7 @@ from lodger.errors import (
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
+from lodger.runtime._worker_cancel import deliver_cancels
 from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
@@ -96,6 +97,9 @@ class WorkerConfig:
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
     #: seconds between looks for steers hosts sent the running turn (``Steers``)
     steer_poll_s: float = 0.2
+    #: seconds between looks for a cancel request of the session being worked on (a
+    #: read-only transaction: on SQLite it takes no lock)
+    cancel_poll_s: float = 0.25
 
 
 @dataclass
@@ -298,6 +302,15 @@ class Worker:
                 poll_s=self.config.steer_poll_s,
             )
         )
+        cancels = asyncio.ensure_future(  # a cancel sent through the control plane
+            deliver_cancels(
+                self.control,
+                self.guard,
+                self.sessions,
+                wake.session_id,
+                every=self.config.cancel_poll_s,
+            )
+        )
         try:
             step = await turn
             delay, held, index = step.delay, step.held, step.index
@@ -330,7 +343,7 @@ class Worker:
                 delay = None
                 failure = await self._give_up(wake, exc)
         finally:
-            for helper in (watch, steers):
+            for helper in (watch, steers, cancels):
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper

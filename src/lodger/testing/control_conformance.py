@@ -608,6 +608,46 @@ class ControlConformance:
         assert await control.requeue_steers(session_id="s1", skip=["a"]) == 1
         assert [w.message for w in await control.pending_wakes(session_id="s1")] == ["b"]
 
+    # ----------------------------------------------------------- cancel requests
+
+    async def test_a_cancel_needs_a_held_lease_and_is_asked_once(
+        self, make_control: MakeControl
+    ) -> None:
+        worker, host, other = await make_control(), await make_control(), await make_control()
+        # nobody holds the session: nothing runs, nothing is recorded
+        assert await host.request_cancel(session_id="s1", who="h", reason="") == (None, False)
+        lease = await worker.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None
+        assert await worker.pending_cancel(lease=lease) is None
+        asked = await asyncio.gather(
+            host.request_cancel(session_id="s1", who="token:a", reason="stop"),
+            other.request_cancel(session_id="s1", who="cli:b", reason="again"),
+        )
+        assert sorted(created for _, created in asked) == [False, True]
+        first = next(c for c, created in asked if created)
+        assert first is not None and first.epoch == lease.epoch and first.status == "pending"
+        assert {c.id for c, _ in asked if c is not None} == {first.id}  # one request
+        pending = await worker.pending_cancel(lease=lease)
+        assert pending == first
+        await worker.settle_cancel(cancel_id=first.id, status="cancelled")
+        await worker.settle_cancel(cancel_id=first.id, status="not_running")  # settled once
+        settled = await host.get_cancel(cancel_id=first.id)
+        assert settled is not None and settled.status == "cancelled"
+        assert await worker.pending_cancel(lease=lease) is None
+        assert await host.get_cancel(cancel_id=first.id + 1000) is None
+
+    async def test_a_cancel_is_for_one_lease_grant(self, control: ControlPlane) -> None:
+        first = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert first is not None
+        made, created = await control.request_cancel(session_id="s1", who=None, reason="x")
+        assert made is not None and created
+        await control.release_session(lease=first)  # the turn ended before delivery
+        second = await control.acquire_session(session_id="s1", holder="w2", ttl_s=_LONG)
+        assert second is not None
+        assert await control.pending_cancel(lease=second) is None  # the next run never sees it
+        again, created = await control.request_cancel(session_id="s1", who=None, reason="y")
+        assert again is not None and created and again.epoch == second.epoch
+
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -30,6 +30,8 @@ __all__ = [
     "ParkedCall",
     "Schedule",
     "Schedules",
+    "SessionCancel",
+    "SessionCancels",
     "SessionClaim",
     "SessionIndex",
     "SessionLease",
@@ -534,6 +536,47 @@ class Steers(Protocol):
         ...
 
 
+# ----------------------------------------------------------- cancel requests (session_cancels)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionCancel:
+    """A request to cancel the turn a session's lease grant ``epoch`` runs (schema version
+    10): ``pending`` until the worker holding that lease delivers it, then how that went
+    (``cancelled``, ``already_cancelling``, ``not_running``: a ``CancelOutcome`` status)."""
+
+    id: int
+    session_id: str
+    epoch: int
+    who: str | None
+    reason: str
+    status: str
+    requested_at: float
+
+
+class SessionCancels(Protocol):
+    """Cancel requests for a turn that a worker runs, sent from anywhere (a host, the CLI)."""
+
+    async def request_cancel(
+        self, *, session_id: str, who: str | None, reason: str
+    ) -> tuple[SessionCancel | None, bool]:
+        """Record a cancel for the turn the session's current lease runs, in one
+        transaction: ``(None, False)`` when nobody holds the lease (nothing runs);
+        ``(request, True)`` when this call recorded it; ``(request, False)`` when one was
+        recorded for this lease before (nothing new)."""
+        ...
+
+    async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
+        """The undelivered cancel for ``lease``'s grant (a later grant never sees it)."""
+        ...
+
+    async def settle_cancel(self, *, cancel_id: int, status: str) -> None:
+        """The holder delivered the request: ``status`` says how it went."""
+        ...
+
+    async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None: ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -544,6 +587,7 @@ class ControlPlane(
     Tokens,
     GlobalAuthorities,
     Steers,
+    SessionCancels,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

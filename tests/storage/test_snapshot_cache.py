@@ -252,3 +252,18 @@ async def test_rewinds_over_cached_snapshots_restore_exactly(tmp_path: Path) -> 
         for number in (4, 2):
             await sessions.rewind("s", turn=number, branch="s", force=True)
             assert _describe(ws) == seen[number - 2], number
+
+
+async def test_a_killed_snapshot_leaves_no_cache_file_forever(
+    world: tuple[Path, CountingStore, Path],
+) -> None:
+    ws, blobs, cache = world
+    cache.mkdir()
+    old, young = cache / ".snapcache-old.tmp", cache / ".snapcache-young.tmp"
+    for path in (old, young):
+        path.write_bytes(b"{")
+    past = time.time_ns() - 2 * 3600 * 10**9
+    os.utime(old, ns=(past, past))
+    await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)
+    assert not old.exists() and young.exists()  # a live snapshot's may be young
+    assert len(_cache_files(cache)) == 1

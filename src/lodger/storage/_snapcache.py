@@ -22,6 +22,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,19 @@ def load(path: Path, root: Path, exclude: frozenset[str]) -> StatCache:
     return StatCache(files=files, ref=ref, stamp_ns=stamp[0], stamp_dev=stamp[1], wall_ns=stamp[2])
 
 
+_ORPHAN_AGE_NS = 3600 * 10**9
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the temporary cache files of processes killed mid-snapshot (an hour old:
+    no live snapshot takes that long)."""
+    now = time.time_ns()
+    for tmp in directory.glob(".snapcache-*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime_ns > _ORPHAN_AGE_NS:
+                tmp.unlink()
+
+
 class CacheWriter:
     """The next cache file of a workspace: created when its scan begins (its time stamp
     is the cache's own), written and renamed over the old one when the snapshot is
@@ -100,6 +114,7 @@ class CacheWriter:
     def __init__(self, path: Path, wall_ns: int) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".snapcache-", suffix=".tmp")
         self._fd: int | None = fd
         self._tmp = Path(tmp)

@@ -237,13 +237,14 @@ class FileArtifactStore:
 
     async def exists_many(self, items: Sequence[tuple[str, int | None]]) -> list[bool]:
         """``exists`` for each ``(sha256, size)`` of ``items``, in one thread."""
-        paths = [(self._path(check_sha256(sha)), size) for sha, size in items]
+        root = os.fspath(self.root)
+        paths = [(os.path.join(root, sha[:2], check_sha256(sha)), size) for sha, size in items]
 
         def look() -> list[bool]:
             found: list[bool] = []
             for path, size in paths:
                 try:
-                    info = path.stat()
+                    info = os.stat(path)
                 except (FileNotFoundError, NotADirectoryError):
                     found.append(False)
                     continue

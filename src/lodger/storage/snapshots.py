@@ -73,47 +73,34 @@ class SnapshotResult:
 
 def _scan(root: Path, exclude: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Every entry under ``root``, sorted by path, without following symlinks; the
-    relative paths in ``exclude`` (and everything under them) are left out."""
+    relative paths in ``exclude`` (and everything under them) are left out. A directory
+    that cannot be listed is skipped, as ``os.walk`` does."""
     entries: list[dict[str, Any]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        here = Path(dirpath)
-        for name in [*dirnames, *filenames]:
-            path = here / name
-            rel = path.relative_to(root).as_posix()
+    pending = [(os.fspath(root), "")]
+    while pending:
+        here, prefix = pending.pop()
+        try:
+            with os.scandir(here) as listing:
+                found = list(listing)
+        except OSError:
+            continue
+        for item in found:
+            rel = prefix + item.name
             if rel in exclude:
                 continue
-            info = path.lstat()
+            info = item.stat(follow_symlinks=False)
             mode = stat.S_IMODE(info.st_mode)
-            if stat.S_ISLNK(info.st_mode):
-                entries.append({"path": rel, "type": "symlink", "target": os.readlink(path)})
+            if stat.S_ISLNK(info.st_mode):  # recorded, never followed nor descended into
+                entries.append({"path": rel, "type": "symlink", "target": os.readlink(item)})
             elif stat.S_ISDIR(info.st_mode):
                 entries.append({"path": rel, "type": "dir", "mode": mode})
+                pending.append((item.path, rel + "/"))
             elif stat.S_ISREG(info.st_mode):
+                seen = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
                 entries.append(
-                    {
-                        "path": rel,
-                        "type": "file",
-                        "mode": mode,
-                        "size": info.st_size,
-                        "_stat": (
-                            info.st_size,
-                            info.st_mtime_ns,
-                            info.st_ctime_ns,
-                            info.st_ino,
-                            info.st_dev,
-                        ),
-                    }
+                    {"path": rel, "type": "file", "mode": mode, "size": info.st_size, "_stat": seen}
                 )
             # sockets, fifos and devices are not workspace content
-        # a symlinked directory shows in dirnames (recorded above as a symlink); never
-        # descend into it
-        dirnames[:] = [
-            d
-            for d in dirnames
-            if not (here / d).is_symlink()
-            and (here / d).relative_to(root).as_posix() not in exclude
-        ]
     return sorted(entries, key=lambda e: str(e["path"]))
 
 

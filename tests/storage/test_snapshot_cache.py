@@ -76,9 +76,13 @@ async def test_an_unchanged_tree_is_snapshotted_by_the_next_process_without_read
     assert (first.files, first.read, first.uploaded) == (50, 50, 50)
     await asyncio.sleep(0.05)
     gets, puts = blobs.gets, blobs.puts
+    (written,) = _cache_files(cache)
+    inode = written.stat().st_ino
     again = await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)  # a new process
     assert (again.ref, again.read, again.uploaded, again.size) == (first.ref, 0, 0, first.size)
     assert (blobs.gets, blobs.puts) == (gets, puts)  # no blob read back, not even the manifest
+    assert _cache_files(cache) == [written] and written.stat().st_ino == inode  # not rewritten
+    assert [p.name for p in cache.iterdir()] == [written.name]  # and no temporary file left
     # the uncached snapshot of the same tree agrees
     plain = await WorkspaceSnapshotter(blobs).take(ws)
     assert (plain.ref, plain.read) == (first.ref, 50)
@@ -161,7 +165,8 @@ async def test_a_file_changed_within_the_cache_tick_is_read_again(
     [
         pytest.param(lambda raw: raw[: len(raw) // 2], id="torn"),
         pytest.param(lambda raw: b"\x00" * len(raw), id="zeroed"),
-        pytest.param(lambda raw: raw.replace(b'"v": 1', b'"v": 99'), id="edited"),
+        pytest.param(lambda raw: raw.replace(b"snapcache 1 ", b"snapcache 9 ", 1), id="version"),
+        pytest.param(lambda raw: raw.replace(b'"ref":"', b'"ref":"0', 1), id="edited"),
         pytest.param(lambda raw: b"[]", id="not-an-object"),
     ],
 )
@@ -187,10 +192,10 @@ async def test_a_cache_whose_sums_do_not_match_its_body_is_ignored(
     ws, blobs, cache = world
     await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)
     (path,) = _cache_files(cache)
-    raw = json.loads(path.read_bytes())
-    entry = raw["body"]["files"]["d0/f0.txt"]
-    entry[-1] = hashlib.sha256(b"something else").hexdigest()
-    path.write_text(json.dumps(raw))
+    header, _, data = path.read_bytes().partition(b"\n")
+    body = json.loads(data)
+    body["files"]["d0/f0.txt"][-1] = hashlib.sha256(b"something else").hexdigest()
+    path.write_bytes(header + b"\n" + json.dumps(body).encode())
     await asyncio.sleep(0.05)
     again = await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)
     assert again.read == 50

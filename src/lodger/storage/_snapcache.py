@@ -55,8 +55,9 @@ def cache_path(cache_dir: Path, root: Path) -> Path:
     return cache_dir / f"{hashlib.sha256(str(root).encode()).hexdigest()[:32]}.json"
 
 
-def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+def _header(data: bytes) -> bytes:
+    """The first line of a cache file: its version and the sha256 of the body below."""
+    return f"lodger-snapcache {_VERSION} {hashlib.sha256(data).hexdigest()}".encode()
 
 
 def _entry(value: Any) -> tuple[Stat, str]:
@@ -75,10 +76,10 @@ def load(path: Path, root: Path, exclude: frozenset[str]) -> StatCache:
     """The cache at ``path`` if it is intact and describes ``root`` with ``exclude``;
     an empty one otherwise (missing, torn, edited, another version or workspace)."""
     try:
-        raw = json.loads(path.read_bytes())
-        body = raw["body"]
-        if raw["check"] != _digest(body) or body["v"] != _VERSION:
+        header, _, data = path.read_bytes().partition(b"\n")
+        if header != _header(data):
             return StatCache()
+        body = json.loads(data)
         if body["root"] != str(root) or body["exclude"] != sorted(exclude):
             return StatCache()
         ref = body["ref"]
@@ -127,7 +128,6 @@ class CacheWriter:
         self, root: Path, exclude: frozenset[str], ref: str, files: dict[str, tuple[Stat, str]]
     ) -> None:
         body = {
-            "v": _VERSION,
             "root": str(root),
             "exclude": sorted(exclude),
             "ref": ref,
@@ -136,11 +136,11 @@ class CacheWriter:
             "wall_ns": self.wall_ns,
             "files": {p: [*st, sha] for p, (st, sha) in sorted(files.items())},
         }
-        data = json.dumps({"body": body, "check": _digest(body)}, sort_keys=True).encode()
+        data = json.dumps(body, separators=(",", ":")).encode()
         fd, self._fd = self._fd, None
         assert fd is not None
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            handle.write(_header(data) + b"\n" + data)
         os.replace(self._tmp, self.path)
 
     def discard(self) -> None:

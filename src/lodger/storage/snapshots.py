@@ -295,7 +295,10 @@ class WorkspaceSnapshotter:
                 await asyncio.to_thread(writer.discard)
             raise
         stamp_ns, stamp_dev = (writer.stamp_ns, writer.stamp_dev) if writer else (0, -1)
-        if writer is not None:
+        if writer is not None and (result.read, result.ref, known) == (0, cache.ref, cache.files):
+            await asyncio.to_thread(writer.discard)  # the cache on disk says all this already
+            stamp_ns, stamp_dev, started = cache.stamp_ns, cache.stamp_dev, cache.wall_ns
+        elif writer is not None:
             try:
                 await asyncio.to_thread(writer.commit, base, excluded, result.ref, known)
             except OSError:  # a cache not kept costs the next process a full read

@@ -272,3 +272,16 @@ async def test_a_killed_snapshot_leaves_no_cache_file_forever(
     await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)
     assert not old.exists() and young.exists()  # a live snapshot's may be young
     assert len(_cache_files(cache)) == 1
+
+
+async def test_a_cache_directory_that_cannot_be_written_costs_only_the_cache(
+    world: tuple[Path, CountingStore, Path],
+) -> None:
+    ws, blobs, cache = world
+    cache.write_text("a file where the directory should be")
+    snapshotter = WorkspaceSnapshotter(blobs, cache_dir=cache)
+    first = await snapshotter.take(ws)
+    again = await WorkspaceSnapshotter(blobs, cache_dir=cache).take(ws)
+    assert (first.read, again.read, again.ref) == (50, 50, first.ref)
+    await restore_snapshot(again.ref, blobs, ws.parent / "restored")
+    assert _describe(ws.parent / "restored") == _describe(ws)

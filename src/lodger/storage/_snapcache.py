@@ -9,9 +9,9 @@ A file whose time stamps are not older than that may have changed again within t
 clock tick after it was hashed (git's "racy clean"), so it is read again.
 
 The cache is a hint, never a source of truth: it is written atomically (a temporary file
-renamed over it), carries a sha256 of its own body, and anything that does not parse,
-check or describe this workspace is ignored as if there were none. A blob it names is
-still looked up in the artifact store before a snapshot refers to it.
+renamed over it), its first line names the sha256 of the body below, and anything that
+does not parse, check or describe this workspace is ignored as if there were none. A blob
+it names is still looked up in the artifact store before a snapshot refers to it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
-from lodger.storage.artifacts import ArtifactStore
+from lodger.storage.artifacts import ArtifactStore, FileArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
@@ -829,7 +829,10 @@ def _snapshotter(
             hint="pass workspace=... to the agent, or leave snapshots off",
             code="usage",
         )
-    return WorkspaceSnapshotter(storage.artifacts)
+    # the stat cache lives beside a local state's file artifacts (never in an object store)
+    local = isinstance(storage.artifacts, FileArtifactStore) and storage.state_dir is not None
+    cache = storage.state_dir / "snapcache" if local and storage.state_dir else None
+    return WorkspaceSnapshotter(storage.artifacts, cache_dir=cache)
 
 
 def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:

@@ -73,6 +73,7 @@ from lodger.providers.base import (
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
+from lodger.substrates.background import turn_ending
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -532,6 +533,8 @@ class Engine:
                     WorkspaceSnapshot(ref=taken.ref, files=taken.files, size=taken.size), env
                 )
             )
+        # background processes kept for the turn stop with it; their ends commit with it
+        drafts += [journal.draft(e, env) for e in await turn_ending(ctx.session_id)]
         start = journal.state.open_turn_offset  # forgotten once the turn has ended
         assert ctx.control is not None
         async with ctx.control.ending() as late:  # steers no step carried: the next turn

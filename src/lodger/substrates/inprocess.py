@@ -243,7 +243,10 @@ def result_execution(name: str, value: Any) -> Execution:
         return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
         return Execution(
-            "error" if value.is_error else "ok", value.content, parts=tuple(value.parts)
+            "error" if value.is_error else "ok",
+            value.content,
+            parts=tuple(value.parts),
+            facts=tuple(value.facts),
         )
     if isinstance(value, BinaryContent):
         label = f" {value.name!r}" if value.name else ""

@@ -37,6 +37,8 @@ from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import (
     FileExpectation,
+    ProcessEnded,
+    ProcessStarted,
     RecoveryPolicy,
     ResultStatus,
     ToolDispatched,
@@ -152,6 +154,8 @@ class ToolOutput:
     is_error: bool = False
     #: images and documents for the model with the text (stored as artifacts)
     parts: Sequence[BinaryContent] = ()
+    #: facts committed with the call's T2 (a background process started or ended)
+    facts: Sequence[ProcessStarted | ProcessEnded] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +198,8 @@ class Execution:
     suspended: bool = False
     #: images and documents the tool returned (``BinaryContent``, ``ToolOutput.parts``)
     parts: tuple[BinaryContent, ...] = ()
+    #: facts committed in T2's append (``ToolOutput.facts``)
+    facts: tuple[ProcessStarted | ProcessEnded, ...] = ()
 
 
 class Executor(Protocol):

@@ -80,6 +80,8 @@ def process_identity(pid: int) -> str | None:
         return None
     # the command name, in parentheses, may hold spaces: fields count from its end
     fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped: not running
+        return None
     return f"start={fields[19]} boot={boot}"
 
 
@@ -104,7 +106,7 @@ class _Process:
     def done(self) -> bool:
         if self.task is not None:
             return self.task.done()
-        return process_identity(self.pid) is None
+        return self.ended is not None or process_identity(self.pid) is None
 
     def sink(self, limit: int) -> None:
         """The output file; ``feed`` appends to it up to ``limit`` bytes."""

@@ -34,7 +34,12 @@ from lodger.substrates.background import (
 )
 from lodger.substrates.sandbox import SandboxPolicy, SandboxResult
 from lodger.substrates.sandboxed import scrubbed_env
-from lodger.substrates.shell import _check_spawnable, _check_state_dir_not_named, _written_out
+from lodger.substrates.shell import (
+    _check_spawnable,
+    _check_state_dir_not_named,
+    _claims_for,
+    _written_out,
+)
 from lodger.tools.spec import Tool, ToolContext, ToolOutput, tool
 from lodger.tools.workspace import resolve_workspace_root
 
@@ -120,6 +125,11 @@ async def _spawn(
     try:
         waited: list[asyncio.Future[object]] = [p.task, spawned]  # type: ignore[list-item]
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled while it starts: it must not run unowned
+        p.task.cancel()
+        await asyncio.wait([p.task])
+        os.close(stdin_w)
+        raise
     finally:
         os.close(filter_r)
         os.close(stdin_r)
@@ -166,7 +176,13 @@ def _command_line(
 
 
 def _start_tool(policy: SandboxPolicy, limits: ProcessLimits) -> Tool:
-    @tool(name="start_process", group="shell", recovery="never_retry", writes=True)
+    @tool(
+        name="start_process",
+        group="shell",
+        recovery="never_retry",
+        writes=True,
+        claims=_claims_for(policy),  # as shell's: the workspace, and the backend in T1
+    )
     async def start_process(
         ctx: ToolContext,
         command: Annotated[str, Field(description="a bash command line, e.g. a dev server")],

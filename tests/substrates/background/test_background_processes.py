@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lodger import Agent, ScriptedModel
-from lodger.events import Event, ProcessEnded, ProcessStarted, ToolResponded
+from lodger.events import Event, ProcessEnded, ProcessStarted, ToolDispatched, ToolResponded
 from lodger.storage import Storage
 from lodger.substrates.background import ProcessLimits
 from lodger.substrates.processes import process_tools
@@ -90,6 +90,8 @@ async def test_a_dev_server_in_the_background_is_reached_by_a_later_shell_call(
     started = _bodies(events, ProcessStarted)
     assert [s.process_id for s in started] == ["proc-call-0-1"]
     assert started[0].keep == "turn" and started[0].sandbox.startswith("bubblewrap start=")
+    (t1, *_) = _bodies(events, ToolDispatched)
+    assert t1.resources == ("write file:./**", "actor:sandbox:bubblewrap")
     responses = _responses(events)
     assert "hello from the workspace" in responses[1]  # the later shell call reached it
     assert '"GET / HTTP/1.1" 200' in responses[2]  # the server's log, read back
@@ -152,3 +154,25 @@ async def test_input_reaches_the_process_and_output_is_bounded(tmp_path: Path) -
     assert "bytes past the kept 1000 were not kept" in responses[3]
     (ended,) = _bodies(events, ProcessEnded)
     assert ended.status == "exited" and ended.output_bytes > 1000
+
+
+async def test_a_policy_with_network_or_another_backend_refuses_to_start(tmp_path: Path) -> None:
+    from lodger.substrates.sandbox import NetworkPolicy, SandboxPolicy
+
+    ws = _workspace(tmp_path)
+    refused = []
+    for policy in (
+        SandboxPolicy(network=NetworkPolicy(allow=("example.com",))),
+        SandboxPolicy(backend="none"),
+    ):
+        agent = Agent(
+            model=ScriptedModel([_call("start_process", command="sleep 1"), {"text": "ok"}]),
+            tools=process_tools(policy),
+            workspace=ws,
+            storage=Storage.memory(),
+        )
+        result = await agent.run("go")
+        events = list(await agent.session(result.session_id).events())
+        refused += _responses(events)
+        assert not _bodies(events, ProcessStarted)
+    assert all("only in a bubblewrap sandbox with no network policy" in r for r in refused)

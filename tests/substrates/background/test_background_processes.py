@@ -176,3 +176,34 @@ async def test_a_policy_with_network_or_another_backend_refuses_to_start(tmp_pat
         refused += _responses(events)
         assert not _bodies(events, ProcessStarted)
     assert all("only in a bubblewrap sandbox with no network policy" in r for r in refused)
+
+
+async def test_a_process_kept_for_the_session_outlives_its_turn(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    (ws / "index.html").write_text("still here\n")
+    port = _free_port()
+    server = f"exec python3 -m http.server {port} --bind 127.0.0.1"
+    agent = Agent(
+        model=ScriptedModel(
+            turns=[
+                [_call("start_process", command=server, keep="session"), {"text": "up"}],
+                [
+                    _call("shell", command=PROBE.format(tries=100, port=port)),
+                    _call("process_stop", process_id="proc-call-0-1"),
+                    {"text": "done"},
+                ],
+            ]
+        ),
+        tools=[shell_tool(), *process_tools()],
+        workspace=ws,
+        storage=Storage.memory(),
+    )
+    first = await agent.run("start it")
+    events = list(await agent.session(first.session_id).events())
+    assert not _bodies(events, ProcessEnded)  # the turn ended, the process did not
+    second = await agent.run("test it", session=first.session_id)
+    assert second.status == "completed", second.error
+    events = list(await agent.session(first.session_id).events())
+    assert "still here" in _responses(events)[1]
+    (ended,) = _bodies(events, ProcessEnded)
+    assert ended.status == "stopped"

@@ -4,7 +4,8 @@ a background process, then lodger is killed with SIGKILL by the next call.
     python process_child.py WORKSPACE PHASE
 
 PHASE ``run`` runs the turn (and dies in it); ``resume`` resumes the session and prints
-its background-process facts as JSON.
+its background-process facts as JSON. ``between`` runs a turn that keeps its process for
+the session and dies after the turn ended; ``next`` runs the next turn and prints them.
 """
 
 from __future__ import annotations
@@ -62,15 +63,34 @@ async def main() -> None:
     async with Sessions(storage) as sessions:
         if PHASE == "run":
             await sessions.run("go", binding=binding, session="s")
+        elif PHASE in ("between", "next"):
+            await sessions.run("go", binding=_kept(PHASE), session="s")
+            if PHASE == "between":
+                os.kill(os.getpid(), signal.SIGKILL)
+            await _print(storage, "completed")
         else:
             result = await sessions.resume("s", binding=binding)
-            events = await storage.log.read_all("s")
-            facts = [
-                e.body.model_dump(mode="json")
-                for e in events
-                if isinstance(e.body, ProcessStarted | ProcessEnded)
-            ]
-            print(json.dumps({"status": result.status, "facts": facts}))
+            await _print(storage, result.status)
+
+
+def _kept(phase: str) -> Binding:
+    """``between``: a turn that starts a process kept for the session; ``next``: a turn
+    that only answers."""
+    start = {"command": "echo up >> starts; exec sleep 600", "keep": "session"}
+    steps: list[dict[str, object]] = [{"text": "next"}]
+    if phase == "between":
+        steps = [{"calls": [{"name": "start_process", "args": start}]}, {"text": "kept"}]
+    return Binding(model=ScriptedModel(steps), tools=[*process_tools(), crash], workspace=WORKSPACE)
+
+
+async def _print(storage: Storage, status: str) -> None:
+    events = await storage.log.read_all("s")
+    facts = [
+        e.body.model_dump(mode="json")
+        for e in events
+        if isinstance(e.body, ProcessStarted | ProcessEnded)
+    ]
+    print(json.dumps({"status": status, "facts": facts}))
 
 
 asyncio.run(main())

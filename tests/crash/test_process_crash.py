@@ -56,3 +56,18 @@ def test_a_process_lost_with_a_killed_lodger_is_recorded_unknown_on_resume(
     )
     assert not _running(started["pid"])  # gone with lodger
     assert (ws / "starts").read_text() == "up\n"  # and not started again
+
+
+def test_a_process_kept_for_the_session_and_lost_between_turns_is_unknown_next_turn(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    died = child(ws, "between")
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    following = child(ws, "next")
+    assert following.returncode == 0, following.stderr
+    started, ended = json.loads(following.stdout)["facts"]
+    assert started["keep"] == "session"
+    assert (ended["process_id"], ended["status"]) == (started["process_id"], "unknown")
+    assert not _running(started["pid"])

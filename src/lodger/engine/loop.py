@@ -73,7 +73,7 @@ from lodger.providers.base import (
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
-from lodger.substrates.background import turn_ending
+from lodger.substrates.background import reconcile, turn_ending
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -279,6 +279,8 @@ class Engine:
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
+            # processes kept for the session that a crash between turns left behind
+            *(journal.draft(e, env) for e in reconcile(journal.session_id, state.events)),
         )
         ctx = self.run_context(journal, turn_id=turn_id, run_id=run_id)
         return await self.drive(ctx, settings=self.settings.merged(self.run_settings))

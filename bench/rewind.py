@@ -7,7 +7,8 @@ a workspace of FILES files of 4 KiB on a SQLite log and a file artifact store:
 - a turn that edits one file, with turn-end snapshots (the default) against
   ``snapshots=False`` (baseline), one agent over many turns (its snapshotter hashes only
   what changed since its last snapshot) and a fresh agent per turn, as each ``lodger run``
-  process is (it reads and hashes every file once);
+  process is (it starts from the state directory's stat cache, ``snapcache/``: it too
+  reads only what changed, and looks each blob up with one ``stat``);
 - a rewind that puts back CHANGED files against copying the same bytes with
   ``shutil.copyfile`` (baseline).
 

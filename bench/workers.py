@@ -16,6 +16,8 @@ Measured in one run, on this machine (shared and loaded: read ratios, not absolu
 - with ``--before-src DIR`` (a checkout's ``src``, e.g. the commit before this work):
   the same burst with workers running that code, in its own database, as the "before"
   of wakes per CPU-second and scaling;
+- with ``--before-src``, the wake latencies with that code too (its own database and
+  worker), each wake alternating with one of the code now;
 - lease handover after a SIGKILL: a worker is killed inside a tool; the time from the
   kill to another worker's resumed run, against the lease TTL (the floor);
 - rows and bytes per dormant session: control-plane rows and table bytes, and object
@@ -131,30 +133,36 @@ async def _wait_completed(
 
 
 async def wake_latency(
-    bench: Bench, control: PostgresControlPlane, n: int, idle: list[float]
-) -> list[float]:
-    """send -> step start of the woken turn, per dormant session (one idle worker); and
-    into ``idle``, send -> the turn settled and indexed (both on PostgreSQL's clock)."""
+    benches: list[tuple[Bench, PostgresControlPlane]], n: int
+) -> list[tuple[list[float], list[float]]]:
+    """Per bench (its own database and one idle worker each): send -> step start of the
+    woken turn, per dormant session; and send -> the turn settled and indexed (both on
+    PostgreSQL's clock). With two benches (now and before) the wakes alternate between
+    them, so both sample the same seconds of a shared machine."""
     sessions = [f"wake-{i}" for i in range(n)]
-    for sid in sessions:  # make them exist, then let them go dormant
-        await control.send(session_id=sid, message="hello")
-    bench.worker()
-    await _wait_completed(control, set(sessions))
+    for bench, control in benches:
+        for sid in sessions:  # make them exist, then let them go dormant
+            await control.send(session_id=sid, message="hello")
+        bench.worker()
+    for _, control in benches:
+        await _wait_completed(control, set(sessions))
     await asyncio.sleep(1.0)
-    out = []
+    out: list[tuple[list[float], list[float]]] = [([], []) for _ in benches]
     for sid in sessions:
-        row = await control.get_session(session_id=sid)
-        assert row is not None
-        sent = await control.now()
-        await control.send(session_id=sid, message="again")
-        await _wait_completed(control, {sid}, more_than=row.events)
-        events = await _events(bench.store, sid)
-        step = [e for e in events if e.body.kind == "step_started"][-1]
-        out.append(step.ts / 1e6 - sent)
-        settled = await control.get_session(session_id=sid)
-        assert settled is not None
-        idle.append(settled.last_activity - sent)
-    bench.stop()
+        for (bench, control), (steps, idle) in zip(benches, out, strict=True):
+            row = await control.get_session(session_id=sid)
+            assert row is not None
+            sent = await control.now()
+            await control.send(session_id=sid, message="again")
+            await _wait_completed(control, {sid}, more_than=row.events)
+            events = await _events(bench.store, sid)
+            step = [e for e in events if e.body.kind == "step_started"][-1]
+            steps.append(step.ts / 1e6 - sent)
+            settled = await control.get_session(session_id=sid)
+            assert settled is not None
+            idle.append(settled.last_activity - sent)
+    for bench, _ in benches:
+        bench.stop()
     return out
 
 
@@ -364,17 +372,23 @@ async def main() -> None:
         control = PostgresControlPlane(dsn)
         await control.start()
         bench = Bench(root, dsn, poll, ttl)
-        before = None
+        before = old_control = None
         if args.before_src is not None:
             (root / "before").mkdir()
             old_dsn = server.new_database()
             old_control = PostgresControlPlane(old_dsn)
             await old_control.start(version=7)  # the schema the code before this work knows
-            await old_control.close()
             before = Bench(root / "before", old_dsn, poll, ttl, src=args.before_src)
         try:
-            idle: list[float] = []
-            wake = await wake_latency(bench, control, n_wake, idle)
+            pairs = [(bench, control)]
+            if before is not None and old_control is not None:
+                pairs.append((before, old_control))
+            latencies = await wake_latency(pairs, n_wake)
+            wake, idle = latencies[0]
+            old_wake, old_idle = latencies[1] if len(latencies) > 1 else ([], [])
+            if old_control is not None:
+                await old_control.close()
+                old_control = None
             direct = await direct_latency(root, n_wake)
             runs, old_runs = await _bursts(bench, server, n_tp, before)
             hand = await handover(bench, control)
@@ -390,6 +404,8 @@ async def main() -> None:
             bench.stop()
             if before is not None:
                 before.stop()
+            if old_control is not None:
+                await old_control.close()
             await control.close()
         obj_bytes = _du(root / "objects")
     finally:
@@ -406,6 +422,10 @@ async def main() -> None:
     _row("wake latency send->step p99 (s)", _pct(wake, 0.99))
     _row("idle wake send->settled p50 (s)", _pct(idle, 0.5))
     _row("idle wake send->settled p99 (s)", _pct(idle, 0.99))
+    if old_wake:
+        _row("before: wake latency send->step p50 (s)", _pct(old_wake, 0.5))
+        _row("before: idle wake send->settled p50 (s)", _pct(old_idle, 0.5))
+        _row("before: idle wake send->settled p99 (s)", _pct(old_idle, 0.99))
     _row("baseline: direct Sessions.run->step p50 (s)", statistics.median(direct))
     _report(runs, "", n_tp)
     if old_runs:
@@ -435,6 +455,9 @@ async def main() -> None:
                 "idle_wake_p50_s": round(_pct(idle, 0.5), 4),
                 "idle_wake_p99_s": round(_pct(idle, 0.99), 4),
                 "direct_p50_s": round(statistics.median(direct), 4),
+                "before_wake_p50_s": round(_pct(old_wake, 0.5), 4) if old_wake else None,
+                "before_idle_wake_p50_s": round(_pct(old_idle, 0.5), 4) if old_idle else None,
+                "before_idle_wake_p99_s": round(_pct(old_idle, 0.99), 4) if old_idle else None,
                 "wake_vs_direct": round(_pct(wake, 0.5) / statistics.median(direct), 2),
                 "burst": n_tp,
                 "throughput_per_s": {k: round(r["wakes_per_s"], 2) for k, r in runs.items()},

@@ -40,6 +40,7 @@ CASES: list[tuple[type, dict[str, Any]]] = [
             "nested": None,
             "extras": {},
             "deps": {"db": 1},
+            "idempotency_key": "lodger-k",
         },
     ),
     (

@@ -281,6 +281,19 @@ class HostClient:
         )
         return list(made["offsets"])
 
+    async def cancel(self, session_id: str, *, reason: str = "") -> dict[str, Any]:
+        """Cancel the session's running turn: ``status`` says what happened
+        (``cancelled``, ``requested``, ``already_cancelling``, ``not_running``)."""
+        return dict(
+            await self._call("POST", f"/v1/sessions/{session_id}/cancel", json={"reason": reason})
+        )
+
+    async def set_permission_mode(self, session_id: str, mode: str) -> dict[str, Any]:
+        """Switch the session's permission mode from its next step on."""
+        return dict(
+            await self._call("POST", f"/v1/sessions/{session_id}/mode", json={"mode": mode})
+        )
+
     async def fork(
         self, session_id: str, *, at: int | None = None, new_id: str | None = None
     ) -> str:

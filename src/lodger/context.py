@@ -93,6 +93,7 @@ __all__ = [
     "pinned_items",
     "project_messages",
     "render_head",
+    "running_note",
 ]
 
 ELIDED = "[result elided to fit the context budget: {n} characters; the full text is in the log]"
@@ -376,6 +377,8 @@ def _result_of(e: Event, name: str, media: Media = _NO_MEDIA) -> ToolResultMessa
             },
         )
         return message
+    if isinstance(body, CallAccepted):
+        return ToolResultMessage(call_id=e.call_id, name=name, content=running_note(name, body))
     if isinstance(body, RecoveryObserved | OperatorDecision):
         outcome = _recovered_result(body)
         if outcome is not None:
@@ -385,20 +388,58 @@ def _result_of(e: Event, name: str, media: Media = _NO_MEDIA) -> ToolResultMessa
     return None
 
 
-def _results_by_call(events: Sequence[Event], media: Media) -> dict[str, ToolResultMessage]:
+def _results_by_call(
+    events: Sequence[Event], media: Media
+) -> tuple[dict[str, ToolResultMessage], dict[str, UserMessage]]:
+    """Each call's result, and the late results (by event id) shown as runtime notes."""
     names: dict[str, str] = {}
     results: dict[str, ToolResultMessage] = {}
+    accepted_at: dict[str, int] = {}  # call id -> visible outputs before its call_accepted
+    late: dict[str, UserMessage] = {}
+    outputs = 0
     for e in events:
         body = e.body
         if isinstance(body, ModelOutput):
             for c in body.calls:
                 names[c.call_id] = c.name
+            outputs += e.visibility == "model"
         if e.visibility != "model" or e.call_id is None:
             continue
         result = _result_of(e, names.get(e.call_id, ""), media)
-        if result is not None:
-            results[e.call_id] = result
-    return results
+        if result is None:
+            continue
+        if isinstance(body, CallAccepted):
+            accepted_at[e.call_id] = outputs
+        elif accepted_at.get(e.call_id, outputs) < outputs:
+            late[e.id] = _late_note(e.call_id, result)
+            continue
+        results[e.call_id] = result
+    return results, late
+
+
+def running_note(name: str, accepted: CallAccepted) -> str:
+    """What the model reads for a call that runs remotely (``call_accepted``) until its
+    result comes: that it runs, and its handle."""
+    return json.dumps(
+        {
+            "status": "running",
+            "handle": accepted.handle,
+            "note": f"{name or 'the tool'} was accepted and is still running; its result "
+            "is delivered when it arrives (at a later step or turn)",
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def _late_note(call_id: str, result: ToolResultMessage) -> UserMessage:
+    """A long-running call's result that came after the model read it was running: the
+    tool result it was shown stays as it was, and the outcome is a runtime note."""
+    outcome = "failed" if result.is_error else "finished"
+    return UserMessage(
+        text=f"The long-running call {call_id} ({result.name}) {outcome}: {result.content}",
+        source="runtime",
+    )
 
 
 def _recovered_result(body: RecoveryObserved | OperatorDecision) -> tuple[str, bool] | None:
@@ -442,7 +483,7 @@ def project_messages(
             return _project_compacted(
                 events, index, budget_tokens=budget_tokens, keep_recent=keep_recent, media=media
             )
-    results = _results_by_call(events, media)
+    results, late = _results_by_call(events, media)
     messages: list[Message] = []
     outputs: list[tuple[int, int]] = []  # (index of the assistant message, number of calls)
     steers: dict[str, str] = {}
@@ -458,6 +499,8 @@ def project_messages(
             steers[body.steer_id] = body.text
         elif isinstance(body, SteerDelivered):
             messages.extend(_steer_messages(body, steers))
+        elif e.id in late:
+            messages.append(late[e.id])
         elif isinstance(body, ModelOutput):
             kept = tuple(c for c in body.calls if c.call_id in results)
             outputs.append((len(messages), len(kept)))
@@ -634,7 +677,6 @@ _UNSEEN: frozenset[type] = frozenset(
         FileCheckpoint,
         ProcessStarted,
         ProcessEnded,
-        CallAccepted,
         RunEnded,
         TurnEnded,
     }
@@ -694,6 +736,9 @@ class Projector:
         self._compaction_at: int | None = None
         #: the text of each steer received and not yet carried by a step, by steer id
         self._steers: dict[str, str] = {}
+        #: call id -> visible outputs folded before its ``call_accepted`` (a later
+        #: result of it is a runtime note once an output came after)
+        self._accepted_at: dict[str, int] = {}
 
     @property
     def media_types(self) -> frozenset[str]:
@@ -781,6 +826,15 @@ class Projector:
         elif e.call_id is not None:
             result = _result_of(e, self._names.get(e.call_id, ""), self.media)
             if result is None:
+                return
+            outputs = len(self._outputs) + (self._open is not None)
+            if type(body) is CallAccepted:
+                self._accepted_at[e.call_id] = outputs
+            elif self._accepted_at.get(e.call_id, outputs) < outputs:
+                self._close_open()
+                note = _late_note(e.call_id, result)
+                self._closed.append(note)
+                self._closed_chars += len(note.text)
                 return
             self._note_media(e, result)
             if e.call_id in self._closed_calls:
@@ -904,6 +958,7 @@ class Projector:
             "compaction_pinned": pinned_plain(self._compaction_pinned),
             "compaction_fold": self._fold.export(),
             "steers": dict(self._steers),
+            "accepted_at": dict(self._accepted_at),
         }
 
     def closed_plain(self) -> list[list[Any]]:
@@ -946,6 +1001,10 @@ class Projector:
         if not all(type(k) is str and type(v) is str for k, v in steers.items()):
             raise TypeError("projector: a waiting steer is not text")
         projector._steers = dict(steers)
+        accepted_at = data.get("accepted_at", {})
+        if not all(type(k) is str and type(v) is int for k, v in accepted_at.items()):
+            raise TypeError("projector: a long-running call's position is not a count")
+        projector._accepted_at = dict(accepted_at)
         for message in _messages_from(data["open_results"], projector.media):
             if not isinstance(message, ToolResultMessage):
                 raise TypeError("projector: an open result is not a tool result")

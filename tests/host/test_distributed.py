@@ -476,3 +476,36 @@ async def test_a_compaction_over_the_distributed_host_waits_for_queued_work(setu
         assert (await storage.log.verify(sid)).high_water == made["offset"] + 1
     finally:
         await storage.close()
+
+
+async def test_a_cancel_over_the_host_reaches_the_worker_running_the_turn(
+    setup: Setup, gates: Path
+) -> None:
+    setup.script([{"calls": [{"name": "gate", "args": {"name": "never"}}]}, {"text": "no"}])
+    with worker(setup):
+        async with distributed_host(setup) as host, host.client() as a:
+            sid = await a.create_session(session_id="c1")
+            assert (await a.cancel(sid))["status"] == "not_running"  # no worker holds it
+            await a.send(sid, "wait", key="k1")
+            seen: list[StreamedFact] = []
+            await asyncio.wait_for(_until(a, sid, "tool_dispatched", seen), 60)
+            done = await a.cancel(sid, reason="stop it")
+            assert done["status"] == "cancelled", done
+            ended = await asyncio.wait_for(_until(a, sid, "turn_ended", seen), 60)
+            assert ended.data["body"]["status"] == "cancelled"
+            (asked,) = [f.data["body"] for f in seen if f.kind == "cancel_requested"]
+            assert asked["reason"] == "stop it" and asked["who"].startswith("token:")
+            responded = [f.data["body"]["status"] for f in seen if f.kind == "tool_responded"]
+            assert responded == ["cancelled"]
+            # a mode is switched between turns, under the session's lease
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while True:
+                try:
+                    switched = await a.set_permission_mode(sid, "plan")
+                    break
+                except HostConflictError:  # the worker still lets the session go
+                    assert loop.time() < deadline
+                    await asyncio.sleep(0.1)
+            assert switched["status"] == "changed"
+            assert (await a.show(sid))["permission_mode"] == "plan"

@@ -129,3 +129,38 @@ async def test_the_timeline_shows_a_compaction_and_a_failed_one(tmp_path: Path) 
         finally:
             await browser.close()
             await asyncio.sleep(0)
+
+
+@pytest.mark.slow
+async def test_the_timeline_shows_a_cancel_and_a_mode_switch(tmp_path: Path, gates: Path) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "gate", "args": {"name": "never"}}]}, {"text": "not reached"}],
+    )
+    async with (
+        running_host(tmp_path / "state", models=(model,)) as host,
+        host.client() as c,
+        async_playwright() as pw,
+    ):
+        sid = await c.create_session()
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{host.url}/timeline/{sid}#token={host.token}")
+            sent = await c.send(sid, "wait", key="1")
+            await page.locator('.call[data-status="running"]').first.wait_for(timeout=20_000)
+            assert (await c.cancel(sid, reason="<i>enough</i>"))["status"] == "cancelled"
+            shown = page.locator(".control", has_text="cancel requested by token:")
+            await shown.wait_for(timeout=20_000)
+            assert "<i>enough</i>" in await shown.inner_text()  # text, never markup
+            assert await page.locator("i").count() == 0
+            await page.locator(".end", has_text="turn cancelled").wait_for(timeout=20_000)
+            await page.locator('.call[data-status="cancelled"]').wait_for(timeout=20_000)
+            await c.wait_message(sid, sent["message"]["id"])
+            assert (await c.set_permission_mode(sid, "plan"))["status"] == "changed"
+            await page.locator(".control", has_text="permission mode none → plan").wait_for(
+                timeout=20_000
+            )
+        finally:
+            await browser.close()
+            await asyncio.sleep(0)

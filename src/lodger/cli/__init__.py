@@ -70,6 +70,8 @@ _COMMANDS: dict[str, str] = {
     "compact": "lodger.cli._compact",
     "resume": "lodger.cli._recover",
     "abandon": "lodger.cli._recover",
+    "cancel": "lodger.cli._cancel",
+    "mode": "lodger.cli._mode",
     "tools": "lodger.cli._tools",
     "fork": "lodger.cli._fork",
     "rewind": "lodger.cli._rewind",

@@ -139,6 +139,7 @@ _ACTIONS = {
     "ask_permission": "ask for its approval again (its answer may be waiting)",
     "redispatch": "run again under a linked T1 (idempotent)",
     "probe": "probe the world (queryable)",
+    "poll": "poll its handle: the remote side runs it (long-running call)",
     "park": "park for an operator decision",
     "wait_operator": "waits for: lodger decide",
     "report": "never re-run: settle as interrupted, tell the model what its nested calls did",

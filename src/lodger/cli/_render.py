@@ -34,7 +34,9 @@ from lodger.events import (
     ArtifactStored,
     Attachment,
     BudgetReached,
+    CallAccepted,
     CallRejected,
+    CancelRequested,
     Compacted,
     CompactionFailed,
     ContextCompacted,
@@ -44,6 +46,7 @@ from lodger.events import (
     ModelSwitched,
     OperatorDecision,
     PermissionDecided,
+    PermissionModeChanged,
     PermissionRequested,
     ProviderRetried,
     QueueChanged,
@@ -91,6 +94,7 @@ _STATUS_STYLE = {
     "cancelled": "yellow",
     "interrupted": "yellow",
     "dispatched": "yellow",
+    "running": "cyan",
     "parked": "yellow",
     "step_limit": "yellow",
 }
@@ -277,6 +281,7 @@ class _TimelineView:
             self._describe_steering,
             describe_rewind,
             lambda event: describe_processes(event, lambda t: clip(t, self.limit(_TEXT))),
+            self._describe_session_control,
         ):
             parts = describe_kind(event)
             if parts is not None:
@@ -413,6 +418,14 @@ class _TimelineView:
             if body.resources:
                 parts.append(("  resources: " + ", ".join(body.resources), "dim"))
             return parts
+        if isinstance(body, CallAccepted):
+            handle = json.dumps(body.handle, sort_keys=True, ensure_ascii=False)
+            return [
+                ("accepted", "bold cyan"),
+                f"  op={body.operation_id}  running remotely, ",
+                ("waits" if body.wait == "wait" else "turn continues", "cyan"),
+                "  handle=" + clip(visible(handle), self.limit(_PREVIEW)),
+            ]
         if isinstance(body, ToolResponded):
             parts = [
                 ("T2 ", "bold"),
@@ -493,6 +506,23 @@ class _TimelineView:
             ]
         if isinstance(body, Compacted | CompactionFailed):
             return self._compaction(body)
+        return None
+
+    def _describe_session_control(self, event: Event) -> list[Part] | None:
+        """A person's control of the session: a cancel, a permission-mode switch."""
+        body = event.body
+        if isinstance(body, CancelRequested):
+            who = f" by {visible(body.who)}" if body.who else ""
+            reason = f"  {_quoted(body.reason, self.limit(_TEXT))}" if body.reason else ""
+            return [("cancel requested", "bold red"), who, reason]
+        if isinstance(body, PermissionModeChanged):
+            who = f" by {visible(body.who)}" if body.who else ""
+            return [
+                ("permission mode ", "bold"),
+                f"{body.previous or 'none'} -> ",
+                (body.mode, "bold yellow"),
+                f"{who}  (from the next step)",
+            ]
         return None
 
     def _describe_steering(self, event: Event) -> list[Part] | None:

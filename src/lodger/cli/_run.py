@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 import click
 from rich.console import Console
@@ -41,6 +41,7 @@ from lodger.events import (
     ModelOutput,
     ModelSwitched,
     PermissionDecided,
+    PermissionMode,
     ProviderRetried,
     ToolDispatched,
     ToolResponded,
@@ -168,6 +169,15 @@ def live_console() -> Console:
     console.soft_wrap = True  # long lines stay whole (commands must copy-paste)
     return console
 
+
+mode_option = click.option(
+    "--mode",
+    "permission_mode",
+    type=click.Choice(get_args(PermissionMode)),
+    default=None,
+    help="The permission mode the turn starts in (plan, ask, accept_edits, full_auto; "
+    "`lodger mode` switches it while it runs). Deny rules hold in every mode.",
+)
 
 code_mode_option = click.option(
     "--code-mode",
@@ -301,6 +311,7 @@ def project_overrides(
     flags = dict(budget_flags or {})
     model_settings: ModelSettings | None = flags.pop("model_settings", None)
     output_mode: OutputMode | None = flags.pop("output_mode", None)
+    permission_mode: str | None = flags.pop("permission_mode", None)
     tools: list[Tool] = []
     for path in tools_files:
         tools.extend(load_tools_file(path))
@@ -318,6 +329,7 @@ def project_overrides(
         subagents=subagent_policy(subagent_depth),
         model_settings=model_settings,
         output_mode=output_mode,
+        permission_mode=permission_mode,
         on_event=view.on_event,
         on_text=view.on_text,
     )
@@ -495,6 +507,7 @@ def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
 @code_mode_option
 @subagents_option
 @mcp_option
+@mode_option
 @state_option
 @json_option
 def run(

@@ -27,6 +27,7 @@ from typing import TypeAlias
 
 from lodger.errors import UsageError
 from lodger.events import (
+    CallAccepted,
     CallRejected,
     Event,
     ModelOutput,
@@ -142,12 +143,15 @@ class CallNode:
         return next((f for f in self.facts if isinstance(f.body, CallRejected)), None)
 
     def status(self) -> str:
-        """``rejected``, the T2 status, ``dispatched`` (T1 without T2) or ``proposed``."""
+        """``rejected``, the T2 status, ``running`` (the remote side accepted it, no T2
+        yet), ``dispatched`` (T1 without T2) or ``proposed``."""
         response = self.responded()
         if response is not None and isinstance(response.body, ToolResponded):
             return response.body.status
         if self.rejected() is not None:
             return "rejected"
+        if any(isinstance(f.body, CallAccepted) for f in self.facts):
+            return "running"
         if self.dispatched() is not None:
             return "dispatched"
         return "proposed"

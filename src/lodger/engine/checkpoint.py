@@ -54,10 +54,12 @@ from lodger.errors import CorruptLogError, LodgerError
 from lodger.events import (
     ALWAYS_REASON,
     SCHEMA_VERSION,
+    CallAccepted,
     Event,
     ForkParent,
     OperatorDecision,
     PermissionDecided,
+    PermissionModeChanged,
     RecoveryObserved,
     ToolDispatched,
 )
@@ -112,6 +114,7 @@ def _operation_plain(op: OperationRecord) -> list[Any]:
         op.observed.model_dump(mode="json") if op.observed is not None else None,
         op.parked,
         op.decision.model_dump(mode="json") if op.decision is not None else None,
+        op.accepted.model_dump(mode="json") if op.accepted is not None else None,
     ]
 
 
@@ -168,6 +171,9 @@ def _encode(state: SessionState, chain: SessionChain, n: int) -> bytes:
             "turn_activated": state.turn_activated,
             "last_elided": list(state.last_elided),
             "always_allowed": state.always_allowed,
+            "permission_mode_at": state.permission_mode_at,
+            "step_mode_at": state.step_mode_at,
+            "last_step_id": state.last_step_id,
             "parent": state.parent.model_dump(mode="json") if state.parent else None,
             "queue": [m.to_dict() for m in state.queue],
         },
@@ -217,7 +223,10 @@ class _StoredOperation(OperationRecord):
     event at ``offset``) when first read, not when the session opens."""
 
     def __init__(self, history: History, item: list[Any]) -> None:  # not the dataclass's
-        operation_id, offset, run_id, responded_at, observed, parked, decision = item
+        # an eighth item (schema 9's ``call_accepted``) is absent from checkpoints
+        # written before it: such a fold saw no accepted call
+        operation_id, offset, run_id, responded_at, observed, parked, decision = item[:7]
+        accepted = item[7] if len(item) > 7 else None
         if type(operation_id) is not str or type(offset) is not int:
             raise TypeError("operation: bad id or offset")
         if not 0 <= offset < history.undecoded_base:
@@ -231,6 +240,7 @@ class _StoredOperation(OperationRecord):
         self.observed = None if observed is None else RecoveryObserved.model_validate(observed)
         self.parked = parked is True
         self.decision = None if decision is None else OperatorDecision.model_validate(decision)
+        self.accepted = None if accepted is None else CallAccepted.model_validate(accepted)
 
     @property
     def dispatched(self) -> ToolDispatched:
@@ -285,6 +295,18 @@ def _restore_calls(history: History, items: list[Any]) -> dict[str, CallState]:
     return calls
 
 
+def _mode_offset(history: History, n: int, at: object) -> int | None:
+    """A permission mode's offset from a checkpoint, only where the verified log holds a
+    switch (a mode is authority: a checkpoint is a cache)."""
+    if at is None:
+        return None
+    if type(at) is not int or not 0 <= at < n:
+        raise ValueError("state: a permission mode outside the checkpoint")
+    if not isinstance(history[at].body, PermissionModeChanged):
+        raise ValueError("state: a permission mode the log does not hold")
+    return at
+
+
 def _restore(
     session_id: str,
     verified: VerifiedRecords,
@@ -321,6 +343,9 @@ def _restore(
             and (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON)
         ):
             raise ValueError("state: a grant the log does not hold")
+    state.permission_mode_at = _mode_offset(history, n, s.get("permission_mode_at"))
+    state.step_mode_at = _mode_offset(history, n, s.get("step_mode_at"))
+    state.last_step_id = _optional_str(s.get("last_step_id"))
     state.parent = None if s["parent"] is None else ForkParent.model_validate(s["parent"])
     state.queue = [QueuedMessage.from_dict(m) for m in s.get("queue", [])]
     if state.open_turn_offset is not None and type(state.open_turn_offset) is not int:

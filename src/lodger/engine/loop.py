@@ -23,6 +23,7 @@ from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
 from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
+from lodger.engine.control import CancelRequest
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.media import load_media, unsupported_media
@@ -35,15 +36,18 @@ from lodger.engine.resume import resume_run
 from lodger.engine.retries import complete
 from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
-from lodger.engine.steering import TurnControl
+from lodger.engine.steering import TurnControl, current_control, requested_cancel
 from lodger.errors import CommitFailedError, ProviderError
 from lodger.events import (
     BudgetReached,
+    CancelRequested,
     ContextCompacted,
     Event,
     ModelOutput,
     ModelSwitched,
     OutputRejected,
+    PermissionMode,
+    PermissionModeChanged,
     ProposedCall,
     ProviderRetried,
     QueueChanged,
@@ -237,12 +241,20 @@ class Engine:
     # ------------------------------------------------------------------ turns
 
     async def start_turn(
-        self, journal: Journal, task: UserInput, *, queued: QueuedMessage | None = None
+        self,
+        journal: Journal,
+        task: UserInput,
+        *,
+        queued: QueuedMessage | None = None,
+        mode: PermissionMode | None = None,
     ) -> TurnResult:
         """A new turn of ``task`` (text, or text and media: ``lodger.media``); an
         interrupted turn is resumed (never retried) first. Media that break the limits
         raise ``UsageError`` before anything is written. ``queued``: the follow-up
-        message this turn delivers (its ``queue_changed`` commits with the turn's start)."""
+        message this turn delivers (its ``queue_changed`` commits with the turn's start).
+        ``mode``: the permission mode the turn runs in (a switch commits with its start
+        when the session is in another).
+        """
         text, items = split_input(task, self.limits.media)
         state = journal.state
         if not state.events:
@@ -261,6 +273,9 @@ class Engine:
             if resumed.status != "completed":
                 return resumed
         await self._compact(journal, Envelope(), "threshold")  # before the turn, if over
+        if mode is not None and mode != state.permission_mode:
+            switch = PermissionModeChanged(mode=mode, previous=state.permission_mode)
+            journal.defer(journal.draft(switch))  # committed with the turn's start, before it
         ids = self.services.ids
         turn_id, run_id = ids.new_id(), ids.new_id()
         env = Envelope(turn_id=turn_id, run_id=run_id)
@@ -307,6 +322,7 @@ class Engine:
         error = f"waiting for {len(call_ids)} suspended call(s) to settle elsewhere: " + ", ".join(
             call_ids
         )
+        _stop_driving()
         await ctx.journal.fact(RunEnded(status="interrupted", error=error), ctx.envelope)
         state = ctx.journal.state
         start = state.open_turn_offset
@@ -331,6 +347,7 @@ class Engine:
         """End the run ``parked`` on a reached limit or budget: a ``budget_reached`` fact
         and ``run_ended`` parked, atomically; the turn stays open for a resume."""
         error = describe(reached)
+        _stop_driving()
         journal = ctx.journal
         await journal.record(
             journal.draft(reached, ctx.envelope),
@@ -407,15 +424,10 @@ class Engine:
                     return await self._end(
                         ctx, "step_limit", error=f"stopped after {self.limits.max_steps} steps"
                     )
-                stop = control.stopping()
-                if stop is not None:  # between steps: every call of the last one settled
-                    return await self._stopped(ctx, stop)
-                # Other tasks get the loop once per step: with a store and a model that
-                # answer without waiting (memory, scripted), nothing else here suspends.
-                await asyncio.sleep(0)
-                reached = await self._budget_reached(state)
-                if reached is not None:
-                    return await self.park(ctx, reached)
+                # a stop, a cancel, a budget; long-running calls' results that came get a T2
+                stopped = await self._before_step(ctx, control, pipeline)
+                if stopped is not None:
+                    return stopped
                 visible = self.visible_tools(state.turn_activated)
                 step_id = self.services.ids.new_id()
                 env = run_env.at_step(step_id)
@@ -460,7 +472,9 @@ class Engine:
         except asyncio.CancelledError:
             # Stopped from outside (Ctrl-C, SIGTERM, a caller's cancel): every call has
             # settled and recorded what it did. The run ends; the turn stays open, so it
-            # resumes with the same plan as after a crash.
+            # resumes with the same plan as after a crash (a cancel request ends the turn).
+            if (cancel := _cancel_of(journal)) is not None:
+                return await self._cancelled(ctx, cancel)
             if journal.failure is None:
                 await journal.fact(
                     RunEnded(status="interrupted", error="stopped from outside"), ctx.envelope
@@ -485,6 +499,43 @@ class Engine:
                 await self._end(ctx, "failed", error=pipeline.hook_failure.message)
                 raise pipeline.hook_failure
         return suspended
+
+    async def _before_step(
+        self, ctx: RunContext, control: TurnControl, pipeline: CallPipeline
+    ) -> TurnResult | None:
+        """The turn's end before a step: stopped by a queued message (an interrupt or a
+        rollback), cancelled by a request that came meanwhile (or before the engine drove
+        it), or parked on a reached limit or budget."""
+        stop = control.stopping()
+        if stop is not None:  # between steps: every call of the last one settled
+            return await self._stopped(ctx, stop)
+        # Other tasks get the loop once per step (with a store and a model that answer
+        # without waiting, nothing else here suspends); long-running calls' results that
+        # came meanwhile are committed as their T2.
+        await pipeline.between_steps()
+        running = current_control()  # a turn the agent runs (TurnControl.run): ``control``
+        if running is not None:
+            running.start_driving(ctx.turn_id)  # from now on a cancel stops the task
+        cancel = requested_cancel()
+        if cancel is not None:
+            return await self._cancelled(ctx, cancel)
+        reached = await self._budget_reached(ctx.journal.state)
+        if reached is not None:
+            return await self.park(ctx, reached)
+        return None
+
+    async def _cancelled(self, ctx: RunContext, request: CancelRequest) -> TurnResult:
+        """End the turn on a cancel request: the request, ``run_ended`` and
+        ``turn_ended`` cancelled, committed together (every call has settled)."""
+        by = f" by {request.who}" if request.who else ""
+        why = f": {request.reason}" if request.reason else ""
+        return await self._end(
+            ctx,
+            "cancelled",
+            error=f"cancelled{by}{why}",
+            reason=request.reason or None,
+            lead=CancelRequested(who=request.who, reason=request.reason),
+        )
 
     async def _answer(self, ctx: RunContext, text: str, env: Envelope) -> TurnResult | None:
         """End the turn on a final answer ``text``, validated against the output type if
@@ -523,9 +574,11 @@ class Engine:
         output: Any = None,
         logged: Any = None,
         reason: str | None = None,
+        lead: CancelRequested | None = None,
     ) -> TurnResult:
+        _stop_driving()
         journal, env = ctx.journal, ctx.envelope
-        drafts = []
+        drafts = [] if lead is None else [journal.draft(lead, env)]
         if self.snapshotter is not None and self.workspace is not None:
             # the workspace the turn leaves, committed with the turn's end; if it cannot
             # be stored the turn stays open (a resume ends it), never ends without it
@@ -701,6 +754,23 @@ def _steerable(ctx: RunContext) -> tuple[RunContext, TurnControl]:
     state = ctx.journal.state
     control.attach(ctx.journal, ctx.envelope, pending_steers(state.events, state.open_turn_offset))
     return ctx, control
+
+
+def _stop_driving() -> None:
+    control = current_control()  # before the run's end is committed (see stop_driving)
+    if control is not None:
+        control.stop_driving()
+
+
+def _cancel_of(journal: Journal) -> CancelRequest | None:
+    """In a stopped turn: the cancel request that stopped it, its one cancellation taken
+    back; None when there is none, the journal failed, or the task was also stopped by
+    other means (its caller was cancelled: that goes on)."""
+    cancel = requested_cancel()
+    if cancel is None or journal.failure is not None:
+        return None
+    task = asyncio.current_task()
+    return cancel if task is not None and task.uncancel() == 0 else None
 
 
 def _recorded_settings(events: Sequence[Event], turn_id: str) -> ModelSettings | None:

@@ -18,6 +18,20 @@ is not dispatched, the batch settles its other calls and the run ends waiting. A
 asks the approver again (the recovery plan's ``ask_permission``). A call inside a code
 cell, or a re-dispatch by recovery, cannot wait like that: there ``park`` is a denial.
 
+A session's permission mode (``permission_mode_changed``, folded by the session state)
+adjusts what the policy decided, for the calls of every step whose ``step_started``
+follows the switch in the log (``SessionState.mode_of_step``: a step that was running
+when the switch came keeps its mode); a ``deny`` of the policy holds in every mode:
+
+- ``plan``: read-only; a tool that writes (``Tool.writes``, or one with ``approval`` or
+  ``expectations``, or a delegation to a subagent) is denied with an error the model
+  reads;
+- ``ask``: every call of a tool that writes asks the approver;
+- ``accept_edits``: the file tools' edits (tools of the ``files`` group with
+  ``expectations``, confined to the workspace) are allowed; other writes ask;
+- ``full_auto``: whatever the policy would ask about is allowed, except a tool that
+  declares ``approval`` itself (an unconfined shell: outside the sandbox), which asks.
+
 While the approver runs, ``current_ask()`` names the call it is asked about (set in the
 call's own task, so parallel calls never see each other's).
 """
@@ -33,7 +47,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lodger.engine.checks import Rejection
 from lodger.engine.envelope import Envelope
-from lodger.events import ALWAYS_REASON, Event, PermissionDecided, PermissionRequested
+from lodger.events import (
+    ALWAYS_REASON,
+    Event,
+    PermissionDecided,
+    PermissionMode,
+    PermissionRequested,
+)
 from lodger.tools.policy import Decision, PermissionPolicy, Rule
 from lodger.tools.spec import Tool
 
@@ -53,6 +73,7 @@ __all__ = [
     "Rule",
     "always_allowed_at",
     "current_ask",
+    "in_mode",
 ]
 # ``Decision``, ``PermissionPolicy`` and ``Rule`` live with the tools they decide about
 # (``lodger.tools.policy``); the gate's module names them too, as the policy it applies.
@@ -149,6 +170,11 @@ class PermissionGate:
         call the model proposed: inside a code cell a parked answer is a denial)."""
         decision, why = self.policy.decide(t, arguments)
         who = self.policy.decider(t, arguments)
+        mode = journal.state.mode_of_step(env.step_id)
+        if mode is not None and decision != "deny":  # the project's deny rules always win
+            moded, why_mode = in_mode(mode, t, decision)
+            if moded != decision or why_mode:
+                decision, why, who = moded, why_mode or why, f"mode {mode}"
         if decision == "allow":
             if why != "default":
                 await journal.fact(
@@ -163,6 +189,8 @@ class PermissionGate:
                 PermissionDecided(tool=t.name, decision="deny", by="policy", reason=why, who=who),
                 env,
             )
+            if who.startswith("mode "):
+                raise Rejection("denied", f"calling {t.name} is not allowed: {why}")
             raise Rejection("denied", f"calling {t.name} is denied by policy ({why})")
         granted = journal.state.always_allowed.get(t.name)
         if granted is not None:
@@ -267,6 +295,35 @@ class PermissionGate:
             if answer == "park":
                 raise Rejection("denied", f"calling {t.name} needs approval, but {reason}: denied")
             raise Rejection("denied", f"the user denied this call to {t.name}")
+
+
+def _writes(t: Tool) -> bool:
+    # a delegation counts as an effect: its child session runs tools of its own, under
+    # no mode of this session's
+    return t.writes or t.approval or t.expectations is not None or t.group == "subagents"
+
+
+def in_mode(mode: PermissionMode, t: Tool, decision: Decision) -> tuple[Decision, str]:
+    """What ``mode`` makes of the policy's ``decision`` (never ``deny``) for a call of
+    ``t``, and why (empty: the mode changes nothing)."""
+    if not _writes(t):
+        return decision, ""  # reading is what every mode allows as the policy does
+    if mode == "plan":
+        return "deny", (
+            "the session is in plan mode (read-only): only tools that do not write run; "
+            "describe the change instead, or ask the user to switch the mode"
+        )
+    if mode == "ask":
+        return "ask", "the session is in ask mode: every effect asks"
+    if mode == "accept_edits":
+        if t.group == "files" and t.expectations is not None:
+            return "allow", "the session accepts file edits in the workspace"
+        return "ask", "the session accepts only file edits without asking"
+    # full_auto: inside the sandbox everything goes; a tool that itself says it needs a
+    # person (an unconfined shell) still asks
+    if decision == "ask" and not t.approval:
+        return "allow", "the session is in full_auto mode"
+    return decision, ""
 
 
 def _summarize(arguments: dict[str, Any], limit: int = 200) -> str:

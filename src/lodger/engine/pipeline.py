@@ -33,6 +33,7 @@ process, a sandboxed process, a code cell or remote work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,12 +63,14 @@ from lodger.engine.hooks import (
     call_after,
     call_before,
 )
+from lodger.engine.longcalls import Polled, poll_once, running_calls, running_note, wait_for_result
 from lodger.engine.media import store_tool_media
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
 from lodger.errors import AuthorityMisuseError, CommitFailedError, HookError, ToolCallError
 from lodger.events import (
     ArtifactRef,
+    CallAccepted,
     CallRejected,
     FileExpectation,
     Origin,
@@ -79,11 +82,18 @@ from lodger.events import (
     Visibility,
     canonical_json,
 )
+from lodger.recovery.classify import CallState
 from lodger.storage.artifacts import ArtifactStore
-from lodger.substrates.inprocess import Execution
 from lodger.substrates.select import Executors
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import NestedResult, Tool, ToolContext
+from lodger.tools.spec import (
+    CannotTell,
+    Execution,
+    NestedResult,
+    Tool,
+    ToolContext,
+    idempotency_key,
+)
 
 __all__ = ["CALL_STAGES", "CallOutcome", "CallPipeline", "CallStage", "StepScope"]
 
@@ -349,9 +359,16 @@ class CallPipeline:
         return await self._run_prepared(await self._prepare(call, env, scope=scope))
 
     def _tool_context(
-        self, call_id: str, parent_call_id: str | None, step: _CallStep | None
+        self,
+        call_id: str,
+        parent_call_id: str | None,
+        step: _CallStep | None,
+        rerun: _Rerun | None = None,
     ) -> ToolContext:
         ctx = self.ctx
+        operation_id = ctx.ids.new_id()
+        # the key of the call's first attempt: a re-dispatch sends the same one
+        first = operation_id if rerun is None else self._first_operation(call_id, rerun)
         # every field, in declaration order (see lodger._core.records)
         tool_context: ToolContext = record(
             ToolContext,
@@ -360,7 +377,7 @@ class CallPipeline:
                 "turn_id": ctx.turn_id,
                 "run_id": ctx.run_id,
                 "call_id": call_id,
-                "operation_id": ctx.ids.new_id(),
+                "operation_id": operation_id,
                 "workspace": ctx.workspace,
                 "parent_call_id": parent_call_id,
                 "hidden": ctx.hidden,
@@ -368,9 +385,16 @@ class CallPipeline:
                 "nested": None if step is None else _CellCalls(step.scope, call_id, self),
                 "extras": {},
                 "deps": self.deps,
+                "idempotency_key": idempotency_key(ctx.session_id, first),
             },
         )
         return tool_context
+
+    def _first_operation(self, call_id: str, rerun: _Rerun) -> str:
+        state = self.ctx.journal.state.calls.get(call_id)
+        if state is None or not state.operations:
+            return rerun.retry_of
+        return state.operations[0].operation_id
 
     async def _prepare(
         self,
@@ -412,7 +436,7 @@ class CallPipeline:
                 arguments = await self._before(t, arguments, call.call_id, env)
             # claims
             step = None if scope is None else _CallStep(scope, env, self)
-            tctx = self._tool_context(call.call_id, env.parent_call_id, step)
+            tctx = self._tool_context(call.call_id, env.parent_call_id, step, rerun)
             claims = _claims(t, arguments, tctx)
             try:
                 reservation = self.authorities.reserve(self._owner(call.call_id), claims)
@@ -642,6 +666,10 @@ class CallPipeline:
             t, arguments, tctx, env, resources=resources, expectations=expectations, rerun=rerun
         )
         execution, cancelled = await self._execute(t, arguments, tctx)
+        if execution is not None and execution.accepted is not None:
+            running, execution = await self._accepted(t, tctx, env, execution, cancelled)
+            if running is not None:
+                return running
         if execution is not None and execution.suspended:
             # Suspended: T1 stays without a T2. The call's work runs elsewhere; the run
             # ends waiting and resume's probe of the call settles it when woken.
@@ -773,6 +801,91 @@ class CallPipeline:
     def _owner(self, call_id: str) -> str:
         # Authorities may be shared by sessions; call ids are only unique in one session.
         return f"{self.ctx.session_id}/{call_id}"
+
+    # ------------------------------------------------------------ long-running calls
+
+    async def _accepted(
+        self, t: Tool, tctx: ToolContext, env: Envelope, execution: Execution, cancelled: bool
+    ) -> tuple[CallOutcome | None, Execution]:
+        """A call the remote side accepted: ``call_accepted`` with its handle (before the
+        model sees anything), then, for ``wait``, its polled result. The outcome of a
+        call left running (None when a result, or an error, goes on to T2)."""
+        accepted = execution.accepted
+        assert accepted is not None
+        if t.poll is None:
+            return None, Execution(
+                "error",
+                f"{t.name} returned Accepted but declares no poll; the remote work it "
+                "started cannot be followed (declare poll=... on the tool)",
+            )
+        fact = CallAccepted(
+            operation_id=tctx.operation_id, handle=dict(accepted.handle), wait=accepted.wait
+        )
+        await self.ctx.journal.fact(fact, env)
+        if cancelled:
+            raise asyncio.CancelledError  # it runs remotely; its handle settles it later
+        if accepted.wait == "wait":
+            timeout = t.timeout if t.timeout is not None else self.default_timeout
+            result = await wait_for_result(t, fact.handle, tctx, time_limit=timeout)
+            if result is not None:
+                return None, result
+        running = CallOutcome(
+            call_id=tctx.call_id,
+            name=t.name,
+            status="ok",
+            content=running_note(t.name, fact),
+            dispatched=True,
+        )
+        return running, execution
+
+    async def between_steps(self) -> None:
+        """Give other tasks the loop once, then settle the running calls whose results
+        came (``settle_running``)."""
+        await asyncio.sleep(0)
+        if self.ctx.journal.state.accepted_open:
+            await self.settle_running()
+
+    async def settle_running(self) -> int:
+        """Poll every call still running remotely once (between steps, at a turn's
+        start) and commit the results that came as their T2: how many settled."""
+        settled = 0
+        for state in running_calls(list(self.ctx.journal.state.accepted_open.values())):
+            if isinstance(await self.settle_accepted(state), Execution):
+                settled += 1
+        return settled
+
+    async def settle_accepted(self, state: CallState) -> Polled:
+        """Poll the running call ``state`` once; a result is committed as its T2."""
+        record = state.latest
+        assert record is not None and record.accepted is not None
+        t = self.registry.get(record.dispatched.tool)
+        if t is None:
+            return CannotTell(reason=f"{record.dispatched.tool} is not bound in this run")
+        tctx = dataclasses.replace(
+            self._tool_context(state.call_id, state.parent_call_id, None),
+            operation_id=record.operation_id,
+            idempotency_key=idempotency_key(self.ctx.session_id, state.operations[0].operation_id),
+        )
+        polled = await poll_once(t, record.accepted.handle, tctx)
+        if isinstance(polled, Execution):
+            env = self.ctx.envelope.for_call(
+                state.call_id,
+                parent_call_id=state.parent_call_id,
+                origin=state.origin,
+                visibility="hidden" if state.parent_call_id is not None else "model",
+            )
+            bounded = await self.bounder.bound(polled.content)
+            await self.ctx.journal.fact(
+                tool_responded(
+                    operation_id=record.operation_id,
+                    status=polled.status,
+                    content=bounded.content,
+                    truncated=bounded.truncated,
+                    artifacts=bounded.artifacts,
+                ),
+                env,
+            )
+        return polled
 
 
 # ---------------------------------------------------------------- tool hooks as stages

@@ -58,7 +58,7 @@ from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
 from lodger.substrates.background import reconcile
 from lodger.tools.registry import ToolRegistry
-from lodger.tools.spec import ProbeResult, ToolContext
+from lodger.tools.spec import CannotTell, ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
 
 if TYPE_CHECKING:
@@ -379,6 +379,8 @@ async def _apply(
         call, scope = _proposed(journal.state.events, state, journal.state.open_turn_offset)
         outcome = await pipeline.ask_again(call, scope=scope)
         return "pending" if outcome.awaiting_approval else "settled"
+    if planned.action == "poll":  # running remotely: its handle settles it
+        return await _poll_running(ctx, pipeline, state, env)
     if planned.action == "tell_model":
         await journal.fact(
             RecoveryObserved(
@@ -458,6 +460,28 @@ async def _recover(
     # never_retry, a refused re-run, or a probe that could not tell: park for an operator
     await journal.fact(
         RecoveryDecided(operation_id=record.operation_id, action="park", reason=why), env
+    )
+    return "parked"
+
+
+async def _poll_running(
+    ctx: RunContext, pipeline: CallPipeline, state: CallState, env: Envelope
+) -> Literal["settled", "parked"]:
+    """A call the remote side accepted before the crash: its result through the tool's
+    poll (its T2), or left running (the model was told; a later poll settles it), or
+    parked for a person only when the poll cannot tell."""
+    polled = await pipeline.settle_accepted(state)
+    if not isinstance(polled, CannotTell):
+        return "settled"
+    record = state.latest
+    assert record is not None
+    await ctx.journal.fact(
+        RecoveryDecided(
+            operation_id=record.operation_id,
+            action="park",
+            reason=f"the poll of its handle cannot tell: {polled.reason}",
+        ),
+        env,
     )
     return "parked"
 
@@ -573,11 +597,17 @@ async def _probe(engine: ResumableEngine, ctx: RunContext, state: CallState) -> 
         parent_call_id=state.parent_call_id,
         hidden=ctx.hidden,
         deps=engine.deps,
+        idempotency_key=idempotency_key(ctx.session_id, state.operations[0].operation_id),
     )
     try:
         return await t.probe(record.dispatched, tctx)
     except Exception as exc:  # noqa: BLE001 - a failing probe proves nothing: park
         return ProbeResult(applied=None, observation=f"the probe failed: {exc}")
+
+
+#: the call states an operator may decide (and an abandoned turn decides): their outcome
+#: is not known (a running call's remote side may still answer; a decision ends that)
+_UNDECIDED = ("indeterminate", "parked", "running")
 
 
 def _blocked(session_id: str, calls: Sequence[PlannedCall]) -> ResumeBlockedError:
@@ -672,10 +702,10 @@ async def decide(
             call_id=call_id,
             next_steps=(NextStep(action="recover", session_id=session_id),),
         )
-    if planned.status not in ("indeterminate", "parked") or planned.operation_id is None:
+    if planned.status not in _UNDECIDED or planned.operation_id is None:
         raise UsageError(
-            f"call {call_id!r} is {planned.status}; only indeterminate or parked calls "
-            "need a decision",
+            f"call {call_id!r} is {planned.status}; only indeterminate, parked or running "
+            "calls take a decision",
             code="nothing_to_decide",
             session_id=session_id,
             call_id=call_id,
@@ -722,7 +752,7 @@ async def abandon(
     )
     facts = _OperatorFacts(clock, ids)
     for planned in plan.calls:
-        if planned.status in ("indeterminate", "parked") and planned.operation_id is not None:
+        if planned.status in _UNDECIDED and planned.operation_id is not None:
             facts.decision(
                 planned,
                 plan.turn_id,

@@ -127,8 +127,9 @@ class Services:
     #: the verified fold of each open session, kept between turns; share one mapping to
     #: share them between agents (``Sessions`` does); None: the agent's own
     folds: MutableMapping[str, SessionState] | None = None
-    #: the turns running here, by session: steers and queued messages find them there;
-    #: share one to steer from one agent the turns another runs (``Sessions`` does)
+    #: the turns running here, by session (``lodger.engine.steering``): steers, queued
+    #: messages, a cancel and a permission-mode switch find them there; share one to
+    #: reach from one agent the turns another runs (``Sessions`` does)
     turns: RunningTurns = field(default_factory=RunningTurns)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ events only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 
 from lodger._core.bulk import cycle_collector_paused
 from lodger.context import Projector
@@ -36,6 +36,8 @@ from lodger.events import (
     OperatorDecision,
     OutputRejected,
     PermissionDecided,
+    PermissionMode,
+    PermissionModeChanged,
     PermissionRequested,
     Prefix,
     ProviderRetried,
@@ -107,6 +109,13 @@ class SessionState:
         self.last_elided: tuple[str, ...] = ()
         #: tool -> offset of the fact by which the user allowed it for the whole session
         self.always_allowed: dict[str, int] = {}
+        #: the offset of the latest ``permission_mode_changed`` (None: never switched), and
+        #: of the one in force when the latest step started: a switch applies from the
+        #: first step that starts after it in the log
+        self.permission_mode_at: int | None = None
+        self.step_mode_at: int | None = None
+        #: the step id of the latest ``step_started``
+        self.last_step_id: str | None = None
         #: the fork point this session started from (None: not a fork)
         self.parent: ForkParent | None = None
         #: the ancestors' shared events, oldest first, once ``inherit`` gave them
@@ -144,8 +153,35 @@ class SessionState:
         return Prefix(high_water=len(self.events), digest=self.events[-1].digest)
 
     @property
+    def permission_mode(self) -> PermissionMode | None:
+        """The session's permission mode now (None: never switched: the policy alone)."""
+        return self._mode_at(self.permission_mode_at)
+
+    def mode_of_step(self, step_id: str | None) -> PermissionMode | None:
+        """The permission mode the calls of step ``step_id`` are checked under: the mode
+        in force when its ``step_started`` was committed. A step whose start is not
+        committed yet (it is deferred, and commits with the first fact after it: any
+        commit, a switch included, takes it along) starts under the mode now."""
+        if step_id is not None and step_id == self.last_step_id:
+            return self._mode_at(self.step_mode_at)
+        return self.permission_mode
+
+    def _mode_at(self, offset: int | None) -> PermissionMode | None:
+        if offset is None:
+            return None
+        body = self.events[offset].body
+        assert isinstance(body, PermissionModeChanged)
+        return body.mode
+
+    @property
     def calls(self) -> dict[str, CallState]:
         return self._calls.calls
+
+    @property
+    def accepted_open(self) -> Mapping[str, CallState]:
+        """Calls the remote side accepted whose result has not been recorded yet, by
+        operation id."""
+        return self._calls.accepted_open
 
     def feed(self, events: Iterable[Event]) -> None:
         """Fold newly committed events, in offset order."""
@@ -182,6 +218,7 @@ class SessionState:
                 if body.workspace_id is not None:  # a relocation: the session moved
                     self.workspace, self.workspace_id = body.workspace, body.workspace_id
             elif isinstance(body, StepStarted):
+                self.step_mode_at, self.last_step_id = self.permission_mode_at, e.step_id
                 if e.turn_id == self.open_turn:
                     self.turn_steps += 1
             elif isinstance(body, ToolsActivated):
@@ -202,6 +239,8 @@ class SessionState:
             elif isinstance(body, PermissionDecided):
                 if (body.by, body.decision, body.reason) == ("user", "allow", ALWAYS_REASON):
                     self.always_allowed.setdefault(body.tool, e.offset)
+            elif isinstance(body, PermissionModeChanged):
+                self.permission_mode_at = e.offset
             elif isinstance(body, SessionStarted) and e.offset == 0:
                 self.workspace, self.workspace_id = body.workspace, body.workspace_id
                 self.parent = body.parent
@@ -231,6 +270,7 @@ class SessionState:
             "turns": (self.turns, self.last_turn_status),
             "turn": (self.turn_steps, tuple(self.turn_activated)),
             "call_ids": frozenset(self.call_ids),
+            "permission_mode": (self.permission_mode_at, self.step_mode_at, self.last_step_id),
             "last_elided": self.last_elided,
             "plan": self.plan().to_dict(),
             "used_tools": tuple(self.used_tools()),

@@ -20,24 +20,31 @@ runs; ``interrupt`` stops the running turn at the next step boundary, once the c
 flight have settled, and runs next; ``rollback`` abandons the running turn before any
 call it proposes next starts, and runs next.
 
-``TurnControl`` is what other tasks of the process may do to one running turn;
-``RunningTurns`` finds it by session.
+``TurnControl`` is what other tasks of the process may do to one running turn (steer
+it, queue a message that stops it, cancel it, switch its permission mode);
+``RunningTurns`` finds it by session. It is the one registry of running turns: steering,
+the queue, a cancel (``lodger.engine.control``) and a mode switch all go through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Literal
+import contextvars
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
+from lodger.engine.control import CancelRequest
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
 from lodger.engine.queue import Steered, StopRequest
 from lodger.engine.state import SessionState
 from lodger.events import Body, Event, MessageQueued, SteerDelivered, SteerReceived
+from lodger.storage.branches import root_of
 
-__all__ = ["RunningTurns", "TurnControl"]
+__all__ = ["RunningTurns", "TurnControl", "current_control", "requested_cancel"]
+
+T = TypeVar("T")
 
 _Phase = Literal["starting", "running", "ending", "closed"]
 
@@ -50,6 +57,10 @@ class TurnControl:
     ``message_queued`` once its end is being committed (the turn has taken its last
     step). ``record`` commits a queue fact through it. After ``seal`` (the writer is
     about to close) both answer None: the caller then writes with a writer of its own.
+
+    The agent ``run``s the turn's work in a task of its own, so ``cancel`` can stop it
+    once the engine drives the turn (``start_driving``; ``stop_driving`` as the run's
+    end commits: a cancel then stops nothing, so no second ``turn_ended`` is written).
     """
 
     def __init__(self, session_id: str) -> None:
@@ -64,6 +75,18 @@ class TurnControl:
         self._done = asyncio.Event()
         #: the queued message that asked the turn to stop, if one did
         self.stop: StopRequest | None = None
+        # ---- cancel and permission modes (``lodger.engine.control``)
+        #: the task running the turn's work (``run``), once it runs
+        self.task: asyncio.Task[Any] | None = None
+        #: the cancel asked for the turn, once one came (the first one wins)
+        self.request: CancelRequest | None = None
+        #: set while the engine drives the turn's steps: a cancel then stops the task;
+        #: before that the engine reads the request when it starts driving
+        self.driving = False
+        #: held while a permission-mode switch reads the mode and commits the change
+        self.mode_lock = asyncio.Lock()
+        self._run_journal: Journal | None = None
+        self._driven: str | None = None
 
     @property
     def busy(self) -> bool:
@@ -165,6 +188,96 @@ class TurnControl:
         """Wait until the turn's writer is closed (``RunningTurns.end``)."""
         await self._done.wait()
 
+    # ------------------------------------------------------------ cancel and modes
+
+    @property
+    def journal(self) -> Journal | None:
+        """The journal of the run driving the turn (None before it runs, once sealed)."""
+        return None if self._phase == "closed" else self._run_journal
+
+    @property
+    def turn_id(self) -> str | None:
+        """The turn the engine drives (or the session's open turn, before it does)."""
+        if self._driven is not None:
+            return self._driven
+        journal = self._run_journal
+        return self._env.turn_id or (journal.state.open_turn if journal is not None else None)
+
+    def events(self) -> Sequence[Event]:
+        """The session's facts as the run's journal holds them (none before it ran)."""
+        journal = self._run_journal
+        return journal.state.events if journal is not None else ()
+
+    async def ready(self) -> Journal | None:
+        """Wait until the engine drives the turn; its journal then (None: sealed first)."""
+        await self._ready()
+        return self._journal if self._phase != "closed" else None
+
+    def cancel(self, request: CancelRequest) -> bool:
+        """Ask the turn to stop; False when a cancel was asked before (nothing changes)."""
+        if self.request is not None:
+            return False
+        self.request = request
+        if self.driving and self.task is not None and not self.task.done():
+            self.task.cancel()
+        return True
+
+    def start_driving(self, turn_id: str) -> None:
+        """The engine drives ``turn_id`` now (it checks ``request`` itself right after)."""
+        self.driving = True
+        self._driven = turn_id
+
+    def stop_driving(self) -> None:
+        """The run commits its end now: a cancel no longer stops the task, which would
+        otherwise find its end committed (or being committed) and end it a second time."""
+        self.driving = False
+
+    async def run(self, journal: Journal, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` (the engine on ``journal``) as the turn, in a task of its own so a
+        cancel can stop it; a cancellation of the caller stops it too and propagates
+        once it settled."""
+        self._run_journal = journal
+        context = contextvars.copy_context()
+        context.run(_CURRENT.set, self)
+        task = asyncio.get_running_loop().create_task(work, context=context)
+        self.task = task
+        return await task  # a cancel of the caller cancels the task and waits for it
+
+    async def settled(self) -> None:
+        """Wait until the turn's work is done (or, when it never ran, its writer closed),
+        without being stopped by it."""
+        if _CURRENT.get() is self:
+            return  # asked from inside the turn (a tool): it cannot wait for itself
+        task = self.task
+        if task is not None:
+            await asyncio.wait({task})
+            return
+        done = asyncio.ensure_future(self._done.wait())
+        try:
+            await asyncio.wait({done})
+        finally:
+            done.cancel()
+
+
+_CURRENT: contextvars.ContextVar[TurnControl | None] = contextvars.ContextVar(
+    "lodger_turn_control", default=None
+)
+
+
+def current_control() -> TurnControl | None:
+    """The control of the turn whose own task this is (None in any other task: a call's,
+    a subagent's)."""
+    control = _CURRENT.get()
+    if control is None or control.task is not asyncio.current_task():
+        return None
+    return control
+
+
+def requested_cancel() -> CancelRequest | None:
+    """The cancel request of the turn running in this task, if one came."""
+    control = current_control()
+    return control.request if control is not None else None
+
 
 class RunningTurns:
     """The turns this process is driving, by session (one per session: one writer)."""
@@ -174,6 +287,14 @@ class RunningTurns:
 
     def get(self, session_id: str) -> TurnControl | None:
         return self._turns.get(session_id)
+
+    def of_session(self, name: str) -> TurnControl | None:
+        """The turn running on ``name``, or on a branch of the session named ``name`` (a
+        rewound session's turn is registered under its branch, ``S..rN``)."""
+        found = self._turns.get(name)
+        if found is not None:
+            return found
+        return next((c for k, c in self._turns.items() if root_of(k) == name), None)
 
     def begin(self, session_id: str) -> TurnControl:
         """A control for a turn about to open the session (registered unless another
@@ -188,6 +309,9 @@ class RunningTurns:
             del self._turns[control.session_id]
         control._sealed.set()
         control._done.set()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._turns))
 
     def __len__(self) -> int:
         return len(self._turns)

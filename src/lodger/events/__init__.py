@@ -640,8 +640,8 @@ class OutputRejected(_Value):
 
 
 class TurnEnded(_Value):
-    """A turn settled. ``reason`` says why an operator abandoned it, when they said;
-    ``output`` is the answer validated against the turn's output type, as JSON."""
+    """A turn settled. ``reason`` says why an operator abandoned or cancelled it, when
+    they said; ``output`` is the answer validated against the turn's output type, as JSON."""
 
     kind: Literal["turn_ended"] = "turn_ended"
     status: Literal["completed", "failed", "cancelled", "step_limit", "abandoned"]

@@ -18,7 +18,9 @@ uses), so several hosts share them; the host's own SQLite index keeps the model 
 was created with on it.
 
 Decisions and abandons (which append facts outside a turn) take the session lease first,
-so they never write while a worker runs the session (409 ``session_busy`` then).
+so they never write while a worker runs the session (409 ``session_busy`` then); so does
+a permission-mode switch. A cancel is a request in the control plane that the worker
+holding the session delivers (``lodger.runtime._worker_cancel``).
 A question a waiting worker asked (``--approval-wait``) is live only while that worker
 holds the session's lease: a worker that died leaves a question nobody can answer (409),
 and the resumed turn asks anew. A parked one (``--approval-park``) is live until its own
@@ -33,12 +35,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
+from lodger.engine.control import CancelOutcome
 from lodger.engine.queue import Steered, check_message
 from lodger.errors import HostConflictError, UsageError
 from lodger.host.feed import Feeds
 from lodger.host.hub import EventObserver, HostConfig, Hub
 from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
+from lodger.runtime._worker_cancel import ask_worker_to_cancel
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -291,6 +295,13 @@ class ControlPlaneHub(Hub):
         if not won:
             raise answered_already(session_id, call_id, found.status)
         return _approval(found)
+
+    # ------------------------------------------------------------ session control
+
+    async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
+        """Ask the worker that holds the session to cancel its turn (through the control
+        plane's ``session_cancels``), and wait a while for its answer."""
+        return await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
 
 
 def _no_queue() -> UsageError:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
+from lodger.engine.control import CancelOutcome
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
@@ -52,6 +53,7 @@ from lodger.media import (
     store_media,
 )
 from lodger.providers.base import ModelSettings
+from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
@@ -540,6 +542,23 @@ class Hub:
             self.turns_run += 1
         head = queue[0].message_id
         return all(m.message_id != head for m in await self.sessions.queue(session_id))
+
+    # ------------------------------------------------------------ session control
+
+    async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
+        """Cancel the session's running turn (this host's runner, or another process on
+        this machine that runs it); idempotent."""
+        return await self.sessions.cancel(session_id, who=who, reason=reason)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode, through whoever writes it now."""
+        async with self.exclusive(session_id):
+            done = await self.sessions.set_permission_mode(session_id, mode, who=who)
+        if done.outside_run and done.event is not None:
+            self.publish(session_id, (done.event,))  # a run's facts reach streams by itself
+        return done
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

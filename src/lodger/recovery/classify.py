@@ -10,6 +10,9 @@ or by the operator. From that each call gets one status and a stable reason code
     rejected         refused before dispatch (validation, permission ...)
     completed        T1 and T2, or recovery/operator proved the outcome
     not_applied      recovery or the operator proved the effect did not happen
+    running          T1 and ``call_accepted`` without T2: the remote side runs it; its
+                     handle settles it (the tool's poll), never a person unless the
+                     poll cannot tell
     indeterminate    T1 without T2 and nothing decided yet: the recovery policy applies
     parked           indeterminate and waiting for an operator decision
     interrupted      a code cell recovery settled as interrupted (never re-run; the model
@@ -31,6 +34,7 @@ from typing import Literal
 from lodger.errors import CorruptLogError
 from lodger.events import (
     ArtifactStored,
+    CallAccepted,
     CallRejected,
     CancelRequested,
     Compacted,
@@ -113,6 +117,7 @@ CallStatus = Literal[
     "completed",
     "not_applied",
     "indeterminate",
+    "running",
     "parked",
     "abandoned",
     "interrupted",
@@ -135,6 +140,8 @@ class OperationRecord:
     observed: RecoveryObserved | None = None
     parked: bool = False
     decision: OperatorDecision | None = None
+    #: the remote side accepted it (``call_accepted``): running with this handle
+    accepted: CallAccepted | None = None
 
     def _key(self) -> tuple[object, ...]:
         return (
@@ -146,6 +153,7 @@ class OperationRecord:
             self.observed,
             self.parked,
             self.decision,
+            self.accepted,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -204,6 +212,8 @@ class CallState:
             return "interrupted", op.observed.reason
         if op.parked:
             return "parked", f"parked_{op.dispatched.recovery}"
+        if op.accepted is not None:
+            return "running", "accepted_with_handle"
         return "indeterminate", "t1_without_t2"
 
 
@@ -229,6 +239,8 @@ class CallClassifier:
         self._operations: dict[str, tuple[CallState, OperationRecord]] = {}
         #: every tool name a T1 dispatched, so far
         self.dispatched_tools: set[str] = set()
+        #: calls the remote side accepted, by operation id, until something settles them
+        self.accepted_open: dict[str, CallState] = {}
         self._digest_at = digest_at
 
     def restore(self, calls: dict[str, CallState], dispatched_tools: set[str]) -> None:
@@ -238,6 +250,12 @@ class CallClassifier:
             op.operation_id: (state, op) for state in calls.values() for op in state.operations
         }
         self.dispatched_tools = dispatched_tools
+        self.accepted_open = {
+            op.operation_id: state
+            for state in calls.values()
+            for op in state.operations
+            if op.accepted is not None and state.status()[0] == "running"
+        }
 
     def feed(self, e: Event) -> None:
         body = e.body
@@ -253,6 +271,8 @@ class CallClassifier:
             body, ToolResponded | RecoveryObserved | RecoveryDecided | OperatorDecision
         ):
             self._settled(e, body)
+        elif isinstance(body, CallAccepted):
+            self._accepted(e, body)
         elif isinstance(body, PermissionDecided):
             if body.decision == "park":
                 self._approval_parked(e)
@@ -347,6 +367,7 @@ class CallClassifier:
                 f"{body.kind} names operation {body.operation_id!r}, which was never dispatched",
             )
         state, record = found
+        self.accepted_open.pop(body.operation_id, None)
         if e.call_id is not None and e.call_id != state.call_id:
             raise _corrupt(
                 self.session_id,
@@ -370,6 +391,28 @@ class CallClassifier:
             record.parked = body.action == "park"
         else:
             record.decision = body
+
+    def _accepted(self, e: Event, body: CallAccepted) -> None:
+        """The remote side accepted an operation: after its T1, before its T2, once."""
+        found = self._operations.get(body.operation_id)
+        if found is None or (e.call_id is not None and e.call_id != found[0].call_id):
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "unknown_operation",
+                f"call_accepted names operation {body.operation_id!r}, which call "
+                f"{e.call_id!r} never dispatched",
+            )
+        record = found[1]
+        if record.accepted is not None or record.responded_at is not None:
+            raise _corrupt(
+                self.session_id,
+                e.offset,
+                "late_acceptance",
+                f"operation {body.operation_id!r} was accepted twice or after its response",
+            )
+        record.accepted = body
+        self.accepted_open[body.operation_id] = found[0]
 
     def _noted_not_dispatched(self, e: Event) -> None:
         # the model was told this call never ran; it has no operation

@@ -9,6 +9,9 @@ prefix it gives the same plan. Actions per call of the open turn:
                     from its checks; the approver finds the answer (or parks it again)
     redispatch      idempotent and indeterminate: run again under a new, linked T1
     probe           queryable and indeterminate: observe the world, record what was seen
+    poll            running (the remote side accepted it): query its handle through the
+                    tool's poll; a result is its T2, still running leaves it running,
+                    and only a poll that cannot tell parks it
     park            never_retry and indeterminate: wait for an operator decision
     wait_operator   parked earlier: resume is blocked until an operator decides
     report          a code cell (policy ``report``) that was interrupted: never re-run;
@@ -41,6 +44,7 @@ Action = Literal[
     "ask_permission",
     "redispatch",
     "probe",
+    "poll",
     "park",
     "wait_operator",
     "report",
@@ -104,6 +108,8 @@ def _action(state: CallState, status: CallStatus) -> Action:
         if policy == "report":
             return "report"
         return "park"
+    if status == "running":
+        return "poll"
     if status == "parked":
         return "wait_operator"
     return "none"

@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lodger.authority import Authorities
 from lodger.engine.checkpoint import checkpoint_due, open_fold, save_checkpoint
 from lodger.engine.compaction import CompactionPolicy, compact_by_hand
+from lodger.engine.control import CancelOutcome, CancelRequest
 from lodger.engine.journal import Journal
 from lodger.engine.loop import Engine, RunUsage, TurnResult, TurnStatus
 from lodger.engine.modelsettings import check_settings
@@ -34,20 +35,21 @@ from lodger.engine.settings import Hooks, Limits, Retries, Services
 from lodger.engine.state import SessionState
 from lodger.engine.steering import RunningTurns, TurnControl
 from lodger.errors import SessionNotFoundError, UsageError
-from lodger.events import Compacted, Event
+from lodger.events import Compacted, Event, PermissionMode
 from lodger.ids import Clock, IdFactory
 from lodger.media import UserInput
 from lodger.providers import make_model
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
-from lodger.runtime import _followups
+from lodger.runtime import _followups, _local_control, _session_control
+from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime._writers import close_after_failure
 from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
 from lodger.runtime.subagents.policy import SubagentPolicy
-from lodger.storage import EventLog, SessionWriter, Storage
-from lodger.storage.artifacts import ArtifactStore
+from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
+from lodger.storage.artifacts import ArtifactStore, FileArtifactStore
 from lodger.storage.forks import read_inherited
 from lodger.storage.snapshots import WorkspaceSnapshotter
 from lodger.substrates.codemode import CellLimits, CodeMode, Language, exec_tool
@@ -384,7 +386,7 @@ class Agent:
     ) -> TurnStream:
         """Run one turn as an async iterator of ``TextDelta``, ``FactCommitted`` and
         finally ``TurnFinished`` items (see ``lodger.runtime.streaming``); the stream's
-        ``steer`` sends the running turn a message."""
+        ``steer`` sends the running turn a message, its ``cancel`` ends the turn cancelled."""
         session_id = session if session is not None else self.ids.new_id()
 
         async def start(
@@ -403,7 +405,10 @@ class Agent:
         async def steer(text: str, who: str | None) -> Steered:
             return await self.steer(session_id, text, who=who)
 
-        return TurnStream(start, session_id=session_id, steer=steer)
+        async def cancel(who: str | None, reason: str) -> CancelOutcome:
+            return await self.cancel(session_id, who=who, reason=reason)
+
+        return TurnStream(start, session_id=session_id, steer=steer, cancel=cancel)
 
     def session(self, session_id: str) -> SessionHandle:
         return SessionHandle(self.log, session_id)
@@ -448,7 +453,7 @@ class Agent:
         The writer is closed after the block; the fold is kept for the next turn, unless
         the block fails: it may then hold less than the log (a failed commit), so it is
         read again next time."""
-        session_id = await open_branch(self.storage, session_id)  # a rewound one: its branch
+        session_id = await open_branch(self.storage, session_id)
         writer, state = await self._open(session_id)
         try:
             yield writer, state
@@ -468,6 +473,7 @@ class Agent:
         code_mode: Language | CodeMode | None = _UNSET,
         output_mode: OutputMode | None = None,
         model_settings: ModelSettings | None = None,
+        permission_mode: str | None = None,
     ) -> TurnResult:
         """Run one turn of ``task`` on ``session`` (a new session when None).
 
@@ -478,8 +484,10 @@ class Agent:
         ``output_type`` overrides the agent's for this turn; ``code_mode`` binds the
         ``exec`` tool for this turn only ("javascript" or "python"; None leaves it out).
         ``output_mode`` and ``model_settings`` override the agent's for this turn (the
-        settings field by field). The result's ``output`` is the validated value,
-        ``usage`` the tokens, ``commits`` the durable appends.
+        settings field by field). ``permission_mode`` is the mode the turn starts in (a
+        ``permission_mode_changed`` committed with its start when the session is in
+        another; see ``set_permission_mode``). The result's ``output`` is the validated
+        value, ``usage`` the tokens, ``commits`` the durable appends.
         """
         engine = self._engine_for(
             deps=deps,
@@ -488,12 +496,21 @@ class Agent:
             output_mode=output_mode,
             model_settings=model_settings,
         )
-        return await self._run(engine, task, session)
+        mode = None if permission_mode is None else _session_control.check_mode(permission_mode)
+        return await self._run(engine, task, session, mode)
 
-    async def _run(self, engine: Engine, task: UserInput, session: str | None) -> TurnResult:
+    async def _run(
+        self,
+        engine: Engine,
+        task: UserInput,
+        session: str | None,
+        mode: PermissionMode | None = None,
+    ) -> TurnResult:
         session_id = session if session is not None else self.ids.new_id()
-        async with self._turn(session_id) as (writer, state, _):
-            result = await engine.start_turn(engine.journal(writer, state), task)
+        async with self._turn(session_id) as (writer, state, control):
+            journal = engine.journal(writer, state)
+            started = engine.start_turn(journal, task, mode=mode)
+            result = await self._controlled(control, journal, started)
             if checkpoint_due(state):  # while this writer holds the session: nothing feeds it
                 await save_checkpoint(self.log, state)
             return result
@@ -503,7 +520,10 @@ class Agent:
         self, session_id: str
     ) -> AsyncIterator[tuple[SessionWriter, SessionState, TurnControl]]:
         """``open_session`` for a block that drives a turn: steers and queued messages
-        sent meanwhile reach it through its ``TurnControl`` (``lodger.engine.steering``)."""
+        sent meanwhile, a cancel and a mode switch reach it through its ``TurnControl``
+        (``lodger.engine.steering``), registered under the branch the session's name
+        leads to (a rewound session's current one), as the engine finds it."""
+        session_id = await open_branch(self.storage, session_id)
         control = self.turns.begin(session_id)
         try:
             async with self.open_session(session_id) as (writer, state):
@@ -532,16 +552,74 @@ class Agent:
         holds what the log says; the new run records the move.
         Raises ``ResumeBlockedError`` naming every parked operation or failed invariant.
         """
-        async with self._turn(session_id) as (writer, state, _):
+        async with self._turn(session_id) as (writer, state, control):
             if not state.events:
                 raise SessionNotFoundError(
                     f"no log for session {session_id!r}", session_id=session_id
                 )
             engine = self._engine_for(deps=deps, model_settings=model_settings)
-            result = await engine.resume(engine.journal(writer, state), relocate=relocate)
+            journal = engine.journal(writer, state)
+            result = await self._controlled(
+                control, journal, engine.resume(journal, relocate=relocate)
+            )
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
             return result
+
+    async def _controlled(
+        self, control: TurnControl, journal: Journal, work: Coroutine[Any, Any, TurnResult]
+    ) -> TurnResult:
+        """Run ``work`` as the session's running turn, under its ``control``: a cancel or
+        a mode switch reaches it from this process (``turns``) or, through the state
+        directory, from another."""
+        state_dir = self.storage.control_dir
+        if state_dir is None:
+            return await control.run(journal, work)
+        turns, session_id = self.turns, control.session_id
+
+        def handler(token: str) -> _local_control.Handler:
+            return _session_control.request_handler(turns, session_id, token)
+
+        async with _local_control.announced(state_dir, session_id, handler):
+            return await control.run(journal, work)
+
+    async def cancel(
+        self, session_id: str, *, who: str | None = None, reason: str = ""
+    ) -> CancelOutcome:
+        """Cancel the session's running turn: queued calls never start, calls past T1
+        settle and are recorded, and the turn ends ``cancelled`` (``cancel_requested``,
+        ``run_ended`` and ``turn_ended`` cancelled, committed together). The turn may
+        run in this process or, sharing this state directory, in another; this waits
+        until it ended. Idempotent: a second cancel (``already_cancelling``) or one of a
+        session that runs nothing (``not_running``, ``unknown_session``) writes nothing.
+        """
+        check_session_id(session_id)
+        request = CancelRequest(who=who, reason=reason)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _session_control.cancel_turn(self.turns, self.storage, branch, request)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None = None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode (``plan``, ``ask``, ``accept_edits``,
+        ``full_auto``; see ``lodger.engine.permissions``) as a ``permission_mode_changed``
+        fact, committed by whoever writes the session now; it applies from the next step.
+        The project's deny rules hold in every mode. The same mode again writes nothing
+        (``unchanged``)."""
+        check_session_id(session_id)
+        checked = _session_control.check_mode(mode)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _session_control.switch_mode(
+            self.turns, self.storage, branch, checked, who, idle=self._switch_idle
+        )
+
+    async def _switch_idle(
+        self, session_id: str, mode: PermissionMode, who: str | None
+    ) -> ModeOutcome:
+        async with self.open_session(session_id) as (writer, state):
+            return await _session_control.commit_mode(
+                writer, state, mode, who, clock=self.clock, ids=self.ids
+            )
 
     async def recovery_plan(self, session_id: str) -> RecoveryPlan:
         """What resume would do now: every call of the open turn, its status and action."""
@@ -602,7 +680,7 @@ class Agent:
 
     def busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs here now (and has not begun to end)."""
-        control = self.turns.get(session_id)
+        control = self.turns.of_session(session_id)  # a rewound one's: on its branch
         return control is not None and control.busy
 
     async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
@@ -611,7 +689,8 @@ class Agent:
         that carries it records ``steer_delivered``). With no turn running here, or
         after its last step, it is queued as the session's next turn (``status``
         ``queued``; ``run_queued`` runs it)."""
-        return await _followups.steer(self, session_id, text, who)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _followups.steer(self, branch, text, who)
 
     async def enqueue(
         self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
@@ -621,11 +700,14 @@ class Agent:
         ``HostConflictError`` (``session_busy``) while one runs; ``interrupt`` stops the
         running turn at its next step boundary (its calls settle) and runs next;
         ``rollback`` abandons it before its next calls start and runs next."""
-        return await _followups.enqueue(self, session_id, text, policy, who)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _followups.enqueue(self, branch, text, policy, who)
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         """The session's follow-up queue, in the order it runs (read from its log)."""
-        return await _followups.queue_of(self, session_id)
+        return await _followups.queue_of(
+            self, await _session_control.branch_of(self.turns, self.storage, session_id)
+        )
 
     async def edit_queued(
         self,
@@ -640,6 +722,7 @@ class Agent:
         each change a ``queue_changed`` fact naming ``who``; the queue after it."""
         if text is None and position is None:
             raise UsageError("nothing to change: give text, position or both", code="usage")
+        session_id = await _session_control.branch_of(self.turns, self.storage, session_id)
         queue: list[QueuedMessage] = []
         if text is not None:
             queue = await _followups.change_queued(
@@ -655,14 +738,15 @@ class Agent:
         self, session_id: str, message_id: str, *, who: str | None = None
     ) -> list[QueuedMessage]:
         """Take a message out of the queue before it is delivered; the queue after it."""
-        return await _followups.change_queued(self, session_id, message_id, "retract", who=who)
+        branch = await _session_control.branch_of(self.turns, self.storage, session_id)
+        return await _followups.change_queued(self, branch, message_id, "retract", who=who)
 
     async def run_queued(self, session_id: str) -> TurnResult | None:
         """Run the next queued message of the session as a turn (None: the queue is
         empty). Its delivery (``queue_changed`` delivered) commits with the turn's
         start, so a message runs once. An ``interrupt`` or ``rollback`` message abandons
         an open turn first (one a stop left parked or interrupted); any other resumes it."""
-        async with self._turn(session_id) as (writer, state, _):
+        async with self._turn(session_id) as (writer, state, control):
             if not state.queue:
                 return None
             head = state.queue[0]
@@ -670,7 +754,9 @@ class Agent:
                 reason = StopRequest(message_id=head.message_id, policy=head.policy).reason
                 await abandon(writer, state, reason=reason, clock=self.clock, ids=self.ids)
             engine = self.engine
-            result = await engine.start_turn(engine.journal(writer, state), head.text, queued=head)
+            journal = engine.journal(writer, state)
+            started = engine.start_turn(journal, head.text, queued=head)
+            result = await self._controlled(control, journal, started)
             if checkpoint_due(state):
                 await save_checkpoint(self.log, state)
             return result
@@ -743,7 +829,10 @@ def _snapshotter(
             hint="pass workspace=... to the agent, or leave snapshots off",
             code="usage",
         )
-    return WorkspaceSnapshotter(storage.artifacts)
+    # the stat cache lives beside a local state's file artifacts (never in an object store)
+    local = isinstance(storage.artifacts, FileArtifactStore) and storage.state_dir is not None
+    cache = storage.state_dir / "snapcache" if local and storage.state_dir else None
+    return WorkspaceSnapshotter(storage.artifacts, cache_dir=cache)
 
 
 def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Any:

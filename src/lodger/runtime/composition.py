@@ -86,6 +86,8 @@ class Overrides:
     output_mode: OutputMode | None = None
     #: the compaction policy instead of the project's ``[compaction]``
     compaction: CompactionPolicy | None = None
+    #: the permission mode a new turn starts in (``lodger run --mode``)
+    permission_mode: str | None = None
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
 
@@ -122,6 +124,7 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         model_settings=_model_settings(project, overrides),
         output_mode=overrides.output_mode or project.output_mode,
         compaction=overrides.compaction or project.compaction,
+        permission_mode=overrides.permission_mode,
     )
 
 

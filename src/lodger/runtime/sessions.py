@@ -24,6 +24,7 @@ from typing import Literal
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.checkpoint import open_fold
 from lodger.engine.compaction import CompactionPolicy
+from lodger.engine.control import CancelOutcome, CancelRequest
 from lodger.engine.journal import Journal
 from lodger.engine.loop import TurnResult
 from lodger.engine.permissions import Approver, PermissionPolicy
@@ -33,12 +34,20 @@ from lodger.engine.settings import Hooks, Limits, Services
 from lodger.engine.state import SessionState
 from lodger.engine.steering import RunningTurns
 from lodger.errors import UsageError
-from lodger.events import Compacted, Event
+from lodger.events import Compacted, Event, PermissionMode
 from lodger.ids import Clock, IdFactory, SystemClock, Uuid7Factory
 from lodger.media import UserInput
 from lodger.providers.base import Model, ModelSettings, OutputMode, TextSink
 from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime import _followups
+from lodger.runtime._session_control import (
+    ModeOutcome,
+    branch_of,
+    cancel_turn,
+    check_mode,
+    commit_mode,
+    switch_mode,
+)
 from lodger.runtime._writers import closing_writer
 from lodger.runtime.agent import Agent
 from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
@@ -119,6 +128,8 @@ class Binding:
     budgets: Budgets = field(default_factory=Budgets)
     #: when and how the context is compacted (``[compaction]`` in lodger.toml)
     compaction: CompactionPolicy | None = None
+    #: the permission mode a new turn starts in (None: the session's own)
+    permission_mode: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +183,8 @@ class Sessions:
         # read for its defaults is not read again to resume it (only its new tail is).
         # Bounded, so a long-lived host does not keep every session it ever touched.
         self._states = FoldCache(max_cached_sessions)
-        #: the turns this service's agents run now: steers and queued messages reach them
+        #: the turns this service's agents run now: steers, queued messages, a cancel and
+        #: a mode switch reach them
         self.turns = RunningTurns()
 
     @classmethod
@@ -228,7 +240,7 @@ class Sessions:
         (``lodger.media``)."""
         # the servers stop when the turn settles
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
-            return await agent.run(task, session=session)
+            return await agent.run(task, session=session, permission_mode=binding.permission_mode)
 
     async def resume(
         self, session_id: str, *, binding: Binding, relocate: bool = False
@@ -415,21 +427,25 @@ class Sessions:
 
     def busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs in this process now."""
-        control = self.turns.get(session_id)
+        control = self.turns.of_session(session_id)  # a rewound one's: on its branch
         return control is not None and control.busy
 
     async def steer(self, session_id: str, text: str, *, who: str | None = None) -> Steered:
         """``Agent.steer`` for a session this service runs (or a dormant one)."""
-        return await _followups.steer(self, session_id, text, who)
+        branch = await branch_of(self.turns, self.storage, session_id)
+        return await _followups.steer(self, branch, text, who)
 
     async def enqueue(
         self, session_id: str, text: str, *, policy: str = "enqueue", who: str | None = None
     ) -> QueuedMessage:
         """``Agent.enqueue``: a follow-up message with its policy, as a fact."""
-        return await _followups.enqueue(self, session_id, text, policy, who)
+        branch = await branch_of(self.turns, self.storage, session_id)  # a rewound one: its branch
+        return await _followups.enqueue(self, branch, text, policy, who)
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
-        return await _followups.queue_of(self, session_id)
+        return await _followups.queue_of(
+            self, await branch_of(self.turns, self.storage, session_id)
+        )
 
     async def change_queued(
         self,
@@ -442,8 +458,9 @@ class Sessions:
         who: str | None = None,
     ) -> list[QueuedMessage]:
         """Edit, move or retract a queued message (a ``queue_changed`` fact by ``who``)."""
+        branch = await branch_of(self.turns, self.storage, session_id)
         return await _followups.change_queued(
-            self, session_id, message_id, action, text=text, position=position, who=who
+            self, branch, message_id, action, text=text, position=position, who=who
         )
 
     async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:
@@ -451,3 +468,29 @@ class Sessions:
         check_session_id(session_id)
         async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
             return await agent.run_queued(session_id)
+
+    async def cancel(
+        self, session_id: str, *, who: str | None = None, reason: str = ""
+    ) -> CancelOutcome:
+        """Cancel the session's running turn, here or in another process sharing this
+        state directory (see ``Agent.cancel``); needs no model, tools or workspace."""
+        request = CancelRequest(who=who, reason=reason)
+        branch = await branch_of(self.turns, self.storage, session_id)
+        return await cancel_turn(self.turns, self.storage, branch, request)
+
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None = None
+    ) -> ModeOutcome:
+        """Switch the session's permission mode (see ``Agent.set_permission_mode``)."""
+        checked = check_mode(mode)
+        branch = await branch_of(self.turns, self.storage, session_id)
+        return await switch_mode(
+            self.turns, self.storage, branch, checked, who, idle=self._switch_idle
+        )
+
+    async def _switch_idle(
+        self, session_id: str, mode: PermissionMode, who: str | None
+    ) -> ModeOutcome:
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            return await commit_mode(writer, state, mode, who, clock=self.clock, ids=self.ids)

@@ -16,7 +16,9 @@ reads it at its next provider boundary (``lodger.engine.steering``).
 Text deltas are live display only; a ``FactCommitted`` item is yielded after its event is
 durable, so whatever the consumer does with it is backed by the log. The turn runs in a
 task the stream owns: leaving the ``async with`` block early stops the turn the way a
-Ctrl-C does (every call settles and is recorded; the turn stays open to resume).
+Ctrl-C does (every call settles and is recorded; the turn stays open to resume), while
+``await stream.cancel(who=..., reason=...)`` ends the turn ``cancelled`` as
+``Agent.cancel`` does (the stream then yields its ``TurnFinished``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from lodger.errors import UsageError
 from lodger.events import Event
 
 if TYPE_CHECKING:
+    from lodger.engine.control import CancelOutcome
     from lodger.engine.loop import TurnResult
 
 __all__ = ["FactCommitted", "StreamItem", "TextDelta", "TurnFinished", "TurnStream"]
@@ -63,18 +66,26 @@ StreamItem = TextDelta | FactCommitted | TurnFinished
 
 Starter = Callable[[Callable[[Event], None], Callable[[str], None]], Awaitable["TurnResult"]]
 Steerer = Callable[[str, "str | None"], Awaitable["Steered"]]
+#: (who, reason) -> what the cancel of the stream's turn did
+Canceller = Callable[[str | None, str], Awaitable["CancelOutcome"]]
 
 
 class TurnStream:
     """Owns the task running one turn and hands its items out in order."""
 
     def __init__(
-        self, start: Starter, *, session_id: str | None = None, steer: Steerer | None = None
+        self,
+        start: Starter,
+        *,
+        session_id: str | None = None,
+        steer: Steerer | None = None,
+        cancel: Canceller | None = None,
     ) -> None:
         self._start = start
         #: the session the turn runs on
         self.session_id = session_id
         self._steer = steer
+        self._cancel = cancel
         self._queue: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         self._task: asyncio.Task[TurnResult] | None = None
         self._finished = False
@@ -132,6 +143,17 @@ class TurnStream:
         except Exception:
             if not self._finished:
                 raise  # the consumer never saw it
+
+    async def cancel(self, *, who: str | None = None, reason: str = "") -> CancelOutcome:
+        """End the running turn ``cancelled`` (see ``Agent.cancel``); iterating goes on
+        to the ``TurnFinished`` item."""
+        if self._cancel is None:
+            raise UsageError(
+                "this stream cannot cancel its turn",
+                hint="make the stream with Agent.stream",
+                code="usage",
+            )
+        return await self._cancel(who, reason)
 
     def __aiter__(self) -> TurnStream:
         return self

@@ -46,6 +46,7 @@ from lodger.errors import (
 )
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
+from lodger.runtime._worker_cancel import deliver_cancels
 from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
@@ -57,6 +58,7 @@ from lodger.storage.control.interface import (
     ControlPlane,
     ParkedCall,
     SessionClaim,
+    SessionLease,
     SessionRow,
     Wake,
     WakeBell,
@@ -95,6 +97,9 @@ class WorkerConfig:
     approval_expiry_s: float = DEFAULT_APPROVAL_EXPIRY_S
     #: seconds between looks for steers hosts sent the running turn (``Steers``)
     steer_poll_s: float = 0.2
+    #: seconds between looks for a cancel request of the session being worked on (a
+    #: read-only transaction: on SQLite it takes no lock)
+    cancel_poll_s: float = 0.25
 
 
 @dataclass
@@ -131,6 +136,7 @@ class Worker:
         self.holder = holder or f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self.guard = LeaseGuard(control)
         inner = storage.log
+        _lease_no_longer_than(inner.store, self.config.lease_ttl_s)
         self.storage = Storage(
             log=EventLog(
                 FencedLogStore(inner.store, self.guard),
@@ -249,30 +255,41 @@ class Worker:
         self.guard.hold(lease)
         ended = False
         try:
-            delay, held, failure = await self._work(claim, stop)
-            current = self.guard.lease(wake.session_id) or lease
+            delay, held, failure, index = await self._work(claim, stop)
+            current = self._own(lease)
+            # the session's index rides in the wake's end: one transaction, not two
             await self.control.end_wake(
-                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure
-            )
+                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure,
+                row=index.row if index else None, parked=index.parked if index else (),
+                release_held=index.release_held if index else False,
+            )  # fmt: skip
             ended = True
             # the steers no turn took are the session's next messages now
             await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
         finally:
-            current = self.guard.lease(wake.session_id) or lease
-            self.guard.drop(wake.session_id)
+            # once released, another slot may hold the session's next grant: not that one
+            current = self._own(lease)
+            self.guard.drop(wake.session_id, epoch=lease.epoch)
             if not ended:
                 with contextlib.suppress(ControlPlaneError):
                     await self.control.release_session(lease=current)
 
+    def _own(self, lease: SessionLease) -> SessionLease:
+        """This wake's lease as last renewed (the guard's, while it is the same grant)."""
+        held = self.guard.lease(lease.session_id)
+        return held if held is not None and held.epoch == lease.epoch else lease
+
     async def _work(
         self, claim: SessionClaim, stop: asyncio.Event
-    ) -> tuple[float | None, bool, str | None]:
+    ) -> tuple[float | None, bool, str | None, _Index | None]:
         """Run the wake under its lease's watch: (hand back after this delay, or None
-        when the wake is done; whether it is held; why it is given up on, if it is)."""
+        when the wake is done; whether it is held; why it is given up on, if it is;
+        the session's index to write as the wake ends)."""
         wake = claim.wake
         delay: float | None = None
         held = False  # handed back until the session's open turn settles
         failure: str | None = None
+        index: _Index | None = None
         turn = asyncio.ensure_future(self._turn(wake, claim.row))
         watch = asyncio.ensure_future(self._watch(wake, turn, stop))
         steers = asyncio.ensure_future(
@@ -285,8 +302,18 @@ class Worker:
                 poll_s=self.config.steer_poll_s,
             )
         )
+        cancels = asyncio.ensure_future(  # a cancel sent through the control plane
+            deliver_cancels(
+                self.control,
+                self.guard,
+                self.sessions,
+                wake.session_id,
+                every=self.config.cancel_poll_s,
+            )
+        )
         try:
-            delay, held = await turn
+            step = await turn
+            delay, held, index = step.delay, step.held, step.index
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -316,15 +343,13 @@ class Worker:
                 delay = None
                 failure = await self._give_up(wake, exc)
         finally:
-            for helper in (watch, steers):
+            for helper in (watch, steers, cancels):
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
-        return delay, held, failure
+        return delay, held, failure, index
 
-    async def _watch(
-        self, wake: Wake, turn: asyncio.Future[tuple[float | None, bool]], stop: asyncio.Event
-    ) -> None:
+    async def _watch(self, wake: Wake, turn: asyncio.Future[_Step], stop: asyncio.Event) -> None:
         """Renew the lease and the claim; cancel the turn when the lease is lost or, after
         ``stop``, when the grace period is over."""
         ttl = self.config.lease_ttl_s
@@ -363,7 +388,7 @@ class Worker:
         finally:
             stopped.cancel()
 
-    async def _turn(self, wake: Wake, row: SessionRow | None) -> tuple[float | None, bool]:
+    async def _turn(self, wake: Wake, row: SessionRow | None) -> _Step:
         """Run the wake on its session. Returns the delay after which it should be looked
         at again (a session parked on an operator), None when the wake is done, and
         whether it is held: it waits for something only someone else can change (an
@@ -394,7 +419,7 @@ class Worker:
             if step.delay is None and not step.waiting and step.state and step.state.queue:
                 await self._followups(sessions, sid, binding, step)
             await self._settled(sid, binding, workspace, step)
-            return step.delay, step.held
+            return step
         finally:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
 
@@ -461,7 +486,8 @@ class Worker:
         assert wake.message is not None
         sid = wake.session_id
         offset = len(step.state.events) if step.state is not None else 0
-        await self.control.mark_wake_started(wake_id=wake.id, offset=offset)
+        # recorded with the turn's first commit check (``LeaseGuard.starting``)
+        self.guard.starting(sid, wake_id=wake.id, offset=offset)
         try:
             task = await wake_input(wake.message, self.storage.artifacts, session_id=sid)
             result = await sessions.run(task, binding=binding, session=sid)
@@ -472,7 +498,7 @@ class Worker:
         self.stats.turns += 1
         self.stats.settled.append(result.status)
         step.waiting = result.status == "waiting"
-        step.state = await self._fold(sid)
+        step.state = await self._after_turn(sid)
 
     async def _followups(self, sessions: Sessions, sid: str, binding: Binding, step: _Step) -> None:
         """The follow-up messages the log queued (a steer after the turn's last step)."""
@@ -491,8 +517,12 @@ class Worker:
         # the turn settled: messages that waited for it go now, not at their next look
         # (this wake is still claimed, so it is not among them)
         settled = state is not None and state.open_turn is None
-        await self._index(sid, state, snapshot.ref, waiting=step.waiting, release_held=settled)
+        step.index = _index_of(sid, state, snapshot.ref, waiting=step.waiting,
+                               release_held=settled)  # fmt: skip
         if step.wake_parent is not None:
+            # the parent brings the child's edits from the indexed snapshot: index now
+            await self._index(step.index)
+            step.index = None
             assert binding.subagents is not None and binding.subagents.children is not None
             await binding.subagents.children.settled(child=step.wake_parent)
 
@@ -571,43 +601,28 @@ class Worker:
         try:
             snapshot = await snapshot_workspace(workspace, self.storage.artifacts)
             state = await self._fold(sid)
-            await self._index(sid, state, snapshot.ref)
+            await self._index(_index_of(sid, state, snapshot.ref))
         except (LodgerError, OSError) as exc:
             log.warning("indexing %s after a stop: %s", sid, exc)
 
-    async def _index(
-        self,
-        sid: str,
-        state: SessionState | None,
-        snapshot: str,
-        *,
-        waiting: bool = False,
-        release_held: bool = False,
-    ) -> None:
+    async def _index(self, index: _Index | None) -> None:
         """The session's index row and parked calls (and its held wakes released, when
         its turn settled), in one transaction stamped with the control plane's clock."""
-        if state is None:
-            return
-        plan = state.plan()
-        status = state.last_turn_status or "started"
-        if state.open_turn is not None:
-            status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
-        await self.control.index_session(
-            row=SessionRow(
-                session_id=sid,
-                status=status,
-                last_activity=0.0,
-                events=len(state.events),
-                snapshot=snapshot,
-                model=state.last_model,
-            ),
-            parked=[
-                ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
-                           since=0.0)
-                for c in plan.blocked
-            ],
-            release_held=release_held,
-        )  # fmt: skip
+        if index is not None:
+            await self.control.index_session(
+                row=index.row, parked=index.parked, release_held=index.release_held
+            )
+
+    async def _after_turn(self, sid: str) -> SessionState | None:
+        """The fold after a turn this worker ran to its end: the agent's, which holds
+        what its writer committed (the writer read whatever the store had beyond it
+        when it opened, and a failed commit drops it from the cache), so the stored
+        head is not read again; the log when it is not cached."""
+        cached = self.sessions.cached(sid)
+        if cached is not None and cached.events:
+            self.stats.folds_reused += 1
+            return cached
+        return await self._fold(sid)
 
     async def _fold(self, sid: str) -> SessionState | None:
         """The session's verified fold (None: no events yet), from this worker's cache
@@ -624,6 +639,17 @@ class Worker:
                 return cached
         self.stats.folds_read += 1
         return await self.sessions.state(sid)
+
+
+def _lease_no_longer_than(store: object, ttl_s: float) -> None:
+    """An object store's writer lease lasts no longer than the session lease: a worker
+    that died on another machine (whose death nobody here can see) holds the log no
+    longer than the session, so the next worker resumes it after one TTL, not after the
+    store's (30 s). Fencing is unchanged: commits are checked against the session lease
+    and every segment put is create-only."""
+    current = getattr(store, "lease_ttl_s", None)
+    if isinstance(current, float | int) and current > ttl_s:
+        store.lease_ttl_s = ttl_s  # type: ignore[attr-defined]
 
 
 async def _listen(control: WakeNotices, bell: WakeBell) -> None:
@@ -655,6 +681,50 @@ class _Step:
     waiting: bool = False
     #: a child whose turn settled here: its parent is woken once it is indexed
     wake_parent: SubagentLink | None = None
+    #: the session's index, written as the wake ends (``end_wake``)
+    index: _Index | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Index:
+    """What indexes a session (``index_session``'s, and ``end_wake``'s, arguments)."""
+
+    row: SessionRow
+    parked: list[ParkedCall]
+    release_held: bool
+
+
+def _index_of(
+    sid: str,
+    state: SessionState | None,
+    snapshot: str,
+    *,
+    waiting: bool = False,
+    release_held: bool = False,
+) -> _Index | None:
+    """The session's index row and parked calls after a wake (None: no log yet)."""
+    if state is None:
+        return None
+    plan = state.plan()
+    status = state.last_turn_status or "started"
+    if state.open_turn is not None:
+        status = "parked" if plan.blocked else "waiting" if waiting else "interrupted"
+    return _Index(
+        row=SessionRow(
+            session_id=sid,
+            status=status,
+            last_activity=0.0,
+            events=len(state.events),
+            snapshot=snapshot,
+            model=state.last_model,
+        ),
+        parked=[
+            ParkedCall(session_id=sid, call_id=c.call_id, tool=c.tool, reason=c.reason,
+                       since=0.0)
+            for c in plan.blocked
+        ],
+        release_held=release_held,
+    )  # fmt: skip
 
 
 def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:

@@ -4,7 +4,9 @@ A writer names itself by host, pid and what makes a pid unambiguous on Linux: th
 (``/proc/sys/kernel/random/boot_id``), the pid namespace and the process's start time
 (field 22 of ``/proc/<pid>/stat``), so a recycled pid is never taken for the holder. On
 the holder's own machine a dead holder is known at once; elsewhere only its lease's
-expiry tells (``alive`` answers None: cannot tell).
+expiry tells (``alive`` answers None: cannot tell). A holder killed and not yet reaped by
+its parent (a zombie: state ``Z`` or ``X``, kept with its pid and start time until the
+parent waits for it) is dead too: it runs no code and can write nothing again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 
 __all__ = ["alive", "describe", "this_process"]
 
+#: process states of a holder that exited but is not reaped yet (zombie, dead)
+_DEAD = frozenset({"Z", "X", "x"})
+
 
 def _read(path: str) -> str:
     try:
@@ -26,10 +31,15 @@ def _read(path: str) -> str:
         return ""
 
 
-def _start_time(pid: int) -> str:
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state first)."""
     stat = _read(f"/proc/{pid}/stat")
     # the command name (field 2) is in parentheses and may hold spaces: split after it
-    fields = stat.rpartition(")")[2].split()
+    return stat.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> str:
+    fields = _stat(pid)
     return fields[19] if len(fields) > 19 else ""
 
 
@@ -63,7 +73,10 @@ def alive(record: dict[str, Any]) -> bool | None:
     pid = record.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return None
-    return _start_time(pid) == str(record["start"])
+    fields = _stat(pid)
+    if len(fields) <= 19 or fields[19] != str(record["start"]):
+        return False  # gone, or its pid is another process's now
+    return fields[0] not in _DEAD
 
 
 def describe(record: dict[str, Any]) -> str:

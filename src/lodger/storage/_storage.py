@@ -30,6 +30,11 @@ class Storage:
     artifacts: ArtifactStore
     #: the directory that holds the state, if it is on this machine (never shown to tools)
     state_dir: Path | None = None
+    #: where processes on this machine that share these sessions leave each other
+    #: requests for a running turn (cancel, permission mode: ``lodger.runtime``'s local
+    #: control); the embedded default's state directory, None elsewhere (a worker's
+    #: turns take them from the control plane)
+    control_dir: Path | None = None
 
     @classmethod
     def local(
@@ -46,6 +51,7 @@ class Storage:
             log=EventLog(SqliteLogStore(root), key=key, require_key=key_required_from_env(environ)),
             artifacts=FileArtifactStore(root / "artifacts"),
             state_dir=root,
+            control_dir=root,
         )
 
     def hidden_paths(self) -> tuple[Path, ...]:

@@ -13,8 +13,10 @@ import fcntl
 import hashlib
 import os
 import re
+import stat
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -224,3 +226,36 @@ class FileArtifactStore:
             ) from exc
         _check(sha256, data)
         return data
+
+    async def exists(self, sha256: str, *, size: int | None = None) -> bool:
+        """Whether a file is stored under the hash (one ``stat``, nothing read); with
+        ``size``, only one of that size counts (as ``ObjectArtifactStore.exists``): a
+        truncated or extended copy is damaged, and the caller's put stores the bytes
+        again. Damage that keeps the size is found when the blob is read, or by the deep
+        check of snapshots (``lodger.storage.snapshotcheck``)."""
+        return (await self.exists_many([(sha256, size)]))[0]
+
+    async def exists_many(self, items: Sequence[tuple[str, int | None]]) -> list[bool]:
+        """``exists`` for each ``(sha256, size)`` of ``items``, in one thread."""
+        root = os.fspath(self.root)
+        paths = [(os.path.join(root, sha[:2], check_sha256(sha)), size) for sha, size in items]
+
+        def look() -> list[bool]:
+            found: list[bool] = []
+            for path, size in paths:
+                try:
+                    info = os.stat(path)
+                except (FileNotFoundError, NotADirectoryError):
+                    found.append(False)
+                    continue
+                found.append(stat.S_ISREG(info.st_mode) and size in (None, info.st_size))
+            return found
+
+        try:
+            return await asyncio.to_thread(look)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot look artifacts up in {self.root}: {exc.strerror or exc}",
+                hint="the artifact store was changed outside lodger, or the disk is failing",
+                code="storage",
+            ) from exc

@@ -34,6 +34,7 @@ from lodger._core.eager import start_eagerly
 from lodger.errors import ToolCallError
 from lodger.media import BinaryContent
 from lodger.tools.spec import (
+    Accepted,
     Execution,
     Executor,
     Suspended,
@@ -203,7 +204,7 @@ def execution_of(
         return failure_execution(name, error)
     value = task.result()
     execution = result_execution(name, value)
-    if execution.suspended:
+    if execution.suspended or execution.accepted is not None:
         return execution  # handed off even if stopped meanwhile: the probe settles it
     if stopped_by == "time_limit":
         # it finished in the grace period after the limit: the effect happened
@@ -248,6 +249,9 @@ def result_execution(name: str, value: Any) -> Execution:
             parts=tuple(value.parts),
             facts=tuple(value.facts),
         )
+    if isinstance(value, Accepted):
+        # the remote side runs it: the engine records the handle and polls it
+        return Execution("ok", f"{name} was accepted and runs remotely", accepted=value)
     if isinstance(value, BinaryContent):
         label = f" {value.name!r}" if value.name else ""
         return Execution(

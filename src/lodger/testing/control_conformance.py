@@ -234,6 +234,21 @@ class ControlConformance:
         flat = [wake for claim in claims for wake in claim]
         assert sorted(flat) == sorted(w for w in sent if w is not None)  # each exactly once
 
+    async def test_a_commit_check_can_record_where_a_wake_started(
+        self, control: ControlPlane
+    ) -> None:
+        sent = int(await control.send(session_id="s1", message="hi") or 0)
+        (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+        await control.check_session(lease=claim.lease, wake_started=(sent, 7))
+        info = await control.get_wake(wake_id=sent)
+        assert info is not None and info.wake.started_offset == 7
+        await control.check_session(lease=claim.lease)  # a plain check changes nothing
+        info = await control.get_wake(wake_id=sent)
+        assert info is not None and info.wake.started_offset == 7
+        await control.release_session(lease=claim.lease)
+        with pytest.raises(LeaseLostError):
+            await control.check_session(lease=claim.lease, wake_started=(sent, 9))
+
     async def test_a_claim_takes_wakes_and_their_leases_at_once(
         self, make_control: MakeControl
     ) -> None:
@@ -344,6 +359,41 @@ class ControlConformance:
         assert got is not None and (got.status, got.snapshot) == ("completed", "sha256:a")
         (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
         assert again.wake.id == held
+
+    async def test_ending_a_wake_with_its_index_is_one_step(self, control: ControlPlane) -> None:
+        first = int(await control.send(session_id="s1", message="one") or 0)
+        (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+        calls = [ParkedCall(session_id="s1", call_id="c1", tool="pay", reason="r", since=0.0)]
+        row = SessionRow(session_id="s1", status="parked", last_activity=0.0, events=3,
+                         snapshot="sha256:a", model="script:x")  # fmt: skip
+        before = await control.now()
+        # handed back held, as asked, though its own release_held would free it
+        await control.end_wake(wake_id=first, lease=claim.lease, row=row, parked=calls,
+                               delay_s=_LONG, held=True, release_held=True)  # fmt: skip
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.events, got.model) == ("parked", 3,
+                                                                        "script:x")  # fmt: skip
+        assert got.last_activity >= before  # stamped with the control plane's clock
+        assert [c.call_id for c in await control.list_parked(session_id="s1")] == ["c1"]
+        (pending,) = await control.pending_wakes(session_id="s1")
+        assert pending.id == first and pending.due_at >= before + _LONG / 2
+        with pytest.raises(LeaseLostError):  # released
+            await control.check_session(lease=claim.lease)
+        waited = await control.send(session_id="s1", message="two")
+        (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
+        assert again.wake.id == waited and again.lease.epoch == claim.lease.epoch + 1
+        settled = SessionRow(session_id="s1", status="completed", last_activity=0.0, events=6)
+        await control.end_wake(wake_id=waited, lease=again.lease, row=settled,
+                               release_held=True)  # fmt: skip
+        got = await control.get_session(session_id="s1")
+        assert got is not None and (got.status, got.events) == ("completed", 6)
+        assert got.snapshot == "sha256:a" and got.model == "script:x"  # kept
+        assert await control.list_parked(session_id="s1") == []
+        info = await control.get_wake(wake_id=waited)
+        assert info is not None and info.status == "done"
+        # the turn settled: the held wake is due now, and the lease is free
+        (last,) = await control.claim_sessions(holder="w3", limit=1, ttl_s=_LONG)
+        assert last.wake.id == first and last.lease.epoch == again.lease.epoch + 1
 
     async def test_a_missed_schedule_fires_once(self, control: ControlPlane) -> None:
         now = await control.now()
@@ -557,6 +607,46 @@ class ControlConformance:
         await control.release_session(lease=lease)
         assert await control.requeue_steers(session_id="s1", skip=["a"]) == 1
         assert [w.message for w in await control.pending_wakes(session_id="s1")] == ["b"]
+
+    # ----------------------------------------------------------- cancel requests
+
+    async def test_a_cancel_needs_a_held_lease_and_is_asked_once(
+        self, make_control: MakeControl
+    ) -> None:
+        worker, host, other = await make_control(), await make_control(), await make_control()
+        # nobody holds the session: nothing runs, nothing is recorded
+        assert await host.request_cancel(session_id="s1", who="h", reason="") == (None, False)
+        lease = await worker.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert lease is not None
+        assert await worker.pending_cancel(lease=lease) is None
+        asked = await asyncio.gather(
+            host.request_cancel(session_id="s1", who="token:a", reason="stop"),
+            other.request_cancel(session_id="s1", who="cli:b", reason="again"),
+        )
+        assert sorted(created for _, created in asked) == [False, True]
+        first = next(c for c, created in asked if created)
+        assert first is not None and first.epoch == lease.epoch and first.status == "pending"
+        assert {c.id for c, _ in asked if c is not None} == {first.id}  # one request
+        pending = await worker.pending_cancel(lease=lease)
+        assert pending == first
+        await worker.settle_cancel(cancel_id=first.id, status="cancelled")
+        await worker.settle_cancel(cancel_id=first.id, status="not_running")  # settled once
+        settled = await host.get_cancel(cancel_id=first.id)
+        assert settled is not None and settled.status == "cancelled"
+        assert await worker.pending_cancel(lease=lease) is None
+        assert await host.get_cancel(cancel_id=first.id + 1000) is None
+
+    async def test_a_cancel_is_for_one_lease_grant(self, control: ControlPlane) -> None:
+        first = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
+        assert first is not None
+        made, created = await control.request_cancel(session_id="s1", who=None, reason="x")
+        assert made is not None and created
+        await control.release_session(lease=first)  # the turn ended before delivery
+        second = await control.acquire_session(session_id="s1", holder="w2", ttl_s=_LONG)
+        assert second is not None
+        assert await control.pending_cancel(lease=second) is None  # the next run never sees it
+        again, created = await control.request_cancel(session_id="s1", who=None, reason="y")
+        assert again is not None and created and again.epoch == second.epoch
 
 
 def _sha256(text: str) -> str:

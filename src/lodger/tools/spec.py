@@ -48,13 +48,17 @@ from lodger.media import BinaryContent
 from lodger.providers.base import ToolSchema
 
 __all__ = [
+    "Accepted",
+    "CannotTell",
     "Execution",
     "Executor",
     "NestedCaller",
     "NestedResult",
+    "Poll",
     "ProbeResult",
     "RecoveryPolicy",
     "StepHandle",
+    "StillRunning",
     "Substrate",
     "SubstrateKind",
     "Suspended",
@@ -62,6 +66,7 @@ __all__ = [
     "ToolContext",
     "ToolOutput",
     "WorkerAbandoned",
+    "idempotency_key",
     "run_in_worker",
     "tool",
 ]
@@ -139,11 +144,23 @@ class ToolContext(Generic[DepsT]):
     nested: NestedCaller | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
     deps: DepsT = None  # type: ignore[assignment]
+    #: the operation's idempotency key, minted with its T1: the same for every attempt
+    #: of the call (a re-dispatch keeps its first attempt's key); ``lodger.tools.http``
+    #: sends it as ``Idempotency-Key`` (empty for a context no T1 minted)
+    idempotency_key: str = ""
 
     def require_workspace(self) -> Path:
         if self.workspace is None:
             raise ToolCallError("this tool needs a workspace and the session has none")
         return self.workspace
+
+
+def idempotency_key(session_id: str, first_operation_id: str) -> str:
+    """The idempotency key of every attempt of the call whose first operation (T1) is
+    ``first_operation_id``: stable across re-dispatch, ASCII, unique per session and
+    operation (``ToolContext.idempotency_key``; ``lodger.tools.http`` sends it)."""
+    digest = hashlib.sha256(f"{session_id}\x00{first_operation_id}".encode()).hexdigest()
+    return f"lodger-{digest[:40]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +181,35 @@ class Suspended:
     another worker): the call stays dispatched with no T2, the run ends waiting once its
     batch settles, and the turn stays open. When the session is woken, resume's recovery
     probe of the call gives its result (or says ``pending``: the run waits again)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accepted:
+    """A handler returns this when the remote side accepted a long-running call and
+    answered a ``handle`` (a job or task id): the engine commits ``call_accepted`` with
+    it (after T1, before the model sees anything) and settles the call through the
+    tool's ``poll``. ``wait="wait"``: the turn waits, polling with backoff, for the
+    result; ``"continue"``: the model reads that the call is running and the turn goes
+    on; the result is committed as the call's T2 when a later poll finds it (between
+    steps, or at a later turn's start), and after a crash recovery polls the handle."""
+
+    handle: dict[str, Any]
+    wait: Literal["continue", "wait"] = "continue"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StillRunning:
+    """A ``poll`` answers this while the accepted call is still running remotely."""
+
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CannotTell:
+    """A ``poll`` answers this when the handle says nothing it can trust (the remote
+    lost the job, or answers garbage): recovery then parks the call for a person."""
 
     reason: str
 
@@ -200,6 +246,8 @@ class Execution:
     parts: tuple[BinaryContent, ...] = ()
     #: facts committed in T2's append (``ToolOutput.facts``)
     facts: tuple[ProcessStarted | ProcessEnded, ...] = ()
+    #: the remote side accepted the call (``Accepted``): running with a handle, no T2 yet
+    accepted: Accepted | None = None
 
 
 class Executor(Protocol):
@@ -236,6 +284,9 @@ class Substrate(Protocol):
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 Probe = Callable[[ToolDispatched, ToolContext], Awaitable[ProbeResult]]
+# Queries an accepted call's handle: its result (what a handler returns: str, ToolOutput,
+# JSON), ``StillRunning()`` or ``CannotTell(reason)``.
+Poll = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 # What a call touches, for the authorities (DESIGN section 7); computed from validated
 # arguments before permission, acquired after it. Raise ToolCallError for a bad argument.
 Claims = Callable[[dict[str, Any], ToolContext], Sequence[ResourceClaim]]
@@ -266,6 +317,8 @@ class Tool:
     #: the tool changes files or the world (a tool with ``expectations`` or ``approval``
     #: counts as writing anyway); ``TestModel`` does not call such tools unless asked
     writes: bool = False
+    #: queries the handle of a call the remote side accepted (``Accepted``)
+    poll: Poll | None = None
 
     def __post_init__(self) -> None:
         if self.recovery == "queryable" and self.probe is None:
@@ -505,6 +558,7 @@ def tool(
     timeout: float | None = None,
     substrate: Substrate | None = None,
     writes: bool = False,
+    poll: Poll | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -525,6 +579,7 @@ def tool(
     timeout: float | None = None,
     substrate: Substrate | None = None,
     writes: bool = False,
+    poll: Poll | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a sync or async Python function as a tool.
 
@@ -544,6 +599,7 @@ def tool(
         "timeout": timeout,
         "substrate": substrate,
         "writes": writes,
+        "poll": poll,
     }
 
     def decorate(f: Callable[..., Any]) -> Tool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +262,89 @@ async def test_a_worker_claims_for_all_its_free_slots_at_once(tmp_path: Path) ->
     assert worker.stats.claimed == 8 and worker.stats.turns == 8
     assert worker.stats.claims <= 5  # 4 at once, then as slots freed (one each at worst)
     assert not worker.bell.live and worker.bell.rings == 0
+
+
+async def test_a_workers_store_lease_lasts_no_longer_than_its_session_lease(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A worker killed on another machine (its death unseen here) holds the log's writer
+    lease only as long as its session lease: the store's own 30 s TTL is cut to it."""
+    dsn = postgres.new_database()
+    control = PostgresControlPlane(dsn)
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    left: list[float] = []
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        def answer(request: ModelRequest) -> ModelResponse:
+            leases = sorted((tmp_path / "objects" / "sessions" / session_id / "lease").iterdir())
+            record = json.loads(leases[-1].read_text())  # the running turn's writer lease
+            left.append(record["expires_us"] / 1e6 - time.time())
+            return ModelResponse(text="ok")
+
+        return Binding(model=FunctionModel(answer), workspace=workspace)
+
+    config = WorkerConfig(poll_s=0.05, lease_ttl_s=3.0)
+    worker = Worker(control=control, storage=storage, bind=bind, config=config,
+                    workdir=tmp_path)  # fmt: skip
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(worker.run(stop))
+    try:
+        sent = await control.send(session_id="s1", message="hello")
+        await _done(control, sent_ids=[sent], running=running)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, _BOUND)
+        await storage.close()
+        await control.close()
+    assert left and 0 < left[0] <= 3.0
+
+
+async def test_where_a_message_started_is_recorded_with_the_turns_first_commit(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """``mark_wake_started`` rides in the first commit check of the delivered turn: by the
+    time the model is asked (after ``turn_started`` is committed) the wake says where the
+    message started, and no statement of its own was spent on it."""
+    dsn = postgres.new_database()
+    control = PostgresControlPlane(dsn)
+    await control.start()
+    storage = Storage.from_url(f"file://{tmp_path / 'objects'}")
+    offsets: list[int | None] = []
+    wake_ids: list[int] = []
+
+    def bind(session_id: str, recorded: str | None, workspace: Path) -> Binding:
+        async def answer(request: ModelRequest) -> ModelResponse:
+            info = await control.get_wake(wake_id=wake_ids[-1])
+            offsets.append(info.wake.started_offset if info else None)
+            return ModelResponse(text="ok")
+
+        return Binding(model=FunctionModel(answer), workspace=workspace)
+
+    config = WorkerConfig(poll_s=0.05)
+    worker = Worker(control=control, storage=storage, bind=bind, config=config,
+                    workdir=tmp_path)  # fmt: skip
+    marked: list[int] = []
+    plain = control.mark_wake_started
+
+    async def mark(*, wake_id: int, offset: int) -> None:
+        marked.append(wake_id)
+        await plain(wake_id=wake_id, offset=offset)
+
+    control.mark_wake_started = mark  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(worker.run(stop))
+    try:
+        for message in ("hello", "again"):
+            wake_ids.append(int(await control.send(session_id="s1", message=message) or 0))
+            await _done(control, sent_ids=wake_ids[-1:], running=running)
+            if message == "hello":
+                first_len = len(await storage.log.read_all("s1"))
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, _BOUND)
+        await storage.close()
+        await control.close()
+    assert offsets == [0, first_len]
+    assert marked == []  # no round trip of its own
+    assert worker.guard._starts == {}  # nothing left pending

@@ -41,6 +41,8 @@ class SessionOut(BaseModel):
     pending_approvals: int
     #: the log the session goes on in: its id, or the branch a rewind made current
     branch: str | None = None
+    #: the session's permission mode (None: never switched; the policy alone decides)
+    permission_mode: str | None = None
 
 
 class CreatedSession(BaseModel):
@@ -100,4 +102,5 @@ async def show_session(session_id: Session, host: Parts) -> SessionOut:
         running=await host.hub.busy(session_id),
         pending_approvals=len(pending),
         branch=state.session_id if state else None,
+        permission_mode=state.permission_mode if state else None,
     )

@@ -21,6 +21,7 @@ from lodger.storage.control.interface import (
     NamedLease,
     ParkedCall,
     Schedule,
+    SessionCancel,
     SessionClaim,
     SessionLease,
     SessionRow,
@@ -51,6 +52,9 @@ __all__ = [
 # open turn settles (a message for a session that waits for an approval), made due the
 # moment a worker sees the turn settle rather than at its next look. Version 8: the due
 # schedules found by an index (a worker looks every second), as the due wakes already are.
+# Version 9: steers for sessions that run on workers, taken by the worker holding the
+# session. Version 10: cancel requests for a session's running turn, one per lease grant
+# (epoch), for the worker that holds that lease to deliver.
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -121,6 +125,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE session_steers (steer_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
         "text TEXT NOT NULL, who TEXT, created_at {real} NOT NULL, taken_by TEXT)",
         "CREATE INDEX session_steers_session ON session_steers (session_id, created_at)",
+    ),
+    10: (
+        # a cancel is for the turn the lease grant ``epoch`` runs: a later grant (another
+        # run) never reads it, and a second request for the same grant is the same row
+        "CREATE TABLE session_cancels (id {serial}, session_id TEXT NOT NULL, "
+        "epoch BIGINT NOT NULL, who TEXT, reason TEXT NOT NULL, requested_at {real} NOT NULL, "
+        "status TEXT NOT NULL DEFAULT 'pending', settled_at {real}, UNIQUE (session_id, epoch))",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -332,8 +343,15 @@ class SqlControlPlane:
                 expires_at=expires,
             )
 
-    async def check_session(self, *, lease: SessionLease) -> None:
+    async def check_session(
+        self, *, lease: SessionLease, wake_started: tuple[int, int] | None = None
+    ) -> None:
         async with self._tx() as tx:
+            if wake_started is not None:
+                wake_id, offset = wake_started
+                await tx.change(
+                    "UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
+                )
             rows = await tx.rows(
                 "SELECT 1 FROM session_leases WHERE session_id = %s AND holder = %s "
                 "AND epoch = %s AND expires_at > %s",
@@ -483,8 +501,13 @@ class SqlControlPlane:
         delay_s: float | None = None,
         held: bool = False,
         error: str | None = None,
+        row: SessionRow | None = None,
+        parked: Sequence[ParkedCall] = (),
+        release_held: bool = False,
     ) -> None:
         async with self._tx() as tx:
+            if row is not None:  # the index first: this wake is finished or handed back after
+                await self._index(tx, row, parked, release_held)
             if delay_s is None:
                 await tx.change(
                     "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s",
@@ -665,11 +688,16 @@ class SqlControlPlane:
         self, *, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool = False
     ) -> int:
         async with self._tx() as tx:
-            await self._record(tx, dataclasses.replace(row, last_activity=tx.now))
-            await self._set_parked(
-                tx, row.session_id, [dataclasses.replace(c, since=tx.now) for c in parked]
-            )
-            return await self._release_held(tx, row.session_id) if release_held else 0
+            return await self._index(tx, row, parked, release_held)
+
+    async def _index(
+        self, tx: _Tx, row: SessionRow, parked: Sequence[ParkedCall], release_held: bool
+    ) -> int:
+        await self._record(tx, dataclasses.replace(row, last_activity=tx.now))
+        await self._set_parked(
+            tx, row.session_id, [dataclasses.replace(c, since=tx.now) for c in parked]
+        )
+        return await self._release_held(tx, row.session_id) if release_held else 0
 
     async def get_session(self, *, session_id: str) -> SessionRow | None:
         async with self._tx() as tx:
@@ -1122,6 +1150,75 @@ class SqlControlPlane:
                     sent += 1
             await tx.change("DELETE FROM session_steers WHERE session_id = %s", (session_id,))
             return sent
+
+    # ----------------------------------------------------------- cancel requests
+
+    async def request_cancel(
+        self, *, session_id: str, who: str | None, reason: str
+    ) -> tuple[SessionCancel | None, bool]:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT epoch FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                (session_id, tx.now),
+            )
+            if not rows:
+                return None, False  # nobody holds the session: no turn runs
+            epoch = int(rows[0][0])
+            created = await tx.change(
+                "INSERT INTO session_cancels (session_id, epoch, who, reason, requested_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, epoch) DO NOTHING",
+                (session_id, epoch, who, reason, tx.now),
+            )
+            found = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels "
+                "WHERE session_id = %s AND epoch = %s",
+                (session_id, epoch),
+            )
+            return _cancel(found[0]), created > 0
+
+    def _read_tx(self) -> AbstractAsyncContextManager[_Tx]:
+        """A transaction that only reads (SQLite: without the file's write lock, so a
+        worker looking every quarter second takes no lock from anyone)."""
+        return self._tx()
+
+    async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE session_id = %s "
+                "AND epoch = %s AND status = 'pending'",
+                (lease.session_id, lease.epoch),
+            )
+            return _cancel(rows[0]) if rows else None
+
+    async def settle_cancel(self, *, cancel_id: int, status: str) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE session_cancels SET status = %s, settled_at = %s "
+                "WHERE id = %s AND status = 'pending'",
+                (status, tx.now, cancel_id),
+            )
+
+    async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_CANCEL_COLUMNS} FROM session_cancels WHERE id = %s", (cancel_id,)
+            )
+            return _cancel(rows[0]) if rows else None
+
+
+_CANCEL_COLUMNS = "id, session_id, epoch, who, reason, status, requested_at"
+
+
+def _cancel(row: tuple[Any, ...]) -> SessionCancel:
+    return SessionCancel(
+        id=int(row[0]),
+        session_id=str(row[1]),
+        epoch=int(row[2]),
+        who=None if row[3] is None else str(row[3]),
+        reason=str(row[4]),
+        status=str(row[5]),
+        requested_at=float(row[6]),
+    )
 
 
 def lease_lost(lease: SessionLease) -> LeaseLostError:

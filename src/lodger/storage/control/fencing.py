@@ -33,6 +33,8 @@ class LeaseGuard:
     def __init__(self, control: SessionLeases) -> None:
         self.control = control
         self._leases: dict[str, SessionLease] = {}
+        #: a delivered message's wake and offset, recorded with the session's next check
+        self._starts: dict[str, tuple[int, int]] = {}
         #: commits checked (and refused) through this guard
         self.checked = 0
         self.refused = 0
@@ -40,8 +42,20 @@ class LeaseGuard:
     def hold(self, lease: SessionLease) -> None:
         self._leases[lease.session_id] = lease
 
-    def drop(self, session_id: str) -> None:
+    def drop(self, session_id: str, *, epoch: int | None = None) -> None:
+        """Forget the session's lease; with ``epoch``, only that grant's (a newer one,
+        taken by another slot once this one was released, stays)."""
+        held = self._leases.get(session_id)
+        if epoch is not None and held is not None and held.epoch != epoch:
+            return
         self._leases.pop(session_id, None)
+        self._starts.pop(session_id, None)
+
+    def starting(self, session_id: str, *, wake_id: int, offset: int) -> None:
+        """The wake's message is about to be delivered at ``offset``: record that
+        (``mark_wake_started``) with the session's next commit check, before anything
+        of the turn is committed, rather than in a round trip of its own."""
+        self._starts[session_id] = (wake_id, offset)
 
     def lease(self, session_id: str) -> SessionLease | None:
         return self._leases.get(session_id)
@@ -56,8 +70,9 @@ class LeaseGuard:
                 hint="take the session's lease before writing its log",
                 session_id=session_id,
             )
+        started = self._starts.pop(session_id, None)
         try:
-            await self.control.check_session(lease=lease)
+            await self.control.check_session(lease=lease, wake_started=started)
         except LeaseLostError:
             self.refused += 1
             raise

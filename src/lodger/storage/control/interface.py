@@ -30,6 +30,8 @@ __all__ = [
     "ParkedCall",
     "Schedule",
     "Schedules",
+    "SessionCancel",
+    "SessionCancels",
     "SessionClaim",
     "SessionIndex",
     "SessionLease",
@@ -245,8 +247,12 @@ class SessionLeases(Protocol):
         """Extend a current lease; ``LeaseLostError`` when it expired or was taken."""
         ...
 
-    async def check_session(self, *, lease: SessionLease) -> None:
-        """``LeaseLostError`` unless ``lease`` is still current (the commit guard)."""
+    async def check_session(
+        self, *, lease: SessionLease, wake_started: tuple[int, int] | None = None
+    ) -> None:
+        """``LeaseLostError`` unless ``lease`` is still current (the commit guard). With
+        ``wake_started`` (a wake id and an offset), ``mark_wake_started`` in the same
+        step: a worker's first commit of a delivered message records where it started."""
         ...
 
     async def release_session(self, *, lease: SessionLease) -> None: ...
@@ -285,10 +291,16 @@ class Wakes(Protocol):
         delay_s: float | None = None,
         held: bool = False,
         error: str | None = None,
+        row: SessionRow | None = None,
+        parked: Sequence[ParkedCall] = (),
+        release_held: bool = False,
     ) -> None:
-        """In one transaction: finish the wake (``delay_s`` None; ``error`` as in
-        ``finish_wake``) or hand it back (``hand_back_wake`` with ``delay_s`` and
-        ``held``), then release ``lease`` (``release_session``)."""
+        """In one transaction: index the session first when ``row`` is given (what
+        ``index_session`` does with ``row``, ``parked`` and ``release_held``; this wake
+        itself is then finished or handed back as asked, whatever ``release_held`` did
+        to it), finish the wake (``delay_s`` None; ``error`` as in ``finish_wake``) or
+        hand it back (``hand_back_wake`` with ``delay_s`` and ``held``), then release
+        ``lease`` (``release_session``)."""
         ...
 
     async def renew_wake(self, *, wake_id: int, holder: str, ttl_s: float) -> None: ...
@@ -524,6 +536,47 @@ class Steers(Protocol):
         ...
 
 
+# ----------------------------------------------------------- cancel requests (session_cancels)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionCancel:
+    """A request to cancel the turn a session's lease grant ``epoch`` runs (schema version
+    10): ``pending`` until the worker holding that lease delivers it, then how that went
+    (``cancelled``, ``already_cancelling``, ``not_running``: a ``CancelOutcome`` status)."""
+
+    id: int
+    session_id: str
+    epoch: int
+    who: str | None
+    reason: str
+    status: str
+    requested_at: float
+
+
+class SessionCancels(Protocol):
+    """Cancel requests for a turn that a worker runs, sent from anywhere (a host, the CLI)."""
+
+    async def request_cancel(
+        self, *, session_id: str, who: str | None, reason: str
+    ) -> tuple[SessionCancel | None, bool]:
+        """Record a cancel for the turn the session's current lease runs, in one
+        transaction: ``(None, False)`` when nobody holds the lease (nothing runs);
+        ``(request, True)`` when this call recorded it; ``(request, False)`` when one was
+        recorded for this lease before (nothing new)."""
+        ...
+
+    async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
+        """The undelivered cancel for ``lease``'s grant (a later grant never sees it)."""
+        ...
+
+    async def settle_cancel(self, *, cancel_id: int, status: str) -> None:
+        """The holder delivered the request: ``status`` says how it went."""
+        ...
+
+    async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None: ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -534,6 +587,7 @@ class ControlPlane(
     Tokens,
     GlobalAuthorities,
     Steers,
+    SessionCancels,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

@@ -141,6 +141,28 @@ class SqliteControlPlane(SqlControlPlane):
                     hint="the transaction was not applied",
                 ) from exc
 
+    @asynccontextmanager
+    async def _read_tx(self) -> AsyncIterator[_SqliteTx]:
+        """A read-only transaction: a deferred ``BEGIN`` reads a snapshot in WAL mode and
+        takes no write lock (the statements run in it must only read)."""
+        conn = self._conn
+        if conn is None:
+            raise ControlPlaneError(
+                "the control plane is not started", hint="await control.start() first"
+            )
+        async with self._lock:
+            if conn.in_transaction:
+                await asyncio.to_thread(_rollback_quietly, conn)
+            try:
+                await asyncio.to_thread(conn.execute, "BEGIN")
+                yield _SqliteTx(conn, self._clock())
+            except sqlite3.Error as exc:
+                raise ControlPlaneError(
+                    f"control plane {self.path}: {exc}", hint="nothing was changed"
+                ) from exc
+            finally:
+                await asyncio.shield(asyncio.to_thread(_rollback_quietly, conn))
+
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:

@@ -496,6 +496,10 @@ ErrorCode = Literal[
     "subagent_busy",
     # the world
     "sandbox_unavailable",
+    # background processes (lodger.substrates.processes)
+    "unknown_process",
+    "process_ended",
+    "process_limit",
     "resume_blocked",
     "provider",
     "provider_timeout",

@@ -77,6 +77,7 @@ from lodger.providers.base import (
 from lodger.storage import SessionWriter
 from lodger.storage.artifacts import ArtifactStore
 from lodger.storage.snapshots import WorkspaceSnapshotter
+from lodger.substrates.background import reconcile, turn_ending
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import Tool
 from lodger.tools.workspace import workspace_id
@@ -293,6 +294,8 @@ class Engine:
             journal.draft(
                 RunStarted(model=self.model.spec, tools=tuple(self.registry.names())), env
             ),
+            # processes kept for the session that a crash between turns left behind
+            *(journal.draft(e, env) for e in reconcile(journal.session_id, state.events)),
         )
         ctx = self.run_context(journal, turn_id=turn_id, run_id=run_id)
         return await self.drive(ctx, settings=self.settings.merged(self.run_settings))
@@ -585,6 +588,8 @@ class Engine:
                     WorkspaceSnapshot(ref=taken.ref, files=taken.files, size=taken.size), env
                 )
             )
+        # background processes kept for the turn stop with it; their ends commit with it
+        drafts += [journal.draft(e, env) for e in await turn_ending(ctx.session_id)]
         start = journal.state.open_turn_offset  # forgotten once the turn has ended
         assert ctx.control is not None
         async with ctx.control.ending() as late:  # steers no step carried: the next turn

@@ -702,17 +702,17 @@ class CallPipeline:
             )
             content = f"{content}\n{note}" if note else content
         bounded = await self.bounder.bound(content)
-        # T2: only after this commit may the outcome reach the model.
-        await journal.fact(
-            tool_responded(
-                operation_id=tctx.operation_id,
-                status=status,
-                content=bounded.content,
-                truncated=bounded.truncated,
-                artifacts=bounded.artifacts + media,
-            ),
-            env,
+        # T2: only after this commit may the outcome reach the model; with it, the
+        # facts the call established (a background process it started or saw end).
+        t2 = tool_responded(
+            operation_id=tctx.operation_id,
+            status=status,
+            content=bounded.content,
+            truncated=bounded.truncated,
+            artifacts=bounded.artifacts + media,
         )
+        facts = execution.facts if execution is not None else ()
+        await journal.record(*(journal.draft(f, env) for f in (*facts, t2)))
         if cancelled:
             raise asyncio.CancelledError
         outcome: CallOutcome = record(

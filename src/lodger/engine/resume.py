@@ -56,6 +56,7 @@ from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
+from lodger.substrates.background import reconcile
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import CannotTell, ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
@@ -289,6 +290,10 @@ async def resume_run(
         raise _blocked(session_id, plan.blocked)
 
     ctx = await _claim(engine, journal, plan, found.relocation)
+    # background processes the log says are live: adopted if they still run, else ended
+    ended = reconcile(session_id, state.events)
+    if ended:
+        await journal.record(*(journal.draft(e, ctx.envelope) for e in ended))
     pipeline = engine.pipeline(ctx)
     parked: list[PlannedCall] = []
     pending: list[str] = []

@@ -244,7 +244,10 @@ def result_execution(name: str, value: Any) -> Execution:
         return Execution("ok", value.reason, suspended=True)
     if isinstance(value, ToolOutput):
         return Execution(
-            "error" if value.is_error else "ok", value.content, parts=tuple(value.parts)
+            "error" if value.is_error else "ok",
+            value.content,
+            parts=tuple(value.parts),
+            facts=tuple(value.facts),
         )
     if isinstance(value, Accepted):
         # the remote side runs it: the engine records the handle and polls it

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lodger.errors import ToolCallError
+from lodger.substrates.background import table_for
 from lodger.substrates.inprocess import (
     STOP_GRACE,
     execution_of,
@@ -130,7 +131,11 @@ class SandboxedProcess:
         command = await self.command(arguments, ctx)
         if not isinstance(command, ProcessCommand):
             raise TypeError(f"the handler returned {command!r}, not a ProcessCommand")
-        box = self.sandbox if self.sandbox is not None else sandbox_for(self.policy)
+        box = _in_session_net(
+            self.sandbox if self.sandbox is not None else sandbox_for(self.policy),
+            self.policy,
+            ctx.session_id,
+        )
         missing = box.unavailable()
         if missing is not None:
             raise ToolCallError(
@@ -156,6 +161,20 @@ class SandboxedProcess:
             git_writable=policy.git_writable,
         )
         return _Ran(result=result, wall_time_s=wall_time_s, call_limit=wall_time_s < asked)
+
+
+def _in_session_net(box: Sandbox, policy: SandboxPolicy, session_id: str) -> Sandbox:
+    """``box``, joining the session's network namespace where background processes run
+    (``lodger.substrates.background``): a bubblewrap command with no network policy."""
+    table = table_for(session_id, create=False)
+    net = table.net_pid() if table is not None else None
+    if net is None or policy.network.enabled:
+        return box
+    from lodger.substrates.sandbox.bubblewrap import BubblewrapSandbox
+
+    if type(box) is not BubblewrapSandbox or box.join_net is not None:
+        return box
+    return BubblewrapSandbox(executable=box.executable, join_net=net)
 
 
 class SandboxExecutor:

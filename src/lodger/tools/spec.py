@@ -37,6 +37,8 @@ from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import (
     FileExpectation,
+    ProcessEnded,
+    ProcessStarted,
     RecoveryPolicy,
     ResultStatus,
     ToolDispatched,
@@ -169,6 +171,8 @@ class ToolOutput:
     is_error: bool = False
     #: images and documents for the model with the text (stored as artifacts)
     parts: Sequence[BinaryContent] = ()
+    #: facts committed with the call's T2 (a background process started or ended)
+    facts: Sequence[ProcessStarted | ProcessEnded] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,6 +244,8 @@ class Execution:
     suspended: bool = False
     #: images and documents the tool returned (``BinaryContent``, ``ToolOutput.parts``)
     parts: tuple[BinaryContent, ...] = ()
+    #: facts committed in T2's append (``ToolOutput.facts``)
+    facts: tuple[ProcessStarted | ProcessEnded, ...] = ()
     #: the remote side accepted the call (``Accepted``): running with a handle, no T2 yet
     accepted: Accepted | None = None
 

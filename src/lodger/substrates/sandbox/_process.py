@@ -113,16 +113,14 @@ async def run_confined(
     pass_fds: Sequence[int] = (),
     disk: DiskWatch | None = None,
     rlimit_fsize: bool = True,
+    on_spawn: Callable[[int], None] = lambda pid: None,
 ) -> SandboxResult:
     """Run ``host_argv`` (the backend's full command line) under ``limits``.
 
-    ``signal_exit_codes``: the backend reports a command killed by signal N as exit code
-    128+N (bubblewrap, runsc), so such codes are read as signals. ``cgroup_root``: make
-    the command's cgroup in this cgroup2 mount (``Cgroup.create(v2_root=...)``).
-    ``pass_fds``: descriptors the backend's command line reads (bubblewrap: its seccomp
-    filter); every other one is closed in the child. ``disk``: the watcher of the disk
-    limit (``disk_watch``); ``rlimit_fsize``: set RLIMIT_FSIZE too (not under gVisor).
-    """
+    ``signal_exit_codes``: exit code 128+N means killed by signal N (bubblewrap, runsc).
+    ``cgroup_root``: make the cgroup in this cgroup2 mount (``Cgroup.create(v2_root=)``).
+    ``pass_fds``: the only descriptors the child keeps (bubblewrap's seccomp filter).
+    ``disk``: the disk limit's watcher; ``rlimit_fsize``: RLIMIT_FSIZE too (not gVisor)."""
     if not host_argv:  # refused here, before a cgroup is made for it
         trampoline(host_argv, [], cpu_s=None, memory_bytes=None)
     cgroup = await _cgroup_for(limits, cgroup_root, disk)
@@ -155,6 +153,7 @@ async def run_confined(
             start_new_session=True,  # with no preexec_fn: a vfork, not a fork
             pass_fds=tuple(pass_fds),
         )
+        on_spawn(process.pid)  # the backend's pid, which leads its process group
         await watch.supervise(process, stdin, tree_budget)
         returncode = process.returncode
         assert returncode is not None

@@ -56,6 +56,7 @@ __all__ = [
     "BubblewrapSandbox",
     "bubblewrap_argv",
     "confinable_workspace",
+    "joining_net",
     "masked_paths",
     "pinned_ancestors",
 ]
@@ -82,10 +83,15 @@ FIX = "bubblewrap is not installed; install it: apt-get install -y bubblewrap"
 
 
 class BubblewrapSandbox:
+    """``join_net``: the pid of a process whose network namespace commands share (the
+    session's, ``lodger.substrates.background``) instead of a loopback of their own; only
+    for commands with no network policy: that namespace has nothing but loopback."""
+
     name = "bubblewrap"
 
-    def __init__(self, *, executable: str | None = None) -> None:
+    def __init__(self, *, executable: str | None = None, join_net: int | None = None) -> None:
         self.executable = executable or shutil.which("bwrap") or "bwrap"
+        self.join_net = join_net
 
     def unavailable(self) -> str | None:
         if shutil.which(self.executable) is None:
@@ -150,7 +156,10 @@ class BubblewrapSandbox:
                 git_writable=git_writable,
                 seccomp_fd=seccomp_fd,
                 tmp_bytes=limits.disk_bytes,
+                share_net=self.join_net is not None,
             )
+            if self.join_net is not None:
+                command = joining_net(self.join_net, command)
             return await run_confined(
                 command,
                 backend=self.name,
@@ -210,8 +219,10 @@ def bubblewrap_argv(
     git_writable: bool = False,
     seccomp_fd: int | None = None,
     tmp_bytes: int | None = None,
+    share_net: bool = False,
 ) -> list[str]:
     """The bwrap command line that runs ``argv`` confined (see the module doc);
+    ``share_net``: no network namespace of its own (``joining_net`` says whose);
     ``seccomp_fd``: a descriptor bwrap reads its seccomp filter from (``_filter_fd``);
     ``tmp_bytes``: the size of its private ``/tmp`` (the disk limit).
     Where ``workspace`` has no ``.git``, a caller that keeps it read-only holds
@@ -224,7 +235,7 @@ def bubblewrap_argv(
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--unshare-net",
+        *(() if share_net else ("--unshare-net",)),
         "--unshare-cgroup-try",
         "--hostname",
         "lodger-sandbox",
@@ -262,6 +273,13 @@ def bubblewrap_argv(
         args += ["--seccomp", str(seccomp_fd)]
     args += ["--chdir", str(cwd), "--", *argv]
     return args
+
+
+def joining_net(pid: int, command: Sequence[str]) -> list[str]:
+    """``command`` (a bwrap command line built with ``share_net``) run in the user and
+    network namespaces of ``pid``: a sandbox's, which has only a loopback interface."""
+    nsenter = shutil.which("nsenter") or "nsenter"
+    return [nsenter, f"--target={pid}", "--user", "--net", "--preserve-credentials", *command]
 
 
 @contextlib.contextmanager

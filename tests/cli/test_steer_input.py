@@ -66,3 +66,27 @@ async def test_a_typed_line_steers_the_running_turn(tmp_path: Path) -> None:
     assert any(isinstance(e.body, SteerDelivered) for e in events)
     assert seen[-1] == ["go", "use the fast path"]
     assert "steer sent: the next step reads it" in out.getvalue()
+
+
+def test_a_read_under_the_terminal_lock_never_waits() -> None:
+    """The steer reader reads under the terminal's lock: with nothing there (the byte
+    select saw was taken by the approval prompt), it must answer None at once, not block
+    every print of the turn (a deadlock seen under load)."""
+    import os
+    import threading
+
+    from lodger.cli._steer_input import _read_now
+
+    read_end, write_end = os.pipe()
+    try:
+        answers: list[str | None] = []
+        reader = threading.Thread(target=lambda: answers.append(_read_now(read_end)))
+        reader.start()
+        reader.join(timeout=2)
+        assert not reader.is_alive() and answers == [None]
+        assert os.get_blocking(read_end)  # left as it was
+        os.write(write_end, b"go left\n")
+        assert _read_now(read_end) == "go left\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -159,7 +159,7 @@ class Terminal:
                 self.print(renderable, end=end)
             self._resume_spinner()
 
-    def unless_prompting(self, read: Callable[[], str]) -> str | None:
+    def unless_prompting(self, read: Callable[[], str | None]) -> str | None:
         """``read()`` under the writer's lock, unless a prompt is open (None then): a
         line typed for the prompt is the prompt's (``lodger.cli._steer_input``)."""
         with self._lock:

@@ -72,7 +72,25 @@ def _next(terminal: Terminal, fd: int, cancelled: threading.Event) -> str | None
     ready, _, _ = select.select([fd], [], [], 0.1)
     if not ready or cancelled.is_set():
         return None
-    return terminal.unless_prompting(lambda: os.read(fd, 4096).decode("utf-8", "replace"))
+    return terminal.unless_prompting(lambda: _read_now(fd))
+
+
+def _read_now(fd: int) -> str | None:
+    """What ``fd`` holds now, without waiting (None: nothing). It runs under the
+    terminal's lock: a read that blocked there (the byte ``select`` saw was taken by the
+    approval prompt meanwhile) would stop every print, and the turn with it."""
+    ready, _, _ = select.select([fd], [], [], 0)
+    if not ready:
+        return None
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 4096)
+    except BlockingIOError:
+        return None
+    finally:
+        os.set_blocking(fd, blocking)
+    return data.decode("utf-8", "replace")
 
 
 async def _one_line(sessions: Sessions, view: TurnWatcher, terminal: Terminal, line: str) -> None:

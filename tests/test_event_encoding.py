@@ -51,6 +51,8 @@ def strategy(annotation: Any) -> st.SearchStrategy[Any]:
         return text
     if annotation is int:
         return st.integers(-(2**63), 2**63)
+    if annotation is float:
+        return st.floats(allow_nan=False, allow_infinity=False)
     if annotation is bool:
         return st.booleans()
     if origin is Literal:
@@ -115,7 +117,7 @@ def _generic(draft: ev.EventDraft, *, session_id: str, offset: int) -> bytes:
 
 def test_every_kind_of_the_body_union_is_covered() -> None:
     kinds = {cls.model_fields["kind"].default for cls in BODY_KINDS}
-    assert len(kinds) == len(BODY_KINDS) == 36
+    assert len(kinds) == len(BODY_KINDS) == 44
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

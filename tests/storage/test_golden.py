@@ -177,3 +177,25 @@ async def test_schema_9_control_facts_decode_in_order() -> None:
     kinds = [e.kind for e in events]
     assert kinds.index("steer_received") < kinds.index("steer_delivered")
     assert kinds[-3:] == ["run_ended", "turn_ended", "rewound"]
+
+
+async def test_schema_10_extension_facts_decode_in_order() -> None:
+    """Schema 10: MCP elicitation, sampling and tool-list changes; replay and eval facts."""
+    _, _, events, log = await replay(GOLDEN_DIR / "v10_extensions.jsonl")
+    await log.verify(events[0].session_id)
+    bodies = {e.kind: e.body for e in events}
+    asked = bodies["elicitation_requested"]
+    assert asked.requested_schema["required"] == ["repo"]  # type: ignore[union-attr]
+    answered = bodies["elicitation_answered"]
+    assert answered.content == {"repo": "acme/web"} and answered.withheld == ("token",)  # type: ignore[union-attr]
+    assert bodies["sampling_requested"].decision == "allow"  # type: ignore[union-attr]
+    assert bodies["sampling_answered"].usage.output_tokens == 6  # type: ignore[union-attr]
+    assert bodies["tools_changed"].unusable == ("tracker__broken",)  # type: ignore[union-attr]
+    assert bodies["replay_started"].source_offset == 12  # type: ignore[union-attr]
+    assert bodies["call_replayed"].source == "recorded"  # type: ignore[union-attr]
+    assert bodies["eval_scored"].score == 0.75  # type: ignore[union-attr]
+    kinds = [e.kind for e in events]
+    assert kinds.index("elicitation_requested") < kinds.index("elicitation_answered")
+    assert kinds.index("call_replayed") < kinds.index(
+        "tool_responded", kinds.index("call_replayed")
+    )

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from lodger._core.text import escape_matches
 from lodger.cli._common import format_ts
+from lodger.cli._render_extensions import describe_extensions
 from lodger.cli._render_processes import describe_processes
 from lodger.cli._render_rewind import describe_rewind
 from lodger.cli._timeline import (
@@ -281,6 +282,7 @@ class _TimelineView:
             self._describe_steering,
             describe_rewind,
             lambda event: describe_processes(event, lambda t: clip(t, self.limit(_TEXT))),
+            lambda event: describe_extensions(event, lambda t: clip(t, self.limit(_TEXT))),
             self._describe_session_control,
         ):
             parts = describe_kind(event)

@@ -29,6 +29,7 @@ Schema changelog (bump ``SCHEMA_VERSION`` and add one line per change; golden lo
     7  permission_decided.who and operator_decision.who (who decided).
     8  usage cache tokens; step settings; turn attachments; model_switched; budget_reached.
     9  compaction; steering and a follow-up queue; cancel; modes; rewind; background work.
+    10  MCP elicitation, sampling and tool-list changes; replay and eval facts.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "BudgetReached",
     "CallAccepted",
     "CallRejected",
+    "CallReplayed",
     "CancelRequested",
     "ChainKind",
     "Compacted",
@@ -65,6 +67,9 @@ __all__ = [
     "CompactionTrigger",
     "ContextCompacted",
     "DecisionAction",
+    "ElicitationAnswered",
+    "ElicitationRequested",
+    "EvalScored",
     "Event",
     "EventDraft",
     "FileCheckpoint",
@@ -93,10 +98,13 @@ __all__ = [
     "RecoveryObserved",
     "RecoveryPolicy",
     "RejectionReason",
+    "ReplayStarted",
     "ResultStatus",
     "Rewound",
     "RunEnded",
     "RunStarted",
+    "SamplingAnswered",
+    "SamplingRequested",
     "SessionStarted",
     "SteerDelivered",
     "SteerReceived",
@@ -105,6 +113,7 @@ __all__ = [
     "ToolRef",
     "ToolResponded",
     "ToolsActivated",
+    "ToolsChanged",
     "TurnEnded",
     "TurnStarted",
     "Usage",
@@ -119,7 +128,7 @@ __all__ = [
     "seal",
 ]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 SCHEMA_CHANGELOG: Mapping[int, str] = {
     1: "first event set",
     2: "model_output.provider_state: opaque provider data replayed to the same provider",
@@ -130,6 +139,7 @@ SCHEMA_CHANGELOG: Mapping[int, str] = {
     7: "permission_decided.who and operator_decision.who (who decided)",
     8: "usage cache tokens; step settings; turn attachments; model_switched; budget_reached",
     9: "compaction; steering and a follow-up queue; cancel; modes; rewind; background work",
+    10: "MCP elicitation, sampling and tool-list changes; replay and eval facts",
 }
 DIGEST_DOMAIN = b"lodger/event-chain/v1\n"
 HMAC_DIGEST_DOMAIN = b"lodger/event-chain/hmac/v1\n"
@@ -622,6 +632,113 @@ class CallAccepted(_Value):
     wait: Literal["continue", "wait"] = "continue"
 
 
+class ElicitationRequested(_Value):
+    """An MCP server asked the user a question while the call ``operation_id`` ran
+    (schema 10): ``form`` asks for values matching ``requested_schema``; ``url`` sends a
+    person to ``url`` (to authorize, say) and asks for no values. The call waits for an
+    ``elicitation_answered`` with the same ``elicitation_id``."""
+
+    kind: Literal["elicitation_requested"] = "elicitation_requested"
+    elicitation_id: str
+    operation_id: str
+    server: str
+    mode: Literal["form", "url"]
+    message: str
+    requested_schema: dict[str, JsonValue] = Field(default_factory=dict)
+    url: str | None = None
+
+
+class ElicitationAnswered(_Value):
+    """The answer to an elicitation (schema 10), as the server received it, except the
+    values of the fields named in ``withheld`` (the schema marked them sensitive): those
+    went to the server and never to the log. ``by`` says who answered: a person at a
+    prompt or through the API (``user``, ``operator``), a rule (``policy``), or nobody in
+    time (``timeout``); ``who`` as ``permission_decided.who`` says."""
+
+    kind: Literal["elicitation_answered"] = "elicitation_answered"
+    elicitation_id: str
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, JsonValue] = Field(default_factory=dict)
+    withheld: tuple[str, ...] = ()
+    by: Literal["user", "operator", "policy", "timeout"] = "user"
+    who: str | None = None
+
+
+class SamplingRequested(_Value):
+    """An MCP server asked for a model completion while the call ``operation_id`` ran
+    (schema 10): ``request`` is what it sent (messages, system prompt, limits);
+    ``decision`` is the policy's, before any model is asked."""
+
+    kind: Literal["sampling_requested"] = "sampling_requested"
+    sampling_id: str
+    operation_id: str
+    server: str
+    request: dict[str, JsonValue]
+    decision: Literal["allow", "deny"]
+    reason: str = ""
+
+
+class SamplingAnswered(_Value):
+    """The session's own model answered an allowed sampling request (schema 10); its
+    ``usage`` counts in the session's budgets."""
+
+    kind: Literal["sampling_answered"] = "sampling_answered"
+    sampling_id: str
+    model: str
+    content: str
+    stop_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ToolsChanged(_Value):
+    """An MCP server's tool listing changed (schema 10): what the deferred inventory
+    gained and lost from the next step on; ``unusable`` names listed tools whose schema
+    lodger cannot use (each costs only itself)."""
+
+    kind: Literal["tools_changed"] = "tools_changed"
+    server: str
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    unusable: tuple[str, ...] = ()
+
+
+class ReplayStarted(_Value):
+    """This session replays another's recorded inputs (schema 10): it is a fork of
+    ``source_session`` at ``source_offset`` run again with ``model``; ``policy`` says how
+    its calls are answered (``call_replayed`` says it per call)."""
+
+    kind: Literal["replay_started"] = "replay_started"
+    source_session: str
+    source_offset: int
+    model: str
+    policy: str = "recorded"
+
+
+class CallReplayed(_Value):
+    """How a call in a replay was answered without touching the world (schema 10): from
+    the recorded result at ``source_offset`` of the source session (``recorded``), run
+    because it only reads (``live``), run in a sandbox on the workspace restored from the
+    recorded snapshot (``sandbox``), or not run at all (``parked``)."""
+
+    kind: Literal["call_replayed"] = "call_replayed"
+    operation_id: str
+    source: Literal["recorded", "live", "sandbox", "parked"]
+    source_offset: int | None = None
+
+
+class EvalScored(_Value):
+    """A grader's verdict on an eval case run in this session (schema 10): ``passed`` for
+    a yes/no grader, ``score`` (0 to 1) for a graded one, ``reason`` what it said."""
+
+    kind: Literal["eval_scored"] = "eval_scored"
+    eval_run: str
+    case: str
+    evaluator: str
+    passed: bool | None = None
+    score: float | None = None
+    reason: str = ""
+
+
 class RunEnded(_Value):
     kind: Literal["run_ended"] = "run_ended"
     status: Literal[
@@ -684,6 +801,14 @@ Body = Annotated[
     | ProcessStarted
     | ProcessEnded
     | CallAccepted
+    | ElicitationRequested
+    | ElicitationAnswered
+    | SamplingRequested
+    | SamplingAnswered
+    | ToolsChanged
+    | ReplayStarted
+    | CallReplayed
+    | EvalScored
     | OutputRejected
     | RunEnded
     | TurnEnded,

@@ -125,6 +125,7 @@ __all__ = [
 _WRITERS: dict[tuple[str, str], int] = {}  # (store identity, session) -> lease number
 _LEASES = [0]
 _RELIST_ATTEMPTS = 4
+_HEAD_TRIES = 3  # reads of the newest head while compactions seal heads away
 #: appended segments that make a writer's release compact them (None: never on its own)
 COMPACT_AFTER = 64
 #: how long merged segments, heads and manifests stay readable after a compaction
@@ -555,6 +556,31 @@ class ObjectLogStore:
         return records[-1] if records else None
 
     async def stored_head(self, *, session_id: str) -> tuple[int, str] | None:
+        best, manifest = await self._newest_head(session_id)
+        if best is not None:
+            return best
+        # A session's first segment is put before its head: a reader between the two
+        # sees one segment and no head, which is no loss. Anything more without a head
+        # is a head that was deleted, unless it was put after the heads were listed
+        # (every later segment is put after the first's head) or sealed into a newer
+        # manifest meanwhile: read both again after the layout before failing closed.
+        layout = await self._layout(session_id)
+        if not (layout.sealed or len(layout.tail) > 1 or layout.tail not in ((), (0,))):
+            return None
+        for _ in range(_HEAD_TRIES):
+            best, newer = await self._newest_head(session_id)
+            if best is not None:
+                return best
+            if newer == manifest:
+                break
+            manifest = newer
+        last = await self.last_record(session_id=session_id)
+        if last is not None:
+            raise head_missing(session_id, last.offset + 1, "object")
+        return None
+
+    async def _newest_head(self, session_id: str) -> tuple[tuple[int, str] | None, Manifest | None]:
+        """The newest head the manifest or a head object names, and the manifest read."""
         root = session_root(session_id)
         manifest = await self.manifest(session_id)
         best = manifest.head if manifest and manifest.head else None
@@ -562,16 +588,7 @@ class ObjectLogStore:
             head = parse_head_key(session_id, key.rsplit("/", 1)[1])
             if best is None or head[0] > best[0]:
                 best = head
-        if best is None:
-            # A session's first segment is put before its head: a reader between the two
-            # sees one segment and no head, which is no loss. Anything more without a head
-            # is a head that was deleted.
-            layout = await self._layout(session_id)
-            if layout.sealed or len(layout.tail) > 1 or layout.tail not in ((), (0,)):
-                last = await self.last_record(session_id=session_id)
-                if last is not None:
-                    raise head_missing(session_id, last.offset + 1, "object")
-        return best
+        return best, manifest
 
     def present(self) -> bool:
         return True  # a bucket or directory is only known to be empty by listing it

@@ -407,6 +407,41 @@ async def test_compaction_racing_a_reader_through_releases_loses_nothing(
     await reader.close()
 
 
+class LateHeadsStore(ObjectLogStore):
+    """A real object log whose first listing of head objects comes back empty, as it
+    does for a reader that listed them just before the writer put the first head."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hidden_listings = 1
+
+    async def _list(self, prefix: str) -> list[str]:
+        keys = await super()._list(prefix)
+        if prefix.endswith("/head/") and self.hidden_listings:
+            self.hidden_listings -= 1
+            return []
+        return keys
+
+
+async def test_a_reader_that_listed_heads_before_the_first_head_was_put_reads_on(
+    tmp_path: Path,
+) -> None:
+    log = EventLog(_store(tmp_path))
+    reader = _store(tmp_path, LateHeadsStore)
+    async with await log.open_writer(SID) as writer:
+        for n in range(2):
+            await writer.append([make_draft("w", n)], expected_offset=n)
+    head = await reader.stored_head(session_id=SID)
+    assert reader.hidden_listings == 0 and head is not None and head[0] >= 1
+    # a head really gone still fails closed, with the offset
+    for key in await reader._list(f"{session_root(SID)}head/"):
+        await reader._delete(key)
+    with pytest.raises(CorruptLogError, match="head record object is missing") as failed:
+        await reader.stored_head(session_id=SID)
+    assert failed.value.offset == 2
+    await log.close()
+
+
 async def test_a_failed_compaction_on_release_keeps_the_turn_and_retries_later(
     tmp_path: Path,
 ) -> None:

@@ -249,3 +249,56 @@ async def test_replay_points_are_turn_boundaries(world: tuple[World, type[Counte
     report = done.report.to_dict()
     assert report["answers"] == [{"turn": 1, "source": "ok", "replay": "other"}]
     assert report["diverged_at"]["step"] == 1
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason="needs bubblewrap")
+async def test_a_sandboxed_call_reaches_no_server_and_an_unconfined_one_is_parked(
+    world: tuple[World, type[Counter]], server: tuple[str, type[Counter]]
+) -> None:
+    from lodger.substrates.sandbox.policy import SandboxPolicy
+    from lodger.substrates.shell import shell_tool
+
+    w, _ = world
+    url, hits = server
+    await w.record()
+    assert hits.hits == 1  # the source's notify
+    post = f"import urllib.request as u; u.urlopen(u.Request({url!r}, data=b'x'), timeout=3)"
+    host_shell = shell_tool(SandboxPolicy(backend="none"), name="host_shell")
+    steps = [
+        {"calls": [{"name": "run_python", "args": {"code": post}}]},
+        {"calls": [{"name": "host_shell", "args": {"command": f"touch {w.outside}.2"}}]},
+        {"text": "tried"},
+    ]
+    binding = Binding(model=ScriptedModel(steps), tools=[*w.tools, host_shell], workspace=w.ws)
+    done = await replay(w.sessions, "src", binding=binding)
+    assert hits.hits == 1 and not w.outside.with_name("effects.log.2").exists()
+    assert done.report.to_dict()["answered"] == {
+        "recorded": 0,
+        "live": 0,
+        "sandbox": 1,
+        "parked": 1,
+    }
+    events = await w.sessions.storage.log.read_all(done.session_id)
+    results = [e.body for e in events if isinstance(e.body, ToolResponded)]
+    assert "[exit code 1]" in results[0].content  # the sandbox has no network
+    assert "urlopen error" in results[0].content
+    assert results[1].content.startswith("not run: host_shell")
+
+
+async def test_a_replay_session_runs_no_turn_outside_a_replay_and_can_be_replayed(
+    world: tuple[World, type[Counter]],
+) -> None:
+    w, hits = world
+    await w.record()
+    first = await replay(w.sessions, "src", binding=w.binding(ScriptedModel(SOURCE)))
+    with pytest.raises(UsageError, match="is a replay of 'src'"):
+        await w.sessions.run(
+            "now for real", binding=w.binding(ScriptedModel(SOURCE)), session=first.session_id
+        )
+    again = await replay(
+        w.sessions, first.session_id, binding=w.binding(FunctionModel(candidate, name="c2"))
+    )
+    report = again.report.to_dict()
+    assert report["source_session"] == first.session_id
+    assert report["diverged_at"]["step"] == 3
+    assert hits.hits == 1  # the source's own call, nothing since

@@ -228,6 +228,7 @@ async def replay(
             agent = _replay_agent(
                 sessions, binding, servers, events[at:], policy, workspace, scratch, system
             )
+            agent.replaying = True
             async with agent:
                 await _fork(sessions, source, at, agent.model.spec, policy, fork_id)
                 turns: list[TurnResult] = []

@@ -43,7 +43,14 @@ from lodger.events import (
     canonical_json,
 )
 
-__all__ = ["Divergence", "ReplayReport", "Step", "replay_report", "replay_started_of"]
+__all__ = [
+    "Divergence",
+    "ReplayReport",
+    "Step",
+    "refuse_replay",
+    "replay_report",
+    "replay_started_of",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +177,20 @@ def replay_started_of(events: Sequence[Event]) -> ReplayStarted | None:
         if isinstance(event.body, ReplayStarted):
             return event.body
     return None
+
+
+def refuse_replay(session_id: str, events: Sequence[Event]) -> None:
+    """Refuse to run a turn of a replay's session outside a replay: a run there would bind
+    the real tools, and the replay's scratch workspace is gone (fork the source instead)."""
+    started = replay_started_of(events)
+    if started is not None:
+        raise UsageError(
+            f"session {session_id!r} is a replay of {started.source_session!r}: its turns "
+            "run only as a replay, never with the real tools",
+            hint=f"replay {started.source_session!r} again, or fork it to go on for real",
+            code="usage",
+            session_id=session_id,
+        )
 
 
 def _canonical_args(raw: str) -> str:

@@ -166,6 +166,7 @@ def _replaying(t: Tool, recorded: RecordedCalls, policy: ReplayPolicy, sandboxed
         poll=None,
         expectations=None,
         approval=False,
+        writes=t.schema().writes,  # the model is told the same as the source's was
         recovery="never_retry",  # a replay killed mid-call parks the call; nothing reruns
     )
 

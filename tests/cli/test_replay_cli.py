@@ -92,3 +92,38 @@ def test_replay_refuses_a_point_inside_a_turn(tmp_path: Path) -> None:
     assert "inside a turn" in done.stderr and "hint:" in done.stderr
     missing = lodger("replay", "nope", "--model", model, cwd=ws)
     assert missing.returncode == 4, missing.stderr
+
+
+def test_replay_with_a_function_model_a_tools_file_registers(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    model = script(tmp_path / "s.json", [read("a.txt"), {"text": "done"}])
+    assert lodger("run", "go", "--model", model, "--yes", "--session", "s", cwd=ws).returncode == 0
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(
+        "from lodger import tool\n"
+        "from lodger.providers import register_function\n"
+        "@tool\n"
+        "def ping() -> str:\n"
+        "    'Answer pong.'\n"
+        "    return 'pong'\n"
+        "register_function('candidate', lambda request: 'straight to the answer')\n"
+    )
+    done = lodger(
+        "replay",
+        "s",
+        "--model",
+        "function:candidate",
+        "--tools",
+        str(candidate),
+        "--json",
+        "-",
+        cwd=ws,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["models"]["replay"] == "function:candidate"
+    assert report["diverged_at"]["step"] == 1
+    assert report["calls"]["removed"] == [{"tool": "read_file", "arguments": {"path": "a.txt"}}]
+    unknown = lodger("replay", "s", "--model", "function:nobody", cwd=ws)
+    assert unknown.returncode == 2 and "no model function is registered" in unknown.stderr

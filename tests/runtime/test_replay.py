@@ -302,3 +302,21 @@ async def test_a_replay_session_runs_no_turn_outside_a_replay_and_can_be_replaye
     assert report["source_session"] == first.session_id
     assert report["diverged_at"]["step"] == 3
     assert hits.hits == 1  # the source's own call, nothing since
+
+
+async def test_a_replay_session_is_not_rewound_over_the_real_workspace(
+    world: tuple[World, type[Counter]],
+) -> None:
+    w, _ = world
+    await w.record()
+    before = tree(w.ws)
+    steps = [write_step("x.txt", "scratch\n"), {"text": "wrote"}]
+    done = await replay(w.sessions, "src", binding=w.binding(ScriptedModel(steps)))
+    assert done.report.to_dict()["answered"]["sandbox"] == 1
+    with pytest.raises(UsageError, match="is a replay of 'src'"):
+        await w.sessions.rewind(done.session_id, turn=1)
+    assert tree(w.ws) == before
+
+
+def write_step(path: str, content: str) -> dict[str, Any]:
+    return {"calls": [{"name": "write_file", "args": {"path": path, "content": content}}]}

@@ -180,13 +180,14 @@ def replay_started_of(events: Sequence[Event]) -> ReplayStarted | None:
 
 
 def refuse_replay(session_id: str, events: Sequence[Event]) -> None:
-    """Refuse to run a turn of a replay's session outside a replay: a run there would bind
-    the real tools, and the replay's scratch workspace is gone (fork the source instead)."""
+    """Refuse to run a turn of a replay's session outside a replay, or to rewind it: a run
+    there would bind the real tools, and its workspace facts are a scratch copy's, never to
+    be restored over the session's workspace (fork the source instead)."""
     started = replay_started_of(events)
     if started is not None:
         raise UsageError(
-            f"session {session_id!r} is a replay of {started.source_session!r}: its turns "
-            "run only as a replay, never with the real tools",
+            f"session {session_id!r} is a replay of {started.source_session!r}: it runs and "
+            "rewinds only as a replay, never with the real tools or workspace",
             hint=f"replay {started.source_session!r} again, or fork it to go on for real",
             code="usage",
             session_id=session_id,

@@ -168,3 +168,31 @@ def test_a_suite_needs_named_cases_and_a_positive_concurrency() -> None:
     named = Dataset(name="d", cases=[Case(name="a", inputs="x")])
     with pytest.raises(UsageError, match="concurrency"):
         EvalSuite(name="s", dataset=named, binding=Binding(model="test"), concurrency=0)
+
+
+async def test_a_turn_that_raises_fails_its_case_and_keeps_its_session(
+    sessions: Sessions,
+) -> None:
+    def broken(request: Any) -> str:
+        raise RuntimeError("model broke")
+
+    register_function("broken", broken)
+    cases = [
+        Case(name="broken", inputs="hi", evaluators=[ToolCalled("add", called=False)]),
+    ]
+    suite = EvalSuite(
+        name="errors",
+        dataset=Dataset(name="errors", cases=cases),
+        binding=Binding(model="function:broken"),
+    )
+    run = await run_suite(suite, sessions)
+    case = run.case("broken")
+    assert not case.passed(None) and case.status == "error"
+    assert case.error is not None and "RuntimeError: model broke" in case.error
+    assert case.session_id is not None
+    events = await sessions.storage.log.read_all(case.session_id)
+    assert events[0].kind == "session_started"
+    assert [e.body.evaluator for e in events if isinstance(e.body, EvalScored)] == [
+        "not_called:add"
+    ]
+    assert run.to_dict()["summary"]["failed"] == 1

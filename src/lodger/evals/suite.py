@@ -169,7 +169,13 @@ async def _run_case(sessions: Sessions, binding: Binding, inputs: Any) -> Any:
     if start.session is not None:
         await sessions.fork(start.session, at=start.at, session=session_id)
     set_eval_attribute("session_id", session_id)
-    result = await sessions.run(start.input, binding=binding, session=session_id)
+    try:
+        result = await sessions.run(start.input, binding=binding, session=session_id)
+    except Exception as exc:  # noqa: BLE001 - the agent's code (a model function) failed the turn
+        # kept as the case's outcome, with its session, rather than lost as a task failure
+        set_eval_attribute("status", "error")
+        set_eval_attribute("error", f"{type(exc).__name__}: {exc}")
+        return None
     calls: list[dict[str, Any]] = [
         {"tool": e.body.tool, "arguments": e.body.arguments}
         for e in await sessions.storage.log.read_all(session_id)
@@ -193,7 +199,13 @@ def _case_result(case: ReportCase[Any, Any, Any]) -> CaseResult:
         assertions={k: (bool(v.value), v.reason or "") for k, v in case.assertions.items()},
         scores={k: (float(v.value), v.reason or "") for k, v in case.scores.items()},
         labels={k: (str(v.value), v.reason or "") for k, v in case.labels.items()},
-        error="; ".join(f.error_message for f in case.evaluator_failures) or None,
+        error="; ".join(
+            [
+                *([str(case.attributes["error"])] if "error" in case.attributes else []),
+                *(f.error_message for f in case.evaluator_failures),
+            ]
+        )
+        or None,
     )
 
 

@@ -320,3 +320,36 @@ async def test_a_replay_session_is_not_rewound_over_the_real_workspace(
 
 def write_step(path: str, content: str) -> dict[str, Any]:
     return {"calls": [{"name": "write_file", "args": {"path": path, "content": content}}]}
+
+
+async def test_a_source_whose_workspace_is_gone_replays_from_the_log(
+    world: tuple[World, type[Counter]],
+) -> None:
+    w, hits = world
+    await w.record()
+    second = [{"calls": [{"name": "read_file", "args": {"path": "b.txt"}}]}, {"text": "read"}]
+    await w.sessions.run("again", binding=w.binding(ScriptedModel(second)), session="src")
+    if isinstance(w.sessions.storage.state_dir, Path) and w.ws in [
+        w.sessions.storage.state_dir,
+        *w.sessions.storage.state_dir.parents,
+    ]:
+        pytest.skip("the state directory lives in the workspace")
+    shutil.rmtree(w.ws)
+    steps = [
+        {"calls": [{"name": "read_file", "args": {"path": "b.txt"}}]},
+        {"calls": [{"name": "read_file", "args": {"path": "a.txt"}}]},
+        {"calls": [{"name": "write_file", "args": {"path": "c.txt", "content": "new"}}]},
+        {"text": "read both"},
+    ]
+    done = await replay(w.sessions, "src", turn=2, binding=w.binding(ScriptedModel(steps)))
+    events = await w.sessions.storage.log.read_all(done.session_id)
+    contents = [e.body.content for e in events if isinstance(e.body, ToolResponded)]
+    assert "from source" in contents[0]  # recorded
+    assert "alpha" in contents[1]  # live, on the workspace restored from the log's snapshot
+    assert done.report.to_dict()["answered"] == {
+        "recorded": 1,
+        "live": 1,
+        "sandbox": 1,
+        "parked": 0,
+    }
+    assert not w.ws.exists() and hits.hits == 1

@@ -62,29 +62,15 @@ def test_lodger_eval_prints_writes_json_and_compares_with_a_baseline(
     report = json.loads(first.read_text())["runs"][0]
     assert report["summary"]["passed"] == 20
 
-    # the v2 suite against v1's report: same case names, side by side (suites match by name)
-    raw = json.loads(first.read_text())
-    raw["runs"][0]["suite"] = "arith-v2"
-    baseline = tmp_path / "baseline.json"
-    baseline.write_text(json.dumps(raw))
+    # the same suite with the other model, against v1's report: side by side
     second = run(
-        "-m",
-        "lodger",
-        "eval",
-        str(file),
-        "--suite",
-        "arith-v2",
-        "--baseline",
-        str(baseline),
-        "--json",
-        str(tmp_path / "v2.json"),
-        "--concurrency",
-        "5",
-        *flags,
+        *("-m", "lodger", "eval", str(file), "--suite", "arith-v1", "--baseline", str(first)),
+        *("--model", "function:arith-v2", "--json", str(tmp_path / "v2.json")),
+        *("--concurrency", "5", *flags),
         cwd=tmp_path,
     )
     assert second.returncode == 1, second.stderr  # some cases fail
-    assert f"{20 - SHORTCUT} of 20 passed" in second.stdout
+    assert f"arith-v1 (function:arith-v2): {20 - SHORTCUT} of 20 passed" in second.stdout
     assert f"20 -> {20 - SHORTCUT} passed, 0 fixed, {SHORTCUT} broke" in second.stdout
     v2 = json.loads((tmp_path / "v2.json").read_text())["runs"][0]
     failed = [c for c in v2["cases"] if not c["passed"]]

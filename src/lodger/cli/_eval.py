@@ -23,6 +23,13 @@ __all__ = ["COMMANDS", "compare_table", "eval_command", "run_table"]
 @click.argument("file", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--suite", "only", multiple=True, metavar="NAME", help="Run only this suite.")
 @click.option(
+    "--model",
+    "model_spec",
+    default=None,
+    metavar="SPEC",
+    help="Run every suite with this model instead of its own (to compare two models).",
+)
+@click.option(
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
@@ -44,6 +51,7 @@ __all__ = ["COMMANDS", "compare_table", "eval_command", "run_table"]
 def eval_command(
     file: Path,
     only: tuple[str, ...],
+    model_spec: str | None,
     concurrency: int | None,
     json_file: str | None,
     baseline: Path | None,
@@ -60,6 +68,7 @@ def eval_command(
     Example:
       lodger eval evals/support.py --json run.json
       lodger eval evals/support.py --baseline run.json --concurrency 8
+      lodger eval evals/support.py --model anthropic:claude-sonnet-4-5 --baseline run.json
     """
     from lodger.evals import compare_runs, load_suites, run_suite
 
@@ -78,6 +87,8 @@ def eval_command(
             runs = []
             for suite in suites:
                 chosen = suite if concurrency is None else replace(suite, concurrency=concurrency)
+                if model_spec is not None:
+                    chosen = replace(chosen, binding=replace(chosen.binding, model=model_spec))
                 runs.append((await run_suite(chosen, sessions)).to_dict())
             return runs
 

@@ -16,7 +16,7 @@ from lodger.cli._render import visible
 from lodger.cli._replay import write_json
 from lodger.errors import ConfigError
 
-__all__ = ["COMMANDS", "compare_table", "eval_command", "run_table"]
+__all__ = ["COMMANDS", "compare_line", "compare_table", "eval_command", "run_table"]
 
 
 @click.command("eval")
@@ -96,9 +96,16 @@ def eval_command(
     console = make_console()
     for run in runs:
         console.print(run_table(run))
+        s = run["summary"]
+        click.echo(
+            f"{run['suite']} ({run['model']}): {s['passed']} of {s['cases']} passed "
+            f"(eval run {run['eval_run']})"
+        )
         old = (before or {}).get(run["suite"])
         if old is not None:
-            console.print(compare_table(compare_runs(old, run)))
+            comparison = compare_runs(old, run)
+            console.print(compare_table(comparison))
+            click.echo(compare_line(comparison))
     if json_file is not None:
         write_json(Path(json_file), {"runs": runs})
         click.echo(f"report written to {json_file}")
@@ -126,10 +133,7 @@ def _verdicts(case: dict[str, Any]) -> str:
 def run_table(run: dict[str, Any]) -> Table:
     """One suite's run: a row per case, its verdicts, its answer and its session."""
     s = run["summary"]
-    table = Table(
-        title=f"{run['suite']} ({run['model']}): {s['passed']} of {s['cases']} passed",
-        caption=f"eval run {run['eval_run']}",
-    )
+    table = Table(title=f"{run['suite']}: {s['passed']} of {s['cases']} passed")
     for column in ("case", "passed", "verdicts", "answer", "session"):
         table.add_column(column)
     for case in run["cases"]:
@@ -144,14 +148,19 @@ def run_table(run: dict[str, Any]) -> Table:
     return table
 
 
-def compare_table(comparison: dict[str, Any]) -> Table:
-    """Two runs of a suite side by side, a row per case."""
+def compare_line(comparison: dict[str, Any]) -> str:
+    """One line: how many passed before and now, how many were fixed and broke."""
     s = comparison["summary"]
-    table = Table(
-        title=f"{comparison['baseline']['model']} -> {comparison['current']['model']}: "
+    return (
+        f"{comparison['baseline']['model']} -> {comparison['current']['model']}: "
         f"{s['baseline']['passed']} -> {s['current']['passed']} passed, "
         f"{s['fixed']} fixed, {s['broke']} broke"
     )
+
+
+def compare_table(comparison: dict[str, Any]) -> Table:
+    """Two runs of a suite side by side, a row per case."""
+    table = Table(title="baseline and current, side by side")
     for column in ("case", "baseline", "current", "change"):
         table.add_column(column)
     for row in comparison["cases"]:

@@ -27,7 +27,7 @@ from lodger.runtime.replay import ReplayPolicy, ReplayResult, replay
 from lodger.runtime.sessions import Sessions
 from lodger.tools.spec import Tool
 
-__all__ = ["COMMANDS", "replay_command", "report_table", "write_json"]
+__all__ = ["COMMANDS", "replay_command", "report_table", "summary_line", "write_json"]
 
 
 @click.command("replay")
@@ -111,6 +111,7 @@ def replay_command(
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return
     make_console().print(report_table(report))
+    click.echo(summary_line(report))
     if json_file is not None:
         write_json(Path(json_file), report)
         click.echo(f"report written to {json_file}")
@@ -184,15 +185,18 @@ def _cost(usage: dict[str, Any]) -> str:
     return "?" if micro is None else f"${micro / 1_000_000:.4f}"
 
 
+def summary_line(report: dict[str, Any]) -> str:
+    """One line: whether and where the two trajectories diverge."""
+    diverged = report["diverged_at"]
+    if diverged is None:
+        return "the trajectories agree"
+    return f"the trajectories diverge at step {diverged['step']}"
+
+
 def report_table(report: dict[str, Any]) -> Table:
     """The report as a table: what the source and the replay did, row by row."""
     diverged = report["diverged_at"]
-    title = (
-        "the trajectories agree"
-        if diverged is None
-        else f"the trajectories diverge at step {diverged['step']}"
-    )
-    table = Table(title=f"replay {report['replay_session']} of {report['source_session']}: {title}")
+    table = Table(title=f"replay {report['replay_session']} of {report['source_session']}")
     table.add_column("")
     table.add_column("source")
     table.add_column("replay")

@@ -186,7 +186,7 @@ def _replay_agent(
         code_mode=binding.code_mode,
         output_mode=binding.output_mode,
         model_settings=binding.model_settings,
-        limits=Limits(max_steps=binding.max_steps, usage=binding.usage),
+        limits=Limits(max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets),
         hooks=Hooks(on_event=binding.on_event, on_text=binding.on_text),
         services=Services(clock=sessions.clock, ids=sessions.ids, turns=sessions.turns),
         compaction=binding.compaction,

@@ -32,7 +32,8 @@ fi
 }
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+# dev takes every extra, evals (pydantic-evals, for lodger eval) among them
+.venv/bin/python -m pip install --quiet -e '.[dev,evals]'
 # Reference MCP servers the tests launch as subprocesses: project-local, from the lockfile.
 if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null

@@ -145,6 +145,7 @@ def test_every_core_module_imports_without_the_extras(tmp_path: Path) -> None:
     named = {name: extra for name, (extra, _) in found["extra"].items()}
     assert named == {
         "lodger.client": "client",
+        "lodger.evals": "evals",
         "lodger.host": "host",
         "lodger.providers.anthropic": "anthropic",
         "lodger.providers.gemini": "gemini",
@@ -190,6 +191,7 @@ COMMANDS_NEEDING_AN_EXTRA = [
     ("anthropic", ["run", "hi", "--model", "anthropic:claude-x", "--state", "state"]),
     ("gemini", ["run", "hi", "--model", "gemini:gemini-x", "--state", "state"]),
     ("mcp", ["tools", "list", "--mcp", "time=mcp-server-time"]),
+    ("evals", ["eval", "eval_cases.py", "--state", "state"]),
 ]
 
 

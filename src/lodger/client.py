@@ -159,6 +159,11 @@ class HostClient:
     async def show(self, session_id: str) -> dict[str, Any]:
         return dict(await self._call("GET", f"/v1/sessions/{session_id}"))
 
+    async def replay_report(self, session_id: str) -> dict[str, Any]:
+        """The report of a replay session against the session it replays (where the two
+        trajectories diverge, calls added and removed, answers, tokens and cost)."""
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}/replay-report"))
+
     async def events(
         self, session_id: str, *, start: int = 0, limit: int = 1000
     ) -> list[StreamedFact]:

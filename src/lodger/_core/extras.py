@@ -29,6 +29,7 @@ Extra = Literal[
     "anthropic",
     "client",
     "codemode",
+    "evals",
     "gemini",
     "host",
     "mcp",
@@ -43,6 +44,7 @@ EXTRAS: dict[Extra, tuple[str, ...]] = {
     "anthropic": ("anthropic", "httpx2"),
     "client": ("httpx2",),
     "codemode": ("mini-racer", "pydantic-monty"),
+    "evals": ("pydantic-evals",),
     "gemini": ("google-genai", "httpx2"),
     "host": ("fastapi", "uvicorn", "opentelemetry-api", "opentelemetry-sdk"),
     "mcp": ("mcp", "httpx2"),
@@ -61,6 +63,7 @@ _DISTRIBUTIONS = {
     "opentelemetry": "opentelemetry-api",
     "mcp_types": "mcp",
     "google.genai": "google-genai",
+    "pydantic_evals": "pydantic-evals",
 }
 
 

@@ -75,6 +75,8 @@ _COMMANDS: dict[str, str] = {
     "tools": "lodger.cli._tools",
     "fork": "lodger.cli._fork",
     "rewind": "lodger.cli._rewind",
+    "replay": "lodger.cli._replay",
+    "eval": "lodger.cli._eval",
     "serve": "lodger.cli._serve",
     "worker": "lodger.cli._control",
     "send": "lodger.cli._control",

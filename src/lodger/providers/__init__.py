@@ -1,6 +1,7 @@
 """Model adapters. ``make_model(spec)`` turns a ``--model`` spec into a ``Model``.
 
-Specs: ``script:PATH`` (offline, deterministic), ``test`` (``TestModel``: calls every
+Specs: ``script:PATH`` (offline, deterministic), ``function:NAME`` (a function the
+program registered with ``register_function``), ``test`` (``TestModel``: calls every
 tool that does not write once with schema-valid arguments, then answers), ``openai:MODEL``,
 ``openai-compatible:URL#MODEL`` (Ollama, vLLM, llama.cpp ...), ``responses:MODEL``,
 ``anthropic:MODEL`` (``LODGER_THINKING_BUDGET=N`` turns on extended thinking;
@@ -27,7 +28,13 @@ from lodger.providers.base import (
     UserMessage,
 )
 from lodger.providers.fallback import SEPARATOR, FallbackModel
-from lodger.providers.scripted import FunctionModel, ScriptedModel, tool_call
+from lodger.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    function_model,
+    register_function,
+    tool_call,
+)
 from lodger.providers.testmodel import TestModel
 
 __all__ = [
@@ -44,12 +51,13 @@ __all__ = [
     "ToolSchema",
     "UserMessage",
     "make_model",
+    "register_function",
     "tool_call",
 ]
 
 _HINT = (
-    "use test, script:PATH, openai:MODEL, openai-compatible:URL#MODEL, responses:MODEL, "
-    "anthropic:MODEL or gemini:MODEL; join specs with | for a fallback chain"
+    "use test, script:PATH, function:NAME, openai:MODEL, openai-compatible:URL#MODEL, "
+    "responses:MODEL, anthropic:MODEL or gemini:MODEL; join specs with | for a fallback chain"
 )
 
 
@@ -81,6 +89,8 @@ def _one_model(spec: str) -> Model:
         return TestModel(name=rest)
     if kind == "script":
         return ScriptedModel.from_file(rest)
+    if kind == "function":  # a function this process registered (register_function)
+        return function_model(rest)
     if kind == "openai":
         from lodger.providers.openai_chat import OpenAIChatModel
 

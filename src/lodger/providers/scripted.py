@@ -36,7 +36,14 @@ from lodger.providers.base import (
     UserMessage,
 )
 
-__all__ = ["FunctionModel", "ScriptedModel", "load_script", "tool_call"]
+__all__ = [
+    "FunctionModel",
+    "ScriptedModel",
+    "function_model",
+    "load_script",
+    "register_function",
+    "tool_call",
+]
 
 
 def tool_call(name: str, /, **args: Any) -> ProposedCall:
@@ -281,3 +288,33 @@ class FunctionModel:
         if on_text is not None and result.text:
             on_text(result.text)
         return result
+
+
+#: the functions ``function:NAME`` specs name, registered by the program that runs them
+_FUNCTIONS: dict[str, ModelFunction] = {}
+
+
+def register_function(name: str, fn: ModelFunction) -> None:
+    """Make ``function:NAME`` a spec ``make_model`` (the CLI, a replay, an eval's judge)
+    turns into ``FunctionModel(fn, name=name)``. Only this process's code registers a
+    function: a spec read from a log or a file never imports anything."""
+    if not name or ":" in name or "|" in name:
+        raise ConfigError(
+            f"function model name {name!r} is not usable in a spec",
+            hint="use a plain name such as 'candidate' (no ':' or '|')",
+            code="config",
+        )
+    _FUNCTIONS[name] = fn
+
+
+def function_model(name: str) -> FunctionModel:
+    """The ``FunctionModel`` of a registered function (``function:NAME``)."""
+    fn = _FUNCTIONS.get(name)
+    if fn is None:
+        known = ", ".join(sorted(_FUNCTIONS)) or "none"
+        raise ConfigError(
+            f"no model function is registered as {name!r} (registered: {known})",
+            hint="register it first: lodger.providers.register_function(name, fn)",
+            code="config",
+        )
+    return FunctionModel(fn, name=name)

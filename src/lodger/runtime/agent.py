@@ -44,6 +44,7 @@ from lodger.recovery.plan import RecoveryPlan
 from lodger.runtime import _followups, _local_control, _session_control
 from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime._writers import close_after_failure
+from lodger.runtime.replay_report import refuse_replay
 from lodger.runtime.rewind import RewindResult, open_branch, rewind_session
 from lodger.runtime.spend import LogSpend
 from lodger.runtime.streaming import TurnStream
@@ -118,6 +119,10 @@ class Agent:
     context when it grows past the policy's threshold or budget and offers the ``recall``
     tool; ``compact`` does it by hand (``lodger.engine.compaction``).
     """
+
+    #: this agent drives a replay (``lodger.runtime.replay``): it may run turns on a
+    #: replay's session, whose tools it answers without the world
+    replaying: bool = False
 
     def __init__(
         self,
@@ -527,6 +532,8 @@ class Agent:
         control = self.turns.begin(session_id)
         try:
             async with self.open_session(session_id) as (writer, state):
+                if not self.replaying:
+                    refuse_replay(session_id, state.events)  # its tools would be real ones
                 try:
                     yield writer, state, control
                 finally:

@@ -50,6 +50,7 @@ from lodger.runtime._workspace_at import (
     reverting,
     view_at,
 )
+from lodger.runtime.replay_report import refuse_replay
 from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.branches import current_branch, names_a_branch, next_branch, root_of
 from lodger.storage.forks import fork_session, read_inherited, read_lineage
@@ -128,6 +129,7 @@ async def rewind_session(
         raise SessionNotFoundError(f"no log for session {name!r}", session_id=name)
     async with await log.open_writer(current) as writer:  # no run goes on meanwhile
         own = list(writer.initial_events)
+        refuse_replay(current, own)  # its snapshots are a scratch copy's, not the workspace's
         lineage = [*await read_inherited(log, current, own), *own]
         source, source_own, at = await _target(storage, root, current, own, to, turn, branch, undo)
         source_lineage = (await read_lineage(log, source)).events if source != current else lineage

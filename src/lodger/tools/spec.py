@@ -36,6 +36,7 @@ from lodger._core.text import is_valid_utf8, visible_text
 from lodger.authority.common import ResourceClaim
 from lodger.errors import ToolCallError, UsageError
 from lodger.events import (
+    CallReplayed,
     FileExpectation,
     ProcessEnded,
     ProcessStarted,
@@ -171,8 +172,9 @@ class ToolOutput:
     is_error: bool = False
     #: images and documents for the model with the text (stored as artifacts)
     parts: Sequence[BinaryContent] = ()
-    #: facts committed with the call's T2 (a background process started or ended)
-    facts: Sequence[ProcessStarted | ProcessEnded] = ()
+    #: facts committed with the call's T2 (a background process started or ended; how a
+    #: replay answered the call)
+    facts: Sequence[ProcessStarted | ProcessEnded | CallReplayed] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,7 +247,7 @@ class Execution:
     #: images and documents the tool returned (``BinaryContent``, ``ToolOutput.parts``)
     parts: tuple[BinaryContent, ...] = ()
     #: facts committed in T2's append (``ToolOutput.facts``)
-    facts: tuple[ProcessStarted | ProcessEnded, ...] = ()
+    facts: tuple[ProcessStarted | ProcessEnded | CallReplayed, ...] = ()
     #: the remote side accepted the call (``Accepted``): running with a handle, no T2 yet
     accepted: Accepted | None = None
 

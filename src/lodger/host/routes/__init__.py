@@ -18,6 +18,7 @@ from lodger.host.routes import (
     messages,
     operations,
     recovery,
+    replay,
     rewind,
     sessions,
     steering,
@@ -44,4 +45,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     operations.router,
     timeline.router,
     compaction.router,
+    replay.router,
 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from lodger.host.routes import (
+    ag_ui,
+    ai_sdk,
     approvals,
     artifacts,
     compaction,
@@ -44,4 +46,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     operations.router,
     timeline.router,
     compaction.router,
+    ai_sdk.router,
+    ag_ui.router,
 )

@@ -36,6 +36,8 @@ __all__ = [
 _LOOK_BACK = 5000
 #: how often a chat request looks whether its message has started
 _START_POLL_S = 0.05
+#: how long an answer waits for a question whose fact came to be recorded as asked
+_RECORDED_WITHIN_S = 5.0
 
 
 async def open_turn_start(host: HostParts, session_id: str) -> int | None:
@@ -98,11 +100,26 @@ async def answer_approvals(
     another client first) is left as it is."""
     by = host.auth.who(request)
     for call_id, allow in answers:
+        await _answer(host, session_id, call_id, allow=allow, by=by)
+
+
+async def _answer(host: HostParts, session_id: str, call_id: str, *, allow: bool, by: str) -> None:
+    # a worker records its question just after the fact that asks it commits, and a
+    # front end can answer from the fact: a question not recorded yet is looked for again
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _RECORDED_WITHIN_S
+    while True:
         try:
             await host.hub.answer(session_id, call_id, allow=allow, by=by)
+            return
         except HostConflictError as exc:
             if exc.code != "already_answered":
                 raise
+            return
+        except UsageError as exc:
+            if exc.code != "no_such_call" or loop.time() > deadline:
+                raise
+        await asyncio.sleep(_START_POLL_S)
 
 
 async def turn_moves(

@@ -8,14 +8,15 @@ order), and falls back to reading the log whenever the window cannot prove the n
 was published for ``poll_s`` seconds. Every fact is yielded by offset, so a stream never
 skips or repeats one, whichever path delivered it.
 
-Text deltas (``LiveText``: the model's text as it streams in a turn this process runs)
-are transient: never facts, never in the log, never given an offset. A follower that asks
-for them (``follow_live``) gets a bounded buffer of its own (``DeltaBuffer``); each delta
-is held until the follower has yielded every fact published before it, so a delta never
-comes before a fact that preceded it. A follower that reads too slowly loses deltas, never
-facts: once a step's delta does not fit, the rest of that step's deltas are dropped too,
-so what a follower got of a step's text is always a prefix of it (the step's
-``model_output`` fact holds the whole text).
+Text deltas (``LiveText``: the model's text as it streams in a turn this process runs,
+or a worker's, relayed) are transient: never facts, never in the log, never given an
+offset. A follower that asks for them (``follow_live``) gets a bounded buffer of its own
+(``DeltaBuffer``); each delta is held until the follower has yielded every fact
+published before it, so a delta never comes before a fact that preceded it. A follower
+that reads too slowly loses deltas, never facts: once a step's delta does not fit, the
+rest of that step's deltas are dropped too, so what a follower got of a step's text is
+always a prefix of it (the step's ``model_output`` fact holds the whole text); a delta
+that comes after its step's output went out is dropped.
 """
 
 from __future__ import annotations
@@ -107,11 +108,15 @@ class SessionFeed:
         #: the buffers of the followers that take deltas
         self.listeners: set[DeltaBuffer] = set()
 
-    def publish_text(self, turn_id: str, step_id: str, text: str) -> None:
-        """A delta of a running step for the followers that take deltas (none: a no-op)."""
+    def publish_text(
+        self, turn_id: str, step_id: str, text: str, *, after: int | None = None
+    ) -> None:
+        """A delta of a running step for the followers that take deltas (none: a no-op).
+        ``after``: one past the newest fact committed before it (default: the newest
+        published here; a worker's delta says its own)."""
         if not self.listeners or not text:
             return
-        delta = LiveText(turn_id, step_id, text, self.head)
+        delta = LiveText(turn_id, step_id, text, self.head if after is None else after)
         for buffer in self.listeners:
             buffer.push(delta)
         self._signal()
@@ -181,10 +186,12 @@ class Feeds:
     def publish(self, session_id: str, events: Sequence[Event]) -> None:
         self.feed(session_id).publish(events)
 
-    def publish_text(self, session_id: str, turn_id: str, step_id: str, text: str) -> None:
+    def publish_text(
+        self, session_id: str, turn_id: str, step_id: str, text: str, *, after: int | None = None
+    ) -> None:
         found = self._feeds.get(session_id)
         if found is not None:  # nobody follows a session without a feed
-            found.publish_text(turn_id, step_id, text)
+            found.publish_text(turn_id, step_id, text, after=after)
 
     async def follow(
         self, session_id: str, *, start: int = 0, follow: bool = True
@@ -230,11 +237,13 @@ class Feeds:
     ) -> AsyncGenerator[Event | LiveText, None]:
         next_offset = start
         read_log = True
+        written: deque[str] = deque(maxlen=64)  # steps whose output went out: no more deltas
         while True:
             wake = feed.wake  # taken before looking, so a publish after it wakes us
             if deltas is not None:
                 for delta in deltas.take(next_offset):
-                    yield delta
+                    if delta.step_id not in written:
+                        yield delta
             batch = None if read_log or not follow else feed.window_from(next_offset)
             if batch is None:  # a page at a time: a stream holds one page, however long
                 # the log and however slowly its client reads
@@ -247,15 +256,23 @@ class Feeds:
                     break
                 yield event
                 next_offset += 1
-                if deltas is not None:  # those that came after this fact, before the next
-                    for delta in deltas.take(next_offset):
+                if deltas is None:
+                    continue
+                if event.kind == "model_output" and event.step_id is not None:
+                    written.append(event.step_id)  # a late delta of it would repeat it
+                for delta in deltas.take(next_offset):  # came after this fact, before the next
+                    if delta.step_id not in written:
                         yield delta
             if read_log or batch:
                 continue
             if not follow:
                 return
-            if deltas is not None and deltas.items and deltas.items[0].after <= next_offset:
-                continue  # a delta came while we yielded
+            if deltas is not None and deltas.items:
+                if deltas.items[0].after <= next_offset:
+                    continue  # a delta came while we yielded
+                # a delta made after facts this process did not publish (a worker's):
+                # they are in the log by now
+                read_log = True
             try:
                 await asyncio.wait_for(wake.wait(), self.poll_s)
             except TimeoutError:

@@ -173,6 +173,7 @@ class TurnMoves:
     _began: bool = False
     _step: str | None = None
     _streamed: dict[str, str] = field(default_factory=dict)  # step -> text the deltas said
+    _written: set[str] = field(default_factory=set)  # steps whose output committed
     _open_text: str | None = None
     _in_flight: set[str] = field(default_factory=set)
     _asking: dict[str, ApprovalAsked] = field(default_factory=dict)
@@ -192,6 +193,8 @@ class TurnMoves:
             self._began, self.turn_id = True, turn_id
             moves.append(Began(turn_id))
         if isinstance(item, LiveText):
+            if item.step_id in self._written:
+                return moves  # a late delta of a step whose text was told whole
             moves += self._step_of(item.step_id)
             moves += self._delta(item)
             return moves
@@ -283,6 +286,7 @@ class TurnMoves:
 
     def _output(self, event: Event, body: ModelOutput) -> list[Move]:
         step = event.step_id or f"output-{event.offset}"
+        self._written.add(step)
         moves: list[Move] = []
         if body.reasoning:
             moves.append(Reasoning(f"{step}:reasoning", body.reasoning))

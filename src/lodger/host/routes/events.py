@@ -5,11 +5,12 @@ client that reconnects with ``Last-Event-ID: N`` continues at offset ``N + 1`` w
 and no duplicate.
 
 With ``?deltas=true`` the stream also carries the model's text as it streams in turns
-this host runs: ``event: text_delta`` with no ``id`` line (so a reconnect's
-``Last-Event-ID`` is always a fact's offset) and data ``{"transient": true, "turn_id",
-"step_id", "text"}``. Deltas are never facts and never in the log; a client that reads
-slowly loses deltas (a step's rest, so what it got is a prefix of the step's text), never
-facts (``lodger.host.feed``).
+this host runs (or, distributed, its workers run, relayed by the control plane):
+``event: text_delta`` with no ``id`` line (so a reconnect's ``Last-Event-ID`` is always
+a fact's offset) and data ``{"transient": true, "turn_id", "step_id", "text"}``. Deltas
+are never facts and never in the log; a client that reads slowly loses deltas (a step's
+rest, so what it got is a prefix of the step's text), never facts
+(``lodger.host.feed``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.providers.wire_server import Stream, WireServer, sse
 
 from ._support import Host, running_host, write_script
+from .test_text_deltas import _read_turn
 
 CLIENTS = Path(__file__).parents[1] / "js_clients"
 
@@ -189,3 +191,67 @@ async def test_ag_ui_http_agent_renders_a_turn_with_an_interrupt(tmp_path: Path)
         assert [e["body"]["decision"] for e in events if e["kind"] == "permission_decided"] == [
             "allow"
         ]
+
+
+PIECES = ["Stream", "ing ", "<b>live</b>", " text", "\n\ndata: [DONE]\n\n", "."]
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[str | None, str]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return sse({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                "model": "gpt-test", "choices": [choice]})  # fmt: skip
+
+
+async def test_a_providers_streamed_text_arrives_in_pieces_on_every_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    frames = [_chat_chunk({"role": "assistant", "content": p}) for p in PIECES]
+    with WireServer() as server:  # an OpenAI-compatible server that writes slowly
+        server.push(Stream([*frames, _chat_chunk({}, "stop"), sse("[DONE]")], gap=0.15))
+        model = f"openai-compatible:{server.base_url}/v1#gpt-test"
+        async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+            sid = await c.create_session()
+            raw = asyncio.create_task(_read_turn(host.url, host.token, sid, deltas=True))
+            ui = asyncio.create_task(
+                _node("ai_sdk_client.mjs", _config(host, sid, mode="read", start=0))
+            )
+            feed = host.app.state.host.feeds.feed(sid)
+            async with asyncio.timeout(30):
+                while len(feed.listeners) < 2:  # noqa: ASYNC110 - one reader is another process
+                    await asyncio.sleep(0.02)
+            # the turn is started by AG-UI's client: three clients render one live turn
+            agui = await _node("ag_ui_client.mjs", _config(host, sid, text="go", approve=True))
+            frames_seen, got = await asyncio.wait_for(asyncio.gather(raw, ui), 60)
+    whole = "".join(PIECES)
+    deltas = [f.data["text"] for f in frames_seen if f.event == "text_delta"]
+    # the model wrote slowly: its text came in pieces (a reader that lags gets pieces
+    # joined), in order, before the fact that holds it all
+    assert "".join(deltas) == whole and len(deltas) >= 2 and _joins_of(deltas, PIECES)
+    (output,) = [f for f in frames_seen if f.event == "model_output"]
+    assert output.data["body"]["text"] == whole
+    assert got["errors"] == []
+    ui_deltas = [c["delta"] for c in got["chunks"] if c["type"] == "text-delta"]
+    assert "".join(ui_deltas) == whole and len(ui_deltas) >= 2 and _joins_of(ui_deltas, PIECES)
+    assert [p["text"] for p in _parts(got["message"], "text")] == [whole]
+    (run,) = agui["runs"]
+    contents = [e["delta"] for e in run["events"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(contents) == whole and run["finished"]["result"] == whole
+    assert [m["content"] for m in agui["messages"] if m["role"] == "assistant"] == [whole]
+    # readUIMessageStream rendered the text growing: each snapshot a longer prefix
+    grown = [t for t in got["texts"] if t]
+    assert len(set(grown)) >= 2 and grown[-1] == whole
+    assert all(whole.startswith(t) for t in grown)
+
+
+def _joins_of(got: list[str], pieces: list[str]) -> bool:
+    """Whether each of ``got`` is some consecutive ``pieces`` joined, in order."""
+    n = 0
+    for text in got:
+        joined = ""
+        while n < len(pieces) and len(joined) < len(text):
+            joined += pieces[n]
+            n += 1
+        if joined != text:
+            return False
+    return n == len(pieces)

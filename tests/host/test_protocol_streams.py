@@ -131,8 +131,15 @@ async def test_read_ui_message_stream_renders_a_live_turn(tmp_path: Path, gates:
         async with asyncio.timeout(30):
             while not (gates / "u1.starts").exists():  # noqa: ASYNC110 - a tool's file
                 await asyncio.sleep(0.02)
+        # a reconnect while the turn runs (no start): the open turn from its start
+        rejoined = asyncio.create_task(_node("ai_sdk_client.mjs", _config(host, sid, mode="read")))
+        async with asyncio.timeout(30):
+            while len(feed.listeners) < 2:  # noqa: ASYNC110 - the reader is another process
+                await asyncio.sleep(0.02)
         (gates / "u1").touch()
         got = await reader
+        again = await rejoined
+        assert again["errors"] == [] and again["message"] == got["message"]
         assert got["errors"] == []
         types = [chunk["type"] for chunk in got["chunks"]]
         assert types[0] == "start" and types[-1] == "finish"
@@ -151,6 +158,20 @@ async def test_read_ui_message_stream_renders_a_live_turn(tmp_path: Path, gates:
         # rendered as it arrived: the text grew over several snapshots
         assert len(set(got["texts"])) >= 3
         assert got["chunks"][-1]["finishReason"] == "stop"
+
+
+async def test_ag_ui_http_agent_sees_a_denied_call_refused(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", DEPLOY)
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+        got = await _node("ag_ui_client.mjs", _config(host, sid, text="ship it", approve=False))
+        first, second = got["runs"]
+        assert first["finished"]["outcome"]["type"] == "interrupt"
+        assert second["failures"] == [] and second["finished"]["outcome"] == {"type": "success"}
+        (result,) = [m for m in got["messages"] if m["role"] == "tool"]
+        assert result["content"].startswith("denied")
+        events = [f.data for f in await c.events(sid)]
+        assert not [e for e in events if e["kind"] == "tool_dispatched"]
 
 
 async def test_ag_ui_http_agent_renders_a_turn_with_an_interrupt(tmp_path: Path) -> None:

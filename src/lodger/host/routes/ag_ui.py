@@ -99,20 +99,29 @@ async def run(
 async def _after_send(
     host: HostParts, session_id: str, encoder: AguiEvents, message_id: int
 ) -> AsyncIterator[bytes]:
+    for event in encoder.started():  # at once, however long the message waits to start
+        yield sse_event(event)
     started = await message_start(host, session_id, message_id)
     if not isinstance(started, int):
-        for event in [*encoder.started(), encoder.error(started.message, code=started.code)]:
-            yield sse_event(event)
+        yield sse_event(encoder.error(started.message, code=started.code))
         return
-    async for piece in _events(host, session_id, encoder, start=started, moves=TurnMoves()):
+    moves = TurnMoves()
+    async for piece in _events(host, session_id, encoder, start=started, moves=moves, begun=True):
         yield piece
 
 
 async def _events(
-    host: HostParts, session_id: str, encoder: AguiEvents, *, start: int, moves: TurnMoves
+    host: HostParts,
+    session_id: str,
+    encoder: AguiEvents,
+    *,
+    start: int,
+    moves: TurnMoves,
+    begun: bool = False,
 ) -> AsyncIterator[bytes]:
-    for event in encoder.started():
-        yield sse_event(event)
+    if not begun:
+        for event in encoder.started():
+            yield sse_event(event)
     try:
         async for found in turn_moves(host, session_id, start=start, moves=moves):
             if found is None:

@@ -128,6 +128,7 @@ async def ui_stream(
 
 
 async def _after_send(host: HostParts, session_id: str, message_id: int) -> AsyncIterator[bytes]:
+    yield b": lodger stream\n\n"  # open at once, however long the message waits to start
     started = await message_start(host, session_id, message_id)
     if not isinstance(started, int):
         for chunk in UIMessageChunks(session_id).failed(started.message, next_offset=0):

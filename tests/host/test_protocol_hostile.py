@@ -5,6 +5,7 @@ log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -202,3 +203,39 @@ async def test_a_damaged_log_ends_the_ui_stream_with_an_error(tmp_path: Path) ->
             "[DONE]",
         ]
         assert "digest" in chunks[1]["errorText"]
+
+
+async def test_a_message_queued_behind_a_turn_streams_its_own_turn(
+    tmp_path: Path, gates: Path
+) -> None:
+    script = {
+        "turns": [
+            [{"calls": [{"name": "gate", "args": {"name": "q1"}}]}, {"text": "first"}],
+            [{"text": "second"}],
+        ]
+    }
+    (tmp_path / "s.json").write_text(json.dumps(script))
+    model = f"script:{tmp_path / 's.json'}"
+    async with running_host(tmp_path / "state", models=(model,)) as host, _http(host) as raw:
+        sid = (await raw.post("/v1/sessions", json={})).json()["session_id"]
+        await raw.post(f"/v1/sessions/{sid}/messages", json={"text": "one"})
+        async with asyncio.timeout(30):
+            while not (gates / "q1.starts").exists():  # noqa: ASYNC110 - a tool's file
+                await asyncio.sleep(0.02)
+        body = {"messages": [_user("m2", "two")]}
+        async with raw.stream("POST", f"/v1/sessions/{sid}/ai-sdk/chat", json=body) as got:
+            lines = got.aiter_lines()
+            # open at once, while the message waits behind the running turn
+            assert await asyncio.wait_for(anext(lines), 10) == ": lodger stream"
+            (gates / "q1").touch()
+            text = "\n".join([line async for line in lines])
+        chunks = [c for c in _chunks(text) if isinstance(c, dict)]
+        events = (await raw.get(f"/v1/sessions/{sid}/events")).json()["events"]
+        turns = [e["turn_id"] for e in events if e["kind"] == "turn_started"]
+        assert len(turns) == 2 and chunks[0] == {
+            "type": "start",
+            "messageId": turns[1],
+            "messageMetadata": {"lodger": {"session_id": sid, "turn_id": turns[1]}},
+        }
+        deltas = [c["delta"] for c in chunks if c["type"] == "text-delta"]
+        assert deltas == ["second"]

@@ -28,6 +28,7 @@ __all__ = [
     "answer_approvals",
     "continuation",
     "message_start",
+    "message_started",
     "open_turn_start",
     "turn_moves",
 ]
@@ -62,6 +63,25 @@ async def message_start(host: HostParts, session_id: str, message_id: int) -> in
             error = (found.result or {}).get("error") or {}
             return UsageError(str(error.get("message", "the message failed")), code="lodger_error")
         await asyncio.sleep(_START_POLL_S)
+
+
+async def message_started(
+    host: HostParts, session_id: str, message_id: int
+) -> AsyncIterator[int | LodgerError | None]:
+    """``message_start``'s answer as the last item, after a None whenever it took
+    ``heartbeat_s`` more (the caller sends a ping: a queued message may wait long)."""
+    task = asyncio.ensure_future(message_start(host, session_id, message_id))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=host.heartbeat_s)
+            if done:
+                yield task.result()
+                return
+            yield None
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lodger.errors import CorruptLogError, UsageError
+from lodger.errors import CorruptLogError, LodgerError, UsageError
 from lodger.host.adapters.agui import AguiEvents, sse_event
 from lodger.host.adapters.turn import TurnMoves
 from lodger.host.routes._deps import HostParts, Parts, Session
-from lodger.host.routes._turns import answer_approvals, continuation, message_start, turn_moves
+from lodger.host.routes._turns import (
+    answer_approvals,
+    continuation,
+    message_started,
+    turn_moves,
+)
 
 __all__ = ["ResumeEntry", "RunAgentInput", "router"]
 
@@ -101,8 +106,12 @@ async def _after_send(
 ) -> AsyncIterator[bytes]:
     for event in encoder.started():  # at once, however long the message waits to start
         yield sse_event(event)
-    started = await message_start(host, session_id, message_id)
+    started: int | LodgerError | None = None
+    async for started in message_started(host, session_id, message_id):
+        if started is None:
+            yield b": ping\n\n"
     if not isinstance(started, int):
+        assert started is not None
         yield sse_event(encoder.error(started.message, code=started.code))
         return
     moves = TurnMoves()

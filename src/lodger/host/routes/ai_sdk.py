@@ -19,14 +19,14 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lodger.errors import CorruptLogError, UsageError
+from lodger.errors import CorruptLogError, LodgerError, UsageError
 from lodger.host.adapters.turn import TurnMoves
 from lodger.host.adapters.vercel import HEADERS, UIMessageChunks, sse_chunk, sse_done
 from lodger.host.routes._deps import HostParts, Parts, Session
 from lodger.host.routes._turns import (
     answer_approvals,
     continuation,
-    message_start,
+    message_started,
     open_turn_start,
     turn_moves,
 )
@@ -129,8 +129,12 @@ async def ui_stream(
 
 async def _after_send(host: HostParts, session_id: str, message_id: int) -> AsyncIterator[bytes]:
     yield b": lodger stream\n\n"  # open at once, however long the message waits to start
-    started = await message_start(host, session_id, message_id)
+    started: int | LodgerError | None = None
+    async for started in message_started(host, session_id, message_id):
+        if started is None:
+            yield b": ping\n\n"
     if not isinstance(started, int):
+        assert started is not None
         for chunk in UIMessageChunks(session_id).failed(started.message, next_offset=0):
             yield sse_chunk(chunk)
         yield sse_done()

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from tests.providers.wire_server import Stream, WireServer, sse
 
+from lodger.client import HostClient
+
 from ._support import Host, running_host, write_script
 from .test_text_deltas import _read_turn
 
@@ -276,3 +278,36 @@ def _joins_of(got: list[str], pieces: list[str]) -> bool:
         if joined != text:
             return False
     return n == len(pieces)
+
+
+@pytest.mark.slow
+async def test_use_chat_against_lodger_serve_on_an_object_store(tmp_path: Path) -> None:
+    # the CLI's door (`lodger serve`, a process of its own) over `--store` (an object
+    # store) rather than `--state`: the same chat, approval and continuation
+    from .test_serve_tokens import _printed_token, _serve
+
+    model = write_script(tmp_path / "s.json", DEPLOY)
+    store = f"file://{tmp_path / 'objects'}"
+    args = [
+        "--store",
+        store,
+        "--model",
+        model,
+        "--tools",
+        str(Path(__file__).parent / "host_tools.py"),
+    ]
+    with _serve(args, tmp_path / "out") as (proc, port):
+        token = await _printed_token(proc, tmp_path / "out")
+        url = f"http://127.0.0.1:{port}"
+        async with HostClient(url, token=token) as c:
+            sid = await c.create_session()
+            config = {"url": url, "token": token, "session": sid}
+            got = await _node(
+                "ai_sdk_client.mjs", {**config, "mode": "chat", "text": "go", "approve": True}
+            )
+            assert got["errors"] == []
+            (call,) = _parts(got["messages"][-1], "tool-deploy")
+            assert call["state"] == "output-available" and call["output"] == "deployed web"
+            assert [f["finishReason"] for f in got["finishes"]] == ["tool-calls", "stop"]
+            kinds = [f.kind for f in await c.events(sid)]
+            assert kinds.count("permission_decided") == 1 and kinds[-1] == "turn_ended"

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx2
 
+from lodger.client import StreamedDelta, StreamedFact
 from lodger.events import Event, EventDraft, TurnStarted
 from lodger.host.feed import DeltaBuffer, Feeds, LiveText
 from lodger.storage import EventLog, SqliteLogStore
@@ -216,3 +217,35 @@ async def test_nobody_taking_deltas_costs_nothing(tmp_path: Path) -> None:
     assert (await asyncio.wait_for(anext(live), 5)).offset == 1
     await live.aclose()
     await log.close()
+
+
+async def test_the_python_client_reads_deltas_between_facts(tmp_path: Path, gates: Path) -> None:
+    model = write_script(
+        tmp_path / "s.json",
+        [{"text": "one", "calls": [{"name": "gate", "args": {"name": "c1"}}]}, {"text": "two"}],
+    )
+    async with running_host(tmp_path / "state", models=(model,)) as host, host.client() as c:
+        sid = await c.create_session()
+
+        async def read() -> list[StreamedFact | StreamedDelta]:
+            seen: list[StreamedFact | StreamedDelta] = []
+            async for item in c.live(sid):
+                seen.append(item)
+                if isinstance(item, StreamedFact) and item.kind == "turn_ended":
+                    return seen
+            raise AssertionError("the stream ended")
+
+        reading = asyncio.create_task(read())
+        feed = host.app.state.host.feeds.feed(sid)
+        async with asyncio.timeout(10):
+            while not feed.listeners:  # noqa: ASYNC110 - no signal
+                await asyncio.sleep(0.01)
+        await c.send(sid, "go", key="1")
+        await _wait_for(gates / "c1.starts")
+        (gates / "c1").touch()
+        seen = await asyncio.wait_for(reading, 60)
+        texts = [i.text for i in seen if isinstance(i, StreamedDelta)]
+        assert texts == ["one", "two"]
+        facts = [i for i in seen if isinstance(i, StreamedFact)]
+        assert [f.offset for f in facts] == list(range(len(facts)))
+        assert [f.data for f in await c.events(sid)] == [f.data for f in facts]

@@ -23,7 +23,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 from lodger._core.extras import require
 from lodger.errors import (
@@ -41,7 +41,7 @@ from lodger.media import BinaryContent, MediaItem
 with require("client", "the HTTP client of the lodger host (lodger.client)"):
     import httpx2
 
-__all__ = ["HostClient", "StreamedFact"]
+__all__ = ["HostClient", "StreamedDelta", "StreamedFact"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,16 @@ class StreamedFact:
     offset: int
     kind: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StreamedDelta:
+    """A piece of the model's text as it streams (``HostClient.live``): transient,
+    never a fact; its step's ``model_output`` fact holds the whole text."""
+
+    turn_id: str
+    step_id: str
+    text: str
 
 
 def _error(response: httpx2.Response) -> LodgerError:
@@ -249,6 +259,33 @@ class HostClient:
                     ) from exc
                 await asyncio.sleep(0.05)
 
+    async def live(
+        self, session_id: str, *, after: int | None = None
+    ) -> AsyncIterator[StreamedFact | StreamedDelta]:
+        """As ``stream``, with the model's text deltas interleaved (``?deltas=true``);
+        a dropped connection resumes after the last fact (deltas are not replayed)."""
+        last = after
+        while True:
+            headers = {} if last is None else {"Last-Event-ID": str(last)}
+            try:
+                async with self._http.stream(
+                    "GET",
+                    f"/v1/sessions/{session_id}/stream",
+                    params={"deltas": "true"},
+                    headers=headers,
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise _error(response)
+                    async for item in _parse_sse(response, deltas=True):
+                        if isinstance(item, StreamedFact):
+                            if last is not None and item.offset <= last:
+                                continue
+                            last = item.offset
+                        yield item
+            except (httpx2.RemoteProtocolError, httpx2.ReadError):
+                await asyncio.sleep(0.05)
+
     # ------------------------------------------------------------ approvals
 
     async def approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
@@ -416,7 +453,21 @@ def _attachment_body(item: MediaItem) -> dict[str, str]:
     return out
 
 
-async def _parse_sse(response: httpx2.Response) -> AsyncIterator[StreamedFact]:
+@overload
+def _parse_sse(
+    response: httpx2.Response, *, deltas: Literal[False] = False
+) -> AsyncIterator[StreamedFact]: ...
+
+
+@overload
+def _parse_sse(
+    response: httpx2.Response, *, deltas: Literal[True]
+) -> AsyncIterator[StreamedFact | StreamedDelta]: ...
+
+
+async def _parse_sse(
+    response: httpx2.Response, *, deltas: bool = False
+) -> AsyncIterator[StreamedFact | StreamedDelta]:
     event_id: str | None = None
     kind = "message"
     data: list[str] = []
@@ -425,7 +476,10 @@ async def _parse_sse(response: httpx2.Response) -> AsyncIterator[StreamedFact]:
             if data and event_id is None and kind == "stream_error":  # the host ends it
                 body = "\n".join(data).encode()
                 raise _error(httpx2.Response(500, content=body))  # as if the route answered
-            if data and event_id is not None:
+            if deltas and data and event_id is None and kind == "text_delta":
+                piece = json.loads("\n".join(data))
+                yield StreamedDelta(piece["turn_id"], piece["step_id"], piece["text"])
+            elif data and event_id is not None:
                 yield StreamedFact(int(event_id), kind, json.loads("\n".join(data)))
             event_id, kind, data = None, "message", []
             continue

@@ -157,6 +157,10 @@ class LodgerGroup(click.Group):
         raise RuntimeError(f"{module} does not define the command {cmd_name!r}")
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        if args is None:  # the process's own command line: lodger owns this process
+            from lodger._core.collector import tune_owned_process
+
+            tune_owned_process()
         try:
             return super().main(args, *rest, **kwargs)
         except SystemExit as done:

@@ -14,13 +14,19 @@ one call's latency (the time between two model requests of one session: the two 
 of a call and the step around it), and the ratio of that p99 to N = 1's. Also fsyncs per
 call as seen by Python (``os.fsync`` wrapped with a counter in this process: the object
 store's fsyncs of objects and directories; SQLite syncs in C and shows 0), store appends
-per call, appends per SQLite group commit, the event loop's CPU in the cycle collector
+per call, appends per SQLite group commit, the process's CPU and the event loop thread's
+CPU per call (steadier than calls/s on a shared machine), the loop's CPU in the cycle collector
 per call (all collections, and full ones: the heap of N sessions is N times larger, and
 a full collection stalls every session at once), and the load average at the end of
 each N (other work on the machine skews every figure: read the ratios, not the absolute
 numbers).
 
     python bench/concurrent_sessions.py --store file [--quick] [--calls K] [--sessions 1,4,16]
+
+``--collector owned`` runs every N with the cycle collector scheduled as in a process the
+``lodger`` command owns (``lodger serve``, ``lodger worker``: see
+``lodger._core.collector``); the default leaves CPython's schedule, as a program that
+embeds the library has it.
 
 Targets (issue 29): ``sqlite`` 64 sessions >= 6x the calls/s of one, p99 at 64 <= 3x the
 p99 at 1; ``file`` 16 sessions >= 4x, p99 at 16 <= 3x. Runs in a temporary directory under
@@ -164,9 +170,11 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
         assert result.status == "completed", result
 
     with FsyncCounter() as fsyncs, CollectorClock() as collector:
+        cpu_started, loop_started = time.process_time(), time.thread_time()
         async with asyncio.TaskGroup() as group:
             for index in range(sessions):
                 group.create_task(one(index))
+        cpu, loop_cpu = time.process_time() - cpu_started, time.thread_time() - loop_started
     groups = getattr(storage.log.store, "group_stats", None)  # SQLite's group commit
     await storage.close()
     sync = getattr(storage.log.store, "local_sync", None)  # the object store's groups
@@ -185,6 +193,8 @@ async def run_sessions(kind: str, directory: Path, sessions: int, calls: int) ->
         "appends_per_call": appends[0] / total,
         "puts_per_sync": sync.synced / sync.groups if sync is not None and sync.groups else 0.0,
         "appends_per_group": groups.appends / groups.groups if groups and groups.groups else 0.0,
+        "cpu_us_per_call": cpu / total * 1e6,
+        "loop_cpu_us_per_call": loop_cpu / total * 1e6,
         "gc_cpu_us_per_call": collector.seconds / total * 1e6,
         "gc_full_cpu_us_per_call": collector.full / total * 1e6,
         "loadavg_1m": os.getloadavg()[0],
@@ -198,7 +208,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=None, help="tool calls per session")
     parser.add_argument("--sessions", default="1,4,16,64", help="comma-separated N")
     parser.add_argument("--rounds", type=int, default=None, help="runs per N (median)")
+    parser.add_argument(
+        "--collector",
+        choices=("library", "owned"),
+        default="library",
+        help="the cycle collector's schedule: as embedded (default) or as lodger's processes",
+    )
     args = parser.parse_args()
+    if args.collector == "owned":
+        from lodger._core.collector import tune_owned_process
+
+        tune_owned_process()
     counts = [int(n) for n in args.sessions.split(",")]
     calls = args.calls or (40 if args.quick else 200)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -217,11 +237,14 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     one = next((row for row in rows if row["sessions"] == 1), rows[0])
-    print(f"store {args.store}, {calls} calls per session, median of {rounds} run(s) per N")
+    print(
+        f"store {args.store}, {calls} calls per session, median of {rounds} run(s) per N, "
+        f"collector as {args.collector} (young threshold {gc.get_threshold()[0]})"
+    )
     print(
         f"{'N':>4} {'calls/s':>9} {'x N=1':>7} {'p50 ms':>8} {'p99 ms':>8} {'p99 x':>6} "
         f"{'fsync/call':>10} {'appends/call':>12} {'puts/sync':>9} {'group':>5} "
-        f"{'gc us':>6} {'full':>5} {'load':>5}"
+        f"{'cpu us':>7} {'loop us':>7} {'gc us':>6} {'full':>5} {'load':>5}"
     )
     for row in rows:
         row["ratio_calls_per_s"] = row["calls_per_s"] / one["calls_per_s"]
@@ -231,6 +254,7 @@ def main() -> None:
             f"{row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['ratio_p99']:6.2f} "
             f"{row['fsyncs_per_call']:10.2f} {row['appends_per_call']:12.2f} "
             f"{row['puts_per_sync']:9.2f} {row['appends_per_group']:5.1f} "
+            f"{row['cpu_us_per_call']:7.1f} {row['loop_cpu_us_per_call']:7.1f} "
             f"{row['gc_cpu_us_per_call']:6.1f} {row['gc_full_cpu_us_per_call']:5.1f} "
             f"{row['loadavg_1m']:5.2f}"
         )
@@ -240,6 +264,8 @@ def main() -> None:
             {
                 "bench": "concurrent_sessions",
                 "store": args.store,
+                "collector": args.collector,
+                "young_threshold": gc.get_threshold()[0],
                 "calls_per_session": calls,
                 "rounds": rounds,
                 "rows": [

@@ -115,6 +115,12 @@ def _leave_without_teardown(code: object) -> None:
     waits = any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate())
     loader = sys.modules.get("lodger.cli._toolsfile")
     user_code = loader is not None and getattr(loader, "user_code_loaded", False)
+    if user_code:
+        # What a user's tools left in reference cycles (a module-level log file kept by
+        # a dropped tool) is finalized now, while the interpreter is whole: this process
+        # collects its young generation rarely (lodger._core.collector), so no automatic
+        # collection may have come since the tools were dropped.
+        gc.collect()
     if "obstore" not in sys.modules and (waits or user_code):
         return
     if code is None:
@@ -159,6 +165,10 @@ class LodgerGroup(click.Group):
         raise RuntimeError(f"{module} does not define the command {cmd_name!r}")
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        if args is None:  # the process's own command line: lodger owns this process
+            from lodger._core.collector import tune_owned_process
+
+            tune_owned_process()
         try:
             return super().main(args, *rest, **kwargs)
         except SystemExit as done:

@@ -21,6 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
+from lodger.engine.callruntime import RunCalls
 from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.control import CancelRequest
@@ -236,6 +237,12 @@ class Engine:
             hooks=self.hooks,
             services=self.services,
             deps=self.deps,
+            calls=RunCalls(
+                journal=ctx.journal,
+                elicitor=self.hooks.elicitor,
+                model_spec=self.model.spec,
+                ask=lambda request: self.ask_unlogged(self.model, request),
+            ),
         )
 
     # ------------------------------------------------------------------ turns

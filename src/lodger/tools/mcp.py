@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 from pydantic import ValidationError
@@ -72,6 +73,7 @@ from lodger.tools._mcp_limits import (
     capture_sdk_logs,
     counting,
 )
+from lodger.tools._mcp_requests import InFlight, ServerRequests
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -113,6 +115,17 @@ class McpServerConfig:
     connect_timeout_s: float = 30.0
     #: the largest message of the server lodger reads (``lodger.tools._mcp_limits``)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: the server's questions to the user (``lodger.tools._mcp_requests``): ``ask`` whoever
+    #: can answer in the run (declined where nobody can), or ``decline`` them all
+    elicitation: Literal["ask", "decline"] = "ask"
+    elicitation_timeout_s: float = 600.0
+    #: the server's requests for a model completion: ``deny``, or ``allow`` (the session's
+    #: own model answers, at most ``max_samplings`` times per call, counted in budgets)
+    sampling: Literal["deny", "allow"] = "deny"
+    max_samplings: int = 5
+    sampling_max_tokens: int = 1024
+    #: offer the workspace to the server as its root (``roots/list``)
+    roots: bool = False
 
     def __post_init__(self) -> None:
         if not _SERVER_NAME.match(self.name) or "__" in self.name:
@@ -126,8 +139,11 @@ class McpServerConfig:
                 hint='e.g. command = "mcp-server-time" or url = "http://127.0.0.1:8000/mcp"',
             )
         # not (t > 0): NaN too (TOML has nan), which no comparison rejects
-        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
+        if not (
+            self.timeout_s > 0 and self.connect_timeout_s > 0 and self.elicitation_timeout_s > 0
+        ):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
+        self._check_asks()
         size = self.max_message_bytes
         if type(size) is not int or size < MIN_MESSAGE_BYTES:
             raise ConfigError(
@@ -135,6 +151,16 @@ class McpServerConfig:
                 f"least {MIN_MESSAGE_BYTES} bytes",
                 hint=f"the default is {DEFAULT_MAX_MESSAGE_BYTES} (4 MiB)",
             )
+
+    def _check_asks(self) -> None:
+        if self.elicitation not in ("ask", "decline"):
+            raise ConfigError(f'MCP server {self.name!r}: elicitation must be "ask" or "decline"')
+        if self.sampling not in ("deny", "allow"):
+            raise ConfigError(f'MCP server {self.name!r}: sampling must be "deny" or "allow"')
+        for key in ("max_samplings", "sampling_max_tokens"):
+            value = getattr(self, key)
+            if type(value) is not int or value < 0:
+                raise ConfigError(f"MCP server {self.name!r}: {key} must be a whole number >= 0")
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -231,8 +257,14 @@ def _why(exc: BaseException) -> str:
 class _Connection:
     """One server, driven by ``run`` in a task of its own (see the module docstring)."""
 
-    def __init__(self, config: McpServerConfig) -> None:
+    def __init__(self, config: McpServerConfig, workspace: Path | None = None) -> None:
         self.config = config
+        self.inflight = InFlight()
+        self.requests = ServerRequests(config, self.inflight, workspace)
+        #: a ``notifications/tools/list_changed`` came since the listing was last read
+        self.tools_stale = False
+        #: resources the server said were updated since they were last noted
+        self.updated: list[str] = []
         self.listed: list[mcp_types.Tool] = []
         self.failure: str | None = None
         self._client: Client | None = None
@@ -290,7 +322,6 @@ class _Connection:
             await self._run()
 
     async def _run(self) -> None:
-        from mcp import Client
 
         from lodger.tools._mcp_streams import Listing, Parsed, watched
 
@@ -311,9 +342,7 @@ class _Connection:
                     self.listing = listing = Listing(keep=MAX_TOOLS_PER_SERVER + 1)
                     self._parsed = parsed = Parsed() if c.url is not None else None
                     transport = watched(await self._transport(stack), ended, listing, parsed)
-                    client = await stack.enter_async_context(
-                        Client(transport, client_info=_client_info())
-                    )
+                    client = await stack.enter_async_context(self._client_for(transport))
                     self.listed = await _list_tools(client, c.name, listing)
                 self._client = client
                 self._ready.set()
@@ -332,6 +361,45 @@ class _Connection:
             self._ready.set()
             if self._stderr is not None:
                 await asyncio.to_thread(self._stderr.close)
+
+    def _client_for(self, transport: Any) -> Client:
+        from mcp import Client
+
+        r = self.requests
+        return Client(
+            transport,
+            client_info=_client_info(),
+            elicitation_callback=r.elicit,
+            sampling_callback=r.sample,
+            list_roots_callback=r.roots if self.config.roots else None,
+            message_handler=self._notified,
+            cache=None,  # a listing is read again on list_changed, never from a cache
+        )
+
+    async def _notified(self, message: Any) -> None:
+        import mcp_types
+
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self.tools_stale = True
+        elif isinstance(message, mcp_types.ResourceUpdatedNotification):
+            uri = message.params.uri
+            if uri not in self.updated and len(self.updated) < 100:
+                self.updated.append(uri)
+
+    async def relist(self) -> list[mcp_types.Tool] | None:
+        """The server's tools listed again after a ``list_changed`` (None: not connected)."""
+        client = self._client
+        if client is None or self.listing is None:
+            return None
+        self.tools_stale = False
+        self.listed = await _list_tools(client, self.config.name, self.listing)
+        return self.listed
+
+    @property
+    def client(self) -> Client:
+        if self._client is None or self.failure is not None:
+            raise self._unavailable()
+        return self._client
 
     async def _explain(self, why: str) -> str:
         tail = await asyncio.to_thread(self._stderr_tail)
@@ -413,13 +481,21 @@ class _Connection:
             "its tools cannot run in this session, so use other tools or tell the user"
         )
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext | None = None
+    ) -> ToolOutput:
+        if self._client is None or self.failure is not None:
+            await self._reconnect()
+        if ctx is None:
+            return await self._call(tool, arguments)
+        with self.inflight.call(ctx):  # the server's requests meanwhile are this call's
+            return await self._call(tool, arguments)
+
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
         import anyio
         import mcp_types
         from mcp.shared.exceptions import MCPError
 
-        if self._client is None or self.failure is not None:
-            await self._reconnect()
         client, went_down = self._client, self._down
         if client is None:
             raise self._unavailable()
@@ -723,7 +799,7 @@ def _handler(raw: str, group: str, connection: _Connection | None) -> Any:
     async def handle(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         if connection is None:
             raise ToolCallError(f"{raw} is a catalog entry of {group!r}; no server runs it")
-        return await connection.call(raw, arguments)
+        return await connection.call(raw, arguments, ctx)
 
     return handle
 
@@ -748,11 +824,13 @@ class McpServers:
     are the bound tools and ``failures()`` says which servers went down since.
     """
 
-    def __init__(self, configs: Sequence[McpServerConfig]) -> None:
+    def __init__(
+        self, configs: Sequence[McpServerConfig], *, workspace: Path | None = None
+    ) -> None:
         names = [c.name for c in configs]
         if len(set(names)) != len(names):
             raise ConfigError(f"two MCP servers share a name in {names}")
-        self._connections = [_Connection(c) for c in configs]
+        self._connections = [_Connection(c, workspace) for c in configs]
         self._group: asyncio.TaskGroup | None = None
         self._logs = ExitStack()
         self._tools: list[Tool] = []

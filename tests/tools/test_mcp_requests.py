@@ -1,0 +1,277 @@
+"""What MCP servers ask lodger while their tools run: elicitation, sampling, roots.
+
+Against real servers launched as subprocesses: ``tests/mcp_servers/asking_server.py``
+(ours, on the official Python SDK: a password field, a URL, a sampling loop, roots) and
+``@modelcontextprotocol/server-everything`` (the reference TypeScript server).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lodger.engine.budgets import UsageLimits
+from lodger.engine.settings import Hooks, Limits, Services
+from lodger.events import (
+    ElicitationAnswered,
+    ElicitationRequested,
+    Event,
+    ProposedCall,
+    SamplingAnswered,
+    SamplingRequested,
+    ToolResponded,
+    Usage,
+)
+from lodger.ids import ManualClock, SequentialIds
+from lodger.providers.base import ModelRequest, ModelResponse, ToolResultMessage
+from lodger.providers.scripted import FunctionModel
+from lodger.runtime.agent import Agent
+from lodger.storage import EventLog, SqliteLogStore, Storage
+from lodger.testing import MemoryArtifactStore
+from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.spec import Elicitation, ElicitationReply, Elicitor
+
+SERVERS = Path(__file__).parent.parent / "mcp_servers"
+ASKING = str(SERVERS / "asking_server.py")
+EVERYTHING = SERVERS / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+
+
+def asking(**options: Any) -> McpServerConfig:
+    return McpServerConfig(name="ask", command=sys.executable, args=(ASKING,), **options)
+
+
+class Script:
+    """A model that calls ``calls`` one per step (after selecting them), then answers;
+    a request without tools (a sampling request) is answered with its last message."""
+
+    def __init__(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        self.calls = list(calls)
+        self.requests: list[ModelRequest] = []
+        self.samples: list[ModelRequest] = []
+
+    def __call__(self, request: ModelRequest) -> ModelResponse:
+        if not request.tools:  # what a server asked for
+            self.samples.append(request)
+            text = getattr(request.messages[-1], "text", "")
+            return ModelResponse(
+                text=f"answer to {text}", usage=Usage(input_tokens=7, output_tokens=3)
+            )
+        self.requests.append(request)
+        step = len(self.requests) - 1
+        names = ",".join(sorted({name for name, _ in self.calls}))
+        if step == 0:
+            query = json.dumps({"query": f"select:{names}"})
+            return ModelResponse(
+                calls=(ProposedCall(call_id="find", name="tool_search", arguments=query),)
+            )
+        if step <= len(self.calls):
+            name, arguments = self.calls[step - 1]
+            call = ProposedCall(call_id=f"c{step}", name=name, arguments=json.dumps(arguments))
+            return ModelResponse(calls=(call,))
+        return ModelResponse(text="done")
+
+    def result(self, call_id: str) -> ToolResultMessage:
+        for request in self.requests:
+            for m in request.messages:
+                if isinstance(m, ToolResultMessage) and m.call_id == call_id:
+                    return m
+        raise AssertionError(f"no result for {call_id}")
+
+
+async def run(
+    tmp_path: Path,
+    configs: Sequence[McpServerConfig],
+    script: Script,
+    *,
+    elicitor: Elicitor | None = None,
+    limits: Limits | None = None,
+) -> list[Event]:
+    async with McpServers(configs, workspace=tmp_path) as servers:
+        agent = Agent(
+            model=FunctionModel(script),
+            tools=servers.tools(),
+            storage=Storage(
+                log=EventLog(SqliteLogStore(tmp_path / "state")), artifacts=MemoryArtifactStore()
+            ),
+            workspace=tmp_path,
+            hooks=Hooks(elicitor=elicitor),
+            limits=limits or Limits(),
+            services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
+        )
+        result = await agent.run("go", session="s")
+        events = await agent.session("s").events()
+        await agent.close()
+    assert result.status in ("completed", "parked"), result
+    return events
+
+
+def bodies(events: list[Event], kind: type) -> list[Any]:
+    return [e.body for e in events if isinstance(e.body, kind)]
+
+
+async def test_a_form_answer_reaches_the_server_and_its_password_never_the_log(
+    tmp_path: Path,
+) -> None:
+    asked: list[Elicitation] = []
+
+    async def person(question: Elicitation) -> ElicitationReply:
+        asked.append(question)
+        return ElicitationReply(
+            action="accept", content={"user": "ada", "password": "hunter2"}, who="cli:ada"
+        )
+
+    script = Script([("ask__sign_in", {})])
+    events = await run(tmp_path, [asking()], script, elicitor=person)
+    assert "action=accept user=ada password_length=7" in script.result("c1").content
+    (question,) = asked
+    assert question.mode == "form" and question.call_id == "c1"
+    (requested,) = bodies(events, ElicitationRequested)
+    (answered,) = bodies(events, ElicitationAnswered)
+    assert requested.server == "ask" and requested.elicitation_id == answered.elicitation_id
+    assert answered.content == {"user": "ada"} and answered.withheld == ("password",)
+    assert answered.by == "user" and answered.who == "cli:ada"
+    # the facts sit between the call's T1 and T2, and the secret is in no byte of the log
+    kinds = [type(e.body).__name__ for e in events if e.call_id == "c1"]
+    assert kinds.index("ElicitationRequested") > kinds.index("ToolDispatched")
+    assert kinds.index("ElicitationAnswered") < kinds.index("ToolResponded")
+    db = b"".join(p.read_bytes() for p in (tmp_path / "state").rglob("*") if p.is_file())
+    assert b"hunter2" not in db
+
+
+async def test_an_answer_that_breaks_the_form_is_declined(tmp_path: Path) -> None:
+    async def careless(question: Elicitation) -> ElicitationReply:
+        return ElicitationReply(action="accept", content={"user": 3})
+
+    script = Script([("ask__sign_in", {})])
+    events = await run(tmp_path, [asking()], script, elicitor=careless)
+    assert "action=decline" in script.result("c1").content
+    (answered,) = bodies(events, ElicitationAnswered)
+    assert answered.action == "decline" and answered.by == "policy"
+
+
+async def test_nobody_to_ask_declines_by_policy_and_a_slow_person_times_out(
+    tmp_path: Path,
+) -> None:
+    script = Script([("ask__sign_in", {})])
+    events = await run(tmp_path / "a", [asking()], script, elicitor=None)
+    assert "action=decline" in script.result("c1").content
+    assert [a.by for a in bodies(events, ElicitationAnswered)] == ["policy"]
+
+    async def never(question: Elicitation) -> ElicitationReply:
+        import asyncio
+
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    script = Script([("ask__sign_in", {})])
+    events = await run(tmp_path / "b", [asking(elicitation_timeout_s=0.2)], script, elicitor=never)
+    assert "action=cancel" in script.result("c1").content
+    assert [(a.action, a.by) for a in bodies(events, ElicitationAnswered)] == [
+        ("cancel", "timeout")
+    ]
+
+    script = Script([("ask__sign_in", {})])
+    events = await run(tmp_path / "c", [asking(elicitation="decline")], script, elicitor=never)
+    assert [(a.action, a.by) for a in bodies(events, ElicitationAnswered)] == [
+        ("decline", "policy")
+    ]
+
+
+async def test_a_url_goes_to_the_person_and_never_to_the_model(tmp_path: Path) -> None:
+    shown: list[str | None] = []
+
+    async def person(question: Elicitation) -> ElicitationReply:
+        shown.append(question.url)
+        return ElicitationReply(action="accept")
+
+    script = Script([("ask__open_link", {})])
+    events = await run(tmp_path, [asking()], script, elicitor=person)
+    assert shown == ["https://auth.example.test/authorize?code=s3cr3t"]
+    assert "action=accept" in script.result("c1").content
+    (requested,) = bodies(events, ElicitationRequested)
+    assert requested.mode == "url" and requested.url == shown[0]
+    seen = json.dumps([repr(r) for r in script.requests])
+    assert "s3cr3t" not in seen
+
+
+async def test_sampling_is_refused_by_default_and_logged(tmp_path: Path) -> None:
+    script = Script([("ask__think", {"times": 2})])
+    events = await run(tmp_path, [asking()], script)
+    assert "answered=0 refused=2" in script.result("c1").content
+    assert script.samples == []  # the model was never asked
+    asked = bodies(events, SamplingRequested)
+    assert [a.decision for a in asked] == ["deny", "deny"]
+    assert "refused by lodger's policy" in asked[0].reason
+    assert bodies(events, SamplingAnswered) == []
+
+
+async def test_allowed_sampling_is_answered_by_the_session_model_counted_and_limited(
+    tmp_path: Path,
+) -> None:
+    script = Script([("ask__think", {"times": 6})])
+    config = asking(sampling="allow", max_samplings=3, sampling_max_tokens=20)
+    events = await run(tmp_path, [config], script)
+    assert "answered=3 refused=3 last=" in script.result("c1").content
+    assert [r.max_output_tokens for r in script.samples] == [20, 20, 20]
+    assert script.samples[0].system == "answer briefly"
+    asked = bodies(events, SamplingRequested)
+    assert [a.decision for a in asked] == ["allow"] * 3 + ["deny"] * 3
+    assert "more than 3 completions" in asked[-1].reason
+    answered = bodies(events, SamplingAnswered)
+    assert [a.content for a in answered] == [f"answer to question {n}" for n in range(3)]
+    assert all(a.usage.input_tokens == 7 for a in answered)
+
+
+async def test_sampling_counts_in_the_turn_budget(tmp_path: Path) -> None:
+    """Each answered sampling is a request of the turn: a budget of 3 requests is reached
+    by 2 steps and 1 sampling, so the turn parks before its third step."""
+    script = Script([("ask__think", {"times": 1}), ("ask__think", {"times": 1})])
+    limits = Limits(usage=UsageLimits(request_limit=3))
+    events = await run(tmp_path, [asking(sampling="allow")], script, limits=limits)
+    assert len(bodies(events, SamplingAnswered)) == 1
+    assert len(script.requests) == 2  # tool_search, think: then the budget stops it
+
+
+async def test_roots_are_offered_only_by_policy(tmp_path: Path) -> None:
+    script = Script([("ask__roots", {})])
+    await run(tmp_path / "a", [asking()], script)
+    assert "refused" in script.result("c1").content
+    (tmp_path / "b").mkdir()
+    script = Script([("ask__roots", {})])
+    await run(tmp_path / "b", [asking(roots=True)], script)
+    assert script.result("c1").content == (tmp_path / "b").resolve().as_uri()
+
+
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_server_everything_elicits_and_samples_through_lodger(tmp_path: Path) -> None:
+    asked: list[Elicitation] = []
+
+    async def person(question: Elicitation) -> ElicitationReply:
+        asked.append(question)
+        return ElicitationReply(
+            action="accept",
+            content={"name": "Ada", "check": True, "untitledMultipleSelectEnum": ["Piano"]},
+        )
+
+    config = McpServerConfig(
+        name="every", command="node", args=(str(EVERYTHING), "stdio"), sampling="allow"
+    )
+    script = Script(
+        [
+            ("every__trigger-elicitation-request", {}),
+            ("every__trigger-sampling-request", {"prompt": "hello", "maxTokens": 10}),
+        ]
+    )
+    events = await run(tmp_path, [config], script, elicitor=person)
+    assert asked and asked[0].server == "every" and asked[0].mode == "form"
+    assert "Ada" in script.result("c1").content
+    (answered,) = bodies(events, ElicitationAnswered)
+    assert answered.action == "accept" and answered.content["name"] == "Ada"
+    assert [s.decision for s in bodies(events, SamplingRequested)] == ["allow"]
+    assert "answer to" in script.result("c2").content
+    assert all(not isinstance(e.body, ToolResponded) or e.body.status == "ok" for e in events)

@@ -259,6 +259,33 @@ class HostClient:
             )
         )
 
+    # ------------------------------------------------------------ elicitations
+
+    async def elicitations(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Open questions of MCP servers to a person (of one session, or of all)."""
+        path = (
+            "/v1/elicitations" if session_id is None else f"/v1/sessions/{session_id}/elicitations"
+        )
+        return list((await self._call("GET", path))["elicitations"])
+
+    async def answer_elicitation(
+        self,
+        session_id: str,
+        elicitation_id: str,
+        *,
+        action: str,
+        content: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Answer an open question: ``accept`` (with the form's ``content``), ``decline``
+        or ``cancel``; the first answer wins."""
+        return dict(
+            await self._call(
+                "POST",
+                f"/v1/sessions/{session_id}/elicitations/{elicitation_id}",
+                json={"action": action, "content": content or {}},
+            )
+        )
+
     # ------------------------------------------------------------ recovery
 
     async def recovery(self, session_id: str) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents import SubagentPolicy
 from lodger.substrates.codemode import Language
 from lodger.substrates.sandbox.policy import SandboxPolicy
-from lodger.tools.spec import Tool
+from lodger.tools.spec import Elicitor, Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
 
@@ -323,6 +323,7 @@ def project_overrides(
         mcp=[parse_mcp_option(spec, base=base) for spec in mcp_specs],
         approve_all=approve_all,
         approver=approver_for(view, interactive=interactive and not approve_all),
+        elicitor=elicitor_for(view, interactive=interactive),
         max_steps=max_steps,
         **budget_overrides(flags),
         code_mode=code_mode,
@@ -339,6 +340,15 @@ def approver_for(view: TurnWatcher, *, interactive: bool) -> Approver | None:
     """The terminal's approval prompt, for a live view on an interactive terminal."""
     if interactive and isinstance(view, LiveView):
         return interactive_approver(view.terminal)
+    return None
+
+
+def elicitor_for(view: TurnWatcher, *, interactive: bool) -> Elicitor | None:
+    """The terminal's answers to MCP servers' questions, for a live interactive view."""
+    if interactive and isinstance(view, LiveView):
+        from lodger.cli._elicit import terminal_elicitor
+
+        return terminal_elicitor(view.terminal)
     return None
 
 

@@ -43,6 +43,7 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event, TurnStarted
+from lodger.host.elicitations import ElicitationInbox
 from lodger.host.feed import Feeds
 from lodger.media import (
     MediaItem,
@@ -124,6 +125,8 @@ class Hub:
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         self._asked: dict[tuple[str, str], _Asked] = {}
+        #: MCP servers' questions to a person from this process's runs
+        self.elicitations = ElicitationInbox()
         self.turns_run = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -363,6 +366,7 @@ class Hub:
                 model=spec or self.config.models[0],
                 tools=self.config.tools,
                 approver=self._approver(session_id),
+                elicitor=self.elicitations.elicitor(session_id),
                 max_steps=self.config.max_steps,
                 usage=self.config.usage,
                 budgets=self.config.budgets,

@@ -56,7 +56,7 @@ from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.substrates.codemode import Language
 from lodger.tools.mcp import McpServerConfig, McpServers
-from lodger.tools.spec import Tool
+from lodger.tools.spec import Elicitor, Tool
 from lodger.tools.workspace import workspace_id
 
 __all__ = ["Binding", "FoldCache", "SessionDefaults", "SessionWorkspace", "Sessions"]
@@ -111,6 +111,8 @@ class Binding:
     workspace: Path | None = None
     permissions: PermissionPolicy = field(default_factory=PermissionPolicy)
     approver: Approver | None = None
+    #: answers an MCP server's questions during a call (None: its policy declines them)
+    elicitor: Elicitor | None = None
     max_steps: int = 50
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
@@ -153,6 +155,11 @@ class SessionWorkspace:
 
     def to_dict(self) -> dict[str, str | None]:
         return {"path": self.path, "state": self.state}
+
+
+def _servers(binding: Binding) -> McpServers:
+    """The binding's MCP servers, for the life of one turn (roots: its workspace)."""
+    return McpServers(binding.mcp, workspace=binding.workspace)
 
 
 def _workspace_of(path: str | None, recorded_id: str | None) -> SessionWorkspace:
@@ -239,7 +246,10 @@ class Sessions:
         the session is resumed first. ``task`` may carry images and documents
         (``lodger.media``)."""
         # the servers stop when the turn settles
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await agent.run(task, session=session, permission_mode=binding.permission_mode)
 
     async def resume(
@@ -252,7 +262,10 @@ class Sessions:
         refuses, naming the files.
         """
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await agent.resume(
                 session_id, relocate=relocate, model_settings=binding.model_settings
             )
@@ -264,7 +277,10 @@ class Sessions:
         from lodger.runtime.subagents.tool import drive_detached_child  # only a worker delegates
 
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await drive_detached_child(agent, session_id)
 
     async def decide(
@@ -376,7 +392,10 @@ class Sessions:
                 max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets
             ),
             hooks=Hooks(
-                approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
+                approver=binding.approver,
+                on_event=binding.on_event,
+                on_text=binding.on_text,
+                elicitor=binding.elicitor,
             ),
             services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
             compaction=binding.compaction,
@@ -466,7 +485,10 @@ class Sessions:
     async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:
         """Run the session's next queued message as a turn (None: nothing is queued)."""
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await agent.run_queued(session_id)
 
     async def cancel(

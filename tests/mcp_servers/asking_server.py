@@ -5,8 +5,9 @@
 Built on the official SDK's ``MCPServer``. Its tools ask the user for a name and a
 password (the password's field is marked ``format: password``), send the user to a URL,
 ask for model completions (``times`` of them: a sampling loop), read the client's roots,
-change the tool listing (``notifications/tools/list_changed``), and die in the middle of
-a call. Each answers with what it got, so a test can check what reached the server.
+change the tool listing (``notifications/tools/list_changed``, once or in a storm, with a
+broken schema), and die in the middle of a call. Each answers with what it got, so a test
+can check what reached the server.
 """
 
 from __future__ import annotations
@@ -107,10 +108,40 @@ async def grow(ctx: Context, name: str) -> str:
 
 
 @server.tool()
+async def storm(ctx: Context, times: int = 100) -> str:
+    """Add ``broken`` (an input schema that is not a JSON schema) and ``whole`` (a fine
+    one), then say the listing changed ``times`` times in a row."""
+
+    def whole(text: str) -> str:
+        return text
+
+    server.add_tool(whole, name="whole", description="a fine tool added by a storm")
+    server.add_tool(whole, name="broken", description="a tool whose schema is nonsense")
+    tool = server._tool_manager.get_tool("broken")
+    assert tool is not None
+    tool.parameters = {"type": "object", "properties": {"x": {"type": "frobnicate"}}}
+    for _ in range(times):
+        await ctx.request_context.session.send_tool_list_changed()
+    return f"stormed {times}"
+
+
+@server.tool()
 async def die_asking(ctx: Context) -> str:
-    """Ask the user a question, and die before any answer is read."""
-    sys.stdout.flush()
-    os._exit(5)
+    """Ask the user a question, and die a moment later, before any answer is read."""
+
+    async def die() -> None:
+        await anyio.sleep(0.3)
+        sys.stdout.flush()
+        os._exit(5)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(die)
+        await ctx.request_context.session.elicit(
+            "Are you there?",
+            {"type": "object", "properties": {"yes": {"type": "boolean"}}},
+            related_request_id=ctx.request_id,
+        )
+    return "unreachable"
 
 
 class _HandshakeEra:

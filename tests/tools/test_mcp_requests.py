@@ -25,6 +25,7 @@ from lodger.events import (
     SamplingAnswered,
     SamplingRequested,
     ToolResponded,
+    ToolsChanged,
     Usage,
 )
 from lodger.ids import ManualClock, SequentialIds
@@ -49,8 +50,11 @@ class Script:
     """A model that calls ``calls`` one per step (after selecting them), then answers;
     a request without tools (a sampling request) is answered with its last message."""
 
-    def __init__(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    def __init__(
+        self, calls: Sequence[tuple[str, dict[str, Any]]], select: Sequence[str] = ()
+    ) -> None:
         self.calls = list(calls)
+        self.select = list(select) or sorted({name for name, _ in self.calls})
         self.requests: list[ModelRequest] = []
         self.samples: list[ModelRequest] = []
 
@@ -63,7 +67,7 @@ class Script:
             )
         self.requests.append(request)
         step = len(self.requests) - 1
-        names = ",".join(sorted({name for name, _ in self.calls}))
+        names = ",".join(self.select)
         if step == 0:
             query = json.dumps({"query": f"select:{names}"})
             return ModelResponse(
@@ -103,6 +107,7 @@ async def run(
             limits=limits or Limits(),
             services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         )
+        agent.registry.add_source(servers)  # a list_changed rebinds at the next step
         result = await agent.run("go", session="s")
         events = await agent.session("s").events()
         await agent.close()
@@ -154,6 +159,7 @@ async def test_an_answer_that_breaks_the_form_is_declined(tmp_path: Path) -> Non
     assert answered.action == "decline" and answered.by == "policy"
 
 
+@pytest.mark.slow
 async def test_nobody_to_ask_declines_by_policy_and_a_slow_person_times_out(
     tmp_path: Path,
 ) -> None:
@@ -237,6 +243,7 @@ async def test_sampling_counts_in_the_turn_budget(tmp_path: Path) -> None:
     assert len(script.requests) == 2  # tool_search, think: then the budget stops it
 
 
+@pytest.mark.slow
 async def test_roots_are_offered_only_by_policy(tmp_path: Path) -> None:
     script = Script([("ask__roots", {})])
     await run(tmp_path / "a", [asking()], script)
@@ -247,6 +254,7 @@ async def test_roots_are_offered_only_by_policy(tmp_path: Path) -> None:
     assert script.result("c1").content == (tmp_path / "b").resolve().as_uri()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
 async def test_server_everything_elicits_and_samples_through_lodger(tmp_path: Path) -> None:
     asked: list[Elicitation] = []
@@ -275,3 +283,69 @@ async def test_server_everything_elicits_and_samples_through_lodger(tmp_path: Pa
     assert [s.decision for s in bodies(events, SamplingRequested)] == ["allow"]
     assert "answer to" in script.result("c2").content
     assert all(not isinstance(e.body, ToolResponded) or e.body.status == "ok" for e in events)
+
+
+async def test_a_changed_listing_rebinds_at_the_next_step_as_a_fact(tmp_path: Path) -> None:
+    script = Script(
+        [
+            ("ask__grow", {"name": "alpha"}),
+            ("tool_search", {"query": "select:ask__alpha"}),
+            ("ask__alpha", {"text": "hi"}),
+            ("ask__grow", {"name": "beta"}),
+            ("ask__alpha", {"text": "again"}),
+        ],
+        select=["ask__grow"],
+    )
+    events = await run(tmp_path, [asking()], script)
+    assert script.result("c3").content == "hi"  # bound from the step after the change
+    assert "ask__alpha" in script.result("c5").content and script.result("c5").is_error
+    changes = [(c.added, c.removed) for c in bodies(events, ToolsChanged)]
+    assert changes == [(("ask__alpha",), ()), (("ask__beta",), ("ask__alpha",))]
+    # the inventory the model reads names the new tool, from the step after
+    assert "ask__beta" in script.requests[-1].system
+
+
+async def test_a_storm_of_changes_relists_once_and_a_bad_schema_costs_one_tool(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    script = Script(
+        [
+            ("ask__storm", {"times": 200}),
+            ("tool_search", {"query": "select:ask__whole,ask__broken"}),
+            ("ask__whole", {"text": "still fine"}),
+            ("ask__broken", {}),
+        ],
+        select=["ask__storm"],
+    )
+    events = await run(tmp_path, [asking()], script)
+    changes = bodies(events, ToolsChanged)
+    assert len(changes) == 1, changes  # 200 notifications, one relisting before a step
+    assert set(changes[0].added) == {"ask__whole", "ask__broken"}
+    assert changes[0].unusable == ("ask__broken",)
+    assert script.result("c3").content == "still fine"
+    broken = script.result("c4")
+    assert broken.is_error and "cannot be called" in broken.content
+    assert "lodger cannot call this tool" not in script.result("c3").content
+
+
+@pytest.mark.slow
+async def test_a_server_that_dies_while_it_asks_ends_the_call_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    async def never(question: Elicitation) -> ElicitationReply:
+        import asyncio
+
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    script = Script([("ask__die_asking", {}), ("ask__think", {"times": 1})])
+    events = await run(tmp_path, [asking()], script, elicitor=never)
+    died = script.result("c1")
+    assert died.is_error and "is not available" in died.content
+    assert "answered=0 refused=1" in script.result("c2").content  # started again
+    (requested,) = bodies(events, ElicitationRequested)
+    # nothing of the dead call is committed after its T2
+    t2 = next(e.offset for e in events if e.call_id == "c1" and isinstance(e.body, ToolResponded))
+    late = [e for e in events if e.call_id == "c1" and e.offset > t2]
+    assert late == []
+    assert requested.server == "ask"

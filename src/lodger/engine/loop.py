@@ -57,6 +57,7 @@ from lodger.events import (
     SessionStarted,
     StepStarted,
     ToolRef,
+    ToolsChanged,
     TurnEnded,
     TurnStarted,
     Usage,
@@ -520,6 +521,7 @@ class Engine:
         # without waiting, nothing else here suspends); long-running calls' results that
         # came meanwhile are committed as their T2.
         await pipeline.between_steps()
+        await self._tools_changed(ctx)
         running = current_control()  # a turn the agent runs (TurnControl.run): ``control``
         if running is not None:
             running.start_driving(ctx.turn_id)  # from now on a cancel stops the task
@@ -530,6 +532,19 @@ class Engine:
         if reached is not None:
             return await self.park(ctx, reached)
         return None
+
+    async def _tools_changed(self, ctx: RunContext) -> None:
+        """Rebind what live tool sources changed (an MCP server's ``list_changed``), as
+        ``tools_changed`` facts, before the step that shows the new tools."""
+        for change in await self.registry.refresh():
+            if change.added or change.removed or change.unusable:
+                fact = ToolsChanged(
+                    server=change.group,
+                    added=change.added,
+                    removed=change.removed,
+                    unusable=change.unusable,
+                )
+                await ctx.journal.fact(fact, ctx.envelope)
 
     async def _cancelled(self, ctx: RunContext, request: CancelRequest) -> TurnResult:
         """End the turn on a cancel request: the request, ``run_ended`` and

@@ -378,7 +378,7 @@ class Sessions:
         )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
-        return Agent(
+        agent = Agent(
             model=binding.model,
             tools=[*binding.tools, *servers.tools()],
             storage=self.storage,
@@ -400,6 +400,8 @@ class Sessions:
             services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
             compaction=binding.compaction,
         )
+        agent.registry.add_source(servers)  # a server's list_changed: the next step
+        return agent
 
     async def compact(
         self,

@@ -74,6 +74,7 @@ from lodger.tools._mcp_limits import (
     counting,
 )
 from lodger.tools._mcp_requests import InFlight, ServerRequests
+from lodger.tools.registry import ToolsReplaced
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -457,10 +458,22 @@ class _Connection:
             self._stop.set()  # a run still waiting on a dead transport ends now
             await self._down.wait()
             why = self.failure
-            self._stop, self._ready, self._down = asyncio.Event(), asyncio.Event(), asyncio.Event()
-            self.failure = None
-            self.spawn()
-            await self._ready.wait()
+            for attempt, pause in enumerate((0.0, *RECONNECT_BACKOFF_S)):
+                await asyncio.sleep(pause)  # a server that just crashed may need a moment
+                self._stop, self._ready, self._down = (
+                    asyncio.Event(),
+                    asyncio.Event(),
+                    asyncio.Event(),
+                )
+                self.failure = None
+                self.spawn()
+                await self._ready.wait()
+                if self.failure is None:
+                    break
+                _log.warning(
+                    "MCP server %r did not start again (attempt %d): %s",
+                    self.config.name, attempt + 1, self.failure,
+                )  # fmt: skip
             if self.failure is not None:
                 self.failure = f"it went down ({why}) and did not start again: {self.failure}"
                 raise self._unavailable()
@@ -486,10 +499,21 @@ class _Connection:
     ) -> ToolOutput:
         if self._client is None or self.failure is not None:
             await self._reconnect()
-        if ctx is None:
-            return await self._call(tool, arguments)
-        with self.inflight.call(ctx):  # the server's requests meanwhile are this call's
-            return await self._call(tool, arguments)
+        with contextlib.ExitStack() as stack:
+            if ctx is not None:  # the server's requests meanwhile are this call's
+                stack.enter_context(self.inflight.call(ctx))
+            try:
+                return await self._call(tool, arguments)
+            except _SessionEnded:
+                # The HTTP server forgot the session (it restarted, or dropped it): the
+                # request was refused before any tool ran, so it is sent once more over a
+                # new session.
+                self.failure = "its HTTP session ended"
+                await self._reconnect()
+                try:
+                    return await self._call(tool, arguments)
+                except _SessionEnded:
+                    raise self._unavailable() from None
 
     async def _call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
         import anyio
@@ -526,6 +550,8 @@ class _Connection:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self.failure = await self._explain("its connection closed (did it exit?)")
                 raise self._unavailable() from None
+            if exc.code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
+                raise _SessionEnded from None
             if exc.code == MESSAGE_TOO_LARGE:
                 raise ToolCallError(
                     f"{mcp_tool_name(self.config.name, tool)} did not get an answer lodger "
@@ -563,6 +589,14 @@ class _Connection:
             f"{self.config.timeout_s:g} s (MCP server {self.config.name!r} may be stuck or "
             "the work too slow); it may still finish, so check before repeating it"
         )
+
+
+class _SessionEnded(Exception):
+    """The HTTP server answered 404 for the session: it no longer knows it."""
+
+
+#: pauses between the attempts to start a server that went down (after the first, at once)
+RECONNECT_BACKOFF_S = (0.1, 0.4, 1.6)
 
 
 def _client_info() -> mcp_types.Implementation:
@@ -861,28 +895,62 @@ class McpServers:
             raise
         taken: set[str] = set()  # "a" + "_x" and "a_" + "x" both mangle to a___x
         for connection in self._connections:
-            mended = connection.listing.unusable if connection.listing is not None else {}
-            definitions = [
-                {
-                    "name": t.name,
-                    "description": t.description,
-                    "inputSchema": t.input_schema,
-                    "unusable": mended.get(t.name),
-                }
-                for t in connection.listed
-            ]
-            tools, unusable = _bind(
-                definitions, config=connection.config, connection=connection, taken=taken
-            )
-            if connection.listing is not None and connection.listing.unnamed:
-                _log.warning(
-                    "MCP server %r lists %d tools without a usable name; they are left out",
-                    connection.config.name,
-                    connection.listing.unnamed,
-                )
+            tools, unusable = self._bound(connection, taken)
             self._tools.extend(tools)
             self._unusable.update(unusable)
         return self
+
+    @staticmethod
+    def _bound(connection: _Connection, taken: set[str]) -> tuple[list[Tool], dict[str, str]]:
+        mended = connection.listing.unusable if connection.listing is not None else {}
+        definitions = [
+            {
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+                "unusable": mended.get(t.name),
+            }
+            for t in connection.listed
+        ]
+        if connection.listing is not None and connection.listing.unnamed:
+            _log.warning(
+                "MCP server %r lists %d tools without a usable name; they are left out",
+                connection.config.name,
+                connection.listing.unnamed,
+            )
+        return _bind(definitions, config=connection.config, connection=connection, taken=taken)
+
+    # ``ToolSource`` (lodger.tools.registry): a ``list_changed`` rebinds at the next step
+
+    def stale(self) -> bool:
+        return any(c.tools_stale and c.failure is None for c in self._connections)
+
+    async def refresh(self) -> list[ToolsReplaced]:
+        """The tools of each server that said its listing changed, listed again; a server
+        that cannot list keeps its tools (and is asked again at its next change)."""
+        out: list[ToolsReplaced] = []
+        for connection in self._connections:
+            if not connection.tools_stale or connection.failure is not None:
+                continue
+            name = connection.config.name
+            try:
+                listed = await connection.relist()
+            except Exception as exc:  # noqa: BLE001 - a failed relisting costs its server only
+                _log.warning(
+                    "MCP server %r could not list its tools again: %s", name, _describe(exc)
+                )
+                continue
+            if listed is None:
+                continue
+            taken = {t.name for t in self._tools if t.group != name}
+            tools, unusable = self._bound(connection, taken)
+            self._tools = [t for t in self._tools if t.group != name] + tools
+            self._unusable = {
+                k: v for k, v in self._unusable.items() if not k.startswith(f"{name}__")
+            }
+            self._unusable.update(unusable)
+            out.append(ToolsReplaced(group=name, tools=tools, unusable=sorted(unusable)))
+        return out
 
     def _spawner(self, connection: _Connection) -> Callable[[], None]:
         def spawn() -> None:

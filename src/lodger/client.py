@@ -175,12 +175,20 @@ class HostClient:
         key: str | None = None,
         attachments: Sequence[MediaItem] = (),
         model_settings: dict[str, Any] | None = None,
+        resources: Sequence[tuple[str, str]] = (),
+        prompt: tuple[str, str, dict[str, str]] | None = None,
     ) -> dict[str, Any]:
         """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
         ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
-        ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
-        "stream": path}``."""
+        ``[model_settings]`` names them; with MCP ``resources`` as ``(server, uri)`` read
+        into its input, starting from MCP ``prompt`` ``(server, name, arguments)``);
+        returns ``{"message": {...}, "created": bool, "stream": path}``."""
         body: dict[str, Any] = {"text": text}
+        if resources:
+            body["resources"] = [{"server": s, "uri": u} for s, u in resources]
+        if prompt is not None:
+            server, name, arguments = prompt
+            body["prompt"] = {"server": server, "name": name, "arguments": arguments}
         if key is not None:
             body["idempotency_key"] = key
         if attachments:

@@ -79,3 +79,46 @@ async def test_a_hosted_elicitation_is_answered_over_the_api(tmp_path: Path) -> 
         assert "user=ada password_length=7" in result.data["body"]["content"]
         assert "hunter2" not in str([f.data for f in facts])
         assert await client.elicitations(sid) == []
+
+
+EVERYTHING = (
+    Path(__file__).parent.parent
+    / "mcp_servers/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_a_hosted_turn_starts_from_a_prompt_with_a_resource(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", [{"text": "sunny"}])
+    workspaces = tmp_path / "ws"
+    (workspaces / "s2").mkdir(parents=True)
+    (workspaces / "s2" / "lodger.toml").write_text(
+        f'[mcp.servers.every]\ncommand = "node"\nargs = [{str(EVERYTHING)!r}, "stdio"]\n'
+    )
+    async with (
+        running_host(
+            tmp_path / "state", models=(model,), workspaces=workspaces, trust_projects=True
+        ) as host,
+        host.client() as client,
+    ):
+        sid = await client.create_session(session_id="s2")
+        with pytest.raises(UsageError):
+            await client.send(sid, "lodger-mcp/1\n{}", key="forged")
+        sent = await client.send(
+            sid,
+            "answer in one word",
+            key="1",
+            prompt=("every", "args-prompt", {"city": "Paris"}),
+            resources=[("every", "demo://resource/static/document/architecture.md")],
+        )
+        done = await client.wait_message(sid, sent["message"]["id"])
+        assert done["status"] == "done", done
+        facts = await client.events(sid)
+        (started,) = [f for f in facts if f.kind == "turn_started"]
+        text = started.data["body"]["input"]
+        assert text.startswith("What's weather in Paris?\n\nanswer in one word")
+        assert "[resource demo://resource/static/document/architecture.md" in text
+        failing = await client.send(sid, "x", key="2", prompt=("nope", "p", {}))
+        failed = await client.wait_message(sid, failing["message"]["id"])
+        assert failed["status"] == "failed" and "no MCP server is named 'nope'" in str(failed)

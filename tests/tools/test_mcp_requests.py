@@ -108,6 +108,7 @@ async def run(
             services=Services(clock=ManualClock(tick_us=10), ids=SequentialIds("id")),
         )
         agent.registry.add_source(servers)  # a list_changed rebinds at the next step
+        agent.registry.add_prompt_section(servers.updates)  # resources that changed
         result = await agent.run("go", session="s")
         events = await agent.session("s").events()
         await agent.close()
@@ -349,3 +350,70 @@ async def test_a_server_that_dies_while_it_asks_ends_the_call_and_comes_back(
     late = [e for e in events if e.call_id == "c1" and e.offset > t2]
     assert late == []
     assert requested.server == "ask"
+
+
+ARCHITECTURE = "demo://resource/static/document/architecture.md"
+
+
+def everything(**options: Any) -> McpServerConfig:
+    return McpServerConfig(name="every", command="node", args=(str(EVERYTHING), "stdio"), **options)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_resources_are_deferred_tools_and_an_update_is_noted_at_the_next_step(
+    tmp_path: Path,
+) -> None:
+    script = Script(
+        [
+            ("every__list_resources", {}),
+            ("every__read_resource", {"uri": ARCHITECTURE}),
+            ("every__read_resource", {"uri": "demo://resource/dynamic/text/7"}),
+            ("every__subscribe_resource", {"uri": ARCHITECTURE}),
+            ("every__toggle-subscriber-updates", {}),
+            ("every__read_resource", {"uri": ARCHITECTURE}),
+            ("every__read_resource", {"uri": "demo://nothing/here"}),
+        ]
+    )
+    await run(tmp_path, [everything()], script)
+    listing = script.result("c1").content
+    assert ARCHITECTURE in listing and "resource templates" in listing
+    assert "demo://resource/dynamic/text/{resourceId}" in listing
+    assert "# Everything Server" in script.result("c2").content
+    assert "demo://resource/dynamic/text/7" in script.result("c3").content
+    assert "subscribed" in script.result("c4").content
+    # the step after the update names the resource; the step after it was read does not
+    noted = [ARCHITECTURE in r.system for r in script.requests]
+    assert noted[6] and not noted[7], noted
+    missing = script.result("c7")
+    assert missing.is_error and "could not read" in missing.content
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_a_turn_starts_from_a_prompt_and_a_resource_through_sessions(
+    tmp_path: Path,
+) -> None:
+    from lodger.runtime.sessions import Binding, Sessions
+    from lodger.tools.mcp import McpInput, PromptRef, ResourceRef
+
+    seen: list[ModelRequest] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        return ModelResponse(text="sunny")
+
+    given = McpInput(
+        text="in one word",
+        prompt=PromptRef(server="every", name="args-prompt", arguments={"city": "Oslo"}),
+        resources=[ResourceRef(server="every", uri=ARCHITECTURE)],
+    )
+    async with Sessions(Storage.local(tmp_path / "state")) as sessions:
+        binding = Binding(model=FunctionModel(model), mcp=[everything()])
+        result = await sessions.run(given, binding=binding, session="s")
+        events = await sessions.storage.log.read("s")
+    assert result.status == "completed"
+    (started,) = [e.body for e in events if e.kind == "turn_started"]
+    assert started.input.startswith("What's weather in Oslo?\n\nin one word\n\n[resource ")
+    assert "# Everything Server" in started.input
+    assert seen[0].messages[0].text == started.input  # type: ignore[union-attr]

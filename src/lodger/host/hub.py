@@ -61,6 +61,8 @@ from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
 from lodger.substrates.codemode import Language
+from lodger.tools._mcp_content import decode_input, encode_input
+from lodger.tools.mcp import McpInput
 from lodger.tools.spec import Tool
 
 __all__ = ["HostConfig", "Hub"]
@@ -250,12 +252,16 @@ class Hub:
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
+        mcp: McpInput | None = None,
     ) -> tuple[Message, bool]:
         """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
         (checked by the caller) are stored as artifacts first; the queued message names
         them, so the turn runs with them whenever it runs; it asks the model with
-        ``settings`` over the project's."""
+        ``settings`` over the project's. ``mcp`` names MCP resources and a prompt the
+        turn starts from (its text is ``text``)."""
         await self.require(session_id)
+        if mcp is not None:
+            text = encode_input(mcp)
         if media:
             attachments = await store_media(media, self.sessions.storage.artifacts, {})
             text, kind = media_message(text, attachments), "media"
@@ -336,14 +342,18 @@ class Hub:
         self.turns_run += 1
         await self.control.finish_message(message.id, status="done", result=_summary(result))
 
-    async def _input(self, message: Message) -> UserInput:
-        """A queued message's turn input (a ``media`` message's bytes from the artifacts)."""
+    async def _input(self, message: Message) -> UserInput | McpInput:
+        """A queued message's turn input (a ``media`` message's bytes from the artifacts;
+        MCP resources and a prompt named, read when the turn's servers are up)."""
         if message.kind != "media":
-            return message.text
+            return decode_input(message.text) or message.text
         text, attachments = parse_media_message(message.text)
-        return await attached_input(
+        given = await attached_input(
             text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
         )
+        items = list(given) if not isinstance(given, str) else [given]
+        media = [item for item in items[1:] if not isinstance(item, str)]
+        return decode_input(text, media) or given
 
     async def binding(self, session_id: str, *, settings: ModelSettings | None = None) -> Binding:
         spec = await self.control.session_model(session_id)

@@ -55,7 +55,7 @@ from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.substrates.codemode import Language
-from lodger.tools.mcp import McpServerConfig, McpServers
+from lodger.tools.mcp import McpInput, McpServerConfig, McpServers
 from lodger.tools.spec import Elicitor, Tool
 from lodger.tools.workspace import workspace_id
 
@@ -240,16 +240,19 @@ class Sessions:
     # ------------------------------------------------------------------ acting
 
     async def run(
-        self, task: UserInput, *, binding: Binding, session: str | None = None
+        self, task: UserInput | McpInput, *, binding: Binding, session: str | None = None
     ) -> TurnResult:
         """Run one turn (a new session when ``session`` is None); an interrupted turn of
         the session is resumed first. ``task`` may carry images and documents
-        (``lodger.media``)."""
+        (``lodger.media``), or name MCP resources and a prompt (``McpInput``: read once
+        the servers are up)."""
         # the servers stop when the turn settles
         async with (
             _servers(binding) as servers,
             self._agent(binding, servers) as agent,
         ):
+            if isinstance(task, McpInput):
+                task = await servers.expand(task)
             return await agent.run(task, session=session, permission_mode=binding.permission_mode)
 
     async def resume(
@@ -401,6 +404,7 @@ class Sessions:
             compaction=binding.compaction,
         )
         agent.registry.add_source(servers)  # a server's list_changed: the next step
+        agent.registry.add_prompt_section(servers.updates)  # resources that changed
         return agent
 
     async def compact(

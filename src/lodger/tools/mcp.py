@@ -64,8 +64,20 @@ from pydantic import ValidationError
 from lodger._core.extras import require
 from lodger._core.text import visible_text
 from lodger.authority import ResourceClaim
-from lodger.errors import ConfigError, ToolCallError
+from lodger.errors import ConfigError, ToolCallError, UsageError
 from lodger.events import canonical_json
+from lodger.media import UserInput
+from lodger.tools._mcp_content import (
+    McpInput,
+    PromptRef,
+    ResourceRef,
+    _listing,
+    expand,
+    prompt_text,
+    resource_text,
+    resource_tools,
+    unavailable,
+)
 from lodger.tools._mcp_limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MESSAGE_TOO_LARGE,
@@ -85,7 +97,15 @@ if TYPE_CHECKING:
 
     from lodger.tools._mcp_streams import Listing, Parsed
 
-__all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
+__all__ = [
+    "McpInput",
+    "McpServerConfig",
+    "McpServers",
+    "PromptRef",
+    "ResourceRef",
+    "mcp_tool_name",
+    "tools_from_definitions",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -266,6 +286,9 @@ class _Connection:
         self.tools_stale = False
         #: resources the server said were updated since they were last noted
         self.updated: list[str] = []
+        #: whether the server lists a resource or a resource template (not only the
+        #: capability: an SDK server declares it with nothing to read)
+        self.resources = False
         self.listed: list[mcp_types.Tool] = []
         self.failure: str | None = None
         self._client: Client | None = None
@@ -345,6 +368,7 @@ class _Connection:
                     transport = watched(await self._transport(stack), ended, listing, parsed)
                     client = await stack.enter_async_context(self._client_for(transport))
                     self.listed = await _list_tools(client, c.name, listing)
+                    self.resources = await _offers_resources(client)
                 self._client = client
                 self._ready.set()
                 while not stop.is_set():
@@ -396,11 +420,66 @@ class _Connection:
         self.listed = await _list_tools(client, self.config.name, self.listing)
         return self.listed
 
-    @property
-    def client(self) -> Client:
+    async def connected(self) -> Client:
+        """The client, starting the server again first if it went down."""
         if self._client is None or self.failure is not None:
+            await self._reconnect()
+        if self._client is None:
             raise self._unavailable()
         return self._client
+
+    def offers(self) -> tuple[bool, bool]:
+        """Whether the server offers resources, and subscriptions to them."""
+        client = self._client
+        if client is None or not self.resources:
+            return False, False
+        resources = client.server_capabilities.resources
+        return resources is not None, bool(resources is not None and resources.subscribe)
+
+    async def _asked(self, what: str, work: Any) -> Any:
+        """``work`` (a coroutine on the client), with the server's timeout and its
+        failures as a ``ToolCallError`` that names ``what``."""
+        from mcp.shared.exceptions import MCPError
+
+        # In a task of its own, as a call is: the SDK's cancel scopes belong to the task
+        # they were entered in, and the tool's task may be cancelled from outside.
+        with counting(self.noise):
+            task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(task, self.config.timeout_s)
+        except MCPError as exc:
+            raise unavailable(self.config.name, what, exc.message) from None
+        except TimeoutError:
+            raise unavailable(self.config.name, what, "it did not answer in time") from None
+        except ValidationError as exc:
+            raise unavailable(self.config.name, what, _describe(exc)) from None
+
+    async def resources_listing(self) -> str:
+        client = await self.connected()
+        listing: str = await self._asked("list its resources", _listing(client))
+        return listing
+
+    async def read_resource(self, uri: str) -> str:
+        client = await self.connected()
+        result = await self._asked(f"read {uri!r}", client.read_resource(uri))
+        if uri in self.updated:
+            self.updated.remove(uri)  # read again: the update is seen
+        return resource_text(result, uri)
+
+    async def subscribe(self, uri: str) -> None:
+        import mcp_types
+
+        client = await self.connected()
+        # the request itself: the SDK's helper warns that the 2026 protocol dropped it,
+        # but the servers that offer subscriptions are of the handshake era
+        request = mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
+        work = client.session.send_request(request, mcp_types.EmptyResult)
+        await self._asked(f"subscribe to {uri!r}", work)
+
+    async def prompt(self, name: str, arguments: dict[str, str]) -> str:
+        client = await self.connected()
+        result = await self._asked(f"give its prompt {name!r}", client.get_prompt(name, arguments))
+        return prompt_text(result, _block_text)
 
     async def _explain(self, why: str) -> str:
         tail = await asyncio.to_thread(self._stderr_tail)
@@ -603,6 +682,20 @@ def _client_info() -> mcp_types.Implementation:
     import mcp_types
 
     return mcp_types.Implementation(name="lodger", version="0.1")
+
+
+async def _offers_resources(client: Client) -> bool:
+    """Whether the server has a resource or a template to read (its first pages)."""
+    from mcp.shared.exceptions import MCPError
+
+    if client.server_capabilities.resources is None:
+        return False
+    try:
+        if (await client.list_resources()).resources:
+            return True
+        return bool((await client.list_resource_templates()).resource_templates)
+    except (MCPError, ValidationError):
+        return False  # a server that cannot list them offers none we can use
 
 
 # Tools bound from one server. Checking a schema takes about a millisecond on the event
@@ -902,6 +995,20 @@ class McpServers:
 
     @staticmethod
     def _bound(connection: _Connection, taken: set[str]) -> tuple[list[Tool], dict[str, str]]:
+        tools, unusable = McpServers._listed(connection, taken)
+        resources, subscribe = connection.offers()
+        if resources:
+            for t in resource_tools(
+                connection.config.name, connection, subscribe=subscribe, named=mcp_tool_name
+            ):
+                if t.name in taken:  # the server lists a tool of that name: its own wins
+                    continue
+                taken.add(t.name)
+                tools.append(t)
+        return tools, unusable
+
+    @staticmethod
+    def _listed(connection: _Connection, taken: set[str]) -> tuple[list[Tool], dict[str, str]]:
         mended = connection.listing.unusable if connection.listing is not None else {}
         definitions = [
             {
@@ -982,6 +1089,47 @@ class McpServers:
 
     def tools(self) -> list[Tool]:
         return list(self._tools)
+
+    def _connection(self, server: str) -> _Connection:
+        for connection in self._connections:
+            if connection.config.name == server:
+                return connection
+        names = ", ".join(c.config.name for c in self._connections) or "none"
+        raise UsageError(
+            f"no MCP server is named {server!r} in this run (servers: {names})",
+            hint="name a server of lodger.toml's [mcp.servers] or of --mcp",
+            code="usage",
+        )
+
+    async def read(self, server: str, uri: str) -> str:
+        """Resource ``uri`` of ``server`` as text (for a turn's input)."""
+        try:
+            return await self._connection(server).read_resource(uri)
+        except ToolCallError as exc:
+            raise UsageError(exc.message, code="usage") from None
+
+    async def prompt(self, server: str, name: str, arguments: dict[str, str]) -> str:
+        """Prompt ``name`` of ``server`` with ``arguments``, as text (for a turn's input)."""
+        try:
+            return await self._connection(server).prompt(name, arguments)
+        except ToolCallError as exc:
+            raise UsageError(exc.message, code="usage") from None
+
+    async def expand(self, given: McpInput) -> UserInput:
+        """A turn's input that names resources and a prompt, read now."""
+        return await expand(self, given)
+
+    def updates(self) -> str:
+        """The system prompt's note of resources the servers said changed (empty: none)."""
+        lines = [
+            f"- {c.config.name}: {', '.join(c.updated)}" for c in self._connections if c.updated
+        ]
+        if not lines:
+            return ""
+        return (
+            "MCP resources updated since they were last read (read them again with "
+            "<server>__read_resource):\n" + "\n".join(lines)
+        )
 
     def failures(self) -> dict[str, str]:
         """Servers that are down now, with why (the next call of one of their tools tries

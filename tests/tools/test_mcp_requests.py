@@ -17,6 +17,7 @@ import pytest
 
 from lodger.engine.budgets import UsageLimits
 from lodger.engine.settings import Hooks, Limits, Services
+from lodger.errors import ToolCallError
 from lodger.events import (
     ElicitationAnswered,
     ElicitationRequested,
@@ -417,3 +418,64 @@ async def test_a_turn_starts_from_a_prompt_and_a_resource_through_sessions(
     assert started.input.startswith("What's weather in Oslo?\n\nin one word\n\n[resource ")
     assert "# Everything Server" in started.input
     assert seen[0].messages[0].text == started.input  # type: ignore[union-attr]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _http_everything(port: int) -> Any:
+    """server-everything over streamable HTTP on ``port``: a server of the handshake era,
+    whose sessions live in its process."""
+    import asyncio
+    import os
+
+    proc = await asyncio.create_subprocess_exec(
+        "node", str(EVERYTHING), "streamableHttp",
+        env={**os.environ, "PORT": str(port)}, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    async with asyncio.timeout(30):
+        while b"listening on port" not in await proc.stderr.readline():
+            pass
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_a_dropped_http_session_is_opened_again_by_the_next_call() -> None:
+    """server-everything answers a session it does not know with 400 (the protocol says
+    404, which lodger answers by sending the refused request again): the call that met it
+    is an error result that says the server went away, the next one opens a new session."""
+    import os
+    import signal
+
+    from lodger.tools.spec import ToolContext
+
+    port = _free_port()
+    first = await _http_everything(port)
+    second = None
+    try:
+        config = McpServerConfig(name="web", url=f"http://127.0.0.1:{port}/mcp")
+        async with McpServers([config]) as servers:
+            (echo,) = [t for t in servers.tools() if t.name == "web__echo"]
+            ctx = ToolContext(
+                session_id="s", turn_id="t", run_id="r", call_id="c", operation_id="o"
+            )
+            assert "one" in (await echo.handler({"message": "one"}, ctx)).content
+            os.kill(first.pid, signal.SIGKILL)  # its sessions die with the process
+            await first.wait()
+            second = await _http_everything(port)  # a new process: it knows no session
+            with pytest.raises(ToolCallError, match="is not available"):
+                await echo.handler({"message": "lost"}, ctx)
+            assert "two" in (await echo.handler({"message": "two"}, ctx)).content
+            assert servers.reconnects() == {"web": 1}
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -631,6 +631,11 @@ class _Connection:
                 raise self._unavailable() from None
             if exc.code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
                 raise _SessionEnded from None
+            if self.config.url is not None and exc.message == _HTTP_ERROR_STATUS:
+                # an error status with no JSON-RPC answer (a server that forgot the session
+                # and says 400, a proxy's 502): the next call opens a new session
+                self.failure = "its HTTP endpoint answered with an error status"
+                raise self._unavailable() from None
             if exc.code == MESSAGE_TOO_LARGE:
                 raise ToolCallError(
                     f"{mcp_tool_name(self.config.name, tool)} did not get an answer lodger "
@@ -668,6 +673,10 @@ class _Connection:
             f"{self.config.timeout_s:g} s (MCP server {self.config.name!r} may be stuck or "
             "the work too slow); it may still finish, so check before repeating it"
         )
+
+
+#: the SDK's message for an HTTP error status that carried no JSON-RPC error
+_HTTP_ERROR_STATUS = "Server returned an error response"
 
 
 class _SessionEnded(Exception):

@@ -129,3 +129,41 @@ def test_the_terminal_answers_a_form_and_hides_the_password(tmp_path: Path) -> N
     flat = re.sub(r"\s", "", shown)
     assert '"content":{"user":"ada"},"withheld":["password"]' in flat
     assert "hunter2" not in shown and "first-try" not in shown
+
+
+@pytest.mark.slow
+def test_without_a_terminal_the_question_is_declined_by_policy(tmp_path: Path) -> None:
+    """`lodger run --json` has nobody to ask (as a worker has not): the server's question
+    is declined at once, the fact says so, and the turn goes on."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lodger",
+            "run",
+            "sign in",
+            "--json",
+            "--model",
+            f"script:{tmp_path / 'script.json'}",
+            "--workspace",
+            str(ws),
+            "--state",
+            str(tmp_path / "state"),
+            "--mcp",
+            f"ask={sys.executable} {ASKING}",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    facts = [json.loads(line) for line in done.stdout.splitlines()]
+    bodies = {f["kind"]: f["event"]["body"] for f in facts if f.get("type") == "fact"}
+    assert bodies["elicitation_answered"]["action"] == "decline"
+    assert bodies["elicitation_answered"]["by"] == "policy"
+    assert "action=decline" in bodies["tool_responded"]["content"]

@@ -479,3 +479,45 @@ async def test_a_dropped_http_session_is_opened_again_by_the_next_call() -> None
             if proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+@pytest.mark.slow
+async def test_sigkill_while_a_question_waits_leaves_a_verifiable_log_that_parks(
+    tmp_path: Path,
+) -> None:
+    """The process dies while the call waits for the person: the log holds the question
+    and no answer, verifies, and the call (past T1, never_retry) waits for an operator."""
+    import asyncio
+    import os
+    import signal
+
+    from lodger.runtime.sessions import Sessions
+
+    state = tmp_path / "state"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).parent / "_mcp_asking_child.py"), str(state),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                await asyncio.sleep(0.1)
+                if not state.exists():
+                    continue
+                async with Sessions(Storage.local(state)) as sessions:
+                    if "s" in await sessions.list_sessions():
+                        kinds = [e.kind for e in await sessions.storage.log.read("s")]
+                        if "elicitation_requested" in kinds:
+                            break
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
+    async with Sessions(Storage.local(state)) as sessions:
+        events = await sessions.storage.log.read("s")
+        plan = await sessions.plan("s")
+    kinds = [e.kind for e in events]
+    assert "elicitation_requested" in kinds and "elicitation_answered" not in kinds
+    (call,) = [c for c in plan.calls if c.call_id == "ask"]
+    assert (call.status, call.action, call.recovery) == ("indeterminate", "park", "never_retry")

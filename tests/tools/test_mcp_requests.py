@@ -521,3 +521,34 @@ async def test_sigkill_while_a_question_waits_leaves_a_verifiable_log_that_parks
     assert "elicitation_requested" in kinds and "elicitation_answered" not in kinds
     (call,) = [c for c in plan.calls if c.call_id == "ask"]
     assert (call.status, call.action, call.recovery) == ("indeterminate", "park", "never_retry")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
+async def test_a_url_required_error_sends_the_person_and_the_model_calls_again(
+    tmp_path: Path,
+) -> None:
+    shown: list[str | None] = []
+
+    async def person(question: Elicitation) -> ElicitationReply:
+        shown.append(question.url)
+        return ElicitationReply(action="accept")
+
+    url = "https://auth.example.test/authorize?state=xyz123"
+    arguments = {"url": url, "errorPath": True, "elicitationId": "e-7"}
+    script = Script(
+        [
+            ("every__trigger-url-elicitation", arguments),
+            ("every__trigger-url-elicitation", arguments),
+        ]
+    )
+    events = await run(tmp_path, [everything()], script, elicitor=person)
+    first = script.result("c1")
+    assert first.is_error and "call it again" in first.content
+    assert not script.result("c2").is_error
+    # the error path's prerequisite (a URL of the server's choosing), then the retry's
+    prerequisite, asked = shown
+    assert prerequisite and prerequisite.startswith("https://") and asked == url
+    assert [r.mode for r in bodies(events, ElicitationRequested)] == ["url", "url"]
+    model_saw = "".join(repr(r.messages) for r in script.requests)
+    assert prerequisite not in model_saw

@@ -583,6 +583,10 @@ class _Connection:
                 stack.enter_context(self.inflight.call(ctx))
             try:
                 return await self._call(tool, arguments)
+            except _UrlRequired as required:
+                # the error path of URL elicitation: the person is sent to each URL, the
+                # model reads that (never the URL) and may call the tool again
+                return await self._urls_asked(tool, required.data)
             except _SessionEnded:
                 # The HTTP server forgot the session (it restarted, or dropped it): the
                 # request was refused before any tool ran, so it is sent once more over a
@@ -631,6 +635,8 @@ class _Connection:
                 raise self._unavailable() from None
             if exc.code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
                 raise _SessionEnded from None
+            if exc.code == mcp_types.URL_ELICITATION_REQUIRED:
+                raise _UrlRequired(exc.error.data) from None
             if self.config.url is not None and exc.message == _HTTP_ERROR_STATUS:
                 # an error status with no JSON-RPC answer (a server that forgot the session
                 # and says 400, a proxy's 502): the next call opens a new session
@@ -661,6 +667,32 @@ class _Connection:
         except ValidationError as exc:
             raise self._invalid(tool, exc) from None
 
+    async def _urls_asked(self, tool: str, data: object) -> ToolOutput:
+        import mcp_types
+
+        slot = self.inflight.current()
+        listed = data.get("elicitations") if isinstance(data, dict) else None
+        asks = [e for e in listed or [] if isinstance(e, dict) and isinstance(e.get("url"), str)]
+        name = mcp_tool_name(self.config.name, tool)
+        if slot is None or slot.ctx.runtime is None or not asks:
+            raise ToolCallError(f"{name} needs the user to open a URL first; nobody can do it here")
+        actions = []
+        for ask in asks[:5]:
+            params = mcp_types.ElicitRequestURLParams(
+                message=str(ask.get("message") or "Open this link to go on"), url=ask["url"]
+            )
+            actions.append((await self.requests.ask(slot, params)).action)
+        if all(action == "accept" for action in actions):
+            return ToolOutput(
+                content=f"{name} needed the user to complete a step in their browser; they "
+                "say it is done, so call it again with the same arguments",
+                is_error=True,
+            )
+        raise ToolCallError(
+            f"{name} needs the user to complete a step in their browser, and they did not "
+            f"({', '.join(actions)}); tell the user what the tool needs"
+        )
+
     def _invalid(self, tool: str, exc: ValidationError) -> ToolCallError:
         return ToolCallError(
             f"MCP server {self.config.name!r} answered {tool} with an invalid result "
@@ -677,6 +709,13 @@ class _Connection:
 
 #: the SDK's message for an HTTP error status that carried no JSON-RPC error
 _HTTP_ERROR_STATUS = "Server returned an error response"
+
+
+class _UrlRequired(Exception):
+    """The server answered a call with the URLs a person must open first (-32042)."""
+
+    def __init__(self, data: object) -> None:
+        self.data = data
 
 
 class _SessionEnded(Exception):

@@ -190,12 +190,20 @@ class HostClient:
         key: str | None = None,
         attachments: Sequence[MediaItem] = (),
         model_settings: dict[str, Any] | None = None,
+        resources: Sequence[tuple[str, str]] = (),
+        prompt: tuple[str, str, dict[str, str]] | None = None,
     ) -> dict[str, Any]:
         """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
         ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
-        ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
-        "stream": path}``."""
+        ``[model_settings]`` names them; with MCP ``resources`` as ``(server, uri)`` read
+        into its input, starting from MCP ``prompt`` ``(server, name, arguments)``);
+        returns ``{"message": {...}, "created": bool, "stream": path}``."""
         body: dict[str, Any] = {"text": text}
+        if resources:
+            body["resources"] = [{"server": s, "uri": u} for s, u in resources]
+        if prompt is not None:
+            server, name, arguments = prompt
+            body["prompt"] = {"server": server, "name": name, "arguments": arguments}
         if key is not None:
             body["idempotency_key"] = key
         if attachments:
@@ -298,6 +306,33 @@ class HostClient:
                 "POST",
                 f"/v1/sessions/{session_id}/approvals/{call_id}",
                 json={"decision": "allow" if allow else "deny"},
+            )
+        )
+
+    # ------------------------------------------------------------ elicitations
+
+    async def elicitations(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Open questions of MCP servers to a person (of one session, or of all)."""
+        path = (
+            "/v1/elicitations" if session_id is None else f"/v1/sessions/{session_id}/elicitations"
+        )
+        return list((await self._call("GET", path))["elicitations"])
+
+    async def answer_elicitation(
+        self,
+        session_id: str,
+        elicitation_id: str,
+        *,
+        action: str,
+        content: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Answer an open question: ``accept`` (with the form's ``content``), ``decline``
+        or ``cancel``; the first answer wins."""
+        return dict(
+            await self._call(
+                "POST",
+                f"/v1/sessions/{session_id}/elicitations/{elicitation_id}",
+                json={"action": action, "content": content or {}},
             )
         )
 

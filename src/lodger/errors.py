@@ -449,6 +449,7 @@ ErrorCode = Literal[
     "forbidden",
     "conflict",
     "already_answered",
+    "invalid_answer",
     "idempotency_conflict",
     "session_busy",
     "session_exists",

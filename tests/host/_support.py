@@ -50,6 +50,7 @@ async def running_host(
     observers: tuple[Any, ...] = (),
     workspaces: Path | None = None,
     code_mode: Any = None,
+    trust_projects: bool = False,
 ) -> AsyncIterator[Host]:
     storage = Storage.local(state)
     control = SqliteHostControl(state / "host.sqlite3")
@@ -59,7 +60,13 @@ async def running_host(
     app = create_app(
         sessions,
         control,
-        HostConfig(models=models, tools=TOOLS, workspaces=workspaces, code_mode=code_mode),
+        HostConfig(
+            models=models,
+            tools=TOOLS,
+            workspaces=workspaces,
+            code_mode=code_mode,
+            trust_projects=trust_projects,
+        ),
         hooks=hooks,
         observers=observers,
         poll_s=0.5,

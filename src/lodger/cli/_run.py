@@ -58,7 +58,9 @@ from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents import SubagentPolicy
 from lodger.substrates.codemode import Language
 from lodger.substrates.sandbox.policy import SandboxPolicy
-from lodger.tools.spec import Tool
+from lodger.tools._mcp_content import parse_ref
+from lodger.tools.mcp import McpInput, PromptRef, ResourceRef
+from lodger.tools.spec import Elicitor, Tool
 
 __all__ = ["COMMANDS", "demo", "run"]
 
@@ -246,7 +248,7 @@ def finish_turn(console: Console, result: TurnResult, flags: str | None = None) 
 async def _run_turn(
     *,
     binding: Binding,
-    task: UserInput,
+    task: UserInput | McpInput,
     session: str | None,
     where: StorageLocation,
     view: TurnWatcher | None = None,
@@ -323,6 +325,7 @@ def project_overrides(
         mcp=[parse_mcp_option(spec, base=base) for spec in mcp_specs],
         approve_all=approve_all,
         approver=approver_for(view, interactive=interactive and not approve_all),
+        elicitor=elicitor_for(view, interactive=interactive),
         max_steps=max_steps,
         **budget_overrides(flags),
         code_mode=code_mode,
@@ -339,6 +342,15 @@ def approver_for(view: TurnWatcher, *, interactive: bool) -> Approver | None:
     """The terminal's approval prompt, for a live view on an interactive terminal."""
     if interactive and isinstance(view, LiveView):
         return interactive_approver(view.terminal)
+    return None
+
+
+def elicitor_for(view: TurnWatcher, *, interactive: bool) -> Elicitor | None:
+    """The terminal's answers to MCP servers' questions, for a live interactive view."""
+    if interactive and isinstance(view, LiveView):
+        from lodger.cli._elicit import terminal_elicitor
+
+        return terminal_elicitor(view.terminal)
     return None
 
 
@@ -454,7 +466,7 @@ def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
 
 @click.command()
 @model_options
-@click.argument("task")
+@click.argument("task", required=False, default="")
 @click.option(
     "--model",
     "model_spec",
@@ -507,6 +519,26 @@ def budget_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
 @code_mode_option
 @subagents_option
 @mcp_option
+@click.option(
+    "--resource",
+    "resources",
+    multiple=True,
+    metavar="SERVER:URI",
+    help="Give the model this resource of an MCP server with TASK (repeatable).",
+)
+@click.option(
+    "--prompt",
+    "prompt",
+    metavar="SERVER:NAME",
+    help="Start the turn from this prompt of an MCP server (TASK, if given, follows it).",
+)
+@click.option(
+    "--arg",
+    "prompt_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An argument of --prompt (repeatable).",
+)
 @mode_option
 @state_option
 @json_option
@@ -524,6 +556,9 @@ def run(
     code_mode: Language | None,
     subagent_depth: int | None,
     mcp_specs: tuple[str, ...],
+    resources: tuple[str, ...],
+    prompt: str | None,
+    prompt_args: tuple[str, ...],
     state: str,
     as_json: bool,
     **budget_flags: Any,
@@ -547,8 +582,8 @@ def run(
       lodger run "summarize README.md" --model openai-compatible:http://localhost:11434/v1#qwen3
       lodger run "fix the failing test" --model script:steps.json --yes --tools mytools.py
       lodger run "what changed today?" --model openai:gpt-4.1 --mcp 'git=mcp-server-git'
+      lodger run "sum up" --resource docs:file:///README.md --prompt git:review --arg n=3
       lodger run "which deps are outdated?" --model openai:gpt-4.1 --code-mode
-      lodger run "and now the docs" --last --model openai:gpt-4.1
       lodger run "list the files" --model test --json | jq -c 'select(.type == "result")'
       lodger run "review each module" --model openai:gpt-4.1 --subagents
       lodger run "name three colours" --model openai:gpt-4.1 --temperature 0.2 --max-tokens 200
@@ -564,9 +599,7 @@ def run(
     )
     if session is not None or last:
         session = resolve_session(state, session, last=last)
-    turn_input: UserInput = task
-    if attach:  # read before anything runs: a file that cannot go is refused first
-        turn_input = [task, *(BinaryContent.from_path(path) for path in attach)]
+    turn_input = _turn_input(task, attach, resources, prompt, prompt_args)
     project = load_project(workspace, trust=trust, as_json=as_json)
     console = live_console()
     view: TurnWatcher = JsonlView() if as_json else LiveView(console)
@@ -589,6 +622,49 @@ def run(
     where = location()
     turn = _run_turn(binding=binding, task=turn_input, session=session, where=where, view=view)
     _finish(view, console, run_turn(turn, view))
+
+
+def _turn_input(
+    task: str,
+    attach: Sequence[Path],
+    resources: Sequence[str],
+    prompt: str | None,
+    prompt_args: Sequence[str],
+) -> UserInput | McpInput:
+    """TASK with its attachments (read now: a file that cannot go is refused before
+    anything runs), or the MCP resources and prompt the turn starts from."""
+    media = [BinaryContent.from_path(path) for path in attach]
+    if resources or prompt is not None or prompt_args:
+        return mcp_input(task, resources, prompt, prompt_args, media)
+    if not task.strip():
+        raise click.UsageError("give a TASK (or --prompt SERVER:NAME)")
+    return [task, *media] if media else task
+
+
+def mcp_input(
+    task: str,
+    resources: Sequence[str],
+    prompt: str | None,
+    prompt_args: Sequence[str],
+    media: Sequence[BinaryContent],
+) -> McpInput:
+    """``--resource``, ``--prompt`` and ``--arg`` as a turn's input, read when it starts."""
+    if prompt_args and prompt is None:
+        raise click.UsageError("--arg goes with --prompt SERVER:NAME")
+    arguments: dict[str, str] = {}
+    for pair in prompt_args:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--arg {pair!r} is not KEY=VALUE")
+        arguments[key] = value
+    refs = [
+        ResourceRef(server=s, uri=u) for s, u in (parse_ref(r, "--resource") for r in resources)
+    ]
+    ref = None
+    if prompt is not None:
+        server, name = parse_ref(prompt, "--prompt")
+        ref = PromptRef(server=server, name=name, arguments=arguments)
+    return McpInput(text=task, resources=refs, prompt=ref, media=media)
 
 
 def _finish(view: TurnWatcher, console: Console, result: TurnResult) -> NoReturn:

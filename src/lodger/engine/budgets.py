@@ -45,6 +45,7 @@ from lodger.events import (
     ModelOutput,
     ModelSwitched,
     RunStarted,
+    SamplingAnswered,
     StepStarted,
     ToolDispatched,
 )
@@ -206,8 +207,11 @@ class SpendFold:
                 self.total += cost
                 day = day_of(e.ts)
                 self.by_day[day] = self.by_day.get(day, 0) + cost
-        elif isinstance(body, Compacted | CompactionFailed) and body.usage is not None:
-            cost = self.prices.cost(body.model, body.usage)  # the summary requests
+        elif isinstance(body, Compacted | CompactionFailed | SamplingAnswered) and (
+            body.usage is not None
+        ):
+            # the summary requests; an MCP server's sampling, answered by the session's model
+            cost = self.prices.cost(body.model, body.usage)
             self.total += cost
             day = day_of(e.ts)
             self.by_day[day] = self.by_day.get(day, 0) + cost
@@ -272,6 +276,10 @@ def _turn_use(state: SessionState) -> _TurnUse:
                 out += body.usage.output_tokens
         elif isinstance(body, Compacted | CompactionFailed) and body.usage is not None:
             requests += body.attempts if isinstance(body, CompactionFailed) else 1
+            inp += body.usage.input_tokens
+            out += body.usage.output_tokens
+        elif isinstance(body, SamplingAnswered):  # an MCP server's request to our model
+            requests += 1
             inp += body.usage.input_tokens
             out += body.usage.output_tokens
         elif isinstance(body, ToolDispatched) and e.parent_call_id is None:

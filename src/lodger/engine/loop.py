@@ -21,6 +21,7 @@ from lodger._core.records import record
 from lodger.engine.bodies import model_output, proposed_call, step_started
 from lodger.engine.bounding import storable_text
 from lodger.engine.budgets import SpendReader, check_before_calls, check_before_request, describe
+from lodger.engine.callruntime import RunCalls
 from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.control import CancelRequest
@@ -56,6 +57,7 @@ from lodger.events import (
     SessionStarted,
     StepStarted,
     ToolRef,
+    ToolsChanged,
     TurnEnded,
     TurnStarted,
     Usage,
@@ -236,6 +238,12 @@ class Engine:
             hooks=self.hooks,
             services=self.services,
             deps=self.deps,
+            calls=RunCalls(
+                journal=ctx.journal,
+                elicitor=self.hooks.elicitor,
+                model_spec=self.model.spec,
+                ask=lambda request: self.ask_unlogged(self.model, request),
+            ),
         )
 
     # ------------------------------------------------------------------ turns
@@ -513,6 +521,7 @@ class Engine:
         # without waiting, nothing else here suspends); long-running calls' results that
         # came meanwhile are committed as their T2.
         await pipeline.between_steps()
+        await self._tools_changed(ctx)
         running = current_control()  # a turn the agent runs (TurnControl.run): ``control``
         if running is not None:
             running.start_driving(ctx.turn_id)  # from now on a cancel stops the task
@@ -523,6 +532,19 @@ class Engine:
         if reached is not None:
             return await self.park(ctx, reached)
         return None
+
+    async def _tools_changed(self, ctx: RunContext) -> None:
+        """Rebind what live tool sources changed (an MCP server's ``list_changed``), as
+        ``tools_changed`` facts, before the step that shows the new tools."""
+        for change in await self.registry.refresh():
+            if change.added or change.removed or change.unusable:
+                fact = ToolsChanged(
+                    server=change.group,
+                    added=change.added,
+                    removed=change.removed,
+                    unusable=change.unusable,
+                )
+                await ctx.journal.fact(fact, ctx.envelope)
 
     async def _cancelled(self, ctx: RunContext, request: CancelRequest) -> TurnResult:
         """End the turn on a cancel request: the request, ``run_ended`` and

@@ -44,6 +44,7 @@ from lodger.authority import AuthorityStatistics, Reservation, ResourceClaim
 from lodger.engine.batch import Batch, Slot
 from lodger.engine.bodies import tool_dispatched, tool_responded
 from lodger.engine.bounding import ResultBounder
+from lodger.engine.callruntime import RunCalls
 from lodger.engine.checks import (
     Rejection,
     check_binding,
@@ -275,8 +276,11 @@ class CallPipeline:
         services: Services,
         result_limit: int = 16_000,
         deps: Any = None,
+        calls: RunCalls | None = None,
     ) -> None:
         self.ctx = ctx
+        #: what a running call may ask of this run (``ToolContext.runtime``)
+        self.calls = calls
         self.before_call = tuple(hooks.before_call)
         self.after_call = tuple(hooks.after_call)
         self.deps = deps
@@ -364,6 +368,7 @@ class CallPipeline:
         parent_call_id: str | None,
         step: _CallStep | None,
         rerun: _Rerun | None = None,
+        env: Envelope | None = None,
     ) -> ToolContext:
         ctx = self.ctx
         operation_id = ctx.ids.new_id()
@@ -386,6 +391,7 @@ class CallPipeline:
                 "extras": {},
                 "deps": self.deps,
                 "idempotency_key": idempotency_key(ctx.session_id, first),
+                "runtime": None if self.calls is None or env is None else self.calls.for_call(env),
             },
         )
         return tool_context
@@ -436,7 +442,7 @@ class CallPipeline:
                 arguments = await self._before(t, arguments, call.call_id, env)
             # claims
             step = None if scope is None else _CallStep(scope, env, self)
-            tctx = self._tool_context(call.call_id, env.parent_call_id, step, rerun)
+            tctx = self._tool_context(call.call_id, env.parent_call_id, step, rerun, env)
             claims = _claims(t, arguments, tctx)
             try:
                 reservation = self.authorities.reserve(self._owner(call.call_id), claims)

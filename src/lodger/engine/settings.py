@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from lodger.events import Event
     from lodger.providers.base import TextSink
     from lodger.substrates.inprocess import Executor
+    from lodger.tools.spec import Elicitor
 
 __all__ = ["Hooks", "Limits", "Retries", "Services"]
 
@@ -105,6 +106,9 @@ class Hooks:
     on_text: TextSink | None = None
     #: answers a call the permission policy asks about; None (not interactive): denied
     approver: Approver | None = None
+    #: answers a question a tool asks a person while a call runs (an MCP elicitation);
+    #: None: nobody can answer here, so the tool's policy declines it
+    elicitor: Elicitor | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before_call", tuple(self.before_call))

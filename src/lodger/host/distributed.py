@@ -67,6 +67,7 @@ from lodger.storage.control.interface import (
     TextPiece,
     WakeInfo,
 )
+from lodger.tools.mcp import McpInput
 
 __all__ = ["ControlPlaneHub", "host_key"]
 
@@ -183,7 +184,17 @@ class ControlPlaneHub(Hub):
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
+        mcp: McpInput | None = None,
     ) -> tuple[Message, bool]:
+        if mcp is not None:
+            # a worker's wake carries text and media; reading the resources there, once
+            # per delivery, is not done yet
+            raise UsageError(
+                "a distributed host does not take MCP resources or prompts per message yet",
+                hint="send the text, and let the model read resources with <server>__read_resource",
+                code="usage",
+                session_id=session_id,
+            )
         if settings is not None:
             # a wake carries only the text (and media) to the worker that runs it
             raise UsageError(

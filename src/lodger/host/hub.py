@@ -44,6 +44,7 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import Event, TurnStarted
+from lodger.host.elicitations import ElicitationInbox
 from lodger.host.feed import Feeds
 from lodger.media import (
     MediaItem,
@@ -61,6 +62,8 @@ from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
 from lodger.substrates.codemode import Language
+from lodger.tools._mcp_content import decode_input, encode_input
+from lodger.tools.mcp import McpInput
 from lodger.tools.spec import Tool
 
 __all__ = ["HostConfig", "Hub"]
@@ -125,6 +128,8 @@ class Hub:
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         self._asked: dict[tuple[str, str], _Asked] = {}
+        #: MCP servers' questions to a person from this process's runs
+        self.elicitations = ElicitationInbox()
         self.turns_run = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -248,12 +253,16 @@ class Hub:
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
+        mcp: McpInput | None = None,
     ) -> tuple[Message, bool]:
         """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
         (checked by the caller) are stored as artifacts first; the queued message names
         them, so the turn runs with them whenever it runs; it asks the model with
-        ``settings`` over the project's."""
+        ``settings`` over the project's. ``mcp`` names MCP resources and a prompt the
+        turn starts from (its text is ``text``)."""
         await self.require(session_id)
+        if mcp is not None:
+            text = encode_input(mcp)
         if media:
             attachments = await store_media(media, self.sessions.storage.artifacts, {})
             text, kind = media_message(text, attachments), "media"
@@ -334,14 +343,18 @@ class Hub:
         self.turns_run += 1
         await self.control.finish_message(message.id, status="done", result=_summary(result))
 
-    async def _input(self, message: Message) -> UserInput:
-        """A queued message's turn input (a ``media`` message's bytes from the artifacts)."""
+    async def _input(self, message: Message) -> UserInput | McpInput:
+        """A queued message's turn input (a ``media`` message's bytes from the artifacts;
+        MCP resources and a prompt named, read when the turn's servers are up)."""
         if message.kind != "media":
-            return message.text
+            return decode_input(message.text) or message.text
         text, attachments = parse_media_message(message.text)
-        return await attached_input(
+        given = await attached_input(
             text, attachments, self.sessions.storage.artifacts, session_id=message.session_id
         )
+        items = list(given) if not isinstance(given, str) else [given]
+        media = [item for item in items[1:] if not isinstance(item, str)]
+        return decode_input(text, media) or given
 
     async def binding(self, session_id: str, *, settings: ModelSettings | None = None) -> Binding:
         spec = await self.control.session_model(session_id)
@@ -364,6 +377,7 @@ class Hub:
                 model=spec or self.config.models[0],
                 tools=self.config.tools,
                 approver=self._approver(session_id),
+                elicitor=self.elicitations.elicitor(session_id),
                 max_steps=self.config.max_steps,
                 usage=self.config.usage,
                 budgets=self.config.budgets,

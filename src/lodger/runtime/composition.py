@@ -38,7 +38,7 @@ from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.substrates.codemode import Language
 from lodger.substrates.sandbox.policy import SandboxPolicy
 from lodger.tools.mcp import McpServerConfig
-from lodger.tools.spec import Tool
+from lodger.tools.spec import Elicitor, Tool
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -73,6 +73,8 @@ class Overrides:
     sandbox: SandboxPolicy | None = None
     approve_all: bool = False
     approver: Approver | None = None
+    #: answers MCP servers' questions (``lodger run``: the terminal; the host: its inbox)
+    elicitor: Elicitor | None = None
     max_steps: int | None = None
     #: usage limits per turn; a field set here wins over the project's ``[limits]``
     usage: UsageLimits | None = None
@@ -114,6 +116,7 @@ def compose(project: Project, overrides: Overrides | None = None) -> Binding:
         workspace=project.workspace,
         permissions=PermissionPolicy(list(project.rules), approve_all=overrides.approve_all),
         approver=overrides.approver,
+        elicitor=overrides.elicitor,
         max_steps=_max_steps(project, overrides),
         usage=_usage(project, overrides),
         budgets=_budgets(project, overrides),

@@ -89,6 +89,12 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "timeout_s": (int, float),
     "connect_timeout_s": (int, float),
     "max_message_bytes": int,
+    "elicitation": str,
+    "elicitation_timeout_s": (int, float),
+    "sampling": str,
+    "max_samplings": int,
+    "sampling_max_tokens": int,
+    "roots": bool,
 }
 
 
@@ -128,7 +134,7 @@ def server_from_table(
         options["cwd"] = str((base / options["cwd"]).resolve())
     elif "command" in options and base is not None:
         options["cwd"] = str(base)
-    for key in ("timeout_s", "connect_timeout_s"):
+    for key in ("timeout_s", "connect_timeout_s", "elicitation_timeout_s"):
         if key in options:
             options[key] = float(options[key])
     return McpServerConfig(name=name, **options)

@@ -55,8 +55,8 @@ from lodger.runtime.subagents import ChildOutcome, SubagentPolicy
 from lodger.storage import EventLog, SessionWriter, Storage, check_session_id
 from lodger.storage.forks import Fork, fork_session
 from lodger.substrates.codemode import Language
-from lodger.tools.mcp import McpServerConfig, McpServers
-from lodger.tools.spec import Tool
+from lodger.tools.mcp import McpInput, McpServerConfig, McpServers
+from lodger.tools.spec import Elicitor, Tool
 from lodger.tools.workspace import workspace_id
 
 __all__ = ["Binding", "FoldCache", "SessionDefaults", "SessionWorkspace", "Sessions"]
@@ -111,6 +111,8 @@ class Binding:
     workspace: Path | None = None
     permissions: PermissionPolicy = field(default_factory=PermissionPolicy)
     approver: Approver | None = None
+    #: answers an MCP server's questions during a call (None: its policy declines them)
+    elicitor: Elicitor | None = None
     max_steps: int = 50
     on_event: Callable[[Event], None] | None = None
     on_text: TextSink | None = None
@@ -153,6 +155,11 @@ class SessionWorkspace:
 
     def to_dict(self) -> dict[str, str | None]:
         return {"path": self.path, "state": self.state}
+
+
+def _servers(binding: Binding) -> McpServers:
+    """The binding's MCP servers, for the life of one turn (roots: its workspace)."""
+    return McpServers(binding.mcp, workspace=binding.workspace)
 
 
 def _workspace_of(path: str | None, recorded_id: str | None) -> SessionWorkspace:
@@ -233,13 +240,19 @@ class Sessions:
     # ------------------------------------------------------------------ acting
 
     async def run(
-        self, task: UserInput, *, binding: Binding, session: str | None = None
+        self, task: UserInput | McpInput, *, binding: Binding, session: str | None = None
     ) -> TurnResult:
         """Run one turn (a new session when ``session`` is None); an interrupted turn of
         the session is resumed first. ``task`` may carry images and documents
-        (``lodger.media``)."""
+        (``lodger.media``), or name MCP resources and a prompt (``McpInput``: read once
+        the servers are up)."""
         # the servers stop when the turn settles
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
+            if isinstance(task, McpInput):
+                task = await servers.expand(task)
             return await agent.run(task, session=session, permission_mode=binding.permission_mode)
 
     async def resume(
@@ -252,7 +265,10 @@ class Sessions:
         refuses, naming the files.
         """
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await agent.resume(
                 session_id, relocate=relocate, model_settings=binding.model_settings
             )
@@ -264,7 +280,10 @@ class Sessions:
         from lodger.runtime.subagents.tool import drive_detached_child  # only a worker delegates
 
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await drive_detached_child(agent, session_id)
 
     async def decide(
@@ -362,7 +381,7 @@ class Sessions:
         )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
-        return Agent(
+        agent = Agent(
             model=binding.model,
             tools=[*binding.tools, *servers.tools()],
             storage=self.storage,
@@ -376,11 +395,17 @@ class Sessions:
                 max_steps=binding.max_steps, usage=binding.usage, budgets=binding.budgets
             ),
             hooks=Hooks(
-                approver=binding.approver, on_event=binding.on_event, on_text=binding.on_text
+                approver=binding.approver,
+                on_event=binding.on_event,
+                on_text=binding.on_text,
+                elicitor=binding.elicitor,
             ),
             services=Services(clock=self.clock, ids=self.ids, folds=self._states, turns=self.turns),
             compaction=binding.compaction,
         )
+        agent.registry.add_source(servers)  # a server's list_changed: the next step
+        agent.registry.add_prompt_section(servers.updates)  # resources that changed
+        return agent
 
     async def compact(
         self,
@@ -466,7 +491,10 @@ class Sessions:
     async def run_queued(self, session_id: str, *, binding: Binding) -> TurnResult | None:
         """Run the session's next queued message as a turn (None: nothing is queued)."""
         check_session_id(session_id)
-        async with McpServers(binding.mcp) as servers, self._agent(binding, servers) as agent:
+        async with (
+            _servers(binding) as servers,
+            self._agent(binding, servers) as agent,
+        ):
             return await agent.run_queued(session_id)
 
     async def cancel(

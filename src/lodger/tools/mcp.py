@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 from pydantic import ValidationError
@@ -63,8 +64,20 @@ from pydantic import ValidationError
 from lodger._core.extras import require
 from lodger._core.text import visible_text
 from lodger.authority import ResourceClaim
-from lodger.errors import ConfigError, ToolCallError
+from lodger.errors import ConfigError, ToolCallError, UsageError
 from lodger.events import canonical_json
+from lodger.media import UserInput
+from lodger.tools._mcp_content import (
+    McpInput,
+    PromptRef,
+    ResourceRef,
+    _listing,
+    expand,
+    prompt_text,
+    resource_text,
+    resource_tools,
+    unavailable,
+)
 from lodger.tools._mcp_limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MESSAGE_TOO_LARGE,
@@ -72,6 +85,8 @@ from lodger.tools._mcp_limits import (
     capture_sdk_logs,
     counting,
 )
+from lodger.tools._mcp_requests import InFlight, ServerRequests
+from lodger.tools.registry import ToolsReplaced
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -82,7 +97,15 @@ if TYPE_CHECKING:
 
     from lodger.tools._mcp_streams import Listing, Parsed
 
-__all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
+__all__ = [
+    "McpInput",
+    "McpServerConfig",
+    "McpServers",
+    "PromptRef",
+    "ResourceRef",
+    "mcp_tool_name",
+    "tools_from_definitions",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -113,6 +136,17 @@ class McpServerConfig:
     connect_timeout_s: float = 30.0
     #: the largest message of the server lodger reads (``lodger.tools._mcp_limits``)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: the server's questions to the user (``lodger.tools._mcp_requests``): ``ask`` whoever
+    #: can answer in the run (declined where nobody can), or ``decline`` them all
+    elicitation: Literal["ask", "decline"] = "ask"
+    elicitation_timeout_s: float = 600.0
+    #: the server's requests for a model completion: ``deny``, or ``allow`` (the session's
+    #: own model answers, at most ``max_samplings`` times per call, counted in budgets)
+    sampling: Literal["deny", "allow"] = "deny"
+    max_samplings: int = 5
+    sampling_max_tokens: int = 1024
+    #: offer the workspace to the server as its root (``roots/list``)
+    roots: bool = False
 
     def __post_init__(self) -> None:
         if not _SERVER_NAME.match(self.name) or "__" in self.name:
@@ -126,8 +160,11 @@ class McpServerConfig:
                 hint='e.g. command = "mcp-server-time" or url = "http://127.0.0.1:8000/mcp"',
             )
         # not (t > 0): NaN too (TOML has nan), which no comparison rejects
-        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
+        if not (
+            self.timeout_s > 0 and self.connect_timeout_s > 0 and self.elicitation_timeout_s > 0
+        ):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
+        self._check_asks()
         size = self.max_message_bytes
         if type(size) is not int or size < MIN_MESSAGE_BYTES:
             raise ConfigError(
@@ -135,6 +172,16 @@ class McpServerConfig:
                 f"least {MIN_MESSAGE_BYTES} bytes",
                 hint=f"the default is {DEFAULT_MAX_MESSAGE_BYTES} (4 MiB)",
             )
+
+    def _check_asks(self) -> None:
+        if self.elicitation not in ("ask", "decline"):
+            raise ConfigError(f'MCP server {self.name!r}: elicitation must be "ask" or "decline"')
+        if self.sampling not in ("deny", "allow"):
+            raise ConfigError(f'MCP server {self.name!r}: sampling must be "deny" or "allow"')
+        for key in ("max_samplings", "sampling_max_tokens"):
+            value = getattr(self, key)
+            if type(value) is not int or value < 0:
+                raise ConfigError(f"MCP server {self.name!r}: {key} must be a whole number >= 0")
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -231,8 +278,17 @@ def _why(exc: BaseException) -> str:
 class _Connection:
     """One server, driven by ``run`` in a task of its own (see the module docstring)."""
 
-    def __init__(self, config: McpServerConfig) -> None:
+    def __init__(self, config: McpServerConfig, workspace: Path | None = None) -> None:
         self.config = config
+        self.inflight = InFlight()
+        self.requests = ServerRequests(config, self.inflight, workspace)
+        #: a ``notifications/tools/list_changed`` came since the listing was last read
+        self.tools_stale = False
+        #: resources the server said were updated since they were last noted
+        self.updated: list[str] = []
+        #: whether the server lists a resource or a resource template (not only the
+        #: capability: an SDK server declares it with nothing to read)
+        self.resources = False
         self.listed: list[mcp_types.Tool] = []
         self.failure: str | None = None
         self._client: Client | None = None
@@ -290,7 +346,6 @@ class _Connection:
             await self._run()
 
     async def _run(self) -> None:
-        from mcp import Client
 
         from lodger.tools._mcp_streams import Listing, Parsed, watched
 
@@ -311,10 +366,9 @@ class _Connection:
                     self.listing = listing = Listing(keep=MAX_TOOLS_PER_SERVER + 1)
                     self._parsed = parsed = Parsed() if c.url is not None else None
                     transport = watched(await self._transport(stack), ended, listing, parsed)
-                    client = await stack.enter_async_context(
-                        Client(transport, client_info=_client_info())
-                    )
+                    client = await stack.enter_async_context(self._client_for(transport))
                     self.listed = await _list_tools(client, c.name, listing)
+                    self.resources = await _offers_resources(client)
                 self._client = client
                 self._ready.set()
                 while not stop.is_set():
@@ -332,6 +386,100 @@ class _Connection:
             self._ready.set()
             if self._stderr is not None:
                 await asyncio.to_thread(self._stderr.close)
+
+    def _client_for(self, transport: Any) -> Client:
+        from mcp import Client
+
+        r = self.requests
+        return Client(
+            transport,
+            client_info=_client_info(),
+            elicitation_callback=r.elicit,
+            sampling_callback=r.sample,
+            list_roots_callback=r.roots if self.config.roots else None,
+            message_handler=self._notified,
+            cache=None,  # a listing is read again on list_changed, never from a cache
+        )
+
+    async def _notified(self, message: Any) -> None:
+        import mcp_types
+
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self.tools_stale = True
+        elif isinstance(message, mcp_types.ResourceUpdatedNotification):
+            uri = message.params.uri
+            if uri not in self.updated and len(self.updated) < 100:
+                self.updated.append(uri)
+
+    async def relist(self) -> list[mcp_types.Tool] | None:
+        """The server's tools listed again after a ``list_changed`` (None: not connected)."""
+        client = self._client
+        if client is None or self.listing is None:
+            return None
+        self.tools_stale = False
+        self.listed = await _list_tools(client, self.config.name, self.listing)
+        return self.listed
+
+    async def connected(self) -> Client:
+        """The client, starting the server again first if it went down."""
+        if self._client is None or self.failure is not None:
+            await self._reconnect()
+        if self._client is None:
+            raise self._unavailable()
+        return self._client
+
+    def offers(self) -> tuple[bool, bool]:
+        """Whether the server offers resources, and subscriptions to them."""
+        client = self._client
+        if client is None or not self.resources:
+            return False, False
+        resources = client.server_capabilities.resources
+        return resources is not None, bool(resources is not None and resources.subscribe)
+
+    async def _asked(self, what: str, work: Any) -> Any:
+        """``work`` (a coroutine on the client), with the server's timeout and its
+        failures as a ``ToolCallError`` that names ``what``."""
+        from mcp.shared.exceptions import MCPError
+
+        # In a task of its own, as a call is: the SDK's cancel scopes belong to the task
+        # they were entered in, and the tool's task may be cancelled from outside.
+        with counting(self.noise):
+            task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(task, self.config.timeout_s)
+        except MCPError as exc:
+            raise unavailable(self.config.name, what, exc.message) from None
+        except TimeoutError:
+            raise unavailable(self.config.name, what, "it did not answer in time") from None
+        except ValidationError as exc:
+            raise unavailable(self.config.name, what, _describe(exc)) from None
+
+    async def resources_listing(self) -> str:
+        client = await self.connected()
+        listing: str = await self._asked("list its resources", _listing(client))
+        return listing
+
+    async def read_resource(self, uri: str) -> str:
+        client = await self.connected()
+        result = await self._asked(f"read {uri!r}", client.read_resource(uri))
+        if uri in self.updated:
+            self.updated.remove(uri)  # read again: the update is seen
+        return resource_text(result, uri)
+
+    async def subscribe(self, uri: str) -> None:
+        import mcp_types
+
+        client = await self.connected()
+        # the request itself: the SDK's helper warns that the 2026 protocol dropped it,
+        # but the servers that offer subscriptions are of the handshake era
+        request = mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
+        work = client.session.send_request(request, mcp_types.EmptyResult)
+        await self._asked(f"subscribe to {uri!r}", work)
+
+    async def prompt(self, name: str, arguments: dict[str, str]) -> str:
+        client = await self.connected()
+        result = await self._asked(f"give its prompt {name!r}", client.get_prompt(name, arguments))
+        return prompt_text(result, _block_text)
 
     async def _explain(self, why: str) -> str:
         tail = await asyncio.to_thread(self._stderr_tail)
@@ -389,10 +537,22 @@ class _Connection:
             self._stop.set()  # a run still waiting on a dead transport ends now
             await self._down.wait()
             why = self.failure
-            self._stop, self._ready, self._down = asyncio.Event(), asyncio.Event(), asyncio.Event()
-            self.failure = None
-            self.spawn()
-            await self._ready.wait()
+            for attempt, pause in enumerate((0.0, *RECONNECT_BACKOFF_S)):
+                await asyncio.sleep(pause)  # a server that just crashed may need a moment
+                self._stop, self._ready, self._down = (
+                    asyncio.Event(),
+                    asyncio.Event(),
+                    asyncio.Event(),
+                )
+                self.failure = None
+                self.spawn()
+                await self._ready.wait()
+                if self.failure is None:
+                    break
+                _log.warning(
+                    "MCP server %r did not start again (attempt %d): %s",
+                    self.config.name, attempt + 1, self.failure,
+                )  # fmt: skip
             if self.failure is not None:
                 self.failure = f"it went down ({why}) and did not start again: {self.failure}"
                 raise self._unavailable()
@@ -413,13 +573,36 @@ class _Connection:
             "its tools cannot run in this session, so use other tools or tell the user"
         )
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext | None = None
+    ) -> ToolOutput:
+        if self._client is None or self.failure is not None:
+            await self._reconnect()
+        with contextlib.ExitStack() as stack:
+            if ctx is not None:  # the server's requests meanwhile are this call's
+                stack.enter_context(self.inflight.call(ctx))
+            try:
+                return await self._call(tool, arguments)
+            except _UrlRequired as required:
+                # the error path of URL elicitation: the person is sent to each URL, the
+                # model reads that (never the URL) and may call the tool again
+                return await self._urls_asked(tool, required.data)
+            except _SessionEnded:
+                # The HTTP server forgot the session (it restarted, or dropped it): the
+                # request was refused before any tool ran, so it is sent once more over a
+                # new session.
+                self.failure = "its HTTP session ended"
+                await self._reconnect()
+                try:
+                    return await self._call(tool, arguments)
+                except _SessionEnded:
+                    raise self._unavailable() from None
+
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
         import anyio
         import mcp_types
         from mcp.shared.exceptions import MCPError
 
-        if self._client is None or self.failure is not None:
-            await self._reconnect()
         client, went_down = self._client, self._down
         if client is None:
             raise self._unavailable()
@@ -450,6 +633,15 @@ class _Connection:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self.failure = await self._explain("its connection closed (did it exit?)")
                 raise self._unavailable() from None
+            if exc.code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
+                raise _SessionEnded from None
+            if exc.code == mcp_types.URL_ELICITATION_REQUIRED:
+                raise _UrlRequired(exc.error.data) from None
+            if self.config.url is not None and exc.message == _HTTP_ERROR_STATUS:
+                # an error status with no JSON-RPC answer (a server that forgot the session
+                # and says 400, a proxy's 502): the next call opens a new session
+                self.failure = "its HTTP endpoint answered with an error status"
+                raise self._unavailable() from None
             if exc.code == MESSAGE_TOO_LARGE:
                 raise ToolCallError(
                     f"{mcp_tool_name(self.config.name, tool)} did not get an answer lodger "
@@ -475,6 +667,32 @@ class _Connection:
         except ValidationError as exc:
             raise self._invalid(tool, exc) from None
 
+    async def _urls_asked(self, tool: str, data: object) -> ToolOutput:
+        import mcp_types
+
+        slot = self.inflight.current()
+        listed = data.get("elicitations") if isinstance(data, dict) else None
+        asks = [e for e in listed or [] if isinstance(e, dict) and isinstance(e.get("url"), str)]
+        name = mcp_tool_name(self.config.name, tool)
+        if slot is None or slot.ctx.runtime is None or not asks:
+            raise ToolCallError(f"{name} needs the user to open a URL first; nobody can do it here")
+        actions = []
+        for ask in asks[:5]:
+            params = mcp_types.ElicitRequestURLParams(
+                message=str(ask.get("message") or "Open this link to go on"), url=ask["url"]
+            )
+            actions.append((await self.requests.ask(slot, params)).action)
+        if all(action == "accept" for action in actions):
+            return ToolOutput(
+                content=f"{name} needed the user to complete a step in their browser; they "
+                "say it is done, so call it again with the same arguments",
+                is_error=True,
+            )
+        raise ToolCallError(
+            f"{name} needs the user to complete a step in their browser, and they did not "
+            f"({', '.join(actions)}); tell the user what the tool needs"
+        )
+
     def _invalid(self, tool: str, exc: ValidationError) -> ToolCallError:
         return ToolCallError(
             f"MCP server {self.config.name!r} answered {tool} with an invalid result "
@@ -489,10 +707,43 @@ class _Connection:
         )
 
 
+#: the SDK's message for an HTTP error status that carried no JSON-RPC error
+_HTTP_ERROR_STATUS = "Server returned an error response"
+
+
+class _UrlRequired(Exception):
+    """The server answered a call with the URLs a person must open first (-32042)."""
+
+    def __init__(self, data: object) -> None:
+        self.data = data
+
+
+class _SessionEnded(Exception):
+    """The HTTP server answered 404 for the session: it no longer knows it."""
+
+
+#: pauses between the attempts to start a server that went down (after the first, at once)
+RECONNECT_BACKOFF_S = (0.1, 0.4, 1.6)
+
+
 def _client_info() -> mcp_types.Implementation:
     import mcp_types
 
     return mcp_types.Implementation(name="lodger", version="0.1")
+
+
+async def _offers_resources(client: Client) -> bool:
+    """Whether the server has a resource or a template to read (its first pages)."""
+    from mcp.shared.exceptions import MCPError
+
+    if client.server_capabilities.resources is None:
+        return False
+    try:
+        if (await client.list_resources()).resources:
+            return True
+        return bool((await client.list_resource_templates()).resource_templates)
+    except (MCPError, ValidationError):
+        return False  # a server that cannot list them offers none we can use
 
 
 # Tools bound from one server. Checking a schema takes about a millisecond on the event
@@ -723,7 +974,7 @@ def _handler(raw: str, group: str, connection: _Connection | None) -> Any:
     async def handle(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         if connection is None:
             raise ToolCallError(f"{raw} is a catalog entry of {group!r}; no server runs it")
-        return await connection.call(raw, arguments)
+        return await connection.call(raw, arguments, ctx)
 
     return handle
 
@@ -748,11 +999,13 @@ class McpServers:
     are the bound tools and ``failures()`` says which servers went down since.
     """
 
-    def __init__(self, configs: Sequence[McpServerConfig]) -> None:
+    def __init__(
+        self, configs: Sequence[McpServerConfig], *, workspace: Path | None = None
+    ) -> None:
         names = [c.name for c in configs]
         if len(set(names)) != len(names):
             raise ConfigError(f"two MCP servers share a name in {names}")
-        self._connections = [_Connection(c) for c in configs]
+        self._connections = [_Connection(c, workspace) for c in configs]
         self._group: asyncio.TaskGroup | None = None
         self._logs = ExitStack()
         self._tools: list[Tool] = []
@@ -783,28 +1036,76 @@ class McpServers:
             raise
         taken: set[str] = set()  # "a" + "_x" and "a_" + "x" both mangle to a___x
         for connection in self._connections:
-            mended = connection.listing.unusable if connection.listing is not None else {}
-            definitions = [
-                {
-                    "name": t.name,
-                    "description": t.description,
-                    "inputSchema": t.input_schema,
-                    "unusable": mended.get(t.name),
-                }
-                for t in connection.listed
-            ]
-            tools, unusable = _bind(
-                definitions, config=connection.config, connection=connection, taken=taken
-            )
-            if connection.listing is not None and connection.listing.unnamed:
-                _log.warning(
-                    "MCP server %r lists %d tools without a usable name; they are left out",
-                    connection.config.name,
-                    connection.listing.unnamed,
-                )
+            tools, unusable = self._bound(connection, taken)
             self._tools.extend(tools)
             self._unusable.update(unusable)
         return self
+
+    @staticmethod
+    def _bound(connection: _Connection, taken: set[str]) -> tuple[list[Tool], dict[str, str]]:
+        tools, unusable = McpServers._listed(connection, taken)
+        resources, subscribe = connection.offers()
+        if resources:
+            for t in resource_tools(
+                connection.config.name, connection, subscribe=subscribe, named=mcp_tool_name
+            ):
+                if t.name in taken:  # the server lists a tool of that name: its own wins
+                    continue
+                taken.add(t.name)
+                tools.append(t)
+        return tools, unusable
+
+    @staticmethod
+    def _listed(connection: _Connection, taken: set[str]) -> tuple[list[Tool], dict[str, str]]:
+        mended = connection.listing.unusable if connection.listing is not None else {}
+        definitions = [
+            {
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+                "unusable": mended.get(t.name),
+            }
+            for t in connection.listed
+        ]
+        if connection.listing is not None and connection.listing.unnamed:
+            _log.warning(
+                "MCP server %r lists %d tools without a usable name; they are left out",
+                connection.config.name,
+                connection.listing.unnamed,
+            )
+        return _bind(definitions, config=connection.config, connection=connection, taken=taken)
+
+    # ``ToolSource`` (lodger.tools.registry): a ``list_changed`` rebinds at the next step
+
+    def stale(self) -> bool:
+        return any(c.tools_stale and c.failure is None for c in self._connections)
+
+    async def refresh(self) -> list[ToolsReplaced]:
+        """The tools of each server that said its listing changed, listed again; a server
+        that cannot list keeps its tools (and is asked again at its next change)."""
+        out: list[ToolsReplaced] = []
+        for connection in self._connections:
+            if not connection.tools_stale or connection.failure is not None:
+                continue
+            name = connection.config.name
+            try:
+                listed = await connection.relist()
+            except Exception as exc:  # noqa: BLE001 - a failed relisting costs its server only
+                _log.warning(
+                    "MCP server %r could not list its tools again: %s", name, _describe(exc)
+                )
+                continue
+            if listed is None:
+                continue
+            taken = {t.name for t in self._tools if t.group != name}
+            tools, unusable = self._bound(connection, taken)
+            self._tools = [t for t in self._tools if t.group != name] + tools
+            self._unusable = {
+                k: v for k, v in self._unusable.items() if not k.startswith(f"{name}__")
+            }
+            self._unusable.update(unusable)
+            out.append(ToolsReplaced(group=name, tools=tools, unusable=sorted(unusable)))
+        return out
 
     def _spawner(self, connection: _Connection) -> Callable[[], None]:
         def spawn() -> None:
@@ -836,6 +1137,47 @@ class McpServers:
 
     def tools(self) -> list[Tool]:
         return list(self._tools)
+
+    def _connection(self, server: str) -> _Connection:
+        for connection in self._connections:
+            if connection.config.name == server:
+                return connection
+        names = ", ".join(c.config.name for c in self._connections) or "none"
+        raise UsageError(
+            f"no MCP server is named {server!r} in this run (servers: {names})",
+            hint="name a server of lodger.toml's [mcp.servers] or of --mcp",
+            code="usage",
+        )
+
+    async def read(self, server: str, uri: str) -> str:
+        """Resource ``uri`` of ``server`` as text (for a turn's input)."""
+        try:
+            return await self._connection(server).read_resource(uri)
+        except ToolCallError as exc:
+            raise UsageError(exc.message, code="usage") from None
+
+    async def prompt(self, server: str, name: str, arguments: dict[str, str]) -> str:
+        """Prompt ``name`` of ``server`` with ``arguments``, as text (for a turn's input)."""
+        try:
+            return await self._connection(server).prompt(name, arguments)
+        except ToolCallError as exc:
+            raise UsageError(exc.message, code="usage") from None
+
+    async def expand(self, given: McpInput) -> UserInput:
+        """A turn's input that names resources and a prompt, read now."""
+        return await expand(self, given)
+
+    def updates(self) -> str:
+        """The system prompt's note of resources the servers said changed (empty: none)."""
+        lines = [
+            f"- {c.config.name}: {', '.join(c.updated)}" for c in self._connections if c.updated
+        ]
+        if not lines:
+            return ""
+        return (
+            "MCP resources updated since they were last read (read them again with "
+            "<server>__read_resource):\n" + "\n".join(lines)
+        )
 
     def failures(self) -> dict[str, str]:
         """Servers that are down now, with why (the next call of one of their tools tries

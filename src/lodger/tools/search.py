@@ -137,12 +137,13 @@ class ToolSearch:
         self._inventory = ""
 
     def _current(self) -> None:
-        # The registry only grows, so its size says whether the tool set is current.
-        if self._built_for != len(self.registry):
+        # The registry's version says whether the tool set is current (it counts every
+        # bind and every refresh that changed a group).
+        if self._built_for != self.registry.version:
             self._deferred = sorted(self.registry.deferred(), key=lambda t: t.name)
             self._inventory = _inventory(self._deferred, self.max_inventory_chars)
             self._index = None
-            self._built_for = len(self.registry)
+            self._built_for = self.registry.version
 
     def index(self) -> Ranker:
         """The ranker over the deferred tools, built on first use per bound tool set."""

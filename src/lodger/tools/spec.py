@@ -46,11 +46,15 @@ from lodger.events import (
     canonical_json,
 )
 from lodger.media import BinaryContent
-from lodger.providers.base import ToolSchema
+from lodger.providers.base import ModelRequest, ModelResponse, ToolSchema
 
 __all__ = [
     "Accepted",
+    "CallRuntime",
     "CannotTell",
+    "Elicitation",
+    "ElicitationReply",
+    "Elicitor",
     "Execution",
     "Executor",
     "NestedCaller",
@@ -84,6 +88,56 @@ class StepHandle(Protocol):
     def shown(self) -> frozenset[str]: ...
 
     async def activate(self, query: str, names: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Elicitation:
+    """A question a tool (an MCP server) asks a person while a call runs: ``form`` asks
+    for values matching ``requested_schema``, ``url`` sends the person to ``url`` (shown
+    to the person, never to the model). Committed as ``elicitation_requested`` first."""
+
+    elicitation_id: str
+    session_id: str
+    call_id: str
+    server: str
+    mode: Literal["form", "url"]
+    message: str
+    requested_schema: Mapping[str, Any] = field(default_factory=dict)
+    url: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElicitationReply:
+    """A person's answer to an ``Elicitation``: ``accept`` (with ``content`` in form
+    mode), ``decline`` or ``cancel``; ``who`` as ``permission_decided.who``."""
+
+    action: Literal["accept", "decline", "cancel"]
+    content: Mapping[str, Any] = field(default_factory=dict)
+    who: str | None = None
+
+
+Elicitor = Callable[[Elicitation], Awaitable[ElicitationReply]]
+"""Who answers elicitations: the CLI asks at the terminal, a host holds the question
+for its clients (``GET /v1/sessions/{id}/elicitations``). None: no one can answer."""
+
+
+class CallRuntime(Protocol):
+    """What a running call may ask of the run it belongs to (``ToolContext.runtime``):
+    commit a fact of the call before its T2, ask a person, ask the session's model."""
+
+    @property
+    def elicitor(self) -> Elicitor | None: ...
+
+    @property
+    def model_spec(self) -> str: ...
+
+    async def commit(self, body: Any) -> None:
+        """Commit ``body`` (an event body) as a fact of this call, now."""
+        ...
+
+    async def sample(self, request: ModelRequest) -> ModelResponse:
+        """Ask the session's own model (with the run's retries); the caller logs it."""
+        ...
 
 
 DepsT = TypeVar("DepsT", default=Any)
@@ -149,6 +203,8 @@ class ToolContext(Generic[DepsT]):
     #: of the call (a re-dispatch keeps its first attempt's key); ``lodger.tools.http``
     #: sends it as ``Idempotency-Key`` (empty for a context no T1 minted)
     idempotency_key: str = ""
+    #: the run the call belongs to (None outside a run: a probe, a direct handler call)
+    runtime: CallRuntime | None = None
 
     def require_workspace(self) -> Path:
         if self.workspace is None:

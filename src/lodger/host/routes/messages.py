@@ -31,6 +31,8 @@ from lodger.media import (
     url_media_type,
 )
 from lodger.storage.control.host_index import Message
+from lodger.tools._mcp_content import MCP_INPUT_PREFIX
+from lodger.tools.mcp import McpInput, PromptRef, ResourceRef
 
 __all__ = [
     "HOOK_KEY",
@@ -182,14 +184,47 @@ class ModelSettingsIn(Input):
     extra: dict[str, Any] | None = None
 
 
+def _server() -> Any:
+    return Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$", description="an MCP server's name")
+
+
+class ResourceIn(Input):
+    """A resource of one of the session's MCP servers, read into the turn's input."""
+
+    server: str = _server()
+    uri: str = Field(min_length=1, max_length=8_000)
+
+
+class PromptIn(Input):
+    """A prompt of one of the session's MCP servers: the turn starts from its messages."""
+
+    server: str = _server()
+    name: str = Field(min_length=1, max_length=500)
+    arguments: dict[str, Annotated[str, Field(max_length=20_000)]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
 class SendMessage(Input):
-    text: str = Field(min_length=1, max_length=200_000)
+    text: str = Field(
+        min_length=1,
+        max_length=200_000,
+        description="the turn's input (after the prompt's messages, when it names one)",
+    )
     idempotency_key: Key | None = None
     attachments: list[AttachmentIn] = Field(
         default_factory=list,
         max_length=32,
         description="images and documents for the model with the text; the request body "
         f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
+    )
+    resources: list[ResourceIn] = Field(
+        default_factory=list,
+        max_length=16,
+        description="MCP resources read into the turn's input when it starts",
+    )
+    prompt: PromptIn | None = Field(
+        default=None, description="an MCP prompt the turn starts from (the text follows it)"
     )
     #: the turn's model settings (temperature, max_tokens, ...) over the project's
     model_settings: ModelSettingsIn | None = Field(
@@ -242,6 +277,7 @@ async def send(
         msg = f"keys starting with {HOOK_KEY!r} are the host's own (webhooks)"
         raise RequestValidationError([{"loc": where, "msg": msg, "type": "value_error"}])
     key = body.idempotency_key or idempotency_key or f"auto:{uuid.uuid4()}"
+    mcp = _mcp_input(body)
     media: tuple[MediaItem, ...] = ()
     if body.attachments:  # the schema checked types and bytes; the sizes are checked here
         _, media = split_input([body.text, *(a.item() for a in body.attachments)], MediaLimits())
@@ -253,9 +289,26 @@ async def send(
             error=UsageError,
         )
     message, created = await host.hub.send(
-        session_id, key=key, text=body.text, media=media, settings=settings
+        session_id, key=key, text=body.text, media=media, settings=settings, mcp=mcp
     )
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
+
+
+def _mcp_input(body: SendMessage) -> McpInput | None:
+    """The message's MCP resources and prompt (None: a plain message); its text must then
+    not look like one the host made, and one of them must say something."""
+    if body.text.startswith(MCP_INPUT_PREFIX):
+        raise UsageError(f"a message may not start with {MCP_INPUT_PREFIX!r}", code="usage")
+    if body.prompt is None and not body.resources:
+        return None
+    p = body.prompt
+    return McpInput(
+        text=body.text,
+        resources=[ResourceRef(server=r.server, uri=r.uri) for r in body.resources],
+        prompt=None
+        if p is None
+        else PromptRef(server=p.server, name=p.name, arguments=dict(p.arguments)),
+    )
 
 
 @router.get("/v1/sessions/{session_id}/messages/{message_id}", tags=["sessions"])

@@ -13,6 +13,7 @@ from lodger.host.routes import (
     approvals,
     artifacts,
     compaction,
+    console,
     control,
     events,
     messages,
@@ -44,4 +45,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     operations.router,
     timeline.router,
     compaction.router,
+    console.router,
 )

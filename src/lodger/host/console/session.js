@@ -1,0 +1,189 @@
+// One session: its timeline (live), usage and cost, and what a person can do to it:
+// steer, queue, cancel, switch mode, answer approvals, recover an interrupted turn
+// (decide, resume, abandon), fork and rewind from any offset.
+import {get, post, call, sessionPath} from "./api.js";
+import {el, fill} from "./dom.js";
+import {Timeline, showUsage, KINDS} from "./timeline.js";
+import {decideButtons} from "./approvals.js";
+
+export async function showSession(main, sessionId) {
+  const info = await get(sessionPath(sessionId));
+  // a rewound session goes on in its current branch: its facts are read from there
+  const logId = info.branch || sessionId;
+  const api = sessionPath(sessionId);
+  const say = el("p", {id: "action-status", role: "status", "aria-live": "polite"});
+  const done = (text) => fill(say, text);
+  const failed = (err) => {
+    fill(say, el("span", {class: "error"}, (err.code || "error") + ": " + err.message +
+      (err.hint ? " — " + err.hint : "")));
+  };
+  const act = async (what, fn) => {
+    try {
+      done(what + "…");
+      const out = await fn();
+      done(what + ": done");
+      await refresh();
+      return out;
+    } catch (err) {
+      failed(err);
+      return null;
+    }
+  };
+
+  const head = el("div", {class: "row"});
+  const totals = el("span", {class: "usage", id: "session-usage"});
+  const timelineRoot = el("div", {id: "timeline", class: "facts"});
+  const recovery = el("section", {class: "panel", id: "recovery", "aria-labelledby": "recovery-h"});
+  const queueList = el("ul", {id: "queue-list"});
+
+  const timeline = new Timeline(timelineRoot, logId, {
+    fork: (offset) => fork(offset),
+    rewind: (offset) => rewind(offset),
+    decide: (callId, after) => decideButtons(sessionId, callId, () => { after(); refresh(); }),
+  });
+
+  async function fork(offset) {
+    const made = await act("fork at offset " + offset, () =>
+      post(api + "/fork", offset ? {at: offset} : {}));
+    if (made) {
+      fill(say, "forked: ", el("a", {href: "#/session/" + encodeURIComponent(made.session_id),
+        id: "fork-link"}, made.session_id), " shares [0, " + made.high_water + ")");
+    }
+  }
+  async function rewind(offset) {
+    const made = await act("rewind to offset " + offset, () =>
+      post(api + "/rewind", {point: {kind: "offset", offset}}));
+    if (made) {
+      fill(say, "rewound: the session goes on in ", made.branch, " (",
+        el("a", {href: "#/session/" + encodeURIComponent(made.branch)}, "the branch"),
+        "; undo with a rewind to the branch left behind, " + made.source + ")");
+      setTimeout(() => window.dispatchEvent(new HashChangeEvent("hashchange")), 50);
+    }
+  }
+
+  // ---------------------------------------------------------------- controls
+  const steerText = el("textarea", {id: "steer-text", "aria-label": "steer message"});
+  const queueText = el("textarea", {id: "queue-text", "aria-label": "follow-up message"});
+  const policy = el("select", {id: "queue-policy", "aria-label": "queue policy"},
+    ["enqueue", "reject", "interrupt", "rollback"].map((p) => el("option", {value: p}, p)));
+  const reason = el("input", {id: "cancel-reason", type: "text", "aria-label": "cancel reason"});
+  const mode = el("select", {id: "mode", "aria-label": "permission mode"},
+    ["ask", "plan", "accept_edits", "full_auto"].map((m) => el("option", {value: m}, m)));
+  const sendText = el("textarea", {id: "send-text", "aria-label": "new message"});
+  const offset = el("input", {id: "offset", type: "number", min: "1", "aria-label": "offset"});
+
+  const form = (label, onsubmit, ...children) => el("form", {"aria-label": label,
+    onsubmit: (e) => { e.preventDefault(); onsubmit(); }}, ...children);
+  const controls = el("section", {class: "panel", "aria-labelledby": "controls-h"},
+    el("h2", {id: "controls-h"}, "Control"),
+    form("send a message", () => act("send", () => post(api + "/messages", {text: sendText.value})
+      .then((r) => { sendText.value = ""; return r; })),
+    el("label", {for: "send-text"}, "Message (the next turn)"), sendText,
+    el("button", {type: "submit", id: "send"}, "Send")),
+    form("steer the running turn", () => act("steer", () => post(api + "/steer", {text: steerText.value})
+      .then((r) => { steerText.value = ""; return r; })),
+    el("label", {for: "steer-text"}, "Steer the running turn"), steerText,
+    el("button", {type: "submit", id: "steer"}, "Steer")),
+    form("queue a follow-up", () => act("queue", () => post(api + "/queue",
+      {text: queueText.value, policy: policy.value}).then((r) => { queueText.value = ""; return r; })),
+    el("label", {for: "queue-text"}, "Queue a follow-up"), queueText, policy,
+    el("button", {type: "submit", id: "queue"}, "Queue")),
+    queueList,
+    form("cancel the running turn", () => act("cancel", () => post(api + "/cancel", {reason: reason.value})
+      .then((r) => { done("cancel: " + r.status); return r; })),
+    el("label", {for: "cancel-reason"}, "Reason"), reason,
+    el("button", {type: "submit", id: "cancel", class: "danger"}, "Cancel the turn")),
+    form("switch the permission mode", () => act("mode " + mode.value, () => post(api + "/mode", {mode: mode.value})),
+      el("label", {for: "mode"}, "Permission mode"), mode, el("button", {type: "submit", id: "set-mode"}, "Switch")),
+    form("fork or rewind at an offset", () => {},
+      el("label", {for: "offset"}, "Offset"), offset,
+      el("button", {type: "button", id: "fork", onclick: () => fork(Number(offset.value) || null)}, "Fork here"),
+      el("button", {type: "button", id: "rewind", onclick: () => rewind(Number(offset.value))}, "Rewind here")),
+    el("p", {class: "muted"}, "Fork: a new session sharing events [0, offset) (all when empty). " +
+      "Rewind: this session goes back to [0, offset), files too; the branch left behind stays."));
+
+  fill(main,
+    el("h1", {}, "Session ", el("span", {id: "session-id"}, sessionId)),
+    head, el("p", {}, "Usage: ", totals), say,
+    el("div", {class: "grid"},
+      el("div", {}, el("h2", {}, "Timeline"), timelineRoot),
+      el("div", {}, recovery, controls)));
+
+  // ---------------------------------------------------------------- state
+  async function refresh() {
+    const [now, usage, plan, queue] = await Promise.all([
+      get(api), get(api + "/usage"), get(api + "/recovery"),
+      get(api + "/queue").catch(() => ({messages: []})),
+    ]);
+    fill(head,
+      el("span", {class: "status", id: "session-status", dataset: {status: now.running ? "running" : (now.last_turn_status || "new")}},
+        now.running ? "running" : now.open_turn ? "interrupted" : (now.last_turn_status || "new")),
+      " model " + (now.model || "?"), " · " + now.events + " facts · " + now.turns + " turn(s)",
+      now.branch && now.branch !== sessionId ? " · branch " + now.branch : "",
+      now.permission_mode ? " · mode " + now.permission_mode : "",
+      now.pending_approvals ? " · " + now.pending_approvals + " waiting for approval" : "",
+      now.workspace ? " · workspace " + now.workspace : "");
+    showUsage(timeline, usage, totals);
+    showRecovery(plan, now);
+    fill(queueList, queue.messages.map((m) => el("li", {dataset: {messageId: m.message_id}},
+      m.policy + ": " + m.text + " ",
+      el("button", {type: "button", onclick: () => act("retract", () =>
+        call("DELETE", api + "/queue/" + encodeURIComponent(m.message_id)))}, "Retract"))));
+  }
+
+  function showRecovery(plan, now) {
+    const h = el("h2", {id: "recovery-h"}, "Recovery");
+    if (!plan.open_turn || now.running) {
+      fill(recovery, h, el("p", {class: "muted"}, now.running ? "A turn is running." : "No interrupted turn."));
+      return;
+    }
+    const rows = plan.calls.map((c) => el("li", {dataset: {callId: c.call_id, action: c.action}},
+      el("strong", {}, c.tool), " · " + c.status + " → " + c.action,
+      el("div", {class: "muted"}, c.reason),
+      c.action === "wait_operator" || c.action === "park" ? el("div", {class: "row"},
+        ["completed", "not_applied", "abandon"].map((d) => el("button", {type: "button",
+          dataset: {decide: d}, onclick: () => act("decide " + d, () =>
+            post(api + "/decide", {call_id: c.call_id, decision: d}))}, decideLabel(d)))) : null));
+    fill(recovery, h,
+      el("p", {}, "Turn " + plan.open_turn.slice(-8) + " was interrupted at offset " + plan.high_water +
+        (plan.blocked ? "; a call waits for your decision before it can resume." : "; it can resume.")),
+      el("ul", {id: "plan"}, rows),
+      el("div", {class: "row"},
+        el("button", {type: "button", id: "resume", class: "primary", disabled: plan.blocked,
+          onclick: () => act("resume", () => post(api + "/resume", {}))}, "Resume"),
+        el("button", {type: "button", id: "abandon", class: "danger",
+          onclick: () => act("abandon", () => post(api + "/abandon", {reason: "abandoned in the console"}))},
+        "Abandon the turn")));
+  }
+
+  await refresh();
+
+  // ---------------------------------------------------------------- live
+  const source = new EventSource(sessionPath(logId) + "/stream?deltas=true");
+  const conn = document.getElementById("conn");
+  let pending = null;
+  const later = () => {  // at most one refresh of the panels per burst of facts
+    if (pending) return;
+    pending = setTimeout(() => { pending = null; refresh().catch(failed); }, 250);
+  };
+  for (const kind of KINDS) {
+    source.addEventListener(kind, (e) => {
+      timeline.apply(JSON.parse(e.data));
+      fill(conn, "live · offset " + timeline.lastOffset);
+      later();
+    });
+  }
+  source.addEventListener("text_delta", (e) => timeline.delta(JSON.parse(e.data)));
+  source.addEventListener("stream_error", (e) => {
+    source.close();
+    const err = (JSON.parse(e.data) || {}).error || {};
+    fill(conn, "stopped: " + err.code + ": " + err.message);
+  });
+  source.onerror = () => fill(conn, "reconnecting…");
+  source.onopen = () => fill(conn, "live");
+  return () => { source.close(); if (pending) clearTimeout(pending); fill(conn); };
+}
+
+function decideLabel(d) {
+  return {completed: "It completed", not_applied: "It did not happen", abandon: "Abandon the call"}[d];
+}

@@ -74,7 +74,12 @@ async def serve(storage: list[str], model: str, gates: Path, out: Path) -> Async
     argv += ["--model", model, "--tools", str(TOOLS), "--poll", "0.2"]
     with out.open("w") as sink:
         proc = await asyncio.to_thread(
-            subprocess.Popen, argv, stdout=sink, stderr=subprocess.STDOUT, env=lodger_env(gates)
+            subprocess.Popen,
+            argv,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=lodger_env(gates),
+            cwd=out.parent,
         )
     try:
         async with asyncio.timeout(30):

@@ -8,15 +8,22 @@ axe-core."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 
 from ._console import (
+    TOOLS,
     artifacts_dir,
     axe_violations,
     chromium,
+    lodger_env,
     new_page,
     script,
     serve,
@@ -130,3 +137,156 @@ async def _rows_are(page: object, ids: list[str]) -> bool:
     rows = page.locator("#sessions tbody tr")  # type: ignore[attr-defined]
     found = [await r.get_attribute("data-session-id") for r in await rows.all()]
     return found == ids
+
+
+async def test_approve_by_clicking_and_see_facts_arrive_live_on_a_file_store(
+    tmp_path: Path, gates: Path
+) -> None:
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"calls": [{"name": "gate", "args": {"name": "live"}}]},
+            {"calls": [{"name": "deploy", "args": {"target": "prod"}}]},
+            {"calls": [{"name": "deploy", "args": {"target": "staging"}}]},
+            {"calls": [{"name": "deploy", "args": {"target": "dev"}}]},
+            {"text": "shipped"},
+        ],
+    )
+    where = artifacts_dir(tmp_path)
+    storage = ["--store", (tmp_path / "store").as_uri(), "--host-index", str(tmp_path / "h.db")]
+    async with (
+        serve(storage, model, gates, tmp_path / "host.out") as host,
+        host.client() as c,
+        chromium() as browser,
+    ):
+        sid = await c.create_session()
+        page = await new_page(browser)
+        await page.goto(host.console(f"/session/{sid}"))
+        await page.locator("#session-id").wait_for()
+        sent = await c.send(sid, "ship it", key="1")
+        # a fact arriving live: the gate call shows as running while it runs
+        running = page.locator('.call[data-status="running"]')
+        await running.wait_for()
+        assert "gate" in await running.inner_text()
+        await shot(page, where, "live-running")
+        (gates / "live").touch()
+        # the inbox: the parked call with its arguments, allowed once by a click
+        await page.get_by_role("link", name="Approvals").click()
+        approval = page.locator("section.approval")
+        await approval.wait_for()
+        assert '"target": "prod"' in await approval.locator("pre.arguments").inner_text()
+        await shot(page, where, "approvals")
+        assert not await axe_violations(page)
+        await approval.get_by_role("button", name="Allow once").click()
+        await page.locator(".call-state", has_text="allow by token:tok_").wait_for()
+        # the next one from the session's own page: allowed always, so the third is not asked
+        await page.goto(f"{host.url}/console#/session/{sid}")
+        staging = page.locator('.call[data-status="parked"]')
+        await staging.wait_for()
+        await staging.get_by_role("button", name="Allow always").click()
+        await page.locator(".note.end", has_text="turn completed: shipped").wait_for()
+        done = await c.wait_message(sid, sent["message"]["id"])
+        assert done["result"]["answer"] == "shipped"
+        # each deploy ran and its T2 shows
+        oks = page.locator('.call[data-status="ok"]')
+        assert await oks.count() == 4
+        assert "T2" in await oks.nth(1).inner_text()
+        facts = await c.events(sid)
+        decided = [f.data["body"] for f in facts if f.kind == "permission_decided"]
+        assert [(d["decision"], d["by"]) for d in decided] == [("allow", "user")] * 3
+        assert decided[0]["who"].startswith("token:tok_") and decided[1]["who"] == decided[0]["who"]
+        # the third was not asked: the earlier "always" allowed it
+        assert "allowed always" in decided[2]["reason"]
+        assert sum(f.kind == "permission_requested" for f in facts) == 2
+        shown = int(await page.locator("#timeline").get_attribute("data-last-offset") or -1)
+        assert shown == facts[-1].offset
+        await shot(page, where, "approved")
+        assert page.problems == []  # type: ignore[attr-defined]
+
+
+async def test_recover_a_turn_whose_process_was_killed_then_fork_it(
+    tmp_path: Path, gates: Path
+) -> None:
+    """A ``lodger run`` child SIGKILLed inside a never-retry call leaves the turn open; the
+    console shows its plan, decides the call, resumes the turn and forks the session."""
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"calls": [{"name": "echo", "args": {"text": "before"}}]},
+            {"calls": [{"name": "charge", "args": {"name": "card"}}]},
+            {"text": "charged and done"},
+        ],
+    )
+    state, sid = tmp_path / "state", "crashed-1"
+    workspace = tmp_path / "ws" / sid  # where the host puts the session: --workspaces ws
+    workspace.mkdir(parents=True)
+    argv = [sys.executable, "-m", "lodger", "run", "charge the card", "--state", str(state)]
+    argv += ["--model", model, "--tools", str(TOOLS), "--json", "--session", sid]
+    argv += ["--workspace", str(workspace)]
+    child = await asyncio.to_thread(
+        subprocess.Popen,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=lodger_env(gates),
+        cwd=tmp_path,
+    )
+    try:
+        await wait_for(lambda: _exists(gates / "card.starts"), within=30)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        out, _ = await asyncio.to_thread(child.communicate)
+    facts = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    assert {f["event"]["session_id"] for f in facts if f.get("type") == "fact"} == {sid}
+    assert not any(f.get("type") == "result" for f in facts)  # killed before its end
+    where = artifacts_dir(tmp_path)
+    async with (
+        serve(
+            ["--state", str(state), "--workspaces", str(tmp_path / "ws")],
+            model,
+            gates,
+            tmp_path / "host.out",
+        ) as host,
+        host.client() as c,
+        chromium() as browser,
+    ):
+        page = await new_page(browser)
+        await page.goto(host.console())
+        row = page.locator(f'tr[data-session-id="{sid}"]')
+        await row.wait_for()
+        assert await row.get_attribute("data-status") == "interrupted"
+        await row.get_by_role("link").click()
+        plan = page.locator('#plan li[data-action="park"], #plan li[data-action="wait_operator"]')
+        await plan.wait_for()
+        assert "charge" in await plan.inner_text()
+        assert await page.locator("#resume").is_disabled() is (
+            await plan.get_attribute("data-action") == "wait_operator"
+        )
+        await shot(page, where, "recovery")
+        assert not await axe_violations(page)
+        await plan.locator(".decide-result").fill("charged once, seen on the card's statement")
+        await plan.get_by_role("button", name="It completed").click()
+        await page.locator(".note.control", has_text="operator decision completed").wait_for()
+        await page.locator("#resume:not([disabled])").click()
+        await page.locator(".note.end", has_text="turn completed: charged and done").wait_for()
+        after = await c.events(sid)
+        decision = next(f.data for f in after if f.kind == "operator_decision")
+        assert decision["body"]["who"].startswith("token:tok_")
+        assert (gates / "card.starts").read_text().count("start") == 1  # never run twice
+        # fork before the turn, from its button; the fork shows under its parent
+        await page.get_by_role("button", name="Fork before this turn").click()
+        link = page.locator("#fork-link")
+        await link.wait_for()
+        fork_id = await link.inner_text()
+        forked = await c.show(fork_id)
+        assert forked["events"] == 1 and forked["turns"] == 0
+        await page.get_by_role("link", name="Sessions").click()
+        child_row = page.locator(f'tr.child[data-session-id="{fork_id}"]')
+        await child_row.wait_for()
+        assert f"fork of {sid}" in await child_row.inner_text()
+        await shot(page, where, "forked")
+        assert page.problems == []  # type: ignore[attr-defined]
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)

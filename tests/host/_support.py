@@ -50,6 +50,7 @@ async def running_host(
     observers: tuple[Any, ...] = (),
     workspaces: Path | None = None,
     code_mode: Any = None,
+    budgets: Any = None,
 ) -> AsyncIterator[Host]:
     storage = Storage.local(state)
     control = SqliteHostControl(state / "host.sqlite3")
@@ -59,7 +60,9 @@ async def running_host(
     app = create_app(
         sessions,
         control,
-        HostConfig(models=models, tools=TOOLS, workspaces=workspaces, code_mode=code_mode),
+        HostConfig(
+            models=models, tools=TOOLS, workspaces=workspaces, code_mode=code_mode, budgets=budgets
+        ),
         hooks=hooks,
         observers=observers,
         poll_s=0.5,

@@ -17,6 +17,22 @@ export async function showSession(main, sessionId) {
     fill(say, el("span", {class: "error"}, (err.code || "error") + ": " + err.message +
       (err.hint ? " — " + err.hint : "")));
   };
+  // a sent message or a resume runs in the background: say how it ended, a failure too
+  const watch = async (what, accepted) => {
+    const id = accepted && accepted.message ? accepted.message.id : null;
+    if (id === null) return accepted;
+    for (let i = 0; i < 600; i++) {
+      const m = await get(api + "/messages/" + id);
+      if (m.status === "failed") {
+        const err = (m.result && m.result.error) || {};
+        failed({code: err.code, message: what + " failed: " + err.message, hint: err.hint});
+        return accepted;
+      }
+      if (m.status === "done") { done(what + ": " + ((m.result && m.result.status) || "done")); return accepted; }
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    return accepted;
+  };
   const act = async (what, fn) => {
     try {
       done(what + "…");
@@ -77,7 +93,7 @@ export async function showSession(main, sessionId) {
   const controls = el("section", {class: "panel", "aria-labelledby": "controls-h"},
     el("h2", {id: "controls-h"}, "Control"),
     form("send a message", () => act("send", () => post(api + "/messages", {text: sendText.value})
-      .then((r) => { sendText.value = ""; return r; })),
+      .then((r) => { sendText.value = ""; watch("the message", r); return r; })),
     el("label", {for: "send-text"}, "Message (the next turn)"), sendText,
     el("button", {type: "submit", id: "send"}, "Send")),
     form("steer the running turn", () => act("steer", () => post(api + "/steer", {text: steerText.value})
@@ -137,20 +153,29 @@ export async function showSession(main, sessionId) {
       fill(recovery, h, el("p", {class: "muted"}, now.running ? "A turn is running." : "No interrupted turn."));
       return;
     }
-    const rows = plan.calls.map((c) => el("li", {dataset: {callId: c.call_id, action: c.action}},
-      el("strong", {}, c.tool), " · " + c.status + " → " + c.action,
-      el("div", {class: "muted"}, c.reason),
-      c.action === "wait_operator" || c.action === "park" ? el("div", {class: "row"},
-        ["completed", "not_applied", "abandon"].map((d) => el("button", {type: "button",
-          dataset: {decide: d}, onclick: () => act("decide " + d, () =>
-            post(api + "/decide", {call_id: c.call_id, decision: d}))}, decideLabel(d)))) : null));
+    const rows = plan.calls.map((c) => {
+      const waits = c.action === "wait_operator" || c.action === "park";
+      const result = el("input", {type: "text", id: "result-" + c.call_id, class: "decide-result"});
+      return el("li", {dataset: {callId: c.call_id, action: c.action}},
+        el("strong", {}, c.tool), " · " + c.status + " → " + c.action,
+        el("div", {class: "muted"}, c.reason),
+        waits ? el("div", {class: "row"},
+          el("label", {for: "result-" + c.call_id}, "Result, if it completed"), result) : null,
+        waits ? el("div", {class: "row"},
+          ["completed", "not_applied", "abandon"].map((d) => el("button", {type: "button",
+            dataset: {decide: d}, onclick: () => act("decide " + d, () =>
+              post(api + "/decide", {call_id: c.call_id, decision: d,
+                ...(d === "completed" && result.value ? {result: result.value} : {})}))},
+          decideLabel(d)))) : null);
+    });
     fill(recovery, h,
       el("p", {}, "Turn " + plan.open_turn.slice(-8) + " was interrupted at offset " + plan.high_water +
         (plan.blocked ? "; a call waits for your decision before it can resume." : "; it can resume.")),
       el("ul", {id: "plan"}, rows),
       el("div", {class: "row"},
         el("button", {type: "button", id: "resume", class: "primary", disabled: plan.blocked,
-          onclick: () => act("resume", () => post(api + "/resume", {}))}, "Resume"),
+          onclick: () => act("resume", () => post(api + "/resume", {})
+            .then((r) => { watch("the resume", r); return r; }))}, "Resume"),
         el("button", {type: "button", id: "abandon", class: "danger",
           onclick: () => act("abandon", () => post(api + "/abandon", {reason: "abandoned in the console"}))},
         "Abandon the turn")));

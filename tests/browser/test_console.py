@@ -34,6 +34,7 @@ from ._console import (
 pytestmark = pytest.mark.slow
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\"> \u202egnp.exe\u202c bell\u0007 end"
+CELL = "const r = await tools.echo({text: '<i>nested</i>'}); return r;"
 BIG = "line of a long result\n" * 1200  # over the 16 000 characters T2 keeps: an artifact
 
 
@@ -49,12 +50,18 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
                     {"name": "echo", "args": {"text": BIG}},
                 ]
             },
+            {"calls": [{"name": "exec", "args": {"code": CELL}}]},
             {"text": "done <b>not bold</b>"},
         ],
     )
     where = artifacts_dir(tmp_path)
     async with (
-        serve(["--state", str(tmp_path / "state")], model, gates, tmp_path / "host.out") as host,
+        serve(
+            ["--state", str(tmp_path / "state"), "--code-mode", "javascript"],
+            model,
+            gates,
+            tmp_path / "host.out",
+        ) as host,
         host.client() as c,
         chromium() as browser,
     ):
@@ -115,6 +122,21 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
         await big.locator("pre.artifact").wait_for()  # shown once its bytes arrived
         full = await big.locator("pre.artifact").inner_text()
         assert full.count("line of a long result") == 1200
+        # the code cell's nested call, folded under the cell
+        facts = await c.events(sid)
+        cell_id = next(
+            f.data["call_id"]
+            for f in facts
+            if f.kind == "tool_dispatched" and f.data["body"]["tool"] == "exec"
+        )
+        cell = page.locator(f'.call[data-call-id="{cell_id}"]')
+        fold = cell.get_by_role("button", name="nested calls (1)")
+        nested = cell.locator(".nested .call")
+        assert not await nested.is_visible()
+        await fold.click()
+        await nested.locator("button.toggle").click()
+        assert "<i>nested</i>" in await nested.locator("pre.result-text").inner_text()
+        assert await page.locator("i").count() == 0
         # usage and cost of the turn and the session (script models cost nothing)
         assert "$0.000000" in await page.locator("#session-usage").inner_text()
         await shot(page, where, "session-light")
@@ -169,7 +191,14 @@ async def test_approve_by_clicking_and_see_facts_arrive_live_on_a_file_store(
         await running.wait_for()
         assert "gate" in await running.inner_text()
         await shot(page, where, "live-running")
+        # steer the running turn from the control panel: delivered at the next step
+        await page.locator("#steer-text").fill("<script>x</script> use the blue deploy")
+        await page.get_by_role("button", name="Steer", exact=True).click()
+        steered = page.locator(".note.control", has_text="steer by token:tok_")
+        await steered.wait_for()
+        assert "<script>x</script> use the blue deploy" in await steered.inner_text()
         (gates / "live").touch()
+        await page.locator(".note.control", has_text="steer delivered at step 1").wait_for()
         # the inbox: the parked call with its arguments, allowed once by a click
         await page.get_by_role("link", name="Approvals").click()
         approval = page.locator("section.approval")

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from playwright.async_api import Locator, Page
+
+from lodger.client import HostClient
 
 from ._console import (
     TOOLS,
@@ -314,7 +317,34 @@ async def test_recover_a_turn_whose_process_was_killed_then_fork_it(
         await child_row.wait_for()
         assert f"fork of {sid}" in await child_row.inner_text()
         await shot(page, where, "forked")
+        # rewind the session to before its turn: it goes on in a new branch, listed under it
+        await wait_for(lambda: _idle(c, sid))  # a rewind waits for the runner to end
+        await row.get_by_role("link").click()
+        await page.get_by_role("button", name="Rewind to before this turn").click()
+        said = page.locator("#action-status")
+        await wait_for(lambda: _says(said, "rewound: the session goes on in"))
+        assert "rewound: the session goes on in" in await said.inner_text()
+        shown = await c.show(sid)
+        assert shown["branch"] != sid and shown["turns"] == 0
+        await wait_for(lambda: _no_turns(page))  # the page reloaded on the branch
+        await page.get_by_role("link", name="Sessions").click()
+        branch = page.locator(f'tr.child[data-session-id="{shown["branch"]}"]')
+        await branch.wait_for()
+        assert f"branch of {sid}" in await branch.inner_text()
         assert page.problems == []  # type: ignore[attr-defined]
+
+
+async def _says(line: Locator, text: str) -> bool:
+    """The line says ``text``, or shows an error instead (the assertion after says which)."""
+    return text in await line.inner_text() or await line.locator(".error").count() > 0
+
+
+async def _no_turns(page: Page) -> bool:
+    return await page.locator(".turn").count() == 0 and await page.locator("#timeline").count() == 1
+
+
+async def _idle(c: HostClient, sid: str) -> bool:
+    return not (await c.show(sid))["running"]
 
 
 async def _exists(path: Path) -> bool:

@@ -6,6 +6,9 @@ import {el, fill} from "./dom.js";
 import {Timeline, showUsage, KINDS} from "./timeline.js";
 import {decideButtons} from "./approvals.js";
 
+// what the last action said, kept across the page's reload after a rewind
+let carried = null;
+
 export async function showSession(main, sessionId) {
   const info = await get(sessionPath(sessionId));
   // a rewound session goes on in its current branch: its facts are read from there
@@ -18,6 +21,8 @@ export async function showSession(main, sessionId) {
       (err.hint ? " — " + err.hint : "")));
   };
   // a sent message or a resume runs in the background: say how it ended, a failure too
+  // (in a line of its own: the action line is the next action's)
+  const runSay = el("p", {id: "run-status", role: "status", "aria-live": "polite"});
   const watch = async (what, accepted) => {
     const id = accepted && accepted.message ? accepted.message.id : null;
     if (id === null) return accepted;
@@ -25,10 +30,15 @@ export async function showSession(main, sessionId) {
       const m = await get(api + "/messages/" + id);
       if (m.status === "failed") {
         const err = (m.result && m.result.error) || {};
-        failed({code: err.code, message: what + " failed: " + err.message, hint: err.hint});
+        fill(runSay, el("span", {class: "error"}, (err.code || "error") + ": " + what + " failed: " +
+          err.message + (err.hint ? " — " + err.hint : "")));
         return accepted;
       }
-      if (m.status === "done") { done(what + ": " + ((m.result && m.result.status) || "done")); return accepted; }
+      if (m.status === "done") {
+        fill(runSay, what + ": " + ((m.result && m.result.status) || "done"));
+        return accepted;
+      }
+      fill(runSay, what + ": " + m.status);
       await new Promise((r) => setTimeout(r, 500));
     }
     return accepted;
@@ -70,10 +80,10 @@ export async function showSession(main, sessionId) {
     const made = await act("rewind to offset " + offset, () =>
       post(api + "/rewind", {point: {kind: "offset", offset}}));
     if (made) {
-      fill(say, "rewound: the session goes on in ", made.branch, " (",
-        el("a", {href: "#/session/" + encodeURIComponent(made.branch)}, "the branch"),
-        "; undo with a rewind to the branch left behind, " + made.source + ")");
-      setTimeout(() => window.dispatchEvent(new HashChangeEvent("hashchange")), 50);
+      // the session goes on in the new branch: show it (this page, read again)
+      carried = "rewound: the session goes on in " + made.branch + " (the branch left behind, " +
+        made.source + ", stays: rewind to it to undo)";
+      window.dispatchEvent(new HashChangeEvent("hashchange"));
     }
   }
 
@@ -120,7 +130,7 @@ export async function showSession(main, sessionId) {
 
   fill(main,
     el("h1", {}, "Session ", el("span", {id: "session-id"}, sessionId)),
-    head, el("p", {}, "Usage: ", totals), say,
+    head, el("p", {}, "Usage: ", totals), say, runSay,
     el("div", {class: "grid"},
       el("div", {}, el("h2", {}, "Timeline"), timelineRoot),
       el("div", {}, recovery, controls)));
@@ -182,6 +192,7 @@ export async function showSession(main, sessionId) {
   }
 
   await refresh();
+  if (carried) { done(carried); carried = null; }
 
   // ---------------------------------------------------------------- live
   const source = new EventSource(sessionPath(logId) + "/stream?deltas=true");

@@ -117,9 +117,13 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
         assert "\\u202e" in result and "\\u0007" in result and "\u202e" not in result
         assert await page.locator("img").count() == 0 and await page.locator("b").count() == 0
         assert await page.title() != "pwned"
+        # by keyboard: a call's details open with Enter on its button
+        second = page.locator(".call").nth(1).locator("button.toggle")
+        await second.focus()
+        await page.keyboard.press("Enter")
+        assert await second.get_attribute("aria-expanded") == "true"
         # the large result: a preview in T2, the whole from the artifact route
         big = page.locator(".call").nth(1)
-        await big.locator("button.toggle").click()
         load = big.get_by_role("button", name="Load the full result")
         await load.click()
         await big.locator("pre.artifact").wait_for()  # shown once its bytes arrived
@@ -140,6 +144,12 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
         await nested.locator("button.toggle").click()
         assert "<i>nested</i>" in await nested.locator("pre.result-text").inner_text()
         assert await page.locator("i").count() == 0
+        # switch the permission mode from the control panel: a fact naming the token
+        await page.locator("#mode").select_option("plan")
+        await page.get_by_role("button", name="Switch").click()
+        await page.locator(
+            ".note.control", has_text="permission mode none → plan by token:"
+        ).wait_for()
         # usage and cost of the turn and the session (script models cost nothing)
         assert "$0.000000" in await page.locator("#session-usage").inner_text()
         await shot(page, where, "session-light")

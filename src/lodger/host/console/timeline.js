@@ -4,7 +4,7 @@
 // background processes and long calls. Live text deltas (never facts) show in the step
 // they belong to until its committed model_output replaces them.
 import {get, sessionPath} from "./api.js";
-import {el, fill, pretty, clock, usd, toggler} from "./dom.js";
+import {el, fill, pretty, clock, usd, toggler, visible} from "./dom.js";
 
 const SUBAGENT = "actor:subagent:";
 
@@ -49,12 +49,17 @@ export class Timeline {
 
   stepOf(f) {
     let s = this.steps.get(f.step_id);
+    if (s && f.run_id && !s.inRun) {  // made by a text delta before its run's facts came
+      this.runOf(f).append(s);
+      s.inRun = true;
+    }
     if (!s) {
       s = el("div", {class: "step", dataset: {stepId: f.step_id || ""}});
       s.head = el("div", {class: "head"}, "step");
       s.texts = el("div", {});
       s.append(s.head, s.texts);
       (f.run_id ? this.runOf(f) : this.turnOf(f)).append(s);
+      s.inRun = Boolean(f.run_id);
       this.steps.set(f.step_id, s);
     }
     return s;
@@ -111,7 +116,7 @@ export class Timeline {
       s.live = el("div", {class: "text live", "aria-live": "polite"});
       s.texts.append(s.live);
     }
-    s.live.append(d.text);
+    s.live.append(visible(d.text));  // text, hidden characters marked, as everywhere
   }
 
   apply(f) {

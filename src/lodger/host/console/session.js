@@ -149,6 +149,7 @@ export async function showSession(main, sessionId) {
       now.permission_mode ? " · mode " + now.permission_mode : "",
       now.pending_approvals ? " · " + now.pending_approvals + " waiting for approval" : "",
       now.workspace ? " · workspace " + now.workspace : "");
+    if (now.permission_mode && document.activeElement !== mode) mode.value = now.permission_mode;
     showUsage(timeline, usage, totals);
     showRecovery(plan, now);
     fill(queueList, queue.messages.map((m) => el("li", {dataset: {messageId: m.message_id}},

@@ -58,6 +58,19 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
         ],
     )
     where = artifacts_dir(tmp_path)
+    # a parent and its subagent, made by `lodger run --subagents` on the same state
+    delegating = script(
+        tmp_path / "d.json",
+        [{"calls": [{"name": "delegate", "args": {"task": "count", "tools": ["echo"]}}]},
+         {"text": "all done"}],
+    )  # fmt: skip
+    argv = [sys.executable, "-m", "lodger", "run", "delegate it", "--subagents", "--session"]
+    argv += ["p1", "--model", delegating, "--state", str(tmp_path / "state")]
+    argv += ["--workspace", str(tmp_path), "--tools", str(TOOLS)]
+    ran = await asyncio.to_thread(
+        subprocess.run, argv, env=lodger_env(gates), cwd=tmp_path, capture_output=True
+    )
+    assert ran.returncode == 0, ran.stderr
     async with (
         serve(
             ["--state", str(tmp_path / "state"), "--code-mode", "javascript"],
@@ -97,6 +110,20 @@ async def test_find_a_session_and_read_its_calls_hostile_text_stays_text(
         assert "completed" in await row.inner_text()
         await shot(page, where, "sessions-light")
         assert not await axe_violations(page)
+        # the subagent under its parent, and under the parent's delegate call
+        await page.locator("#search").fill("")
+        child = page.locator("tr.child", has_text="subagent of p1")
+        await child.wait_for()
+        child_id = await child.get_attribute("data-session-id")
+        await page.get_by_role("link", name="p1", exact=True).click()
+        delegate = page.locator(".call", has_text="delegate").first
+        await delegate.get_by_role("button", name="nested calls (1)").click()
+        link = delegate.locator(".subagent-child a")
+        assert await link.inner_text() == child_id
+        await delegate.locator(".subagent-child", has_text="completed").wait_for()
+        await page.get_by_role("link", name="Sessions").click()
+        await page.locator("#search").fill("needle")
+        await wait_for(lambda: _rows_are(page, ["needle-session"]))
         await page.keyboard.press("Tab")  # keyboard: the link is reachable and opens it
         await row.get_by_role("link").focus()
         await page.keyboard.press("Enter")

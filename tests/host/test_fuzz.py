@@ -7,8 +7,9 @@ undeclared methods answered 405 with ``Allow``, and a request without the token 
 Against a real host (uvicorn on loopback, over a SQLite store on disk) holding a real
 session with a finished turn; half of the generated session ids are that session's, so
 fork, decide, abandon, resume and messages meet a log, not only 404s. Bounded: the
-examples, coverage and fuzzing phases, a few examples per operation. The stream is left
-out (it follows forever by design; ``test_streams`` covers it).
+examples, coverage and fuzzing phases, a few examples per operation. The streams are left
+out (they follow forever, or a turn to its end, by design; ``test_streams`` and
+``test_protocol_streams`` cover them).
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ CONFIG = SchemathesisConfig.from_dict(
     }
 )
 schema = schemathesis.openapi.from_path(COMMITTED, config=CONFIG).exclude(
-    path="/v1/sessions/{session_id}/stream"
+    # streams that follow a turn until it ends (test_streams, test_protocol_streams)
+    path=[
+        "/v1/sessions/{session_id}/stream",
+        "/v1/sessions/{session_id}/ai-sdk/stream",
+        "/v1/sessions/{session_id}/ai-sdk/chat",
+        "/v1/sessions/{session_id}/ag-ui",
+    ]
 )
 
 

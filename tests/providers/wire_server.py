@@ -60,12 +60,14 @@ class Recorded:
 class Stream:
     """A 200 response streamed as SSE frames, each ``(event name or None, data text)``.
 
-    ``cut`` drops the connection after the frames; ``delay`` waits before answering.
+    ``cut`` drops the connection after the frames; ``delay`` waits before answering;
+    ``gap`` waits between frames (a model that writes slowly).
     """
 
     frames: Sequence[tuple[str | None, str]]
     cut: bool = False
     delay: float = 0.0
+    gap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,9 @@ class WireServer:
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for event, data in reply.frames:
+                for n, (event, data) in enumerate(reply.frames):
+                    if n and reply.gap:
+                        time.sleep(reply.gap)  # the server's own thread, not the loop
                     frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
                     self._chunk(frame.encode())
                 if reply.cut:

@@ -7,11 +7,14 @@ envelope is ever a loose ``dict``.
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from lodger.events import Origin, Visibility
 
-__all__ = ["Envelope"]
+__all__ = ["Envelope", "streaming_at", "streaming_envelope"]
 
 
 class Envelope(NamedTuple):
@@ -70,3 +73,28 @@ class Envelope(NamedTuple):
             origin if origin is not None else self.origin,
             visibility if visibility is not None else self.visibility,
         )
+
+
+# The step whose provider request is streaming text in this task (see ``streaming_at``).
+_STREAMING: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar(
+    "lodger_streaming_step", default=None
+)
+
+
+def streaming_envelope() -> Envelope | None:
+    """Where the text a model is streaming now belongs (its turn, run and step), for a
+    text sink that labels its deltas; None outside a step's provider request. The step's
+    own facts are not committed yet while its text streams (L9), so a sink learns the
+    step's id here, not from the log."""
+    return _STREAMING.get()
+
+
+@contextmanager
+def streaming_at(env: Envelope) -> Iterator[None]:
+    """Within the block, ``streaming_envelope()`` is ``env`` (in this task and those it
+    starts)."""
+    token = _STREAMING.set(env)
+    try:
+        yield
+    finally:
+        _STREAMING.reset(token)

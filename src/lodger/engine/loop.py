@@ -24,7 +24,7 @@ from lodger.engine.budgets import SpendReader, check_before_calls, check_before_
 from lodger.engine.compaction import compact_if_over, elision_budget, request_overhead
 from lodger.engine.context import RunContext
 from lodger.engine.control import CancelRequest
-from lodger.engine.envelope import Envelope
+from lodger.engine.envelope import Envelope, streaming_at
 from lodger.engine.journal import Journal
 from lodger.engine.media import load_media, unsupported_media
 from lodger.engine.modelsettings import settings_from_mapping
@@ -739,9 +739,10 @@ class Engine:
         async def record(body: ProviderRetried | ModelSwitched) -> None:
             await journal.fact(body, env)
 
-        return await complete(
-            self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
-        )
+        with streaming_at(env):  # a text sink labels its deltas with the step
+            return await complete(
+                self.model, request, retries=self.retries, record=record, on_text=self.hooks.on_text
+            )
 
 
 def _steerable(ctx: RunContext) -> tuple[RunContext, TurnControl]:

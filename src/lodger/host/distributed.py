@@ -5,7 +5,10 @@ no turn: a send enqueues a wake in the control plane (``ControlPlane.send``) und
 client's idempotency key, so a key seen before returns the first message and wakes
 nothing, whichever host got it first; a ``lodger worker`` claims the wake, runs the turn
 and commits to the shared object store. Streams follow that store's log (the feed falls
-back to reading the log every ``poll_s``, since nothing is committed in this process).
+back to reading the log every ``poll_s``, since nothing is committed in this process);
+on a control plane that relays text (PostgreSQL), the workers' text deltas reach the
+streams that take them (``lodger.runtime._worker_text``), and a delta makes its stream
+read the facts committed before it at once.
 Sessions are listed from the control plane's session index plus the log; approvals
 asked by worker-run calls (``lodger.runtime.approvals``) are listed and answered in the
 control plane, where a conditional update lets exactly one answer win.
@@ -30,6 +33,7 @@ expiry, or until its turn is abandoned (``abandoned`` withdraws it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -55,7 +59,14 @@ from lodger.storage.control.host_index import (
     answered_already,
     no_such_approval,
 )
-from lodger.storage.control.interface import ApprovalRequest, ControlPlane, SessionRow, WakeInfo
+from lodger.storage.control.interface import (
+    ApprovalRequest,
+    ControlPlane,
+    SessionRow,
+    TextNotices,
+    TextPiece,
+    WakeInfo,
+)
 
 __all__ = ["ControlPlaneHub", "host_key"]
 
@@ -83,14 +94,27 @@ class ControlPlaneHub(Hub):
         self.plane = plane
         self.holder = f"host:{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self._pending = 0
+        self._text: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group  # nothing to adopt: turns run in workers
+        if isinstance(self.plane, TextNotices):  # the workers' text deltas, for streams
+            self._text = group.create_task(self.plane.listen_text(self._worker_text))
 
     async def stop(self) -> None:
+        if self._text is not None:
+            self._text.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._text
+            self._text = None
         self._group = None
+
+    def _worker_text(self, piece: TextPiece) -> None:
+        self.feeds.publish_text(
+            piece.session_id, piece.turn_id, piece.step_id, piece.text, after=piece.after
+        )
 
     # ------------------------------------------------------------ sessions
 

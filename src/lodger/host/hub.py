@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from lodger.engine.budgets import Budgets, UsageLimits
 from lodger.engine.control import CancelOutcome
+from lodger.engine.envelope import streaming_envelope
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
@@ -367,6 +368,7 @@ class Hub:
                 usage=self.config.usage,
                 budgets=self.config.budgets,
                 on_event=self._observer(session_id),
+                on_text=self._text_sink(session_id),
                 code_mode=self.config.code_mode,
                 model_settings=settings,
             ),
@@ -381,6 +383,17 @@ class Hub:
             for observe in self.observers:
                 observe(event)
         self.feeds.publish(session_id, events)
+
+    def _text_sink(self, session_id: str) -> Callable[[str], None]:
+        """The model's text as it streams, to the session's followers that take deltas
+        (transient: never a fact; see ``lodger.host.feed``)."""
+
+        def on_text(text: str) -> None:
+            where = streaming_envelope()
+            if where is not None and where.turn_id is not None and where.step_id is not None:
+                self.feeds.publish_text(session_id, where.turn_id, where.step_id, text)
+
+        return on_text
 
     def _observer(self, session_id: str) -> EventObserver:
         def on_event(event: Event) -> None:

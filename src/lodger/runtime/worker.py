@@ -48,6 +48,7 @@ from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
 from lodger.runtime._worker_cancel import deliver_cancels
 from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
+from lodger.runtime._worker_text import TextRelay
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.runtime.subagents.detached import ControlPlaneChildren
@@ -60,6 +61,7 @@ from lodger.storage.control.interface import (
     SessionClaim,
     SessionLease,
     SessionRow,
+    TextNotices,
     Wake,
     WakeBell,
     WakeNotices,
@@ -151,6 +153,8 @@ class Worker:
         self.stats = WorkerStats()
         #: rung by the control plane's notifications (``WakeNotices``), when it sends them
         self.bell = WakeBell()
+        #: the text deltas of its turns, to the hosts (a control plane that relays them)
+        self.text = TextRelay(control) if isinstance(control, TextNotices) else None
         # one service for every slot: one store handle and its group commit, and one
         # cache of verified folds (``_fold``)
         self.sessions = Sessions(
@@ -165,11 +169,13 @@ class Worker:
             listener = None
             if isinstance(self.control, WakeNotices):
                 listener = group.create_task(_listen(self.control, bell))
+            relay = None if self.text is None else group.create_task(self.text.run())
             try:
                 await self._dispatch(group, bell, stop)
             finally:
-                if listener is not None:
-                    listener.cancel()
+                for task in (listener, relay):
+                    if task is not None:
+                        task.cancel()
 
     async def _dispatch(
         self, group: asyncio.TaskGroup, bell: WakeBell, stop: asyncio.Event
@@ -408,6 +414,8 @@ class Worker:
             # a session made by the host has no log yet; the index holds its model
             recorded = (state.last_model if state else None) or (row.model if row else None)
             binding = self._with_children(self.bind(sid, recorded, workspace))
+            if self.text is not None:
+                binding = self.text.bind(sid, binding)
             link = link_of(state.events[0]) if state is not None and state.events else None
             step = _Step(state=state)
             if link is not None and binding.subagents is not None and wake.message is None:
@@ -421,6 +429,8 @@ class Worker:
             await self._settled(sid, binding, workspace, step)
             return step
         finally:
+            if self.text is not None:
+                self.text.forget(sid)
             await asyncio.to_thread(shutil.rmtree, workspace, True)
 
     async def _child_turn(

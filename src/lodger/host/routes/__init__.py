@@ -10,6 +10,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from lodger.host.routes import (
+    ag_ui,
+    ai_sdk,
     approvals,
     artifacts,
     compaction,
@@ -46,4 +48,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     timeline.router,
     compaction.router,
     console.router,
+    ai_sdk.router,
+    ag_ui.router,
 )

@@ -15,7 +15,7 @@ clock never decides whether its lease is still current.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -39,6 +39,8 @@ __all__ = [
     "SessionRow",
     "SteerRow",
     "Steers",
+    "TextNotices",
+    "TextPiece",
     "Tokens",
     "Wake",
     "WakeBell",
@@ -186,6 +188,34 @@ class WakeNotices(Protocol):
     async def listen_wakes(self, bell: WakeBell) -> None:
         """Ring ``bell`` at every notification until cancelled, keeping ``bell.live``
         true while notifications can arrive (reconnecting when the connection drops)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPiece:
+    """A piece of a step's text as a worker's model streams it (transient: never a
+    fact). ``after`` is one past the newest fact the worker had committed then."""
+
+    session_id: str
+    turn_id: str
+    step_id: str
+    after: int
+    text: str
+
+
+@runtime_checkable
+class TextNotices(Protocol):
+    """A control plane that relays text deltas from the workers to the hosts
+    (PostgreSQL's ``NOTIFY``): best effort, never stored; a host that does not listen,
+    or is not connected, misses them (the facts carry the whole text)."""
+
+    async def notify_text(self, *, pieces: Sequence[TextPiece]) -> None:
+        """Send ``pieces`` to every host listening now."""
+        ...
+
+    async def listen_text(self, sink: Callable[[TextPiece], None]) -> None:
+        """Call ``sink`` with every piece sent, until cancelled (reconnecting when the
+        connection drops)."""
         ...
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import select
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 
@@ -29,6 +30,7 @@ from lodger.storage.control.interface import (
     SessionClaim,
     SessionLease,
     SessionRow,
+    TextPiece,
     Wake,
     WakeBell,
 )
@@ -37,12 +39,17 @@ with require("postgres", "the PostgreSQL control plane"):
     import psycopg
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-__all__ = ["POOL_MAX_ENVVAR", "WAKE_CHANNEL", "PostgresControlPlane", "pool_max"]
+__all__ = ["POOL_MAX_ENVVAR", "TEXT_CHANNEL", "WAKE_CHANNEL", "PostgresControlPlane", "pool_max"]
 
 log = logging.getLogger("lodger.control")
 
 #: the ``NOTIFY`` channel told when wakes become due (in the transaction that made them so)
 WAKE_CHANNEL = "lodger_wakes"
+#: the ``NOTIFY`` channel text deltas travel on from workers to hosts (never stored)
+TEXT_CHANNEL = "lodger_text"
+#: characters of text per notification: a payload is at most 8000 bytes, and a character
+#: of UTF-8 four (the rest is the piece's ids)
+_TEXT_PER_NOTICE = 1500
 #: how long a listener whose connection dropped waits before connecting again
 _RELISTEN_S = 1.0
 
@@ -234,6 +241,56 @@ class PostgresControlPlane(SqlControlPlane):
                 log.warning("listening for wakes: %s", str(exc).strip().splitlines()[:1])
             finally:
                 bell.live = False
+            await asyncio.sleep(_RELISTEN_S)
+
+    async def notify_text(self, *, pieces: Sequence[TextPiece]) -> None:
+        """Every piece (split to fit a notification) in one statement."""
+        # numbered: PostgreSQL delivers one of equal payloads sent in one transaction
+        texts = [(p, text) for p in pieces for text in _split(p.text, _TEXT_PER_NOTICE)]
+        payloads = [
+            json.dumps(
+                {
+                    "n": n,
+                    "s": p.session_id,
+                    "t": p.turn_id,
+                    "p": p.step_id,
+                    "a": p.after,
+                    "x": text,
+                },
+                ensure_ascii=False,
+            )
+            for n, (p, text) in enumerate(texts)
+        ]
+        if not payloads:
+            return
+        async with self._errors(), self._pool.connection() as conn:
+            await conn.execute(
+                "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) "
+                "WITH ORDINALITY AS t(payload, n) ORDER BY n",
+                (TEXT_CHANNEL, payloads),
+            )
+
+    async def listen_text(self, sink: Callable[[TextPiece], None]) -> None:
+        """``LISTEN`` on a connection of its own until cancelled; each notification
+        that is a piece goes to ``sink`` (anything else on the channel is ignored)."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+                )
+            except psycopg.Error as exc:
+                log.warning("listening for text: %s", str(exc).strip().splitlines()[:1])
+                await asyncio.sleep(_RELISTEN_S)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {TEXT_CHANNEL}".encode())
+                    async for notice in conn.notifies():
+                        piece = _piece(notice.payload)
+                        if piece is not None:
+                            sink(piece)
+            except psycopg.Error as exc:
+                log.warning("listening for text: %s", str(exc).strip().splitlines()[:1])
             await asyncio.sleep(_RELISTEN_S)
 
     @asynccontextmanager
@@ -467,3 +524,27 @@ def _safe(dsn: str) -> str:
         return "(unparsable DSN)"
     info.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in sorted(info.items()))
+
+
+def _split(text: str, size: int) -> list[str]:
+    return [text[n : n + size] for n in range(0, len(text), size)]
+
+
+def _piece(payload: str) -> TextPiece | None:
+    """A notification's piece, or None when it is not one (the channel is open to any
+    client of the database: a malformed payload is dropped, never raised)."""
+    try:
+        found = json.loads(payload)
+        piece = TextPiece(
+            session_id=found["s"],
+            turn_id=found["t"],
+            step_id=found["p"],
+            after=found["a"],
+            text=found["x"],
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+    fields = (piece.session_id, piece.turn_id, piece.step_id, piece.text)
+    if not all(isinstance(f, str) for f in fields) or type(piece.after) is not int:
+        return None
+    return piece

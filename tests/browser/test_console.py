@@ -386,3 +386,42 @@ async def _idle(c: HostClient, sid: str) -> bool:
 
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
+
+
+async def test_queue_retract_and_cancel_a_running_turn_by_clicking(
+    tmp_path: Path, gates: Path
+) -> None:
+    model = script(
+        tmp_path / "s.json",
+        [{"calls": [{"name": "gate", "args": {"name": "never"}}]}, {"text": "not reached"}],
+    )
+    async with (
+        serve(["--state", str(tmp_path / "state")], model, gates, tmp_path / "host.out") as host,
+        host.client() as c,
+        chromium() as browser,
+    ):
+        sid = await c.create_session()
+        page = await new_page(browser)
+        await page.goto(host.console(f"/session/{sid}"))
+        await page.locator("#send-text").fill("wait for the gate")
+        await page.get_by_role("button", name="Send", exact=True).click()
+        await page.locator('.call[data-status="running"]').wait_for()
+        # a follow-up queued while the turn runs, then retracted before it is delivered
+        await page.locator("#queue-text").fill("then <u>this</u>")
+        await page.get_by_role("button", name="Queue", exact=True).click()
+        queued = page.locator("#queue-list li")
+        await queued.wait_for()
+        assert "enqueue: then <u>this</u>" in await queued.inner_text()
+        await queued.get_by_role("button", name="Retract").click()
+        await page.locator(".note.control", has_text="queue retract").wait_for()
+        assert (await c.queue(sid))["messages"] == []
+        # cancel with a reason: the running call settles, the turn ends cancelled
+        await page.locator("#cancel-reason").fill("<i>enough</i>")
+        await page.get_by_role("button", name="Cancel the turn").click()
+        asked = page.locator(".note.control", has_text="cancel requested by token:tok_")
+        await asked.wait_for()
+        assert "<i>enough</i>" in await asked.inner_text()
+        await page.locator(".note.end", has_text="turn cancelled").wait_for()
+        await page.locator('.call[data-status="cancelled"]').wait_for()
+        assert await page.locator("i").count() == 0 and await page.locator("u").count() == 0
+        assert page.problems == []  # type: ignore[attr-defined]

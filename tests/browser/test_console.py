@@ -342,13 +342,22 @@ async def test_recover_a_turn_whose_process_was_killed_then_fork_it(
         decision = next(f.data for f in after if f.kind == "operator_decision")
         assert decision["body"]["who"].startswith("token:tok_")
         assert (gates / "card.starts").read_text().count("start") == 1  # never run twice
-        # fork before the turn, from its button; the fork shows under its parent
-        await page.get_by_role("button", name="Fork before this turn").click()
+        # fork at an offset (here: all of it); the fork shows the history it shares, folded
+        after = await c.events(sid)
+        await page.locator("#offset").fill(str(len(after)))
+        await page.get_by_role("button", name="Fork here").click()
         link = page.locator("#fork-link")
         await link.wait_for()
         fork_id = await link.inner_text()
         forked = await c.show(fork_id)
-        assert forked["events"] == 1 and forked["turns"] == 0
+        assert forked["events"] == 1 and forked["turns"] == 0  # copy-free: its own event
+        await link.click()
+        await page.locator("#inherited", has_text=f"Continues {sid} from its first").wait_for()
+        await page.get_by_role("button", name="Show the shared history").click()
+        shared = page.locator(".inherited-facts")
+        await shared.locator(".note.end", has_text="turn completed: charged and done").wait_for()
+        assert "charge the card" in await shared.locator(".turn-input").inner_text()
+        assert await shared.get_by_role("button", name="Fork before this turn").count() == 0
         await page.get_by_role("link", name="Sessions").click()
         child_row = page.locator(f'tr.child[data-session-id="{fork_id}"]')
         await child_row.wait_for()

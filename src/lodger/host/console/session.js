@@ -2,7 +2,7 @@
 // steer, queue, cancel, switch mode, answer approvals, recover an interrupted turn
 // (decide, resume, abandon), fork and rewind from any offset.
 import {get, post, call, sessionPath} from "./api.js";
-import {el, fill} from "./dom.js";
+import {el, fill, toggler} from "./dom.js";
 import {Timeline, showUsage, KINDS} from "./timeline.js";
 import {decideButtons} from "./approvals.js";
 
@@ -59,6 +59,7 @@ export async function showSession(main, sessionId) {
   const head = el("div", {class: "row"});
   const totals = el("span", {class: "usage", id: "session-usage"});
   const timelineRoot = el("div", {id: "timeline", class: "facts"});
+  const inherited = el("section", {id: "inherited", "aria-label": "shared history"});
   const recovery = el("section", {class: "panel", id: "recovery", "aria-labelledby": "recovery-h"});
   const queueList = el("ul", {id: "queue-list"});
 
@@ -132,7 +133,7 @@ export async function showSession(main, sessionId) {
     el("h1", {}, "Session ", el("span", {id: "session-id"}, sessionId)),
     head, el("p", {}, "Usage: ", totals), say, runSay,
     el("div", {class: "grid"},
-      el("div", {}, el("h2", {}, "Timeline"), timelineRoot),
+      el("div", {}, el("h2", {}, "Timeline"), inherited, timelineRoot),
       el("div", {}, recovery, controls)));
 
   // ---------------------------------------------------------------- state
@@ -194,6 +195,8 @@ export async function showSession(main, sessionId) {
 
   await refresh();
   if (carried) { done(carried); carried = null; }
+  showInherited(logId, inherited).catch((err) => fill(inherited, el("p", {class: "error"},
+    "the shared history could not be read: " + err.message)));
 
   // ---------------------------------------------------------------- live
   const source = new EventSource(sessionPath(logId) + "/stream?deltas=true");
@@ -223,4 +226,29 @@ export async function showSession(main, sessionId) {
 
 function decideLabel(d) {
   return {completed: "It completed", not_applied: "It did not happen", abandon: "Abandon the call"}[d];
+}
+
+// A fork (or a rewind's branch) holds only its own events; the history it shares is its
+// parent's events [0, high_water), read from the parent and shown folded above, read only.
+async function showInherited(logId, box) {
+  const first = (await get(sessionPath(logId) + "/events?start=0&limit=1")).events[0];
+  const parent = first && first.body && first.body.parent;
+  if (!parent) return;
+  const root = el("div", {class: "facts inherited-facts"});
+  const link = el("a", {href: "#/session/" + encodeURIComponent(parent.session_id)}, parent.session_id);
+  const shown = {loaded: false};
+  root.onopen = async () => {
+    if (shown.loaded) return;
+    shown.loaded = true;
+    const view = new Timeline(root, parent.session_id, {});
+    for (let start = 0; start < parent.high_water;) {
+      const limit = Math.min(1000, parent.high_water - start);
+      const page = await get(sessionPath(parent.session_id) + "/events?start=" + start + "&limit=" + limit);
+      for (const f of page.events) view.apply(f);
+      if (!page.events.length) break;
+      start = page.next;
+    }
+  };
+  fill(box, el("p", {class: "muted"}, "Continues ", link, " from its first " + parent.high_water +
+    " events. "), toggler("Show the shared history", root, {id: "show-inherited"}), root);
 }

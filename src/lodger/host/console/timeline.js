@@ -161,6 +161,7 @@ const HANDLERS = {
     const t = this.turnOf(f);
     fill(t.input, b.input);
     t.dataset.offset = String(f.offset);
+    if (!this.actions.fork) return;  // an inherited history: read only
     fill(t.tools,
       el("button", {type: "button", dataset: {forkAt: String(f.offset)},
         onclick: () => this.actions.fork(f.offset)}, "Fork before this turn"),
@@ -193,7 +194,7 @@ const HANDLERS = {
     const c = this.callRow(f, f.call_id, b.tool);
     if (!c.args.textContent) fill(c.args, pretty(b.summary));
     status(c, "parked", "waiting for approval");
-    fill(c.decide, this.actions.decide(f.call_id, () => fill(c.decide)));
+    if (this.actions.decide) fill(c.decide, this.actions.decide(f.call_id, () => fill(c.decide)));
   },
   permission_decided(f, b) {
     const c = this.calls.get(f.call_id);

@@ -10,7 +10,13 @@ import {decideButtons} from "./approvals.js";
 let carried = null;
 
 export async function showSession(main, sessionId) {
-  const info = await get(sessionPath(sessionId));
+  // a log the runtime cannot fold (damaged, inconsistent) still shows its facts: the
+  // session's state is then an error, said at the top, and the timeline is read as it is
+  const failedWith = (err) => ({failure: err});
+  const info = await get(sessionPath(sessionId)).catch((err) => {
+    if (err.status === 401 || err.status === 403 || err.status === 404) throw err;
+    return failedWith(err);
+  });
   // a rewound session goes on in its current branch: its facts are read from there
   const logId = info.branch || sessionId;
   const api = sessionPath(sessionId);
@@ -139,9 +145,17 @@ export async function showSession(main, sessionId) {
   // ---------------------------------------------------------------- state
   async function refresh() {
     const [now, usage, plan, queue] = await Promise.all([
-      get(api), get(api + "/usage"), get(api + "/recovery"),
+      get(api).catch(failedWith), get(api + "/usage").catch(failedWith),
+      get(api + "/recovery").catch(failedWith),
       get(api + "/queue").catch(() => ({messages: []})),
     ]);
+    if (now.failure) {
+      fill(head, el("span", {class: "error", role: "alert", id: "session-error"},
+        now.failure.code + ": " + now.failure.message));
+      fill(recovery, el("h2", {id: "recovery-h"}, "Recovery"),
+        el("p", {class: "error"}, plan.failure ? plan.failure.message : "see above"));
+      return;
+    }
     fill(head,
       el("span", {class: "status", id: "session-status", dataset: {status: now.running ? "running" : (now.last_turn_status || "new")}},
         now.running ? "running" : now.open_turn ? "interrupted" : (now.last_turn_status || "new")),
@@ -151,8 +165,9 @@ export async function showSession(main, sessionId) {
       now.pending_approvals ? " · " + now.pending_approvals + " waiting for approval" : "",
       now.workspace ? " · workspace " + now.workspace : "");
     if (now.permission_mode && document.activeElement !== mode) mode.value = now.permission_mode;
-    showUsage(timeline, usage, totals);
-    showRecovery(plan, now);
+    if (!usage.failure) showUsage(timeline, usage, totals);
+    if (plan.failure) fill(recovery, el("p", {class: "error"}, plan.failure.message));
+    else showRecovery(plan, now);
     fill(queueList, queue.messages.map((m) => el("li", {dataset: {messageId: m.message_id}},
       m.policy + ": " + m.text + " ",
       el("button", {type: "button", onclick: () => act("retract", () =>

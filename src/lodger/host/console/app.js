@@ -8,25 +8,41 @@ import {showApprovals, countApprovals} from "./approvals.js";
 const main = document.getElementById("main");
 let leave = null;  // what the current page must stop (its live stream) when another opens
 
+let opened = 0;  // which route() call is the latest: an older one that finishes later yields
+
 async function route() {
+  const mine = ++opened;
   if (leave) { leave(); leave = null; }
+  if (/(?:^#|[&?])token=/.test(location.hash)) {  // a link with a token opened in this tab
+    try { await signIn(); } catch (err) {
+      fill(main, el("p", {class: "error", role: "alert"}, "sign-in failed: " + err.message));
+      return;
+    }
+    if (mine !== opened) return;
+  }
   const hash = location.hash.slice(1) || "/sessions";
   const [, page, ...rest] = hash.split("/");
   for (const a of document.querySelectorAll("[data-nav]")) {
     if (a.dataset.nav === page) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
-  main.replaceChildren();
+  // each page is built in a box of its own, put in place only if no newer route began
+  const box = document.createElement("div");
+  main.replaceChildren(box);
   try {
+    let stop;
     if (page === "session" && rest.length) {
-      leave = await showSession(main, decodeURIComponent(rest.join("/")));
+      stop = await showSession(box, decodeURIComponent(rest.join("/")));
     } else if (page === "approvals") {
-      leave = await showApprovals(main);
+      stop = await showApprovals(box);
     } else {
-      leave = await showSessions(main);
+      stop = await showSessions(box);
     }
+    if (mine !== opened) { if (stop) stop(); return; }
+    leave = stop;
   } catch (err) {
-    fill(main, el("h1", {}, "Something went wrong"),
+    if (mine !== opened) return;
+    fill(box, el("h1", {}, "Something went wrong"),
       el("p", {class: "error", role: "alert"}, err.code ? err.code + ": " + err.message : String(err)),
       err.status === 401 ? el("p", {}, "Open the console with its token: /console#token=TOKEN") : null);
   }

@@ -70,9 +70,10 @@ async def test_the_console_draws_every_kind_of_control_and_extension_fact(
         await page.goto(host.console())
         for name, expected in SHOWN.items():
             await page.goto(host.console(f"/session/{sessions[name]}"))
-            await page.locator(".note").last.wait_for()
+            await page.locator("#session-id", has_text=sessions[name]).wait_for()
             await page.wait_for_function(
-                "n => document.querySelector('#timeline').dataset.lastOffset == n",
+                "n => (document.querySelector('#timeline') || {dataset: {}})"
+                ".dataset.lastOffset == n",
                 arg=str(len((GOLDEN / name).read_text().splitlines()) - 1),
             )
             notes = " | ".join(await page.locator("#timeline .note").all_inner_texts())

@@ -38,10 +38,11 @@ export async function signIn() {
   const found = /(?:^|[&?#])token=([^&]+)/.exec(hash);
   if (!found) return;
   const token = decodeURIComponent(found[1]);
+  // out of the address bar before anything awaits: what the page goes to next is kept
+  const rest = hash.replace(found[0], "").replace(/^[&?]/, "");
+  history.replaceState(null, "", location.pathname + (rest ? "#" + rest : "#/sessions"));
   const res = await fetch("/v1/auth/cookie", {
     method: "POST", credentials: "same-origin", headers: {Authorization: "Bearer " + token},
   });
-  const rest = hash.replace(found[0], "").replace(/^[&?]/, "");
-  history.replaceState(null, "", location.pathname + (rest ? "#" + rest : "#/sessions"));
   if (!res.ok) throw new ApiError(res.status, await res.json().catch(() => null));
 }

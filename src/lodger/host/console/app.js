@@ -8,18 +8,21 @@ import {showApprovals, countApprovals} from "./approvals.js";
 const main = document.getElementById("main");
 let leave = null;  // what the current page must stop (its live stream) when another opens
 
+let signing = Promise.resolve();
 let opened = 0;  // which route() call is the latest: an older one that finishes later yields
 
 async function route() {
   const mine = ++opened;
   if (leave) { leave(); leave = null; }
-  if (/(?:^#|[&?])token=/.test(location.hash)) {  // a link with a token opened in this tab
-    try { await signIn(); } catch (err) {
-      fill(main, el("p", {class: "error", role: "alert"}, "sign-in failed: " + err.message));
-      return;
-    }
-    if (mine !== opened) return;
+  main.replaceChildren();  // the page left is gone at once, not after the next one loads
+  // a token in the address (the first load, or a link opened in this tab) is traded for
+  // the cookie first; a page opened meanwhile waits for the same trade
+  if (/(?:^#|[&?])token=/.test(location.hash)) signing = signIn();
+  try { await signing; } catch (err) {
+    if (mine === opened) fill(main, el("p", {class: "error", role: "alert"}, "sign-in failed: " + err.message));
+    return;
   }
+  if (mine !== opened) return;
   const hash = location.hash.slice(1) || "/sessions";
   const [, page, ...rest] = hash.split("/");
   for (const a of document.querySelectorAll("[data-nav]")) {
@@ -49,16 +52,11 @@ async function route() {
   document.body.dataset.page = page || "sessions";
 }
 
-async function start() {
-  try {
-    await signIn();
-  } catch (err) {
-    fill(main, el("p", {class: "error", role: "alert"}, "sign-in failed: " + err.message));
-    return;
-  }
-  window.addEventListener("hashchange", route);
-  await route();
-  countApprovals();
-  setInterval(countApprovals, 5000);
+function start() {
+  window.addEventListener("hashchange", route);  // before anything awaits: no change missed
+  route().then(() => {  // signs in first when the address holds a token
+    countApprovals();
+    setInterval(countApprovals, 5000);
+  });
 }
 start();

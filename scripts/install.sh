@@ -42,6 +42,8 @@ command -v npm >/dev/null || { echo "error: the tests need node and npm (>= 20)"
 (cd tests/mcp_servers && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 # s3rver: an S3 server that ignores If-None-Match, which lodger must refuse (tests/storage)
 (cd tests/s3_servers && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+# axe-core, the accessibility checker the console's browser tests inject (tests/browser)
+(cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 # the stream protocols' own clients (Vercel AI SDK, AG-UI), driven against a real host
 (cd tests/js_clients && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 echo "installed: .venv (run: source .venv/bin/activate, or use .venv/bin/lodger)"

@@ -51,6 +51,7 @@ async def running_host(
     workspaces: Path | None = None,
     code_mode: Any = None,
     trust_projects: bool = False,
+    budgets: Any = None,
 ) -> AsyncIterator[Host]:
     storage = Storage.local(state)
     control = SqliteHostControl(state / "host.sqlite3")
@@ -66,6 +67,7 @@ async def running_host(
             workspaces=workspaces,
             code_mode=code_mode,
             trust_projects=trust_projects,
+            budgets=budgets,
         ),
         hooks=hooks,
         observers=observers,

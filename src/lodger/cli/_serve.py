@@ -103,8 +103,8 @@ def serve(
     """Serve sessions over HTTP: create, send, stream live facts, approve, recover.
 
     Prints an admin token (or takes it from $LODGER_HOST_TOKEN); every request needs a
-    token (Authorization: Bearer ...). The API contract is /openapi.json; a session's
-    timeline is /timeline/SESSION#token=TOKEN.
+    token (Authorization: Bearer ...). The API contract is /openapi.json; the operator
+    console is /console#token=TOKEN, a session's timeline /timeline/SESSION#token=TOKEN.
 
     \b
     Example:

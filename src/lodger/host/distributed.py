@@ -321,7 +321,15 @@ class ControlPlaneHub(Hub):
     def waiting(self) -> int:
         return self._pending
 
-    async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
+    async def answer(
+        self, session_id: str, call_id: str, *, allow: bool, by: str, always: bool = False
+    ) -> Approval:
+        if always:  # the control plane records allow or deny; a worker would ask again
+            raise UsageError(
+                "a distributed host answers allow or deny, not always",
+                hint="answer allow (once), or add an allow rule to the project's lodger.toml",
+                code="usage",
+            )
         found, won = await self.plane.answer_approval(
             session_id=session_id, call_id=call_id, allow=allow, by=by
         )

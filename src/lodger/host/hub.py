@@ -473,15 +473,20 @@ class Hub:
         """An operator decision was just appended to the session's open turn. Here the
         turn goes on when a client resumes it (``POST .../resume``)."""
 
-    async def answer(self, session_id: str, call_id: str, *, allow: bool, by: str) -> Approval:
+    async def answer(
+        self, session_id: str, call_id: str, *, allow: bool, by: str, always: bool = False
+    ) -> Approval:
         """Decide a parked call once: the first answer wins, any later one is a conflict.
-        ``by`` names who answered (``token:tok_...``); the decision's fact records it."""
+        ``by`` names who answered (``token:tok_...``); the decision's fact records it.
+        ``always`` (with ``allow``) allows the tool for the rest of the session."""
         asked = self._asked.get((session_id, call_id))
         if asked is not None:
             await asked.parked.wait()  # the fact can reach a client before the index does
         approval = await self.control.answer(session_id, call_id, allow=allow, by=by)
         if asked is not None and not asked.future.done():
-            asked.future.set_result(Answered("once" if allow else "deny", by))
+            asked.future.set_result(
+                Answered(("always" if always else "once") if allow else "deny", by)
+            )
         return approval
 
     # ------------------------------------------------------------ steering and the queue

@@ -74,7 +74,7 @@ async def serve(
             observers = (spans.observe,)
 
         async def started(hub: Hub) -> None:
-            say(f"lodger host on http://{host}:{port} (timeline: /timeline/SESSION)")
+            say(f"lodger host on http://{host}:{port} (console: /console#token=TOKEN)")
             sys.stdout.flush()
 
         app = create_app(

@@ -15,6 +15,7 @@ from lodger.host.routes import (
     approvals,
     artifacts,
     compaction,
+    console,
     control,
     elicitations,
     events,
@@ -50,6 +51,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     timeline.router,
     compaction.router,
     replay.router,
+    console.router,
     ai_sdk.router,
     ag_ui.router,
 )

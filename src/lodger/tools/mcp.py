@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     import mcp_types
     from mcp import Client
 
+    from lodger.tools._mcp_oauth import McpOAuth
     from lodger.tools._mcp_streams import Listing, Parsed
 
 __all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
@@ -97,8 +98,9 @@ _TRIM_EVERY_S = 1.0
 @dataclass(frozen=True, kw_only=True)
 class McpServerConfig:
     """One MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) for stdio, or ``url``
-    (+ ``headers``) for streamable HTTP. ``approval`` is True (every tool asks), False,
-    or tool-name patterns that ask (``["git_commit", "git_reset*"]``)."""
+    (+ ``headers``, and ``auth`` for an OAuth login: ``lodger.tools._mcp_oauth``) for
+    streamable HTTP. ``approval`` is True (every tool asks), False, or tool-name patterns
+    that ask (``["git_commit", "git_reset*"]``)."""
 
     name: str
     command: str | None = None
@@ -113,6 +115,8 @@ class McpServerConfig:
     connect_timeout_s: float = 30.0
     #: the largest message of the server lodger reads (``lodger.tools._mcp_limits``)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: OAuth 2.1 for an HTTP server: its login comes from a credential store
+    auth: McpOAuth | None = None
 
     def __post_init__(self) -> None:
         if not _SERVER_NAME.match(self.name) or "__" in self.name:
@@ -128,6 +132,13 @@ class McpServerConfig:
         # not (t > 0): NaN too (TOML has nan), which no comparison rejects
         if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
+        if self.auth is not None and self.url is None:
+            raise ConfigError(f"MCP server {self.name!r}: OAuth is for HTTP servers (a url)")
+        if self.auth is not None and any(h.lower() == "authorization" for h in self.headers):
+            raise ConfigError(
+                f"MCP server {self.name!r} has both OAuth and an Authorization header",
+                hint="drop one of them",
+            )
         size = self.max_message_bytes
         if type(size) is not int or size < MIN_MESSAGE_BYTES:
             raise ConfigError(
@@ -274,6 +285,7 @@ class _Connection:
             bounded_http_client(
                 server=c.name,
                 headers=c.headers,
+                auth=_bearer(c),
                 limit=c.max_message_bytes,
                 noise=self.noise,
                 parsed=self._parsed,
@@ -487,6 +499,15 @@ class _Connection:
             f"{self.config.timeout_s:g} s (MCP server {self.config.name!r} may be stuck or "
             "the work too slow); it may still finish, so check before repeating it"
         )
+
+
+def _bearer(config: McpServerConfig) -> Any:
+    """The OAuth login of an HTTP server on its requests (None: it has none)."""
+    if config.auth is None or config.url is None:
+        return None
+    from lodger.tools._mcp_bearer import BearerAuth
+
+    return BearerAuth(server=config.name, url=config.url, oauth=config.auth)
 
 
 def _client_info() -> mcp_types.Implementation:

@@ -1,0 +1,235 @@
+"""``lodger mcp login`` against a real local authorization server, then the server's
+tools bound with the token (CLI and library), refresh, logout with revocation, and the
+token found in none of the bytes the session wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tests.tools.mcp_oauth.guarded import Guarded, approve, callback_query
+
+from lodger.tools._mcp_credentials import FileCredentialStore
+from lodger.tools._mcp_oauth import McpOAuth
+from lodger.tools.mcp import McpServerConfig, McpServers
+
+SRC = Path(__file__).parents[3] / "src"
+
+
+def _env(config_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "LODGER_CONFIG_DIR": str(config_dir),
+        "LODGER_MCP_STORE": "file",
+    }
+
+
+def _project(tmp_path: Path, url: str) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "lodger.toml").write_text(
+        'model = "script:script.json"\n'
+        "[permissions]\n"
+        'allow = ["guarded__echo"]\n'
+        "[mcp.servers.guarded]\n"
+        f'url = "{url}"\n'
+        "deferred = false\n"
+        "oauth = true\n"
+    )
+    calls = [{"name": "guarded__echo", "args": {"text": "through the login"}}]
+    (ws / "script.json").write_text(json.dumps([{"calls": calls}, {"text": "done"}]))
+    return ws
+
+
+def _login(ws: Path, config_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``lodger mcp login guarded``, with a test client in place of the browser: it reads
+    the authorization URL the command prints, follows it, and visits the callback."""
+    command = [sys.executable, "-m", "lodger", "mcp", "login", "guarded", "--trust",
+               "--no-browser", "--json", "-w", str(ws), "--timeout", "60", *extra]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(config_dir)
+    )
+    try:
+        assert process.stdout is not None
+        first = json.loads(process.stdout.readline())
+        callback = approve(first["authorization_url"])
+        assert callback.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(callback, timeout=10) as page:
+            assert b"reached lodger" in page.read()
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def _lodger(cwd: Path, config_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lodger", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_env(config_dir),
+        timeout=120,
+        check=False,
+    )
+
+
+def _every_byte(*roots: Path) -> bytes:
+    found = bytearray()
+    for root in roots:
+        for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            if path.is_file():
+                found += path.read_bytes()
+    return bytes(found)
+
+
+@pytest.mark.slow
+def test_login_through_the_loopback_then_a_run_binds_the_tools_and_never_writes_the_token(
+    guarded: Guarded, tmp_path: Path, config_dir: Path
+) -> None:
+    ws = _project(tmp_path, guarded.url)
+    before = guarded.state()
+    done = _login(ws, config_dir)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert view["logged_in"] and view["issuer"] == guarded.base and view["refreshable"]
+    # the login: mode 600 in a mode-700 directory of the user's config dir
+    saved = config_dir / "mcp-logins" / "guarded.json"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert stat.S_IMODE(saved.parent.stat().st_mode) == 0o700
+    after = guarded.state()
+    assert after["issued"] == before["issued"] + 1
+    (access,) = set(after["access"]) - set(before["access"])
+    (refresh,) = set(after["refresh"]) - set(before["refresh"])
+    assert access in saved.read_text()  # it is there, and only there
+
+    state = tmp_path / "state"
+    ran = _lodger(ws, config_dir, "run", "go", "--trust", "--session", "s1", "--state",
+                  str(state))  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    shown = _lodger(ws, config_dir, "log", "show", "s1", "--state", str(state), "--json")
+    assert '"through the login"' in shown.stdout  # the tool ran with the token
+    status = _lodger(ws, config_dir, "mcp", "status", "--trust", "--json")
+    assert json.loads(status.stdout)["servers"][0]["logged_in"] is True
+
+    written = b"".join(
+        [
+            _every_byte(state, ws),
+            *(p.stdout.encode() + p.stderr.encode() for p in (done, ran, shown, status)),
+        ]
+    )
+    for secret in (access, refresh):
+        assert secret.encode() not in written
+    assert b"guarded__echo" in written  # the check reads the session's real bytes
+
+    out = _lodger(ws, config_dir, "mcp", "logout", "guarded", "--trust", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "v": 1,
+        "server": "guarded",
+        "revoked": ["refresh_token", "access_token"],
+        "deleted": True,
+    }
+    gone = guarded.state()
+    assert access not in gone["access"] and refresh not in gone["refresh"]
+    assert not saved.exists()
+    again = _lodger(ws, config_dir, "run", "go", "--trust", "--session", "s2", "--state",
+                    str(state))  # fmt: skip
+    assert again.returncode != 0
+    assert "lodger mcp login guarded" in again.stderr and "Traceback" not in again.stderr
+
+
+async def _logged_in(guarded: Guarded, store: FileCredentialStore) -> McpOAuth:
+    """Log in through the library's service (the same steps as the CLI's)."""
+    from lodger.runtime.mcp_logins import McpLogins
+
+    oauth = McpOAuth(store=store)
+    config = McpServerConfig(name="guarded", url=guarded.url, auth=oauth)
+    logins = McpLogins([config])
+    pending = await logins.begin("guarded", redirect_uri="http://127.0.0.1:9/callback")
+    query = callback_query(approve(pending.authorization_url))
+    await logins.finish(state=query["state"], code=query["code"], iss=query.get("iss"))
+    return oauth
+
+
+async def _echo(oauth: McpOAuth, url: str, text: str) -> str:
+    config = McpServerConfig(name="guarded", url=url, auth=oauth, deferred=False)
+    async with McpServers([config]) as servers:
+        (tool,) = servers.tools()
+        try:
+            return (await tool.handler({"text": text}, None)).content  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the test reads the tool error's text
+            return f"ERROR {exc}"
+
+
+async def test_an_expired_token_is_refreshed_before_use(guarded: Guarded, tmp_path: Path) -> None:
+    guarded.mode(access_ttl=1)  # within the refresh margin from the start
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    first = await store.load("guarded")
+    before = guarded.state()["refreshed"]
+    assert await _echo(oauth, guarded.url, "fresh") == "fresh"
+    assert guarded.state()["refreshed"] > before
+    second = await store.load("guarded")
+    assert first is not None and second is not None
+    assert second["access_token"] != first["access_token"]
+    assert second["refresh_token"] != first["refresh_token"]  # rotated, and kept
+
+
+async def test_a_refused_token_is_refreshed_once_and_the_call_retried(
+    guarded: Guarded, tmp_path: Path
+) -> None:
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    guarded.expire()  # the server forgets every access token: its next answer is 401
+    before = guarded.state()["refreshed"]
+    assert await _echo(oauth, guarded.url, "again") == "again"
+    assert guarded.state()["refreshed"] == before + 1
+
+
+async def test_a_refused_token_whose_refresh_fails_is_a_tool_error_naming_the_login(
+    guarded: Guarded, tmp_path: Path
+) -> None:
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    record = await store.load("guarded")
+    assert record is not None
+    config = McpServerConfig(name="guarded", url=guarded.url, auth=oauth, deferred=False)
+    async with McpServers([config]) as servers:
+        (tool,) = servers.tools()
+        guarded.expire(refresh=True)  # mid-session: the token and its refresh are dead
+        from lodger.errors import ToolCallError
+
+        with pytest.raises(ToolCallError) as caught:
+            await tool.handler({"text": "x"}, None)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "needs an OAuth login" in message and "`lodger mcp login guarded`" in message
+    assert record["access_token"] not in message and record["refresh_token"] not in message
+
+
+async def test_a_login_file_others_can_read_is_refused(guarded: Guarded, tmp_path: Path) -> None:
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    path = tmp_path / "logins" / "guarded.json"
+    path.chmod(0o644)
+    from lodger.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="can be read by others"):
+        await store.load("guarded")
+    with pytest.raises(ConfigError) as caught:
+        await _echo_strict(oauth, guarded.url)
+    assert "can be read by others" in str(caught.value)
+
+
+async def _echo_strict(oauth: McpOAuth, url: str) -> None:
+    async with McpServers([McpServerConfig(name="guarded", url=url, auth=oauth)]):
+        pass

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import re
 import secrets
@@ -61,7 +62,6 @@ __all__ = [
 MAX_ANSWER_BYTES = 64 * 1024  # of any OAuth answer: real token answers are a few KB
 MAX_TOKEN_CHARS = 16 * 1024
 REFRESH_EARLY_S = 30.0  # a token this close to its expiry is refreshed before use
-_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _ERROR_WORD = re.compile(r"^[\x20-\x7e]{1,80}$")
 
 
@@ -191,12 +191,21 @@ def _check_url(url: str, what: str) -> str:
     host = (parts.hostname or "").lower()
     if parts.scheme == "https" and host:
         return url
-    if parts.scheme == "http" and host in _LOOPBACK:
+    if parts.scheme == "http" and _loopback(host):
         return url
     raise McpAuthError(
         f"{what} {url[:200]!r} is not https (plain http is only accepted on a loopback "
         "address), so lodger will not send credentials there"
     )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _same_origin(url: str, issuer: str, allowed: Sequence[str], what: str) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -11,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 SERVER = Path(__file__).parents[2] / "mcp_servers" / "oauth_server.py"
+SRC = Path(__file__).parents[3] / "src"
 
 
 @dataclass(frozen=True)
@@ -66,3 +70,50 @@ def callback_query(location: str) -> dict[str, str]:
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+def cli_env(config_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "LODGER_CONFIG_DIR": str(config_dir),
+        "LODGER_MCP_STORE": "file",
+    }
+
+
+def login(
+    ws: Path, config_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``lodger mcp login guarded``, with a test client in place of the browser: it reads
+    the authorization URL the command prints, follows it, and visits the callback."""
+    command = [sys.executable, "-m", "lodger", "mcp", "login", "guarded", "--trust",
+               "--no-browser", "--json", "-w", str(ws), "--timeout", "60", *extra]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or cli_env(config_dir),
+    )
+    try:
+        assert process.stdout is not None
+        first = json.loads(process.stdout.readline())
+        callback = approve(first["authorization_url"])
+        assert callback.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(callback, timeout=10) as page:
+            assert b"reached lodger" in page.read()
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def every_byte(*roots: Path) -> bytes:
+    found = bytearray()
+    for root in roots:
+        for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            if path.is_file():
+                found += path.read_bytes()
+    return bytes(found)

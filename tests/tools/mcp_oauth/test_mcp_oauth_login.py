@@ -5,30 +5,24 @@ token found in none of the bytes the session wrote."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from tests.tools.mcp_oauth.guarded import Guarded, approve, callback_query
+from tests.tools.mcp_oauth.guarded import (
+    Guarded,
+    approve,
+    callback_query,
+    cli_env,
+    every_byte,
+    login,
+)
 
 from lodger.tools._mcp_credentials import FileCredentialStore
 from lodger.tools._mcp_oauth import McpOAuth
 from lodger.tools.mcp import McpServerConfig, McpServers
-
-SRC = Path(__file__).parents[3] / "src"
-
-
-def _env(config_dir: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": str(SRC),
-        "LODGER_CONFIG_DIR": str(config_dir),
-        "LODGER_MCP_STORE": "file",
-    }
 
 
 def _project(tmp_path: Path, url: str) -> Path:
@@ -48,48 +42,16 @@ def _project(tmp_path: Path, url: str) -> Path:
     return ws
 
 
-def _login(ws: Path, config_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """``lodger mcp login guarded``, with a test client in place of the browser: it reads
-    the authorization URL the command prints, follows it, and visits the callback."""
-    command = [sys.executable, "-m", "lodger", "mcp", "login", "guarded", "--trust",
-               "--no-browser", "--json", "-w", str(ws), "--timeout", "60", *extra]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(config_dir)
-    )
-    try:
-        assert process.stdout is not None
-        first = json.loads(process.stdout.readline())
-        callback = approve(first["authorization_url"])
-        assert callback.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(callback, timeout=10) as page:
-            assert b"reached lodger" in page.read()
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
-
-
 def _lodger(cwd: Path, config_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lodger", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=_env(config_dir),
+        env=cli_env(config_dir),
         timeout=120,
         check=False,
     )
-
-
-def _every_byte(*roots: Path) -> bytes:
-    found = bytearray()
-    for root in roots:
-        for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
-            if path.is_file():
-                found += path.read_bytes()
-    return bytes(found)
 
 
 @pytest.mark.slow
@@ -98,7 +60,7 @@ def test_login_through_the_loopback_then_a_run_binds_the_tools_and_never_writes_
 ) -> None:
     ws = _project(tmp_path, guarded.url)
     before = guarded.state()
-    done = _login(ws, config_dir)
+    done = login(ws, config_dir)
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
     assert view["logged_in"] and view["issuer"] == guarded.base and view["refreshable"]
@@ -123,7 +85,7 @@ def test_login_through_the_loopback_then_a_run_binds_the_tools_and_never_writes_
 
     written = b"".join(
         [
-            _every_byte(state, ws),
+            every_byte(state, ws),
             *(p.stdout.encode() + p.stderr.encode() for p in (done, ran, shown, status)),
         ]
     )

@@ -15,6 +15,7 @@ from lodger.host.routes import (
     compaction,
     control,
     events,
+    mcp_auth,
     messages,
     operations,
     recovery,
@@ -44,4 +45,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     operations.router,
     timeline.router,
     compaction.router,
+    mcp_auth.router,
 )

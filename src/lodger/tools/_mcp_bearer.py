@@ -58,17 +58,25 @@ class BearerAuth(httpx2.Auth):
         self._login: Login | None = None
         self._loaded = False
         self._lock = asyncio.Lock()
+        self._dead: str | None = None  # the token refused whose refresh failed, and why
+        self._dead_why: str | None = None
         #: why the last refusal could not be mended (None: no refusal, or mended)
         self.needs_login: str | None = None
 
     async def _load(self) -> Login | None:
         try:
             record = await self._store.load(self.server)
+            login = Login.from_record(record) if record is not None else None
         except ConfigError as exc:
             self.needs_login = exc.message
             _log.warning("MCP server %r: %s", self.server, exc.message)
             return None
-        login = Login.from_record(record) if record is not None else None
+        except OSError as exc:  # the store's disk or keyring failed: a refusal, not a hang
+            self.needs_login = f"its login could not be read ({type(exc).__name__})"
+            return None
+        if login is not None and login.access_token == self._dead:
+            self.needs_login = self._dead_why  # refused, refresh failed: only a login mends it
+            return None
         if login is not None and login.server_url != self._url:
             return None  # a login for another URL of this name is not this server's
         return login
@@ -100,7 +108,7 @@ class BearerAuth(httpx2.Auth):
     async def _refresh_locked(self, login: Login) -> Login | None:
         if login.refresh_token is None:
             self.needs_login = "its token expired or was refused, and it has no refresh token"
-            self._login = None
+            self._login, self._dead, self._dead_why = None, login.access_token, self.needs_login
             return None
         try:
             async with oauth_http() as http:
@@ -110,9 +118,12 @@ class BearerAuth(httpx2.Auth):
         except McpAuthError as exc:
             self.needs_login = f"refreshing its token failed: {exc.message}"
             _log.warning("MCP server %r: %s", self.server, self.needs_login)
-            self._login = None
+            self._login, self._dead, self._dead_why = None, login.access_token, self.needs_login
             return None
-        await self._store.save(self.server, fresh.record())
+        try:
+            await self._store.save(self.server, fresh.record())
+        except (ConfigError, OSError) as exc:  # used for now; the next process logs in again
+            _log.warning("MCP server %r: its refreshed login was not kept (%s)", self.server, exc)
         self._login = fresh
         return fresh
 

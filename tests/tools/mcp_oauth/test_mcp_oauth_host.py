@@ -96,7 +96,7 @@ async def test_a_login_through_the_host_then_its_turns_bind_the_tools(
             status, page = await asyncio.to_thread(_get, callback)  # a browser: no token
             assert status == 200 and "Logged in to MCP server" in page, page
             again, page = await asyncio.to_thread(_get, callback)  # a replay is refused
-            assert again == 400 and "matches no login in progress" in page
+            assert again == 404 and "matches no login in progress" in page
             after = guarded.state()
             (access,) = set(after["access"]) - set(before["access"])
             (refresh,) = set(after["refresh"]) - set(before["refresh"])

@@ -173,8 +173,15 @@ async def test_a_refused_token_whose_refresh_fails_is_a_tool_error_naming_the_lo
 
         with pytest.raises(ToolCallError) as caught:
             await tool.handler({"text": "x"}, None)  # type: ignore[arg-type]
+        with pytest.raises(ToolCallError) as second:  # still dead, for the same reason
+            await tool.handler({"text": "x"}, None)  # type: ignore[arg-type]
+        assert "refreshing its token failed" in str(second.value)
+        await _logged_in(guarded, store)  # the user logs in again (another process)
+        fixed = await tool.handler({"text": "back"}, None)  # type: ignore[arg-type]
+        assert fixed.content == "back"  # the running session picked the new login up
     message = str(caught.value)
     assert "needs an OAuth login" in message and "`lodger mcp login guarded`" in message
+    assert "refreshing its token failed" in message and "invalid_grant" in message
     assert record["access_token"] not in message and record["refresh_token"] not in message
 
 

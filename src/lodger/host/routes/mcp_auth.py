@@ -100,7 +100,19 @@ async def start_login(body: StartLogin, who: Grant, host: Parts, request: Reques
     )
 
 
-@router.get("/oauth/mcp/callback", response_class=HTMLResponse, tags=["mcp"])
+_PAGE = {"content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+@router.get(
+    "/oauth/mcp/callback",
+    response_class=HTMLResponse,
+    tags=["mcp"],
+    responses={
+        200: {"description": "The login is kept.", **_PAGE},
+        400: {"description": "The login failed (the page says why).", **_PAGE},
+        404: {"description": "No login in progress has this state.", **_PAGE},
+    },
+)
 async def finish_login(
     request: Request,
     state: str | None = Query(default=None, max_length=512),
@@ -111,12 +123,13 @@ async def finish_login(
     """Where the authorization server sends the person back: finishes the login the
     ``state`` names (once). No bearer token: the state is the proof."""
     logins = _pending(request).pop(state or "", None)
+    if logins is None:
+        text = (
+            "The login failed: this callback matches no login in progress (its state is "
+            "unknown, spent or expired); lodger refuses it."
+        )
+        return _page(404, text)
     try:
-        if logins is None:
-            raise McpAuthError(
-                "this login callback matches no login in progress (its state is unknown, "
-                "spent or expired); lodger refuses it"
-            )
         if error is not None:
             raise McpAuthError(f"the authorization server refused the login ({error[:80]!r})")
         login = await logins.finish(state=state, code=code, iss=iss)

@@ -72,6 +72,7 @@ from lodger.tools._mcp_limits import (
     capture_sdk_logs,
     counting,
 )
+from lodger.tools._mcp_oauth import McpOAuth
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -80,10 +81,15 @@ if TYPE_CHECKING:
     import mcp_types
     from mcp import Client
 
-    from lodger.tools._mcp_oauth import McpOAuth
     from lodger.tools._mcp_streams import Listing, Parsed
 
-__all__ = ["McpServerConfig", "McpServers", "mcp_tool_name", "tools_from_definitions"]
+__all__ = [
+    "McpOAuth",
+    "McpServerConfig",
+    "McpServers",
+    "mcp_tool_name",
+    "tools_from_definitions",
+]
 
 _log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Workers: ``lodger mcp login --control`` seals the login in the control plane's secret
 table; a ``lodger worker`` given the key binds the server's tools with it, and the token
-is in none of the bytes the control plane, the state directory or the worker wrote."""
+is in none of the bytes the control plane, the state directory or the worker wrote (its
+log and its trace spans, exported to its output)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_a_worker_binds_the_tools_with_a_login_sealed_in_the_control_plane(
         f'[mcp.servers.guarded]\nurl = "{guarded.url}"\ndeferred = false\noauth = true\n'
     )
     dsn = tmp_path / "control.sqlite3"
-    env = {**cli_env(config_dir), "LODGER_MCP_KEY": KEY}
+    # the worker's spans go to its output too, so the check reads the trace as well
+    env = {**cli_env(config_dir), "LODGER_MCP_KEY": KEY, "OTEL_TRACES_EXPORTER": "console"}
     before = guarded.state()
     done = login(ws, config_dir, "--control", str(dsn), env=env)
     assert done.returncode == 0, done.stderr
@@ -85,6 +87,7 @@ def test_a_worker_binds_the_tools_with_a_login_sealed_in_the_control_plane(
         capture_output=True, text=True, env=env, timeout=60, check=False,
     )  # fmt: skip
     assert '"from a worker"' in shown.stdout, shown.stdout[-2000:]
+    assert "guarded__echo" in log.read_text()  # the trace names the call
     written = every_byte(state, dsn, log, tmp_path / "workdir") + shown.stdout.encode()
     written += done.stdout.encode() + done.stderr.encode()
     for secret in (access, refresh):

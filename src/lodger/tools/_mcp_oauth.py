@@ -167,6 +167,8 @@ class PendingLogin:
     client_id: str
     client_secret: str | None = field(default=None, repr=False)
     auth_method: str | None = None
+    #: the client was registered by this login (its secret, if any, is kept with it)
+    registered: bool = False
     scope: str | None = None
     created_at: float = field(default_factory=time.time)
 
@@ -295,6 +297,8 @@ async def _resource_metadata(http: httpx2.AsyncClient, server_url: str) -> Any:
     if status == 401:
         found = re.search(r'resource_metadata="([^"]+)"', headers.get("www-authenticate", ""))
         hinted = found.group(1) if found else None
+    if hinted is not None and _origin(hinted) != _origin(server_url):
+        hinted = None  # lodger fetches nothing the server names elsewhere: the well-known
     for url in build_protected_resource_metadata_discovery_urls(hinted, server_url):
         _check_url(url, "the protected-resource metadata URL")
         code, value, _ = await _exchange(http, "GET", url, "protected-resource metadata")
@@ -464,6 +468,7 @@ async def begin_login(
     fresh state) the user opens; ``finish_login`` takes the callback's values."""
     resource, found = await discover(http, server_url, oauth)
     scope = " ".join(oauth.scopes or found.scopes)
+    registered = oauth.client_id is None
     if oauth.client_id is not None:
         client_id, secret = oauth.client_id, oauth.client_secret
         method: str | None = "client_secret_post" if secret else "none"
@@ -505,6 +510,7 @@ async def begin_login(
         client_id=client_id,
         client_secret=secret,
         auth_method=method,
+        registered=registered,
         scope=scope or None,
     )
 
@@ -600,7 +606,7 @@ async def finish_login(
         revocation_endpoint=pending.revocation_endpoint,
         client_id=pending.client_id,
         # a pre-registered client's secret stays where the configuration keeps it
-        client_secret=pending.client_secret if pending.auth_method else None,
+        client_secret=pending.client_secret if pending.registered else None,
         auth_method=pending.auth_method,
         **{**answer, "scope": answer["scope"] or pending.scope},
     )

@@ -4,10 +4,12 @@ token found in none of the bytes the session wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,53 @@ async def test_a_login_file_others_can_read_is_refused(guarded: Guarded, tmp_pat
 async def _echo_strict(oauth: McpOAuth, url: str) -> None:
     async with McpServers([McpServerConfig(name="guarded", url=url, auth=oauth)]):
         pass
+
+
+async def test_a_pre_registered_client_logs_in_refreshes_and_its_secret_is_not_kept(
+    guarded: Guarded, tmp_path: Path
+) -> None:
+    import socket
+
+    import httpx2
+
+    from lodger.runtime.mcp_logins import McpLogins
+
+    with socket.socket() as probe:  # a port for the client's registered redirect URI
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    asked = {
+        "redirect_uris": [f"http://127.0.0.1:{port}/callback"],
+        "token_endpoint_auth_method": "client_secret_post",
+        "grant_types": ["authorization_code", "refresh_token"],
+        "client_name": "registered by hand",
+    }
+    async with httpx2.AsyncClient() as http:  # what an operator does once, by hand
+        client = (await http.post(f"{guarded.base}/register", json=asked)).json()
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = McpOAuth(
+        client_id=client["client_id"],
+        client_secret=client["client_secret"],
+        redirect_port=port,
+        store=store,
+    )
+    logins = McpLogins([McpServerConfig(name="guarded", url=guarded.url, auth=oauth)])
+    shown: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(logins.login_loopback("guarded", show=shown.set_result))
+    callback = await asyncio.to_thread(approve, await shown)
+    assert callback.startswith(f"http://127.0.0.1:{port}/callback?")
+    await asyncio.to_thread(_visit, callback)
+    login = await task
+    assert login.client_id == client["client_id"]
+    kept = (tmp_path / "logins" / "guarded.json").read_text()
+    assert client["client_secret"] not in kept  # it stays in the configuration
+    guarded.expire()
+    before = guarded.state()["refreshed"]
+    assert await _echo(oauth, guarded.url, "confidential") == "confidential"
+    assert guarded.state()["refreshed"] == before + 1  # refreshed with the configured secret
+    out = await logins.logout("guarded")
+    assert out["revoked"] == ["refresh_token", "access_token"]
+
+
+def _visit(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=10) as page:
+        page.read()

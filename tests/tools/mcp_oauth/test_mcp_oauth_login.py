@@ -82,15 +82,26 @@ def test_login_through_the_loopback_then_a_run_binds_the_tools_and_never_writes_
     assert ran.returncode == 0, ran.stderr
     shown = _lodger(ws, config_dir, "log", "show", "s1", "--state", str(state), "--json")
     assert '"through the login"' in shown.stdout  # the tool ran with the token
+    store = tmp_path / "store"  # the object-store layout, through file://
+    stored = _lodger(ws, config_dir, "run", "go", "--trust", "--session", "s3", "--store",
+                     f"file://{store}")  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
     status = _lodger(ws, config_dir, "mcp", "status", "--trust", "--json")
     assert json.loads(status.stdout)["servers"][0]["logged_in"] is True
+    untrusted = _lodger(ws, config_dir, "mcp", "status")  # a file nobody trusted starts none
+    assert "is not trusted" in untrusted.stderr
+    assert "no MCP server with OAuth" in untrusted.stdout
 
     written = b"".join(
         [
-            every_byte(state, ws),
-            *(p.stdout.encode() + p.stderr.encode() for p in (done, ran, shown, status)),
+            every_byte(state, ws, store),
+            *(
+                p.stdout.encode() + p.stderr.encode()
+                for p in (done, ran, shown, stored, status, untrusted)
+            ),
         ]
     )
+    assert b"through the login" in every_byte(store)  # the run there called the tool
     for secret in (access, refresh):
         assert secret.encode() not in written
     assert b"guarded__echo" in written  # the check reads the session's real bytes
@@ -254,3 +265,18 @@ async def test_a_pre_registered_client_logs_in_refreshes_and_its_secret_is_not_k
 def _visit(url: str) -> None:
     with urllib.request.urlopen(url, timeout=10) as page:
         page.read()
+
+
+async def test_a_damaged_login_file_is_a_clear_refusal(guarded: Guarded, tmp_path: Path) -> None:
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    path = tmp_path / "logins" / "guarded.json"
+    path.write_bytes(path.read_bytes()[:40])  # cut short, as a full disk might leave it
+    from lodger.errors import ConfigError
+    from lodger.runtime.mcp_logins import McpLogins
+
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        await _echo_strict(oauth, guarded.url)
+    logins = McpLogins([McpServerConfig(name="guarded", url=guarded.url, auth=oauth)])
+    (row,) = await logins.status()
+    assert row["logged_in"] is False and "is not valid JSON" in row["problem"]

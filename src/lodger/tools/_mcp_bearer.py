@@ -116,6 +116,12 @@ class BearerAuth(httpx2.Auth):
                     login, http=http, client_secret=self._oauth.client_secret
                 )
         except McpAuthError as exc:
+            # another process may have refreshed first, spending the refresh token this
+            # one held (servers rotate them): its login, if stored, is the one to use
+            stored = await self._load()
+            if stored is not None and stored.access_token != login.access_token:
+                self._login = stored
+                return stored
             self.needs_login = f"refreshing its token failed: {exc.message}"
             _log.warning("MCP server %r: %s", self.server, self.needs_login)
             self._login, self._dead, self._dead_why = None, login.access_token, self.needs_login

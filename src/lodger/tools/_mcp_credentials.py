@@ -27,6 +27,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -170,12 +171,23 @@ class FileCredentialStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
+        self._sweep(name)
         with contextlib.suppress(OSError):  # the rename is durable once the directory is
             dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
+
+    def _sweep(self, name: str) -> None:
+        """Drop the temporary files of writes killed midway (a minute old: a write under
+        way elsewhere is younger), so no old token lingers in them."""
+        now = time.time()
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > 60:
+                        os.unlink(entry.path)
 
     async def delete(self, name: str) -> bool:
         def drop() -> bool:

@@ -199,3 +199,49 @@ def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
         load_key(key_file=path, environ={})
     path.chmod(0o600)
     assert load_key(key_file=path, environ={}) == bytes.fromhex("cd" * 32)
+
+
+_WRITER = """
+import asyncio, sys
+from lodger.tools._mcp_credentials import FileCredentialStore
+
+async def main():
+    store = FileCredentialStore(sys.argv[1])
+    for n in range(1_000_000):
+        await store.save("docs", {"access_token": f"token-{n}", "pad": "x" * 50_000})
+        if n == 0:
+            print("saved", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_login_written_when_the_process_is_killed_is_whole_or_the_one_before(
+    tmp_path: Path,
+) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    directory = tmp_path / "logins"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3] / "src")}
+    for _ in range(3):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(directory)], stdout=subprocess.PIPE, env=env
+        )
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == b"saved\n"
+        os.kill(writer.pid, signal.SIGKILL)  # mid-write, most likely: it writes without pause
+        writer.wait()
+        writer.stdout.close()
+        record = asyncio.run(FileCredentialStore(directory).load("docs"))
+        assert record is not None and record["access_token"].startswith("token-")
+        assert json.loads((directory / "docs.json").read_text()) == record
+        assert asyncio.run(FileCredentialStore(directory).names()) == ["docs"]  # no temp
+    left = [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    for path in left:  # what killed writes left: a later save sweeps them once stale
+        os.utime(path, (0, 0))
+    asyncio.run(FileCredentialStore(directory).save("docs", {"access_token": "last"}))
+    assert [p.name for p in directory.iterdir()] == ["docs.json"]

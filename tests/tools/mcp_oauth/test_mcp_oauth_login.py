@@ -280,3 +280,23 @@ async def test_a_damaged_login_file_is_a_clear_refusal(guarded: Guarded, tmp_pat
     logins = McpLogins([McpServerConfig(name="guarded", url=guarded.url, auth=oauth)])
     (row,) = await logins.status()
     assert row["logged_in"] is False and "is not valid JSON" in row["problem"]
+
+
+async def test_two_processes_sharing_a_login_survive_each_others_refresh(
+    guarded: Guarded, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server rotates refresh tokens: when one process refreshes, the refresh token
+    the other holds is spent. The other finds the stored login instead of failing (not
+    even once: no refusal is logged)."""
+    guarded.mode(access_ttl=1)  # every call refreshes first
+    store = FileCredentialStore(tmp_path / "logins")
+    oauth = await _logged_in(guarded, store)
+    one = McpServerConfig(name="guarded", url=guarded.url, auth=oauth, deferred=False)
+    two = McpServerConfig(name="guarded", url=guarded.url, auth=oauth, deferred=False)
+    async with McpServers([one]) as first, McpServers([two]) as second:
+        (a,), (b,) = first.tools(), second.tools()  # both started: each refreshed once
+        for tool, text in ((a, "a1"), (b, "b1"), (a, "a2"), (b, "b2")):
+            out = await tool.handler({"text": text}, None)  # type: ignore[arg-type]
+            assert out.content == text
+    assert guarded.state()["refreshed"] >= 4
+    assert "refreshing its token failed" not in caplog.text

@@ -183,12 +183,12 @@ class McpLogins:
             entry: dict[str, Any] = {"server": name, "url": server.url, "logged_in": False}
             try:
                 record = await self.store_of(name).load(name)
+                login = Login.from_record(record) if record is not None else None
             except ConfigError as exc:
                 entry["problem"] = exc.message
                 out.append(entry)
                 continue
-            if record is not None:
-                login = Login.from_record(record)
+            if login is not None:
                 if login.server_url == server.url:
                     entry.update(login.public(), logged_in=True)
                 else:

@@ -26,13 +26,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from lodger.errors import ConfigError, McpAuthError
 from lodger.tools._mcp_credentials import CredentialStore
+from lodger.tools._mcp_discovery import oauth_http
 from lodger.tools._mcp_oauth import (
     Login,
     McpOAuth,
     PendingLogin,
     begin_login,
     finish_login,
-    oauth_http,
     revoke_login,
 )
 from lodger.tools.mcp import McpServerConfig

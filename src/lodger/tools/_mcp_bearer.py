@@ -24,7 +24,8 @@ from collections.abc import AsyncGenerator
 from lodger._core.extras import require
 from lodger.errors import ConfigError, McpAuthError
 from lodger.tools._mcp_credentials import CredentialStore
-from lodger.tools._mcp_oauth import Login, McpOAuth, _origin, oauth_http, refresh_login
+from lodger.tools._mcp_discovery import oauth_http, origin
+from lodger.tools._mcp_oauth import Login, McpOAuth, refresh_login
 
 with require("mcp", "the MCP client (MCP servers as tools)"):
     import httpx2
@@ -51,7 +52,7 @@ class BearerAuth(httpx2.Auth):
         self, *, server: str, url: str, oauth: McpOAuth, store: CredentialStore | None = None
     ) -> None:
         self.server = server
-        self._origin = _origin(url)
+        self._origin = origin(url)
         self._url = url
         self._oauth = oauth
         self._store = store if store is not None else oauth.credentials()
@@ -134,7 +135,7 @@ class BearerAuth(httpx2.Auth):
         return fresh
 
     def _authorize(self, request: httpx2.Request, login: Login | None) -> None:
-        if login is not None and _origin(str(request.url)) == self._origin:
+        if login is not None and origin(str(request.url)) == self._origin:
             request.headers["Authorization"] = f"Bearer {login.access_token}"
         else:
             request.headers.pop("Authorization", None)

@@ -14,8 +14,9 @@ a client id is configured, and sends the user to the authorization endpoint with
 for tokens, which a ``CredentialStore`` keeps (``lodger.tools._mcp_credentials``).
 
 The SDK's models and discovery helpers (``mcp.client.auth``, ``mcp.shared.auth``) do the
-parsing; lodger drives the steps itself so that each can be refused on its own terms and
-a login can be split over two HTTP requests (the host's start and callback routes):
+parsing; lodger drives the steps itself (discovery and registration in
+``_mcp_discovery``) so that each can be refused on its own terms and a login can be
+split over two HTTP requests (the host's start and callback routes):
 
 - every endpoint must be https, or http on a loopback address; the authorization
   server's endpoints must be on its issuer's origin unless ``allowed_origins`` names
@@ -32,17 +33,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
-import json
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from lodger.errors import ConfigError, McpAuthError
+from lodger.tools._mcp_discovery import (
+    check_url,
+    discover,
+    exchange,
+    oauth_error,
+    register,
+)
 
 if TYPE_CHECKING:
     import httpx2
@@ -59,10 +65,8 @@ __all__ = [
     "revoke_login",
 ]
 
-MAX_ANSWER_BYTES = 64 * 1024  # of any OAuth answer: real token answers are a few KB
 MAX_TOKEN_CHARS = 16 * 1024
 REFRESH_EARLY_S = 30.0  # a token this close to its expiry is refreshed before use
-_ERROR_WORD = re.compile(r"^[\x20-\x7e]{1,80}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +95,7 @@ class McpOAuth:
         if self.client_secret is not None and self.client_id is None:
             raise ConfigError("oauth.client_secret needs a client_id")
         for origin in self.allowed_origins:
-            _check_url(origin, "an allowed origin")
+            check_url(origin, "an allowed origin")
 
     def credentials(self) -> CredentialStore:
         from lodger.tools._mcp_credentials import default_credential_store
@@ -173,283 +177,6 @@ class PendingLogin:
     created_at: float = field(default_factory=time.time)
 
 
-# ---------------------------------------------------------------- checks
-
-
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{host}:{port}"
-
-
-def _check_url(url: str, what: str) -> str:
-    """``url`` if it is https, or http on a loopback address; else an McpAuthError."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise McpAuthError(f"{what} is not a usable URL") from None
-    host = (parts.hostname or "").lower()
-    if parts.scheme == "https" and host:
-        return url
-    if parts.scheme == "http" and _loopback(host):
-        return url
-    raise McpAuthError(
-        f"{what} {url[:200]!r} is not https (plain http is only accepted on a loopback "
-        "address), so lodger will not send credentials there"
-    )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _same_origin(url: str, issuer: str, allowed: Sequence[str], what: str) -> str:
-    _check_url(url, what)
-    if _origin(url) == _origin(issuer) or _origin(url) in {_origin(a) for a in allowed}:
-        return url
-    raise McpAuthError(
-        f"the authorization server {issuer!r} puts its {what} on another origin "
-        f"({_origin(url)}); lodger refuses it",
-        hint="if that origin is really the server's, add it to the server's oauth.allowed_origins",
-    )
-
-
-# ---------------------------------------------------------------- HTTP
-
-
-def oauth_http() -> httpx2.AsyncClient:
-    """The client for OAuth requests: no redirects followed, no compression, 30 s."""
-    import httpx2
-
-    return httpx2.AsyncClient(
-        follow_redirects=False,
-        timeout=httpx2.Timeout(30),
-        headers={"Accept": "application/json", "Accept-Encoding": "identity"},
-    )
-
-
-async def _exchange(
-    http: httpx2.AsyncClient, method: str, url: str, what: str, **kwargs: Any
-) -> tuple[int, Any, Any]:
-    """Send one OAuth request; (status, the JSON answer or None, the response headers).
-    The answer is read up to ``MAX_ANSWER_BYTES``."""
-    import httpx2
-
-    try:
-        async with http.stream(method, url, **kwargs) as response:
-            body = bytearray()
-            async for chunk in response.aiter_raw():
-                body += chunk
-                if len(body) > MAX_ANSWER_BYTES:
-                    raise McpAuthError(
-                        f"the {what} answered with more than {MAX_ANSWER_BYTES} bytes; "
-                        "lodger did not read the rest"
-                    )
-            status, headers = response.status_code, response.headers
-    except httpx2.HTTPError as exc:
-        raise McpAuthError(
-            f"the {what} at {_origin(url)} did not answer ({type(exc).__name__})"
-        ) from None
-    if headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-        raise McpAuthError(f"the {what} compressed its answer though lodger asked for none")
-    try:
-        value = json.loads(bytes(body)) if body else None
-    except (ValueError, RecursionError):
-        value = None
-    return status, value, headers
-
-
-def _oauth_error(value: Any) -> str:
-    """The ``error`` word of an OAuth error answer, if it is a short printable one."""
-    if isinstance(value, dict) and isinstance(value.get("error"), str):
-        word = value["error"]
-        if _ERROR_WORD.match(word):
-            return f" ({word})"
-    return ""
-
-
-# ---------------------------------------------------------------- discovery
-
-
-async def _resource_metadata(http: httpx2.AsyncClient, server_url: str) -> Any:
-    """The server's protected-resource metadata (None when it publishes none)."""
-    from mcp.client.auth.utils import build_protected_resource_metadata_discovery_urls
-    from mcp.shared.auth import ProtectedResourceMetadata
-    from pydantic import ValidationError
-
-    probe = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
-    status, _, headers = await _exchange(
-        http,
-        "POST",
-        server_url,
-        "MCP server",
-        json=probe,
-        headers={"Accept": "application/json, text/event-stream"},
-    )
-    hinted = None
-    if status == 401:
-        found = re.search(r'resource_metadata="([^"]+)"', headers.get("www-authenticate", ""))
-        hinted = found.group(1) if found else None
-    if hinted is not None and _origin(hinted) != _origin(server_url):
-        hinted = None  # lodger fetches nothing the server names elsewhere: the well-known
-    for url in build_protected_resource_metadata_discovery_urls(hinted, server_url):
-        _check_url(url, "the protected-resource metadata URL")
-        code, value, _ = await _exchange(http, "GET", url, "protected-resource metadata")
-        if code != 200 or value is None:
-            continue
-        try:
-            return ProtectedResourceMetadata.model_validate(value)
-        except ValidationError:
-            raise McpAuthError(
-                f"the protected-resource metadata at {url[:200]!r} is not valid"
-            ) from None
-    return None
-
-
-async def _server_metadata(http: httpx2.AsyncClient, issuer: str | None, server_url: str) -> Any:
-    from mcp.client.auth.utils import (
-        build_oauth_authorization_server_metadata_discovery_urls,
-        issuers_match,
-    )
-    from mcp.shared.auth import OAuthMetadata
-    from pydantic import ValidationError
-
-    expected = issuer or f"{urlsplit(server_url).scheme}://{urlsplit(server_url).netloc}"
-    for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, server_url):
-        code, value, _ = await _exchange(http, "GET", url, "authorization server metadata")
-        if code != 200 or value is None:
-            continue
-        try:
-            metadata = OAuthMetadata.model_validate(value)
-        except ValidationError:
-            raise McpAuthError(
-                f"the authorization server metadata at {url[:200]!r} is not valid"
-            ) from None
-        if not issuers_match(str(metadata.issuer), expected):
-            raise McpAuthError(
-                f"the authorization server metadata at {url[:200]!r} names the issuer "
-                f"{str(metadata.issuer)[:200]!r}, not {expected[:200]!r}; lodger refuses it"
-            )
-        return metadata
-    raise McpAuthError(f"the authorization server {expected[:200]!r} publishes no metadata")
-
-
-@dataclass(frozen=True)
-class _Endpoints:
-    issuer: str
-    authorization: str
-    token: str
-    registration: str | None
-    revocation: str | None
-    iss_required: bool
-    scopes: tuple[str, ...]
-
-
-async def discover(
-    http: httpx2.AsyncClient, server_url: str, oauth: McpOAuth
-) -> tuple[str, _Endpoints]:
-    """The resource to ask tokens for, and the authorization server's checked endpoints."""
-    from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
-
-    _check_url(server_url, "the MCP server's URL")
-    resource = resource_url_from_server_url(server_url)
-    prm = await _resource_metadata(http, server_url)
-    issuer: str | None = None
-    scopes: tuple[str, ...] = ()
-    if prm is not None:
-        named = str(prm.resource)
-        if not check_resource_allowed(requested_resource=resource, configured_resource=named):
-            raise McpAuthError(
-                f"the MCP server's metadata is for the resource {named[:200]!r}, not "
-                f"{resource[:200]!r}; lodger refuses it"
-            )
-        resource = named
-        if not prm.authorization_servers:
-            raise McpAuthError("the MCP server's metadata names no authorization server")
-        issuer = _check_url(str(prm.authorization_servers[0]), "the authorization server")
-        scopes = tuple(prm.scopes_supported or ())
-    metadata = await _server_metadata(http, issuer, server_url)
-    issuer = str(metadata.issuer)
-    _check_url(issuer, "the authorization server's issuer")
-    allowed = oauth.allowed_origins
-
-    def endpoint(value: Any, what: str) -> str | None:
-        return None if value is None else _same_origin(str(value), issuer, allowed, what)
-
-    if "S256" not in (metadata.code_challenge_methods_supported or []):
-        raise McpAuthError(
-            f"the authorization server {issuer[:200]!r} does not offer S256 PKCE; "
-            "lodger logs in only with PKCE"
-        )
-    return resource, _Endpoints(
-        issuer=issuer,
-        authorization=endpoint(metadata.authorization_endpoint, "authorization endpoint") or "",
-        token=endpoint(metadata.token_endpoint, "token endpoint") or "",
-        registration=endpoint(metadata.registration_endpoint, "registration endpoint"),
-        revocation=endpoint(metadata.revocation_endpoint, "revocation endpoint"),
-        iss_required=bool(metadata.authorization_response_iss_parameter_supported),
-        scopes=scopes,
-    )
-
-
-async def _register(
-    http: httpx2.AsyncClient, found: _Endpoints, oauth: McpOAuth, redirect_uri: str, scope: str
-) -> tuple[str, str | None, str | None]:
-    """Register lodger with the authorization server: (client id, secret, auth method)."""
-    from mcp.shared.auth import OAuthClientInformationFull
-    from pydantic import ValidationError
-
-    if found.registration is None:
-        raise McpAuthError(
-            f"the authorization server {found.issuer[:200]!r} offers no client registration",
-            hint="register lodger there and set the server's oauth.client_id",
-        )
-    asked = {
-        "redirect_uris": [redirect_uri],
-        "token_endpoint_auth_method": "none",
-        "grant_types": ["authorization_code", "refresh_token"],
-        "response_types": ["code"],
-        "client_name": oauth.client_name,
-        "application_type": "native",
-        **({"scope": scope} if scope else {}),
-    }
-    status, value, _ = await _exchange(
-        http, "POST", found.registration, "registration endpoint", json=asked
-    )
-    if status not in (200, 201) or not isinstance(value, dict):
-        raise McpAuthError(
-            f"the authorization server refused to register lodger (HTTP {status})"
-            f"{_oauth_error(value)}"
-        )
-    value.pop("issuer", None)
-    try:
-        client = OAuthClientInformationFull.model_validate(value)
-    except ValidationError:
-        raise McpAuthError("the authorization server's registration answer is not valid") from None
-    given = [str(uri) for uri in client.redirect_uris or []] or [redirect_uri]
-    if given != [redirect_uri]:
-        raise McpAuthError(
-            "the authorization server registered other redirect URIs than lodger asked "
-            "for; lodger refuses the registration"
-        )
-    method = client.token_endpoint_auth_method
-    if method not in (None, "none", "client_secret_post", "client_secret_basic") or (
-        method in ("client_secret_post", "client_secret_basic") and not client.client_secret
-    ):
-        raise McpAuthError(
-            f"the authorization server registered lodger for a client authentication "
-            f"lodger cannot use ({str(method)[:40]!r})"
-        )
-    return client.client_id, client.client_secret, method
-
-
 def _pkce() -> tuple[str, str]:
     verifier = secrets.token_urlsafe(64)[:96]
     digest = hashlib.sha256(verifier.encode()).digest()
@@ -466,14 +193,16 @@ async def begin_login(
 ) -> PendingLogin:
     """Discover, register if needed, and make the authorization URL (with PKCE and a
     fresh state) the user opens; ``finish_login`` takes the callback's values."""
-    resource, found = await discover(http, server_url, oauth)
+    resource, found = await discover(http, server_url, allowed_origins=oauth.allowed_origins)
     scope = " ".join(oauth.scopes or found.scopes)
     registered = oauth.client_id is None
     if oauth.client_id is not None:
         client_id, secret = oauth.client_id, oauth.client_secret
         method: str | None = "client_secret_post" if secret else "none"
     else:
-        client_id, secret, method = await _register(http, found, oauth, redirect_uri, scope)
+        client_id, secret, method = await register(
+            http, found, client_name=oauth.client_name, redirect_uri=redirect_uri, scope=scope
+        )
     own = dict(parse_qsl(urlsplit(found.authorization).query))
     reserved = {"redirect_uri", "state", "code_challenge", "client_id", "response_type"}
     if own.keys() & reserved:
@@ -535,7 +264,7 @@ def _token_answer(status: int, value: Any, what: str) -> dict[str, Any]:
     """A token endpoint's answer, checked: a bearer token of sane size."""
     if status != 200:
         raise McpAuthError(
-            f"the token endpoint refused the {what} (HTTP {status}){_oauth_error(value)}"
+            f"the token endpoint refused the {what} (HTTP {status}){oauth_error(value)}"
         )
     if not isinstance(value, dict):
         raise McpAuthError(f"the token endpoint's answer to the {what} is not a JSON object")
@@ -593,7 +322,7 @@ async def finish_login(
         "resource": pending.resource,
     }
     headers = _client_auth(pending.client_id, pending.client_secret, pending.auth_method, data)
-    status, value, _ = await _exchange(
+    status, value, _ = await exchange(
         http, "POST", pending.token_endpoint, "token endpoint", data=data, headers=headers
     )
     answer = _token_answer(status, value, "authorization code")
@@ -628,7 +357,7 @@ async def refresh_login(
     }
     secret = client_secret or login.client_secret
     headers = _client_auth(login.client_id, secret, login.auth_method, data)
-    status, value, _ = await _exchange(
+    status, value, _ = await exchange(
         http, "POST", login.token_endpoint, "token endpoint", data=data, headers=headers
     )
     answer = _token_answer(status, value, "refresh")
@@ -654,14 +383,14 @@ async def revoke_login(
         data = {"token": token, "token_type_hint": kind}
         headers = _client_auth(login.client_id, client_secret or login.client_secret,
                                login.auth_method, data)  # fmt: skip
-        status, value, _ = await _exchange(
+        status, value, _ = await exchange(
             http, "POST", login.revocation_endpoint, "revocation endpoint", data=data,
             headers=headers,
         )  # fmt: skip
         if status != 200:
             raise McpAuthError(
                 f"the revocation endpoint refused to revoke the {kind.replace('_', ' ')} "
-                f"(HTTP {status}){_oauth_error(value)}"
+                f"(HTTP {status}){oauth_error(value)}"
             )
         done.append(kind)
     return done

@@ -25,7 +25,7 @@ from lodger._core.extras import require
 from lodger.errors import ConfigError, McpAuthError
 from lodger.tools._mcp_credentials import CredentialStore
 from lodger.tools._mcp_discovery import oauth_http, origin
-from lodger.tools._mcp_oauth import Login, McpOAuth, refresh_login
+from lodger.tools._mcp_oauth import NEEDS_LOGIN, Login, McpOAuth, refresh_login
 
 with require("mcp", "the MCP client (MCP servers as tools)"):
     import httpx2
@@ -40,7 +40,7 @@ LOGIN_NEEDED = -32041
 
 def login_needed_message(server: str, why: str) -> str:
     return (
-        f"MCP server {server!r} needs an OAuth login ({why}); ask the user to run "
+        f"MCP server {server!r} {NEEDS_LOGIN} ({why}); ask the user to run "
         f"`lodger mcp login {server}`, then try again"
     )
 

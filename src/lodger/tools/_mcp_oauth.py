@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from lodger.tools._mcp_credentials import CredentialStore
 
 __all__ = [
+    "NEEDS_LOGIN",
     "Login",
     "McpOAuth",
     "PendingLogin",
@@ -66,6 +67,8 @@ __all__ = [
 ]
 
 MAX_TOKEN_CHARS = 16 * 1024
+#: in every message saying a server needs a new login (``_mcp_bearer``)
+NEEDS_LOGIN = "needs an OAuth login"
 REFRESH_EARLY_S = 30.0  # a token this close to its expiry is refreshed before use
 
 

@@ -72,7 +72,7 @@ from lodger.tools._mcp_limits import (
     capture_sdk_logs,
     counting,
 )
-from lodger.tools._mcp_oauth import McpOAuth
+from lodger.tools._mcp_oauth import NEEDS_LOGIN, McpOAuth
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
 
 # The SDK takes about 0.3 s to import: it is imported where a server starts or answers,
@@ -801,9 +801,10 @@ class McpServers:
             failed = [c for c in self._connections if c.failure is not None]
             if failed:
                 first = failed[0]
+                login = NEEDS_LOGIN in (first.failure or "")  # the message says how to log in
                 raise ConfigError(
                     f"MCP server {first.config.name!r} did not start: {first.failure}",
-                    hint="check its command or url in lodger.toml or --mcp",
+                    hint=None if login else "check its command or url in lodger.toml or --mcp",
                 )
         except BaseException:
             await self.__aexit__(None, None, None)

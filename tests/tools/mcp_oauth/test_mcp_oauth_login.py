@@ -121,6 +121,7 @@ def test_login_through_the_loopback_then_a_run_binds_the_tools_and_never_writes_
                     str(state))  # fmt: skip
     assert again.returncode != 0
     assert "lodger mcp login guarded" in again.stderr and "Traceback" not in again.stderr
+    assert "check its command" not in again.stderr  # the login is the next step, not the url
 
 
 async def _logged_in(guarded: Guarded, store: FileCredentialStore) -> McpOAuth:

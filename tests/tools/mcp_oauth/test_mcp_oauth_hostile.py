@@ -245,3 +245,17 @@ def test_a_login_written_when_the_process_is_killed_is_whole_or_the_one_before(
         os.utime(path, (0, 0))
     asyncio.run(FileCredentialStore(directory).save("docs", {"access_token": "last"}))
     assert [p.name for p in directory.iterdir()] == ["docs.json"]
+
+
+async def test_a_refusal_sent_back_to_the_loopback_fails_the_login_with_its_word(
+    guarded: Guarded, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    logins, directory = _logins(guarded, tmp_path)
+    task, url = await _started(logins)
+    (redirect,) = parse_qs(urlsplit(url).query)["redirect_uri"]
+    await asyncio.to_thread(_visit, redirect + "?error=access_denied&error_description=no")
+    with pytest.raises(McpAuthError, match="refused the login \\('access_denied'\\)"):
+        await task
+    assert not directory.exists() or list(directory.iterdir()) == []

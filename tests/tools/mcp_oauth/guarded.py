@@ -57,9 +57,10 @@ def approve(authorization_url: str) -> str:
     try:
         opener.open(request, timeout=10)
     except urllib.error.HTTPError as answer:
-        if answer.code in (302, 303, 307):
-            return str(answer.headers["Location"])
-        raise
+        with answer:  # its connection, closed
+            if answer.code in (302, 303, 307):
+                return str(answer.headers["Location"])
+            raise
     raise AssertionError("the authorization endpoint did not redirect")
 
 

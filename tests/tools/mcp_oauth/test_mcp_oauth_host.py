@@ -57,7 +57,8 @@ def _get(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=10) as page:
             return page.status, page.read().decode()
     except urllib.error.HTTPError as refused:
-        return refused.code, refused.read().decode()
+        with refused:
+            return refused.code, refused.read().decode()
 
 
 @pytest.mark.slow
@@ -78,7 +79,7 @@ async def test_a_login_through_the_host_then_its_turns_bind_the_tools(
         client = HostClient(base, token=admin)
         await client.create_session(session_id="h1")
         session_token = await client.make_token(session_id="h1")
-        async with httpx2.AsyncClient(base_url=base) as http:
+        async with httpx2.AsyncClient(base_url=base, timeout=60) as http:
             body = {"session_id": "h1", "server": "guarded"}
             refused = await http.post(
                 "/v1/mcp/logins", json=body, headers={"Authorization": f"Bearer {session_token}"}

@@ -130,6 +130,7 @@ async def test_the_loopback_ignores_other_paths_and_takes_the_callback(
     # a page elsewhere on the listener (a redirect_uri trick) finishes nothing
     with pytest.raises(urllib.error.HTTPError) as refused:
         await asyncio.to_thread(_visit, base + "/elsewhere?code=x&state=y")
+    refused.value.close()
     assert refused.value.code == 404
     assert not task.done()
     await asyncio.to_thread(_visit, callback)

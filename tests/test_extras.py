@@ -160,6 +160,7 @@ def test_every_core_module_imports_without_the_extras(tmp_path: Path) -> None:
         "lodger.substrates.codemode.javascript": "codemode",
         "lodger.substrates.codemode.python": "codemode",
         "lodger.testing.postgres": "postgres",
+        "lodger.tools._mcp_bearer": "mcp",
         "lodger.tools._mcp_http": "mcp",
         "lodger.tools._mcp_stdio": "mcp",
         "lodger.tools._mcp_streams": "mcp",

@@ -79,7 +79,7 @@ if _typing.TYPE_CHECKING:
     )
     from lodger.storage import EventLog, LogKey, Storage, open_log
     from lodger.tools import ProbeResult, Tool, ToolContext, ToolOutput, tool
-    from lodger.tools.mcp import McpServerConfig, McpServers
+    from lodger.tools.mcp import McpOAuth, McpServerConfig, McpServers
     from lodger.tools.policy import PermissionPolicy, Rule
 
 # name -> the module it comes from: imported on first use, so `import lodger` (and the
@@ -160,6 +160,7 @@ _EXPORTS: dict[str, str] = {
     "ToolContext": "lodger.tools",
     "ToolOutput": "lodger.tools",
     "tool": "lodger.tools",
+    "McpOAuth": "lodger.tools.mcp",
     "McpServerConfig": "lodger.tools.mcp",
     "McpServers": "lodger.tools.mcp",
     "PermissionPolicy": "lodger.tools.policy",
@@ -195,6 +196,7 @@ __all__ = [
     "LodgerError",
     "LogKey",
     "LogKeyError",
+    "McpOAuth",
     "McpServerConfig",
     "McpServers",
     "MediaLimits",

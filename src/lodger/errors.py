@@ -6,6 +6,7 @@
     │   ├── ConfigError              a configuration file or model spec is invalid
     │   ├── MissingExtraError        a part's optional packages are not installed (an ImportError)
     │   ├── HostAuthError            an HTTP request without a valid token, or out of its scope
+    │   ├── McpAuthError             an MCP server's OAuth login failed or was refused
     │   ├── HostConflictError        a request lost a race: answered already, key reused, busy
     │   ├── AuthorityMisuseError     a lease used out of turn: released twice, by another owner
     │   └── HookError                your own hook raised: the turn failed, naming the hook
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseLostError",
     "LodgerError",
     "LogKeyError",
+    "McpAuthError",
     "MissingExtraError",
     "NextStep",
     "ProviderAuthError",
@@ -182,6 +184,14 @@ class HostAuthError(UsageError):
     token whose scope does not cover what was asked (``forbidden``)."""
 
     code = "unauthorized"
+
+
+class McpAuthError(UsageError):
+    """An OAuth login to an MCP server failed or was refused (a metadata, a callback or
+    an answer lodger does not accept, or a server that refused lodger); the message
+    never holds a token, a code or a secret."""
+
+    code = "mcp_auth"
 
 
 class HostConflictError(UsageError):
@@ -447,6 +457,7 @@ ErrorCode = Literal[
     # the HTTP host
     "unauthorized",
     "forbidden",
+    "mcp_auth",
     "conflict",
     "already_answered",
     "invalid_answer",

@@ -397,8 +397,9 @@ def test_every_command_has_help_with_example_and_state(runner: CliRunner) -> Non
         for name in path:
             assert isinstance(command, click.Group)
             command = command.get_command(click.Context(command), name)  # type: ignore[assignment]
-        # `lodger trust` keeps its records in the user's config directory, no state
-        if not isinstance(command, click.Group) and path != ("trust",):
+        # `lodger trust` keeps its records in the user's config directory, no state, and
+        # `lodger mcp` its logins there (or in a control plane: --control)
+        if not isinstance(command, click.Group) and path != ("trust",) and path[0] != "mcp":
             assert "--state DIR" in result.stdout, path
 
 

@@ -83,6 +83,7 @@ _COMMANDS: dict[str, str] = {
     "schedule": "lodger.cli._control",
     "trust": "lodger.cli._trust",
     "store": "lodger.cli._store",
+    "mcp": "lodger.cli._mcp_login",
 }
 
 

@@ -50,6 +50,7 @@ from lodger.storage import check_session_id
 from lodger.storage.control import CONTROL_ENVVAR, ControlPlane, SessionRow, open_control
 from lodger.storage.control.schedule import check_cron, parse_at
 from lodger.storage.snapshots import snapshot_workspace
+from lodger.tools._mcp_credentials import CredentialStore, SealedCredentialStore
 from lodger.tools.spec import Tool
 
 if TYPE_CHECKING:
@@ -327,6 +328,15 @@ def schedule(
     "what narrows (deny and ask rules, stricter sandbox limits, fewer steps), since a "
     "sandboxed command of the session may have written that file.",
 )
+@click.option(
+    "--mcp-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The key (32 bytes, mode 600) sealing MCP OAuth logins in the control plane's "
+    "secret table (lodger mcp login --control); also $LODGER_MCP_KEY or "
+    "$LODGER_MCP_KEY_FILE. Without one, logins come from this machine's keyring or "
+    "config directory.",
+)
 @budget_options
 def worker(
     state: str,
@@ -346,6 +356,7 @@ def worker(
     approval_expiry: float,
     tree_steps: int | None,
     trust_projects: bool,
+    mcp_key_file: str | None,
     **budget_flags: Any,
 ) -> None:
     """Run turns of the sessions whose messages and timers are due.
@@ -392,10 +403,20 @@ def worker(
         approval_expiry_s=approval_expiry,
     )
     dsn = control_dsn(control, state)
+    binder.mcp_key = _mcp_key(mcp_key_file)
     asyncio.run(
         _work(dsn, binder, config, workdir=workdir, approval_wait=approval_wait,
               approval_park=approval_park)
     )  # fmt: skip
+
+
+def _mcp_key(path: str | None) -> bytes | None:
+    """The key sealing MCP logins in the control plane, when one is given."""
+    from lodger.tools._mcp_credentials import KEY_ENVVAR, KEY_FILE_ENVVAR, load_key
+
+    if path is None and not (os.environ.get(KEY_ENVVAR) or os.environ.get(KEY_FILE_ENVVAR)):
+        return None
+    return load_key(key_file=path)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -412,6 +433,9 @@ class _Binder:
     approvals: ControlApprovals | ParkingApprovals | None = None
     #: ``usage`` and ``budgets`` of ``Overrides`` from the budget flags
     budgets: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the key of MCP logins sealed in the control plane, and their store once it is open
+    mcp_key: bytes | None = dataclasses.field(default=None, repr=False)
+    mcp_logins: CredentialStore | None = None
 
     def __call__(self, session_id: str, recorded: str | None, workspace: Path) -> Binding:
         project = Project.load(workspace, trusted=self.trust_projects)
@@ -426,6 +450,7 @@ class _Binder:
             subagents=self.subagents,
             approver=approvals.approver(session_id) if approvals else None,
             on_event=_fan_out(observers),
+            mcp_logins=self.mcp_logins,
             **self.budgets,
         )
         if model_spec_for(project, overrides) is None:
@@ -470,6 +495,8 @@ async def _work(
             config=config,
             workdir=Path(workdir) if workdir else None,
         )
+        if binder.mcp_key is not None:
+            binder.mcp_logins = SealedCredentialStore(plane, binder.mcp_key)
         if approval_wait > 0:
             binder.approvals = ControlApprovals(plane, holder=made.holder, wait_s=approval_wait)
         elif approval_park:

@@ -37,6 +37,7 @@ from lodger.runtime.sessions import Binding
 from lodger.runtime.subagents.policy import SubagentPolicy
 from lodger.substrates.codemode import Language
 from lodger.substrates.sandbox.policy import SandboxPolicy
+from lodger.tools._mcp_credentials import CredentialStore
 from lodger.tools.mcp import McpServerConfig
 from lodger.tools.spec import Elicitor, Tool
 
@@ -69,6 +70,9 @@ class Overrides:
     builtin_tools: bool = True
     #: MCP servers besides the project's; one of the same name replaces the project's
     mcp: Sequence[McpServerConfig] = ()
+    #: where OAuth MCP servers without a store of their own keep their logins (a
+    #: worker's sealed control-plane store); None: the keyring or the user's config dir
+    mcp_logins: CredentialStore | None = None
     #: the sandbox policy instead of the project's ``[sandbox]``
     sandbox: SandboxPolicy | None = None
     approve_all: bool = False
@@ -143,7 +147,13 @@ def bound_tools(
     tools.extend(overrides.tools)
     servers = {config.name: config for config in project.mcp}
     servers.update((config.name, config) for config in overrides.mcp)
-    return tools, tuple(servers.values())
+    return tools, tuple(_with_logins(c, overrides.mcp_logins) for c in servers.values())
+
+
+def _with_logins(config: McpServerConfig, store: CredentialStore | None) -> McpServerConfig:
+    if store is None or config.auth is None or config.auth.store is not None:
+        return config
+    return replace(config, auth=replace(config.auth, store=store))
 
 
 def _model(project: Project, overrides: Overrides) -> Model:

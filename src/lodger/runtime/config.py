@@ -31,6 +31,11 @@ Every key is checked (a pydantic model): an unknown key anywhere is an error nam
     url = "http://127.0.0.1:8000/mcp"
     headers = { Authorization = "Bearer ${DOCS_TOKEN}" }
 
+    [mcp.servers.linear]                   # streamable HTTP with an OAuth 2.1 login
+    url = "https://mcp.linear.app/mcp"
+    oauth = true                           # or { client_id = "...", client_secret =
+                                           #      "${LINEAR_SECRET}", redirect_port = 8765 }
+
 ``${NAME}`` in ``env`` and ``headers`` values is read from the environment, so secrets
 stay out of the file. On the command line, ``--mcp 'NAME=COMMAND ARGS...'`` (split like a
 shell would) or ``--mcp NAME=http://...`` adds a server with the defaults, replacing a
@@ -40,6 +45,7 @@ file entry of the same name. Stdio servers start in the workspace unless ``cwd``
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -53,6 +59,7 @@ from lodger.engine.compaction import DEFAULT_SECTIONS, CompactionPolicy
 from lodger.engine.prices import ModelPrice, PriceTable
 from lodger.errors import ConfigError
 from lodger.substrates.sandbox.policy import SandboxPolicy, expand_variables, policy_from_config
+from lodger.tools._mcp_oauth import McpOAuth
 from lodger.tools.mcp import McpServerConfig, tools_from_definitions
 from lodger.tools.policy import Decision, Rule
 from lodger.tools.spec import Tool
@@ -95,6 +102,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "max_samplings": int,
     "sampling_max_tokens": int,
     "roots": bool,
+    "oauth": (bool, dict),
 }
 
 
@@ -137,7 +145,48 @@ def server_from_table(
     for key in ("timeout_s", "connect_timeout_s", "elicitation_timeout_s"):
         if key in options:
             options[key] = float(options[key])
+    oauth = options.pop("oauth", False)
+    if oauth is not False:
+        options["auth"] = oauth_from_table({} if oauth is True else oauth, where=f"{where}.oauth")
     return McpServerConfig(name=name, **options)
+
+
+_OAUTH_KEYS: dict[str, type | tuple[type, ...]] = {
+    "client_id": str,
+    "client_secret": str,
+    "scopes": list,
+    "redirect_port": int,
+    "allowed_origins": list,
+    "client_name": str,
+}
+_VARIABLE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+
+
+def oauth_from_table(table: Mapping[str, Any], *, where: str) -> McpOAuth:
+    """``oauth = true`` or ``oauth = { ... }`` of a server table: the client's secret must
+    be a ``${VARIABLE}`` (read from the environment), never a value in the file."""
+    for key, value in table.items():
+        expected = _OAUTH_KEYS.get(key)
+        if expected is None:
+            raise ConfigError(
+                f"unknown key {key!r} in {where}", hint="known keys: " + ", ".join(_OAUTH_KEYS)
+            )
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{key} has the wrong type ({type(value).__name__})")
+    options: dict[str, Any] = dict(table)
+    secret = options.get("client_secret")
+    if secret is not None:
+        if not _VARIABLE.match(secret):
+            raise ConfigError(
+                f"{where}.client_secret is written in the file; lodger reads a client "
+                "secret only from the environment",
+                hint='write client_secret = "${NAME_OF_A_VARIABLE}" and set that variable',
+            )
+        options["client_secret"] = expand_variables(secret, f"{where}.client_secret")
+    for key in ("scopes", "allowed_origins"):
+        if key in options:
+            options[key] = tuple(_strings(options[key], f"{where}.{key}"))
+    return McpOAuth(**options)
 
 
 def _read_text(path: Path, what: str) -> str:

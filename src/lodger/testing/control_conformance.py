@@ -68,6 +68,22 @@ class ControlConformance:
 
     # ----------------------------------------------------------- session leases
 
+    async def test_secrets_are_kept_replaced_listed_and_deleted_as_given(
+        self, make_control: MakeControl
+    ) -> None:
+        control, other = await make_control(), await make_control()
+        value = bytes(range(256))  # every byte, as a sealed value has
+        await control.put_secret(name="mcp-login:a", value=value)
+        await control.put_secret(name="mcp-login:b", value=b"\x00")
+        await control.put_secret(name="other:c", value=b"c")
+        assert await other.get_secret(name="mcp-login:a") == value  # another connection
+        await other.put_secret(name="mcp-login:a", value=b"new")
+        assert await control.get_secret(name="mcp-login:a") == b"new"
+        assert await control.list_secrets(prefix="mcp-login:") == ["mcp-login:a", "mcp-login:b"]
+        assert await control.delete_secret(name="mcp-login:a") is True
+        assert await control.delete_secret(name="mcp-login:a") is False
+        assert await control.get_secret(name="mcp-login:a") is None
+
     async def test_a_session_lease_has_one_holder(self, control: ControlPlane) -> None:
         lease = await control.acquire_session(session_id="s1", holder="w1", ttl_s=_LONG)
         assert lease is not None and lease.epoch == 1

@@ -48,10 +48,16 @@ class _Bounds:
 
 
 def bounded_http_client(
-    *, server: str, headers: Mapping[str, str], limit: int, noise: Noise, parsed: Parsed
+    *,
+    server: str,
+    headers: Mapping[str, str],
+    limit: int,
+    noise: Noise,
+    parsed: Parsed,
+    auth: httpx2.Auth | None = None,
 ) -> httpx2.AsyncClient:
     """An ``httpx2.AsyncClient`` for server ``server`` whose every body is bounded (and
-    parsed into ``parsed`` when long)."""
+    parsed into ``parsed`` when long); ``auth`` signs its requests (an OAuth login)."""
     bounds = _Bounds(server=server, limit=limit, noise=noise, parsed=parsed)
 
     async def bound(response: httpx2.Response) -> None:
@@ -61,6 +67,7 @@ def bounded_http_client(
         headers={**headers, "Accept-Encoding": "identity"},
         timeout=httpx2.Timeout(30, read=300),
         event_hooks={"response": [bound]},
+        auth=auth,
     )
 
 

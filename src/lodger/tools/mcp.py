@@ -85,6 +85,7 @@ from lodger.tools._mcp_limits import (
     capture_sdk_logs,
     counting,
 )
+from lodger.tools._mcp_oauth import NEEDS_LOGIN, McpOAuth
 from lodger.tools._mcp_requests import InFlight, ServerRequests
 from lodger.tools.registry import ToolsReplaced
 from lodger.tools.spec import Tool, ToolContext, ToolOutput
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "McpInput",
+    "McpOAuth",
     "McpServerConfig",
     "McpServers",
     "PromptRef",
@@ -120,8 +122,9 @@ _TRIM_EVERY_S = 1.0
 @dataclass(frozen=True, kw_only=True)
 class McpServerConfig:
     """One MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) for stdio, or ``url``
-    (+ ``headers``) for streamable HTTP. ``approval`` is True (every tool asks), False,
-    or tool-name patterns that ask (``["git_commit", "git_reset*"]``)."""
+    (+ ``headers``, and ``auth`` for an OAuth login: ``lodger.tools._mcp_oauth``) for
+    streamable HTTP. ``approval`` is True (every tool asks), False, or tool-name patterns
+    that ask (``["git_commit", "git_reset*"]``)."""
 
     name: str
     command: str | None = None
@@ -147,6 +150,8 @@ class McpServerConfig:
     sampling_max_tokens: int = 1024
     #: offer the workspace to the server as its root (``roots/list``)
     roots: bool = False
+    #: OAuth 2.1 for an HTTP server: its login comes from a credential store
+    auth: McpOAuth | None = None
 
     def __post_init__(self) -> None:
         if not _SERVER_NAME.match(self.name) or "__" in self.name:
@@ -165,6 +170,13 @@ class McpServerConfig:
         ):
             raise ConfigError(f"MCP server {self.name!r}: timeouts must be positive")
         self._check_asks()
+        if self.auth is not None and self.url is None:
+            raise ConfigError(f"MCP server {self.name!r}: OAuth is for HTTP servers (a url)")
+        if self.auth is not None and any(h.lower() == "authorization" for h in self.headers):
+            raise ConfigError(
+                f"MCP server {self.name!r} has both OAuth and an Authorization header",
+                hint="drop one of them",
+            )
         size = self.max_message_bytes
         if type(size) is not int or size < MIN_MESSAGE_BYTES:
             raise ConfigError(
@@ -330,6 +342,7 @@ class _Connection:
             bounded_http_client(
                 server=c.name,
                 headers=c.headers,
+                auth=_bearer(c),
                 limit=c.max_message_bytes,
                 noise=self.noise,
                 parsed=self._parsed,
@@ -726,6 +739,15 @@ class _SessionEnded(Exception):
 RECONNECT_BACKOFF_S = (0.1, 0.4, 1.6)
 
 
+def _bearer(config: McpServerConfig) -> Any:
+    """The OAuth login of an HTTP server on its requests (None: it has none)."""
+    if config.auth is None or config.url is None:
+        return None
+    from lodger.tools._mcp_bearer import BearerAuth
+
+    return BearerAuth(server=config.name, url=config.url, oauth=config.auth)
+
+
 def _client_info() -> mcp_types.Implementation:
     import mcp_types
 
@@ -1027,9 +1049,10 @@ class McpServers:
             failed = [c for c in self._connections if c.failure is not None]
             if failed:
                 first = failed[0]
+                login = NEEDS_LOGIN in (first.failure or "")  # the message says how to log in
                 raise ConfigError(
                     f"MCP server {first.config.name!r} did not start: {first.failure}",
-                    hint="check its command or url in lodger.toml or --mcp",
+                    hint=None if login else "check its command or url in lodger.toml or --mcp",
                 )
         except BaseException:
             await self.__aexit__(None, None, None)

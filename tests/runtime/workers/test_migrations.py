@@ -43,7 +43,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 10
+    assert await control.schema_version() == LATEST_VERSION == 12
     # what versions 2, 3, 4 and 5 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
@@ -129,7 +129,7 @@ async def test_from_version_3(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 12
     (row,) = await new.list_sessions()
     assert (row.session_id, row.model) == ("s1", "m")
     assert [w.id for w in await new.pending_wakes()] == [wake]
@@ -163,7 +163,7 @@ async def test_from_version_5_approvals_keep_waiting_and_parked_ones_are_new(mak
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 12
     (kept,) = await new.list_approvals(session_id="s1")
     assert (kept.call_id, kept.mode, kept.asked_by) == ("c1", "wait", "w")
     parked = await new.park_approval(
@@ -196,7 +196,7 @@ async def test_from_version_6_queued_wakes_are_not_held(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 12
     assert await new.release_held_wakes(session_id="s1") == 0
     (pending,) = await new.pending_wakes(session_id="s1")
     assert pending.id == wake and pending.due_at >= (await new.now()) + 300
@@ -213,7 +213,7 @@ async def test_from_version_8_wakes_are_kept_and_steers_work(make: Make) -> None
     await old.close()
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 12
     assert [w.id for w in await new.pending_wakes(session_id="s1")] == [kept]
     # version 9: steers for sessions on workers (none holds s2: the steer is a wake)
     assert await new.add_steer(session_id="s2", steer_id="st", text="go", who=None) is False
@@ -232,3 +232,19 @@ async def test_version_10_adds_cancel_requests_to_a_version_9_database(make: Mak
     await new.start()
     made, created = await new.request_cancel(session_id="s1", who="cli:a", reason="stop")
     assert created and made is not None and made.epoch == lease.epoch  # the lease was kept
+
+
+async def test_from_version_10_sealed_secrets_are_new_and_the_rest_is_kept(make: Make) -> None:
+    old = make()
+    await old.start(version=10)
+    assert await old.acquire_session(session_id="s1", holder="w", ttl_s=60)
+    with pytest.raises(ControlPlaneError):  # version 10 has no secrets table
+        await old.get_secret(name="mcp-login:docs")
+    await old.close()
+
+    new = make()
+    await new.start()  # 12: the numbers are taken per change, so 11 may be another's
+    assert await new.schema_version() == LATEST_VERSION == 12
+    assert await new.acquire_session(session_id="s1", holder="w2", ttl_s=60) is None  # held
+    await new.put_secret(name="mcp-login:docs", value=b"\x00sealed")
+    assert await new.get_secret(name="mcp-login:docs") == b"\x00sealed"

@@ -19,6 +19,7 @@ from lodger.host.routes import (
     control,
     elicitations,
     events,
+    mcp_auth,
     messages,
     operations,
     recovery,
@@ -54,4 +55,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     console.router,
     ai_sdk.router,
     ag_ui.router,
+    mcp_auth.router,
 )

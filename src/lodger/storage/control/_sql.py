@@ -8,6 +8,7 @@ expiry is always judged by one clock, never by a worker's.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import secrets
 from collections.abc import Sequence
@@ -132,6 +133,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE session_cancels (id {serial}, session_id TEXT NOT NULL, "
         "epoch BIGINT NOT NULL, who TEXT, reason TEXT NOT NULL, requested_at {real} NOT NULL, "
         "status TEXT NOT NULL DEFAULT 'pending', settled_at {real}, UNIQUE (session_id, epoch))",
+    ),
+    # sealed secrets by name (MCP OAuth logins for workers): values are sealed by the
+    # caller with a key the store never holds (``lodger.tools._mcp_credentials``)
+    12: (
+        "CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, "
+        "updated_at {real} NOT NULL)",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -278,7 +285,8 @@ class SqlControlPlane:
                     hint="upgrade lodger on this machine; never run an older worker on it",
                     code="schema_too_new",
                 )
-            for version in range(current + 1, to + 1):
+            # numbers are taken per change, so one may be missing (another branch's)
+            for version in sorted(v for v in MIGRATIONS if current < v <= to):
                 for statement in MIGRATIONS[version]:
                     await tx.change(statement.format(**self._types))
                 await tx.change("INSERT INTO schema_version (version) VALUES (%s)", (version,))
@@ -935,6 +943,33 @@ class SqlControlPlane:
                 f"SELECT {_TOKEN_COLUMNS} FROM host_tokens WHERE token_hash = %s", (token_hash,)
             )
             return _host_token(rows[0])
+
+    # ----------------------------------------------------------- sealed secrets
+
+    async def put_secret(self, *, name: str, value: bytes) -> None:
+        """Keep ``value`` (already sealed by the caller) under ``name``, replacing it."""
+        text = base64.b64encode(value).decode("ascii")
+        async with self._tx() as tx:
+            await tx.change(
+                "INSERT INTO secrets (name, value, updated_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at",
+                (name, text, tx.now),
+            )
+
+    async def get_secret(self, *, name: str) -> bytes | None:
+        async with self._tx() as tx:
+            rows = await tx.rows("SELECT value FROM secrets WHERE name = %s", (name,))
+        return base64.b64decode(rows[0][0]) if rows else None
+
+    async def delete_secret(self, *, name: str) -> bool:
+        async with self._tx() as tx:
+            return await tx.change("DELETE FROM secrets WHERE name = %s", (name,)) > 0
+
+    async def list_secrets(self, *, prefix: str) -> list[str]:
+        async with self._tx() as tx:
+            rows = await tx.rows("SELECT name FROM secrets ORDER BY name")
+        return [str(row[0]) for row in rows if str(row[0]).startswith(prefix)]
 
     async def get_token(self, *, token_hash: str) -> HostToken | None:
         _check_hash(token_hash)

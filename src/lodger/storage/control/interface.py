@@ -30,6 +30,7 @@ __all__ = [
     "ParkedCall",
     "Schedule",
     "Schedules",
+    "Secrets",
     "SessionCancel",
     "SessionCancels",
     "SessionClaim",
@@ -607,6 +608,21 @@ class SessionCancels(Protocol):
     async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None: ...
 
 
+class Secrets(Protocol):
+    """Opaque values by name, sealed by the caller with a key the store never holds
+    (MCP OAuth logins for workers: ``lodger.tools._mcp_credentials``)."""
+
+    async def put_secret(self, *, name: str, value: bytes) -> None: ...
+
+    async def get_secret(self, *, name: str) -> bytes | None: ...
+
+    async def delete_secret(self, *, name: str) -> bool: ...
+
+    async def list_secrets(self, *, prefix: str) -> list[str]:
+        """The names that start with ``prefix``, sorted."""
+        ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -618,6 +634,7 @@ class ControlPlane(
     GlobalAuthorities,
     Steers,
     SessionCancels,
+    Secrets,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

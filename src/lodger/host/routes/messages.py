@@ -173,9 +173,9 @@ class ModelSettingsIn(Input):
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, strict=True, ge=1)
     stop: list[Annotated[str, Field(min_length=1)]] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, strict=True)
     parallel_tool_calls: bool | None = None
     reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
     #: provider-specific options merged into the request body as they are

@@ -42,6 +42,7 @@ class AbandonTurn(Input):
 class ForkSession(Input):
     at: int | None = Field(
         default=None,
+        strict=True,
         ge=1,
         le=MAX_OFFSET,
         description="how many of the parent's events the fork shares (at least its first; "

@@ -34,7 +34,7 @@ class ToOffset(Input):
     """Keep events ``[0, offset)`` of the branch (an offset of its own log)."""
 
     kind: Literal["offset"]
-    offset: int = Field(ge=1, le=MAX_OFFSET)
+    offset: int = Field(strict=True, ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
 
 
@@ -42,7 +42,7 @@ class ToTurn(Input):
     """Go back to just before turn ``turn`` (numbered from 1) of the branch started."""
 
     kind: Literal["turn"]
-    turn: int = Field(ge=1, le=MAX_OFFSET)
+    turn: int = Field(strict=True, ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
 
 

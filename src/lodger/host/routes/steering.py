@@ -70,7 +70,7 @@ class ChangeQueued(Input):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_text_or_position)
     text: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT)
-    position: int | None = Field(default=None, ge=0, le=1_000_000)
+    position: int | None = Field(default=None, strict=True, ge=0, le=1_000_000)
 
 
 class QueuedOut(BaseModel):

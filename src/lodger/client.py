@@ -175,12 +175,17 @@ class HostClient:
         key: str | None = None,
         attachments: Sequence[MediaItem] = (),
         model_settings: dict[str, Any] | None = None,
+        policy: str = "enqueue",
     ) -> dict[str, Any]:
         """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
         ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
         ``[model_settings]`` names them); returns ``{"message": {...}, "created": bool,
-        "stream": path}``."""
+        "stream": path}``. ``policy`` says what to do while the session has work, as
+        the follow-up queue's: ``enqueue``, ``reject`` (409 ``session_busy``),
+        ``interrupt`` or ``rollback`` (stop the running turn, then run this first)."""
         body: dict[str, Any] = {"text": text}
+        if policy != "enqueue":
+            body["policy"] = policy
         if key is not None:
             body["idempotency_key"] = key
         if attachments:

@@ -33,13 +33,14 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Literal, cast
 
 from lodger.engine.control import CancelOutcome
-from lodger.engine.queue import Steered, check_message
-from lodger.errors import HostConflictError, UsageError
+from lodger.engine.queue import QueuedMessage, Steered, check_message
+from lodger.errors import HostConflictError, SessionNotFoundError, UsageError
+from lodger.events import QueuePolicy
 from lodger.host.feed import Feeds
-from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.host.hub import URGENT, EventObserver, HostConfig, Hub, busy_refusal
 from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
 from lodger.runtime._worker_cancel import ask_worker_to_cancel
@@ -55,7 +56,13 @@ from lodger.storage.control.host_index import (
     answered_already,
     no_such_approval,
 )
-from lodger.storage.control.interface import ApprovalRequest, ControlPlane, SessionRow, WakeInfo
+from lodger.storage.control.interface import (
+    ApprovalRequest,
+    ControlPlane,
+    QueuedRow,
+    SessionRow,
+    WakeInfo,
+)
 
 __all__ = ["ControlPlaneHub", "host_key"]
 
@@ -159,7 +166,14 @@ class ControlPlaneHub(Hub):
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
+        policy: QueuePolicy = "enqueue",
     ) -> tuple[Message, bool]:
+        """A wake for a worker (the message's id is the wake's). ``reject`` is refused
+        while the session has work; ``interrupt``/``rollback`` make an urgent wake (run
+        before the session's other waiting ones) and ask the worker running the session
+        to stop its turn (a ``session_cancels`` request with that policy)."""
+        if policy == "reject" and await self.busy(session_id):
+            raise busy_refusal(session_id)
         if settings is not None:
             # a wake carries only the text (and media) to the worker that runs it
             raise UsageError(
@@ -193,8 +207,20 @@ class ControlPlaneHub(Hub):
                     )
                 )
         body = text if kind == "message" else None  # a plain wake resumes what is open
+        if (
+            policy in URGENT
+            and await self.plane.wake_for_key(idempotency_key=host_key(session_id, key)) is None
+        ):
+            # the turn running now (if any) stops for it: asked before the wake exists,
+            # so the stop can never reach the turn of this message itself
+            await self.plane.request_cancel(
+                session_id=session_id, who=None, reason=f"message for key {key}", policy=policy
+            )
         wake_id = await self.plane.send(
-            session_id=session_id, message=body, idempotency_key=host_key(session_id, key)
+            session_id=session_id,
+            message=body,
+            idempotency_key=host_key(session_id, key),
+            urgent=policy in URGENT,
         )
         if wake_id is not None:
             info = await self.plane.get_wake(wake_id=wake_id)
@@ -253,14 +279,83 @@ class ControlPlaneHub(Hub):
         )
         return Steered(steer_id=steer_id, status="steer" if held else "queued", offset=None)
 
-    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> Any:
-        raise _no_queue()
+    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> QueuedRow:
+        """A follow-up in the control plane's queue (``lodger.runtime._worker_queue``):
+        the worker holding the session takes it (at once for interrupt and rollback,
+        which stop its turn); a dormant session is woken for it."""
+        await self.require(session_id)
+        checked = check_message(text, policy)
+        await self._need_log(session_id)
+        made, _ = await self.plane.add_queued(
+            session_id=session_id,
+            message_id=self.sessions.ids.new_id(),
+            text=text,
+            policy=checked,
+            who=who,
+            refuse_busy=checked == "reject",
+        )
+        if made is None:
+            raise busy_refusal(session_id)
+        return made
 
-    async def queue(self, session_id: str) -> Any:
-        raise _no_queue()
+    async def _need_log(self, session_id: str) -> None:
+        if not await self._logged(session_id):  # as the embedded host: no turn yet
+            raise SessionNotFoundError(
+                f"no log for session {session_id!r}",
+                hint="send its first message (POST .../messages); queue follow-ups after it",
+                session_id=session_id,
+            )
 
-    async def change_queued(self, session_id: str, message_id: str, action: Any, **_: Any) -> Any:
-        raise _no_queue()
+    async def queue(self, session_id: str) -> list[QueuedMessage | QueuedRow]:
+        """What a worker committed to the log but has not run yet, then the control
+        plane's queue, in the order they run."""
+        await self.require(session_id)
+        logged = await self.sessions.queue(session_id) if await self._logged(session_id) else []
+        ids = {m.message_id for m in logged}
+        rows = await self.plane.list_queued(session_id=session_id)
+        return [*logged, *(r for r in rows if r.message_id not in ids)]
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        action: Literal["edit", "move", "retract"],
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str,
+    ) -> list[QueuedMessage | QueuedRow]:
+        """Edit, move or retract a message the control plane holds; one a worker already
+        committed to the log is changed in the log while no worker holds the session
+        (409 ``session_busy`` while one does). A position counts the whole queue."""
+        await self.require(session_id)
+        if action == "edit":
+            check_message(text or "")
+        if action == "move" and (type(position) is not int or position < 0):
+            raise UsageError("a move needs a position of 0 or more", code="usage")
+        ahead = [m for m in await self.queue(session_id) if isinstance(m, QueuedMessage)]
+        if any(m.message_id == message_id for m in ahead):
+            async with self.exclusive(session_id):
+                await self.sessions.change_queued(
+                    session_id, message_id, action, text=text, position=position, who=who
+                )
+            return await self.queue(session_id)
+        changed = await self.plane.change_queued(
+            session_id=session_id,
+            message_id=message_id,
+            action=action,
+            who=who,
+            text=text,
+            position=None if position is None else max(0, position - len(ahead)),
+        )
+        if changed is None:
+            raise UsageError(
+                f"no message {message_id!r} waits in the queue of session {session_id!r}",
+                hint="list the queue: a message leaves it once delivered or retracted",
+                code="not_queued",
+                session_id=session_id,
+            )
+        return await self.queue(session_id)
 
     async def approvals(self, *, session_id: str | None = None) -> list[Approval]:
         found = [_approval(a) for a in await self.plane.list_approvals(session_id=session_id)]
@@ -302,14 +397,6 @@ class ControlPlaneHub(Hub):
         """Ask the worker that holds the session to cancel its turn (through the control
         plane's ``session_cancels``), and wait a while for its answer."""
         return await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
-
-
-def _no_queue() -> UsageError:
-    return UsageError(
-        "the follow-up queue is not offered by a distributed host yet",
-        hint="send messages (each is a wake, run in order) or steer the running turn",
-        code="usage",
-    )
 
 
 def _message(info: WakeInfo) -> Message:

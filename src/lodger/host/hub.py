@@ -34,7 +34,7 @@ from lodger.engine.control import CancelOutcome
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
-from lodger.engine.queue import QueuedMessage, Steered
+from lodger.engine.queue import QueuedMessage, Steered, StopRequest
 from lodger.errors import (
     HostConflictError,
     LodgerError,
@@ -42,7 +42,7 @@ from lodger.errors import (
     SessionNotFoundError,
     UsageError,
 )
-from lodger.events import Event, TurnStarted
+from lodger.events import Event, QueuePolicy, TurnStarted
 from lodger.host.feed import Feeds
 from lodger.media import (
     MediaItem,
@@ -59,10 +59,11 @@ from lodger.runtime.project import Project
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
+from lodger.storage.control.interface import QueuedRow
 from lodger.substrates.codemode import Language
 from lodger.tools.spec import Tool
 
-__all__ = ["HostConfig", "Hub"]
+__all__ = ["URGENT", "HostConfig", "Hub", "busy_refusal"]
 
 _log = logging.getLogger("lodger.host")
 #: how often, and how far apart, a message's run is tried while another writer holds its
@@ -247,12 +248,18 @@ class Hub:
         kind: MessageKind = "message",
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
+        policy: QueuePolicy = "enqueue",
     ) -> tuple[Message, bool]:
         """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
         (checked by the caller) are stored as artifacts first; the queued message names
         them, so the turn runs with them whenever it runs; it asks the model with
-        ``settings`` over the project's."""
+        ``settings`` over the project's. ``policy`` as the follow-up queue's:
+        ``reject`` is refused while the session has work; ``interrupt`` and
+        ``rollback`` stop the running turn (as the queue's do) and run before the
+        session's other waiting messages."""
         await self.require(session_id)
+        if policy == "reject" and await self.busy(session_id):
+            raise busy_refusal(session_id)
         if media:
             attachments = await store_media(media, self.sessions.storage.artifacts, {})
             text, kind = media_message(text, attachments), "media"
@@ -263,8 +270,13 @@ class Hub:
             text=text,
             created_us=self.sessions.clock.now_us(),
             settings=settings.record() if settings is not None else None,
+            urgent=policy in URGENT,
         )
         if created:
+            if policy in URGENT:
+                running = self.sessions.turns.of_session(session_id)
+                if running is not None:
+                    running.request_stop(StopRequest(message_id=str(message.id), policy=policy))
             self.wake(session_id)
         return message, created
 
@@ -471,17 +483,14 @@ class Hub:
             self.wake(session_id)
         return steered
 
-    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> QueuedMessage:
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str, who: str
+    ) -> QueuedMessage | QueuedRow:
         """A follow-up message with its policy, as a fact; ``reject`` is refused while
         the session has work (a turn running or messages waiting to run)."""
         await self.require(session_id)
         if policy == "reject" and await self.busy(session_id):
-            raise HostConflictError(
-                f"session {session_id!r} is running a turn, and the message's policy is reject",
-                hint="send it again once the turn has ended, or with policy enqueue",
-                code="session_busy",
-                session_id=session_id,
-            )
+            raise busy_refusal(session_id)
         async with self.exclusive(session_id):
             queued = await self.sessions.enqueue(session_id, text, policy=policy, who=who)
         if not self.sessions.busy(session_id):
@@ -489,7 +498,7 @@ class Hub:
         self.wake(session_id)
         return queued
 
-    async def queue(self, session_id: str) -> list[QueuedMessage]:
+    async def queue(self, session_id: str) -> Sequence[QueuedMessage | QueuedRow]:
         await self.require(session_id)
         if not await self._logged(session_id):
             return []
@@ -504,7 +513,7 @@ class Hub:
         text: str | None = None,
         position: int | None = None,
         who: str,
-    ) -> list[QueuedMessage]:
+    ) -> Sequence[QueuedMessage | QueuedRow]:
         await self.require(session_id)
         head = (await self.sessions.storage.log.head(session_id)).high_water
         async with self.exclusive(session_id):
@@ -559,6 +568,20 @@ class Hub:
         if done.outside_run and done.event is not None:
             self.publish(session_id, (done.event,))  # a run's facts reach streams by itself
         return done
+
+
+#: the policies whose message stops the running turn and runs before the waiting ones
+URGENT = ("interrupt", "rollback")
+
+
+def busy_refusal(session_id: str) -> HostConflictError:
+    """A message with policy ``reject`` for a session that has work."""
+    return HostConflictError(
+        f"session {session_id!r} is running a turn, and the message's policy is reject",
+        hint="send it again once the turn has ended, or with policy enqueue",
+        code="session_busy",
+        session_id=session_id,
+    )
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

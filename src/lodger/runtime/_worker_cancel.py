@@ -5,8 +5,10 @@ for the session's current lease grant (``SessionCancels.request_cancel``: nothin
 worker holds the session, the same row when asked twice). The worker that holds the
 lease looks for it every ``every`` seconds while it works on the session, cancels the
 running turn through its ``Sessions`` (the engine ends the turn ``cancelled``) and
-settles the request with the outcome; a request still undelivered when the worker lets
-the session go settles ``not_running`` (it never reaches a later run: it names the grant).
+settles the request with the outcome (a request with policy ``interrupt``/``rollback``,
+for a message sent with that policy, asks the turn to stop instead: ``deliver_stop``); a
+request still undelivered when the worker lets the session go settles ``not_running``
+(it never reaches a later run: it names the grant).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import logging
 
 from lodger.engine.control import CancelOutcome
 from lodger.errors import ControlPlaneError
+from lodger.runtime._worker_queue import deliver_stop
 from lodger.runtime.sessions import Sessions
 from lodger.storage.control.fencing import LeaseGuard
-from lodger.storage.control.interface import SessionCancels
+from lodger.storage.control.interface import SessionCancel, SessionCancels
 
 __all__ = ["ask_worker_to_cancel", "deliver_cancels", "request_cancel"]
 
@@ -49,11 +52,9 @@ async def deliver_cancels(
                 except ControlPlaneError as exc:
                     log.warning("reading cancels of %s: %s", session_id, exc.message)
                 if pending is not None:
-                    outcome = await sessions.cancel(
-                        session_id, who=pending.who, reason=pending.reason
-                    )
-                    if outcome.status != "not_running":  # else: for the turn about to run
-                        await control.settle_cancel(cancel_id=pending.id, status=outcome.status)
+                    status = await _deliver(sessions, session_id, pending)
+                    if status is not None:  # else: for the turn about to run
+                        await control.settle_cancel(cancel_id=pending.id, status=status)
                         pending = None
             await asyncio.sleep(every)
     finally:
@@ -62,6 +63,14 @@ async def deliver_cancels(
                 await asyncio.shield(
                     control.settle_cancel(cancel_id=pending.id, status="not_running")
                 )
+
+
+async def _deliver(sessions: Sessions, session_id: str, pending: SessionCancel) -> str | None:
+    """Deliver one request to the running turn: how it settles (None: no turn runs)."""
+    if pending.policy != "cancel":  # a message sent with policy interrupt or rollback
+        return deliver_stop(sessions.turns.get(session_id), pending)
+    outcome = await sessions.cancel(session_id, who=pending.who, reason=pending.reason)
+    return None if outcome.status == "not_running" else outcome.status
 
 
 async def request_cancel(

@@ -47,6 +47,7 @@ from lodger.errors import (
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
 from lodger.runtime._worker_cancel import deliver_cancels
+from lodger.runtime._worker_queue import take_into_log
 from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
 from lodger.runtime.sessions import Binding, Sessions
@@ -266,6 +267,8 @@ class Worker:
             ended = True
             # the steers no turn took are the session's next messages now
             await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
+            # and a follow-up queued while this worker let go is woken for
+            await self.control.wake_queued(session_id=wake.session_id)
         finally:
             # once released, another slot may hold the session's next grant: not that one
             current = self._own(lease)
@@ -418,6 +421,8 @@ class Worker:
                 await self._deliver(sessions, wake, binding, workspace, step)
             if step.delay is None and not step.waiting and step.state and step.state.queue:
                 await self._followups(sessions, sid, binding, step)
+            if step.delay is None and not step.waiting and step.state is not None:
+                await self._queued(sessions, sid, binding, step)
             await self._settled(sid, binding, workspace, step)
             return step
         finally:
@@ -507,6 +512,14 @@ class Worker:
             self.stats.settled.append(result.status)
             step.waiting = result.status == "waiting"
         step.state = await self._fold(sid)
+
+    async def _queued(self, sessions: Sessions, sid: str, binding: Binding, step: _Step) -> None:
+        """The follow-ups hosts queued in the control plane, one turn each, while the
+        session settles (``lodger.runtime._worker_queue``)."""
+        while await take_into_log(self.control, sessions, sid, self.holder):
+            await self._followups(sessions, sid, binding, step)
+            if step.waiting or step.state is None or step.state.open_turn is not None:
+                return
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
         """After the wake's work: park its questions, snapshot, index, wake who waits."""

@@ -43,7 +43,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 async def test_from_an_empty_database(make: Make) -> None:
     control = make()
     await control.start()
-    assert await control.schema_version() == LATEST_VERSION == 10
+    assert await control.schema_version() == LATEST_VERSION == 11
     # what versions 2, 3, 4 and 5 added works
     assert await control.acquire_permit(name="api", limit=1, holder="a", ttl_s=60)
     asked = await control.ask_approval(
@@ -129,7 +129,7 @@ async def test_from_version_3(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 11
     (row,) = await new.list_sessions()
     assert (row.session_id, row.model) == ("s1", "m")
     assert [w.id for w in await new.pending_wakes()] == [wake]
@@ -163,7 +163,7 @@ async def test_from_version_5_approvals_keep_waiting_and_parked_ones_are_new(mak
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 11
     (kept,) = await new.list_approvals(session_id="s1")
     assert (kept.call_id, kept.mode, kept.asked_by) == ("c1", "wait", "w")
     parked = await new.park_approval(
@@ -196,7 +196,7 @@ async def test_from_version_6_queued_wakes_are_not_held(make: Make) -> None:
 
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 11
     assert await new.release_held_wakes(session_id="s1") == 0
     (pending,) = await new.pending_wakes(session_id="s1")
     assert pending.id == wake and pending.due_at >= (await new.now()) + 300
@@ -213,7 +213,7 @@ async def test_from_version_8_wakes_are_kept_and_steers_work(make: Make) -> None
     await old.close()
     new = make()
     await new.start()
-    assert await new.schema_version() == LATEST_VERSION == 10
+    assert await new.schema_version() == LATEST_VERSION == 11
     assert [w.id for w in await new.pending_wakes(session_id="s1")] == [kept]
     # version 9: steers for sessions on workers (none holds s2: the steer is a wake)
     assert await new.add_steer(session_id="s2", steer_id="st", text="go", who=None) is False

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, Field, create_model
 
 from lodger.engine.modelsettings import REASONING_EFFORTS, settings_from_mapping
 from lodger.errors import UsageError
+from lodger.events import QueuePolicy
 from lodger.host.limits import MAX_MEDIA_REQUEST
 from lodger.host.routes._deps import Input, Parts, Session
 from lodger.host.routes.events import MAX_OFFSET
@@ -191,6 +192,13 @@ class SendMessage(Input):
         description="images and documents for the model with the text; the request body "
         f"may then hold up to {MAX_MEDIA_REQUEST} bytes",
     )
+    policy: QueuePolicy = Field(
+        default="enqueue",
+        description="what to do while the session has work, as the follow-up queue's "
+        "policies: enqueue (run after it), reject (409 session_busy), interrupt (stop the "
+        "running turn once its calls settle, then run this first), rollback (abandon the "
+        "running turn before its next calls, then run this first)",
+    )
     #: the turn's model settings (temperature, max_tokens, ...) over the project's
     model_settings: ModelSettingsIn | None = Field(
         default=None,
@@ -253,7 +261,7 @@ async def send(
             error=UsageError,
         )
     message, created = await host.hub.send(
-        session_id, key=key, text=body.text, media=media, settings=settings
+        session_id, key=key, text=body.text, media=media, settings=settings, policy=body.policy
     )
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 

@@ -23,11 +23,13 @@ __all__ = [
     "ApprovalRequest",
     "Approvals",
     "ControlPlane",
+    "FollowUps",
     "GlobalAuthorities",
     "HostToken",
     "Lifecycle",
     "NamedLease",
     "ParkedCall",
+    "QueuedRow",
     "Schedule",
     "Schedules",
     "SessionCancel",
@@ -268,9 +270,11 @@ class Wakes(Protocol):
         message: str | None,
         due_at: float | None = None,
         idempotency_key: str | None = None,
+        urgent: bool = False,
     ) -> int | None:
         """Enqueue a wake (due now, or at ``due_at``); None when ``idempotency_key`` was
-        seen before (nothing is enqueued)."""
+        seen before (nothing is enqueued). An ``urgent`` wake is claimed before the
+        session's other due wakes (a message sent with policy interrupt or rollback)."""
         ...
 
     async def claim_wakes(self, *, holder: str, limit: int, ttl_s: float) -> list[Wake]:
@@ -552,18 +556,21 @@ class SessionCancel:
     reason: str
     status: str
     requested_at: float
+    #: ``cancel``, or ``interrupt``/``rollback``: a message sent with that policy asks the
+    #: running turn to stop so it runs next (``lodger.engine.queue.StopRequest``)
+    policy: str = "cancel"
 
 
 class SessionCancels(Protocol):
     """Cancel requests for a turn that a worker runs, sent from anywhere (a host, the CLI)."""
 
     async def request_cancel(
-        self, *, session_id: str, who: str | None, reason: str
+        self, *, session_id: str, who: str | None, reason: str, policy: str = "cancel"
     ) -> tuple[SessionCancel | None, bool]:
-        """Record a cancel for the turn the session's current lease runs, in one
-        transaction: ``(None, False)`` when nobody holds the lease (nothing runs);
-        ``(request, True)`` when this call recorded it; ``(request, False)`` when one was
-        recorded for this lease before (nothing new)."""
+        """Record a cancel (or another ``policy``'s stop) for the turn the session's
+        current lease runs, in one transaction: ``(None, False)`` when nobody holds the
+        lease (nothing runs); ``(request, True)`` when this call recorded it;
+        ``(request, False)`` when one was recorded for this lease before (nothing new)."""
         ...
 
     async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
@@ -577,6 +584,86 @@ class SessionCancels(Protocol):
     async def get_cancel(self, *, cancel_id: int) -> SessionCancel | None: ...
 
 
+# ----------------------------------------------------------- the follow-up queue (session_queue)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuedRow:
+    """A follow-up message for a session that runs on workers (schema version 11): in
+    the control plane, editable, until the worker holding the session commits it to the
+    session's log as ``message_queued`` and runs it (``taken_by`` names that worker
+    meanwhile, and the message can no longer be changed)."""
+
+    message_id: str
+    session_id: str
+    text: str
+    policy: str
+    who: str | None
+    position: int
+    created_at: float
+    #: who edited or moved it last (None: nobody since ``who`` queued it)
+    changed_by: str | None = None
+    taken_by: str | None = None
+
+
+class FollowUps(Protocol):
+    """The follow-up queue of sessions that run on workers (``lodger.engine.queue``'s
+    policies): a host queues, lists, edits, moves and retracts; the worker holding the
+    session takes an ``interrupt``/``rollback`` message into its running turn at once
+    (which stops it) and an ``enqueue`` one once the turn settles, oldest first."""
+
+    async def add_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        text: str,
+        policy: str,
+        who: str | None,
+        refuse_busy: bool = False,
+    ) -> tuple[QueuedRow | None, bool]:
+        """Queue a message, an urgent one ahead of the waiting ones (behind earlier urgent
+        ones): ``(row, held)``, ``held`` telling whether a worker holds the session (else
+        a plain wake was sent, unless one is waiting already). ``(None, held)`` with
+        ``refuse_busy`` when the session has work (held, a wake due, a message queued):
+        nothing is queued."""
+        ...
+
+    async def list_queued(self, *, session_id: str) -> list[QueuedRow]:
+        """The session's queued messages in the order they run."""
+        ...
+
+    async def change_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        action: str,
+        who: str | None,
+        text: str | None = None,
+        position: int | None = None,
+    ) -> list[QueuedRow] | None:
+        """``edit`` (a new text), ``move`` (to ``position``, 0 the front) or ``retract``
+        a message not taken yet; the queue after it, or None when no such message waits."""
+        ...
+
+    async def take_queued(
+        self, *, session_id: str, holder: str, urgent_only: bool = False
+    ) -> QueuedRow | None:
+        """The first queued message (only an ``interrupt``/``rollback`` one with
+        ``urgent_only``), now taken by ``holder``; None when none waits."""
+        ...
+
+    async def done_queued(self, *, session_id: str, message_id: str) -> None:
+        """The taken message is in the session's log: forget it."""
+        ...
+
+    async def wake_queued(self, *, session_id: str) -> bool:
+        """Once the session is let go: a plain wake when messages still wait and nobody
+        holds it (whether one was sent)."""
+        ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -588,6 +675,7 @@ class ControlPlane(
     GlobalAuthorities,
     Steers,
     SessionCancels,
+    FollowUps,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

@@ -38,6 +38,7 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import (
+    CancelRequested,
     Event,
     EventDraft,
     ModelOutput,
@@ -70,6 +71,7 @@ __all__ = [
     "Invariants",
     "ResumableEngine",
     "abandon",
+    "cancel_open",
     "cell_interrupted_report",
     "check_invariants",
     "decide",
@@ -636,7 +638,9 @@ class _OperatorFacts:
         self.clock, self.ids = clock, ids
         self.drafts: list[EventDraft] = []
 
-    def add(self, body: OperatorDecision | RunEnded | TurnEnded, where: Envelope) -> None:
+    def add(
+        self, body: OperatorDecision | RunEnded | TurnEnded | CancelRequested, where: Envelope
+    ) -> None:
         self.drafts.append(
             EventDraft(
                 id=self.ids.new_id(),
@@ -761,6 +765,52 @@ async def abandon(
                 ),
             )
     facts.end_turn(plan, reason)
+    events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
+    state.feed(events)
+    return events
+
+
+async def cancel_open(
+    writer: SessionWriter,
+    state: SessionState,
+    *,
+    who: str | None,
+    reason: str,
+    clock: Clock,
+    ids: IdFactory,
+) -> list[Event]:
+    """End the session's open turn ``cancelled`` when nobody runs it (interrupted by a
+    crash, parked, or waiting for an approval nobody will answer): what a cancel of a
+    running turn commits, ``cancel_requested``, ``run_ended`` and ``turn_ended``
+    cancelled, in one append. Nothing runs: a call whose outcome is unknown gets an
+    ``abandon`` decision (``by="cancel"``), as ``abandon`` gives it, so no resume runs it
+    later. ``[]`` when no turn is open (a second cancel writes nothing)."""
+    if state.open_turn is None:
+        return []
+    plan = state.plan()
+    facts = _OperatorFacts(clock, ids)
+    facts.add(
+        CancelRequested(who=who, reason=reason),
+        Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id if plan.run_open else None),
+    )
+    for planned in plan.calls:
+        if planned.status in _UNDECIDED and planned.operation_id is not None:
+            facts.decision(
+                planned,
+                plan.turn_id,
+                OperatorDecision(
+                    operation_id=planned.operation_id, decision="abandon", by="cancel", who=who
+                ),
+            )
+    if plan.run_open:
+        facts.add(
+            RunEnded(status="cancelled", error="cancelled" + (f": {reason}" if reason else "")),
+            Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id),
+        )
+    facts.add(
+        TurnEnded(status="cancelled", reason=reason or None),
+        Envelope(turn_id=plan.turn_id, origin="operator"),
+    )
     events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
     state.feed(events)
     return events

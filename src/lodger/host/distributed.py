@@ -395,8 +395,17 @@ class ControlPlaneHub(Hub):
 
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Ask the worker that holds the session to cancel its turn (through the control
-        plane's ``session_cancels``), and wait a while for its answer."""
-        return await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
+        plane's ``session_cancels``), and wait a while for its answer. With no worker
+        holding it, an open turn (parked, interrupted) is ended cancelled here, under
+        the session's lease; its parked questions are withdrawn."""
+        done = await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
+        if done.status != "not_running" or not await self._logged(session_id):
+            return done
+        async with self.exclusive(session_id):
+            done = await self.sessions.cancel(session_id, who=who, reason=reason)
+        if done.status == "cancelled":
+            await self.abandoned(session_id)  # nothing of that turn waits any more
+        return done
 
 
 def _message(info: WakeInfo) -> Message:

@@ -56,6 +56,7 @@ from lodger.providers.base import ModelSettings
 from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
+from lodger.runtime.rewind import open_branch
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
@@ -556,8 +557,16 @@ class Hub:
 
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Cancel the session's running turn (this host's runner, or another process on
-        this machine that runs it); idempotent."""
-        return await self.sessions.cancel(session_id, who=who, reason=reason)
+        this machine that runs it); idempotent. An open turn nobody runs (interrupted,
+        parked) ends cancelled; its facts reach the streams."""
+        running = self.running(session_id) or self.sessions.turns.of_session(session_id)
+        log = self.sessions.storage.log
+        branch = await open_branch(self.sessions.storage, session_id)
+        head = (await log.head(branch)).high_water if await log.exists(branch) else 0
+        done = await self.sessions.cancel(session_id, who=who, reason=reason)
+        if done.status == "cancelled" and not running:
+            self.publish(session_id, await log.read(branch, start=head))
+        return done
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None

@@ -69,7 +69,9 @@ async def _deliver(sessions: Sessions, session_id: str, pending: SessionCancel) 
     """Deliver one request to the running turn: how it settles (None: no turn runs)."""
     if pending.policy != "cancel":  # a message sent with policy interrupt or rollback
         return deliver_stop(sessions.turns.get(session_id), pending)
-    outcome = await sessions.cancel(session_id, who=pending.who, reason=pending.reason)
+    outcome = await sessions.cancel(
+        session_id, who=pending.who, reason=pending.reason, settle_open=False
+    )
     return None if outcome.status == "not_running" else outcome.status
 
 

@@ -45,6 +45,7 @@ from lodger.runtime._session_control import (
     branch_of,
     cancel_turn,
     check_mode,
+    commit_cancel,
     commit_mode,
     switch_mode,
 )
@@ -470,13 +471,26 @@ class Sessions:
             return await agent.run_queued(session_id)
 
     async def cancel(
-        self, session_id: str, *, who: str | None = None, reason: str = ""
+        self,
+        session_id: str,
+        *,
+        who: str | None = None,
+        reason: str = "",
+        settle_open: bool = True,
     ) -> CancelOutcome:
         """Cancel the session's running turn, here or in another process sharing this
-        state directory (see ``Agent.cancel``); needs no model, tools or workspace."""
+        state directory (see ``Agent.cancel``); needs no model, tools or workspace. An
+        open turn nobody runs is ended cancelled, unless ``settle_open`` is False (a
+        worker between its turns: the request waits for the turn about to run)."""
         request = CancelRequest(who=who, reason=reason)
         branch = await branch_of(self.turns, self.storage, session_id)
-        return await cancel_turn(self.turns, self.storage, branch, request)
+        idle = self._cancel_idle if settle_open else None
+        return await cancel_turn(self.turns, self.storage, branch, request, idle=idle)
+
+    async def _cancel_idle(self, session_id: str, request: CancelRequest) -> CancelOutcome:
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            return await commit_cancel(writer, state, request, clock=self.clock, ids=self.ids)
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None = None

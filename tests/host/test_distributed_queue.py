@@ -161,3 +161,37 @@ async def test_interrupt_queued_or_sent_stops_the_worker_turn_and_runs_next(
             ("urgent message", "completed"),
             ("after it", "completed"),
         ]
+
+
+async def test_a_mode_switch_reaches_the_turn_a_worker_runs(setup: Setup, gates: Path) -> None:
+    """Through the control plane (``session_modes``): the worker commits it through the
+    running turn; the same mode again writes nothing; a dormant session's switch is
+    committed by the host."""
+    setup.script(GATED)
+    async with distributed_host(setup) as host, host.client() as client:
+        sid = await client.create_session(session_id="m1")
+        await client.send(sid, "go", key="1")
+        with worker(setup):
+            await _gate_started(gates)
+            switched = await client.set_permission_mode(sid, "plan")
+            assert (switched["status"], switched["mode"]) == ("changed", "plan")
+            same = await client.set_permission_mode(sid, "plan")
+            assert same["status"] == "unchanged"
+            (gates / "g").touch()
+            facts = await _facts(client, sid, "turn_ended", 1)
+            changed = [f for f in facts if f["kind"] == "permission_mode_changed"]
+            assert [c["body"]["mode"] for c in changed] == ["plan"]
+            (started,) = [f for f in facts if f["kind"] == "turn_started"]
+            assert changed[0]["turn_id"] == started["turn_id"]  # inside the running turn
+            assert changed[0]["body"]["who"].startswith("token:")
+            async with asyncio.timeout(60):
+                while (await client.show(sid))["running"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            back = await client.set_permission_mode(sid, "ask")
+            assert (back["status"], back["previous"]) == ("changed", "plan")
+        facts = [f.data for f in await client.events(sid)]
+        assert [f["body"]["mode"] for f in facts if f["kind"] == "permission_mode_changed"] == [
+            "plan",
+            "ask",
+        ]
+        assert facts[-1]["kind"] == "permission_mode_changed"  # outside any turn

@@ -8,7 +8,10 @@ running turn through its ``Sessions`` (the engine ends the turn ``cancelled``) a
 settles the request with the outcome (a request with policy ``interrupt``/``rollback``,
 for a message sent with that policy, asks the turn to stop instead: ``deliver_stop``); a
 request still undelivered when the worker lets the session go settles ``not_running``
-(it never reaches a later run: it names the grant).
+(it never reaches a later run: it names the grant). Permission-mode switches a host
+asked for (``session_modes``) are delivered in the same loop (``deliver_modes``): through
+the running turn, as a switch of a turn running here is; undelivered ones settle
+``not_running`` when the worker lets go, and the host then commits the switch itself.
 """
 
 from __future__ import annotations
@@ -16,24 +19,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Protocol
 
 from lodger.engine.control import CancelOutcome
 from lodger.errors import ControlPlaneError
 from lodger.runtime._worker_queue import deliver_stop
 from lodger.runtime.sessions import Sessions
 from lodger.storage.control.fencing import LeaseGuard
-from lodger.storage.control.interface import SessionCancel, SessionCancels
+from lodger.storage.control.interface import (
+    ModeRequests,
+    SessionCancel,
+    SessionCancels,
+    SessionLease,
+)
 
-__all__ = ["ask_worker_to_cancel", "deliver_cancels", "request_cancel"]
+__all__ = [
+    "Delivered",
+    "ask_worker_to_cancel",
+    "deliver_cancels",
+    "deliver_modes",
+    "request_cancel",
+]
 
 log = logging.getLogger("lodger.worker")
+
+
+class Delivered(SessionCancels, ModeRequests, Protocol):
+    """What a worker delivers while it holds a session: cancels and mode switches."""
+
 
 #: seconds a sender waits for the worker to settle its request
 SETTLE_WAIT_S = 60.0
 
 
 async def deliver_cancels(
-    control: SessionCancels,
+    control: Delivered,
     guard: LeaseGuard,
     sessions: Sessions,
     session_id: str,
@@ -43,12 +63,15 @@ async def deliver_cancels(
     """Deliver the cancel requests of the session while its lease is held (until
     cancelled by the worker when it is done with the session)."""
     pending = None
+    held: SessionLease | None = None
     try:
         while True:
             lease = guard.lease(session_id)
             if lease is not None:
+                held = lease
                 try:
                     pending = await control.pending_cancel(lease=lease)
+                    await deliver_modes(control, sessions, lease)
                 except ControlPlaneError as exc:
                     log.warning("reading cancels of %s: %s", session_id, exc.message)
                 if pending is not None:
@@ -58,11 +81,31 @@ async def deliver_cancels(
                         pending = None
             await asyncio.sleep(every)
     finally:
-        if pending is not None:
-            with contextlib.suppress(ControlPlaneError):
-                await asyncio.shield(
-                    control.settle_cancel(cancel_id=pending.id, status="not_running")
-                )
+        with contextlib.suppress(ControlPlaneError):
+            await asyncio.shield(_let_go(control, pending, held))
+
+
+async def _let_go(
+    control: Delivered, pending: SessionCancel | None, held: SessionLease | None
+) -> None:
+    """What is still undelivered as the worker lets the session go: ``not_running`` (a
+    mode switch's sender then commits it itself)."""
+    if pending is not None:
+        await control.settle_cancel(cancel_id=pending.id, status="not_running")
+    if held is not None:
+        for request in await control.pending_modes(lease=held):
+            await control.settle_mode(request_id=request.id, status="not_running")
+
+
+async def deliver_modes(control: ModeRequests, sessions: Sessions, lease: SessionLease) -> None:
+    """Commit the permission-mode switches hosts asked for through the running turn
+    (they wait for the turn about to run while none does)."""
+    for request in await control.pending_modes(lease=lease):
+        running = sessions.turns.get(lease.session_id)
+        if running is None or not running.busy:
+            return
+        done = await sessions.set_permission_mode(lease.session_id, request.mode, who=request.who)
+        await control.settle_mode(request_id=request.id, status=done.status, previous=done.previous)
 
 
 async def _deliver(sessions: Sessions, session_id: str, pending: SessionCancel) -> str | None:

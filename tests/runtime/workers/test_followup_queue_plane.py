@@ -131,3 +131,24 @@ async def test_two_senders_racing_keep_one_order(plane: SqlControlPlane) -> None
     assert sorted(r.position for r in rows) == list(range(10))
     for who in ("a", "b"):  # each sender's messages in the order it sent them
         assert [r.text for r in rows if r.who == who] == [f"{who}{i}" for i in range(5)]
+
+
+async def test_mode_requests_belong_to_one_lease_grant(plane: SqlControlPlane) -> None:
+    assert await plane.request_mode(session_id="s1", mode="plan", who="t") is None  # nobody
+    lease = await plane.acquire_session(session_id="s1", holder="w", ttl_s=60)
+    assert lease is not None
+    made = await plane.request_mode(session_id="s1", mode="plan", who="t")
+    assert made is not None and (made.status, made.epoch) == ("pending", lease.epoch)
+    assert [r.id for r in await plane.pending_modes(lease=lease)] == [made.id]
+    await plane.settle_mode(request_id=made.id, status="changed", previous="ask")
+    await plane.settle_mode(request_id=made.id, status="not_running")  # settled once
+    found = await plane.get_mode_request(request_id=made.id)
+    assert found is not None and (found.status, found.previous) == ("changed", "ask")
+    assert await plane.pending_modes(lease=lease) == []
+    await plane.release_session(lease=lease)
+    later = await plane.acquire_session(session_id="s1", holder="w2", ttl_s=60)
+    assert later is not None
+    again = await plane.request_mode(session_id="s1", mode="ask", who=None)
+    assert again is not None
+    assert await plane.pending_modes(lease=lease) == []  # an old grant never sees it
+    assert [r.id for r in await plane.pending_modes(lease=later)] == [again.id]

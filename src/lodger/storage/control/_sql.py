@@ -18,6 +18,7 @@ from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError, Us
 from lodger.storage.control.interface import (
     ApprovalRequest,
     HostToken,
+    ModeRequest,
     NamedLease,
     ParkedCall,
     QueuedRow,
@@ -59,7 +60,8 @@ __all__ = [
 # queue of sessions that run on workers (``session_queue``: each message with its author,
 # position and policy, and who changed it last); urgent wakes (a message sent with policy
 # interrupt or rollback runs before the session's other waiting messages); a cancel
-# request's policy (``cancel``, or the ``interrupt``/``rollback`` of such a message).
+# request's policy (``cancel``, or the ``interrupt``/``rollback`` of such a message);
+# permission-mode switches for a turn a worker runs (``session_modes``).
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -147,6 +149,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX session_queue_session ON session_queue (session_id, position)",
         "ALTER TABLE wakes ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE session_cancels ADD COLUMN policy TEXT NOT NULL DEFAULT 'cancel'",
+        # permission-mode switches for the turn a lease grant runs, delivered by its holder
+        "CREATE TABLE session_modes (id {serial}, session_id TEXT NOT NULL, "
+        "epoch BIGINT NOT NULL, mode TEXT NOT NULL, who TEXT, requested_at {real} NOT NULL, "
+        "status TEXT NOT NULL DEFAULT 'pending', previous TEXT, settled_at {real})",
+        "CREATE INDEX session_modes_lease ON session_modes (session_id, epoch, status)",
     ),
 }
 LATEST_VERSION = max(MIGRATIONS)
@@ -1380,6 +1387,66 @@ class SqlControlPlane:
             ):
                 return False
             return await self._plain_wake(tx, session_id)
+
+    # ----------------------------------------------------------- mode switches
+
+    async def request_mode(
+        self, *, session_id: str, mode: str, who: str | None
+    ) -> ModeRequest | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT epoch FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                (session_id, tx.now),
+            )
+            if not rows:
+                return None  # nobody holds the session: no worker runs a turn of it
+            made = await tx.rows(
+                "INSERT INTO session_modes (session_id, epoch, mode, who, requested_at) "
+                f"VALUES (%s, %s, %s, %s, %s) RETURNING {_MODE_COLUMNS}",
+                (session_id, int(rows[0][0]), mode, who, tx.now),
+            )
+            return _mode_request(made[0])
+
+    async def pending_modes(self, *, lease: SessionLease) -> list[ModeRequest]:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_MODE_COLUMNS} FROM session_modes WHERE session_id = %s "
+                "AND epoch = %s AND status = 'pending' ORDER BY id",
+                (lease.session_id, lease.epoch),
+            )
+            return [_mode_request(r) for r in rows]
+
+    async def settle_mode(
+        self, *, request_id: int, status: str, previous: str | None = None
+    ) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE session_modes SET status = %s, previous = %s, settled_at = %s "
+                "WHERE id = %s AND status = 'pending'",
+                (status, previous, tx.now, request_id),
+            )
+
+    async def get_mode_request(self, *, request_id: int) -> ModeRequest | None:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_MODE_COLUMNS} FROM session_modes WHERE id = %s", (request_id,)
+            )
+            return _mode_request(rows[0]) if rows else None
+
+
+_MODE_COLUMNS = "id, session_id, epoch, mode, who, status, previous"
+
+
+def _mode_request(row: tuple[Any, ...]) -> ModeRequest:
+    return ModeRequest(
+        id=int(row[0]),
+        session_id=str(row[1]),
+        epoch=int(row[2]),
+        mode=str(row[3]),
+        who=None if row[4] is None else str(row[4]),
+        status=str(row[5]),
+        previous=None if row[6] is None else str(row[6]),
+    )
 
 
 _URGENT = ("interrupt", "rollback")

@@ -27,6 +27,8 @@ __all__ = [
     "GlobalAuthorities",
     "HostToken",
     "Lifecycle",
+    "ModeRequest",
+    "ModeRequests",
     "NamedLease",
     "ParkedCall",
     "QueuedRow",
@@ -664,6 +666,46 @@ class FollowUps(Protocol):
         ...
 
 
+# ----------------------------------------------------------- mode switches (session_modes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModeRequest:
+    """A permission-mode switch for the turn a session's lease grant ``epoch`` runs
+    (schema version 11): ``pending`` until the worker holding that lease commits it
+    through the turn (``changed``, ``unchanged``, with the mode before), or lets the
+    session go first (``not_running``: the sender switches it itself then)."""
+
+    id: int
+    session_id: str
+    epoch: int
+    mode: str
+    who: str | None
+    status: str
+    previous: str | None = None
+
+
+class ModeRequests(Protocol):
+    """Permission-mode switches for a turn that a worker runs, sent from a host."""
+
+    async def request_mode(
+        self, *, session_id: str, mode: str, who: str | None
+    ) -> ModeRequest | None:
+        """Record a switch for the turn the session's current lease runs; None when
+        nobody holds the lease (the sender commits the switch itself)."""
+        ...
+
+    async def pending_modes(self, *, lease: SessionLease) -> list[ModeRequest]:
+        """The undelivered switches for ``lease``'s grant, oldest first."""
+        ...
+
+    async def settle_mode(
+        self, *, request_id: int, status: str, previous: str | None = None
+    ) -> None: ...
+
+    async def get_mode_request(self, *, request_id: int) -> ModeRequest | None: ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -676,6 +718,7 @@ class ControlPlane(
     Steers,
     SessionCancels,
     FollowUps,
+    ModeRequests,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

@@ -16,6 +16,7 @@ abandoned (``abandon``), which needs neither a parked call nor the workspace.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,7 @@ from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
-from lodger.substrates.background import reconcile
+from lodger.substrates.background import reconcile, unconverged
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import CannotTell, ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
@@ -120,10 +121,13 @@ class Invariants:
     files: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
     relocation: Relocation | None = None
+    #: background processes the log says are live that reconciling left neither adopted
+    #: nor ended ("no unconverged background work", DESIGN's resume invariant)
+    background: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[str]:
-        return [*self.workspace, *self.files, *self.tools]
+        return [*self.workspace, *self.files, *self.tools, *self.background]
 
 
 async def check_invariants(
@@ -285,6 +289,12 @@ async def resume_run(
             session_id=session_id,
         )
     found = await check_invariants(engine, state, relocate=relocate)
+    # background processes the log says are live: adopted if they still run, else ended;
+    # one left neither (unconverged) refuses the resume before any run starts
+    ended = reconcile(session_id, state.events)
+    left = unconverged(session_id, state.events, ended)
+    if left:
+        found = dataclasses.replace(found, background=left)
     if found.problems:
         raise _refusal(session_id, found, engine.workspace)
     actionable = [c for c in plan.calls if c.action not in ("none", "wait_operator")]
@@ -292,8 +302,6 @@ async def resume_run(
         raise _blocked(session_id, plan.blocked)
 
     ctx = await _claim(engine, journal, plan, found.relocation)
-    # background processes the log says are live: adopted if they still run, else ended
-    ended = reconcile(session_id, state.events)
     if ended:
         await journal.record(*(journal.draft(e, ctx.envelope) for e in ended))
     pipeline = engine.pipeline(ctx)

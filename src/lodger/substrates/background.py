@@ -40,6 +40,7 @@ __all__ = [
     "reconcile",
     "table_for",
     "turn_ending",
+    "unconverged",
 ]
 
 Keep = Literal["turn", "session"]
@@ -357,3 +358,19 @@ def reconcile(session_id: str, events: Iterable[Event]) -> list[ProcessEnded]:
             )
         )
     return ended
+
+
+def unconverged(
+    session_id: str, events: Iterable[Event], ended: Iterable[ProcessEnded]
+) -> tuple[str, ...]:
+    """The resume invariant "no unconverged background work", checked as such: one line
+    per process the log says is live that ``reconcile`` neither adopted (in this lodger
+    process's table) nor ended (``ended``). Empty when every handle converged."""
+    table = _TABLES.get(session_id)
+    gone = {e.process_id for e in ended}
+    return tuple(
+        f"background: process {process_id} ({started.command!r}) is live in the log but "
+        "neither running here nor ended"
+        for process_id, started in _unended(events).items()
+        if process_id not in gone and (table is None or process_id not in table.processes)
+    )

@@ -479,12 +479,14 @@ async def _poll_running(
 ) -> Literal["settled", "parked"]:
     """A call the remote side accepted before the crash: its result through the tool's
     poll (its T2), or left running (the model was told; a later poll settles it), or
-    parked for a person only when the poll cannot tell."""
-    polled = await pipeline.settle_accepted(state)
-    if not isinstance(polled, CannotTell):
-        return "settled"
+    parked for a person only when the poll cannot tell. A ``wait`` call waits again, with
+    backoff within its time limit, as it did before the crash."""
     record = state.latest
     assert record is not None
+    waits = record.accepted is not None and record.accepted.wait == "wait"
+    polled = await pipeline.settle_accepted(state, wait=waits)
+    if not isinstance(polled, CannotTell):
+        return "settled"
     await ctx.journal.fact(
         RecoveryDecided(
             operation_id=record.operation_id,

@@ -46,7 +46,7 @@ from lodger.host.hub import URGENT, EventObserver, HostConfig, Hub, busy_refusal
 from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
 from lodger.runtime._session_control import ModeOutcome, check_mode
-from lodger.runtime._worker_cancel import ask_worker_to_cancel
+from lodger.runtime._worker_cancel import ask_worker_to_cancel, ask_worker_to_switch
 from lodger.runtime.sessions import Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
@@ -62,7 +62,6 @@ from lodger.storage.control.host_index import (
 from lodger.storage.control.interface import (
     ApprovalRequest,
     ControlPlane,
-    ModeRequest,
     QueuedRow,
     SessionRow,
     WakeInfo,
@@ -72,9 +71,7 @@ __all__ = ["ControlPlaneHub", "host_key"]
 
 #: how long the host holds a session's lease while it appends a decision
 _LEASE_TTL_S = 30.0
-#: how long a mode switch waits for the worker running the turn, and how often the host
-#: asks again when the worker let the session go first
-_MODE_WAIT_S = 30.0
+#: how often a mode switch is asked again when the worker let the session go first
 _MODE_TRIES = 3
 
 
@@ -410,42 +407,20 @@ class ControlPlaneHub(Hub):
         is committed here under the session's lease."""
         checked = check_mode(mode)
         for _ in range(_MODE_TRIES):
-            made = await self.plane.request_mode(session_id=session_id, mode=checked, who=who)
-            if made is None:
-                try:
-                    return await super().set_permission_mode(session_id, checked, who=who)
-                except HostConflictError as exc:
-                    if exc.code != "session_busy":
-                        raise
-                    continue  # a worker took the session meanwhile: ask it
-            settled = await self._mode_settled(made.id)
-            if settled is not None and settled.status in ("changed", "unchanged"):
-                previous = None if settled.previous is None else check_mode(settled.previous)
-                return ModeOutcome(
-                    session_id=session_id,
-                    status="changed" if settled.status == "changed" else "unchanged",
-                    mode=checked,
-                    previous=previous,
-                )
-            if settled is None:
-                break
+            asked = await ask_worker_to_switch(self.plane, session_id, checked, who=who)
+            if asked is not None:
+                return asked
+            try:
+                return await super().set_permission_mode(session_id, checked, who=who)
+            except HostConflictError as exc:
+                if exc.code != "session_busy":
+                    raise  # else a worker took the session meanwhile: ask it
         raise HostConflictError(
             f"session {session_id!r} is running in a worker that did not take the switch",
             hint="try again; the worker takes switches while its turn runs",
             code="session_busy",
             session_id=session_id,
         )
-
-    async def _mode_settled(self, request_id: int) -> ModeRequest | None:
-        """The request once its worker answered it (None: no answer in time)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _MODE_WAIT_S
-        while loop.time() < deadline:
-            found = await self.plane.get_mode_request(request_id=request_id)
-            if found is not None and found.status != "pending":
-                return found
-            await asyncio.sleep(0.05)
-        return None
 
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Ask the worker that holds the session to cancel its turn (through the control

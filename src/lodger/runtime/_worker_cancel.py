@@ -23,6 +23,7 @@ from typing import Protocol
 
 from lodger.engine.control import CancelOutcome
 from lodger.errors import ControlPlaneError
+from lodger.runtime._session_control import ModeOutcome, check_mode
 from lodger.runtime._worker_queue import deliver_stop
 from lodger.runtime.sessions import Sessions
 from lodger.storage.control.fencing import LeaseGuard
@@ -36,9 +37,11 @@ from lodger.storage.control.interface import (
 __all__ = [
     "Delivered",
     "ask_worker_to_cancel",
+    "ask_worker_to_switch",
     "deliver_cancels",
     "deliver_modes",
     "request_cancel",
+    "switch_through",
 ]
 
 log = logging.getLogger("lodger.worker")
@@ -159,3 +162,50 @@ async def ask_worker_to_cancel(
 
 
 _KNOWN = ("cancelled", "already_cancelling", "not_running")
+
+
+async def ask_worker_to_switch(
+    plane: ModeRequests,
+    session_id: str,
+    mode: str,
+    *,
+    who: str | None,
+    wait_s: float = SETTLE_WAIT_S,
+) -> ModeOutcome | None:
+    """Ask the worker holding the session to switch its running turn's permission mode,
+    and wait (up to ``wait_s``) for its answer: the outcome, or None when no worker took
+    it (none holds the session, it let go first, or no answer in time): the caller then
+    commits the switch itself, under the session's lease."""
+    made = await plane.request_mode(session_id=session_id, mode=mode, who=who)
+    if made is None:
+        return None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while loop.time() < deadline:
+        found = await plane.get_mode_request(request_id=made.id)
+        if found is not None and found.status in ("changed", "unchanged"):
+            previous = None if found.previous is None else check_mode(found.previous)
+            return ModeOutcome(
+                session_id=session_id,
+                status="changed" if found.status == "changed" else "unchanged",
+                mode=check_mode(mode),
+                previous=previous,
+            )
+        if found is not None and found.status != "pending":
+            return None
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def switch_through(
+    dsn: str, session_id: str, mode: str, *, who: str | None
+) -> ModeOutcome | None:
+    """``ask_worker_to_switch`` on the control plane ``dsn``."""
+    from lodger.storage.control import open_control
+
+    plane = open_control(dsn)
+    await plane.start()
+    try:
+        return await ask_worker_to_switch(plane, session_id, mode, who=who)
+    finally:
+        await plane.close()

@@ -195,3 +195,48 @@ async def test_a_mode_switch_reaches_the_turn_a_worker_runs(setup: Setup, gates:
             "ask",
         ]
         assert facts[-1]["kind"] == "permission_mode_changed"  # outside any turn
+
+
+async def test_rewind_of_a_worker_run_session_and_the_next_wake_works_there(
+    setup: Setup,
+) -> None:
+    """A worker-run session's workspace is its snapshots: the host rewinds it (no local
+    directory), the next worker wakes it in the rewound files, and the name's events
+    read the new branch; undo brings the later files back."""
+    write = {"name": "write_file", "args": {"path": "a.txt", "content": "one\n"}}
+    setup.script([{"calls": [write]}, {"text": "first"}])
+    async with distributed_host(setup) as host, host.client() as c:
+        sid = await c.create_session(session_id="r1")
+        with worker(setup):
+            sent = await c.send(sid, "first", key="1")
+            assert (await c.wait_message(sid, sent["message"]["id"], within=60))["status"] == "done"
+            second = {"name": "write_file", "args": {"path": "b.txt", "content": "bee\n"}}
+            setup.script([{"calls": [second]}, {"text": "second"}])
+            sent = await c.send(sid, "second", key="2")
+            assert (await c.wait_message(sid, sent["message"]["id"], within=60))["status"] == "done"
+            async with asyncio.timeout(60):
+                while (await c.show(sid))["running"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            done = await c.rewind(sid, turn=2)
+            assert done["branch"] == "r1..r1" and done["removed"] == 1
+            events = [f.data for f in await c.events(sid)]
+            assert events == [f.data for f in await c.events("r1..r1")]
+            read = {"name": "read_file", "args": {"path": "b.txt"}}
+            setup.script([{"calls": [read]}, {"text": "looked"}])
+            sent = await c.send(sid, "is b there?", key="3")
+            assert (await c.wait_message(sid, sent["message"]["id"], within=60))["status"] == "done"
+            facts = [f.data for f in await c.events(sid)]
+            (looked,) = [f["body"] for f in facts[len(events) :] if f["kind"] == "tool_responded"]
+            assert looked["status"] == "error" or "bee" not in str(looked["content"]), looked
+            async with asyncio.timeout(60):
+                while (await c.show(sid))["running"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            undone = await c.rewind(sid, branch=sid)  # back to the branch left behind
+            assert undone["restored"] >= 1
+            read_a = {"name": "read_file", "args": {"path": "b.txt"}}
+            setup.script([{"calls": [read_a]}, {"text": "back"}])
+            sent = await c.send(sid, "and now?", key="4")
+            assert (await c.wait_message(sid, sent["message"]["id"], within=60))["status"] == "done"
+        facts = [f.data for f in await c.events(sid)]
+        last = [f["body"] for f in facts if f["kind"] == "tool_responded"][-1]
+        assert "bee" in str(last["content"]), last

@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Literal, cast
+from pathlib import Path
+from typing import Any, Literal, cast
 
 from lodger.engine.control import CancelOutcome
 from lodger.engine.queue import QueuedMessage, Steered, check_message
@@ -47,7 +50,9 @@ from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
 from lodger.runtime._session_control import ModeOutcome, check_mode
 from lodger.runtime._worker_cancel import ask_worker_to_cancel, ask_worker_to_switch
+from lodger.runtime.rewind import RewindResult
 from lodger.runtime.sessions import Sessions
+from lodger.runtime.worker import newest_snapshot
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
     Approval,
@@ -66,6 +71,7 @@ from lodger.storage.control.interface import (
     SessionRow,
     WakeInfo,
 )
+from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 
 __all__ = ["ControlPlaneHub", "host_key"]
 
@@ -421,6 +427,39 @@ class ControlPlaneHub(Hub):
             code="session_busy",
             session_id=session_id,
         )
+
+    async def rewind(self, session_id: str, **point: Any) -> RewindResult:
+        """A worker-run session's workspace lives in its snapshots: under the session's
+        lease, its newest snapshot is restored into a scratch directory, the rewind puts
+        that directory back to the point's view, and its snapshot becomes the one the
+        next worker wakes the session in (the session index's)."""
+        storage = self.sessions.storage
+        async with self.exclusive(session_id):
+            row = await self.plane.get_session(session_id=session_id)
+            state = (
+                await self.sessions.state(session_id) if await self._logged(session_id) else None
+            )
+            start = newest_snapshot(state, row)
+            scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="lodger-rewind-"))
+            try:
+                if start is not None:
+                    await restore_snapshot(start, storage.artifacts, scratch)
+                done = await self.sessions.rewind(session_id, workspace=scratch, **point)
+                taken = await snapshot_workspace(scratch, storage.artifacts)
+                now = await self.sessions.state(session_id)
+                await self.plane.record_session(
+                    row=SessionRow(
+                        session_id=session_id,
+                        status=row.status if row is not None else "idle",
+                        last_activity=await self.plane.now(),
+                        events=len(now.events),  # the log holds no newer snapshot
+                        snapshot=taken.ref,
+                        model=row.model if row is not None else None,
+                    )
+                )
+            finally:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+        return done
 
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Ask the worker that holds the session to cancel its turn (through the control

@@ -56,7 +56,7 @@ from lodger.providers.base import ModelSettings
 from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
-from lodger.runtime.rewind import open_branch
+from lodger.runtime.rewind import RewindResult, open_branch
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
@@ -567,6 +567,12 @@ class Hub:
         if done.status == "cancelled" and not running:
             self.publish(session_id, await log.read(branch, start=head))
         return done
+
+    async def rewind(self, session_id: str, **point: Any) -> RewindResult:
+        """Rewind the session (``Sessions.rewind``'s arguments) while nothing else
+        writes it."""
+        async with self.exclusive(session_id):
+            return await self.sessions.rewind(session_id, **point)
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None

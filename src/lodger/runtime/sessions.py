@@ -345,10 +345,13 @@ class Sessions:
         undo: bool = False,
         force: bool = False,
         who: str | None = None,
+        workspace: Path | None = None,
     ) -> RewindResult:
         """Rewind the session to offset ``to`` (or before turn ``turn``) of its current
         branch (or of ``branch``), conversation and workspace; ``undo`` goes back to the
-        branch the last rewind left. See :mod:`lodger.runtime.rewind`."""
+        branch the last rewind left. ``workspace`` stands in for the recorded one (a
+        worker-run session's, restored from its snapshot). See
+        :mod:`lodger.runtime.rewind`."""
         return await rewind_session(
             self.storage,
             session_id,
@@ -360,6 +363,7 @@ class Sessions:
             who=who,
             clock=self.clock,
             ids=self.ids,
+            workspace=workspace,
         )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:

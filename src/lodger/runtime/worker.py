@@ -68,7 +68,7 @@ from lodger.storage.control.interface import (
 from lodger.storage.eventlog import EventLog
 from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 
-__all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats"]
+__all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats", "newest_snapshot"]
 
 log = logging.getLogger("lodger.worker")
 
@@ -405,7 +405,7 @@ class Worker:
         )
         workspace = Path(root)
         try:
-            start = _newest_snapshot(state, row)
+            start = newest_snapshot(state, row)
             if start is not None:
                 await restore_snapshot(start, self.storage.artifacts, workspace)
             # a session made by the host has no log yet; the index holds its model
@@ -740,7 +740,7 @@ def _index_of(
     )  # fmt: skip
 
 
-def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:
+def newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:
     """The workspace a wake starts from: the index's snapshot, unless the log recorded a
     newer one (a turn run outside the workers, ``lodger run --store``, after the index
     was written, or before any worker ran the session)."""

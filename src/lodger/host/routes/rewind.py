@@ -92,15 +92,14 @@ async def rewind(
             code="session_busy",
             session_id=session_id,
         )
-    async with hub.exclusive(session_id):
-        point = body.point
-        done = await host.sessions.rewind(
-            session_id,
-            to=point.offset if isinstance(point, ToOffset) else None,
-            turn=point.turn if isinstance(point, ToTurn) else None,
-            branch=None if isinstance(point, Undo) else point.branch,
-            undo=isinstance(point, Undo),
-            force=body.force,
-            who=host.auth.who(request),
-        )
+    point = body.point
+    done = await hub.rewind(
+        session_id,
+        to=point.offset if isinstance(point, ToOffset) else None,
+        turn=point.turn if isinstance(point, ToTurn) else None,
+        branch=None if isinstance(point, Undo) else point.branch,
+        undo=isinstance(point, Undo),
+        force=body.force,
+        who=host.auth.who(request),
+    )
     return RewindOut.model_validate(done.to_dict())

@@ -50,7 +50,8 @@ Keep = Literal["turn", "session"]
 class ProcessLimits:
     """What a session's background processes may use. ``max_processes`` and
     ``kept_bytes`` cover the whole set; ``memory_bytes``, ``cpu_time_s``, ``wall_time_s``
-    and ``output_bytes`` each process (a cgroup per process, as for a shell command)."""
+    ``output_bytes`` and ``disk_bytes`` each process (a cgroup per process and a disk
+    watcher, as for a shell command)."""
 
     max_processes: int = 4
     #: bytes of output kept in each process's file (the rest is counted, not kept)
@@ -60,6 +61,9 @@ class ProcessLimits:
     wall_time_s: float = 3600.0
     cpu_time_s: float | None = 600.0
     memory_bytes: int | None = 1024 * 1024 * 1024
+    #: what one process may write into the workspace and its private ``/tmp``, as a
+    #: shell command's disk limit (``lodger.substrates.sandbox._disk``: limit ``disk``)
+    disk_bytes: int | None = 1024 * 1024 * 1024
 
     def sandbox_limits(self) -> Limits:
         return Limits(
@@ -67,7 +71,7 @@ class ProcessLimits:
             cpu_time_s=self.cpu_time_s,
             memory_bytes=self.memory_bytes,
             output_bytes=self.output_bytes,
-            disk_bytes=None,
+            disk_bytes=self.disk_bytes,
         )
 
 

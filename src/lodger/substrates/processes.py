@@ -76,7 +76,7 @@ async def _spawn(
 ) -> _Process:
     """Start ``command`` in the session's network namespace; returns once it runs."""
     from lodger.substrates.sandbox._git import git_placeholder
-    from lodger.substrates.sandbox._process import run_confined
+    from lodger.substrates.sandbox._process import disk_watch, run_confined
     from lodger.substrates.sandbox.bubblewrap import (
         BubblewrapSandbox,
         bubblewrap_argv,
@@ -92,7 +92,10 @@ async def _spawn(
     net = await table.ensure_net(holder)
     stdin_r, stdin_w = os.pipe()
     filter_r = _filter_fd()
-    argv = _command_line(box.executable, command, root, ctx, filter_r, stdin_r)
+    confined = limits.sandbox_limits()
+    argv = _command_line(
+        box.executable, command, root, ctx, filter_r, stdin_r, tmp_bytes=confined.disk_bytes
+    )
     p = _Process(
         process_id=process_id,
         command=command,
@@ -113,11 +116,13 @@ async def _spawn(
                 env=scrubbed_env(root, policy),
                 cwd=root,
                 stdin=b"",
-                limits=limits.sandbox_limits(),
+                limits=confined,
                 on_output=p.feed,
                 signal_exit_codes=True,
                 pass_fds=(filter_r, stdin_r),
                 on_spawn=spawned.set_result,
+                # what it writes is counted as a shell command's is, for its whole life
+                disk=await disk_watch(confined, root, exclude=ctx.hidden),
             )
 
     # Owned by the table: stopped and awaited by process_stop or the turn's end.
@@ -157,7 +162,14 @@ def _filter_fd() -> int:
 
 
 def _command_line(
-    bwrap: str, command: str, root: Path, ctx: ToolContext, filter_r: int, stdin_r: int
+    bwrap: str,
+    command: str,
+    root: Path,
+    ctx: ToolContext,
+    filter_r: int,
+    stdin_r: int,
+    *,
+    tmp_bytes: int | None,
 ) -> list[str]:
     """bwrap's command line for ``command``, in no network namespace of its own; the
     descriptor ``stdin_r`` becomes its stdin, then bash evaluates the command line."""
@@ -172,6 +184,7 @@ def _command_line(
         hidden=ctx.hidden,
         seccomp_fd=filter_r,
         share_net=True,
+        tmp_bytes=tmp_bytes,
     )
 
 

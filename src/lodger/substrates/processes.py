@@ -127,6 +127,17 @@ async def _spawn(
 
     # Owned by the table: stopped and awaited by process_stop or the turn's end.
     p.task = asyncio.create_task(run(), name=f"lodger-process-{process_id}")
+    p.pid = await _started(p, spawned, stdin_w, (filter_r, stdin_r))
+    table.processes[process_id] = p
+    return p
+
+
+async def _started(
+    p: _Process, spawned: asyncio.Future[int], stdin_w: int, child_fds: tuple[int, int]
+) -> int:
+    """Wait until the process ``p.task`` runs spawned (its pid) or failed to start;
+    closes the descriptors only the child keeps."""
+    assert p.task is not None
     try:
         waited: list[asyncio.Future[object]] = [p.task, spawned]  # type: ignore[list-item]
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
@@ -136,8 +147,8 @@ async def _spawn(
         os.close(stdin_w)
         raise
     finally:
-        os.close(filter_r)
-        os.close(stdin_r)
+        for fd in child_fds:
+            os.close(fd)
     if not spawned.done():
         os.close(stdin_w)
         exc = p.task.exception()
@@ -146,9 +157,7 @@ async def _spawn(
             hint="tell the user; nothing ran",
             code="sandbox_unavailable",
         )
-    p.pid = spawned.result()
-    table.processes[process_id] = p
-    return p
+    return spawned.result()
 
 
 def _filter_fd() -> int:

@@ -13,13 +13,13 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator, BaseModel, Field, create_model
+from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator
 
 from lodger.engine.modelsettings import REASONING_EFFORTS, settings_from_mapping
 from lodger.errors import UsageError
 from lodger.events import QueuePolicy
 from lodger.host.limits import MAX_MEDIA_REQUEST
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.events import MAX_OFFSET
 from lodger.media import (
     URL_EXTENSIONS,
@@ -174,13 +174,15 @@ class ModelSettingsIn(Input):
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, strict=True, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     stop: list[Annotated[str, Field(min_length=1)]] | None = None
-    seed: int | None = Field(default=None, strict=True)
+    seed: int | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
     #: provider-specific options merged into the request body as they are
     extra: dict[str, Any] | None = None
+
+    _numbers = field_validator("max_tokens", "seed", mode="before")(json_number)
 
 
 class SendMessage(Input):

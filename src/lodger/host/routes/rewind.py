@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from lodger.errors import HostConflictError
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.events import MAX_OFFSET
 
 __all__ = ["RewindOut", "RewindSession", "ToBranch", "ToOffset", "ToTurn", "Undo", "router"]
@@ -34,16 +34,20 @@ class ToOffset(Input):
     """Keep events ``[0, offset)`` of the branch (an offset of its own log)."""
 
     kind: Literal["offset"]
-    offset: int = Field(strict=True, ge=1, le=MAX_OFFSET)
+    offset: int = Field(ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
+
+    _numbers = field_validator("offset", mode="before")(json_number)
 
 
 class ToTurn(Input):
     """Go back to just before turn ``turn`` (numbered from 1) of the branch started."""
 
     kind: Literal["turn"]
-    turn: int = Field(strict=True, ge=1, le=MAX_OFFSET)
+    turn: int = Field(ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
+
+    _numbers = field_validator("turn", mode="before")(json_number)
 
 
 class ToBranch(Input):

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lodger.engine.queue import MAX_TEXT, QueuedMessage, check_message
 from lodger.errors import UsageError
 from lodger.events import QueuePolicy
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.messages import stream_path
 from lodger.storage.control.interface import QueuedRow
 
@@ -72,7 +72,9 @@ class ChangeQueued(Input):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_text_or_position)
     text: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT)
-    position: int | None = Field(default=None, strict=True, ge=0, le=1_000_000)
+    position: int | None = Field(default=None, ge=0, le=1_000_000)
+
+    _numbers = field_validator("position", mode="before")(json_number)
 
 
 class QueuedOut(BaseModel):

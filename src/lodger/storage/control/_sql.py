@@ -1377,6 +1377,11 @@ class SqlControlPlane:
             await self._renumber(tx, await self._queue_rows(tx, session_id))
 
     async def wake_queued(self, *, session_id: str) -> bool:
+        async with self._read_tx() as tx:  # after every wake: most find nothing queued
+            if not await tx.rows(
+                "SELECT 1 FROM session_queue WHERE session_id = %s", (session_id,)
+            ):
+                return False
         async with self._tx() as tx:
             await self._lock_name(tx, f"queue:{session_id}")
             if not await self._queue_rows(tx, session_id):

@@ -192,18 +192,24 @@ class HostClient:
         model_settings: dict[str, Any] | None = None,
         resources: Sequence[tuple[str, str]] = (),
         prompt: tuple[str, str, dict[str, str]] | None = None,
+        policy: str = "enqueue",
     ) -> dict[str, Any]:
         """Queue a turn (with images and documents: ``BinaryContent``, ``ImageUrl``,
         ``DocumentUrl``; asking the model with ``model_settings``, as lodger.toml's
         ``[model_settings]`` names them; with MCP ``resources`` as ``(server, uri)`` read
         into its input, starting from MCP ``prompt`` ``(server, name, arguments)``);
-        returns ``{"message": {...}, "created": bool, "stream": path}``."""
+        returns ``{"message": {...}, "created": bool, "stream": path}``. ``policy`` says
+        what to do while the session has work, as the follow-up queue's: ``enqueue``,
+        ``reject`` (409 ``session_busy``), ``interrupt`` or ``rollback`` (stop the
+        running turn, then run this first)."""
         body: dict[str, Any] = {"text": text}
         if resources:
             body["resources"] = [{"server": s, "uri": u} for s, u in resources]
         if prompt is not None:
             server, name, arguments = prompt
             body["prompt"] = {"server": server, "name": name, "arguments": arguments}
+        if policy != "enqueue":
+            body["policy"] = policy
         if key is not None:
             body["idempotency_key"] = key
         if attachments:

@@ -173,8 +173,9 @@ async def test_a_long_call_still_running_after_the_crash_stays_running_and_settl
     state = tmp_path / "state"
     with serve() as (base, ledger):
         run_child_until(state, base, "job", lambda: polled(ledger))
-        resumed = agent(state, [build_tool(base, "wait")], "job")
-        result = await resumed.resume("s1")  # the poll says running: no park, no re-run
+        # a wait call waits again on resume, up to its time limit (one second here)
+        resumed = agent(state, [build_tool(base, "wait", timeout=1)], "job")
+        result = await resumed.resume("s1")  # the polls say running: no park, no re-run
         events = await events_of(state)
         assert result.status == "completed"
         assert not any(isinstance(e.body, RecoveryDecided | ToolResponded) for e in events)
@@ -189,6 +190,33 @@ async def test_a_long_call_still_running_after_the_crash_stays_running_and_settl
     assert [b.content for b in t2] == ["build finished: app built"]
     assert (
         len(ledger.executed) == 1 and sum(isinstance(e.body, ToolDispatched) for e in events) == 1
+    )
+
+
+@pytest.mark.slow
+async def test_a_wait_call_still_running_after_the_crash_waits_again_on_resume(
+    tmp_path: Path,
+) -> None:
+    """A ``wait`` call resumes as ``wait``: polled with backoff until the result comes,
+    which is its T2; the model reads only the result, never "running"."""
+    state = tmp_path / "state"
+    with serve() as (base, ledger):
+        run_child_until(state, base, "job", lambda: polled(ledger))
+        with ledger.lock:
+            before = ledger.polls.count("job-1")
+            ledger.finish_at = before + 3  # running, running, then done: while resuming
+        resumed = agent(state, [build_tool(base, "wait")], "job")
+        result = await resumed.resume("s1")
+        await resumed.close()
+        with ledger.lock:
+            after = ledger.polls.count("job-1")
+    assert result.status == "completed" and result.answer == "built"
+    assert after - before == 3  # waited through two "running" answers, within the resume
+    events = await events_of(state)
+    (t2,) = [e.body for e in events if isinstance(e.body, ToolResponded)]
+    assert t2.content.startswith("build finished:")
+    assert len(ledger.executed) == 1 and not any(
+        isinstance(e.body, RecoveryDecided) for e in events
     )
 
 

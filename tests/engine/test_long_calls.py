@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.tools.idempotent_server import serve
 from tests.tools.remote_tools import build_tool, note
 
 from lodger.context import Projector, project_messages
+from lodger.engine import longcalls
 from lodger.engine.checkpoint import decode_or_why, encode_checkpoint
 from lodger.engine.settings import Services
 from lodger.engine.state import SessionState
@@ -28,6 +30,12 @@ from lodger.tools import Tool
 
 BUILD = {"calls": [{"name": "build", "args": {"target": "app"}}]}
 NOTE = {"calls": [{"name": "note", "args": {"text": "meanwhile"}}]}
+
+
+@pytest.fixture
+def every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No spacing between polls: a running call is polled before every step."""
+    monkeypatch.setattr(longcalls, "_SPACING", (0.0, 0.0))
 
 
 def agent(tmp_path: Path, tools: list[Tool], seen: list[ModelRequest], **kw: Any) -> Agent:
@@ -91,7 +99,7 @@ async def test_wait_polls_until_the_result_and_the_model_reads_only_the_result(
 
 
 async def test_continue_tells_the_model_it_runs_and_delivers_the_result_between_steps(
-    tmp_path: Path,
+    tmp_path: Path, every_step: None
 ) -> None:
     seen: list[ModelRequest] = []
     with serve() as (base, ledger):
@@ -154,7 +162,9 @@ async def test_a_tool_that_accepts_without_a_poll_gets_an_error_result(tmp_path:
     del ledger
 
 
-async def test_every_prefix_projects_and_checkpoints_like_a_full_fold(tmp_path: Path) -> None:
+async def test_every_prefix_projects_and_checkpoints_like_a_full_fold(
+    tmp_path: Path, every_step: None
+) -> None:
     """The incremental projection equals ``project_messages`` at every prefix of a log
     with a running call and its late result, and a fold checkpointed at any offset
     (``call_accepted`` included) folds the rest like the whole log."""
@@ -191,3 +201,43 @@ async def test_every_prefix_projects_and_checkpoints_like_a_full_fold(tmp_path: 
         ), n
     assert running_at  # some checkpoints were taken while the call ran
     assert not whole.accepted_open  # the result came: nothing runs any more
+
+
+async def test_polls_of_a_running_call_are_spaced_across_fast_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six quick steps while a build runs (it does not finish in the turn): spaced, the
+    first look is at once and the next waits half a second, so the job is polled once or
+    twice; without spacing (as before) it was polled before every step, six times."""
+    polls = {}
+    for spaced in (True, False):
+        if not spaced:
+            monkeypatch.setattr(longcalls, "_SPACING", (0.0, 0.0))
+        seen: list[ModelRequest] = []
+        with serve() as (base, ledger):
+            ledger.finish_at = 1000
+            script = [BUILD, *([NOTE] * 5), {"text": "all done"}]
+            where = tmp_path / ("spaced" if spaced else "every")
+            a = agent(where, [build_tool(base), note], seen, script=script)
+            result = await a.run("build, then notes", session="s1")
+            await a.close()
+        assert result.status == "completed"
+        polls[spaced] = len(ledger.polls)
+    assert polls[False] == 6
+    assert 1 <= polls[True] <= 3, polls
+
+
+def test_poll_spacing_doubles_to_its_longest_pause() -> None:
+    now = [100.0]
+    spacing = longcalls.PollSpacing(first=0.5, longest=2.0, clock=lambda: now[0])
+    assert spacing.due("c1")  # never polled: at once
+    pauses = []
+    for _ in range(4):
+        spacing.polled("c1")
+        start = now[0]
+        assert not spacing.due("c1")
+        while not spacing.due("c1"):
+            now[0] += 0.25
+        pauses.append(now[0] - start)
+    assert pauses == [0.5, 1.0, 2.0, 2.0]
+    assert spacing.due("c2")  # per call

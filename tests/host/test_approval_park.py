@@ -151,3 +151,27 @@ async def test_a_decision_over_the_host_releases_the_wakes_held_for_it(
         await a.decide("d1", "c1", "not_applied")
         (after,) = await host.plane.pending_wakes(session_id="d1")
         assert after.id == held and after.due_at <= await host.plane.now()
+
+
+async def test_cancel_of_a_dormant_parked_turn_ends_it_cancelled_once(setup: Setup) -> None:
+    """No worker runs the parked turn: the host ends it cancelled under the session's
+    lease and withdraws its question; asking again writes nothing."""
+    setup.script(DEPLOY)
+    async with distributed_host(setup) as host, host.client() as a:
+        sid = await a.create_session(session_id="pc1")
+        await a.send(sid, "ship it", key="1")
+        with worker(setup, "--approval-park", approval_wait=0) as first:
+            (pending,) = await _pending(a, sid)
+            await _until_dormant(host, sid)
+            os.kill(first.pid, signal.SIGKILL)
+        before = len(await a.events(sid))
+        done = await a.cancel(sid, reason="not today")
+        assert (done["status"], done["turn_status"]) == ("cancelled", "cancelled")
+        again = await a.cancel(sid)
+        assert again["status"] == "not_running"
+        facts = [f.data for f in await a.events(sid)]
+        assert [f["kind"] for f in facts[before:]] == ["cancel_requested", "turn_ended"]
+        assert facts[-1]["body"]["status"] == "cancelled"
+        assert await a.approvals() == []  # the question is withdrawn
+        with pytest.raises(HostConflictError):
+            await a.answer(sid, pending["call_id"], allow=True)

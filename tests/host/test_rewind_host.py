@@ -4,6 +4,7 @@ new branch, and the rewind is undone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -73,3 +74,44 @@ async def test_rewind_through_the_host(tmp_path: Path) -> None:
         assert undone["branch"] == "s1..r2"
         assert (ws / "a.txt").read_text() == "edited by hand\n"
         assert (ws / "b.txt").read_text() == "bee\n"
+
+
+async def test_events_and_stream_follow_the_current_branch(tmp_path: Path) -> None:
+    """After a rewind the session's name reads and streams its newest branch, live
+    facts included, not the first log."""
+    turns = [[{"text": "first"}], [{"text": "second"}], [{"text": "on the branch"}]]
+    model = tmp_path / "turns.json"
+    model.write_text(json.dumps({"turns": turns}))
+    async with (
+        running_host(tmp_path / "state", models=(f"script:{model}",)) as host,
+        host.client() as c,
+    ):
+        sid = await c.create_session(session_id="b1")
+        for text in ("first", "second"):
+            sent = await c.send(sid, text)
+            assert (await c.wait_message(sid, sent["message"]["id"]))["status"] == "done"
+        old = [f.data for f in await c.events(sid)]
+        done = await c.rewind(sid, turn=2)
+        branch = done["branch"]
+        assert branch == "b1..r1"
+        by_name = [f.data for f in await c.events(sid)]
+        assert by_name == [f.data for f in await c.events(branch)]
+        assert by_name != old and by_name[-1]["kind"] == "rewound"
+        streamed = [f.data async for f in c.stream(sid, follow=False)]
+        assert streamed == by_name
+
+        live: list[dict[str, object]] = []
+
+        async def follow() -> None:
+            async for fact in c.stream(sid, after=len(by_name) - 1):
+                live.append(fact.data)
+                if fact.kind == "turn_ended":
+                    return
+
+        task = asyncio.create_task(follow())
+        sent = await c.send(sid, "third")
+        assert (await c.wait_message(sid, sent["message"]["id"]))["status"] == "done"
+        await asyncio.wait_for(task, 30)
+        assert [f["session_id"] for f in live] == [branch] * len(live)
+        assert live[0]["kind"] == "turn_started" and live[0]["body"]["input"] == "third"
+        assert live == [f.data for f in await c.events(sid)][len(by_name) :]

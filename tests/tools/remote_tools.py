@@ -23,7 +23,9 @@ def pay_tool(base: str, *, hang_after_effect: bool = False) -> Tool:
     return pay
 
 
-def build_tool(base: str, wait: Literal["continue", "wait"] = "continue") -> Tool:
+def build_tool(
+    base: str, wait: Literal["continue", "wait"] = "continue", timeout: float = 20
+) -> Tool:
     async def poll(handle: dict[str, Any], ctx: ToolContext) -> Any:
         response = await http_request(ctx, "GET", f"{base}/jobs/{handle['job']}")
         if response.status == 404:
@@ -33,7 +35,7 @@ def build_tool(base: str, wait: Literal["continue", "wait"] = "continue") -> Too
             return StillRunning()
         return f"build finished: {answer['result']}"
 
-    @tool(poll=poll, timeout=20)
+    @tool(poll=poll, timeout=timeout)
     async def build(target: str, ctx: ToolContext) -> Accepted:
         """Start a build on the build farm."""
         response = await http_request(ctx, "POST", f"{base}/jobs", json={"target": target})

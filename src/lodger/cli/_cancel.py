@@ -4,7 +4,8 @@ The turn may run in another ``lodger run`` process or in a host on this machine 
 request goes through the state directory: ``lodger.runtime._local_control``), or on a
 worker (``--control``: the request goes through the control plane, and the worker that
 holds the session's lease delivers it). Queued calls never start, calls past T1 settle
-and are recorded; a second cancel, or one of a session that runs nothing, writes nothing.
+and are recorded. An open turn nobody runs (parked, interrupted by a crash) is ended
+cancelled here; a second cancel, or one of a session with no open turn, writes nothing.
 """
 
 from __future__ import annotations
@@ -35,11 +36,17 @@ __all__ = ["COMMANDS", "cancel"]
 async def _cancel(state: str, session_id: str, reason: str, control: str | None) -> CancelOutcome:
     storage = Storage.open(state, store=store_url())
     try:
-        outcome = await Sessions(storage).cancel(session_id, who=cli_user(), reason=reason)
+        sessions = Sessions(storage)
+        # with workers, an open turn is ended here only once none of them holds it
+        outcome = await sessions.cancel(
+            session_id, who=cli_user(), reason=reason, settle_open=control is None
+        )
         if control is not None and outcome.status in ("not_running", "unknown_session"):
             from lodger.runtime._worker_cancel import request_cancel  # only with workers
 
             outcome = await request_cancel(control, session_id, who=cli_user(), reason=reason)
+            if outcome.status == "not_running":  # nobody holds it: end an open turn here
+                outcome = await sessions.cancel(session_id, who=cli_user(), reason=reason)
         return outcome
     finally:
         await storage.close()
@@ -50,8 +57,7 @@ _SAID = {
     "requested": "cancel requested: turn {turn} of {sid} ends cancelled at its next safe point "
     "(`lodger log show {sid}{flag}` shows when)",
     "already_cancelling": "already being cancelled: turn {turn} of {sid}; nothing more written",
-    "not_running": "nothing to cancel: no turn of {sid} is running; nothing was written "
-    "(an open turn that nobody runs is ended with `lodger abandon {sid}{flag}`)",
+    "not_running": "nothing to cancel: no turn of {sid} is open; nothing was written",
 }
 
 

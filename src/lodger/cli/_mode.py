@@ -18,6 +18,7 @@ from lodger.cli._common import (
     json_option,
     location,
     refuse_empty,
+    remember_control,
     resolve_session,
     state_option,
     store_url,
@@ -39,6 +40,12 @@ async def _mode(
     try:
         sessions = Sessions(storage)
         if mode is not None:
+            if dsn is not None:  # a worker running the turn commits it through the turn
+                from lodger.runtime._worker_cancel import switch_through
+
+                asked = await switch_through(dsn, session_id, check_mode(mode), who=cli_user())
+                if asked is not None:
+                    return asked
             # under the session's lease, as abandon does: never while a worker runs it
             async with _outside_turns(dsn, session_id):
                 return await sessions.set_permission_mode(session_id, mode, who=cli_user())
@@ -57,9 +64,27 @@ async def _mode(
 @click.argument("session_id", metavar="SESSION", required=False)
 @click.argument("mode", required=False)
 @click.option("--last", is_flag=True, default=False, help="Use the session with the latest event.")
+@click.option(
+    "--control",
+    metavar="DSN",
+    default=None,
+    envvar="LODGER_CONTROL",
+    show_envvar=True,
+    help="The control plane of the workers (default: the one in the state directory, "
+    "when a worker made one): a worker running the session's turn commits the switch "
+    "through it.",
+    callback=remember_control,
+)
 @state_option
 @json_option
-def mode(session_id: str | None, mode: str | None, last: bool, state: str, as_json: bool) -> None:
+def mode(
+    session_id: str | None,
+    mode: str | None,
+    last: bool,
+    control: str | None,
+    state: str,
+    as_json: bool,
+) -> None:
     """Show SESSION's permission mode, or switch it to MODE (one of the four below).
 
     \b
@@ -69,7 +94,8 @@ def mode(session_id: str | None, mode: str | None, last: bool, state: str, as_js
     full_auto     everything inside the sandbox goes
 
     The switch applies from the session's next step, also while a turn runs in another
-    process here. Deny rules of lodger.toml hold in every mode.
+    process here or (with --control) on a worker. Deny rules of lodger.toml hold in every
+    mode.
 
     \b
     Example:

@@ -5,9 +5,12 @@ remote work and returns ``Accepted``), ``call_accepted`` with the handle (commit
 before the model sees anything), then the result from the tool's ``poll`` committed as
 the call's T2, possibly in a later turn. ``wait="wait"`` polls with backoff until the
 result comes (or the call's time limit passes: the model then reads that it runs);
-``"continue"`` lets the turn go on at once. A running call is polled once between steps
-and at a later turn's start (``running_calls``), and recovery polls the handle after a
-crash: nothing is run twice, and only a poll that cannot tell parks the call.
+``"continue"`` lets the turn go on at once. A running call is polled between steps
+(``running_calls``), spaced out per call (``PollSpacing``: the first look at once, then
+pauses doubling from half a second to half a minute, so a fast loop of steps does not
+poll a slow job at every step), and recovery polls the handle after a crash: a ``wait``
+call waits again with backoff (``wait_polls``), a ``continue`` one is polled once.
+Nothing is run twice, and only a poll that cannot tell parks the call.
 
 This module polls; committing facts is the pipeline's (``CallPipeline.accepted``).
 """
@@ -25,17 +28,21 @@ from lodger.tools.spec import CannotTell, Execution, StillRunning, Tool, ToolCon
 
 __all__ = [
     "POLL_LIMIT",
+    "PollSpacing",
     "Polled",
     "poll_once",
     "running_calls",
     "running_note",
     "wait_for_result",
+    "wait_polls",
 ]
 
 #: seconds one poll may take before it counts as "cannot tell"
 POLL_LIMIT = 30.0
 #: the backoff of a waiting call's polls: first pause, factor, longest pause (seconds)
 _BACKOFF = (0.02, 2.0, 2.0)
+#: the spacing of a running call's polls between steps: first pause, longest (seconds)
+_SPACING = (0.5, 30.0)
 
 Polled = Execution | StillRunning | CannotTell
 """What one poll of an accepted call's handle gave: its result, or that it runs, or
@@ -81,6 +88,59 @@ async def wait_for_result(
             return None
         await sleep(min(pause, left))
         pause = min(pause * factor, longest)
+
+
+async def wait_polls(
+    tool: Tool,
+    handle: dict[str, Any],
+    ctx: ToolContext,
+    *,
+    time_limit: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Polled:
+    """Poll with backoff, as a ``wait`` call does, until the result comes or the poll
+    cannot tell (returned at once: recovery parks on it), or ``StillRunning`` once
+    ``time_limit`` has passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + time_limit
+    pause, factor, longest = _BACKOFF
+    while True:
+        polled = await poll_once(tool, handle, ctx)
+        left = deadline - loop.time()
+        if not isinstance(polled, StillRunning) or left <= 0:
+            return polled
+        await sleep(min(pause, left))
+        pause = min(pause * factor, longest)
+
+
+class PollSpacing:
+    """When each running call may be polled again between steps: at once the first
+    time, then after pauses doubling from ``first`` to ``longest`` seconds."""
+
+    def __init__(
+        self,
+        *,
+        first: float | None = None,
+        longest: float | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.first = _SPACING[0] if first is None else first
+        self.longest = _SPACING[1] if longest is None else longest
+        self._clock = clock
+        self._next: dict[str, tuple[float, float]] = {}
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def due(self, call_id: str) -> bool:
+        found = self._next.get(call_id)
+        return found is None or self._now() >= found[0]
+
+    def polled(self, call_id: str) -> None:
+        """A poll of ``call_id`` said it still runs: the next one waits longer."""
+        found = self._next.get(call_id)
+        pause = self.first if found is None else min(found[1] * 2, self.longest)
+        self._next[call_id] = (self._now() + pause, pause)
 
 
 def running_calls(calls: Iterable[CallState]) -> list[CallState]:

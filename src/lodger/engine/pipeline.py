@@ -64,7 +64,15 @@ from lodger.engine.hooks import (
     call_after,
     call_before,
 )
-from lodger.engine.longcalls import Polled, poll_once, running_calls, running_note, wait_for_result
+from lodger.engine.longcalls import (
+    Polled,
+    PollSpacing,
+    poll_once,
+    running_calls,
+    running_note,
+    wait_for_result,
+    wait_polls,
+)
 from lodger.engine.media import store_tool_media
 from lodger.engine.permissions import ApprovalParked, PermissionGate
 from lodger.engine.settings import Hooks, Limits, Services
@@ -291,6 +299,8 @@ class CallPipeline:
         #: which executor runs each tool's calls (``services.executor``: the in-process one)
         self.executors = Executors(in_process=services.executor)
         self.default_timeout = limits.default_timeout
+        #: when each call running remotely may be polled again between steps
+        self.spacing = PollSpacing()
         #: the first hook of the user's that raised in this run: the calls it touched
         #: settle (rejected, or run with their result withheld), then the loop fails the
         #: turn with it (``HookError``)
@@ -852,16 +862,22 @@ class CallPipeline:
             await self.settle_running()
 
     async def settle_running(self) -> int:
-        """Poll every call still running remotely once (between steps, at a turn's
-        start) and commit the results that came as their T2: how many settled."""
+        """Poll the calls still running remotely whose spacing says they are due
+        (``PollSpacing``) and commit the results that came as their T2: how many
+        settled."""
         settled = 0
         for state in running_calls(list(self.ctx.journal.state.accepted_open.values())):
+            if not self.spacing.due(state.call_id):
+                continue
             if isinstance(await self.settle_accepted(state), Execution):
                 settled += 1
+            else:
+                self.spacing.polled(state.call_id)
         return settled
 
-    async def settle_accepted(self, state: CallState) -> Polled:
-        """Poll the running call ``state`` once; a result is committed as its T2."""
+    async def settle_accepted(self, state: CallState, *, wait: bool = False) -> Polled:
+        """Poll the running call ``state`` once (with ``wait``, with backoff until its
+        time limit, as a ``wait`` call does); a result is committed as its T2."""
         record = state.latest
         assert record is not None and record.accepted is not None
         t = self.registry.get(record.dispatched.tool)
@@ -872,7 +888,11 @@ class CallPipeline:
             operation_id=record.operation_id,
             idempotency_key=idempotency_key(self.ctx.session_id, state.operations[0].operation_id),
         )
-        polled = await poll_once(t, record.accepted.handle, tctx)
+        if wait:
+            limit = t.timeout if t.timeout is not None else self.default_timeout
+            polled = await wait_polls(t, record.accepted.handle, tctx, time_limit=limit)
+        else:
+            polled = await poll_once(t, record.accepted.handle, tctx)
         if isinstance(polled, Execution):
             env = self.ctx.envelope.for_call(
                 state.call_id,

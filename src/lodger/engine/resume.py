@@ -16,6 +16,7 @@ abandoned (``abandon``), which needs neither a parked call nor the workspace.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from lodger.errors import (
     UsageError,
 )
 from lodger.events import (
+    CancelRequested,
     Event,
     EventDraft,
     ModelOutput,
@@ -56,7 +58,7 @@ from lodger.ids import Clock, IdFactory
 from lodger.providers.base import Model
 from lodger.recovery.classify import CallState
 from lodger.recovery.plan import PlannedCall, RecoveryPlan
-from lodger.substrates.background import reconcile
+from lodger.substrates.background import reconcile, unconverged
 from lodger.tools.registry import ToolRegistry
 from lodger.tools.spec import CannotTell, ProbeResult, ToolContext, idempotency_key
 from lodger.tools.workspace import workspace_id
@@ -70,6 +72,7 @@ __all__ = [
     "Invariants",
     "ResumableEngine",
     "abandon",
+    "cancel_open",
     "cell_interrupted_report",
     "check_invariants",
     "decide",
@@ -118,10 +121,13 @@ class Invariants:
     files: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
     relocation: Relocation | None = None
+    #: background processes the log says are live that reconciling left neither adopted
+    #: nor ended ("no unconverged background work", DESIGN's resume invariant)
+    background: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[str]:
-        return [*self.workspace, *self.files, *self.tools]
+        return [*self.workspace, *self.files, *self.tools, *self.background]
 
 
 async def check_invariants(
@@ -283,6 +289,12 @@ async def resume_run(
             session_id=session_id,
         )
     found = await check_invariants(engine, state, relocate=relocate)
+    # background processes the log says are live: adopted if they still run, else ended;
+    # one left neither (unconverged) refuses the resume before any run starts
+    ended = reconcile(session_id, state.events)
+    left = unconverged(session_id, state.events, ended)
+    if left:
+        found = dataclasses.replace(found, background=left)
     if found.problems:
         raise _refusal(session_id, found, engine.workspace)
     actionable = [c for c in plan.calls if c.action not in ("none", "wait_operator")]
@@ -290,8 +302,6 @@ async def resume_run(
         raise _blocked(session_id, plan.blocked)
 
     ctx = await _claim(engine, journal, plan, found.relocation)
-    # background processes the log says are live: adopted if they still run, else ended
-    ended = reconcile(session_id, state.events)
     if ended:
         await journal.record(*(journal.draft(e, ctx.envelope) for e in ended))
     pipeline = engine.pipeline(ctx)
@@ -469,12 +479,14 @@ async def _poll_running(
 ) -> Literal["settled", "parked"]:
     """A call the remote side accepted before the crash: its result through the tool's
     poll (its T2), or left running (the model was told; a later poll settles it), or
-    parked for a person only when the poll cannot tell."""
-    polled = await pipeline.settle_accepted(state)
-    if not isinstance(polled, CannotTell):
-        return "settled"
+    parked for a person only when the poll cannot tell. A ``wait`` call waits again, with
+    backoff within its time limit, as it did before the crash."""
     record = state.latest
     assert record is not None
+    waits = record.accepted is not None and record.accepted.wait == "wait"
+    polled = await pipeline.settle_accepted(state, wait=waits)
+    if not isinstance(polled, CannotTell):
+        return "settled"
     await ctx.journal.fact(
         RecoveryDecided(
             operation_id=record.operation_id,
@@ -636,7 +648,9 @@ class _OperatorFacts:
         self.clock, self.ids = clock, ids
         self.drafts: list[EventDraft] = []
 
-    def add(self, body: OperatorDecision | RunEnded | TurnEnded, where: Envelope) -> None:
+    def add(
+        self, body: OperatorDecision | RunEnded | TurnEnded | CancelRequested, where: Envelope
+    ) -> None:
         self.drafts.append(
             EventDraft(
                 id=self.ids.new_id(),
@@ -761,6 +775,52 @@ async def abandon(
                 ),
             )
     facts.end_turn(plan, reason)
+    events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
+    state.feed(events)
+    return events
+
+
+async def cancel_open(
+    writer: SessionWriter,
+    state: SessionState,
+    *,
+    who: str | None,
+    reason: str,
+    clock: Clock,
+    ids: IdFactory,
+) -> list[Event]:
+    """End the session's open turn ``cancelled`` when nobody runs it (interrupted by a
+    crash, parked, or waiting for an approval nobody will answer): what a cancel of a
+    running turn commits, ``cancel_requested``, ``run_ended`` and ``turn_ended``
+    cancelled, in one append. Nothing runs: a call whose outcome is unknown gets an
+    ``abandon`` decision (``by="cancel"``), as ``abandon`` gives it, so no resume runs it
+    later. ``[]`` when no turn is open (a second cancel writes nothing)."""
+    if state.open_turn is None:
+        return []
+    plan = state.plan()
+    facts = _OperatorFacts(clock, ids)
+    facts.add(
+        CancelRequested(who=who, reason=reason),
+        Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id if plan.run_open else None),
+    )
+    for planned in plan.calls:
+        if planned.status in _UNDECIDED and planned.operation_id is not None:
+            facts.decision(
+                planned,
+                plan.turn_id,
+                OperatorDecision(
+                    operation_id=planned.operation_id, decision="abandon", by="cancel", who=who
+                ),
+            )
+    if plan.run_open:
+        facts.add(
+            RunEnded(status="cancelled", error="cancelled" + (f": {reason}" if reason else "")),
+            Envelope(turn_id=plan.turn_id, run_id=plan.last_run_id),
+        )
+    facts.add(
+        TurnEnded(status="cancelled", reason=reason or None),
+        Envelope(turn_id=plan.turn_id, origin="operator"),
+    )
     events = await writer.append(facts.drafts, expected_offset=plan.prefix.high_water)
     state.feed(events)
     return events

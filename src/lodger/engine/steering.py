@@ -42,7 +42,13 @@ from lodger.engine.state import SessionState
 from lodger.events import Body, Event, MessageQueued, SteerDelivered, SteerReceived
 from lodger.storage.branches import root_of
 
-__all__ = ["RunningTurns", "TurnControl", "current_control", "requested_cancel"]
+__all__ = [
+    "RunningTurns",
+    "TurnControl",
+    "current_control",
+    "enclosing_cancel",
+    "requested_cancel",
+]
 
 T = TypeVar("T")
 
@@ -271,6 +277,13 @@ def current_control() -> TurnControl | None:
     if control is None or control.task is not asyncio.current_task():
         return None
     return control
+
+
+def enclosing_cancel() -> CancelRequest | None:
+    """The cancel request of the turn this task works for, from any of its tasks (a
+    call's, a subagent's run inside one): how a child learns its parent was cancelled."""
+    control = _CURRENT.get()
+    return control.request if control is not None else None
 
 
 def requested_cancel() -> CancelRequest | None:

@@ -21,9 +21,11 @@ uses), so several hosts share them; the host's own SQLite index keeps the model 
 was created with on it.
 
 Decisions and abandons (which append facts outside a turn) take the session lease first,
-so they never write while a worker runs the session (409 ``session_busy`` then); so does
-a permission-mode switch. A cancel is a request in the control plane that the worker
-holding the session delivers (``lodger.runtime._worker_cancel``).
+so they never write while a worker runs the session (409 ``session_busy`` then). A
+cancel and a permission-mode switch of a turn a worker runs are requests in the control
+plane that the worker holding the session delivers (``lodger.runtime._worker_cancel``);
+with no worker holding it they are committed here under the lease. Follow-up messages
+queue in the control plane (``lodger.runtime._worker_queue``).
 A question a waiting worker asked (``--approval-wait``) is live only while that worker
 holds the session's lease: a worker that died leaves a question nobody can answer (409),
 and the resumed turn asks anew. A parked one (``--approval-park``) is live until its own
@@ -35,19 +37,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from pathlib import Path
+from typing import Any, Literal, cast
 
 from lodger.engine.control import CancelOutcome
-from lodger.engine.queue import Steered, check_message
-from lodger.errors import HostConflictError, UsageError
+from lodger.engine.queue import QueuedMessage, Steered, check_message
+from lodger.errors import HostConflictError, SessionNotFoundError, UsageError
+from lodger.events import QueuePolicy
 from lodger.host.feed import Feeds
-from lodger.host.hub import EventObserver, HostConfig, Hub
+from lodger.host.hub import URGENT, EventObserver, HostConfig, Hub, busy_refusal
 from lodger.media import WAKE_MEDIA_PREFIX, MediaItem, store_media, wake_message
 from lodger.providers.base import ModelSettings
-from lodger.runtime._worker_cancel import ask_worker_to_cancel
+from lodger.runtime._session_control import ModeOutcome, check_mode
+from lodger.runtime._worker_cancel import ask_worker_to_cancel, ask_worker_to_switch
+from lodger.runtime.rewind import RewindResult
 from lodger.runtime.sessions import Sessions
+from lodger.runtime.worker import newest_snapshot
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import (
     Approval,
@@ -62,17 +71,21 @@ from lodger.storage.control.host_index import (
 from lodger.storage.control.interface import (
     ApprovalRequest,
     ControlPlane,
+    QueuedRow,
     SessionRow,
     TextNotices,
     TextPiece,
     WakeInfo,
 )
+from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 from lodger.tools.mcp import McpInput
 
 __all__ = ["ControlPlaneHub", "host_key"]
 
 #: how long the host holds a session's lease while it appends a decision
 _LEASE_TTL_S = 30.0
+#: how often a mode switch is asked again when the worker let the session go first
+_MODE_TRIES = 3
 
 
 def host_key(session_id: str, key: str) -> str:
@@ -185,7 +198,12 @@ class ControlPlaneHub(Hub):
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
         mcp: McpInput | None = None,
+        policy: QueuePolicy = "enqueue",
     ) -> tuple[Message, bool]:
+        """A wake for a worker (the message's id is the wake's). ``reject`` is refused
+        while the session has work; ``interrupt``/``rollback`` make an urgent wake (run
+        before the session's other waiting ones) and ask the worker running the session
+        to stop its turn (a ``session_cancels`` request with that policy)."""
         if mcp is not None:
             # a worker's wake carries text and media; reading the resources there, once
             # per delivery, is not done yet
@@ -195,6 +213,8 @@ class ControlPlaneHub(Hub):
                 code="usage",
                 session_id=session_id,
             )
+        if policy == "reject" and await self.busy(session_id):
+            raise busy_refusal(session_id)
         if settings is not None:
             # a wake carries only the text (and media) to the worker that runs it
             raise UsageError(
@@ -228,8 +248,20 @@ class ControlPlaneHub(Hub):
                     )
                 )
         body = text if kind == "message" else None  # a plain wake resumes what is open
+        if (
+            policy in URGENT
+            and await self.plane.wake_for_key(idempotency_key=host_key(session_id, key)) is None
+        ):
+            # the turn running now (if any) stops for it: asked before the wake exists,
+            # so the stop can never reach the turn of this message itself
+            await self.plane.request_cancel(
+                session_id=session_id, who=None, reason=f"message for key {key}", policy=policy
+            )
         wake_id = await self.plane.send(
-            session_id=session_id, message=body, idempotency_key=host_key(session_id, key)
+            session_id=session_id,
+            message=body,
+            idempotency_key=host_key(session_id, key),
+            urgent=policy in URGENT,
         )
         if wake_id is not None:
             info = await self.plane.get_wake(wake_id=wake_id)
@@ -288,14 +320,83 @@ class ControlPlaneHub(Hub):
         )
         return Steered(steer_id=steer_id, status="steer" if held else "queued", offset=None)
 
-    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> Any:
-        raise _no_queue()
+    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> QueuedRow:
+        """A follow-up in the control plane's queue (``lodger.runtime._worker_queue``):
+        the worker holding the session takes it (at once for interrupt and rollback,
+        which stop its turn); a dormant session is woken for it."""
+        await self.require(session_id)
+        checked = check_message(text, policy)
+        await self._need_log(session_id)
+        made, _ = await self.plane.add_queued(
+            session_id=session_id,
+            message_id=self.sessions.ids.new_id(),
+            text=text,
+            policy=checked,
+            who=who,
+            refuse_busy=checked == "reject",
+        )
+        if made is None:
+            raise busy_refusal(session_id)
+        return made
 
-    async def queue(self, session_id: str) -> Any:
-        raise _no_queue()
+    async def _need_log(self, session_id: str) -> None:
+        if not await self._logged(session_id):  # as the embedded host: no turn yet
+            raise SessionNotFoundError(
+                f"no log for session {session_id!r}",
+                hint="send its first message (POST .../messages); queue follow-ups after it",
+                session_id=session_id,
+            )
 
-    async def change_queued(self, session_id: str, message_id: str, action: Any, **_: Any) -> Any:
-        raise _no_queue()
+    async def queue(self, session_id: str) -> list[QueuedMessage | QueuedRow]:
+        """What a worker committed to the log but has not run yet, then the control
+        plane's queue, in the order they run."""
+        await self.require(session_id)
+        logged = await self.sessions.queue(session_id) if await self._logged(session_id) else []
+        ids = {m.message_id for m in logged}
+        rows = await self.plane.list_queued(session_id=session_id)
+        return [*logged, *(r for r in rows if r.message_id not in ids)]
+
+    async def change_queued(
+        self,
+        session_id: str,
+        message_id: str,
+        action: Literal["edit", "move", "retract"],
+        *,
+        text: str | None = None,
+        position: int | None = None,
+        who: str,
+    ) -> list[QueuedMessage | QueuedRow]:
+        """Edit, move or retract a message the control plane holds; one a worker already
+        committed to the log is changed in the log while no worker holds the session
+        (409 ``session_busy`` while one does). A position counts the whole queue."""
+        await self.require(session_id)
+        if action == "edit":
+            check_message(text or "")
+        if action == "move" and (type(position) is not int or position < 0):
+            raise UsageError("a move needs a position of 0 or more", code="usage")
+        ahead = [m for m in await self.queue(session_id) if isinstance(m, QueuedMessage)]
+        if any(m.message_id == message_id for m in ahead):
+            async with self.exclusive(session_id):
+                await self.sessions.change_queued(
+                    session_id, message_id, action, text=text, position=position, who=who
+                )
+            return await self.queue(session_id)
+        changed = await self.plane.change_queued(
+            session_id=session_id,
+            message_id=message_id,
+            action=action,
+            who=who,
+            text=text,
+            position=None if position is None else max(0, position - len(ahead)),
+        )
+        if changed is None:
+            raise UsageError(
+                f"no message {message_id!r} waits in the queue of session {session_id!r}",
+                hint="list the queue: a message leaves it once delivered or retracted",
+                code="not_queued",
+                session_id=session_id,
+            )
+        return await self.queue(session_id)
 
     async def approvals(self, *, session_id: str | None = None) -> list[Approval]:
         found = [_approval(a) for a in await self.plane.list_approvals(session_id=session_id)]
@@ -341,18 +442,76 @@ class ControlPlaneHub(Hub):
 
     # ------------------------------------------------------------ session control
 
+    async def set_permission_mode(
+        self, session_id: str, mode: str, *, who: str | None
+    ) -> ModeOutcome:
+        """While a worker runs the session's turn, through the control plane
+        (``session_modes``): that worker commits it through the turn, effective from
+        its next step, and this waits for its answer. With none holding the session it
+        is committed here under the session's lease."""
+        checked = check_mode(mode)
+        for _ in range(_MODE_TRIES):
+            asked = await ask_worker_to_switch(self.plane, session_id, checked, who=who)
+            if asked is not None:
+                return asked
+            try:
+                return await super().set_permission_mode(session_id, checked, who=who)
+            except HostConflictError as exc:
+                if exc.code != "session_busy":
+                    raise  # else a worker took the session meanwhile: ask it
+        raise HostConflictError(
+            f"session {session_id!r} is running in a worker that did not take the switch",
+            hint="try again; the worker takes switches while its turn runs",
+            code="session_busy",
+            session_id=session_id,
+        )
+
+    async def rewind(self, session_id: str, **point: Any) -> RewindResult:
+        """A worker-run session's workspace lives in its snapshots: under the session's
+        lease, its newest snapshot is restored into a scratch directory, the rewind puts
+        that directory back to the point's view, and its snapshot becomes the one the
+        next worker wakes the session in (the session index's)."""
+        storage = self.sessions.storage
+        async with self.exclusive(session_id):
+            row = await self.plane.get_session(session_id=session_id)
+            state = (
+                await self.sessions.state(session_id) if await self._logged(session_id) else None
+            )
+            start = newest_snapshot(state, row)
+            scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="lodger-rewind-"))
+            try:
+                if start is not None:
+                    await restore_snapshot(start, storage.artifacts, scratch)
+                done = await self.sessions.rewind(session_id, workspace=scratch, **point)
+                taken = await snapshot_workspace(scratch, storage.artifacts)
+                now = await self.sessions.state(session_id)
+                await self.plane.record_session(
+                    row=SessionRow(
+                        session_id=session_id,
+                        status=row.status if row is not None else "idle",
+                        last_activity=await self.plane.now(),
+                        events=len(now.events),  # the log holds no newer snapshot
+                        snapshot=taken.ref,
+                        model=row.model if row is not None else None,
+                    )
+                )
+            finally:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+        return done
+
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Ask the worker that holds the session to cancel its turn (through the control
-        plane's ``session_cancels``), and wait a while for its answer."""
-        return await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
-
-
-def _no_queue() -> UsageError:
-    return UsageError(
-        "the follow-up queue is not offered by a distributed host yet",
-        hint="send messages (each is a wake, run in order) or steer the running turn",
-        code="usage",
-    )
+        plane's ``session_cancels``), and wait a while for its answer. With no worker
+        holding it, an open turn (parked, interrupted) is ended cancelled here, under
+        the session's lease; its parked questions are withdrawn."""
+        done = await ask_worker_to_cancel(self.plane, session_id, who=who, reason=reason)
+        if done.status != "not_running" or not await self._logged(session_id):
+            return done
+        async with self.exclusive(session_id):
+            done = await self.sessions.cancel(session_id, who=who, reason=reason)
+        if done.status == "cancelled":
+            await self.abandoned(session_id)  # nothing of that turn waits any more
+        return done
 
 
 def _message(info: WakeInfo) -> Message:

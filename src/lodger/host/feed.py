@@ -184,7 +184,13 @@ class Feeds:
         return found
 
     def publish(self, session_id: str, events: Sequence[Event]) -> None:
-        self.feed(session_id).publish(events)
+        """Each fact reaches the feed of the log it was committed in: a rewound
+        session's facts (published under its name) reach its branch's (``S..rN``)."""
+        by_log: dict[str, list[Event]] = {}
+        for event in events:
+            by_log.setdefault(event.session_id or session_id, []).append(event)
+        for log_id, batch in by_log.items():
+            self.feed(log_id).publish(batch)
 
     def publish_text(
         self, session_id: str, turn_id: str, step_id: str, text: str, *, after: int | None = None

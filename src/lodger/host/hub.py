@@ -35,7 +35,7 @@ from lodger.engine.envelope import streaming_envelope
 from lodger.engine.loop import TurnResult
 from lodger.engine.modelsettings import settings_from_mapping
 from lodger.engine.permissions import Answered
-from lodger.engine.queue import QueuedMessage, Steered
+from lodger.engine.queue import QueuedMessage, Steered, StopRequest
 from lodger.errors import (
     HostConflictError,
     LodgerError,
@@ -43,7 +43,7 @@ from lodger.errors import (
     SessionNotFoundError,
     UsageError,
 )
-from lodger.events import Event, TurnStarted
+from lodger.events import Event, QueuePolicy, TurnStarted
 from lodger.host.elicitations import ElicitationInbox
 from lodger.host.feed import Feeds
 from lodger.media import (
@@ -58,15 +58,17 @@ from lodger.providers.base import ModelSettings
 from lodger.runtime._session_control import ModeOutcome
 from lodger.runtime.composition import Overrides, compose
 from lodger.runtime.project import Project
+from lodger.runtime.rewind import RewindResult, open_branch
 from lodger.runtime.sessions import Binding, Sessions
 from lodger.storage import check_session_id
 from lodger.storage.control.host_index import Approval, HostControl, Message, MessageKind
+from lodger.storage.control.interface import QueuedRow
 from lodger.substrates.codemode import Language
 from lodger.tools._mcp_content import decode_input, encode_input
 from lodger.tools.mcp import McpInput
 from lodger.tools.spec import Tool
 
-__all__ = ["HostConfig", "Hub"]
+__all__ = ["URGENT", "HostConfig", "Hub", "busy_refusal"]
 
 _log = logging.getLogger("lodger.host")
 #: how often, and how far apart, a message's run is tried while another writer holds its
@@ -254,13 +256,19 @@ class Hub:
         media: Sequence[MediaItem] = (),
         settings: ModelSettings | None = None,
         mcp: McpInput | None = None,
+        policy: QueuePolicy = "enqueue",
     ) -> tuple[Message, bool]:
         """Queue ``text`` (once per ``key``) and wake the session's runner. ``media``
         (checked by the caller) are stored as artifacts first; the queued message names
         them, so the turn runs with them whenever it runs; it asks the model with
         ``settings`` over the project's. ``mcp`` names MCP resources and a prompt the
-        turn starts from (its text is ``text``)."""
+        turn starts from (its text is ``text``). ``policy`` as the follow-up queue's:
+        ``reject`` is refused while the session has work; ``interrupt`` and
+        ``rollback`` stop the running turn (as the queue's do) and run before the
+        session's other waiting messages."""
         await self.require(session_id)
+        if policy == "reject" and await self.busy(session_id):
+            raise busy_refusal(session_id)
         if mcp is not None:
             text = encode_input(mcp)
         if media:
@@ -273,8 +281,13 @@ class Hub:
             text=text,
             created_us=self.sessions.clock.now_us(),
             settings=settings.record() if settings is not None else None,
+            urgent=policy in URGENT,
         )
         if created:
+            if policy in URGENT:
+                running = self.sessions.turns.of_session(session_id)
+                if running is not None:
+                    running.request_stop(StopRequest(message_id=str(message.id), policy=policy))
             self.wake(session_id)
         return message, created
 
@@ -503,17 +516,14 @@ class Hub:
             self.wake(session_id)
         return steered
 
-    async def enqueue(self, session_id: str, text: str, *, policy: str, who: str) -> QueuedMessage:
+    async def enqueue(
+        self, session_id: str, text: str, *, policy: str, who: str
+    ) -> QueuedMessage | QueuedRow:
         """A follow-up message with its policy, as a fact; ``reject`` is refused while
         the session has work (a turn running or messages waiting to run)."""
         await self.require(session_id)
         if policy == "reject" and await self.busy(session_id):
-            raise HostConflictError(
-                f"session {session_id!r} is running a turn, and the message's policy is reject",
-                hint="send it again once the turn has ended, or with policy enqueue",
-                code="session_busy",
-                session_id=session_id,
-            )
+            raise busy_refusal(session_id)
         async with self.exclusive(session_id):
             queued = await self.sessions.enqueue(session_id, text, policy=policy, who=who)
         if not self.sessions.busy(session_id):
@@ -521,7 +531,7 @@ class Hub:
         self.wake(session_id)
         return queued
 
-    async def queue(self, session_id: str) -> list[QueuedMessage]:
+    async def queue(self, session_id: str) -> Sequence[QueuedMessage | QueuedRow]:
         await self.require(session_id)
         if not await self._logged(session_id):
             return []
@@ -536,7 +546,7 @@ class Hub:
         text: str | None = None,
         position: int | None = None,
         who: str,
-    ) -> list[QueuedMessage]:
+    ) -> Sequence[QueuedMessage | QueuedRow]:
         await self.require(session_id)
         head = (await self.sessions.storage.log.head(session_id)).high_water
         async with self.exclusive(session_id):
@@ -579,8 +589,22 @@ class Hub:
 
     async def cancel(self, session_id: str, *, who: str | None, reason: str) -> CancelOutcome:
         """Cancel the session's running turn (this host's runner, or another process on
-        this machine that runs it); idempotent."""
-        return await self.sessions.cancel(session_id, who=who, reason=reason)
+        this machine that runs it); idempotent. An open turn nobody runs (interrupted,
+        parked) ends cancelled; its facts reach the streams."""
+        running = self.running(session_id) or self.sessions.turns.of_session(session_id)
+        log = self.sessions.storage.log
+        branch = await open_branch(self.sessions.storage, session_id)
+        head = (await log.head(branch)).high_water if await log.exists(branch) else 0
+        done = await self.sessions.cancel(session_id, who=who, reason=reason)
+        if done.status == "cancelled" and not running:
+            self.publish(session_id, await log.read(branch, start=head))
+        return done
+
+    async def rewind(self, session_id: str, **point: Any) -> RewindResult:
+        """Rewind the session (``Sessions.rewind``'s arguments) while nothing else
+        writes it."""
+        async with self.exclusive(session_id):
+            return await self.sessions.rewind(session_id, **point)
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None
@@ -591,6 +615,20 @@ class Hub:
         if done.outside_run and done.event is not None:
             self.publish(session_id, (done.event,))  # a run's facts reach streams by itself
         return done
+
+
+#: the policies whose message stops the running turn and runs before the waiting ones
+URGENT = ("interrupt", "rollback")
+
+
+def busy_refusal(session_id: str) -> HostConflictError:
+    """A message with policy ``reject`` for a session that has work."""
+    return HostConflictError(
+        f"session {session_id!r} is running a turn, and the message's policy is reject",
+        hint="send it again once the turn has ended, or with policy enqueue",
+        code="session_busy",
+        session_id=session_id,
+    )
 
 
 def _summary(result: TurnResult) -> dict[str, Any]:

@@ -5,8 +5,8 @@ A turn running in this process is reached through ``RunningTurns``
 (``lodger.engine.steering``, the registry steers use too); one that another process on
 this machine runs, through the state directory (``lodger.runtime._local_control``). A
 mode switch of a session nobody runs is committed here, through the session's own
-writer. A cancel of a session nobody runs writes nothing: there is no turn to stop (an
-open turn that nobody runs, interrupted or parked, is ended with ``abandon``).
+writer. A cancel of a session nobody runs ends its open turn (interrupted, parked)
+cancelled, through the session's own writer; with no open turn it writes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Literal, cast, get_args
 from lodger.engine.control import CancelOutcome, CancelRequest
 from lodger.engine.envelope import Envelope
 from lodger.engine.journal import Journal
+from lodger.engine.resume import cancel_open
 from lodger.engine.state import SessionState
 from lodger.engine.steering import RunningTurns, TurnControl
 from lodger.errors import SessionNotFoundError, UsageError
@@ -34,6 +35,7 @@ __all__ = [
     "branch_of",
     "cancel_turn",
     "check_mode",
+    "commit_cancel",
     "commit_mode",
     "request_handler",
     "switch_mode",
@@ -119,10 +121,21 @@ def _outcome_from(session_id: str, turn_id: str | None, events: Any) -> CancelOu
     return CancelOutcome(session_id=session_id, status="not_running", turn_id=turn_id)
 
 
+#: ends an open turn nobody runs as cancelled: (session id, request) -> the outcome
+IdleCancel = Callable[[str, CancelRequest], Awaitable[CancelOutcome]]
+
+
 async def cancel_turn(
-    turns: RunningTurns, storage: Storage, session_id: str, request: CancelRequest
+    turns: RunningTurns,
+    storage: Storage,
+    session_id: str,
+    request: CancelRequest,
+    *,
+    idle: IdleCancel | None = None,
 ) -> CancelOutcome:
-    """Cancel the session's running turn, here or in another process on this machine."""
+    """Cancel the session's running turn, here or in another process on this machine;
+    with ``idle``, an open turn nobody runs (interrupted, parked) is ended cancelled
+    through the session's own writer (``lodger.engine.resume.cancel_open``)."""
     control = turns.get(session_id)
     if control is not None:
         return await _cancel_here(control, request)
@@ -139,7 +152,30 @@ async def cancel_turn(
             return await _settled_elsewhere(storage, session_id, reply)
     if not await storage.log.exists(session_id):
         return CancelOutcome(session_id=session_id, status="unknown_session")
+    if idle is not None:
+        return await idle(session_id, request)
     return CancelOutcome(session_id=session_id, status="not_running")
+
+
+async def commit_cancel(
+    writer: SessionWriter,
+    state: SessionState,
+    request: CancelRequest,
+    *,
+    clock: Clock,
+    ids: IdFactory,
+) -> CancelOutcome:
+    """End the open turn nobody runs as cancelled (``not_running``: none is open)."""
+    sid = writer.session_id
+    turn_id = state.open_turn
+    made = await cancel_open(
+        writer, state, who=request.who, reason=request.reason, clock=clock, ids=ids
+    )
+    if not made:
+        return CancelOutcome(session_id=sid, status="not_running")
+    return CancelOutcome(
+        session_id=sid, status="cancelled", turn_id=turn_id, turn_status="cancelled"
+    )
 
 
 async def _settled_elsewhere(

@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from lodger.engine.loop import TurnResult
 from lodger.engine.queue import logged_steer_ids
 from lodger.errors import ControlPlaneError
+from lodger.runtime._worker_queue import relay_urgent
 from lodger.runtime.sessions import Binding, Sessions
-from lodger.storage.control.interface import Steers
+from lodger.storage.control.interface import FollowUps, Steers
 
-__all__ = ["relay_steers", "requeue_left", "run_followups"]
+__all__ = ["Relayed", "relay_steers", "requeue_left", "run_followups"]
 
 log = logging.getLogger("lodger.worker")
 
 
+class Relayed(Steers, FollowUps, Protocol):
+    """What the relay reads: steers, and the follow-up queue's urgent messages."""
+
+
 async def relay_steers(
-    control: Steers,
+    control: Relayed,
     sessions: Sessions,
     session_id: str,
     holder: str,
@@ -43,6 +48,8 @@ async def relay_steers(
         if running is not None and running.busy and running.state is not None:
             try:
                 await _relay_once(control, sessions, session_id, holder)
+                # an interrupt or rollback message queued for the session stops its turn
+                await relay_urgent(control, sessions, session_id, holder)
             except ControlPlaneError as exc:
                 log.warning("taking steers of %s: %s", session_id, exc.message)
         await asyncio.wait([turn], timeout=poll_s)

@@ -603,7 +603,15 @@ class Agent:
         check_session_id(session_id)
         request = CancelRequest(who=who, reason=reason)
         branch = await _session_control.branch_of(self.turns, self.storage, session_id)
-        return await _session_control.cancel_turn(self.turns, self.storage, branch, request)
+        return await _session_control.cancel_turn(
+            self.turns, self.storage, branch, request, idle=self._cancel_idle
+        )
+
+    async def _cancel_idle(self, session_id: str, request: CancelRequest) -> CancelOutcome:
+        async with self.open_session(session_id) as (writer, state):
+            return await _session_control.commit_cancel(
+                writer, state, request, clock=self.clock, ids=self.ids
+            )
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None = None

@@ -117,10 +117,14 @@ async def rewind_session(
     who: str | None = None,
     clock: Clock,
     ids: IdFactory,
+    workspace: Path | None = None,
 ) -> RewindResult:
     """Rewind session ``name`` (see the module docstring): to offset ``to`` or before turn
     ``turn`` of its current branch, or of ``branch``; ``undo`` goes back to the head of the
-    branch the current one was rewound from. ``who`` names the operator."""
+    branch the current one was rewound from. ``who`` names the operator. ``workspace``
+    is the directory to restore instead of the one the log records (a worker-run
+    session's workspace lives in its snapshots: the caller restores one into a directory,
+    rewinds it, and snapshots it again)."""
     root = root_of(check_session_id(name))
     await finish_rewind(storage, root)
     log = storage.log
@@ -133,9 +137,11 @@ async def rewind_session(
         lineage = [*await read_inherited(log, current, own), *own]
         source, source_own, at = await _target(storage, root, current, own, to, turn, branch, undo)
         source_lineage = (await read_lineage(log, source)).events if source != current else lineage
+        where = workspace or _workspace_of(current, own)
         changes, forced, revert = await _leave(
             storage,
             writer,
+            where,
             lineage,
             source_lineage,
             len(source_lineage) - len(source_own) + at,
@@ -152,7 +158,7 @@ async def rewind_session(
             branch=await next_branch(log, root),
             source=source,
             at=at,
-            workspace=str(w) if (w := _workspace_of(current, own)) is not None else None,
+            workspace=str(where) if where is not None else None,
             changes=tuple(changes),
             revert=tuple(revert),
             rewound={
@@ -185,6 +191,7 @@ async def rewind_session(
 async def _leave(
     storage: Storage,
     writer: SessionWriter,
+    workspace: Path | None,
     lineage: list[Event],
     source: list[Event],
     shared: int,
@@ -198,7 +205,6 @@ async def _leave(
     is now to the branch left behind (so undoing the rewind brings every file back):
     the changes, the (forced) files changed outside lodger, sorted, and the changes that
     would undo the changes."""
-    workspace = _workspace_of(writer.session_id, writer.initial_events)
     if workspace is None:
         return [], [], []
     taken, changes, outside, revert = await _plan(storage, workspace, lineage, source, shared)

@@ -45,6 +45,7 @@ from lodger.runtime._session_control import (
     branch_of,
     cancel_turn,
     check_mode,
+    commit_cancel,
     commit_mode,
     switch_mode,
 )
@@ -363,10 +364,13 @@ class Sessions:
         undo: bool = False,
         force: bool = False,
         who: str | None = None,
+        workspace: Path | None = None,
     ) -> RewindResult:
         """Rewind the session to offset ``to`` (or before turn ``turn``) of its current
         branch (or of ``branch``), conversation and workspace; ``undo`` goes back to the
-        branch the last rewind left. See :mod:`lodger.runtime.rewind`."""
+        branch the last rewind left. ``workspace`` stands in for the recorded one (a
+        worker-run session's, restored from its snapshot). See
+        :mod:`lodger.runtime.rewind`."""
         return await rewind_session(
             self.storage,
             session_id,
@@ -378,6 +382,7 @@ class Sessions:
             who=who,
             clock=self.clock,
             ids=self.ids,
+            workspace=workspace,
         )
 
     def _agent(self, binding: Binding, servers: McpServers) -> Agent:
@@ -498,13 +503,26 @@ class Sessions:
             return await agent.run_queued(session_id)
 
     async def cancel(
-        self, session_id: str, *, who: str | None = None, reason: str = ""
+        self,
+        session_id: str,
+        *,
+        who: str | None = None,
+        reason: str = "",
+        settle_open: bool = True,
     ) -> CancelOutcome:
         """Cancel the session's running turn, here or in another process sharing this
-        state directory (see ``Agent.cancel``); needs no model, tools or workspace."""
+        state directory (see ``Agent.cancel``); needs no model, tools or workspace. An
+        open turn nobody runs is ended cancelled, unless ``settle_open`` is False (a
+        worker between its turns: the request waits for the turn about to run)."""
         request = CancelRequest(who=who, reason=reason)
         branch = await branch_of(self.turns, self.storage, session_id)
-        return await cancel_turn(self.turns, self.storage, branch, request)
+        idle = self._cancel_idle if settle_open else None
+        return await cancel_turn(self.turns, self.storage, branch, request, idle=idle)
+
+    async def _cancel_idle(self, session_id: str, request: CancelRequest) -> CancelOutcome:
+        writer, state = await self._writer_and_fold(session_id)
+        async with closing_writer(writer):
+            return await commit_cancel(writer, state, request, clock=self.clock, ids=self.ids)
 
     async def set_permission_mode(
         self, session_id: str, mode: str, *, who: str | None = None

@@ -47,6 +47,7 @@ from lodger.errors import (
 from lodger.events import PermissionRequested, WorkspaceSnapshot
 from lodger.media import wake_input, wake_text
 from lodger.runtime._worker_cancel import deliver_cancels
+from lodger.runtime._worker_queue import take_into_log
 from lodger.runtime._worker_steers import relay_steers, requeue_left, run_followups
 from lodger.runtime._worker_text import TextRelay
 from lodger.runtime.approvals import DEFAULT_APPROVAL_EXPIRY_S
@@ -69,7 +70,7 @@ from lodger.storage.control.interface import (
 from lodger.storage.eventlog import EventLog
 from lodger.storage.snapshots import restore_snapshot, snapshot_workspace
 
-__all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats"]
+__all__ = ["BindingFactory", "Worker", "WorkerConfig", "WorkerStats", "newest_snapshot"]
 
 log = logging.getLogger("lodger.worker")
 
@@ -272,6 +273,8 @@ class Worker:
             ended = True
             # the steers no turn took are the session's next messages now
             await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
+            # and a follow-up queued while this worker let go is woken for
+            await self.control.wake_queued(session_id=wake.session_id)
         finally:
             # once released, another slot may hold the session's next grant: not that one
             current = self._own(lease)
@@ -408,7 +411,7 @@ class Worker:
         )
         workspace = Path(root)
         try:
-            start = _newest_snapshot(state, row)
+            start = newest_snapshot(state, row)
             if start is not None:
                 await restore_snapshot(start, self.storage.artifacts, workspace)
             # a session made by the host has no log yet; the index holds its model
@@ -426,6 +429,8 @@ class Worker:
                 await self._deliver(sessions, wake, binding, workspace, step)
             if step.delay is None and not step.waiting and step.state and step.state.queue:
                 await self._followups(sessions, sid, binding, step)
+            if step.delay is None and not step.waiting and step.state is not None:
+                await self._queued(sessions, sid, binding, step)
             await self._settled(sid, binding, workspace, step)
             return step
         finally:
@@ -517,6 +522,14 @@ class Worker:
             self.stats.settled.append(result.status)
             step.waiting = result.status == "waiting"
         step.state = await self._fold(sid)
+
+    async def _queued(self, sessions: Sessions, sid: str, binding: Binding, step: _Step) -> None:
+        """The follow-ups hosts queued in the control plane, one turn each, while the
+        session settles (``lodger.runtime._worker_queue``)."""
+        while await take_into_log(self.control, sessions, sid, self.holder):
+            await self._followups(sessions, sid, binding, step)
+            if step.waiting or step.state is None or step.state.open_turn is not None:
+                return
 
     async def _settled(self, sid: str, binding: Binding, workspace: Path, step: _Step) -> None:
         """After the wake's work: park its questions, snapshot, index, wake who waits."""
@@ -737,7 +750,7 @@ def _index_of(
     )  # fmt: skip
 
 
-def _newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:
+def newest_snapshot(state: SessionState | None, row: SessionRow | None) -> str | None:
     """The workspace a wake starts from: the index's snapshot, unless the log recorded a
     newer one (a turn run outside the workers, ``lodger run --store``, after the index
     was written, or before any worker ran the session)."""

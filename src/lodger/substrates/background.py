@@ -40,6 +40,7 @@ __all__ = [
     "reconcile",
     "table_for",
     "turn_ending",
+    "unconverged",
 ]
 
 Keep = Literal["turn", "session"]
@@ -49,7 +50,8 @@ Keep = Literal["turn", "session"]
 class ProcessLimits:
     """What a session's background processes may use. ``max_processes`` and
     ``kept_bytes`` cover the whole set; ``memory_bytes``, ``cpu_time_s``, ``wall_time_s``
-    and ``output_bytes`` each process (a cgroup per process, as for a shell command)."""
+    ``output_bytes`` and ``disk_bytes`` each process (a cgroup per process and a disk
+    watcher, as for a shell command)."""
 
     max_processes: int = 4
     #: bytes of output kept in each process's file (the rest is counted, not kept)
@@ -59,6 +61,9 @@ class ProcessLimits:
     wall_time_s: float = 3600.0
     cpu_time_s: float | None = 600.0
     memory_bytes: int | None = 1024 * 1024 * 1024
+    #: what one process may write into the workspace and its private ``/tmp``, as a
+    #: shell command's disk limit (``lodger.substrates.sandbox._disk``: limit ``disk``)
+    disk_bytes: int | None = 1024 * 1024 * 1024
 
     def sandbox_limits(self) -> Limits:
         return Limits(
@@ -66,7 +71,7 @@ class ProcessLimits:
             cpu_time_s=self.cpu_time_s,
             memory_bytes=self.memory_bytes,
             output_bytes=self.output_bytes,
-            disk_bytes=None,
+            disk_bytes=self.disk_bytes,
         )
 
 
@@ -357,3 +362,19 @@ def reconcile(session_id: str, events: Iterable[Event]) -> list[ProcessEnded]:
             )
         )
     return ended
+
+
+def unconverged(
+    session_id: str, events: Iterable[Event], ended: Iterable[ProcessEnded]
+) -> tuple[str, ...]:
+    """The resume invariant "no unconverged background work", checked as such: one line
+    per process the log says is live that ``reconcile`` neither adopted (in this lodger
+    process's table) nor ended (``ended``). Empty when every handle converged."""
+    table = _TABLES.get(session_id)
+    gone = {e.process_id for e in ended}
+    return tuple(
+        f"background: process {process_id} ({started.command!r}) is live in the log but "
+        "neither running here nor ended"
+        for process_id, started in _unended(events).items()
+        if process_id not in gone and (table is None or process_id not in table.processes)
+    )

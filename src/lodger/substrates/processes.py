@@ -76,7 +76,7 @@ async def _spawn(
 ) -> _Process:
     """Start ``command`` in the session's network namespace; returns once it runs."""
     from lodger.substrates.sandbox._git import git_placeholder
-    from lodger.substrates.sandbox._process import run_confined
+    from lodger.substrates.sandbox._process import disk_watch, run_confined
     from lodger.substrates.sandbox.bubblewrap import (
         BubblewrapSandbox,
         bubblewrap_argv,
@@ -92,7 +92,10 @@ async def _spawn(
     net = await table.ensure_net(holder)
     stdin_r, stdin_w = os.pipe()
     filter_r = _filter_fd()
-    argv = _command_line(box.executable, command, root, ctx, filter_r, stdin_r)
+    confined = limits.sandbox_limits()
+    argv = _command_line(
+        box.executable, command, root, ctx, filter_r, stdin_r, tmp_bytes=confined.disk_bytes
+    )
     p = _Process(
         process_id=process_id,
         command=command,
@@ -113,15 +116,28 @@ async def _spawn(
                 env=scrubbed_env(root, policy),
                 cwd=root,
                 stdin=b"",
-                limits=limits.sandbox_limits(),
+                limits=confined,
                 on_output=p.feed,
                 signal_exit_codes=True,
                 pass_fds=(filter_r, stdin_r),
                 on_spawn=spawned.set_result,
+                # what it writes is counted as a shell command's is, for its whole life
+                disk=await disk_watch(confined, root, exclude=ctx.hidden),
             )
 
     # Owned by the table: stopped and awaited by process_stop or the turn's end.
     p.task = asyncio.create_task(run(), name=f"lodger-process-{process_id}")
+    p.pid = await _started(p, spawned, stdin_w, (filter_r, stdin_r))
+    table.processes[process_id] = p
+    return p
+
+
+async def _started(
+    p: _Process, spawned: asyncio.Future[int], stdin_w: int, child_fds: tuple[int, int]
+) -> int:
+    """Wait until the process ``p.task`` runs spawned (its pid) or failed to start;
+    closes the descriptors only the child keeps."""
+    assert p.task is not None
     try:
         waited: list[asyncio.Future[object]] = [p.task, spawned]  # type: ignore[list-item]
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
@@ -131,8 +147,8 @@ async def _spawn(
         os.close(stdin_w)
         raise
     finally:
-        os.close(filter_r)
-        os.close(stdin_r)
+        for fd in child_fds:
+            os.close(fd)
     if not spawned.done():
         os.close(stdin_w)
         exc = p.task.exception()
@@ -141,9 +157,7 @@ async def _spawn(
             hint="tell the user; nothing ran",
             code="sandbox_unavailable",
         )
-    p.pid = spawned.result()
-    table.processes[process_id] = p
-    return p
+    return spawned.result()
 
 
 def _filter_fd() -> int:
@@ -157,7 +171,14 @@ def _filter_fd() -> int:
 
 
 def _command_line(
-    bwrap: str, command: str, root: Path, ctx: ToolContext, filter_r: int, stdin_r: int
+    bwrap: str,
+    command: str,
+    root: Path,
+    ctx: ToolContext,
+    filter_r: int,
+    stdin_r: int,
+    *,
+    tmp_bytes: int | None,
 ) -> list[str]:
     """bwrap's command line for ``command``, in no network namespace of its own; the
     descriptor ``stdin_r`` becomes its stdin, then bash evaluates the command line."""
@@ -172,6 +193,7 @@ def _command_line(
         hidden=ctx.hidden,
         seccomp_fd=filter_r,
         share_net=True,
+        tmp_bytes=tmp_bytes,
     )
 
 

@@ -15,6 +15,7 @@ from lodger import Agent, tool
 from lodger.engine.settings import Hooks
 from lodger.events import (
     CallRejected,
+    CancelRequested,
     Event,
     PermissionDecided,
     PermissionRequested,
@@ -22,6 +23,7 @@ from lodger.events import (
     SessionStarted,
     ToolDispatched,
     ToolResponded,
+    TurnEnded,
     Usage,
 )
 from lodger.providers.base import ModelRequest, ModelResponse
@@ -426,3 +428,49 @@ async def test_a_childs_structured_output_is_the_result_and_a_bad_schema_is_refu
         assert result["output"] == {"sum": 5} and "answer" not in result
         child = await agent.log.read_all(result["session"])
         assert [e.kind for e in child].count("output_rejected") == 1
+
+
+async def test_a_cancel_of_the_parent_turn_ends_the_child_turn_cancelled(
+    tmp_path: Path,
+) -> None:
+    """``Agent.cancel`` of the parent cascades: the child's running call settles, and
+    its turn ends cancelled naming who cancelled the parent (a plain task cancel, above,
+    leaves the child open for a resume instead)."""
+    started = asyncio.Event()
+
+    @tool
+    async def wait_forever() -> str:
+        """Never ends by itself."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model = routed(
+        {
+            "go": [_step([_delegate("w")]), {"text": "never"}],
+            "w": [_step([{"name": "wait_forever", "args": {}}]), {"text": "never"}],
+        }
+    )
+    async with Agent(
+        model=model,
+        tools=[wait_forever],
+        storage=tmp_path / "s",
+        subagents=SubagentPolicy(),
+    ) as agent:
+        run = asyncio.create_task(agent.run("go", session="p"))
+        await asyncio.wait_for(started.wait(), 20)
+        done = await agent.cancel("p", who="alice", reason="wrong plan")
+        assert done.status == "cancelled"
+        assert (await run).status == "cancelled"
+        child_id = next(s for s in await _sessions(agent) if s != "p")
+        child = await agent.log.read_all(child_id)
+        await agent.log.verify(child_id)
+        (waited,) = _responses(child).values()
+        assert waited.status == "cancelled"
+        kinds = [e.kind for e in child]
+        assert kinds[-2:] == ["cancel_requested", "turn_ended"], kinds
+        asked, ended = child[-2].body, child[-1].body
+        assert isinstance(asked, CancelRequested) and asked.who == "alice"
+        assert "its parent's turn was cancelled: wrong plan" in asked.reason
+        assert isinstance(ended, TurnEnded) and ended.status == "cancelled"
+        assert (await agent.cancel(child_id)).status == "not_running"  # nothing open

@@ -69,3 +69,42 @@ def test_cancel_reaches_the_worker_that_runs_the_turn(
         assert verified.returncode == 0, verified.stderr
     finally:
         workers.stop_all()
+
+
+@pytest.mark.parametrize("plane", ["postgres"])
+def test_lodger_mode_reaches_the_turn_a_worker_runs(
+    tmp_path: Path, plane: str, request: pytest.FixtureRequest
+) -> None:
+    """`lodger mode --control` for a turn a worker runs: the worker commits the switch
+    through the running turn (``session_modes``), and the same mode again writes nothing."""
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps([{"calls": [{"name": "note", "args": {"tag": "m"}}]}, {"text": "done"}])
+    )
+    server: PostgresServer = request.getfixturevalue("postgres")
+    dsn = server.new_database()
+    workers = Workers(tmp_path, f"file://{tmp_path / 'objects'}", dsn, script)
+    try:
+        workers.start()
+        assert workers.send("s1", "note it").returncode == 0
+        wait_for("the worker inside the tool", (tmp_path / "holding-m").exists)
+
+        def mode(name: str) -> dict[str, object]:
+            done = lodger(tmp_path, "mode", "s1", name, "--store", workers.store,
+                          "--control", dsn, "--json")  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return dict(json.loads(done.stdout))
+
+        assert mode("plan")["status"] == "changed"
+        assert mode("plan")["status"] == "unchanged"
+        (tmp_path / "gate-m").touch()
+        wait_for(
+            "the turn's end",
+            lambda: any(e["body"]["kind"] == "turn_ended" for e in workers.events("s1")),
+        )
+        events = workers.events("s1")
+        (changed,) = [e for e in events if e["body"]["kind"] == "permission_mode_changed"]
+        (started,) = [e for e in events if e["body"]["kind"] == "turn_started"]
+        assert changed["body"]["mode"] == "plan" and changed["turn_id"] == started["turn_id"]
+    finally:
+        workers.stop_all()

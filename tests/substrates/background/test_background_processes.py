@@ -207,3 +207,25 @@ async def test_a_process_kept_for_the_session_outlives_its_turn(tmp_path: Path) 
     assert "still here" in _responses(events)[1]
     (ended,) = _bodies(events, ProcessEnded)
     assert ended.status == "stopped"
+
+
+async def test_a_process_writing_past_its_disk_limit_is_stopped_by_it(tmp_path: Path) -> None:
+    """The disk watcher of shell commands covers background processes: one that keeps
+    writing into the workspace is stopped with limit ``disk`` (and says so)."""
+    ws = _workspace(tmp_path)
+    writer = (
+        'exec python3 -c "import time\n'
+        "with open('grow.bin', 'wb') as f:\n"
+        "    for _ in range(600):\n"
+        '        f.write(bytes(256 * 1024)); f.flush(); time.sleep(0.01)"'
+    )
+    script = [
+        _call("start_process", command=writer),
+        _call("process_wait", process_id="proc-call-0-1", timeout_s=60),
+        {"text": "done"},
+    ]
+    _, events = await _run(ws, script, ProcessLimits(disk_bytes=4 * 1024 * 1024))
+    ended = {e.process_id: e for e in _bodies(events, ProcessEnded)}
+    assert (ended["proc-call-0-1"].status, ended["proc-call-0-1"].reason) == ("limit", "disk")
+    assert "ended: limit" in _responses(events)[1]
+    assert (ws / "grow.bin").stat().st_size < 32 * 1024 * 1024  # stopped early, not at 150 MiB

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials
@@ -29,11 +29,29 @@ from lodger.host.webhooks import HookConfig
 from lodger.runtime.sessions import Sessions
 from lodger.storage.control.host_index import HostControl, TokenGrant
 
-__all__ = ["Grant", "HostParts", "Input", "Parts", "Session", "SessionId", "host_parts"]
+__all__ = [
+    "Grant",
+    "HostParts",
+    "Input",
+    "Parts",
+    "Session",
+    "SessionId",
+    "host_parts",
+    "json_number",
+]
 
 SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
+
+
+def json_number(value: Any) -> Any:
+    """A before-validator for an integer field: pydantic's lax integers would read
+    ``true`` as 1 and ``"2"`` as 2; a JSON number (``2`` or ``2.0``) goes on to the int
+    type and its bounds. Use it as ``_n = field_validator("at", mode="before")(json_number)``."""
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError("must be a JSON number, not a boolean or a string")
+    return value
 
 
 class Input(BaseModel):

@@ -29,6 +29,7 @@ from lodger.events import Event
 from lodger.host.errors import error_body
 from lodger.host.feed import DeltaBuffer, LiveText
 from lodger.host.routes._deps import HostParts, Parts, Session
+from lodger.storage.branches import current_branch
 
 __all__ = ["MAX_OFFSET", "EventPage", "delta_json", "event_json", "live_items", "router"]
 
@@ -70,8 +71,10 @@ async def events(
     start: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> EventPage:
-    """Committed facts ``[start, start + limit)``, verified."""
-    page = await host.sessions.storage.log.read(session_id, start=start, end=start + limit)
+    """Committed facts ``[start, start + limit)``, verified (of the session's current
+    branch once it was rewound: the newest ``S..rN``)."""
+    log = host.sessions.storage.log
+    page = await log.read(await current_branch(log, session_id), start=start, end=start + limit)
     return EventPage(events=[event_json(e) for e in page], next=start + len(page))
 
 
@@ -95,8 +98,10 @@ async def stream(
     ``Last-Event-ID``), then live as they commit (``follow=false``: up to now). A
     stream that cannot go on (a damaged log) ends with a ``stream_error`` event whose data
     is the error body. ``deltas=true``: the model's text as it streams is interleaved as
-    ``text_delta`` events with no id (transient, never facts)."""
+    ``text_delta`` events with no id (transient, never facts). A rewound session streams
+    its current branch (as of the request)."""
     first = start if start is not None else 0
+    session_id = await current_branch(host.sessions.storage.log, session_id)
     if last_event_id is not None:
         first = int(last_event_id) + 1
     return StreamingResponse(

@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Header, Path
 from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator, BaseModel, Field, create_model
+from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator
 
 from lodger.engine.modelsettings import REASONING_EFFORTS, settings_from_mapping
 from lodger.errors import UsageError
+from lodger.events import QueuePolicy
 from lodger.host.limits import MAX_MEDIA_REQUEST
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.events import MAX_OFFSET
 from lodger.media import (
     URL_EXTENSIONS,
@@ -183,6 +184,8 @@ class ModelSettingsIn(Input):
     #: provider-specific options merged into the request body as they are
     extra: dict[str, Any] | None = None
 
+    _numbers = field_validator("max_tokens", "seed", mode="before")(json_number)
+
 
 def _server() -> Any:
     return Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$", description="an MCP server's name")
@@ -225,6 +228,13 @@ class SendMessage(Input):
     )
     prompt: PromptIn | None = Field(
         default=None, description="an MCP prompt the turn starts from (the text follows it)"
+    )
+    policy: QueuePolicy = Field(
+        default="enqueue",
+        description="what to do while the session has work, as the follow-up queue's "
+        "policies: enqueue (run after it), reject (409 session_busy), interrupt (stop the "
+        "running turn once its calls settle, then run this first), rollback (abandon the "
+        "running turn before its next calls, then run this first)",
     )
     #: the turn's model settings (temperature, max_tokens, ...) over the project's
     model_settings: ModelSettingsIn | None = Field(
@@ -289,7 +299,13 @@ async def send(
             error=UsageError,
         )
     message, created = await host.hub.send(
-        session_id, key=key, text=body.text, media=media, settings=settings, mcp=mcp
+        session_id,
+        key=key,
+        text=body.text,
+        media=media,
+        settings=settings,
+        mcp=mcp,
+        policy=body.policy,
     )
     return Accepted(message=message_out(message), created=created, stream=stream_path(session_id))
 

@@ -7,10 +7,10 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from lodger.host.auth import require_admin
-from lodger.host.routes._deps import Grant, Input, Parts, Session
+from lodger.host.routes._deps import Grant, Input, Parts, Session, json_number
 from lodger.host.routes.events import MAX_OFFSET
 from lodger.host.routes.messages import Accepted, Key, message_out, stream_path
 
@@ -50,6 +50,8 @@ class ForkSession(Input):
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )
+
+    _numbers = field_validator("at", mode="before")(json_number)
 
 
 class Facts(BaseModel):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from lodger.errors import HostConflictError
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.events import MAX_OFFSET
 
 __all__ = ["RewindOut", "RewindSession", "ToBranch", "ToOffset", "ToTurn", "Undo", "router"]
@@ -37,6 +37,8 @@ class ToOffset(Input):
     offset: int = Field(ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
 
+    _numbers = field_validator("offset", mode="before")(json_number)
+
 
 class ToTurn(Input):
     """Go back to just before turn ``turn`` (numbered from 1) of the branch started."""
@@ -44,6 +46,8 @@ class ToTurn(Input):
     kind: Literal["turn"]
     turn: int = Field(ge=1, le=MAX_OFFSET)
     branch: str | None = _BRANCH
+
+    _numbers = field_validator("turn", mode="before")(json_number)
 
 
 class ToBranch(Input):
@@ -92,15 +96,14 @@ async def rewind(
             code="session_busy",
             session_id=session_id,
         )
-    async with hub.exclusive(session_id):
-        point = body.point
-        done = await host.sessions.rewind(
-            session_id,
-            to=point.offset if isinstance(point, ToOffset) else None,
-            turn=point.turn if isinstance(point, ToTurn) else None,
-            branch=None if isinstance(point, Undo) else point.branch,
-            undo=isinstance(point, Undo),
-            force=body.force,
-            who=host.auth.who(request),
-        )
+    point = body.point
+    done = await hub.rewind(
+        session_id,
+        to=point.offset if isinstance(point, ToOffset) else None,
+        turn=point.turn if isinstance(point, ToTurn) else None,
+        branch=None if isinstance(point, Undo) else point.branch,
+        undo=isinstance(point, Undo),
+        force=body.force,
+        who=host.auth.who(request),
+    )
     return RewindOut.model_validate(done.to_dict())

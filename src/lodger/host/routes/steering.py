@@ -11,16 +11,18 @@ fact naming the token that made it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lodger.engine.queue import MAX_TEXT, QueuedMessage
+from lodger.engine.queue import MAX_TEXT, QueuedMessage, check_message
 from lodger.errors import UsageError
 from lodger.events import QueuePolicy
-from lodger.host.routes._deps import Input, Parts, Session
+from lodger.host.routes._deps import Input, Parts, Session, json_number
 from lodger.host.routes.messages import stream_path
+from lodger.storage.control.interface import QueuedRow
 
 __all__ = [
     "ChangeQueued",
@@ -72,13 +74,17 @@ class ChangeQueued(Input):
     text: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT)
     position: int | None = Field(default=None, ge=0, le=1_000_000)
 
+    _numbers = field_validator("position", mode="before")(json_number)
+
 
 class QueuedOut(BaseModel):
     message_id: str
     text: str
     policy: QueuePolicy
     who: str | None
-    offset: int
+    #: its ``message_queued`` fact's offset (null on a distributed host until a worker
+    #: commits it to the log: till then the control plane holds it)
+    offset: int | None
 
 
 class QueueOut(BaseModel):
@@ -87,17 +93,19 @@ class QueueOut(BaseModel):
     messages: list[QueuedOut]
 
 
-def _out(message: QueuedMessage) -> QueuedOut:
+def _out(message: QueuedMessage | QueuedRow) -> QueuedOut:
     return QueuedOut(
         message_id=message.message_id,
         text=message.text,
-        policy=message.policy,
+        policy=check_message(message.text, message.policy),
         who=message.who,
-        offset=message.offset,
+        offset=message.offset if isinstance(message, QueuedMessage) else None,
     )
 
 
-async def _queue_out(host: Parts, session_id: str, queue: list[QueuedMessage]) -> QueueOut:
+async def _queue_out(
+    host: Parts, session_id: str, queue: Sequence[QueuedMessage | QueuedRow]
+) -> QueueOut:
     return QueueOut(
         session_id=session_id,
         busy=await host.hub.busy(session_id),

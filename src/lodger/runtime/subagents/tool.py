@@ -14,7 +14,9 @@ Children are sessions in the parent's storage. They share the parent's ``Authori
 (file leases, actors, capacity), so a child's edit and the parent's, or two children's,
 meet on one lease; they share the parent's permission gate, so their questions go to the
 parent's approver one at a time, and ``current_subagent()`` names the child that asks.
-Cancelling the parent's call cancels the child, whose running calls settle first.
+Cancelling the parent's call cancels the child, whose running calls settle first; when
+the parent's turn was cancelled (``Agent.cancel``, not merely stopped), the child's turn
+ends ``cancelled`` too (``cancel_requested`` naming who cancelled the parent).
 
 Recovery (policy ``queryable``) probes the child: a child whose turn ended gives its
 answer, with nothing run again; a child whose turn is open is resumed (never restarted);
@@ -38,7 +40,9 @@ from pydantic import TypeAdapter
 from lodger.authority import ResourceClaim
 from lodger.engine.loop import Engine
 from lodger.engine.output import OutputInvalid, OutputSpec
+from lodger.engine.resume import cancel_open
 from lodger.engine.state import SessionState
+from lodger.engine.steering import enclosing_cancel
 from lodger.errors import ProviderError, ResumeBlockedError, ToolCallError, UsageError
 from lodger.events import (
     EventDraft,
@@ -582,6 +586,9 @@ class _Delegator:
                             await engine.resume(journal, relocate=relocate)
                         else:
                             await engine.start_turn(journal, delegation.task)
+                except asyncio.CancelledError:
+                    await _cascade_cancel(writer, state, engine)
+                    raise
                 except TimeoutError:
                     return dataclasses.replace(
                         child_outcome(child_id, state.events),
@@ -661,6 +668,20 @@ class _Delegator:
             observation=f"the subagent session {child_id!r} settled {outcome.status or 'open'}",
             content=outcome.render(),
         )
+
+
+async def _cascade_cancel(writer: SessionWriter, state: SessionState, engine: Engine) -> None:
+    """The parent's turn was cancelled (not merely stopped): the child's turn, whose
+    calls just settled, ends ``cancelled`` as well (``cancel_requested`` naming who
+    cancelled the parent), rather than being left open for a resume."""
+    parent = enclosing_cancel()
+    if parent is None or state.open_turn is None:
+        return
+    why = "its parent's turn was cancelled" + (f": {parent.reason}" if parent.reason else "")
+    services = engine.services
+    await cancel_open(
+        writer, state, who=parent.who, reason=why, clock=services.clock, ids=services.ids
+    )
 
 
 def delegate_tool(agent: ParentAgent, policy: SubagentPolicy) -> Tool:

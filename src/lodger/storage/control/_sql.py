@@ -19,8 +19,10 @@ from lodger.errors import ControlPlaneError, LeaseLostError, StaleTokenError, Us
 from lodger.storage.control.interface import (
     ApprovalRequest,
     HostToken,
+    ModeRequest,
     NamedLease,
     ParkedCall,
+    QueuedRow,
     Schedule,
     SessionCancel,
     SessionClaim,
@@ -55,7 +57,12 @@ __all__ = [
 # schedules found by an index (a worker looks every second), as the due wakes already are.
 # Version 9: steers for sessions that run on workers, taken by the worker holding the
 # session. Version 10: cancel requests for a session's running turn, one per lease grant
-# (epoch), for the worker that holds that lease to deliver.
+# (epoch), for the worker that holds that lease to deliver. Version 11: the follow-up
+# queue of sessions that run on workers (``session_queue``: each message with its author,
+# position and policy, and who changed it last); urgent wakes (a message sent with policy
+# interrupt or rollback runs before the session's other waiting messages); a cancel
+# request's policy (``cancel``, or the ``interrupt``/``rollback`` of such a message);
+# permission-mode switches for a turn a worker runs (``session_modes``).
 # A database at an older version is brought to the newest at start; nothing is lost.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -134,6 +141,21 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "epoch BIGINT NOT NULL, who TEXT, reason TEXT NOT NULL, requested_at {real} NOT NULL, "
         "status TEXT NOT NULL DEFAULT 'pending', settled_at {real}, UNIQUE (session_id, epoch))",
     ),
+    11: (
+        # ``position`` orders a session's queue (renumbered 0.. at each change);
+        # ``taken_by``: the worker committing it to the session's log right now
+        "CREATE TABLE session_queue (message_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, "
+        "text TEXT NOT NULL, policy TEXT NOT NULL, who TEXT, position BIGINT NOT NULL, "
+        "created_at {real} NOT NULL, changed_by TEXT, changed_at {real}, taken_by TEXT)",
+        "CREATE INDEX session_queue_session ON session_queue (session_id, position)",
+        "ALTER TABLE wakes ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE session_cancels ADD COLUMN policy TEXT NOT NULL DEFAULT 'cancel'",
+        # permission-mode switches for the turn a lease grant runs, delivered by its holder
+        "CREATE TABLE session_modes (id {serial}, session_id TEXT NOT NULL, "
+        "epoch BIGINT NOT NULL, mode TEXT NOT NULL, who TEXT, requested_at {real} NOT NULL, "
+        "status TEXT NOT NULL DEFAULT 'pending', previous TEXT, settled_at {real})",
+        "CREATE INDEX session_modes_lease ON session_modes (session_id, epoch, status)",
+    ),
     # sealed secrets by name (MCP OAuth logins for workers): values are sealed by the
     # caller with a key the store never holds (``lodger.tools._mcp_credentials``)
     12: (
@@ -145,15 +167,17 @@ LATEST_VERSION = max(MIGRATIONS)
 
 _WAKE_COLUMNS = "id, session_id, message, due_at, attempts, started_offset"
 #: the claimable wakes (parameters: now four times, then the limit): due, unclaimed or
-#: abandoned by a dead worker, of a session nobody holds, each its session's oldest due
-#: one. ``wakes_pending`` orders them by due time, so the scan stops after what is due.
+#: abandoned by a dead worker, of a session nobody holds, each its session's first due
+#: one (an urgent wake before the others, else the oldest). ``wakes_pending`` orders
+#: them by due time, so the scan stops after what is due.
 DUE_WAKES = (
     f"SELECT {_WAKE_COLUMNS} FROM wakes WHERE done_at IS NULL AND due_at <= %s "
     "AND (claimed_by IS NULL OR claim_expires_at <= %s) "
     "AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE "
     "l.session_id = wakes.session_id AND l.expires_at > %s) "
     "AND NOT EXISTS (SELECT 1 FROM wakes w WHERE w.session_id = wakes.session_id "
-    "AND w.done_at IS NULL AND w.due_at <= %s AND w.id < wakes.id) "
+    "AND w.done_at IS NULL AND w.due_at <= %s "
+    "AND (w.urgent > wakes.urgent OR (w.urgent = wakes.urgent AND w.id < wakes.id))) "
     "ORDER BY due_at, id LIMIT %s"
 )
 #: the schedules due (parameter: now), found through ``schedules_due``
@@ -391,9 +415,10 @@ class SqlControlPlane:
         message: str | None,
         due_at: float | None = None,
         idempotency_key: str | None = None,
+        urgent: bool = False,
     ) -> int | None:
         async with self._tx() as tx:
-            return await self._send(tx, session_id, message, due_at, idempotency_key)
+            return await self._send(tx, session_id, message, due_at, idempotency_key, urgent)
 
     async def _send(
         self,
@@ -402,6 +427,7 @@ class SqlControlPlane:
         message: str | None,
         due_at: float | None,
         idempotency_key: str | None,
+        urgent: bool = False,
     ) -> int | None:
         if idempotency_key is not None:
             fresh = await tx.change(
@@ -412,7 +438,10 @@ class SqlControlPlane:
             if not fresh:
                 return None
         rows = await tx.rows(
-            "INSERT INTO wakes (session_id, message, due_at) VALUES (%s, %s, %s) RETURNING id",
+            # ``urgent`` only when it is (a database before version 11 has no such column)
+            "INSERT INTO wakes (session_id, message, due_at"
+            + (", urgent) VALUES (%s, %s, %s, 1)" if urgent else ") VALUES (%s, %s, %s)")
+            + " RETURNING id",
             (session_id, message, tx.now if due_at is None else due_at),
         )
         wake_id = int(rows[0][0])
@@ -1189,7 +1218,7 @@ class SqlControlPlane:
     # ----------------------------------------------------------- cancel requests
 
     async def request_cancel(
-        self, *, session_id: str, who: str | None, reason: str
+        self, *, session_id: str, who: str | None, reason: str, policy: str = "cancel"
     ) -> tuple[SessionCancel | None, bool]:
         async with self._tx() as tx:
             rows = await tx.rows(
@@ -1200,9 +1229,10 @@ class SqlControlPlane:
                 return None, False  # nobody holds the session: no turn runs
             epoch = int(rows[0][0])
             created = await tx.change(
-                "INSERT INTO session_cancels (session_id, epoch, who, reason, requested_at) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, epoch) DO NOTHING",
-                (session_id, epoch, who, reason, tx.now),
+                "INSERT INTO session_cancels (session_id, epoch, who, reason, requested_at, "
+                "policy) VALUES (%s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id, epoch) DO NOTHING",
+                (session_id, epoch, who, reason, tx.now, policy),
             )
             found = await tx.rows(
                 f"SELECT {_CANCEL_COLUMNS} FROM session_cancels "
@@ -1240,8 +1270,246 @@ class SqlControlPlane:
             )
             return _cancel(rows[0]) if rows else None
 
+    # ----------------------------------------------------------- the follow-up queue
 
-_CANCEL_COLUMNS = "id, session_id, epoch, who, reason, status, requested_at"
+    async def _queue_rows(self, tx: _Tx, session_id: str) -> list[QueuedRow]:
+        rows = await tx.rows(
+            f"SELECT {_QUEUE_COLUMNS} FROM session_queue WHERE session_id = %s "
+            "ORDER BY position, created_at, message_id",
+            (session_id,),
+        )
+        return [_queued(r) for r in rows]
+
+    async def _renumber(self, tx: _Tx, order: Sequence[QueuedRow]) -> None:
+        for position, row in enumerate(order):
+            if row.position != position:
+                await tx.change(
+                    "UPDATE session_queue SET position = %s WHERE message_id = %s",
+                    (position, row.message_id),
+                )
+
+    async def _plain_wake(self, tx: _Tx, session_id: str) -> bool:
+        """A plain wake for the session, unless one waits unclaimed already."""
+        waiting = await tx.rows(
+            "SELECT 1 FROM wakes WHERE session_id = %s AND done_at IS NULL AND message IS NULL "
+            "AND claimed_by IS NULL AND held = 0",
+            (session_id,),
+        )
+        if waiting:
+            return False
+        await self._send(tx, session_id, None, None, None)
+        return True
+
+    async def add_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        text: str,
+        policy: str,
+        who: str | None,
+        refuse_busy: bool = False,
+    ) -> tuple[QueuedRow | None, bool]:
+        async with self._tx() as tx:
+            await self._lock_name(tx, f"queue:{session_id}")
+            held = bool(
+                await tx.rows(
+                    "SELECT 1 FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                    (session_id, tx.now),
+                )
+            )
+            queue = await self._queue_rows(tx, session_id)
+            if refuse_busy and (held or queue or await self._has_due(tx, session_id)):
+                return None, held
+            made = QueuedRow(
+                message_id=message_id, session_id=session_id, text=text, policy=policy,
+                who=who, position=len(queue), created_at=tx.now,
+            )  # fmt: skip
+            await tx.change(
+                "INSERT INTO session_queue (message_id, session_id, text, policy, who, "
+                "position, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (message_id, session_id, text, policy, who, len(queue), tx.now),
+            )
+            if policy in _URGENT:  # ahead of the waiting ones, behind earlier urgent ones
+                at = next((i for i, r in enumerate(queue) if r.policy not in _URGENT), len(queue))
+                queue.insert(at, made)
+                await self._renumber(tx, queue)
+                made = dataclasses.replace(made, position=at)
+            if not held:
+                await self._plain_wake(tx, session_id)
+            return made, held
+
+    async def _has_due(self, tx: _Tx, session_id: str) -> bool:
+        rows = await tx.rows(
+            "SELECT 1 FROM wakes WHERE session_id = %s AND done_at IS NULL AND due_at <= %s",
+            (session_id, tx.now),
+        )
+        return bool(rows)
+
+    async def list_queued(self, *, session_id: str) -> list[QueuedRow]:
+        async with self._read_tx() as tx:
+            return await self._queue_rows(tx, session_id)
+
+    async def change_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        action: str,
+        who: str | None,
+        text: str | None = None,
+        position: int | None = None,
+    ) -> list[QueuedRow] | None:
+        async with self._tx() as tx:
+            await self._lock_name(tx, f"queue:{session_id}")
+            queue = await self._queue_rows(tx, session_id)
+            found = next((r for r in queue if r.message_id == message_id), None)
+            if found is None or found.taken_by is not None:
+                return None
+            if action == "retract":
+                await tx.change("DELETE FROM session_queue WHERE message_id = %s", (message_id,))
+                queue.remove(found)
+                await self._renumber(tx, queue)
+                return await self._queue_rows(tx, session_id)
+            await tx.change(
+                "UPDATE session_queue SET changed_by = %s, changed_at = %s"
+                + (", text = %s" if action == "edit" else "")
+                + " WHERE message_id = %s",
+                (who, tx.now, *((text,) if action == "edit" else ()), message_id),
+            )
+            if action == "move" and position is not None:
+                queue.remove(found)
+                queue.insert(max(0, min(position, len(queue))), found)
+                await self._renumber(tx, queue)
+            return await self._queue_rows(tx, session_id)
+
+    async def take_queued(
+        self, *, session_id: str, holder: str, urgent_only: bool = False
+    ) -> QueuedRow | None:
+        async with self._read_tx() as tx:  # a worker looks often: most looks find nothing
+            if not await tx.rows(
+                "SELECT 1 FROM session_queue WHERE session_id = %s", (session_id,)
+            ):
+                return None
+        async with self._tx() as tx:
+            await self._lock_name(tx, f"queue:{session_id}")
+            queue = await self._queue_rows(tx, session_id)
+            if not queue or (urgent_only and queue[0].policy not in _URGENT):
+                return None
+            await tx.change(
+                "UPDATE session_queue SET taken_by = %s WHERE message_id = %s",
+                (holder, queue[0].message_id),
+            )
+            return dataclasses.replace(queue[0], taken_by=holder)
+
+    async def done_queued(self, *, session_id: str, message_id: str) -> None:
+        async with self._tx() as tx:
+            await self._lock_name(tx, f"queue:{session_id}")
+            await tx.change(
+                "DELETE FROM session_queue WHERE session_id = %s AND message_id = %s",
+                (session_id, message_id),
+            )
+            await self._renumber(tx, await self._queue_rows(tx, session_id))
+
+    async def wake_queued(self, *, session_id: str) -> bool:
+        async with self._read_tx() as tx:  # after every wake: most find nothing queued
+            if not await tx.rows(
+                "SELECT 1 FROM session_queue WHERE session_id = %s", (session_id,)
+            ):
+                return False
+        async with self._tx() as tx:
+            await self._lock_name(tx, f"queue:{session_id}")
+            if not await self._queue_rows(tx, session_id):
+                return False
+            if await tx.rows(
+                "SELECT 1 FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                (session_id, tx.now),
+            ):
+                return False
+            return await self._plain_wake(tx, session_id)
+
+    # ----------------------------------------------------------- mode switches
+
+    async def request_mode(
+        self, *, session_id: str, mode: str, who: str | None
+    ) -> ModeRequest | None:
+        async with self._tx() as tx:
+            rows = await tx.rows(
+                "SELECT epoch FROM session_leases WHERE session_id = %s AND expires_at > %s",
+                (session_id, tx.now),
+            )
+            if not rows:
+                return None  # nobody holds the session: no worker runs a turn of it
+            made = await tx.rows(
+                "INSERT INTO session_modes (session_id, epoch, mode, who, requested_at) "
+                f"VALUES (%s, %s, %s, %s, %s) RETURNING {_MODE_COLUMNS}",
+                (session_id, int(rows[0][0]), mode, who, tx.now),
+            )
+            return _mode_request(made[0])
+
+    async def pending_modes(self, *, lease: SessionLease) -> list[ModeRequest]:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_MODE_COLUMNS} FROM session_modes WHERE session_id = %s "
+                "AND epoch = %s AND status = 'pending' ORDER BY id",
+                (lease.session_id, lease.epoch),
+            )
+            return [_mode_request(r) for r in rows]
+
+    async def settle_mode(
+        self, *, request_id: int, status: str, previous: str | None = None
+    ) -> None:
+        async with self._tx() as tx:
+            await tx.change(
+                "UPDATE session_modes SET status = %s, previous = %s, settled_at = %s "
+                "WHERE id = %s AND status = 'pending'",
+                (status, previous, tx.now, request_id),
+            )
+
+    async def get_mode_request(self, *, request_id: int) -> ModeRequest | None:
+        async with self._read_tx() as tx:
+            rows = await tx.rows(
+                f"SELECT {_MODE_COLUMNS} FROM session_modes WHERE id = %s", (request_id,)
+            )
+            return _mode_request(rows[0]) if rows else None
+
+
+_MODE_COLUMNS = "id, session_id, epoch, mode, who, status, previous"
+
+
+def _mode_request(row: tuple[Any, ...]) -> ModeRequest:
+    return ModeRequest(
+        id=int(row[0]),
+        session_id=str(row[1]),
+        epoch=int(row[2]),
+        mode=str(row[3]),
+        who=None if row[4] is None else str(row[4]),
+        status=str(row[5]),
+        previous=None if row[6] is None else str(row[6]),
+    )
+
+
+_URGENT = ("interrupt", "rollback")
+_QUEUE_COLUMNS = (
+    "message_id, session_id, text, policy, who, position, created_at, changed_by, taken_by"
+)
+
+
+def _queued(row: tuple[Any, ...]) -> QueuedRow:
+    return QueuedRow(
+        message_id=str(row[0]),
+        session_id=str(row[1]),
+        text=str(row[2]),
+        policy=str(row[3]),
+        who=None if row[4] is None else str(row[4]),
+        position=int(row[5]),
+        created_at=float(row[6]),
+        changed_by=None if row[7] is None else str(row[7]),
+        taken_by=None if row[8] is None else str(row[8]),
+    )
+
+
+_CANCEL_COLUMNS = "id, session_id, epoch, who, reason, status, requested_at, policy"
 
 
 def _cancel(row: tuple[Any, ...]) -> SessionCancel:
@@ -1253,6 +1521,7 @@ def _cancel(row: tuple[Any, ...]) -> SessionCancel:
         reason=str(row[4]),
         status=str(row[5]),
         requested_at=float(row[6]),
+        policy=str(row[7]),
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lodger.errors import LeaseLostError
+from lodger.storage.branches import root_of
 from lodger.storage.control.interface import SessionLease, SessionLeases
 from lodger.storage.logstore import ForwardingLogStore, LogStore, Record
 
@@ -61,7 +62,8 @@ class LeaseGuard:
         return self._leases.get(session_id)
 
     async def check(self, session_id: str) -> None:
-        lease = self._leases.get(session_id)
+        # a session's lease covers its branches (``S..rN``: a rewound session's logs)
+        lease = self._leases.get(session_id) or self._leases.get(root_of(session_id))
         self.checked += 1
         if lease is None:
             self.refused += 1
@@ -70,7 +72,7 @@ class LeaseGuard:
                 hint="take the session's lease before writing its log",
                 session_id=session_id,
             )
-        started = self._starts.pop(session_id, None)
+        started = self._starts.pop(session_id, None) or self._starts.pop(lease.session_id, None)
         try:
             await self.control.check_session(lease=lease, wake_started=started)
         except LeaseLostError:

@@ -185,6 +185,7 @@ class HostControl(Protocol):
         text: str,
         created_us: int,
         settings: dict[str, Any] | None = None,
+        urgent: bool = False,
     ) -> tuple[Message, bool]: ...
     async def next_message(self, session_id: str) -> Message | None: ...
     async def start_message(self, message_id: int, *, start_offset: int) -> None: ...
@@ -246,6 +247,7 @@ CREATE TABLE IF NOT EXISTS messages (
     result TEXT,
     created_us INTEGER NOT NULL,
     settings TEXT,
+    urgent INTEGER NOT NULL DEFAULT 0,
     UNIQUE (session_id, key)
 );
 CREATE INDEX IF NOT EXISTS messages_by_status ON messages (status, session_id, id);
@@ -361,10 +363,12 @@ class SqliteHostControl:
         text: str,
         created_us: int,
         settings: dict[str, Any] | None = None,
+        urgent: bool = False,
     ) -> tuple[Message, bool]:
         """Queue a message once per ``(session, key)``: ``(message, created)``. The same key
         with another text (or other settings) is a conflict (the key names one request,
-        not a slot)."""
+        not a slot). An ``urgent`` message (sent with policy interrupt or rollback) runs
+        before the session's other queued messages (``next_message``)."""
         stored = None if settings is None else json.dumps(settings, sort_keys=True)
         asked = f"{kind}\n{text}" if stored is None else f"{kind}\n{text}\n{stored}"
         digest = hashlib.sha256(asked.encode()).hexdigest()
@@ -391,8 +395,8 @@ class SqliteHostControl:
                     return found, False
                 cur = db.execute(
                     "INSERT INTO messages (session_id, key, kind, text, text_sha256, status, "
-                    "created_us, settings) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
-                    (session_id, key, kind, text, digest, created_us, stored),
+                    "created_us, settings, urgent) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                    (session_id, key, kind, text, digest, created_us, stored, int(urgent)),
                 )
                 db.execute("COMMIT")
             except BaseException:
@@ -409,7 +413,7 @@ class SqliteHostControl:
         def work(db: sqlite3.Connection) -> Message | None:
             row = db.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND "
-                "status = 'queued' ORDER BY id LIMIT 1",
+                "status = 'queued' ORDER BY urgent DESC, id LIMIT 1",
                 (session_id,),
             ).fetchone()
             return None if row is None else _message(row)
@@ -606,10 +610,12 @@ _MESSAGE_COLUMNS = (
 
 
 def _add_settings_column(db: sqlite3.Connection) -> None:
-    """An index made before messages carried settings gains the column (empty)."""
+    """An index made before messages carried settings (or urgency) gains the column."""
     columns = {str(row[1]) for row in db.execute("PRAGMA table_info(messages)")}
     if "settings" not in columns:
         db.execute("ALTER TABLE messages ADD COLUMN settings TEXT")
+    if "urgent" not in columns:
+        db.execute("ALTER TABLE messages ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0")
 
 
 _APPROVAL_COLUMNS = "session_id, call_id, tool, summary, status, answered_by, created_us"

@@ -23,11 +23,15 @@ __all__ = [
     "ApprovalRequest",
     "Approvals",
     "ControlPlane",
+    "FollowUps",
     "GlobalAuthorities",
     "HostToken",
     "Lifecycle",
+    "ModeRequest",
+    "ModeRequests",
     "NamedLease",
     "ParkedCall",
+    "QueuedRow",
     "Schedule",
     "Schedules",
     "Secrets",
@@ -299,9 +303,11 @@ class Wakes(Protocol):
         message: str | None,
         due_at: float | None = None,
         idempotency_key: str | None = None,
+        urgent: bool = False,
     ) -> int | None:
         """Enqueue a wake (due now, or at ``due_at``); None when ``idempotency_key`` was
-        seen before (nothing is enqueued)."""
+        seen before (nothing is enqueued). An ``urgent`` wake is claimed before the
+        session's other due wakes (a message sent with policy interrupt or rollback)."""
         ...
 
     async def claim_wakes(self, *, holder: str, limit: int, ttl_s: float) -> list[Wake]:
@@ -583,18 +589,21 @@ class SessionCancel:
     reason: str
     status: str
     requested_at: float
+    #: ``cancel``, or ``interrupt``/``rollback``: a message sent with that policy asks the
+    #: running turn to stop so it runs next (``lodger.engine.queue.StopRequest``)
+    policy: str = "cancel"
 
 
 class SessionCancels(Protocol):
     """Cancel requests for a turn that a worker runs, sent from anywhere (a host, the CLI)."""
 
     async def request_cancel(
-        self, *, session_id: str, who: str | None, reason: str
+        self, *, session_id: str, who: str | None, reason: str, policy: str = "cancel"
     ) -> tuple[SessionCancel | None, bool]:
-        """Record a cancel for the turn the session's current lease runs, in one
-        transaction: ``(None, False)`` when nobody holds the lease (nothing runs);
-        ``(request, True)`` when this call recorded it; ``(request, False)`` when one was
-        recorded for this lease before (nothing new)."""
+        """Record a cancel (or another ``policy``'s stop) for the turn the session's
+        current lease runs, in one transaction: ``(None, False)`` when nobody holds the
+        lease (nothing runs); ``(request, True)`` when this call recorded it;
+        ``(request, False)`` when one was recorded for this lease before (nothing new)."""
         ...
 
     async def pending_cancel(self, *, lease: SessionLease) -> SessionCancel | None:
@@ -623,6 +632,126 @@ class Secrets(Protocol):
         ...
 
 
+# ----------------------------------------------------------- the follow-up queue (session_queue)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuedRow:
+    """A follow-up message for a session that runs on workers (schema version 11): in
+    the control plane, editable, until the worker holding the session commits it to the
+    session's log as ``message_queued`` and runs it (``taken_by`` names that worker
+    meanwhile, and the message can no longer be changed)."""
+
+    message_id: str
+    session_id: str
+    text: str
+    policy: str
+    who: str | None
+    position: int
+    created_at: float
+    #: who edited or moved it last (None: nobody since ``who`` queued it)
+    changed_by: str | None = None
+    taken_by: str | None = None
+
+
+class FollowUps(Protocol):
+    """The follow-up queue of sessions that run on workers (``lodger.engine.queue``'s
+    policies): a host queues, lists, edits, moves and retracts; the worker holding the
+    session takes an ``interrupt``/``rollback`` message into its running turn at once
+    (which stops it) and an ``enqueue`` one once the turn settles, oldest first."""
+
+    async def add_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        text: str,
+        policy: str,
+        who: str | None,
+        refuse_busy: bool = False,
+    ) -> tuple[QueuedRow | None, bool]:
+        """Queue a message, an urgent one ahead of the waiting ones (behind earlier urgent
+        ones): ``(row, held)``, ``held`` telling whether a worker holds the session (else
+        a plain wake was sent, unless one is waiting already). ``(None, held)`` with
+        ``refuse_busy`` when the session has work (held, a wake due, a message queued):
+        nothing is queued."""
+        ...
+
+    async def list_queued(self, *, session_id: str) -> list[QueuedRow]:
+        """The session's queued messages in the order they run."""
+        ...
+
+    async def change_queued(
+        self,
+        *,
+        session_id: str,
+        message_id: str,
+        action: str,
+        who: str | None,
+        text: str | None = None,
+        position: int | None = None,
+    ) -> list[QueuedRow] | None:
+        """``edit`` (a new text), ``move`` (to ``position``, 0 the front) or ``retract``
+        a message not taken yet; the queue after it, or None when no such message waits."""
+        ...
+
+    async def take_queued(
+        self, *, session_id: str, holder: str, urgent_only: bool = False
+    ) -> QueuedRow | None:
+        """The first queued message (only an ``interrupt``/``rollback`` one with
+        ``urgent_only``), now taken by ``holder``; None when none waits."""
+        ...
+
+    async def done_queued(self, *, session_id: str, message_id: str) -> None:
+        """The taken message is in the session's log: forget it."""
+        ...
+
+    async def wake_queued(self, *, session_id: str) -> bool:
+        """Once the session is let go: a plain wake when messages still wait and nobody
+        holds it (whether one was sent)."""
+        ...
+
+
+# ----------------------------------------------------------- mode switches (session_modes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModeRequest:
+    """A permission-mode switch for the turn a session's lease grant ``epoch`` runs
+    (schema version 11): ``pending`` until the worker holding that lease commits it
+    through the turn (``changed``, ``unchanged``, with the mode before), or lets the
+    session go first (``not_running``: the sender switches it itself then)."""
+
+    id: int
+    session_id: str
+    epoch: int
+    mode: str
+    who: str | None
+    status: str
+    previous: str | None = None
+
+
+class ModeRequests(Protocol):
+    """Permission-mode switches for a turn that a worker runs, sent from a host."""
+
+    async def request_mode(
+        self, *, session_id: str, mode: str, who: str | None
+    ) -> ModeRequest | None:
+        """Record a switch for the turn the session's current lease runs; None when
+        nobody holds the lease (the sender commits the switch itself)."""
+        ...
+
+    async def pending_modes(self, *, lease: SessionLease) -> list[ModeRequest]:
+        """The undelivered switches for ``lease``'s grant, oldest first."""
+        ...
+
+    async def settle_mode(
+        self, *, request_id: int, status: str, previous: str | None = None
+    ) -> None: ...
+
+    async def get_mode_request(self, *, request_id: int) -> ModeRequest | None: ...
+
+
 class ControlPlane(
     Lifecycle,
     SessionLeases,
@@ -635,6 +764,8 @@ class ControlPlane(
     Steers,
     SessionCancels,
     Secrets,
+    FollowUps,
+    ModeRequests,
     Protocol,
 ):
     """All of the control plane: what ``SqliteControlPlane`` and

@@ -431,7 +431,8 @@ due AS (
     AND NOT EXISTS (SELECT 1 FROM session_leases l
                     WHERE l.session_id = w.session_id AND l.expires_at > clock.t)
     AND NOT EXISTS (SELECT 1 FROM wakes o WHERE o.session_id = w.session_id
-                    AND o.done_at IS NULL AND o.due_at <= clock.t AND o.id < w.id)
+                    AND o.done_at IS NULL AND o.due_at <= clock.t
+                    AND (o.urgent > w.urgent OR (o.urgent = w.urgent AND o.id < w.id)))
   ORDER BY w.due_at, w.id LIMIT %s
   FOR UPDATE OF w SKIP LOCKED
 ),

@@ -93,6 +93,35 @@ def host_key(session_id: str, key: str) -> str:
     return f"host:{session_id}:{key}"
 
 
+def _refuse_unsendable(
+    session_id: str, text: str, *, settings: ModelSettings | None, mcp: McpInput | None
+) -> None:
+    """What a worker's wake cannot carry (it takes text and media only), refused."""
+    if mcp is not None:
+        # reading the resources on the worker, once per delivery, is not done yet
+        raise UsageError(
+            "a distributed host does not take MCP resources or prompts per message yet",
+            hint="send the text, and let the model read resources with <server>__read_resource",
+            code="usage",
+            session_id=session_id,
+        )
+    if settings is not None:
+        raise UsageError(
+            "a distributed host does not take model_settings per message yet",
+            hint="set [model_settings] in the project's lodger.toml (workers compose it)",
+            code="model_settings",
+            session_id=session_id,
+        )
+    if text.startswith(WAKE_MEDIA_PREFIX):
+        # the line by which a wake says it carries media is the host's own
+        raise UsageError(
+            f"a message may not start with {WAKE_MEDIA_PREFIX!r}",
+            hint="send images and documents as attachments",
+            code="usage",
+            session_id=session_id,
+        )
+
+
 class ControlPlaneHub(Hub):
     def __init__(
         self,
@@ -204,33 +233,9 @@ class ControlPlaneHub(Hub):
         while the session has work; ``interrupt``/``rollback`` make an urgent wake (run
         before the session's other waiting ones) and ask the worker running the session
         to stop its turn (a ``session_cancels`` request with that policy)."""
-        if mcp is not None:
-            # a worker's wake carries text and media; reading the resources there, once
-            # per delivery, is not done yet
-            raise UsageError(
-                "a distributed host does not take MCP resources or prompts per message yet",
-                hint="send the text, and let the model read resources with <server>__read_resource",
-                code="usage",
-                session_id=session_id,
-            )
+        _refuse_unsendable(session_id, text, settings=settings, mcp=mcp)
         if policy == "reject" and await self.busy(session_id):
             raise busy_refusal(session_id)
-        if settings is not None:
-            # a wake carries only the text (and media) to the worker that runs it
-            raise UsageError(
-                "a distributed host does not take model_settings per message yet",
-                hint="set [model_settings] in the project's lodger.toml (workers compose it)",
-                code="model_settings",
-                session_id=session_id,
-            )
-        if text.startswith(WAKE_MEDIA_PREFIX):
-            # the line by which a wake says it carries media is the host's own
-            raise UsageError(
-                f"a message may not start with {WAKE_MEDIA_PREFIX!r}",
-                hint="send images and documents as attachments",
-                code="usage",
-                session_id=session_id,
-            )
         await self.require(session_id)
         if media:  # stored where the workers read them, before the wake names them
             attachments = await store_media(media, self.sessions.storage.artifacts, {})

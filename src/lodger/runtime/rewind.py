@@ -161,17 +161,9 @@ async def rewind_session(
             workspace=str(where) if where is not None else None,
             changes=tuple(changes),
             revert=tuple(revert),
-            rewound={
-                "left": left.model_dump(),
-                "to": target.model_dump(),
-                "restored": restored,
-                "removed": len(changes) - restored,
-                "forced": forced,
-                "who": who,
-                "id": ids.new_id(),
-                "start_id": ids.new_id(),
-                "ts": clock.now_us(),
-            },
+            rewound=_rewound_fields(
+                left, target, restored, len(changes) - restored, forced, who, clock, ids
+            ),
         )
         await write_intent(storage.state_dir, intent)
         await _complete(storage, intent)
@@ -186,6 +178,31 @@ async def rewind_session(
         forced=tuple(forced),
         files=tuple(c.path for c in changes),
     )
+
+
+def _rewound_fields(
+    left: ForkParent,
+    target: Prefix,
+    restored: int,
+    removed: int,
+    forced: list[str],
+    who: str | None,
+    clock: Clock,
+    ids: IdFactory,
+) -> dict[str, Any]:
+    """What the intent keeps of the ``rewound`` fact it will append (ids and time fixed
+    now, so a crash-cut rewind completes with the same fact)."""
+    return {
+        "left": left.model_dump(),
+        "to": target.model_dump(),
+        "restored": restored,
+        "removed": removed,
+        "forced": forced,
+        "who": who,
+        "id": ids.new_id(),
+        "start_id": ids.new_id(),
+        "ts": clock.now_us(),
+    }
 
 
 async def _leave(

@@ -6,7 +6,8 @@ worker holds the session, the same row when asked twice). The worker that holds 
 lease looks for it every ``every`` seconds while it works on the session, cancels the
 running turn through its ``Sessions`` (the engine ends the turn ``cancelled``) and
 settles the request with the outcome; a request still undelivered when the worker lets
-the session go settles ``not_running`` (it never reaches a later run: it names the grant).
+the session go settles ``not_running`` as the wake ends (``end_wake``, in its
+transaction: it never reaches a later run, it names the grant).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ async def deliver_cancels(
     pending = None
     try:
         while True:
+            # the first look after ``every``, not at once: the grant was just made (a
+            # request made meanwhile waits that long), and a wake over sooner needs none
+            # (its ``end_wake`` answers ``not_running``)
+            await asyncio.sleep(every)
             lease = guard.lease(session_id)
             if lease is not None:
                 try:
@@ -55,7 +60,6 @@ async def deliver_cancels(
                     if outcome.status != "not_running":  # else: for the turn about to run
                         await control.settle_cancel(cancel_id=pending.id, status=outcome.status)
                         pending = None
-            await asyncio.sleep(every)
     finally:
         if pending is not None:
             with contextlib.suppress(ControlPlaneError):

@@ -25,12 +25,12 @@ from lodger._core.extras import require
 from lodger.errors import ControlPlaneError, UsageError
 from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane, lease_lost
 from lodger.storage.control.interface import (
-    ParkedCall,
     SessionClaim,
     SessionLease,
     SessionRow,
     Wake,
     WakeBell,
+    WakeEnd,
 )
 
 with require("postgres", "the PostgreSQL control plane"):
@@ -298,32 +298,22 @@ class PostgresControlPlane(SqlControlPlane):
         return claims
 
     async def end_wake(
-        self,
-        *,
-        wake_id: int,
-        lease: SessionLease,
-        delay_s: float | None = None,
-        held: bool = False,
-        error: str | None = None,
-        row: SessionRow | None = None,
-        parked: Sequence[ParkedCall] = (),
-        release_held: bool = False,
+        self, *, wake_id: int, lease: SessionLease, end: WakeEnd | None = None
     ) -> None:
-        if parked:  # calls to index beside the row: the shared logic's transaction
-            await super().end_wake(
-                wake_id=wake_id, lease=lease, delay_s=delay_s, held=held, error=error,
-                row=row, parked=parked, release_held=release_held,
-            )  # fmt: skip
+        end = end or WakeEnd()
+        if end.parked:  # calls to index beside the row: the shared logic's transaction
+            await super().end_wake(wake_id=wake_id, lease=lease, end=end)
             return
         # the index, the wake's end, the release and the notice: one statement (a round
         # trip, where the shared logic's transaction takes seven to nine)
+        row = end.row
         indexed = row or SessionRow(session_id=lease.session_id, status="", last_activity=0.0)
         params = {
             "index": row is not None, "sid": indexed.session_id, "status": indexed.status,
             "events": indexed.events, "snapshot": indexed.snapshot, "model": indexed.model,
-            "release_held": row is not None and release_held, "wake": wake_id,
-            "finish": delay_s is None, "error": error, "delay": delay_s or 0.0,
-            "held": 1 if held else 0, "leased": lease.session_id, "holder": lease.holder,
+            "release_held": row is not None and end.release_held, "wake": wake_id,
+            "finish": end.delay_s is None, "error": end.error, "delay": end.delay_s or 0.0,
+            "held": 1 if end.held else 0, "leased": lease.session_id, "holder": lease.holder,
             "epoch": lease.epoch, "channel": WAKE_CHANNEL,
         }  # fmt: skip
         async with self._errors(), self._pool.connection() as conn:
@@ -403,7 +393,8 @@ ORDER BY c.due_at, c.id
 # ``end_wake`` with no parked calls, in one statement (its own transaction): the index
 # row (when ``index``), the parked calls cleared, the session's held wakes released (when
 # ``release_held``; not this wake, which the next two end as asked), this wake finished
-# or handed back, the lease released, and one notice when a wake became claimable.
+# or handed back, a cancel request of the grant no turn took settled (``not_running``),
+# the lease released, and one notice when a wake became claimable.
 _END_WAKE = b"""
 WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS t),
 indexed AS (
@@ -433,6 +424,11 @@ handed AS (
     due_at = GREATEST(due_at, (SELECT t FROM clock) + %(delay)s::float8), held = %(held)s
   WHERE id = %(wake)s AND done_at IS NULL AND NOT %(finish)s
   RETURNING (%(delay)s::float8 <= 0 AND %(held)s = 0) AS due
+),
+unasked AS (
+  UPDATE session_cancels SET status = 'not_running', settled_at = (SELECT t FROM clock)
+  WHERE session_id = %(leased)s AND epoch = %(epoch)s AND status = 'pending'
+  RETURNING 1
 ),
 released AS (
   UPDATE session_leases SET expires_at = 0 WHERE session_id = %(leased)s

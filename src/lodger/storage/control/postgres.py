@@ -28,6 +28,7 @@ from lodger.storage.control.interface import (
     SessionClaim,
     SessionLease,
     SessionRow,
+    SteerRow,
     Wake,
     WakeBell,
     WakeEnd,
@@ -277,6 +278,29 @@ class PostgresControlPlane(SqlControlPlane):
                 b"UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
             )
 
+    async def take_steers(self, *, session_id: str, holder: str) -> list[SteerRow]:
+        # the shared logic's six round trips as one: its statements sent together (a
+        # pipeline), run one after another in one transaction; the steers are read by
+        # a statement that starts once the lock is held, so a steer whose sender held
+        # the lock first (it saw the lease held) is among them
+        name = f"steers:{session_id}"
+        async with self._errors(), self._pool.connection() as conn:
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                await conn.execute(_LOCK_NAME_ROW, (name,))
+                await conn.execute(_LOCK_NAME, (name,))
+                cursor = await conn.execute(_TAKE_STEERS, (holder, session_id, holder))
+                await conn.execute(b"COMMIT")
+            rows = await cursor.fetchall()
+        return sorted(
+            (
+                SteerRow(steer_id=str(r[0]), session_id=str(r[1]), text=str(r[2]),
+                         who=None if r[3] is None else str(r[3]), created_at=float(r[4]))
+                for r in rows
+            ),
+            key=lambda r: (r.created_at, r.steer_id),
+        )  # fmt: skip
+
     async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
         # the shared logic's five statements as one (a round trip, not six)
         async with self._errors(), self._pool.connection() as conn:
@@ -349,6 +373,16 @@ _CHECK_SESSION = (
 _CHECK_STARTED = (
     b"WITH started AS (UPDATE wakes SET started_offset = %s WHERE id = %s RETURNING 1) "
     + _CHECK_SESSION
+)
+
+#: ``take_steers``' statements: the lock of the session's steers (``_lock_name``'s), and
+#: the steers not taken by the holder yet, marked taken by it
+_LOCK_NAME_ROW = b"INSERT INTO semaphores (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
+_LOCK_NAME = b"SELECT name FROM semaphores WHERE name = %s FOR UPDATE"
+_TAKE_STEERS = (
+    b"UPDATE session_steers SET taken_by = %s WHERE session_id = %s "
+    b"AND (taken_by IS NULL OR taken_by <> %s) "
+    b"RETURNING steer_id, session_id, text, who, created_at"
 )
 
 # ``claim_sessions`` in one statement (parameters: the limit, the holder, the ttl, the

@@ -386,19 +386,22 @@ _TAKE_STEERS = (
 )
 
 # ``claim_sessions`` in one statement (parameters: the limit, the holder, the ttl, the
-# holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock), their
+# holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock; the clock
+# read as a scalar, so the scan of ``wakes_pending`` stops at it, as a parameter's
+# would: joined as a row, it read every pending wake, timers far ahead among them), their
 # sessions' leases granted in session order unless another holder's is current, the
 # wakes of the granted ones claimed, with their sessions' index rows.
 _CLAIM_SESSIONS = b"""
 WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS t),
 due AS (
-  SELECT w.id, w.session_id FROM wakes w, clock
-  WHERE w.done_at IS NULL AND w.due_at <= clock.t
-    AND (w.claimed_by IS NULL OR w.claim_expires_at <= clock.t)
-    AND NOT EXISTS (SELECT 1 FROM session_leases l
-                    WHERE l.session_id = w.session_id AND l.expires_at > clock.t)
+  SELECT w.id, w.session_id FROM wakes w
+  WHERE w.done_at IS NULL AND w.due_at <= (SELECT t FROM clock)
+    AND (w.claimed_by IS NULL OR w.claim_expires_at <= (SELECT t FROM clock))
+    AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = w.session_id
+                    AND l.expires_at > (SELECT t FROM clock))
     AND NOT EXISTS (SELECT 1 FROM wakes o WHERE o.session_id = w.session_id
-                    AND o.done_at IS NULL AND o.due_at <= clock.t AND o.id < w.id)
+                    AND o.done_at IS NULL AND o.due_at <= (SELECT t FROM clock)
+                    AND o.id < w.id)
   ORDER BY w.due_at, w.id LIMIT %s
   FOR UPDATE OF w SKIP LOCKED
 ),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from lodger.engine.control import CancelOutcome
 from lodger.errors import ControlPlaneError
@@ -35,19 +36,24 @@ async def deliver_cancels(
     guard: LeaseGuard,
     sessions: Sessions,
     session_id: str,
+    turn: asyncio.Future[Any],
     *,
     every: float,
 ) -> None:
-    """Deliver the cancel requests of the session while its lease is held (until
-    cancelled by the worker when it is done with the session)."""
+    """Deliver the cancel requests of the session while its lease is held, until
+    ``turn`` (the wake's work) is done. The loop ends by itself then, not only when
+    the worker cancels it: a cancellation can be lost on the way (Python 3.11's
+    ``wait_for``, which the connection pool waits with when all its connections are
+    lent, drops one that races a result), and a look that never ends kept the worker
+    from stopping."""
     pending = None
     try:
-        while True:
+        while not turn.done():
             # the first look after ``every``, not at once: the grant was just made (a
             # request made meanwhile waits that long), and a wake over sooner needs none
             # (its ``end_wake`` answers ``not_running``)
-            await asyncio.sleep(every)
-            lease = guard.lease(session_id)
+            await asyncio.wait([turn], timeout=every)
+            lease = guard.lease(session_id) if not turn.done() else None
             if lease is not None:
                 try:
                     pending = await control.pending_cancel(lease=lease)

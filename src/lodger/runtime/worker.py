@@ -309,6 +309,7 @@ class Worker:
                 self.guard,
                 self.sessions,
                 wake.session_id,
+                turn,
                 every=self.config.cancel_poll_s,
             )
         )

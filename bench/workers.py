@@ -72,7 +72,13 @@ async def hold(tag: str) -> str:
 
 
 def _env(root: Path, src: Path = SRC) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(src), "BENCH_DIR": str(root)}
+    """The workers' environment. Their bytecode is cached (in the bench's directory) even
+    where the caller's environment says not to write it, as an installed lodger's is:
+    else every worker compiles every module it imports, and the bursts measure that."""
+    env = {**os.environ, "PYTHONPATH": str(src), "BENCH_DIR": str(root)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    return env
 
 
 class Bench:
@@ -239,26 +245,25 @@ async def throughput(
 ) -> dict[str, float]:
     """A burst of ``n`` wakes of one-step sessions over ``k`` workers: wakes/s and CPU."""
     sessions = sorted(f"tp{tag}{k}c{concurrency}-{i}" for i in range(n))
-    procs = [bench.worker(concurrency=concurrency) for _ in range(k)]
     watch = await psycopg.AsyncConnection.connect(bench.dsn, autocommit=True)
+    started = await _server_now(watch)
+    procs = [bench.worker(concurrency=concurrency) for _ in range(k)]
     try:
         backend = int((await (await watch.execute("SELECT pg_backend_pid()")).fetchall())[0][0])
         meter = CpuMeter(server, [p.pid for p in procs], backend)
         control = PostgresControlPlane(bench.dsn, max_size=2)
         await control.start(version=await _version(watch))
-        await asyncio.sleep(2.0)  # let the workers import and connect: measure the queue
+        await _ready(watch, started, k)
+        # a few wakes first: what a worker imports at its first turn is not the burst's
+        warm = [f"warm{tag}{k}c{concurrency}-{i}" for i in range(3 * k)]
+        for sid in warm:
+            await control.send(session_id=sid, message="go")
+        await _drained(watch, f"warm{tag}{k}c{concurrency}-%")
         before = meter.sample()
         start = time.monotonic()
         for sid in sessions:
             await control.send(session_id=sid, message="go")
-        while True:  # one cheap query a tick, not a list of every session
-            cursor = await watch.execute(
-                "SELECT count(*) FROM wakes WHERE done_at IS NULL AND session_id LIKE %s",
-                (f"tp{tag}{k}c{concurrency}-%",),
-            )
-            if int((await cursor.fetchall())[0][0]) == 0:
-                break
-            await asyncio.sleep(0.02)
+        await _drained(watch, f"tp{tag}{k}c{concurrency}-%")
         elapsed = time.monotonic() - start
         after = meter.sample()
         await control.close()
@@ -276,6 +281,39 @@ async def throughput(
         "machine_busy": busy,
         "wakes_per_cpu_s": n / max(1e-9, workers_cpu + pg_cpu),
     }
+
+
+async def _drained(conn: psycopg.AsyncConnection[Any], pattern: str) -> None:
+    while True:  # one cheap query a tick, not a list of every session
+        cursor = await conn.execute(
+            "SELECT count(*) FROM wakes WHERE done_at IS NULL AND session_id LIKE %s",
+            (pattern,),
+        )
+        if int((await cursor.fetchall())[0][0]) == 0:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _server_now(conn: psycopg.AsyncConnection[Any]) -> Any:
+    return (await (await conn.execute("SELECT now()")).fetchall())[0][0]
+
+
+async def _ready(conn: psycopg.AsyncConnection[Any], since: Any, k: int) -> None:
+    """Until the ``k`` workers started after ``since`` listen for wakes (they have imported
+    everything and connected: what they spend from then on is the burst's), then a
+    moment more for their first look at the empty queue. A worker that never listens
+    (the code before notifications) is given 10 s."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        cursor = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_start > %s AND query LIKE 'LISTEN%%'",
+            (since,),
+        )
+        if int((await cursor.fetchall())[0][0]) >= k:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
 
 
 async def _version(conn: psycopg.AsyncConnection[Any]) -> int:

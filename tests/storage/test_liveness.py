@@ -28,8 +28,6 @@ from lodger.storage._liveness import alive, this_process
 from lodger.storage._object_lease import StoreLease
 from lodger.storage._segments import session_root
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
-
 
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]

@@ -123,6 +123,8 @@ async def read_intent(state_dir: Path | None, session: str) -> Intent | None:
     if state_dir is None:
         return None
     path = _intent_path(state_dir, session)
+    if not path.exists():  # nearly always: one stat here, not a thread's round trip
+        return None
     try:
         data = await asyncio.to_thread(path.read_bytes)
     except FileNotFoundError:

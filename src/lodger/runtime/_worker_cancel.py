@@ -7,11 +7,12 @@ lease looks for it every ``every`` seconds while it works on the session, cancel
 running turn through its ``Sessions`` (the engine ends the turn ``cancelled``) and
 settles the request with the outcome (a request with policy ``interrupt``/``rollback``,
 for a message sent with that policy, asks the turn to stop instead: ``deliver_stop``); a
-request still undelivered when the worker lets the session go settles ``not_running``
-(it never reaches a later run: it names the grant). Permission-mode switches a host
-asked for (``session_modes``) are delivered in the same loop (``deliver_modes``): through
-the running turn, as a switch of a turn running here is; undelivered ones settle
-``not_running`` when the worker lets go, and the host then commits the switch itself.
+request still undelivered when the worker lets the session go settles ``not_running`` as
+the wake ends (``end_wake``, in its transaction: it never reaches a later run, it names
+the grant). Permission-mode switches a host asked for (``session_modes``) are delivered
+in the same loop (``deliver_modes``): through the running turn, as a switch of a turn
+running here is; undelivered ones settle ``not_running`` when the worker lets go, and the
+host then commits the switch itself.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from lodger.engine.control import CancelOutcome
 from lodger.errors import ControlPlaneError
@@ -60,16 +61,25 @@ async def deliver_cancels(
     guard: LeaseGuard,
     sessions: Sessions,
     session_id: str,
+    turn: asyncio.Future[Any],
     *,
     every: float,
 ) -> None:
-    """Deliver the cancel requests of the session while its lease is held (until
-    cancelled by the worker when it is done with the session)."""
+    """Deliver the cancel requests of the session while its lease is held, until
+    ``turn`` (the wake's work) is done. The loop ends by itself then, not only when
+    the worker cancels it: a cancellation can be lost on the way (Python 3.11's
+    ``wait_for``, which the connection pool waits with when all its connections are
+    lent, drops one that races a result), and a look that never ends kept the worker
+    from stopping."""
     pending = None
     held: SessionLease | None = None
     try:
-        while True:
-            lease = guard.lease(session_id)
+        while not turn.done():
+            # the first look after ``every``, not at once: the grant was just made (a
+            # request made meanwhile waits that long), and a wake over sooner needs none
+            # (its ``end_wake`` answers ``not_running``)
+            await asyncio.wait([turn], timeout=every)
+            lease = guard.lease(session_id) if not turn.done() else None
             if lease is not None:
                 held = lease
                 try:
@@ -82,7 +92,6 @@ async def deliver_cancels(
                     if status is not None:  # else: for the turn about to run
                         await control.settle_cancel(cancel_id=pending.id, status=status)
                         pending = None
-            await asyncio.sleep(every)
     finally:
         with contextlib.suppress(ControlPlaneError):
             await asyncio.shield(_let_go(control, pending, held))

@@ -175,8 +175,6 @@ class Agent:
         if limits is not None and limits.budgets.any:
             limits.budgets.prices.require(model.spec)  # a model with no price: say so now
         hidden = storage.hidden_paths()
-        if self.workspace is not None:
-            _watch_workspace(self.registry, self.workspace, hidden)
         self.engine = Engine(
             snapshotter=_snapshotter(storage, self.workspace, snapshots),
             model=model,
@@ -859,12 +857,3 @@ def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) ->
         second(item)
 
     return both
-
-
-def _watch_workspace(registry: ToolRegistry, workspace: Path, hidden: Sequence[Path]) -> None:
-    """Where a tool runs commands in a sandbox, its disk limit's watcher starts walking
-    the workspace now, in a thread, rather than before the first command."""
-    if any(t.substrate is not None and t.substrate.kind == "sandboxed_process" for t in registry):
-        from lodger.substrates.sandboxed import watch_workspace  # loaded by such a tool
-
-        watch_workspace(registry, workspace, hidden)

@@ -65,6 +65,7 @@ from lodger.storage.control.interface import (
     TextNotices,
     Wake,
     WakeBell,
+    WakeEnd,
     WakeNotices,
 )
 from lodger.storage.eventlog import EventLog
@@ -265,11 +266,11 @@ class Worker:
             delay, held, failure, index = await self._work(claim, stop)
             current = self._own(lease)
             # the session's index rides in the wake's end: one transaction, not two
-            await self.control.end_wake(
-                wake_id=wake.id, lease=current, delay_s=delay, held=held, error=failure,
-                row=index.row if index else None, parked=index.parked if index else (),
-                release_held=index.release_held if index else False,
-            )  # fmt: skip
+            end = WakeEnd(delay_s=delay, held=held, error=failure)
+            if index is not None:
+                end = dataclasses.replace(end, row=index.row, parked=index.parked,
+                                          release_held=index.release_held)  # fmt: skip
+            await self.control.end_wake(wake_id=wake.id, lease=current, end=end)
             ended = True
             # the steers no turn took are the session's next messages now
             await requeue_left(self.control, self.sessions, wake.session_id, self.holder)
@@ -317,6 +318,7 @@ class Worker:
                 self.guard,
                 self.sessions,
                 wake.session_id,
+                turn,
                 every=self.config.cancel_poll_s,
             )
         )

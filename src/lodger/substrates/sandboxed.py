@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,7 +48,6 @@ __all__ = [
     "SandboxedProcess",
     "sandboxed",
     "scrubbed_env",
-    "watch_workspace",
 ]
 
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -78,19 +77,6 @@ def scrubbed_env(root: Path, policy: SandboxPolicy) -> dict[str, str]:
         "HOME": str(root),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
     }
-
-
-def watch_workspace(tools: Iterable[Tool], workspace: Path, hidden: Sequence[Path]) -> None:
-    """If one of ``tools`` runs commands under a disk limit, start watching ``workspace``
-    for it now: the watcher's first walk of it runs in a thread while the session starts,
-    not before the first command (``lodger.substrates.sandbox._disk``)."""
-    if any(
-        isinstance(t.substrate, SandboxedProcess) and t.substrate.policy.limits.disk_bytes
-        for t in tools
-    ):
-        from lodger.substrates.sandbox._disk import warm  # only where a command may run
-
-        warm(workspace, exclude=hidden)
 
 
 @dataclass(frozen=True, slots=True)

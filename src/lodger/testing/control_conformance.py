@@ -35,7 +35,7 @@ import pytest
 
 from lodger.errors import LeaseLostError, StaleTokenError, UsageError
 from lodger.storage.control._sql import LATEST_VERSION
-from lodger.storage.control.interface import ControlPlane, ParkedCall, SessionRow
+from lodger.storage.control.interface import ControlPlane, ParkedCall, SessionRow, WakeEnd
 
 __all__ = ["ControlConformance", "MakeControl"]
 
@@ -337,8 +337,10 @@ class ControlConformance:
         claims = {c.wake.id: c for c in await control.claim_sessions(
             holder="w1", limit=5, ttl_s=_LONG)}  # fmt: skip
         assert set(claims) == {done_id, later_id}
-        await control.end_wake(wake_id=done_id, lease=claims[done_id].lease, error="x: why")
-        await control.end_wake(wake_id=later_id, lease=claims[later_id].lease, delay_s=_LONG)
+        await control.end_wake(wake_id=done_id, lease=claims[done_id].lease,
+                               end=WakeEnd(error="x: why"))  # fmt: skip
+        await control.end_wake(wake_id=later_id, lease=claims[later_id].lease,
+                               end=WakeEnd(delay_s=_LONG))  # fmt: skip
         info = await control.get_wake(wake_id=done_id)
         assert info is not None and (info.status, info.error) == ("failed", "x: why")
         (pending,) = await control.pending_wakes()
@@ -356,7 +358,8 @@ class ControlConformance:
     ) -> None:
         held = await control.send(session_id="s1", message="after the approval")
         (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
-        await control.end_wake(wake_id=claim.wake.id, lease=claim.lease, delay_s=_LONG, held=True)
+        await control.end_wake(wake_id=claim.wake.id, lease=claim.lease,
+                               end=WakeEnd(delay_s=_LONG, held=True))  # fmt: skip
         before = await control.now()
         calls = [ParkedCall(session_id="s1", call_id="c1", tool="pay", reason="r", since=0.0)]
         row = SessionRow(session_id="s1", status="parked", last_activity=0.0, events=3,
@@ -384,8 +387,8 @@ class ControlConformance:
                          snapshot="sha256:a", model="script:x")  # fmt: skip
         before = await control.now()
         # handed back held, as asked, though its own release_held would free it
-        await control.end_wake(wake_id=first, lease=claim.lease, row=row, parked=calls,
-                               delay_s=_LONG, held=True, release_held=True)  # fmt: skip
+        await control.end_wake(wake_id=first, lease=claim.lease, end=WakeEnd(
+            row=row, parked=calls, delay_s=_LONG, held=True, release_held=True))  # fmt: skip
         got = await control.get_session(session_id="s1")
         assert got is not None and (got.status, got.events, got.model) == ("parked", 3,
                                                                         "script:x")  # fmt: skip
@@ -399,8 +402,8 @@ class ControlConformance:
         (again,) = await control.claim_sessions(holder="w2", limit=1, ttl_s=_LONG)
         assert again.wake.id == waited and again.lease.epoch == claim.lease.epoch + 1
         settled = SessionRow(session_id="s1", status="completed", last_activity=0.0, events=6)
-        await control.end_wake(wake_id=waited, lease=again.lease, row=settled,
-                               release_held=True)  # fmt: skip
+        await control.end_wake(wake_id=waited, lease=again.lease,
+                               end=WakeEnd(row=settled, release_held=True))  # fmt: skip
         got = await control.get_session(session_id="s1")
         assert got is not None and (got.status, got.events) == ("completed", 6)
         assert got.snapshot == "sha256:a" and got.model == "script:x"  # kept
@@ -663,6 +666,26 @@ class ControlConformance:
         assert await control.pending_cancel(lease=second) is None  # the next run never sees it
         again, created = await control.request_cancel(session_id="s1", who=None, reason="y")
         assert again is not None and created and again.epoch == second.epoch
+
+    async def test_ending_a_wake_settles_the_cancel_no_turn_took(
+        self, control: ControlPlane
+    ) -> None:
+        for message, end in (("one", None), ("two", WakeEnd(delay_s=_LONG))):
+            await control.send(session_id="s1", message=message)
+            (claim,) = await control.claim_sessions(holder="w1", limit=1, ttl_s=_LONG)
+            made, _ = await control.request_cancel(session_id="s1", who=None, reason="x")
+            assert made is not None and made.epoch == claim.lease.epoch
+            # asked after the worker's last look: its end answers the asker all the same
+            await control.end_wake(wake_id=claim.wake.id, lease=claim.lease, end=end)
+            settled = await control.get_cancel(cancel_id=made.id)
+            assert settled is not None and settled.status == "not_running"
+        taken = await control.acquire_session(session_id="s2", holder="w1", ttl_s=_LONG)
+        assert taken is not None
+        kept, _ = await control.request_cancel(session_id="s2", who=None, reason="x")
+        assert kept is not None
+        await control.end_wake(wake_id=0, lease=claim.lease)  # another session's end
+        found = await control.get_cancel(cancel_id=kept.id)
+        assert found is not None and found.status == "pending"
 
 
 def _sha256(text: str) -> str:

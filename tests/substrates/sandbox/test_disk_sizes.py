@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -176,23 +177,33 @@ async def test_commands_in_a_sandbox_count_from_the_workspace_as_it_is(tmp_path:
     assert third.limit == "disk" and b"all" not in third.output, third
 
 
-async def test_an_agent_with_a_shell_starts_watching_its_workspace(tmp_path: Path) -> None:
-    """Built with a sandboxed tool, an agent starts the watcher of its workspace (its
-    first walk in a thread) at once; the first command then uses that watcher. Without
-    one, nothing is watched."""
+async def test_an_agent_with_a_shell_watches_its_workspace_from_the_first_command(
+    tmp_path: Path,
+) -> None:
+    """Building an agent, even with a sandboxed tool, starts no watcher (a worker builds
+    one per wake, in a fresh workspace, most of them running no command): the first
+    command's count starts it (its walk), and the next command's count uses that one."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
+    (workspace / "old.bin").write_bytes(b"o" * 4096)
     storage = Storage.local(workspace / ".lodger")
     key = (str(workspace.resolve()), frozenset(str(p.resolve()) for p in storage.hidden_paths()))
+    threads = {t.name for t in threading.enumerate()}
     try:
-        Agent(model=TestModel(), storage=storage, workspace=workspace)
-        assert key not in _sizes._KNOWN
         Agent(model=TestModel(), storage=storage, workspace=workspace, tools=[shell_tool()])
+        assert key not in _sizes._KNOWN
+        assert "lodger-disk-sizes" not in {t.name for t in threading.enumerate()} - threads
+        first = DiskWatch(workspace, limit=LIMIT, exclude=storage.hidden_paths())
+        first.prepare()
         watcher = _sizes._KNOWN[key]
-        watch = DiskWatch(workspace, limit=LIMIT, exclude=storage.hidden_paths())
-        watch.prepare()
-        watch.close()
-        assert watch._sizes is watcher
+        assert first._sizes is watcher and watcher.sizes == {
+            str(workspace.resolve() / "old.bin"): 4096
+        }
+        first.close()
+        second = DiskWatch(workspace, limit=LIMIT, exclude=storage.hidden_paths())
+        second.prepare()
+        second.close()
+        assert second._sizes is watcher
     finally:
         await storage.close()
 

@@ -20,6 +20,7 @@ from lodger.storage.control.interface import (
     SessionLease,
     SessionRow,
     Wake,
+    WakeEnd,
 )
 from lodger.storage.control.sqlite import SqliteControlPlane
 
@@ -35,6 +36,7 @@ __all__ = [
     "SessionRow",
     "SqliteControlPlane",
     "Wake",
+    "WakeEnd",
     "open_control",
 ]
 

@@ -30,6 +30,7 @@ from lodger.storage.control.interface import (
     SessionRow,
     SteerRow,
     Wake,
+    WakeEnd,
     WakeInfo,
 )
 from lodger.storage.control.schedule import next_fire
@@ -531,27 +532,24 @@ class SqlControlPlane:
             ]
 
     async def end_wake(
-        self,
-        *,
-        wake_id: int,
-        lease: SessionLease,
-        delay_s: float | None = None,
-        held: bool = False,
-        error: str | None = None,
-        row: SessionRow | None = None,
-        parked: Sequence[ParkedCall] = (),
-        release_held: bool = False,
+        self, *, wake_id: int, lease: SessionLease, end: WakeEnd | None = None
     ) -> None:
+        end = end or WakeEnd()
         async with self._tx() as tx:
-            if row is not None:  # the index first: this wake is finished or handed back after
-                await self._index(tx, row, parked, release_held)
-            if delay_s is None:
+            if end.row is not None:  # the index first: this wake ends as asked after it
+                await self._index(tx, end.row, end.parked, end.release_held)
+            if end.delay_s is None:
                 await tx.change(
                     "UPDATE wakes SET done_at = %s, error = %s WHERE id = %s",
-                    (tx.now, error, wake_id),
+                    (tx.now, end.error, wake_id),
                 )
             else:
-                await self._hand_back(tx, wake_id, delay_s, held)
+                await self._hand_back(tx, wake_id, end.delay_s, end.held)
+            await tx.change(
+                "UPDATE session_cancels SET status = 'not_running', settled_at = %s "
+                "WHERE session_id = %s AND epoch = %s AND status = 'pending'",
+                (tx.now, lease.session_id, lease.epoch),
+            )
             await self._release(tx, lease)
 
     async def _notify_wakes(self, tx: _Tx) -> None:

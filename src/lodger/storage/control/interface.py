@@ -49,6 +49,7 @@ __all__ = [
     "Tokens",
     "Wake",
     "WakeBell",
+    "WakeEnd",
     "WakeInfo",
     "WakeNotices",
     "Wakes",
@@ -234,6 +235,21 @@ class ParkedCall:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WakeEnd:
+    """How a claimed wake ends (``Wakes.end_wake``): finished (``delay_s`` None; failed
+    for good with ``error``, as in ``finish_wake``) or handed back (``delay_s`` and
+    ``held``, as in ``hand_back_wake``); with ``row``, the session's index is written
+    first (``index_session`` with ``row``, ``parked`` and ``release_held``)."""
+
+    delay_s: float | None = None
+    held: bool = False
+    error: str | None = None
+    row: SessionRow | None = None
+    parked: Sequence[ParkedCall] = ()
+    release_held: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Schedule:
     id: int
     session_id: str
@@ -321,22 +337,13 @@ class Wakes(Protocol):
         ...
 
     async def end_wake(
-        self,
-        *,
-        wake_id: int,
-        lease: SessionLease,
-        delay_s: float | None = None,
-        held: bool = False,
-        error: str | None = None,
-        row: SessionRow | None = None,
-        parked: Sequence[ParkedCall] = (),
-        release_held: bool = False,
+        self, *, wake_id: int, lease: SessionLease, end: WakeEnd | None = None
     ) -> None:
-        """In one transaction: index the session first when ``row`` is given (what
-        ``index_session`` does with ``row``, ``parked`` and ``release_held``; this wake
-        itself is then finished or handed back as asked, whatever ``release_held`` did
-        to it), finish the wake (``delay_s`` None; ``error`` as in ``finish_wake``) or
-        hand it back (``hand_back_wake`` with ``delay_s`` and ``held``), then release
+        """In one transaction: index the session first when ``end.row`` is given (this
+        wake itself is then finished or handed back as asked, whatever
+        ``end.release_held`` did to it), finish the wake or hand it back as ``end``
+        says (None: finished), settle a cancel request of ``lease``'s grant that no turn
+        took (``not_running``: the worker is done with the session), then release
         ``lease`` (``release_session``)."""
         ...
 

@@ -26,13 +26,14 @@ from lodger._core.extras import require
 from lodger.errors import ControlPlaneError, UsageError
 from lodger.storage.control._sql import LATEST_VERSION, SqlControlPlane, lease_lost
 from lodger.storage.control.interface import (
-    ParkedCall,
     SessionClaim,
     SessionLease,
     SessionRow,
+    SteerRow,
     TextPiece,
     Wake,
     WakeBell,
+    WakeEnd,
 )
 
 with require("postgres", "the PostgreSQL control plane"):
@@ -334,6 +335,29 @@ class PostgresControlPlane(SqlControlPlane):
                 b"UPDATE wakes SET started_offset = %s WHERE id = %s", (offset, wake_id)
             )
 
+    async def take_steers(self, *, session_id: str, holder: str) -> list[SteerRow]:
+        # the shared logic's six round trips as one: its statements sent together (a
+        # pipeline), run one after another in one transaction; the steers are read by
+        # a statement that starts once the lock is held, so a steer whose sender held
+        # the lock first (it saw the lease held) is among them
+        name = f"steers:{session_id}"
+        async with self._errors(), self._pool.connection() as conn:
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                await conn.execute(_LOCK_NAME_ROW, (name,))
+                await conn.execute(_LOCK_NAME, (name,))
+                cursor = await conn.execute(_TAKE_STEERS, (holder, session_id, holder))
+                await conn.execute(b"COMMIT")
+            rows = await cursor.fetchall()
+        return sorted(
+            (
+                SteerRow(steer_id=str(r[0]), session_id=str(r[1]), text=str(r[2]),
+                         who=None if r[3] is None else str(r[3]), created_at=float(r[4]))
+                for r in rows
+            ),
+            key=lambda r: (r.created_at, r.steer_id),
+        )  # fmt: skip
+
     async def claim_sessions(self, *, holder: str, limit: int, ttl_s: float) -> list[SessionClaim]:
         # the shared logic's five statements as one (a round trip, not six)
         async with self._errors(), self._pool.connection() as conn:
@@ -355,32 +379,22 @@ class PostgresControlPlane(SqlControlPlane):
         return claims
 
     async def end_wake(
-        self,
-        *,
-        wake_id: int,
-        lease: SessionLease,
-        delay_s: float | None = None,
-        held: bool = False,
-        error: str | None = None,
-        row: SessionRow | None = None,
-        parked: Sequence[ParkedCall] = (),
-        release_held: bool = False,
+        self, *, wake_id: int, lease: SessionLease, end: WakeEnd | None = None
     ) -> None:
-        if parked:  # calls to index beside the row: the shared logic's transaction
-            await super().end_wake(
-                wake_id=wake_id, lease=lease, delay_s=delay_s, held=held, error=error,
-                row=row, parked=parked, release_held=release_held,
-            )  # fmt: skip
+        end = end or WakeEnd()
+        if end.parked:  # calls to index beside the row: the shared logic's transaction
+            await super().end_wake(wake_id=wake_id, lease=lease, end=end)
             return
         # the index, the wake's end, the release and the notice: one statement (a round
         # trip, where the shared logic's transaction takes seven to nine)
+        row = end.row
         indexed = row or SessionRow(session_id=lease.session_id, status="", last_activity=0.0)
         params = {
             "index": row is not None, "sid": indexed.session_id, "status": indexed.status,
             "events": indexed.events, "snapshot": indexed.snapshot, "model": indexed.model,
-            "release_held": row is not None and release_held, "wake": wake_id,
-            "finish": delay_s is None, "error": error, "delay": delay_s or 0.0,
-            "held": 1 if held else 0, "leased": lease.session_id, "holder": lease.holder,
+            "release_held": row is not None and end.release_held, "wake": wake_id,
+            "finish": end.delay_s is None, "error": end.error, "delay": end.delay_s or 0.0,
+            "held": 1 if end.held else 0, "leased": lease.session_id, "holder": lease.holder,
             "epoch": lease.epoch, "channel": WAKE_CHANNEL,
         }  # fmt: skip
         async with self._errors(), self._pool.connection() as conn:
@@ -418,20 +432,32 @@ _CHECK_STARTED = (
     + _CHECK_SESSION
 )
 
+#: ``take_steers``' statements: the lock of the session's steers (``_lock_name``'s), and
+#: the steers not taken by the holder yet, marked taken by it
+_LOCK_NAME_ROW = b"INSERT INTO semaphores (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
+_LOCK_NAME = b"SELECT name FROM semaphores WHERE name = %s FOR UPDATE"
+_TAKE_STEERS = (
+    b"UPDATE session_steers SET taken_by = %s WHERE session_id = %s "
+    b"AND (taken_by IS NULL OR taken_by <> %s) "
+    b"RETURNING steer_id, session_id, text, who, created_at"
+)
+
 # ``claim_sessions`` in one statement (parameters: the limit, the holder, the ttl, the
-# holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock), their
+# holder): the due wakes (``DUE_WAKES``, locked, skipping what others lock; the clock
+# read as a scalar, so the scan of ``wakes_pending`` stops at it, as a parameter's
+# would: joined as a row, it read every pending wake, timers far ahead among them), their
 # sessions' leases granted in session order unless another holder's is current, the
 # wakes of the granted ones claimed, with their sessions' index rows.
 _CLAIM_SESSIONS = b"""
 WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS t),
 due AS (
-  SELECT w.id, w.session_id FROM wakes w, clock
-  WHERE w.done_at IS NULL AND w.due_at <= clock.t
-    AND (w.claimed_by IS NULL OR w.claim_expires_at <= clock.t)
-    AND NOT EXISTS (SELECT 1 FROM session_leases l
-                    WHERE l.session_id = w.session_id AND l.expires_at > clock.t)
+  SELECT w.id, w.session_id FROM wakes w
+  WHERE w.done_at IS NULL AND w.due_at <= (SELECT t FROM clock)
+    AND (w.claimed_by IS NULL OR w.claim_expires_at <= (SELECT t FROM clock))
+    AND NOT EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = w.session_id
+                    AND l.expires_at > (SELECT t FROM clock))
     AND NOT EXISTS (SELECT 1 FROM wakes o WHERE o.session_id = w.session_id
-                    AND o.done_at IS NULL AND o.due_at <= clock.t
+                    AND o.done_at IS NULL AND o.due_at <= (SELECT t FROM clock)
                     AND (o.urgent > w.urgent OR (o.urgent = w.urgent AND o.id < w.id)))
   ORDER BY w.due_at, w.id LIMIT %s
   FOR UPDATE OF w SKIP LOCKED
@@ -461,7 +487,8 @@ ORDER BY c.due_at, c.id
 # ``end_wake`` with no parked calls, in one statement (its own transaction): the index
 # row (when ``index``), the parked calls cleared, the session's held wakes released (when
 # ``release_held``; not this wake, which the next two end as asked), this wake finished
-# or handed back, the lease released, and one notice when a wake became claimable.
+# or handed back, a cancel request of the grant no turn took settled (``not_running``),
+# the lease released, and one notice when a wake became claimable.
 _END_WAKE = b"""
 WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS t),
 indexed AS (
@@ -491,6 +518,11 @@ handed AS (
     due_at = GREATEST(due_at, (SELECT t FROM clock) + %(delay)s::float8), held = %(held)s
   WHERE id = %(wake)s AND done_at IS NULL AND NOT %(finish)s
   RETURNING (%(delay)s::float8 <= 0 AND %(held)s = 0) AS due
+),
+unasked AS (
+  UPDATE session_cancels SET status = 'not_running', settled_at = (SELECT t FROM clock)
+  WHERE session_id = %(leased)s AND epoch = %(epoch)s AND status = 'pending'
+  RETURNING 1
 ),
 released AS (
   UPDATE session_leases SET expires_at = 0 WHERE session_id = %(leased)s

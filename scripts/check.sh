@@ -22,4 +22,6 @@ echo "== docs (mkdocs build --strict)"
 site="$(mktemp -d)"
 NO_MKDOCS_2_WARNING=1 "$bin/mkdocs" build --strict --site-dir "$site"
 rm -rf "$site"
+# the browser tests' screenshots stay where CI can keep them (build/ is not tracked)
+export LODGER_TEST_ARTIFACTS="${LODGER_TEST_ARTIFACTS:-$PWD/build/test-artifacts}"
 echo "== pytest";       "$bin/pytest" -q "${lane[@]}" "$@"

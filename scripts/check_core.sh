@@ -71,7 +71,9 @@ for info in pkgutil.walk_packages(lodger.__path__, "lodger."):
         extra[name] = error.extra
         continue
     ok.append(name)
-expected = {"anthropic", "client", "codemode", "gemini", "host", "mcp", "openai", "postgres", "s3"}
+expected = {
+    "anthropic", "client", "codemode", "evals", "gemini", "host", "mcp", "openai", "postgres", "s3"
+}
 assert set(extra.values()) == expected, f"extras named on import: {sorted(set(extra.values()))}"
 assert "lodger.runtime.agent" in ok and "lodger.cli._run" in ok, ok
 print(f"core venv: {len(ok)} modules import with the core only; {len(extra)} need an extra")
@@ -103,4 +105,6 @@ needs codemode run "hi" --model test --code-mode javascript --state "$tmp/state"
 needs openai run "hi" --model openai:gpt-4.1 --state "$tmp/state"
 needs gemini run "hi" --model gemini:gemini-2.5-flash --state "$tmp/state"
 needs mcp tools list --mcp "time=mcp-server-time"
+echo "suite = []" > "$tmp/work/evals.py"
+needs evals eval evals.py --state "$tmp/state"
 echo "check_core: the core venv passed in $((SECONDS - started)) s"

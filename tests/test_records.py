@@ -41,6 +41,7 @@ CASES: list[tuple[type, dict[str, Any]]] = [
             "extras": {},
             "deps": {"db": 1},
             "idempotency_key": "lodger-k",
+            "runtime": None,
         },
     ),
     (

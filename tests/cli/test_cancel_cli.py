@@ -40,6 +40,7 @@ def lodger(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=tmp_path,  # the workspace of a run: never the checkout the tests run from
     )
 
 

@@ -188,7 +188,7 @@ def test_the_workspaces_compaction_table_is_the_policy(tmp_path: Path) -> None:
     refused = invoke("compact", "s1", "--state", state, "--model", model)
     assert refused.exit_code == 1 and "lacks the required section(s): Progress" in refused.stderr
     again = invoke("run", "and again", "--session", "s1", "--state", state, "--model",
-                   f"script:{tmp_path / 'run.json'}")  # fmt: skip
+                   f"script:{tmp_path / 'run.json'}", "--workspace", tmp_path / "ws")  # fmt: skip
     assert again.exit_code == 0, again.output  # appended: the failed prefix is behind
     (tmp_path / "ws" / "lodger.toml").write_text('[compaction]\nrequired_sections = ["Goal"]\n')
     made = invoke("compact", "s1", "--state", state, "--model", model, "--json")

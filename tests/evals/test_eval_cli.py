@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pydantic_evals")
-
 pytestmark = pytest.mark.slow
 
 SAMPLE = Path(__file__).parent / "samples" / "arithmetic.py"

@@ -6,9 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-pytest.importorskip("pydantic_evals")
-
 from pydantic_evals.evaluators import EvaluatorContext
 
 from lodger.evals import MatchesSchema, ModelJudge, ToolCalled

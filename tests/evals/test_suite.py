@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pydantic_evals")
-
 from lodger.errors import UsageError
 from lodger.evals import (
     Case,

@@ -15,7 +15,7 @@ from lodger.storage.control.interface import TextPiece
 
 from ._support import Setup
 from .test_distributed import distributed_host, setup, worker
-from .test_protocol_streams import CLIENTS, DEPLOY, _node, _parts
+from .test_protocol_streams import DEPLOY, _node, _parts
 from .test_text_deltas import _read_turn
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,6 @@ async def test_a_malformed_notice_on_the_text_channel_is_dropped(setup: Setup) -
         await plane.close()
 
 
-@pytest.mark.skipif(not (CLIENTS / "node_modules" / "ai").exists(), reason="npm ci in js_clients")
 async def test_use_chat_through_an_approval_a_worker_asks(setup: Setup) -> None:
     setup.script(DEPLOY)
     with worker(setup):

@@ -88,7 +88,6 @@ EVERYTHING = (
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not EVERYTHING.exists(), reason="npm ci in tests/mcp_servers")
 async def test_a_hosted_turn_starts_from_a_prompt_with_a_resource(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", [{"text": "sunny"}])
     workspaces = tmp_path / "ws"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,6 @@ from ._support import Host, running_host, write_script
 from .test_text_deltas import _read_turn
 
 CLIENTS = Path(__file__).parents[1] / "js_clients"
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("node") is None or not (CLIENTS / "node_modules" / "ai").exists(),
-    reason="the JS clients are installed by scripts/install.sh (npm ci in tests/js_clients)",
-)
 
 DEPLOY = [
     {"text": "I will deploy <web> now.", "calls": [{"name": "deploy", "args": {"target": "web"}}]},
